@@ -1,0 +1,866 @@
+"""The group-advantage kernel: pure PyTorch, no I/O.
+
+Every path in grpo-cli (the in-memory API, the streaming CLI, ``check``) goes through
+the same three steps, in the style of torchmetrics' update/compute split:
+
+1. :func:`group_stats` turns one chunk of rewards into per-group sufficient statistics
+   (count, mean, centred sum of squares, min and max), accumulated in float64;
+2. :func:`merge_group_stats` combines the statistics of two chunks (Chan et al.);
+3. :func:`advantages_from_stats` normalises rewards with the final statistics.
+
+:func:`group_advantages` is the one-call convenience wrapper over the three.
+
+Numerical contract:
+
+* a group is *active* when its rewards are not all identical; this is decided exactly,
+  by comparing the group's minimum and maximum, never from a rounded variance;
+* inactive groups get advantages of exactly ``+0.0``, whatever the dtype and epsilon;
+* statistics accumulate in float64 (float32 on MPS, which has no float64) with a
+  corrected two-pass centred variance, never ``E[x^2] - E[x]^2``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, TypedDict
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "Baseline",
+    "EpsilonMode",
+    "GroupAdvantages",
+    "GroupStats",
+    "GroupStatsAccumulator",
+    "Scale",
+    "Singleton",
+    "Std",
+    "accumulator_dtype",
+    "active_groups",
+    "advantages_from_stats",
+    "batch_moments",
+    "empty_group_stats",
+    "group_advantages",
+    "group_stats",
+    "merge_group_stats",
+]
+
+Std = Literal["population", "sample"]
+Scale = Literal["group", "batch", "none"]
+Baseline = Literal["mean", "leave-one-out"]
+EpsilonMode = Literal["add", "clamp", "add-if-nonzero"]
+Singleton = Literal["zero", "raw"]
+
+_STD_CHOICES = ("population", "sample")
+_SCALE_CHOICES = ("group", "batch", "none")
+_BASELINE_CHOICES = ("mean", "leave-one-out")
+_EPSILON_MODE_CHOICES = ("add", "clamp", "add-if-nonzero")
+_SINGLETON_CHOICES = ("zero", "raw")
+
+
+class GroupAdvantages(TypedDict):
+    """What :func:`group_advantages` returns.
+
+    ``advantages`` has the rewards' shape, dtype and device; ``active_group_mask`` is a
+    bool tensor of shape ``(num_groups,)`` ordered by group ID; ``active_group_count``
+    is a plain ``int``.
+    """
+
+    advantages: Tensor
+    active_group_mask: Tensor
+    active_group_count: int
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    """Per-group sufficient statistics, all of shape ``(num_groups,)``.
+
+    ``count`` is int64; ``mean``, ``m2`` (sum of squared deviations from the mean),
+    ``minimum`` and ``maximum`` are in the accumulator dtype (float64, or float32 on
+    MPS). An empty group has count 0, mean 0, m2 0, minimum ``+inf`` and maximum
+    ``-inf``. Rewards of float16, bfloat16 and float32 convert to float64 exactly, so
+    ``minimum`` and ``maximum`` hold the original values.
+
+    ``at_minimum`` and ``at_maximum`` (int64, optional) count the rollouts equal to the
+    minimum and the maximum: the leave-one-out baseline needs them to know exactly when
+    the *other* rollouts of a group are all identical.
+    """
+
+    count: Tensor
+    mean: Tensor
+    m2: Tensor
+    minimum: Tensor
+    maximum: Tensor
+    at_minimum: Tensor | None = None
+    at_maximum: Tensor | None = None
+
+    @property
+    def num_groups(self) -> int:
+        return int(self.count.shape[0])
+
+    def to(self, device: torch.device | str) -> GroupStats:
+        """Move every statistic to ``device``."""
+        return GroupStats(*(None if t is None else t.to(device) for t in self._fields()))
+
+    def index_select(self, order: Tensor) -> GroupStats:
+        """Reorder (or subset) the groups: the result's group ``j`` is group ``order[j]``."""
+        return GroupStats(*(None if t is None else t.index_select(0, order) for t in self._fields()))
+
+    def _fields(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
+        return (self.count, self.mean, self.m2, self.minimum, self.maximum, self.at_minimum, self.at_maximum)
+
+
+def accumulator_dtype(device: torch.device) -> torch.dtype:
+    """The dtype statistics accumulate in on ``device``: float64, or float32 on MPS.
+
+    >>> accumulator_dtype(torch.device("cpu"))
+    torch.float64
+    """
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+def empty_group_stats(
+    num_groups: int,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+    count_extremes: bool = False,
+) -> GroupStats:
+    """Statistics of ``num_groups`` groups that have seen no rollouts (the merge identity).
+
+    >>> empty_group_stats(2).count
+    tensor([0, 0])
+    """
+    device = torch.device(device)
+    acc = dtype or accumulator_dtype(device)
+    return GroupStats(
+        count=torch.zeros(num_groups, dtype=torch.int64, device=device),
+        mean=torch.zeros(num_groups, dtype=acc, device=device),
+        m2=torch.zeros(num_groups, dtype=acc, device=device),
+        minimum=torch.full((num_groups,), math.inf, dtype=acc, device=device),
+        maximum=torch.full((num_groups,), -math.inf, dtype=acc, device=device),
+        at_minimum=torch.zeros(num_groups, dtype=torch.int64, device=device) if count_extremes else None,
+        at_maximum=torch.zeros(num_groups, dtype=torch.int64, device=device) if count_extremes else None,
+    )
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check_rewards(rewards: Tensor, *, allow_nonfinite: bool = False) -> None:
+    if not isinstance(rewards, Tensor):
+        raise ValueError(f"rewards must be a torch.Tensor, got {type(rewards).__name__}")
+    if not rewards.dtype.is_floating_point:
+        raise ValueError(
+            f"rewards must be a floating-point tensor (float16, bfloat16, float32 or float64), "
+            f"got dtype {rewards.dtype}"
+        )
+    if allow_nonfinite or rewards.numel() == 0:
+        return
+    bad = ~torch.isfinite(rewards)
+    if bool(bad.any()):
+        flat = bad.reshape(-1)
+        positions = flat.nonzero()
+        first = int(positions[0])
+        value = rewards.reshape(-1)[first].item()
+        raise ValueError(
+            f"rewards contain {positions.numel()} NaN or infinite value(s); "
+            f"the first is {value} at index {first}"
+        )
+
+
+def _check_epsilon(epsilon: float) -> None:
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)):
+        raise ValueError(f"epsilon must be a positive finite number, got {epsilon!r}")
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"epsilon must be a positive finite number, got {epsilon!r}")
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
+def _check_group_ids(rewards: Tensor, group_ids: Tensor) -> None:
+    if not isinstance(group_ids, Tensor):
+        raise ValueError(f"group_ids must be a torch.Tensor, got {type(group_ids).__name__}")
+    if group_ids.dtype.is_floating_point or group_ids.dtype.is_complex or group_ids.dtype == torch.bool:
+        raise ValueError(f"group_ids must be an integer tensor, got dtype {group_ids.dtype}")
+    if group_ids.shape != rewards.shape:
+        raise ValueError(
+            f"rewards and group_ids must have the same shape, got {tuple(rewards.shape)} "
+            f"and {tuple(group_ids.shape)}"
+        )
+    if group_ids.device != rewards.device:
+        raise ValueError(
+            f"rewards and group_ids must be on the same device, got {rewards.device} "
+            f"and {group_ids.device}"
+        )
+    if group_ids.numel() and int(group_ids.min()) < 0:
+        flat = group_ids.reshape(-1)
+        first = int((flat < 0).nonzero()[0])
+        raise ValueError(
+            f"group_ids must be non-negative, got {int(flat[first])} at index {first}"
+        )
+
+
+# --------------------------------------------------------------------------- layouts
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """How flat rows map to groups: explicit IDs, or consecutive blocks of ``group_size``."""
+
+    num_groups: int
+    group_ids: Tensor | None = None  # (N,) int64
+    group_size: int | None = None
+
+
+def _layout(rewards: Tensor, group_ids: Tensor | None, group_size: int | None) -> tuple[Tensor, _Layout]:
+    """Validate a call form and return the flat rewards with their layout."""
+    if group_ids is not None and group_size is not None:
+        raise ValueError("pass either group_ids or group_size, not both")
+    if group_ids is not None:
+        _check_group_ids(rewards, group_ids)
+        flat_ids = group_ids.reshape(-1).to(torch.int64)
+        num_groups = int(flat_ids.max()) + 1 if flat_ids.numel() else 0
+        return rewards.reshape(-1), _fast_layout(flat_ids, num_groups)
+    if group_size is not None:
+        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+            raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
+        if rewards.dim() != 1:
+            raise ValueError(
+                f"group_size needs 1-D rewards, got shape {tuple(rewards.shape)}; "
+                "2-D rewards are already grouped by row"
+            )
+        if rewards.numel() % group_size:
+            raise ValueError(
+                f"the number of rewards ({rewards.numel()}) is not divisible by "
+                f"group_size ({group_size})"
+            )
+        return rewards, _Layout(rewards.numel() // group_size, group_size=group_size)
+    if rewards.dim() == 2:
+        num_groups, size = rewards.shape
+        if size == 0:
+            raise ValueError(f"2-D rewards need at least one column, got shape {tuple(rewards.shape)}")
+        return rewards.reshape(-1), _Layout(num_groups, group_size=size)
+    raise ValueError(
+        f"rewards of shape {tuple(rewards.shape)} need group_ids or group_size; "
+        "only 2-D rewards of shape (num_prompts, group_size) are grouped by row"
+    )
+
+
+def _fast_layout(flat_ids: Tensor, num_groups: int) -> _Layout:
+    """Use the fixed-size path when IDs are 0,0,..,1,1,.. in equal blocks."""
+    n = flat_ids.numel()
+    if num_groups and n % num_groups == 0:
+        size = n // num_groups
+        expected_first_ids = flat_ids[::size]
+        if (
+            bool((flat_ids[1:] >= flat_ids[:-1]).all())
+            and bool((expected_first_ids == torch.arange(num_groups, device=flat_ids.device)).all())
+            and bool((flat_ids.view(num_groups, size) == expected_first_ids[:, None]).all())
+        ):
+            return _Layout(num_groups, group_size=size)
+    return _Layout(num_groups, group_ids=flat_ids)
+
+
+# --------------------------------------------------------------------------- update / merge / compute
+
+
+def group_stats(
+    rewards: Tensor,
+    group_ids: Tensor | None = None,
+    num_groups: int | None = None,
+    *,
+    group_size: int | None = None,
+    valid: Tensor | None = None,
+    count_extremes: bool = False,
+) -> GroupStats:
+    """Per-group sufficient statistics of one chunk of rewards (the *update* step).
+
+    Args:
+        rewards: floating tensor of shape ``(N,)``, or ``(P, G)`` grouped by row.
+        group_ids: integer tensor of shape ``(N,)`` with values in ``[0, num_groups)``.
+        num_groups: number of groups ``K``; defaults to ``max(group_ids) + 1``.
+        group_size: with flat rewards and no ``group_ids``: consecutive blocks of this size.
+        valid: optional bool tensor of the rewards' shape; ``False`` rows are left out of
+            the statistics (used for NaN rewards under ``nan="ignore"``).
+        count_extremes: also count the rollouts at each group's minimum and maximum
+            (needed by ``baseline="leave-one-out"``).
+
+    Returns:
+        :class:`GroupStats` of shape ``(K,)`` in the accumulator dtype.
+
+    NaN or infinite rewards are not checked here; callers validate first.
+
+    >>> s = group_stats(torch.tensor([1.0, 3.0, 4.0, 4.0]), torch.tensor([0, 0, 1, 1]))
+    >>> s.count.tolist(), s.mean.tolist(), s.m2.tolist()
+    ([2, 2], [2.0, 4.0], [2.0, 0.0])
+    """
+    _check_rewards(rewards, allow_nonfinite=True)
+    flat, layout = _layout(rewards, group_ids, group_size)
+    if num_groups is not None:
+        if num_groups < layout.num_groups:
+            raise ValueError(f"num_groups ({num_groups}) must exceed the largest group ID ({layout.num_groups - 1})")
+        layout = _Layout(num_groups, layout.group_ids, layout.group_size)
+    valid_flat = None
+    if valid is not None:
+        if valid.shape != rewards.shape or valid.dtype != torch.bool:
+            raise ValueError(
+                f"valid must be a bool tensor of the rewards' shape {tuple(rewards.shape)}, "
+                f"got {valid.dtype} of shape {tuple(valid.shape)}"
+            )
+        valid_flat = valid.reshape(-1)
+    return _group_stats(flat, layout, valid_flat, count_extremes=count_extremes)
+
+
+def _group_stats(
+    flat: Tensor, layout: _Layout, valid: Tensor | None, *, count_extremes: bool = False
+) -> GroupStats:
+    acc = accumulator_dtype(flat.device)
+    x = flat.to(acc)
+    k = layout.num_groups
+    if layout.group_size is not None and valid is None:
+        stats = _block_stats(x.view(k, layout.group_size))
+        if not count_extremes:
+            return stats
+        rows = x.view(k, layout.group_size)
+        return GroupStats(
+            *stats._fields()[:5],
+            at_minimum=(rows == stats.minimum[:, None]).sum(dim=1),
+            at_maximum=(rows == stats.maximum[:, None]).sum(dim=1),
+        )
+    ids = _row_group_ids(layout, flat.device)
+    if valid is not None:
+        x, ids = x[valid], ids[valid]
+    stats = _scatter_stats(x, ids, k)
+    if not count_extremes:
+        return stats
+    at_min = (x == torch.take(stats.minimum, ids)).to(torch.int64)
+    at_max = (x == torch.take(stats.maximum, ids)).to(torch.int64)
+    zeros = torch.zeros(k, dtype=torch.int64, device=x.device)
+    return GroupStats(
+        *stats._fields()[:5],
+        at_minimum=zeros.index_add(0, ids, at_min),
+        at_maximum=zeros.index_add(0, ids, at_max),
+    )
+
+
+def _block_stats(x: Tensor) -> GroupStats:
+    """Statistics of a ``(K, G)`` matrix whose rows are the groups."""
+    k, g = x.shape
+    count = torch.full((k,), g, dtype=torch.int64, device=x.device)
+    mean = x.sum(dim=1) / g
+    deviation = x - mean[:, None]
+    correction = deviation.sum(dim=1) / g
+    m2 = (deviation * deviation).sum(dim=1) - correction * correction * g
+    minimum, maximum = x.aminmax(dim=1)
+    return GroupStats(count, mean + correction, m2.clamp_min(0), minimum, maximum)
+
+
+def _scatter_stats(x: Tensor, ids: Tensor, k: int) -> GroupStats:
+    """Statistics of rows ``x`` with group IDs ``ids`` in ``[0, k)``, in any order.
+
+    One-dimensional ``scatter_add_`` / ``scatter_reduce_`` run serially in row order on
+    the CPU, so the result does not depend on thread scheduling.
+    """
+    count = torch.bincount(ids, minlength=k)
+    safe_count = count.clamp_min(1).to(x.dtype)
+
+    def group_sum(values: Tensor) -> Tensor:
+        return torch.zeros(k, dtype=x.dtype, device=x.device).scatter_add_(0, ids, values)
+
+    mean = group_sum(x) / safe_count
+    deviation = x - torch.take(mean, ids)
+    # Corrected two-pass (Chan, Golub & LeVeque 1983): the sum of deviations removes
+    # the rounding error left in the first-pass mean.
+    deviation_sum = group_sum(deviation)
+    correction = deviation_sum / safe_count
+    m2 = (group_sum(deviation * deviation) - correction * deviation_sum).clamp_min(0)
+    minimum = torch.full((k,), math.inf, dtype=x.dtype, device=x.device).scatter_reduce_(0, ids, x, "amin")
+    maximum = torch.full((k,), -math.inf, dtype=x.dtype, device=x.device).scatter_reduce_(0, ids, x, "amax")
+    return GroupStats(count, mean + correction, m2, minimum, maximum)
+
+
+def merge_group_stats(a: GroupStats, b: GroupStats) -> GroupStats:
+    """Combine the statistics of two disjoint sets of rollouts (the *merge* step).
+
+    Groups are matched by position; the shorter input is padded with empty groups.
+    The merge is Chan et al.'s pairwise update, so no precision is lost to
+    cancellation, and merging with an empty group returns the other side exactly.
+
+    >>> left = group_stats(torch.tensor([1.0, 3.0]), torch.tensor([0, 0]))
+    >>> right = group_stats(torch.tensor([5.0, 4.0]), torch.tensor([0, 1]))
+    >>> both = merge_group_stats(left, right)
+    >>> both.count.tolist(), both.mean.tolist(), both.m2.tolist()
+    ([3, 1], [3.0, 4.0], [8.0, 0.0])
+    """
+    k = max(a.num_groups, b.num_groups)
+    a, b = _pad(a, k), _pad(b, k)
+    count = a.count + b.count
+    na = a.count.to(a.mean.dtype)
+    nb = b.count.to(a.mean.dtype)
+    n = count.clamp_min(1).to(a.mean.dtype)
+    delta = b.mean - a.mean
+    mean = a.mean + delta * (nb / n)
+    m2 = a.m2 + b.m2 + delta * delta * (na * nb / n)
+    a_empty, b_empty = a.count == 0, b.count == 0
+    mean = torch.where(a_empty, b.mean, torch.where(b_empty, a.mean, mean))
+    m2 = torch.where(a_empty, b.m2, torch.where(b_empty, a.m2, m2))
+    at_minimum = at_maximum = None
+    if a.at_minimum is not None and b.at_minimum is not None:
+        at_minimum = _merge_extreme_count(a.minimum, a.at_minimum, b.minimum, b.at_minimum)
+    if a.at_maximum is not None and b.at_maximum is not None:
+        at_maximum = _merge_extreme_count(-a.maximum, a.at_maximum, -b.maximum, b.at_maximum)
+    return GroupStats(
+        count,
+        mean,
+        m2,
+        torch.minimum(a.minimum, b.minimum),
+        torch.maximum(a.maximum, b.maximum),
+        at_minimum,
+        at_maximum,
+    )
+
+
+def _merge_extreme_count(a_value: Tensor, a_count: Tensor, b_value: Tensor, b_count: Tensor) -> Tensor:
+    """How many rollouts sit at the smaller of two minima."""
+    return torch.where(
+        a_value < b_value, a_count, torch.where(b_value < a_value, b_count, a_count + b_count)
+    )
+
+
+def _pad(stats: GroupStats, k: int) -> GroupStats:
+    if stats.num_groups == k:
+        return stats
+    extra = empty_group_stats(
+        k - stats.num_groups,
+        device=stats.mean.device,
+        dtype=stats.mean.dtype,
+        count_extremes=stats.at_minimum is not None,
+    )
+    return GroupStats(
+        *(
+            None if s is None or e is None else torch.cat((s, e))
+            for s, e in zip(stats._fields(), extra._fields(), strict=True)
+        )
+    )
+
+
+def active_groups(stats: GroupStats, *, singleton: Singleton = "zero") -> Tensor:
+    """Bool tensor ``(K,)``: which groups carry a learning signal.
+
+    A group is active when its rewards are not all identical (``maximum > minimum``,
+    exact on the original values). With ``singleton="raw"`` (verl's convention) a
+    group of one rollout is active too, since it then gets a non-zero advantage.
+
+    >>> active_groups(group_stats(torch.tensor([1.0, 3.0, 4.0, 4.0, 2.0]), torch.tensor([0, 0, 1, 1, 2])))
+    tensor([ True, False, False])
+    """
+    _check_choice("singleton", singleton, _SINGLETON_CHOICES)
+    active = stats.maximum > stats.minimum
+    if singleton == "raw":
+        active = active | ((stats.count == 1) & (stats.maximum != 0))
+    return active
+
+
+def batch_moments(stats: GroupStats) -> tuple[int, Tensor, Tensor]:
+    """Count, mean and centred sum of squares of all rollouts, merged from the groups.
+
+    >>> n, mean, m2 = batch_moments(group_stats(torch.tensor([1.0, 3.0, 5.0, 7.0]), torch.tensor([0, 0, 1, 1])))
+    >>> n, mean.item(), m2.item()
+    (4, 4.0, 20.0)
+    """
+    n = int(stats.count.sum())
+    weights = stats.count.to(stats.mean.dtype)
+    if n == 0:
+        zero = torch.zeros((), dtype=stats.mean.dtype, device=stats.mean.device)
+        return 0, zero, zero
+    mean = (weights * stats.mean).sum() / n
+    m2 = stats.m2.sum() + (weights * (stats.mean - mean) ** 2).sum()
+    return n, mean, m2
+
+
+def advantages_from_stats(
+    rewards: Tensor,
+    group_ids: Tensor | None,
+    stats: GroupStats,
+    *,
+    group_size: int | None = None,
+    epsilon: float = 1e-6,
+    std: Std = "population",
+    scale: Scale = "group",
+    baseline: Baseline = "mean",
+    epsilon_mode: EpsilonMode = "add",
+    singleton: Singleton = "zero",
+    valid: Tensor | None = None,
+    batch_std: Tensor | None = None,
+) -> Tensor:
+    """Normalise rewards with final group statistics (the *compute* step).
+
+    Args:
+        rewards: floating tensor ``(N,)`` (or ``(P, G)`` grouped by row), one chunk of the
+            rollouts that ``stats`` describes.
+        group_ids: int tensor ``(N,)`` indexing ``stats``, or ``None`` with ``group_size``
+            or 2-D rewards.
+        stats: :class:`GroupStats` over *all* rollouts of the groups involved.
+        epsilon: added to (``"add"``), or a floor for (``"clamp"``), the std.
+        std: ``"population"`` (divide by n) or ``"sample"`` (n - 1).
+        scale: ``"group"`` std, ``"batch"`` std of all rewards in ``stats``, or ``"none"``.
+        baseline: subtract the group ``"mean"``, or the ``"leave-one-out"`` mean of the
+            other rollouts of the group (RLOO); with ``scale="group"`` the std is then
+            taken over the same other rollouts (NeMo-RL).
+        epsilon_mode: ``"add"`` (``std + eps``), ``"clamp"`` (``max(std, eps)``), or
+            ``"add-if-nonzero"`` (divide by ``std + eps`` only where std > 0).
+        singleton: ``"zero"``, or ``"raw"``: a one-rollout group gets ``r / (1 + eps)``
+            (verl: mean 0, std 1).
+        valid: optional bool tensor; ``False`` rows get advantage 0.
+        batch_std: the batch std to use with ``scale="batch"``; computed from ``stats``
+            when omitted.
+
+    Returns:
+        Advantages with the rewards' shape, dtype and device. Rollouts of inactive
+        groups are exactly ``+0.0``.
+
+    >>> r, ids = torch.tensor([1.0, 3.0, 4.0, 4.0]), torch.tensor([0, 0, 1, 1])
+    >>> advantages_from_stats(r, ids, group_stats(r, ids), epsilon=1e-8)
+    tensor([-1.,  1.,  0.,  0.])
+    """
+    _check_rewards(rewards, allow_nonfinite=True)
+    _check_epsilon(epsilon)
+    _check_choice("std", std, _STD_CHOICES)
+    _check_choice("scale", scale, _SCALE_CHOICES)
+    _check_choice("baseline", baseline, _BASELINE_CHOICES)
+    _check_choice("epsilon_mode", epsilon_mode, _EPSILON_MODE_CHOICES)
+    _check_choice("singleton", singleton, _SINGLETON_CHOICES)
+    flat, layout = _layout(rewards, group_ids, group_size)
+    if layout.num_groups > stats.num_groups:
+        raise ValueError(
+            f"group IDs reach {layout.num_groups - 1} but stats describe {stats.num_groups} groups"
+        )
+    valid_flat = None if valid is None else valid.reshape(-1)
+    out = _advantages(
+        flat, layout, stats,
+        epsilon=epsilon, ddof=1 if std == "sample" else 0, scale=scale, baseline=baseline,
+        epsilon_mode=epsilon_mode, singleton=singleton, valid=valid_flat, batch_std=batch_std,
+    )
+    return out.to(rewards.dtype).view(rewards.shape)
+
+
+def _advantages(
+    flat: Tensor,
+    layout: _Layout,
+    stats: GroupStats,
+    *,
+    epsilon: float,
+    ddof: int,
+    scale: Scale,
+    baseline: Baseline,
+    epsilon_mode: EpsilonMode,
+    singleton: Singleton,
+    valid: Tensor | None,
+    batch_std: Tensor | None,
+) -> Tensor:
+    """Advantages of flat rows, in the accumulator dtype (the caller casts back)."""
+    acc = stats.mean.dtype
+    x = flat.to(acc)
+    active = active_groups(stats, singleton=singleton)
+    if scale == "batch" and batch_std is None:
+        n_all, _, m2_all = batch_moments(stats)
+        batch_std = (m2_all / max(n_all - ddof, 1)).sqrt()
+
+    if baseline == "mean":
+        center = torch.where(active, stats.mean, stats.minimum)
+        # x - (-0.0) is +0.0 for both signed zeros: inactive groups of zeros give +0.0.
+        center = torch.where(center == 0, torch.full_like(center, -0.0), center)
+        denominator = _denominator(stats.m2, stats.count, ddof, scale, epsilon, epsilon_mode, batch_std)
+        if singleton == "raw":
+            lone = stats.count == 1
+            center = torch.where(lone, torch.zeros_like(center), center)
+            denominator = torch.where(lone, torch.full_like(denominator, 1 + epsilon), denominator)
+        denominator = torch.where(active, denominator, torch.ones_like(denominator))
+        if layout.group_size is not None and valid is None:
+            k, g = layout.num_groups, layout.group_size
+            return ((x.view(k, g) - center[:k, None]) / denominator[:k, None]).view(-1)
+        ids = _row_group_ids(layout, flat.device)
+        out = (x - torch.take(center, ids)) / torch.take(denominator, ids)
+    else:
+        ids = _row_group_ids(layout, flat.device)
+        out = _leave_one_out(x, ids, stats, active, ddof, scale, epsilon, epsilon_mode, batch_std)
+        if singleton == "raw":
+            lone = torch.take(stats.count, ids) == 1
+            out = torch.where(lone, x / (1 + epsilon), out)
+    if valid is not None:
+        out = torch.where(valid, out, torch.zeros_like(out))
+    return out
+
+
+def _row_group_ids(layout: _Layout, device: torch.device) -> Tensor:
+    if layout.group_ids is not None:
+        return layout.group_ids
+    return torch.arange(layout.num_groups, device=device).repeat_interleave(layout.group_size or 1)
+
+
+def _denominator(
+    m2: Tensor,
+    count: Tensor,
+    ddof: int,
+    scale: Scale,
+    epsilon: float,
+    epsilon_mode: EpsilonMode,
+    batch_std: Tensor | None,
+) -> Tensor:
+    """Per-group (or per-row, for leave-one-out) divisor of the centred rewards."""
+    if scale == "none":
+        return torch.ones_like(m2)
+    if scale == "batch":
+        assert batch_std is not None
+        deviation = batch_std.expand_as(m2)
+    else:
+        dof = (count - ddof).clamp_min(1).to(m2.dtype)
+        deviation = (m2 / dof).sqrt()
+    if epsilon_mode == "clamp":
+        return deviation.clamp_min(epsilon)
+    if epsilon_mode == "add-if-nonzero":
+        return torch.where(deviation > 0, deviation + epsilon, torch.ones_like(deviation))
+    return deviation + epsilon
+
+
+def _leave_one_out(
+    x: Tensor,
+    ids: Tensor,
+    stats: GroupStats,
+    active: Tensor,
+    ddof: int,
+    scale: Scale,
+    epsilon: float,
+    epsilon_mode: EpsilonMode,
+    batch_std: Tensor | None,
+) -> Tensor:
+    """``(r_i - mean of the others) / std of the others``, from the group moments.
+
+    Removing one point from (n, mean, M2) is the reverse Welford update, so no second
+    pass over the group is needed: mean' = (n mean - r) / (n - 1) and
+    M2' = M2 - (r - mean)^2 n / (n - 1).
+    """
+    n = torch.take(stats.count, ids).to(x.dtype)
+    mean = torch.take(stats.mean, ids)
+    row_active = torch.take(active, ids) & (n > 1)
+    others = (n - 1).clamp_min(1)
+    deviation = x - mean
+    centred = deviation * (n / others)  # r - (n mean - r) / (n - 1)
+    m2_others = (torch.take(stats.m2, ids) - deviation * deviation * (n / others)).clamp_min(0)
+    if stats.at_minimum is None or stats.at_maximum is None:
+        raise ValueError("baseline='leave-one-out' needs stats computed with count_extremes=True")
+    # The reverse update cancels when the others are identical (binary rewards: one
+    # success among failures): decide that case exactly from the extreme counts.
+    others_n = n - 1
+    at_min = torch.take(stats.at_minimum, ids).to(x.dtype)
+    at_max = torch.take(stats.at_maximum, ids).to(x.dtype)
+    lone_max = (x == torch.take(stats.maximum, ids)) & (at_max == 1) & (at_min == others_n)
+    lone_min = (x == torch.take(stats.minimum, ids)) & (at_min == 1) & (at_max == others_n)
+    m2_others = torch.where(lone_max | lone_min, torch.zeros_like(m2_others), m2_others)
+    denominator = _denominator(m2_others, (n - 1).to(torch.int64), ddof, scale, epsilon, epsilon_mode, batch_std)
+    out = centred / denominator
+    return torch.where(row_active, out, torch.zeros_like(out))
+
+
+def group_advantages(
+    rewards: Tensor,
+    group_ids: Tensor | None = None,
+    epsilon: float = 1e-6,
+    *,
+    group_size: int | None = None,
+    std: Std = "population",
+    scale: Scale = "group",
+    baseline: Baseline = "mean",
+    epsilon_mode: EpsilonMode = "add",
+    singleton: Singleton = "zero",
+) -> GroupAdvantages:
+    """GRPO group-relative advantages: ``A_i = (r_i - mean_g) / (std_g + epsilon)``.
+
+    Three call forms, one result:
+
+    * ``group_advantages(rewards, group_ids)``: rewards ``(N,)`` float, group_ids ``(N,)``
+      int with values in ``[0, K)``; ``K = max(group_ids) + 1`` (IDs with no rollouts are
+      inactive groups);
+    * ``group_advantages(rewards_2d)``: rewards ``(P, G)``, each row a group;
+    * ``group_advantages(rewards, group_size=G)``: rewards ``(N,)`` in consecutive blocks of G.
+
+    Args:
+        rewards: float16, bfloat16, float32 or float64 tensor; never modified.
+        group_ids: integer tensor of the rewards' shape, on the same device.
+        epsilon: positive finite number added to the std (default 1e-6).
+        group_size: consecutive block size for flat rewards without group_ids.
+        std: ``"population"`` (divide by n, default) or ``"sample"`` (Bessel-corrected:
+            TRL, verl, OpenRLHF).
+        scale: ``"group"`` (default), ``"batch"`` (group mean, std of all rewards in the
+            call: TRL's ``scale_rewards="batch"``) or ``"none"`` (Dr. GRPO).
+        baseline, epsilon_mode, singleton: see :func:`advantages_from_stats`.
+
+    Returns:
+        :class:`GroupAdvantages`: ``advantages`` (rewards' shape, dtype, device),
+        ``active_group_mask`` (bool, ``(K,)``, by group ID) and ``active_group_count``.
+
+    Raises:
+        ValueError: naming the offending value, for mismatched shapes or devices,
+            non-integer or negative IDs, non-floating or non-finite rewards, a bad epsilon
+            or option, or a length that ``group_size`` does not divide.
+
+    >>> out = group_advantages(torch.tensor([1.0, 3.0]), torch.tensor([0, 0]), 1e-8)
+    >>> out["advantages"], out["active_group_mask"], out["active_group_count"]
+    (tensor([-1.,  1.]), tensor([True]), 1)
+    >>> out = group_advantages(torch.tensor([1.0, 3.0, 4.0, 4.0]), torch.tensor([0, 0, 1, 1]), 1e-8)
+    >>> out["advantages"], out["active_group_mask"], out["active_group_count"]
+    (tensor([-1.,  1.,  0.,  0.]), tensor([ True, False]), 1)
+    >>> out = group_advantages(torch.tensor([4.0, 4.0]), torch.tensor([0, 0]))
+    >>> out["advantages"], out["active_group_mask"], out["active_group_count"]
+    (tensor([0., 0.]), tensor([False]), 0)
+    >>> group_advantages(torch.tensor([[0.0, 1.0], [1.0, 1.0]]), epsilon=1e-8)["advantages"]
+    tensor([[-1.,  1.],
+            [ 0.,  0.]])
+    """
+    _check_rewards(rewards, allow_nonfinite=True)
+    _check_epsilon(epsilon)
+    _check_choice("std", std, _STD_CHOICES)
+    _check_choice("scale", scale, _SCALE_CHOICES)
+    flat, layout = _layout(rewards, group_ids, group_size)
+    _check_rewards(rewards)
+    _check_choice("baseline", baseline, _BASELINE_CHOICES)
+    _check_choice("epsilon_mode", epsilon_mode, _EPSILON_MODE_CHOICES)
+    _check_choice("singleton", singleton, _SINGLETON_CHOICES)
+    stats = _group_stats(flat, layout, None, count_extremes=baseline == "leave-one-out")
+    advantages = _advantages(
+        flat, layout, stats,
+        epsilon=epsilon, ddof=1 if std == "sample" else 0, scale=scale, baseline=baseline,
+        epsilon_mode=epsilon_mode, singleton=singleton, valid=None, batch_std=None,
+    )
+    mask = active_groups(stats, singleton=singleton)
+    return GroupAdvantages(
+        advantages=advantages.to(rewards.dtype).view(rewards.shape),
+        active_group_mask=mask,
+        active_group_count=int(mask.sum()),
+    )
+
+
+class GroupStatsAccumulator:
+    """Streaming *update* / *compute*: feed chunks in row order, get :class:`GroupStats`.
+
+    Rows are cut into statistics blocks at fixed global row positions (multiples of
+    ``block_rows``), whatever the sizes of the chunks fed in. Each block goes through
+    :func:`group_stats` and the blocks are combined with :func:`merge_group_stats`, so
+    the result depends only on the rows and their order: a file read in one piece and
+    the same rows streamed in many small batches give bitwise identical statistics.
+
+    Args:
+        device: where the statistics live.
+        block_rows: rows per statistics block (bounds the memory of one update).
+        group_size: rows are consecutive groups of this size (no IDs are passed).
+        count_extremes: also count rollouts at each group's min and max.
+
+    >>> acc = GroupStatsAccumulator(block_rows=3)
+    >>> acc.update(torch.tensor([1.0, 3.0]), torch.tensor([0, 0]))
+    >>> acc.update(torch.tensor([4.0, 4.0, 5.0]), torch.tensor([1, 1, 0]))
+    >>> stats = acc.compute()
+    >>> stats.count.tolist(), stats.mean.tolist()
+    ([3, 2], [3.0, 4.0])
+    """
+
+    def __init__(
+        self,
+        *,
+        device: torch.device | str = "cpu",
+        block_rows: int = 1 << 22,
+        group_size: int | None = None,
+        count_extremes: bool = False,
+    ) -> None:
+        if block_rows < 1:
+            raise ValueError(f"block_rows must be positive, got {block_rows}")
+        if group_size is not None:
+            if group_size < 1:
+                raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
+            block_rows = max(group_size, block_rows - block_rows % group_size)
+        self.device = torch.device(device)
+        self.block_rows = block_rows
+        self.group_size = group_size
+        self.count_extremes = count_extremes
+        self.rows_seen = 0
+        self._pending: list[tuple[Tensor, Tensor | None, Tensor | None]] = []
+        self._pending_rows = 0
+        self._stats: GroupStats | None = None
+
+    def update(self, rewards: Tensor, group_ids: Tensor | None = None, valid: Tensor | None = None) -> None:
+        """Add a chunk of 1-D rewards (with their group IDs unless ``group_size`` was set)."""
+        if (group_ids is None) != (self.group_size is not None):
+            raise ValueError("pass group_ids exactly when the accumulator has no group_size")
+        n = rewards.numel()
+        if n == 0:
+            return
+        self._pending.append((rewards.reshape(-1), group_ids, valid))
+        self._pending_rows += n
+        while self._pending_rows >= self.block_rows:
+            self._flush(self.block_rows)
+
+    def compute(self, num_groups: int | None = None) -> GroupStats:
+        """Statistics of every row fed so far, padded to ``num_groups`` groups if given."""
+        if self._pending_rows:
+            self._flush(self._pending_rows)
+        stats = self._stats or empty_group_stats(
+            0, device=self.device, count_extremes=self.count_extremes
+        )
+        if num_groups is not None:
+            if num_groups < stats.num_groups:
+                raise ValueError(f"num_groups ({num_groups}) is below the groups seen ({stats.num_groups})")
+            stats = _pad(stats, num_groups)
+        return stats
+
+    def _flush(self, rows: int) -> None:
+        rewards = torch.cat([p[0] for p in self._pending])
+        ids = None if self.group_size is not None else torch.cat([p[1] for p in self._pending if p[1] is not None])
+        any_valid = any(p[2] is not None for p in self._pending)
+        valid = (
+            torch.cat([p[2] if p[2] is not None else torch.ones_like(p[0], dtype=torch.bool) for p in self._pending])
+            if any_valid
+            else None
+        )
+        head_r, rest_r = rewards[:rows], rewards[rows:]
+        head_i = None if ids is None else ids[:rows]
+        head_v = None if valid is None else valid[:rows]
+        self._pending = (
+            [(rest_r, None if ids is None else ids[rows:], None if valid is None else valid[rows:])]
+            if rest_r.numel()
+            else []
+        )
+        self._pending_rows = rest_r.numel()
+        block = self._block_stats(head_r.to(self.device), head_i, head_v)
+        self.rows_seen += rows
+        if self._stats is None:
+            self._stats = block
+        elif self.group_size is not None:  # blocks hold whole groups: stats concatenate
+            self._stats = GroupStats(
+                *(
+                    None if a is None or b is None else torch.cat((a, b))
+                    for a, b in zip(self._stats._fields(), block._fields(), strict=True)
+                )
+            )
+        else:
+            self._stats = merge_group_stats(self._stats, block)
+
+    def _block_stats(self, rewards: Tensor, ids: Tensor | None, valid: Tensor | None) -> GroupStats:
+        if valid is not None:
+            valid = valid.to(self.device)
+        if self.group_size is not None:
+            layout = _Layout(rewards.numel() // self.group_size, group_size=self.group_size)
+            if rewards.numel() % self.group_size:
+                raise ValueError(
+                    f"the number of rows ({self.rows_seen + rewards.numel()}) is not divisible by "
+                    f"group_size ({self.group_size})"
+                )
+        else:
+            assert ids is not None
+            ids = ids.to(self.device, torch.int64)
+            layout = _fast_layout(ids, int(ids.max()) + 1)
+        return _group_stats(rewards, layout, valid, count_extremes=self.count_extremes)
