@@ -1,0 +1,42 @@
+# grpo-cli developer tasks. `make demo` and `make test` are the README's quick start:
+# each sets up the virtual environment on first use.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU build of torch: on these machines pip takes it from local disk. Override
+# TORCH_SPEC (e.g. TORCH_SPEC='torch>=2.3') to use another build.
+TORCH_SPEC ?= torch==2.13.0
+PIP := $(BIN)/python -m pip --disable-pip-version-check -q
+
+.PHONY: setup demo test lint bench bench-quick clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	$(PIP) install '$(TORCH_SPEC)'
+	$(PIP) install -e '.[dev]'
+	touch $@
+
+setup: $(BIN)/.installed
+
+demo: setup
+	mkdir -p out
+	$(BIN)/grpo-cli compute sample_data/rollouts.parquet -o out/rollouts_with_advantages.parquet \
+		--reward-col correct --force
+
+test: setup
+	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check grpo_cli tests benchmarks sample_data
+	$(BIN)/ruff format --check grpo_cli tests benchmarks sample_data
+	$(BIN)/mypy
+
+bench: setup
+	$(BIN)/python benchmarks/bench.py
+
+bench-quick: setup
+	$(BIN)/python benchmarks/bench.py --rows 1000000
+
+clean:
+	rm -rf $(VENV) out benchmarks/data .pytest_cache .mypy_cache .ruff_cache

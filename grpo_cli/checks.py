@@ -1,0 +1,78 @@
+"""Dataset checks for ``grpo-cli check``: each one a name, a measured value, a bound, pass/fail."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from grpo_cli.summary import RunSummary
+
+
+@dataclass(frozen=True)
+class CheckBounds:
+    """The checks asked for; ``None`` means not asked."""
+
+    max_inactive_fraction: float | None = None
+    min_active_groups: int | None = None
+    min_groups: int | None = None
+    min_group_size: int | None = None
+    max_group_size: int | None = None
+    uniform_group_size: bool = False
+    max_singleton_groups: int | None = None
+
+
+def evaluate_checks(summary: RunSummary, bounds: CheckBounds) -> list[dict[str, Any]]:
+    """Results in a fixed order, as dicts with name, value, bound and passed.
+
+    Group-size checks pass vacuously on a dataset with no groups; ``min-groups`` is the
+    check that catches an empty dataset.
+    """
+    results: list[dict[str, Any]] = []
+
+    def add(name: str, value: Any, bound: str, passed: bool) -> None:
+        results.append({"name": name, "value": value, "bound": bound, "passed": bool(passed)})
+
+    sizes = summary.group_size
+    if bounds.max_inactive_fraction is not None:
+        value = round(summary.inactive_fraction, 6)
+        add("max-inactive-fraction", value, f"<= {bounds.max_inactive_fraction}", value <= bounds.max_inactive_fraction)
+    if bounds.min_active_groups is not None:
+        add(
+            "min-active-groups",
+            summary.active_groups,
+            f">= {bounds.min_active_groups}",
+            summary.active_groups >= bounds.min_active_groups,
+        )
+    if bounds.min_groups is not None:
+        add("min-groups", summary.groups, f">= {bounds.min_groups}", summary.groups >= bounds.min_groups)
+    if bounds.min_group_size is not None:
+        smallest = sizes["min"]
+        add(
+            "min-group-size",
+            smallest,
+            f">= {bounds.min_group_size}",
+            smallest is None or smallest >= bounds.min_group_size,
+        )
+    if bounds.max_group_size is not None:
+        largest = sizes["max"]
+        add(
+            "max-group-size",
+            largest,
+            f"<= {bounds.max_group_size}",
+            largest is None or largest <= bounds.max_group_size,
+        )
+    if bounds.uniform_group_size:
+        smallest, largest = sizes["min"], sizes["max"]
+        value = "none" if smallest is None else f"{smallest}..{largest}"
+        add("uniform-group-size", value, "min == max", smallest == largest)
+    if bounds.max_singleton_groups is not None:
+        add(
+            "max-singleton-groups",
+            summary.singleton_groups,
+            f"<= {bounds.max_singleton_groups}",
+            summary.singleton_groups <= bounds.max_singleton_groups,
+        )
+    if summary.verify is not None:
+        v = summary.verify
+        add("verify-advantage-col", f"{v['mismatched']} rows differ", "0 rows differ", v["mismatched"] == 0)
+    return results

@@ -1,0 +1,555 @@
+"""The ``grpo-cli`` command line: parses options and calls the library, nothing more.
+
+Heavy modules (torch, pyarrow) are imported only when a command runs, so ``--help``
+and ``--version`` answer at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import typer
+
+from grpo_cli import __version__
+from grpo_cli.errors import GrpoError
+from grpo_cli.options import PRESETS
+
+if TYPE_CHECKING:
+    from grpo_cli.engine import ComputeConfig
+    from grpo_cli.progress import RichProgress
+    from grpo_cli.summary import RunSummary
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERNAL = 70
+EXIT_INTERRUPTED = 130
+
+app = typer.Typer(
+    name="grpo-cli",
+    help="Exact, fast GRPO group-relative advantages over rollout datasets (Parquet, JSONL).",
+    context_settings={"help_option_names": ["-h", "--help"]},
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+
+class InputFormat(str, Enum):
+    parquet = "parquet"
+    jsonl = "jsonl"
+
+
+class StdChoice(str, Enum):
+    population = "population"
+    sample = "sample"
+
+
+class ScaleChoice(str, Enum):
+    group = "group"
+    batch = "batch"
+    none = "none"
+
+
+class EstimatorChoice(str, Enum):
+    grpo = "grpo"
+    dr_grpo = "dr_grpo"
+    rloo = "rloo"
+
+
+class EpsilonModeChoice(str, Enum):
+    add = "add"
+    clamp = "clamp"
+    add_if_nonzero = "add-if-nonzero"
+
+
+class SingletonChoice(str, Enum):
+    zero = "zero"
+    raw = "raw"
+
+
+class NanChoice(str, Enum):
+    error = "error"
+    ignore = "ignore"
+
+
+class AggregationChoice(str, Enum):
+    sum_then_normalize = "sum-then-normalize"
+    normalize_then_sum = "normalize-then-sum"
+
+
+PresetChoice = Enum("PresetChoice", {name.replace("-", "_"): name for name in PRESETS}, type=str)  # type: ignore[misc]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"grpo-cli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_callback(
+    version: Annotated[
+        bool,
+        typer.Option("--version", "-V", help="Show the version and exit.", callback=_version, is_eager=True),
+    ] = False,
+) -> None:
+    """Exact, fast GRPO group-relative advantages over rollout datasets.
+
+    Exit codes: 0 success, 1 a check failed, 2 usage or input error, 70 internal error,
+    130 interrupted.
+    """
+
+
+# Shared option declarations: both commands read the same inputs and advantage options.
+InputArg = Annotated[
+    str,
+    typer.Argument(
+        help="A Parquet or JSONL file (.jsonl, .ndjson, .jsonl.gz), a directory of shards, "
+        "a quoted glob, or - for JSONL on standard input.",
+        show_default=False,
+    ),
+]
+InputFormatOpt = Annotated[
+    InputFormat | None, typer.Option("--input-format", help="Override the format detected from the name.")
+]
+RewardColOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--reward-col",
+        "-r",
+        help="Reward column, optionally NAME:WEIGHT; repeat for several rewards (weighted sum). [default: reward]",
+        show_default=False,
+    ),
+]
+GroupColOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--group-col",
+        "-g",
+        help="Group key column; repeat for a composite key (e.g. prompt_id and step). [default: group_id]",
+        show_default=False,
+    ),
+]
+GroupSizeOpt = Annotated[
+    int | None,
+    typer.Option("--group-size", min=1, help="Groups are consecutive blocks of N rows (instead of a key column)."),
+]
+AggregationOpt = Annotated[
+    AggregationChoice,
+    typer.Option(
+        "--reward-aggregation",
+        help="With several rewards: normalise their weighted sum, or normalise each in its group and "
+        "then sum (GDPO).",
+    ),
+]
+PresetOpt = Annotated[
+    PresetChoice | None,  # type: ignore[valid-type]
+    typer.Option("--preset", help="Reproduce a trainer's GRPO convention; explicit options override it."),
+]
+EstimatorOpt = Annotated[
+    EstimatorChoice | None,
+    typer.Option(
+        "--estimator",
+        help="grpo: (r - mean) / std; dr_grpo: r - mean; rloo: r - mean of the others. [default: grpo]",
+        show_default=False,
+    ),
+]
+EpsilonOpt = Annotated[
+    float | None, typer.Option("--epsilon", help="Added to the std. [default: 1e-6]", show_default=False)
+]
+StdOpt = Annotated[
+    StdChoice | None,
+    typer.Option("--std", help="population (divide by n) or sample (n - 1). [default: population]", show_default=False),
+]
+ScaleOpt = Annotated[
+    ScaleChoice | None,
+    typer.Option(
+        "--scale",
+        help="Divide by the group std, the batch std, or nothing. [default: group]",
+        show_default=False,
+    ),
+]
+EpsilonModeOpt = Annotated[
+    EpsilonModeChoice | None,
+    typer.Option(
+        "--epsilon-mode",
+        help="add: std + eps; clamp: max(std, eps); add-if-nonzero: divide only where std > 0. [default: add]",
+        show_default=False,
+    ),
+]
+SingletonOpt = Annotated[
+    SingletonChoice | None,
+    typer.Option(
+        "--singleton",
+        help="One-rollout groups: zero, or raw (r / (1 + eps), verl). [default: zero]",
+        show_default=False,
+    ),
+]
+NanOpt = Annotated[
+    NanChoice | None,
+    typer.Option(
+        "--nan",
+        help="Null, NaN or infinite rewards: error, or ignore (left out of the statistics, advantage 0). "
+        "[default: error]",
+        show_default=False,
+    ),
+]
+DeviceOpt = Annotated[
+    str, typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps (auto: CUDA, then MPS, then CPU).")
+]
+AdvantageColOpt = Annotated[str, typer.Option("--advantage-col", help="Name of the advantage column.")]
+ActiveColOpt = Annotated[str, typer.Option("--active-col", help="Name of the per-row group-is-active column.")]
+SummaryJsonOpt = Annotated[
+    str | None,
+    typer.Option("--summary-json", help="Write the summary as JSON to PATH, or - for standard output.", metavar="PATH"),
+]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No summary and no progress on standard error.")]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Show the traceback of unexpected errors.")]
+MemoryLimitOpt = Annotated[
+    int,
+    typer.Option(
+        "--memory-limit-mb",
+        min=0,
+        help="Inputs that decode to less than this are read once and kept in memory; larger ones stream "
+        "in two passes with bounded memory. 0 always streams.",
+    ),
+]
+BatchRowsOpt = Annotated[int, typer.Option("--batch-rows", min=1, help="Rows per record batch when streaming.")]
+
+
+# --------------------------------------------------------------------------- running a command
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _run(debug: bool, body: Callable[[], int]) -> None:
+    """Run a command body, mapping every failure to one line on stderr and an exit code."""
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        code = body()
+    except GrpoError as exc:
+        _fail(exc.message, exc.exit_code)
+    except KeyboardInterrupt:
+        _fail("interrupted; no output was written", EXIT_INTERRUPTED)
+    except MemoryError:
+        _fail("out of memory; try --device cpu or a smaller --memory-limit-mb", EXIT_INTERNAL)
+    except (typer.Exit, typer.Abort):
+        raise
+    except Exception as exc:
+        if debug:
+            traceback.print_exc()
+        first = (str(exc).strip().splitlines() or [""])[0]
+        _fail(f"internal error: {type(exc).__name__}: {first} (rerun with --debug for the traceback)", EXIT_INTERNAL)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    raise typer.Exit(code)
+
+
+def _config(
+    *,
+    reward_col: list[str] | None,
+    group_col: list[str] | None,
+    group_size: int | None,
+    aggregation: AggregationChoice,
+    preset: Enum | None,
+    estimator: EstimatorChoice | None,
+    epsilon: float | None,
+    std: StdChoice | None,
+    scale: ScaleChoice | None,
+    epsilon_mode: EpsilonModeChoice | None,
+    singleton: SingletonChoice | None,
+    nan: NanChoice | None,
+    device: str,
+    advantage_col: str,
+    active_col: str,
+    input_format: InputFormat | None,
+    memory_limit_mb: int,
+    batch_rows: int,
+    **extra: Any,
+) -> ComputeConfig:
+    from grpo_cli.engine import ComputeConfig
+    from grpo_cli.options import AdvantageOptions, RewardSpec
+
+    if group_size is not None and group_col:
+        raise GrpoError("--group-size and --group-col cannot be used together")
+    advantage = AdvantageOptions.resolve(
+        preset=preset.value if preset is not None else None,
+        estimator=estimator.value if estimator is not None else None,
+        epsilon=epsilon,
+        std=std.value if std else None,
+        scale=scale.value if scale else None,
+        epsilon_mode=epsilon_mode.value if epsilon_mode else None,
+        singleton=singleton.value if singleton else None,
+        nan=nan.value if nan else None,
+    )
+    return ComputeConfig(
+        rewards=tuple(RewardSpec.parse(text) for text in (reward_col or ["reward"])),
+        group_cols=tuple(group_col or (() if group_size is not None else ("group_id",))),
+        group_size=group_size,
+        aggregation=aggregation.value,
+        advantage=advantage,
+        advantage_col=advantage_col,
+        active_col=active_col,
+        device=device,
+        input_format=input_format.value if input_format else None,
+        memory_budget_bytes=memory_limit_mb << 20,
+        batch_rows=batch_rows,
+        **extra,
+    )
+
+
+def _progress(quiet: bool) -> RichProgress | None:
+    if quiet or os.environ.get("CI") or not sys.stderr.isatty():
+        return None
+    from grpo_cli.progress import RichProgress
+
+    return RichProgress()
+
+
+def _report(summary: RunSummary, *, quiet: bool, summary_json: str | None) -> None:
+    if summary_json == "-":
+        sys.stdout.write(summary.to_json() + "\n")
+        sys.stdout.flush()
+    elif summary_json is not None:
+        from grpo_cli.output import write_text_atomically
+
+        write_text_atomically(Path(summary_json), summary.to_json() + "\n")
+    if quiet:
+        return
+    from rich.console import Console
+
+    from grpo_cli.summary import render_plain, render_rich
+
+    console = Console(stderr=True)
+    if console.is_terminal:
+        render_rich(summary, console)
+    else:
+        sys.stderr.write(render_plain(summary) + "\n")
+
+
+# --------------------------------------------------------------------------- commands
+
+
+@app.command(no_args_is_help=True)
+def compute(
+    input: InputArg,
+    output: Annotated[
+        str,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Output Parquet file (.parquet), or a directory: one output shard per input shard.",
+            show_default=False,
+        ),
+    ],
+    reward_col: RewardColOpt = None,
+    group_col: GroupColOpt = None,
+    group_size: GroupSizeOpt = None,
+    reward_aggregation: AggregationOpt = AggregationChoice.sum_then_normalize,
+    preset: PresetOpt = None,
+    estimator: EstimatorOpt = None,
+    epsilon: EpsilonOpt = None,
+    std: StdOpt = None,
+    scale: ScaleOpt = None,
+    epsilon_mode: EpsilonModeOpt = None,
+    singleton: SingletonOpt = None,
+    nan: NanOpt = None,
+    device: DeviceOpt = "cpu",
+    advantage_col: AdvantageColOpt = "advantage",
+    active_col: ActiveColOpt = "group_active",
+    stats_cols: Annotated[
+        bool, typer.Option("--stats-cols", help="Also write each row's group mean, std and size.")
+    ] = False,
+    drop_inactive: Annotated[
+        bool, typer.Option("--drop-inactive", help="Leave out rollouts of inactive groups (DAPO dynamic sampling).")
+    ] = False,
+    keep_mean_range: Annotated[
+        tuple[float, float] | None,
+        typer.Option(
+            "--keep-mean-range",
+            help="Keep only groups whose mean reward lies in [LO, HI] (difficulty filter).",
+            metavar="LO HI",
+        ),
+    ] = None,
+    summary_json: SummaryJsonOpt = None,
+    force: Annotated[bool, typer.Option("--force", "-f", help="Overwrite an existing output.")] = False,
+    quiet: QuietOpt = False,
+    input_format: InputFormatOpt = None,
+    memory_limit_mb: MemoryLimitOpt = 1024,
+    batch_rows: BatchRowsOpt = 65536,
+    debug: DebugOpt = False,
+) -> None:
+    """Compute advantages and write INPUT's rows with two new columns to an augmented Parquet file.
+
+    Writes the advantage column and a per-row bool column that says whether the rollout's
+    group is active; every input column is kept, in order, with rows in input order. The
+    summary goes to standard error.
+    """
+
+    def body() -> int:
+        from grpo_cli.engine import compute_dataset
+
+        config = _config(
+            reward_col=reward_col,
+            group_col=group_col,
+            group_size=group_size,
+            aggregation=reward_aggregation,
+            preset=preset,
+            estimator=estimator,
+            epsilon=epsilon,
+            std=std,
+            scale=scale,
+            epsilon_mode=epsilon_mode,
+            singleton=singleton,
+            nan=nan,
+            device=device,
+            advantage_col=advantage_col,
+            active_col=active_col,
+            input_format=input_format,
+            memory_limit_mb=memory_limit_mb,
+            batch_rows=batch_rows,
+            stats_cols=stats_cols,
+            drop_inactive=drop_inactive,
+            keep_mean_range=keep_mean_range,
+        )
+        progress = _progress(quiet)
+        try:
+            summary = compute_dataset(input, output, config, force=force, progress=progress)
+        finally:
+            if progress is not None:
+                progress.close()
+        _report(summary, quiet=quiet, summary_json=summary_json)
+        return EXIT_OK
+
+    _run(debug, body)
+
+
+@app.command(no_args_is_help=True)
+def check(
+    input: InputArg,
+    max_inactive_fraction: Annotated[
+        float | None,
+        typer.Option("--max-inactive-fraction", min=0.0, max=1.0, help="Fail if more than F of the groups are inactive."),
+    ] = None,
+    min_active_groups: Annotated[
+        int | None, typer.Option("--min-active-groups", min=0, help="Fail if fewer than N groups are active.")
+    ] = None,
+    min_groups: Annotated[int | None, typer.Option("--min-groups", min=0, help="Fail if there are fewer than N groups.")] = None,
+    min_group_size: Annotated[
+        int | None, typer.Option("--min-group-size", min=1, help="Fail if any group has fewer than N rollouts.")
+    ] = None,
+    max_group_size: Annotated[
+        int | None, typer.Option("--max-group-size", min=1, help="Fail if any group has more than N rollouts.")
+    ] = None,
+    uniform_group_size: Annotated[
+        bool, typer.Option("--uniform-group-size", help="Fail unless every group has the same size.")
+    ] = False,
+    max_singleton_groups: Annotated[
+        int | None, typer.Option("--max-singleton-groups", min=0, help="Fail if more than N groups have one rollout.")
+    ] = None,
+    verify_advantage_col: Annotated[
+        str | None,
+        typer.Option(
+            "--verify-advantage-col",
+            help="Recompute advantages with the chosen options or preset and compare them with this column.",
+            metavar="NAME",
+        ),
+    ] = None,
+    atol: Annotated[float, typer.Option("--atol", min=0.0, help="Absolute tolerance for --verify-advantage-col.")] = 1e-6,
+    rtol: Annotated[float, typer.Option("--rtol", min=0.0, help="Relative tolerance for --verify-advantage-col.")] = 1e-5,
+    reward_col: RewardColOpt = None,
+    group_col: GroupColOpt = None,
+    group_size: GroupSizeOpt = None,
+    reward_aggregation: AggregationOpt = AggregationChoice.sum_then_normalize,
+    preset: PresetOpt = None,
+    estimator: EstimatorOpt = None,
+    epsilon: EpsilonOpt = None,
+    std: StdOpt = None,
+    scale: ScaleOpt = None,
+    epsilon_mode: EpsilonModeOpt = None,
+    singleton: SingletonOpt = None,
+    nan: NanOpt = None,
+    device: DeviceOpt = "cpu",
+    summary_json: SummaryJsonOpt = None,
+    quiet: QuietOpt = False,
+    input_format: InputFormatOpt = None,
+    memory_limit_mb: MemoryLimitOpt = 1024,
+    batch_rows: BatchRowsOpt = 65536,
+    debug: DebugOpt = False,
+) -> None:
+    """Check that a rollout dataset is fit to train on; exit 1 if any check fails.
+
+    Reads INPUT like compute, writes no data, prints one line per check (name, measured
+    value, bound, PASS or FAIL) on standard error. With no check options it prints the
+    summary and exits 0.
+    """
+
+    def body() -> int:
+        from grpo_cli.checks import CheckBounds, evaluate_checks
+        from grpo_cli.engine import VerifySpec, compute_dataset
+
+        config = _config(
+            reward_col=reward_col,
+            group_col=group_col,
+            group_size=group_size,
+            aggregation=reward_aggregation,
+            preset=preset,
+            estimator=estimator,
+            epsilon=epsilon,
+            std=std,
+            scale=scale,
+            epsilon_mode=epsilon_mode,
+            singleton=singleton,
+            nan=nan,
+            device=device,
+            advantage_col="advantage",
+            active_col="group_active",
+            input_format=input_format,
+            memory_limit_mb=memory_limit_mb,
+            batch_rows=batch_rows,
+            verify=VerifySpec(verify_advantage_col, atol=atol, rtol=rtol) if verify_advantage_col else None,
+        )
+        progress = _progress(quiet)
+        try:
+            summary = compute_dataset(input, None, config, progress=progress)
+        finally:
+            if progress is not None:
+                progress.close()
+        summary.checks = evaluate_checks(
+            summary,
+            CheckBounds(
+                max_inactive_fraction=max_inactive_fraction,
+                min_active_groups=min_active_groups,
+                min_groups=min_groups,
+                min_group_size=min_group_size,
+                max_group_size=max_group_size,
+                uniform_group_size=uniform_group_size,
+                max_singleton_groups=max_singleton_groups,
+            ),
+        )
+        _report(summary, quiet=quiet, summary_json=summary_json)
+        return EXIT_OK if all(c["passed"] for c in summary.checks) else EXIT_CHECK_FAILED
+
+    _run(debug, body)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,850 @@
+"""The local engine: two passes over a rollout dataset with bounded memory.
+
+Pass 1 reads only the reward and group-key columns, maps keys to dense group IDs and
+feeds the kernel's :class:`~grpo_cli.kernel.GroupStatsAccumulator`. Pass 2 streams
+every column again, appends the advantage and activity columns and writes them out.
+Inputs whose decoded size fits ``memory_budget_bytes`` are read once and kept in memory
+for pass 2; the arithmetic is the same, so both paths give bitwise identical results.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from grpo_cli.errors import GrpoError
+from grpo_cli.kernel import (
+    GroupStats,
+    GroupStatsAccumulator,
+    active_groups,
+    advantages_from_stats,
+    batch_moments,
+)
+from grpo_cli.options import AGGREGATION_CHOICES, AdvantageOptions, RewardSpec
+from grpo_cli.output import OutputTarget
+from grpo_cli.sources import (
+    InputSet,
+    Shard,
+    describe_row,
+    estimated_memory_bytes,
+    iter_batches,
+    read_schema,
+    row_count,
+)
+from grpo_cli.summary import RunSummary, build_summary
+
+# Arrow buffers are read-only; the engine never writes into tensors made from them.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+DEFAULT_BATCH_ROWS = 1 << 16
+DEFAULT_MEMORY_BUDGET = 1 << 30
+
+
+@dataclass(frozen=True)
+class VerifySpec:
+    """``check --verify-advantage-col``: compare an existing column with recomputed values."""
+
+    column: str
+    atol: float = 1e-6
+    rtol: float = 1e-5
+    max_examples: int = 5
+
+
+@dataclass(frozen=True)
+class ComputeConfig:
+    """Everything the engine needs besides the input and output paths."""
+
+    rewards: tuple[RewardSpec, ...] = (RewardSpec("reward"),)
+    group_cols: tuple[str, ...] = ("group_id",)
+    group_size: int | None = None
+    aggregation: str = "sum-then-normalize"
+    advantage: AdvantageOptions = field(default_factory=AdvantageOptions)
+    advantage_col: str = "advantage"
+    active_col: str = "group_active"
+    stats_cols: bool = False
+    drop_inactive: bool = False
+    keep_mean_range: tuple[float, float] | None = None
+    device: str = "cpu"
+    batch_rows: int = DEFAULT_BATCH_ROWS
+    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET
+    stats_block_rows: int = 1 << 22
+    input_format: str | None = None
+    verify: VerifySpec | None = None
+
+    def validate(self) -> None:
+        if not self.rewards:
+            raise GrpoError("at least one --reward-col is needed")
+        names = [r.column for r in self.rewards]
+        if len(set(names)) != len(names):
+            raise GrpoError(f"--reward-col names a column twice: {', '.join(names)}")
+        if self.group_size is not None and self.group_size < 1:
+            raise GrpoError(f"--group-size must be a positive integer, got {self.group_size}")
+        if self.group_size is None and not self.group_cols:
+            raise GrpoError("give --group-col or --group-size")
+        if self.aggregation not in AGGREGATION_CHOICES:
+            raise GrpoError(
+                f"--reward-aggregation must be one of {', '.join(AGGREGATION_CHOICES)}, got {self.aggregation!r}"
+            )
+        if self.advantage_col == self.active_col:
+            raise GrpoError(f"--advantage-col and --active-col are both {self.advantage_col!r}")
+        if self.keep_mean_range is not None:
+            low, high = self.keep_mean_range
+            if not low <= high:
+                raise GrpoError(f"--keep-mean-range needs LO <= HI, got {low} {high}")
+        if self.batch_rows < 1:
+            raise GrpoError(f"batch_rows must be positive, got {self.batch_rows}")
+        self.advantage.validate()
+
+    @property
+    def new_columns(self) -> list[str]:
+        cols = [self.advantage_col, self.active_col]
+        if self.stats_cols:
+            cols += [f"{self.advantage_col}_group_mean", f"{self.advantage_col}_group_std", f"{self.advantage_col}_group_size"]
+        return cols
+
+
+class Progress(Protocol):
+    """What the engine reports while it runs; the CLI draws it with rich."""
+
+    def start(self, description: str, total_rows: int | None) -> None: ...
+    def advance(self, rows: int) -> None: ...
+    def finish(self) -> None: ...
+
+
+class _NoProgress:
+    def start(self, description: str, total_rows: int | None) -> None:
+        pass
+
+    def advance(self, rows: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+def resolve_device(spec: str) -> torch.device:
+    """``auto`` picks CUDA, then MPS, then CPU; anything else must be available."""
+    available = ["cpu"]
+    if torch.cuda.is_available():
+        available += ["cuda"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        available.append("mps")
+    if spec == "auto":
+        return torch.device("cuda" if "cuda" in available else "mps" if "mps" in available else "cpu")
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise GrpoError(f"--device {spec!r} is not a device name; use auto, cpu, cuda, cuda:N or mps") from None
+    if spec not in available:
+        raise GrpoError(f"--device {spec} is not available here; available: {', '.join(available)}")
+    return device
+
+
+# --------------------------------------------------------------------------- group keys
+
+
+class GroupKeyIndex:
+    """Maps group-key values (any hashable scalar, or tuples for composite keys) to dense IDs.
+
+    IDs are handed out in order of first appearance, so the mapping depends only on the
+    rows and their order, never on how they were split into batches.
+    """
+
+    def __init__(self, columns: Sequence[str]) -> None:
+        self.columns = tuple(columns)
+        self._lookup: dict[Any, int] = {}
+        self.keys: list[Any] = []
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def encode(self, arrays: Sequence[pa.Array]) -> np.ndarray:
+        """Dense int64 IDs for one batch of key columns."""
+        if len(arrays) == 1:
+            encoded = _dictionary_encode(arrays[0])
+            uniques = encoded.dictionary.to_pylist()
+            codes = encoded.indices.to_numpy(zero_copy_only=False)
+        else:
+            codes, first_rows = _combined_codes(arrays)
+            columns = [a.take(pa.array(first_rows)).to_pylist() for a in arrays]
+            uniques = list(zip(*columns, strict=True))
+        lookup = self._lookup
+        keys = self.keys
+        table = np.empty(len(uniques), dtype=np.int64)
+        for j, key in enumerate(uniques):
+            gid = lookup.get(key)
+            if gid is None:
+                gid = len(keys)
+                lookup[key] = gid
+                keys.append(key)
+            table[j] = gid
+        return table[codes]
+
+
+def _dictionary_encode(array: pa.Array) -> pa.DictionaryArray:
+    if pa.types.is_dictionary(array.type):
+        array = array.dictionary_decode()
+    return array.dictionary_encode()
+
+
+def _combined_codes(arrays: Sequence[pa.Array]) -> tuple[np.ndarray, np.ndarray]:
+    """Dense codes of the distinct rows over several columns, in first-appearance order."""
+    code: np.ndarray | None = None
+    for array in arrays:
+        encoded = _dictionary_encode(array)
+        part = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        if code is None:
+            code = part
+        else:
+            _, code = np.unique(code * len(encoded.dictionary) + part, return_inverse=True)
+    assert code is not None
+    _, first_rows, inverse = np.unique(code, return_index=True, return_inverse=True)
+    order = np.argsort(first_rows, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    return rank[inverse.reshape(-1)], first_rows[order]
+
+
+# --------------------------------------------------------------------------- ID spool
+
+
+class _IdSpool:
+    """Per-row group IDs from pass 1, kept for pass 2: in memory, or in a temporary file."""
+
+    def __init__(self, *, on_disk: bool) -> None:
+        self._chunks: list[np.ndarray] = []
+        self._file: IO[bytes] | None = tempfile.TemporaryFile(prefix="grpo-cli-ids-") if on_disk else None
+
+    def append(self, ids: np.ndarray) -> None:
+        if self._file is not None:
+            self._file.write(ids.astype(np.int64, copy=False).tobytes())
+        else:
+            self._chunks.append(ids)
+
+    def reader(self) -> Callable[[int], np.ndarray]:
+        if self._file is not None:
+            file = self._file
+            file.flush()
+            file.seek(0)
+
+            def take_from_file(n: int) -> np.ndarray:
+                return np.frombuffer(file.read(n * 8), dtype=np.int64)
+
+            return take_from_file
+        flat = np.concatenate(self._chunks) if self._chunks else np.empty(0, dtype=np.int64)
+        position = 0
+
+        def take_from_memory(n: int) -> np.ndarray:
+            nonlocal position
+            out = flat[position : position + n]
+            position += n
+            return out
+
+        return take_from_memory
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+# --------------------------------------------------------------------------- rewards
+
+
+@dataclass
+class _RewardBatch:
+    """Rewards of one batch: per channel tensor and validity, plus the combined reward."""
+
+    channels: list[torch.Tensor]
+    channel_valid: list[torch.Tensor | None]
+    combined: torch.Tensor
+    combined_valid: torch.Tensor | None
+
+
+class _RewardReader:
+    """Turns reward columns into tensors: one channel (sum-then-normalize) or one per column."""
+
+    def __init__(self, config: ComputeConfig, schema: pa.Schema, shard: Shard) -> None:
+        self.specs = config.rewards
+        self.per_column = config.aggregation == "normalize-then-sum" and len(self.specs) > 1
+        types = []
+        for spec in self.specs:
+            column_type = schema.field(spec.column).type
+            if not (pa.types.is_integer(column_type) or pa.types.is_floating(column_type) or pa.types.is_boolean(column_type)):
+                raise GrpoError(
+                    f"{shard.display}: reward column {spec.column!r} has type {column_type}; it must be numeric"
+                )
+            types.append(column_type)
+        self.output_dtype = _advantage_dtype(types)
+        single = len(self.specs) == 1 and self.specs[0].weight == 1.0
+        self.native = single and pa.types.is_floating(types[0])
+
+    def read(self, batch: pa.RecordBatch) -> _RewardBatch:
+        values = [self._column(batch.column(spec.column)) for spec in self.specs]
+        if self.native:
+            tensor = values[0]
+            valid = _finite(tensor)
+            return _RewardBatch([tensor], [valid], tensor, valid)
+        weighted = [v.to(torch.float64) * spec.weight for v, spec in zip(values, self.specs, strict=True)]
+        combined = weighted[0]
+        for extra in weighted[1:]:
+            combined = combined + extra
+        combined_valid = _finite(combined)
+        if self.per_column:
+            scaled = [v.to(torch.float64) for v in values]
+            return _RewardBatch(scaled, [_finite(v) for v in scaled], combined, combined_valid)
+        return _RewardBatch([combined], [combined_valid], combined, combined_valid)
+
+    @staticmethod
+    def _column(array: pa.Array) -> torch.Tensor:
+        if pa.types.is_boolean(array.type) or pa.types.is_integer(array.type):
+            array = pc.cast(array, pa.float64())
+        if array.null_count:
+            array = array.fill_null(float("nan"))
+        return torch.from_numpy(array.to_numpy(zero_copy_only=False))
+
+
+def _finite(values: torch.Tensor) -> torch.Tensor | None:
+    """Validity mask, or ``None`` when every value is finite (the common case)."""
+    finite = torch.isfinite(values)
+    return None if bool(finite.all()) else finite
+
+
+def _advantage_dtype(types: Sequence[pa.DataType]) -> torch.dtype:
+    floats = [t for t in types if pa.types.is_floating(t)]
+    if len(types) == 1 and floats:
+        return {16: torch.float16, 32: torch.float32, 64: torch.float64}[floats[0].bit_width]
+    if any(t.bit_width == 64 for t in floats):
+        return torch.float64
+    return torch.float32
+
+
+# --------------------------------------------------------------------------- the two passes
+
+
+@dataclass
+class _BadRewards:
+    count: int = 0
+    first: tuple[Shard, int, float] | None = None
+
+
+@dataclass
+class _Pass1:
+    stats: list[GroupStats]  # one per advantage channel
+    summary_stats: GroupStats  # the combined reward
+    rows_per_group: np.ndarray
+    num_groups: int
+    rows: int
+    nan_rewards: int
+    keys: GroupKeyIndex | None
+    cached: list[list[pa.RecordBatch]] | None
+
+
+class Engine:
+    """One run of ``compute`` or ``check`` over an :class:`InputSet`."""
+
+    def __init__(
+        self,
+        inputs: InputSet,
+        config: ComputeConfig,
+        *,
+        writes_output: bool = True,
+        progress: Progress | None = None,
+    ) -> None:
+        config.validate()
+        self.writes_output = writes_output
+        self.inputs = inputs
+        self.config = config
+        self.progress: Progress = progress or _NoProgress()
+        self.device = resolve_device(config.device)
+        self.schemas = [read_schema(shard) for shard in inputs.shards]
+        self._check_columns()
+        self.in_memory = sum(estimated_memory_bytes(s) for s in inputs.shards) <= config.memory_budget_bytes
+        self.bytes_read = 0
+
+    # ----------------------------------------------------------------- validation
+
+    def _needed_columns(self) -> list[str]:
+        cols = [r.column for r in self.config.rewards]
+        if self.config.group_size is None:
+            cols += [c for c in self.config.group_cols if c not in cols]
+        return cols
+
+    def _check_columns(self) -> None:
+        config = self.config
+        for shard, schema in zip(self.inputs.shards, self.schemas, strict=True):
+            if len(schema) == 0:  # an empty JSONL file: no records, no columns
+                continue
+            names = schema.names
+            for column in self._needed_columns():
+                if column not in names:
+                    raise GrpoError(
+                        f"{shard.display}: no column {column!r}; the columns are {', '.join(names)}"
+                    )
+            for column in config.new_columns if self.writes_output else ():
+                if column in names:
+                    option = "--active-col" if column == config.active_col else "--advantage-col"
+                    raise GrpoError(
+                        f"{shard.display}: the input already has a column {column!r}; "
+                        f"choose another name with {option}"
+                    )
+            if config.verify is not None and config.verify.column not in names:
+                raise GrpoError(
+                    f"{shard.display}: no column {config.verify.column!r} to verify; "
+                    f"the columns are {', '.join(names)}"
+                )
+            for column in config.group_cols if config.group_size is None else ():
+                column_type = schema.field(column).type
+                if pa.types.is_nested(column_type) or pa.types.is_null(column_type):
+                    raise GrpoError(
+                        f"{shard.display}: group column {column!r} has type {column_type}; "
+                        "group keys must be scalars (integers, strings, ...)"
+                    )
+
+    # ----------------------------------------------------------------- pass 1
+
+    def _pass1(self) -> _Pass1:
+        config = self.config
+        options = config.advantage
+        count_extremes = options.baseline == "leave-one-out"
+        keys = None if config.group_size is not None else GroupKeyIndex(config.group_cols)
+        channels = len(config.rewards) if config.aggregation == "normalize-then-sum" and len(config.rewards) > 1 else 1
+
+        def accumulator(extremes: bool) -> GroupStatsAccumulator:
+            return GroupStatsAccumulator(
+                device=self.device,
+                block_rows=config.stats_block_rows,
+                group_size=config.group_size,
+                count_extremes=extremes,
+            )
+
+        accumulators = [accumulator(count_extremes) for _ in range(channels)]
+        summary_acc = accumulators[0] if channels == 1 else accumulator(False)
+        rows_per_group = np.zeros(0, dtype=np.int64)
+        bad = _BadRewards()
+        cached: list[list[pa.RecordBatch]] | None = [] if self.in_memory else None
+        self._spool = _IdSpool(on_disk=not self.in_memory)
+        columns = None if self.in_memory else self._needed_columns()
+        rows = 0
+        self.progress.start("pass 1/2: statistics", self._total_rows())
+        for shard, schema in zip(self.inputs.shards, self.schemas, strict=True):
+            if len(schema) == 0:
+                if cached is not None:
+                    cached.append([])
+                continue
+            reader = _RewardReader(config, schema, shard)
+            shard_batches: list[pa.RecordBatch] = []
+            shard_row = 0
+            for batch in iter_batches(shard, columns, config.batch_rows):
+                n = batch.num_rows
+                if cached is not None:
+                    shard_batches.append(batch)
+                rewards = reader.read(batch)
+                self._note_bad_rewards(rewards, bad, shard, shard_row)
+                if keys is not None:
+                    ids_np = self._encode_keys(keys, batch, shard, shard_row)
+                    self._spool.append(ids_np)
+                    ids: torch.Tensor | None = torch.from_numpy(ids_np)
+                    counts = np.bincount(ids_np, minlength=len(keys))
+                    rows_per_group = np.pad(rows_per_group, (0, len(counts) - len(rows_per_group))) + counts
+                else:
+                    ids = None
+                for acc, values, valid in zip(accumulators, rewards.channels, rewards.channel_valid, strict=True):
+                    acc.update(values, ids, valid)
+                if summary_acc is not accumulators[0]:
+                    summary_acc.update(rewards.combined, ids, rewards.combined_valid)
+                shard_row += n
+                rows += n
+                self.bytes_read += batch.nbytes
+                self.progress.advance(n)
+            if cached is not None:
+                cached.append(shard_batches)
+        self.progress.finish()
+        if bad.count and options.nan == "error":
+            assert bad.first is not None
+            shard, row, value = bad.first
+            what = "null" if value != value and self._is_null_at(shard, row) else str(value)
+            raise GrpoError(
+                f"{describe_row(shard, row)}: reward is {what}; {bad.count} reward(s) in all are null, "
+                f"NaN or infinite (--nan ignore leaves them out)"
+            )
+        if config.group_size is not None:
+            if rows % config.group_size:
+                raise GrpoError(
+                    f"--group-size {config.group_size} does not divide the {rows} rows of {self.inputs.spec}"
+                )
+            num_groups = rows // config.group_size
+            rows_per_group = np.full(num_groups, config.group_size, dtype=np.int64)
+        else:
+            assert keys is not None
+            num_groups = len(keys)
+        stats = [acc.compute(num_groups) for acc in accumulators]
+        summary_stats = stats[0] if summary_acc is accumulators[0] else summary_acc.compute(num_groups)
+        return _Pass1(stats, summary_stats, rows_per_group, num_groups, rows, bad.count, keys, cached)
+
+    def _total_rows(self) -> int | None:
+        counts = [row_count(s) for s in self.inputs.shards]
+        return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
+
+    def _note_bad_rewards(self, rewards: _RewardBatch, bad: _BadRewards, shard: Shard, shard_row: int) -> None:
+        if rewards.combined_valid is None:
+            return
+        invalid = ~rewards.combined_valid
+        count = int(invalid.sum())
+        bad.count += count
+        if bad.first is None:
+            index = int(invalid.nonzero()[0])
+            bad.first = (shard, shard_row + index, float(rewards.combined[index]))
+
+    def _is_null_at(self, shard: Shard, row: int) -> bool:
+        for spec in self.config.rewards:
+            table = _read_row(shard, spec.column, row, self.config.batch_rows)
+            if table is not None and not table.is_valid:
+                return True
+        return False
+
+    def _encode_keys(self, keys: GroupKeyIndex, batch: pa.RecordBatch, shard: Shard, shard_row: int) -> np.ndarray:
+        arrays = [batch.column(c) for c in self.config.group_cols]
+        for name, array in zip(self.config.group_cols, arrays, strict=True):
+            if array.null_count:
+                first = int(pc.index(array.is_null(), True).as_py())
+                raise GrpoError(
+                    f"{describe_row(shard, shard_row + first)}: group key {name!r} is null "
+                    f"({array.null_count} null key(s) in this batch)"
+                )
+        try:
+            return keys.encode(arrays)
+        except (TypeError, pa.ArrowException) as exc:
+            raise GrpoError(f"{shard.display}: cannot use {', '.join(keys.columns)} as group keys ({exc})") from None
+
+    # ----------------------------------------------------------------- pass 2
+
+    def run(self, output: OutputTarget | None) -> RunSummary:
+        started = time.perf_counter()
+        config = self.config
+        try:
+            first = self._pass1()
+            options = config.advantage
+            active = active_groups(first.stats[0], singleton=options.singleton)  # type: ignore[arg-type]
+            for extra in first.stats[1:]:
+                active = active | active_groups(extra, singleton=options.singleton)  # type: ignore[arg-type]
+            batch_stds = [self._batch_std(s) for s in first.stats]
+            keep_groups = self._kept_groups(first, active)
+            tracker = _Pass2Tracker(config.verify)
+            take_ids = self._spool.reader()
+            self.progress.start("pass 2/2: advantages" if output else "pass 2/2: verify", first.rows)
+            global_row = 0
+            for index, (shard, schema) in enumerate(zip(self.inputs.shards, self.schemas, strict=True)):
+                out_schema = self._output_schema(schema, first)
+                writer = output.open_shard(shard, out_schema) if output is not None else None
+                if len(schema) == 0:
+                    if writer is not None:
+                        writer.close()
+                    continue
+                reader = _RewardReader(config, schema, shard)
+                batches: Iterator[pa.RecordBatch] = (
+                    iter(first.cached[index]) if first.cached is not None else iter_batches(shard, None, config.batch_rows)
+                )
+                shard_row = 0
+                for batch in batches:
+                    n = batch.num_rows
+                    if config.group_size is not None:
+                        ids = torch.arange(global_row, global_row + n) // config.group_size
+                    else:
+                        ids = torch.from_numpy(take_ids(n))
+                    result = self._advantages(reader.read(batch), ids, first, active, batch_stds)
+                    result = result.to(reader.output_dtype).cpu()
+                    row_active = active[ids.to(active.device)].cpu()
+                    tracker.observe(batch, result, row_active, ids, first, shard, shard_row)
+                    if writer is not None:
+                        out_batch = self._augment(batch, out_schema, result, row_active, ids, first)
+                        if keep_groups is not None:
+                            keep = keep_groups[ids].numpy()
+                            tracker.dropped_rows += int(n - keep.sum())
+                            out_batch = out_batch.filter(pa.array(keep))
+                        writer.write(out_batch)
+                    if first.cached is None:
+                        self.bytes_read += batch.nbytes
+                    shard_row += n
+                    global_row += n
+                    self.progress.advance(n)
+                if writer is not None:
+                    writer.close()
+            self.progress.finish()
+            output_info = output.commit() if output is not None else None
+        finally:
+            self._spool.close()
+            if output is not None:
+                output.discard()
+        return build_summary(
+            stats=first.summary_stats,
+            active=active.cpu(),
+            rows_per_group=first.rows_per_group,
+            rows=first.rows,
+            nan_rewards=first.nan_rewards,
+            advantage_range=tracker.advantage_range(),
+            dropped_groups=0 if keep_groups is None else int((~keep_groups).sum()),
+            dropped_rows=tracker.dropped_rows,
+            drop_reasons=self._drop_reasons(),
+            inputs=self.inputs,
+            bytes_read=self.bytes_read,
+            output=output_info,
+            options=self._options_dict(),
+            mode="in-memory" if self.in_memory else "streaming",
+            device=str(self.device),
+            elapsed=time.perf_counter() - started,
+            verify=tracker.verify_result(),
+        )
+
+    def _batch_std(self, stats: GroupStats) -> torch.Tensor | None:
+        if self.config.advantage.scale != "batch":
+            return None
+        n, _, m2 = batch_moments(stats)
+        ddof = 1 if self.config.advantage.std == "sample" else 0
+        return (m2 / max(n - ddof, 1)).sqrt()
+
+    def _kept_groups(self, first: _Pass1, active: torch.Tensor) -> torch.Tensor | None:
+        config = self.config
+        if not config.drop_inactive and config.keep_mean_range is None:
+            return None
+        keep = torch.ones(first.num_groups, dtype=torch.bool)
+        if config.drop_inactive:
+            keep &= active.cpu()
+        if config.keep_mean_range is not None:
+            low, high = config.keep_mean_range
+            mean = first.summary_stats.mean.cpu()
+            keep &= (mean >= low) & (mean <= high)
+        return keep
+
+    def _drop_reasons(self) -> list[str]:
+        reasons = []
+        if self.config.drop_inactive:
+            reasons.append("inactive group (--drop-inactive)")
+        if self.config.keep_mean_range is not None:
+            low, high = self.config.keep_mean_range
+            reasons.append(f"group mean reward outside [{low}, {high}] (--keep-mean-range)")
+        return reasons
+
+    def _advantages(
+        self,
+        rewards: _RewardBatch,
+        ids: torch.Tensor,
+        first: _Pass1,
+        active: torch.Tensor,
+        batch_stds: list[torch.Tensor | None],
+    ) -> torch.Tensor:
+        kwargs = self.config.advantage.kernel_kwargs()
+        ids_dev = ids.to(self.device)
+        total: torch.Tensor | None = None
+        specs = self.config.rewards
+        for channel, (values, valid, stats, batch_std) in enumerate(
+            zip(rewards.channels, rewards.channel_valid, first.stats, batch_stds, strict=True)
+        ):
+            values_dev = values.to(self.device)
+            part = advantages_from_stats(
+                values_dev,
+                ids_dev,
+                stats,
+                valid=None if valid is None else valid.to(self.device),
+                batch_std=batch_std,
+                **kwargs,
+            )
+            if len(first.stats) > 1:
+                part = part.to(torch.float64) * specs[channel].weight
+            total = part if total is None else total + part
+        assert total is not None
+        if len(first.stats) > 1:
+            # each channel leaves inactive groups at exactly 0; so does the weighted sum
+            total = torch.where(active[ids_dev], total, torch.zeros_like(total))
+        return total
+
+    def _output_schema(self, schema: pa.Schema, first: _Pass1) -> pa.Schema:
+        dtype = _advantage_dtype_from_schema(self.config, schema)
+        arrow_type = {torch.float16: pa.float16(), torch.float32: pa.float32(), torch.float64: pa.float64()}[dtype]
+        fields = [pa.field(self.config.advantage_col, arrow_type), pa.field(self.config.active_col, pa.bool_())]
+        if self.config.stats_cols:
+            prefix = self.config.advantage_col
+            fields += [
+                pa.field(f"{prefix}_group_mean", pa.float64()),
+                pa.field(f"{prefix}_group_std", pa.float64()),
+                pa.field(f"{prefix}_group_size", pa.int64()),
+            ]
+        out = schema
+        for f in fields:
+            out = out.append(f)
+        return out.with_metadata(schema.metadata) if schema.metadata else out
+
+    def _augment(
+        self,
+        batch: pa.RecordBatch,
+        schema: pa.Schema,
+        advantages: torch.Tensor,
+        row_active: torch.Tensor,
+        ids: torch.Tensor,
+        first: _Pass1,
+    ) -> pa.RecordBatch:
+        columns = [*batch.columns, pa.array(advantages.numpy()), pa.array(row_active.numpy())]
+        if self.config.stats_cols:
+            stats = first.summary_stats
+            ddof = 1 if self.config.advantage.std == "sample" else 0
+            mean = stats.mean.cpu()[ids]
+            count = stats.count.cpu()[ids]
+            std = (stats.m2.cpu()[ids] / (count - ddof).clamp_min(1)).sqrt()
+            columns += [pa.array(mean.numpy()), pa.array(std.numpy()), pa.array(first.rows_per_group[ids.numpy()])]
+        return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+    def _options_dict(self) -> dict[str, Any]:
+        config = self.config
+        return {
+            **config.advantage.as_dict(),
+            "reward_cols": [{"column": r.column, "weight": r.weight} for r in config.rewards],
+            "reward_aggregation": config.aggregation,
+            "group_cols": list(config.group_cols) if config.group_size is None else [],
+            "group_size": config.group_size,
+            "advantage_col": config.advantage_col,
+            "active_col": config.active_col,
+            "stats_cols": config.stats_cols,
+            "drop_inactive": config.drop_inactive,
+            "keep_mean_range": list(config.keep_mean_range) if config.keep_mean_range else None,
+            "device": config.device,
+        }
+
+
+def _advantage_dtype_from_schema(config: ComputeConfig, schema: pa.Schema) -> torch.dtype:
+    if len(schema) == 0:  # an empty JSONL file: JSON numbers read as float64
+        return torch.float64
+    return _advantage_dtype([schema.field(r.column).type for r in config.rewards])
+
+
+def _read_row(shard: Shard, column: str, row: int, batch_rows: int) -> pa.Scalar | None:
+    seen = 0
+    for batch in iter_batches(shard, [column], batch_rows):
+        if seen + batch.num_rows > row:
+            return batch.column(0)[row - seen]
+        seen += batch.num_rows
+    return None
+
+
+class _Pass2Tracker:
+    """Figures gathered while advantages are written: their range and the verification."""
+
+    def __init__(self, verify: VerifySpec | None) -> None:
+        self.minimum = float("inf")
+        self.maximum = float("-inf")
+        self.dropped_rows = 0
+        self.verify = verify
+        self.mismatched = 0
+        self.compared = 0
+        self.max_abs_diff = 0.0
+        self.examples: list[dict[str, Any]] = []
+
+    def observe(
+        self,
+        batch: pa.RecordBatch,
+        advantages: torch.Tensor,
+        row_active: torch.Tensor,
+        ids: torch.Tensor,
+        first: _Pass1,
+        shard: Shard,
+        shard_row: int,
+    ) -> None:
+        if advantages.numel():
+            low, high = torch.aminmax(advantages.to(torch.float64))
+            self.minimum = min(self.minimum, float(low))
+            self.maximum = max(self.maximum, float(high))
+        if self.verify is None:
+            return
+        column = batch.column(self.verify.column)
+        if not (pa.types.is_floating(column.type) or pa.types.is_integer(column.type)):
+            raise GrpoError(
+                f"{shard.display}: column {self.verify.column!r} has type {column.type}; it must be numeric to verify"
+            )
+        given = torch.from_numpy(pc.cast(column, pa.float64()).fill_null(float("nan")).to_numpy(zero_copy_only=False))
+        expected = advantages.to(torch.float64)
+        diff = (given - expected).abs()
+        bad = ~(diff <= self.verify.atol + self.verify.rtol * expected.abs())  # NaN counts as bad
+        self.compared += given.numel()
+        count = int(bad.sum())
+        if diff.numel():
+            finite = diff[torch.isfinite(diff)]
+            if finite.numel():
+                self.max_abs_diff = max(self.max_abs_diff, float(finite.max()))
+            if not bool(torch.isfinite(diff).all()):
+                self.max_abs_diff = float("inf")
+        if not count:
+            return
+        self.mismatched += count
+        for index in bad.nonzero().flatten().tolist():
+            if len(self.examples) >= self.verify.max_examples:
+                break
+            gid = int(ids[index])
+            key = first.keys.keys[gid] if first.keys is not None else gid
+            self.examples.append(
+                {
+                    "file": shard.display,
+                    "row": shard_row + index,
+                    "group": _jsonable(key),
+                    "expected": float(expected[index]),
+                    "actual": float(given[index]),
+                }
+            )
+
+    def advantage_range(self) -> tuple[float, float] | None:
+        if self.minimum > self.maximum:
+            return None
+        return self.minimum, self.maximum
+
+    def verify_result(self) -> dict[str, Any] | None:
+        if self.verify is None:
+            return None
+        return {
+            "column": self.verify.column,
+            "atol": self.verify.atol,
+            "rtol": self.verify.rtol,
+            "compared": self.compared,
+            "mismatched": self.mismatched,
+            "max_abs_diff": self.max_abs_diff,
+            "examples": self.examples,
+        }
+
+
+def _jsonable(key: Any) -> Any:
+    if isinstance(key, tuple):
+        return [_jsonable(k) for k in key]
+    if isinstance(key, (str, int, float, bool)) or key is None:
+        return key
+    return str(key)
+
+
+def compute_dataset(
+    input: str | os.PathLike[str],
+    output: str | os.PathLike[str] | None,
+    config: ComputeConfig | None = None,
+    *,
+    force: bool = False,
+    progress: Progress | None = None,
+) -> RunSummary:
+    """Library entry point: the same job as ``grpo-cli compute``.
+
+    Reads ``input`` (file, directory of shards, glob, or ``-``), writes the augmented
+    Parquet ``output`` atomically (nothing is written when ``output`` is ``None``) and
+    returns the run's :class:`~grpo_cli.summary.RunSummary`.
+    """
+    config = config or ComputeConfig()
+    with InputSet(str(input), input_format=config.input_format) as inputs:
+        target = None
+        if output is not None:
+            target = OutputTarget(Path(output), inputs, force=force)
+        engine = Engine(inputs, config, writes_output=target is not None, progress=progress)
+        return engine.run(target)

@@ -1,0 +1,70 @@
+"""Regenerate the bundled sample rollouts: ``python sample_data/generate.py``.
+
+A small, realistic GRPO rollout set: 40 prompts with 8 completions each plus 3 prompts
+that kept a single completion (a filter upstream dropped the rest). Each row carries a
+32-character hex uid shared by its group (``group_id``), the prompt and completion text,
+a binary correctness reward (``correct``) and a continuous reward (``reward``:
+correctness plus a format bonus minus a length penalty). Prompt difficulty varies, so
+some groups are all correct, some all wrong and most mixed. The output is deterministic.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+HERE = Path(__file__).resolve().parent
+GROUP_SIZE = 8
+TOPICS = ["sum", "product", "difference"]
+
+
+def build_rows(seed: int = 20261129) -> list[dict[str, object]]:
+    rng = random.Random(seed)
+    rows: list[dict[str, object]] = []
+    difficulties = [0.0] * 8 + [1.0] * 6 + [rng.uniform(0.1, 0.9) for _ in range(26)] + [0.5] * 3
+    for index, solve_rate in enumerate(difficulties):
+        uid = f"{rng.getrandbits(128):032x}"
+        a, b = rng.randint(2, 99), rng.randint(2, 99)
+        topic = TOPICS[index % len(TOPICS)]
+        answer = {"sum": a + b, "product": a * b, "difference": a - b}[topic]
+        prompt = f"What is the {topic} of {a} and {b}? Answer with a number in \\boxed{{}}."
+        size = 1 if index >= 40 else GROUP_SIZE
+        for sample in range(size):
+            correct = rng.random() < solve_rate
+            given = answer if correct else answer + rng.choice([-10, -1, 1, 2, 10])
+            formatted = rng.random() < 0.8
+            steps = rng.randint(1, 6)
+            reasoning = " ".join(f"Step {s + 1}: work on the {topic}." for s in range(steps))
+            completion = f"{reasoning} The answer is " + (f"\\boxed{{{given}}}." if formatted else f"{given}.")
+            reward = float(correct) + (0.1 if formatted else 0.0) - 0.01 * steps
+            rows.append(
+                {
+                    "group_id": uid,
+                    "sample_index": sample,
+                    "prompt": prompt,
+                    "completion": completion,
+                    "correct": int(correct),
+                    "reward": round(reward, 4),
+                }
+            )
+    rng.shuffle(rows)  # rollouts of a group arrive interleaved, as from an async sampler
+    return rows
+
+
+def main() -> None:
+    rows = build_rows()
+    table = pa.Table.from_pylist(rows)
+    table = table.replace_schema_metadata({"source": "grpo-cli sample_data/generate.py"})
+    pq.write_table(table, HERE / "rollouts.parquet")
+    with open(HERE / "rollouts.jsonl", "w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row) + "\n")
+    print(f"wrote {len(rows)} rows to {HERE / 'rollouts.parquet'} and {HERE / 'rollouts.jsonl'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,486 @@
+"""``grpo-cli compute`` through CliRunner: options, outputs, and every bad input."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import grpo_cli
+from grpo_cli.cli import app
+from tests.conftest import rollout_rows, write_jsonl, write_parquet
+from tests.reference import reference_advantages
+
+SUMMARY_KEYS = {
+    "rows",
+    "groups",
+    "active_groups",
+    "inactive_groups",
+    "active_fraction",
+    "singleton_groups",
+    "group_size",
+    "reward",
+    "advantage",
+    "inactive_by_value",
+    "input",
+    "output",
+    "options",
+}
+
+
+def expected_for(rows, reward="reward", keys=("group_id",), **options):
+    key_of = [tuple(r[k] for k in keys) for r in rows]
+    dense = {k: i for i, k in enumerate(dict.fromkeys(key_of))}
+    return reference_advantages([float(r[reward]) for r in rows], [dense[k] for k in key_of], **options)[0]
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# --------------------------------------------------------------------------- happy paths
+
+
+def test_compute_parquet_keeps_every_column_and_row_order(cli, tmp_path, rows):
+    table = pa.Table.from_pylist(rows).replace_schema_metadata({"origin": "test"})
+    source = tmp_path / "in.parquet"
+    pq.write_table(table, source)
+    out = tmp_path / "out.parquet"
+    result = cli("compute", source, "-o", out)
+    assert result.exit_code == 0, result.stderr
+    written = pq.read_table(out)
+    assert written.column_names == [*table.column_names, "advantage", "group_active"]
+    assert written.schema.metadata[b"origin"] == b"test"
+    for name in table.column_names:
+        assert written.schema.field(name).type == table.schema.field(name).type
+        assert written.column(name).equals(table.column(name))
+    assert written.schema.field("advantage").type == pa.float64()
+    assert written.schema.field("group_active").type == pa.bool_()
+    expected = expected_for(rows)
+    torch.testing.assert_close(
+        torch.tensor(written.column("advantage").to_pylist(), dtype=torch.float64),
+        torch.tensor(expected, dtype=torch.float64),
+    )
+
+
+def test_active_column_marks_rows_of_active_groups(cli, tmp_path, parquet_file, rows):
+    out = tmp_path / "out.parquet"
+    assert cli("compute", parquet_file, "-o", out, "-r", "correct").exit_code == 0
+    written = pq.read_table(out).to_pylist()
+    by_group: dict[str, set[int]] = {}
+    for row in rows:
+        by_group.setdefault(row["group_id"], set()).add(row["correct"])
+    for row in written:
+        assert row["group_active"] == (len(by_group[row["group_id"]]) > 1)
+        if not row["group_active"]:
+            assert row["advantage"] == 0.0
+
+
+def test_jsonl_and_parquet_give_identical_advantages(cli, tmp_path, parquet_file, jsonl_file):
+    assert cli("compute", parquet_file, "-o", tmp_path / "a.parquet").exit_code == 0
+    assert cli("compute", jsonl_file, "-o", tmp_path / "b.parquet").exit_code == 0
+    a = pq.read_table(tmp_path / "a.parquet").column("advantage")
+    b = pq.read_table(tmp_path / "b.parquet").column("advantage")
+    assert a.equals(b)
+
+
+def test_gzip_jsonl_ndjson_and_stdin(cli, tmp_path, rows, jsonl_file):
+    gz = tmp_path / "r.jsonl.gz"
+    gz.write_bytes(gzip.compress(jsonl_file.read_bytes()))
+    nd = tmp_path / "r.ndjson"
+    nd.write_bytes(jsonl_file.read_bytes())
+    outs = []
+    for i, source in enumerate([gz, nd]):
+        out = tmp_path / f"o{i}.parquet"
+        assert cli("compute", source, "-o", out).exit_code == 0
+        outs.append(pq.read_table(out).column("advantage"))
+    out = tmp_path / "stdin.parquet"
+    result = cli("compute", "-", "-o", out, input=jsonl_file.read_bytes())
+    assert result.exit_code == 0, result.stderr
+    outs.append(pq.read_table(out).column("advantage"))
+    assert outs[0].equals(outs[1]) and outs[0].equals(outs[2])
+
+
+def test_input_format_override(cli, tmp_path, jsonl_file):
+    odd = tmp_path / "rollouts.txt"
+    odd.write_bytes(jsonl_file.read_bytes())
+    result = cli("compute", odd, "-o", tmp_path / "o.parquet")
+    assert result.exit_code == 2 and "cannot tell the format" in result.stderr
+    assert cli("compute", odd, "-o", tmp_path / "o.parquet", "--input-format", "jsonl").exit_code == 0
+
+
+@pytest.mark.parametrize("key", ["uid", "int", "small"])
+def test_any_key_type(cli, tmp_path, key):
+    rows = rollout_rows(key=key, seed=3)
+    source = write_parquet(tmp_path / "in.parquet", rows)
+    out = tmp_path / "o.parquet"
+    assert cli("compute", source, "-o", out).exit_code == 0
+    got = pq.read_table(out).column("advantage").to_pylist()
+    assert got == pytest.approx(expected_for(rows), abs=1e-12)
+
+
+def test_composite_key(cli, tmp_path):
+    rows = rollout_rows(seed=4)
+    for i, row in enumerate(rows):
+        row["step"] = i % 2  # splits each uid group in two
+    source = write_parquet(tmp_path / "in.parquet", rows)
+    out = tmp_path / "o.parquet"
+    result = cli("compute", source, "-o", out, "-g", "group_id", "-g", "step", "--summary-json", "-")
+    assert result.exit_code == 0, result.stderr
+    got = pq.read_table(out).column("advantage").to_pylist()
+    assert got == pytest.approx(expected_for(rows, keys=("group_id", "step")), abs=1e-12)
+    assert json.loads(result.stdout)["groups"] == len({(r["group_id"], r["step"]) for r in rows})
+
+
+def test_group_size_layout(cli, tmp_path):
+    rows = rollout_rows(shuffle=False, singletons=0)
+    source = write_parquet(tmp_path / "in.parquet", rows)
+    out = tmp_path / "o.parquet"
+    assert cli("compute", source, "-o", out, "--group-size", "4").exit_code == 0
+    got = pq.read_table(out).column("advantage").to_pylist()
+    assert got == pytest.approx(expected_for(rows), abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("arrow_type", "expected_type"),
+    [
+        (pa.float16(), pa.float16()),
+        (pa.float32(), pa.float32()),
+        (pa.float64(), pa.float64()),
+        (pa.int64(), pa.float32()),
+        (pa.int8(), pa.float32()),
+        (pa.bool_(), pa.float32()),
+    ],
+)
+def test_advantage_dtype_follows_reward_dtype(cli, tmp_path, rows, arrow_type, expected_type):
+    table = pa.Table.from_pylist(rows)
+    values = table.column("correct")
+    table = table.set_column(table.schema.get_field_index("correct"), "correct", values.cast(arrow_type))
+    source = tmp_path / "in.parquet"
+    pq.write_table(table, source)
+    out = tmp_path / "o.parquet"
+    assert cli("compute", source, "-o", out, "-r", "correct").exit_code == 0
+    written = pq.read_table(out)
+    assert written.schema.field("advantage").type == expected_type
+    assert written.schema.field("correct").type == arrow_type
+    tolerance = 2e-3 if arrow_type == pa.float16() else 1e-6
+    assert written.column("advantage").to_pylist() == pytest.approx(
+        expected_for(rows, reward="correct"), abs=tolerance
+    )
+
+
+def test_options_reach_the_kernel(cli, tmp_path, parquet_file, rows):
+    out = tmp_path / "o.parquet"
+    args = ["--std", "sample", "--scale", "batch", "--epsilon", "1e-3"]
+    assert cli("compute", parquet_file, "-o", out, *args).exit_code == 0
+    got = pq.read_table(out).column("advantage").to_pylist()
+    assert got == pytest.approx(expected_for(rows, std="sample", scale="batch", epsilon=1e-3), abs=1e-12)
+
+
+def test_custom_column_names(cli, tmp_path, parquet_file):
+    out = tmp_path / "o.parquet"
+    assert cli("compute", parquet_file, "-o", out, "--advantage-col", "adv", "--active-col", "live").exit_code == 0
+    assert pq.read_table(out).column_names[-2:] == ["adv", "live"]
+
+
+def test_summary_json_file_and_stdout(cli, tmp_path, parquet_file):
+    out = tmp_path / "o.parquet"
+    summary_path = tmp_path / "summary.json"
+    result = cli("compute", parquet_file, "-o", out, "-r", "correct", "--summary-json", summary_path)
+    assert result.exit_code == 0
+    assert result.stdout == ""  # nothing on stdout unless asked
+    data = json.loads(summary_path.read_text())
+    assert SUMMARY_KEYS <= set(data)
+    assert data["rows"] == 49 and data["groups"] == 13
+    assert data["active_groups"] + data["inactive_groups"] == data["groups"]
+    assert data["singleton_groups"] == 1
+    assert {item["value"] for item in data["inactive_by_value"]} == {0.0, 1.0}
+    assert data["output"]["path"] == str(out)
+    assert data["options"]["epsilon"] == 1e-6
+    result = cli("compute", parquet_file, "-o", out, "--force", "--summary-json", "-", "--quiet")
+    assert result.exit_code == 0 and result.stderr == ""
+    assert json.loads(result.stdout)["rows"] == 49
+
+
+def test_plain_summary_on_stderr(cli, tmp_path, parquet_file):
+    result = cli("compute", parquet_file, "-o", tmp_path / "o.parquet", "-r", "correct")
+    assert result.exit_code == 0
+    err = result.stderr
+    for label in ("rows", "groups", "active groups", "inactive groups", "all 0.0", "all 1.0", "singleton groups"):
+        assert label in err
+    assert "histogram" in err
+
+
+def test_quiet_prints_nothing(cli, tmp_path, parquet_file):
+    result = cli("compute", parquet_file, "-o", tmp_path / "o.parquet", "--quiet")
+    assert result.exit_code == 0
+    assert result.stderr == "" and result.stdout == ""
+
+
+def test_empty_parquet_input_is_valid(cli, tmp_path, rows):
+    table = pa.Table.from_pylist(rows).slice(0, 0)
+    source = tmp_path / "empty.parquet"
+    pq.write_table(table, source)
+    out = tmp_path / "o.parquet"
+    result = cli("compute", source, "-o", out, "--summary-json", "-")
+    assert result.exit_code == 0, result.stderr
+    written = pq.read_table(out)
+    assert written.num_rows == 0
+    assert written.column_names == [*table.column_names, "advantage", "group_active"]
+    assert json.loads(result.stdout)["rows"] == 0
+
+
+def test_empty_jsonl_input_is_valid(cli, tmp_path):
+    source = tmp_path / "empty.jsonl"
+    source.write_text("")
+    out = tmp_path / "o.parquet"
+    result = cli("compute", source, "-o", out)
+    assert result.exit_code == 0, result.stderr
+    assert pq.read_table(out).num_rows == 0
+
+
+def test_force_and_existing_output(cli, tmp_path, parquet_file):
+    out = tmp_path / "o.parquet"
+    out.write_text("precious")
+    result = cli("compute", parquet_file, "-o", out)
+    assert result.exit_code == 2
+    assert "already exists; pass --force" in result.stderr
+    assert out.read_text() == "precious"
+    assert cli("compute", parquet_file, "-o", out, "--force").exit_code == 0
+    assert pq.read_table(out).num_rows == 49
+
+
+def test_output_naming_the_input_is_refused(cli, parquet_file):
+    before = digest(parquet_file)
+    result = cli("compute", parquet_file, "-o", parquet_file, "--force")
+    assert result.exit_code == 2
+    assert "would overwrite the input" in result.stderr
+    assert digest(parquet_file) == before
+
+
+# --------------------------------------------------------------------------- bad input: one line, exit 2
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.exit_code == 2, (result.exit_code, result.stderr, result.stdout)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+
+
+def test_missing_file(cli, tmp_path):
+    result = cli("compute", tmp_path / "nope.parquet", "-o", tmp_path / "o.parquet")
+    assert_one_line_error(result, "nope.parquet: no such file or directory")
+
+
+def test_unreadable_file(cli, tmp_path, parquet_file):
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("root reads any file")
+    parquet_file.chmod(0)
+    result = cli("compute", parquet_file, "-o", tmp_path / "o.parquet")
+    assert_one_line_error(result, "cannot read")
+
+
+def test_corrupt_parquet(cli, tmp_path):
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1 this is not parquet at all")
+    result = cli("compute", bad, "-o", tmp_path / "o.parquet")
+    assert_one_line_error(result, "bad.parquet", "not a readable Parquet file")
+
+
+def test_truncated_parquet(cli, tmp_path, parquet_file):
+    data = parquet_file.read_bytes()
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(data[: len(data) // 2])
+    result = cli("compute", cut, "-o", tmp_path / "o.parquet")
+    assert_one_line_error(result, "cut.parquet")
+
+
+def test_malformed_jsonl_names_the_line(cli, tmp_path, rows):
+    lines = [json.dumps(r) for r in rows[:5]]
+    lines.insert(3, '{"group_id": "a", "reward": 1.0,,}')
+    source = tmp_path / "bad.jsonl"
+    source.write_text("\n".join(lines) + "\n")
+    result = cli("compute", source, "-o", tmp_path / "o.parquet")
+    assert_one_line_error(result, "bad.jsonl, line 4", "malformed JSONL")
+
+
+def test_missing_column_lists_columns(cli, tmp_path, parquet_file):
+    result = cli("compute", parquet_file, "-o", tmp_path / "o.parquet", "-r", "score")
+    assert_one_line_error(result, "no column 'score'", "group_id, step, text, correct, reward")
+    result = cli("compute", parquet_file, "-o", tmp_path / "o.parquet", "-g", "prompt_id")
+    assert_one_line_error(result, "no column 'prompt_id'")
+
+
+def test_non_numeric_reward(cli, tmp_path, parquet_file):
+    result = cli("compute", parquet_file, "-o", tmp_path / "o.parquet", "-r", "text")
+    assert_one_line_error(result, "reward column 'text' has type string", "numeric")
+
+
+@pytest.mark.parametrize(
+    ("bad_values", "what"),
+    [((None, None), "null"), ((float("nan"), float("nan")), "nan"), ((float("inf"), float("-inf")), "inf")],
+)
+def test_bad_rewards_report_count_and_first_row(cli, tmp_path, rows, bad_values, what):
+    table = pa.Table.from_pylist(rows)
+    rewards = table.column("reward").to_pylist()
+    rewards[7], rewards[30] = bad_values
+    table = table.set_column(table.schema.get_field_index("reward"), "reward", pa.array(rewards, pa.float64()))
+    source = tmp_path / "in.parquet"
+    pq.write_table(table, source)
+    out = tmp_path / "o.parquet"
+    result = cli("compute", source, "-o", out)
+    assert_one_line_error(result, "in.parquet, row 7", f"reward is {what}", "2 reward(s)")
+    assert not out.exists()
+
+
+def test_bad_reward_in_jsonl_names_the_line(cli, tmp_path, rows):
+    rows = [dict(r) for r in rows]
+    rows[4]["reward"] = None
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    result = cli("compute", source, "-o", tmp_path / "o.parquet")
+    assert_one_line_error(result, "in.jsonl, line 5", "reward is null", "1 reward(s)")
+
+
+def test_null_group_key(cli, tmp_path, rows):
+    rows = [dict(r) for r in rows]
+    rows[11]["group_id"] = None
+    source = write_parquet(tmp_path / "in.parquet", rows)
+    result = cli("compute", source, "-o", tmp_path / "o.parquet")
+    assert_one_line_error(result, "in.parquet, row 11", "group key 'group_id' is null")
+
+
+@pytest.mark.parametrize(("column", "option"), [("advantage", "--advantage-col"), ("group_active", "--active-col")])
+def test_existing_output_column(cli, tmp_path, rows, column, option):
+    rows = [dict(r, **{column: 0.5}) for r in rows]
+    source = write_parquet(tmp_path / "in.parquet", rows)
+    result = cli("compute", source, "-o", tmp_path / "o.parquet")
+    assert_one_line_error(result, f"already has a column {column!r}", option)
+
+
+def test_group_size_that_does_not_divide(cli, tmp_path, parquet_file):
+    result = cli("compute", parquet_file, "-o", tmp_path / "o.parquet", "--group-size", "4")
+    assert_one_line_error(result, "--group-size 4 does not divide the 49 rows")
+
+
+def test_conflicting_options(cli, tmp_path, parquet_file):
+    result = cli("compute", parquet_file, "-o", tmp_path / "o.parquet", "--group-size", "7", "-g", "group_id")
+    assert_one_line_error(result, "--group-size and --group-col cannot be used together")
+    result = cli("compute", parquet_file, "-o", tmp_path / "o.parquet", "--advantage-col", "x", "--active-col", "x")
+    assert_one_line_error(result, "both 'x'")
+    result = cli("compute", parquet_file, "-o", tmp_path / "o.parquet", "--epsilon", "0")
+    assert_one_line_error(result, "--epsilon must be a positive finite number, got 0.0")
+
+
+def test_usage_errors_stay_typer_exit_2(cli, tmp_path, parquet_file):
+    result = cli("compute", parquet_file)
+    assert result.exit_code == 2 and "Missing option" in result.stderr
+    result = cli("compute", parquet_file, "-o", tmp_path / "o.parquet", "--std", "biased")
+    assert result.exit_code == 2 and "biased" in result.stderr
+
+
+def test_unavailable_device(cli, tmp_path, parquet_file):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    result = cli("compute", parquet_file, "-o", tmp_path / "o.parquet", "--device", "cuda")
+    assert_one_line_error(result, "--device cuda is not available here; available: cpu")
+    result = cli("compute", parquet_file, "-o", tmp_path / "o.parquet", "--device", "tpu:x")
+    assert_one_line_error(result, "--device 'tpu:x' is not a device name")
+
+
+def test_device_auto_runs(cli, tmp_path, parquet_file):
+    assert cli("compute", parquet_file, "-o", tmp_path / "o.parquet", "--device", "auto").exit_code == 0
+
+
+def test_missing_output_folder(cli, tmp_path, parquet_file):
+    result = cli("compute", parquet_file, "-o", tmp_path / "no" / "such" / "o.parquet")
+    assert_one_line_error(result, "does not exist")
+
+
+def test_internal_error_is_one_line(cli, tmp_path, parquet_file, monkeypatch):
+    from grpo_cli import engine
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("kaboom\nsecond line")
+
+    monkeypatch.setattr(engine, "advantages_from_stats", boom)
+    out = tmp_path / "o.parquet"
+    result = cli("compute", parquet_file, "-o", out)
+    assert result.exit_code == 70
+    assert result.stderr.strip().splitlines() == [
+        "error: internal error: RuntimeError: kaboom (rerun with --debug for the traceback)"
+    ]
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == [parquet_file]
+
+
+def test_failed_run_leaves_no_output_and_untouched_input(cli, tmp_path, rows):
+    rows = [dict(r) for r in rows]
+    rows[-1]["reward"] = float("nan")
+    source = write_parquet(tmp_path / "in.parquet", rows)
+    before = digest(source)
+    out = tmp_path / "o.parquet"
+    result = cli("compute", source, "-o", out)
+    assert result.exit_code == 2
+    assert digest(source) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet"]
+
+
+# --------------------------------------------------------------------------- help, version, entry points
+
+
+def all_commands():
+    return [c.name or c.callback.__name__ for c in app.registered_commands]  # type: ignore[union-attr]
+
+
+def test_every_command_has_help(cli):
+    assert set(all_commands()) >= {"compute", "check"}
+    for name in all_commands():
+        for flag in ("--help", "-h"):
+            result = cli(name, flag)
+            assert result.exit_code == 0
+            assert "Usage" in result.stdout and len(result.stdout) > 200
+
+
+def test_top_level_help_and_version(cli):
+    result = cli("--help")
+    assert result.exit_code == 0 and "compute" in result.stdout and "check" in result.stdout
+    result = cli("--version")
+    assert result.exit_code == 0 and result.stdout.strip() == f"grpo-cli {grpo_cli.__version__}"
+
+
+def test_python_dash_m_help_without_torch():
+    code = (
+        "import sys, runpy; sys.argv = ['grpo-cli', 'compute', '--help'];\n"
+        "try:\n    runpy.run_module('grpo_cli', run_name='__main__')\n"
+        "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+        "assert 'torch' not in sys.modules, 'help imported torch'\n"
+        "assert 'pyarrow' not in sys.modules, 'help imported pyarrow'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+    done = subprocess.run([sys.executable, "-m", "grpo_cli", "--help"], capture_output=True, text=True)
+    assert done.returncode == 0 and "compute" in done.stdout
+
+
+def test_python_dash_m_runs_compute(tmp_path, parquet_file):
+    out = tmp_path / "o.parquet"
+    done = subprocess.run(
+        [sys.executable, "-m", "grpo_cli", "compute", str(parquet_file), "-o", str(out), "--summary-json", "-"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["rows"] == 49
