@@ -15,32 +15,46 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 __all__ = [
+    "ComputeConfig",
     "GroupAdvantages",
     "GroupStats",
+    "GroupStatsAccumulator",
+    "GrpoError",
     "__version__",
     "active_groups",
     "advantages_from_stats",
+    "compute_dataset",
     "group_advantages",
     "group_stats",
     "merge_group_stats",
 ]
 
 if TYPE_CHECKING:
+    from grpo_cli.api import group_advantages
+    from grpo_cli.engine import ComputeConfig, compute_dataset
+    from grpo_cli.errors import GrpoError
     from grpo_cli.kernel import (
         GroupAdvantages,
         GroupStats,
+        GroupStatsAccumulator,
         active_groups,
         advantages_from_stats,
-        group_advantages,
         group_stats,
         merge_group_stats,
     )
+
+_LAZY = {
+    "group_advantages": "grpo_cli.api",
+    "compute_dataset": "grpo_cli.engine",
+    "ComputeConfig": "grpo_cli.engine",
+    "GrpoError": "grpo_cli.errors",
+}
 
 
 def __getattr__(name: str) -> Any:
     # Importing torch takes a second or more: the CLI's --help must not pay for it.
     if name in __all__:
-        from grpo_cli import kernel
+        import importlib
 
-        return getattr(kernel, name)
+        return getattr(importlib.import_module(_LAZY.get(name, "grpo_cli.kernel")), name)
     raise AttributeError(f"module 'grpo_cli' has no attribute {name!r}")

@@ -223,7 +223,10 @@ MemoryLimitOpt = Annotated[
         "in two passes with bounded memory. 0 always streams.",
     ),
 ]
-BatchRowsOpt = Annotated[int, typer.Option("--batch-rows", min=1, help="Rows per record batch when streaming.")]
+BatchRowsOpt = Annotated[
+    int | None,
+    typer.Option("--batch-rows", min=1, help="Rows per record batch. [default: about 64 MiB of data per batch]", show_default=False),
+]
 
 
 # --------------------------------------------------------------------------- running a command
@@ -281,7 +284,7 @@ def _config(
     active_col: str,
     input_format: InputFormat | None,
     memory_limit_mb: int,
-    batch_rows: int,
+    batch_rows: int | None,
     **extra: Any,
 ) -> ComputeConfig:
     from grpo_cli.engine import ComputeConfig
@@ -393,7 +396,7 @@ def compute(
     quiet: QuietOpt = False,
     input_format: InputFormatOpt = None,
     memory_limit_mb: MemoryLimitOpt = 1024,
-    batch_rows: BatchRowsOpt = 65536,
+    batch_rows: BatchRowsOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """Compute advantages and write INPUT's rows with two new columns to an augmented Parquet file.
@@ -491,7 +494,7 @@ def check(
     quiet: QuietOpt = False,
     input_format: InputFormatOpt = None,
     memory_limit_mb: MemoryLimitOpt = 1024,
-    batch_rows: BatchRowsOpt = 65536,
+    batch_rows: BatchRowsOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """Check that a rollout dataset is fit to train on; exit 1 if any check fails.

@@ -40,15 +40,15 @@ from grpo_cli.sources import (
     estimated_memory_bytes,
     iter_batches,
     read_schema,
+    read_table,
     row_count,
 )
 from grpo_cli.summary import RunSummary, build_summary
 
-# Arrow buffers are read-only; the engine never writes into tensors made from them.
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-
-DEFAULT_BATCH_ROWS = 1 << 16
 DEFAULT_MEMORY_BUDGET = 1 << 30
+BATCH_BYTES = 64 << 20
+MAX_BATCH_ROWS = 1 << 20
+KEY_CHUNK_ROWS = 1 << 21
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class ComputeConfig:
     drop_inactive: bool = False
     keep_mean_range: tuple[float, float] | None = None
     device: str = "cpu"
-    batch_rows: int = DEFAULT_BATCH_ROWS
+    batch_rows: int | None = None  # None: about BATCH_BYTES of decoded data per batch
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET
     stats_block_rows: int = 1 << 22
     input_format: str | None = None
@@ -102,7 +102,7 @@ class ComputeConfig:
             low, high = self.keep_mean_range
             if not low <= high:
                 raise GrpoError(f"--keep-mean-range needs LO <= HI, got {low} {high}")
-        if self.batch_rows < 1:
+        if self.batch_rows is not None and self.batch_rows < 1:
             raise GrpoError(f"batch_rows must be positive, got {self.batch_rows}")
         self.advantage.validate()
 
@@ -156,65 +156,147 @@ def resolve_device(spec: str) -> torch.device:
 
 
 class GroupKeyIndex:
-    """Maps group-key values (any hashable scalar, or tuples for composite keys) to dense IDs.
+    """Maps group-key values (one or several columns of any scalar type) to dense IDs.
 
     IDs are handed out in order of first appearance, so the mapping depends only on the
     rows and their order, never on how they were split into batches.
+
+    Integer keys are matched on their values. Other keys are hashed to 64 bits (polars'
+    vectorised row hash), the hashes matched against those of the keys seen so far, and
+    then every row's key is compared with its group's representative key: a hash
+    collision is detected, never silently merged, and the index then falls back to
+    matching the key values themselves.
     """
 
     def __init__(self, columns: Sequence[str]) -> None:
         self.columns = tuple(columns)
-        self._lookup: dict[Any, int] = {}
-        self.keys: list[Any] = []
+        self._types: list[pa.DataType] | None = None
+        self._hash_chunks: list[pa.Array] = []
+        self._hashes: pa.Array | None = None
+        self._rep_chunks: list[pa.Table] = []
+        self._reps: pa.Table | None = None
+        self._count = 0
+        self._exact: dict[Any, int] | None = None
 
     def __len__(self) -> int:
-        return len(self.keys)
+        return self._count
+
+    def key_at(self, group_id: int) -> Any:
+        """The key of a group: a scalar, or a tuple for a composite key."""
+        row = self._representatives().slice(group_id, 1).to_pylist()[0]
+        values = tuple(row[c] for c in self.columns)
+        return values[0] if len(values) == 1 else values
 
     def encode(self, arrays: Sequence[pa.Array]) -> np.ndarray:
-        """Dense int64 IDs for one batch of key columns."""
-        if len(arrays) == 1:
-            encoded = _dictionary_encode(arrays[0])
-            uniques = encoded.dictionary.to_pylist()
-            codes = encoded.indices.to_numpy(zero_copy_only=False)
+        """Dense int64 IDs for one chunk of key columns."""
+        table = self._normalise(arrays)
+        if self._exact is not None:
+            return self._encode_exact(table)
+        hashes = self._row_hashes(table)
+        encoded = hashes.dictionary_encode()
+        uniques = encoded.dictionary
+        codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        if self._hashes is not None and len(self._hashes):
+            known = pc.index_in(uniques, value_set=self._hashes)
+            table_ids = known.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
         else:
-            codes, first_rows = _combined_codes(arrays)
-            columns = [a.take(pa.array(first_rows)).to_pylist() for a in arrays]
-            uniques = list(zip(*columns, strict=True))
-        lookup = self._lookup
-        keys = self.keys
-        table = np.empty(len(uniques), dtype=np.int64)
-        for j, key in enumerate(uniques):
+            table_ids = np.full(len(uniques), -1, dtype=np.int64)
+        new = table_ids < 0
+        new_count = int(new.sum())
+        table_ids[new] = np.arange(self._count, self._count + new_count)
+        ids = table_ids[codes]
+        saved = (list(self._hash_chunks), list(self._rep_chunks), self._count)
+        if new_count:
+            # the dictionary is in first-appearance order: new uniques' first rows are
+            # where the running maximum of the codes steps up
+            running_max = np.maximum.accumulate(codes)
+            first_rows = np.flatnonzero(codes > np.concatenate(([-1], running_max[:-1])))
+            new_first_rows = first_rows[new]
+            self._hash_chunks.append(uniques.filter(pa.array(new)))
+            self._rep_chunks.append(table.take(pa.array(new_first_rows)))
+            self._count += new_count
+            self._hashes = self._reps = None
+            self._concat()
+        if not self._hashed or self._matches_representatives(table, ids):
+            return ids
+        # A 64-bit hash collision: undo this chunk and match on the values from now on.
+        self._hash_chunks, self._rep_chunks, self._count = saved
+        self._hashes = self._reps = None
+        self._concat()
+        self._exact = self._exact_lookup()
+        return self._encode_exact(table)
+
+    @property
+    def _hashed(self) -> bool:
+        assert self._types is not None
+        return not (len(self._types) == 1 and pa.types.is_integer(self._types[0]))
+
+    def _normalise(self, arrays: Sequence[pa.Array]) -> pa.Table:
+        columns = [a.dictionary_decode() if pa.types.is_dictionary(a.type) else a for a in arrays]
+        if self._types is None:
+            self._types = [c.type for c in columns]
+        else:
+            try:
+                columns = [c if c.type == t else c.cast(t) for c, t in zip(columns, self._types, strict=True)]
+            except (pa.ArrowException, ValueError) as exc:
+                raise TypeError(f"group keys change type between shards: {exc}") from None
+        return pa.table(columns, names=list(self.columns))
+
+    def _row_hashes(self, table: pa.Table) -> pa.Array:
+        if not self._hashed:
+            return table.column(0).combine_chunks()
+        import polars as pl
+
+        frame = pl.from_arrow(table)
+        assert isinstance(frame, pl.DataFrame)
+        return frame.hash_rows(seed=0).to_arrow()
+
+    def _concat(self) -> None:
+        self._hashes = pa.concat_arrays(self._hash_chunks) if self._hash_chunks else None
+        self._reps = None
+
+    def _representatives(self) -> pa.Table:
+        if self._reps is None:
+            self._reps = pa.concat_tables(self._rep_chunks).combine_chunks() if self._rep_chunks else None
+            self._rep_chunks = [self._reps] if self._reps is not None else []
+        assert self._reps is not None
+        return self._reps
+
+    def _matches_representatives(self, table: pa.Table, ids: np.ndarray) -> bool:
+        expected = self._representatives().take(pa.array(ids))
+        for name in self.columns:
+            same = pc.equal(table.column(name), expected.column(name))
+            if not pc.all(same).as_py():
+                return False
+        return True
+
+    def _exact_lookup(self) -> dict[Any, int]:
+        if not self._rep_chunks:
+            return {}
+        reps = self._representatives()
+        columns = [reps.column(c).to_pylist() for c in self.columns]
+        keys = columns[0] if len(columns) == 1 else list(zip(*columns, strict=True))
+        return {key: gid for gid, key in enumerate(keys)}
+
+    def _encode_exact(self, table: pa.Table) -> np.ndarray:
+        lookup = self._exact
+        assert lookup is not None
+        columns = [table.column(c).to_pylist() for c in self.columns]
+        keys = columns[0] if len(columns) == 1 else list(zip(*columns, strict=True))
+        ids = np.empty(len(keys), dtype=np.int64)
+        new_rows = []
+        for row, key in enumerate(keys):
             gid = lookup.get(key)
             if gid is None:
-                gid = len(keys)
+                gid = len(lookup)
                 lookup[key] = gid
-                keys.append(key)
-            table[j] = gid
-        return table[codes]
-
-
-def _dictionary_encode(array: pa.Array) -> pa.DictionaryArray:
-    if pa.types.is_dictionary(array.type):
-        array = array.dictionary_decode()
-    return array.dictionary_encode()
-
-
-def _combined_codes(arrays: Sequence[pa.Array]) -> tuple[np.ndarray, np.ndarray]:
-    """Dense codes of the distinct rows over several columns, in first-appearance order."""
-    code: np.ndarray | None = None
-    for array in arrays:
-        encoded = _dictionary_encode(array)
-        part = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-        if code is None:
-            code = part
-        else:
-            _, code = np.unique(code * len(encoded.dictionary) + part, return_inverse=True)
-    assert code is not None
-    _, first_rows, inverse = np.unique(code, return_index=True, return_inverse=True)
-    order = np.argsort(first_rows, kind="stable")
-    rank = np.empty_like(order)
-    rank[order] = np.arange(order.size)
-    return rank[inverse.reshape(-1)], first_rows[order]
+                new_rows.append(row)
+            ids[row] = gid
+        if new_rows:
+            self._rep_chunks.append(table.take(pa.array(new_rows)))
+            self._reps = None
+            self._count = len(lookup)
+        return ids
 
 
 # --------------------------------------------------------------------------- ID spool
@@ -312,7 +394,17 @@ class _RewardReader:
             array = pc.cast(array, pa.float64())
         if array.null_count:
             array = array.fill_null(float("nan"))
-        return torch.from_numpy(array.to_numpy(zero_copy_only=False))
+        return _as_tensor(array.to_numpy(zero_copy_only=False))
+
+
+def _as_tensor(array: np.ndarray) -> torch.Tensor:
+    """A zero-copy tensor view of a (possibly read-only) NumPy array.
+
+    Arrow buffers are read-only; the engine never writes into tensors made from them.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
 
 
 def _finite(values: torch.Tensor) -> torch.Tensor | None:
@@ -437,6 +529,32 @@ class Engine:
         self._spool = _IdSpool(on_disk=not self.in_memory)
         columns = None if self.in_memory else self._needed_columns()
         rows = 0
+        pending: list[tuple[pa.RecordBatch, _RewardBatch]] = []
+        pending_rows = 0
+        pending_start = 0
+
+        def flush(shard: Shard) -> None:
+            # Keys are matched a chunk of batches at a time: each match costs a pass over
+            # the keys seen so far, so few large chunks beat many small ones.
+            nonlocal rows_per_group, pending_rows
+            if not pending:
+                return
+            ids: torch.Tensor | None = None
+            if keys is not None:
+                key_batch = pa.Table.from_batches([b for b, _ in pending]).select(list(config.group_cols))
+                ids_np = self._encode_keys(keys, key_batch, shard, pending_start)
+                self._spool.append(ids_np)
+                ids = torch.from_numpy(ids_np)
+                counts = np.bincount(ids_np, minlength=len(keys))
+                rows_per_group = np.pad(rows_per_group, (0, len(counts) - len(rows_per_group))) + counts
+            chunk = _concat_rewards([r for _, r in pending])
+            for acc, values, valid in zip(accumulators, chunk.channels, chunk.channel_valid, strict=True):
+                acc.update(values, ids, valid)
+            if summary_acc is not accumulators[0]:
+                summary_acc.update(chunk.combined, ids, chunk.combined_valid)
+            pending.clear()
+            pending_rows = 0
+
         self.progress.start("pass 1/2: statistics", self._total_rows())
         for shard, schema in zip(self.inputs.shards, self.schemas, strict=True):
             if len(schema) == 0:
@@ -446,28 +564,23 @@ class Engine:
             reader = _RewardReader(config, schema, shard)
             shard_batches: list[pa.RecordBatch] = []
             shard_row = 0
-            for batch in iter_batches(shard, columns, config.batch_rows):
+            pending_start = 0
+            for batch in self._batches(shard, columns):
                 n = batch.num_rows
                 if cached is not None:
                     shard_batches.append(batch)
                 rewards = reader.read(batch)
                 self._note_bad_rewards(rewards, bad, shard, shard_row)
-                if keys is not None:
-                    ids_np = self._encode_keys(keys, batch, shard, shard_row)
-                    self._spool.append(ids_np)
-                    ids: torch.Tensor | None = torch.from_numpy(ids_np)
-                    counts = np.bincount(ids_np, minlength=len(keys))
-                    rows_per_group = np.pad(rows_per_group, (0, len(counts) - len(rows_per_group))) + counts
-                else:
-                    ids = None
-                for acc, values, valid in zip(accumulators, rewards.channels, rewards.channel_valid, strict=True):
-                    acc.update(values, ids, valid)
-                if summary_acc is not accumulators[0]:
-                    summary_acc.update(rewards.combined, ids, rewards.combined_valid)
+                pending.append((batch, rewards))
+                pending_rows += n
                 shard_row += n
                 rows += n
                 self.bytes_read += batch.nbytes
+                if pending_rows >= KEY_CHUNK_ROWS:
+                    flush(shard)
+                    pending_start = shard_row
                 self.progress.advance(n)
+            flush(shard)
             if cached is not None:
                 cached.append(shard_batches)
         self.progress.finish()
@@ -493,6 +606,15 @@ class Engine:
         summary_stats = stats[0] if summary_acc is accumulators[0] else summary_acc.compute(num_groups)
         return _Pass1(stats, summary_stats, rows_per_group, num_groups, rows, bad.count, keys, cached)
 
+    def _batches(self, shard: Shard, columns: list[str] | None) -> Iterator[pa.RecordBatch]:
+        """Batches sized to about ``BATCH_BYTES`` unless ``batch_rows`` is set."""
+        batch_rows = self.config.batch_rows or _batch_rows_for(shard)
+        if self.in_memory and shard.format == "parquet" and columns is None:
+            # Read whole: pyarrow decodes row groups and columns in parallel.
+            yield from read_table(shard).to_batches(max_chunksize=batch_rows)
+            return
+        yield from iter_batches(shard, columns, batch_rows)
+
     def _total_rows(self) -> int | None:
         counts = [row_count(s) for s in self.inputs.shards]
         return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
@@ -509,19 +631,19 @@ class Engine:
 
     def _is_null_at(self, shard: Shard, row: int) -> bool:
         for spec in self.config.rewards:
-            table = _read_row(shard, spec.column, row, self.config.batch_rows)
+            table = _read_row(shard, spec.column, row, self.config.batch_rows or MAX_BATCH_ROWS)
             if table is not None and not table.is_valid:
                 return True
         return False
 
-    def _encode_keys(self, keys: GroupKeyIndex, batch: pa.RecordBatch, shard: Shard, shard_row: int) -> np.ndarray:
-        arrays = [batch.column(c) for c in self.config.group_cols]
+    def _encode_keys(self, keys: GroupKeyIndex, table: pa.Table, shard: Shard, shard_row: int) -> np.ndarray:
+        arrays = [table.column(c).combine_chunks() for c in self.config.group_cols]
         for name, array in zip(self.config.group_cols, arrays, strict=True):
             if array.null_count:
                 first = int(pc.index(array.is_null(), True).as_py())
                 raise GrpoError(
                     f"{describe_row(shard, shard_row + first)}: group key {name!r} is null "
-                    f"({array.null_count} null key(s) in this batch)"
+                    f"({array.null_count} null key(s) near it)"
                 )
         try:
             return keys.encode(arrays)
@@ -554,7 +676,7 @@ class Engine:
                     continue
                 reader = _RewardReader(config, schema, shard)
                 batches: Iterator[pa.RecordBatch] = (
-                    iter(first.cached[index]) if first.cached is not None else iter_batches(shard, None, config.batch_rows)
+                    iter(first.cached[index]) if first.cached is not None else self._batches(shard, None)
                 )
                 shard_row = 0
                 for batch in batches:
@@ -562,7 +684,7 @@ class Engine:
                     if config.group_size is not None:
                         ids = torch.arange(global_row, global_row + n) // config.group_size
                     else:
-                        ids = torch.from_numpy(take_ids(n))
+                        ids = _as_tensor(take_ids(n))
                     result = self._advantages(reader.read(batch), ids, first, active, batch_stds)
                     result = result.to(reader.output_dtype).cpu()
                     row_active = active[ids.to(active.device)].cpu()
@@ -727,6 +849,34 @@ def _advantage_dtype_from_schema(config: ComputeConfig, schema: pa.Schema) -> to
     return _advantage_dtype([schema.field(r.column).type for r in config.rewards])
 
 
+def _batch_rows_for(shard: Shard) -> int:
+    decoded = estimated_memory_bytes(shard)
+    rows = row_count(shard)
+    if not rows:
+        return MAX_BATCH_ROWS
+    return int(min(MAX_BATCH_ROWS, max(1024, BATCH_BYTES * rows // max(decoded, 1))))
+
+
+def _concat_rewards(parts: list[_RewardBatch]) -> _RewardBatch:
+    if len(parts) == 1:
+        return parts[0]
+
+    def cat_valid(masks: list[torch.Tensor | None], values: list[torch.Tensor]) -> torch.Tensor | None:
+        if all(m is None for m in masks):
+            return None
+        return torch.cat([torch.ones_like(v, dtype=torch.bool) if m is None else m for m, v in zip(masks, values, strict=True)])
+
+    channels = len(parts[0].channels)
+    channel_values = [[p.channels[c] for p in parts] for c in range(channels)]
+    combined = [p.combined for p in parts]
+    return _RewardBatch(
+        channels=[torch.cat(v) for v in channel_values],
+        channel_valid=[cat_valid([p.channel_valid[c] for p in parts], channel_values[c]) for c in range(channels)],
+        combined=torch.cat(combined),
+        combined_valid=cat_valid([p.combined_valid for p in parts], combined),
+    )
+
+
 def _read_row(shard: Shard, column: str, row: int, batch_rows: int) -> pa.Scalar | None:
     seen = 0
     for batch in iter_batches(shard, [column], batch_rows):
@@ -770,7 +920,7 @@ class _Pass2Tracker:
             raise GrpoError(
                 f"{shard.display}: column {self.verify.column!r} has type {column.type}; it must be numeric to verify"
             )
-        given = torch.from_numpy(pc.cast(column, pa.float64()).fill_null(float("nan")).to_numpy(zero_copy_only=False))
+        given = _as_tensor(pc.cast(column, pa.float64()).fill_null(float("nan")).to_numpy(zero_copy_only=False))
         expected = advantages.to(torch.float64)
         diff = (given - expected).abs()
         bad = ~(diff <= self.verify.atol + self.verify.rtol * expected.abs())  # NaN counts as bad
@@ -789,7 +939,7 @@ class _Pass2Tracker:
             if len(self.examples) >= self.verify.max_examples:
                 break
             gid = int(ids[index])
-            key = first.keys.keys[gid] if first.keys is not None else gid
+            key = first.keys.key_at(gid) if first.keys is not None else gid
             self.examples.append(
                 {
                     "file": shard.display,

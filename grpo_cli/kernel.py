@@ -34,6 +34,7 @@ __all__ = [
     "GroupAdvantages",
     "GroupStats",
     "GroupStatsAccumulator",
+    "NanPolicy",
     "Scale",
     "Singleton",
     "Std",
@@ -52,12 +53,14 @@ Scale = Literal["group", "batch", "none"]
 Baseline = Literal["mean", "leave-one-out"]
 EpsilonMode = Literal["add", "clamp", "add-if-nonzero"]
 Singleton = Literal["zero", "raw"]
+NanPolicy = Literal["error", "ignore"]
 
 _STD_CHOICES = ("population", "sample")
 _SCALE_CHOICES = ("group", "batch", "none")
 _BASELINE_CHOICES = ("mean", "leave-one-out")
 _EPSILON_MODE_CHOICES = ("add", "clamp", "add-if-nonzero")
 _SINGLETON_CHOICES = ("zero", "raw")
+_NAN_CHOICES = ("error", "ignore")
 
 
 class GroupAdvantages(TypedDict):
@@ -516,7 +519,7 @@ def advantages_from_stats(
         epsilon_mode: ``"add"`` (``std + eps``), ``"clamp"`` (``max(std, eps)``), or
             ``"add-if-nonzero"`` (divide by ``std + eps`` only where std > 0).
         singleton: ``"zero"``, or ``"raw"``: a one-rollout group gets ``r / (1 + eps)``
-            (verl: mean 0, std 1).
+            (verl: mean 0, std 1), or ``r`` with ``scale="none"``.
         valid: optional bool tensor; ``False`` rows get advantage 0.
         batch_std: the batch std to use with ``scale="batch"``; computed from ``stats``
             when omitted.
@@ -580,7 +583,8 @@ def _advantages(
         if singleton == "raw":
             lone = stats.count == 1
             center = torch.where(lone, torch.zeros_like(center), center)
-            denominator = torch.where(lone, torch.full_like(denominator, 1 + epsilon), denominator)
+            lone_scale = 1.0 if scale == "none" else 1 + epsilon
+            denominator = torch.where(lone, torch.full_like(denominator, lone_scale), denominator)
         denominator = torch.where(active, denominator, torch.ones_like(denominator))
         if layout.group_size is not None and valid is None:
             k, g = layout.num_groups, layout.group_size
@@ -592,7 +596,7 @@ def _advantages(
         out = _leave_one_out(x, ids, stats, active, ddof, scale, epsilon, epsilon_mode, batch_std)
         if singleton == "raw":
             lone = torch.take(stats.count, ids) == 1
-            out = torch.where(lone, x / (1 + epsilon), out)
+            out = torch.where(lone, x / (1.0 if scale == "none" else 1 + epsilon), out)
     if valid is not None:
         out = torch.where(valid, out, torch.zeros_like(out))
     return out
@@ -679,6 +683,7 @@ def group_advantages(
     baseline: Baseline = "mean",
     epsilon_mode: EpsilonMode = "add",
     singleton: Singleton = "zero",
+    nan: NanPolicy = "error",
 ) -> GroupAdvantages:
     """GRPO group-relative advantages: ``A_i = (r_i - mean_g) / (std_g + epsilon)``.
 
@@ -700,6 +705,8 @@ def group_advantages(
         scale: ``"group"`` (default), ``"batch"`` (group mean, std of all rewards in the
             call: TRL's ``scale_rewards="batch"``) or ``"none"`` (Dr. GRPO).
         baseline, epsilon_mode, singleton: see :func:`advantages_from_stats`.
+        nan: ``"error"`` (default) raises on NaN or infinite rewards; ``"ignore"`` leaves
+            them out of the statistics and gives them advantage 0 (TRL's convention).
 
     Returns:
         :class:`GroupAdvantages`: ``advantages`` (rewards' shape, dtype, device),
@@ -728,15 +735,21 @@ def group_advantages(
     _check_choice("std", std, _STD_CHOICES)
     _check_choice("scale", scale, _SCALE_CHOICES)
     flat, layout = _layout(rewards, group_ids, group_size)
-    _check_rewards(rewards)
+    if nan == "error":
+        _check_rewards(rewards)
     _check_choice("baseline", baseline, _BASELINE_CHOICES)
     _check_choice("epsilon_mode", epsilon_mode, _EPSILON_MODE_CHOICES)
     _check_choice("singleton", singleton, _SINGLETON_CHOICES)
-    stats = _group_stats(flat, layout, None, count_extremes=baseline == "leave-one-out")
+    _check_choice("nan", nan, _NAN_CHOICES)
+    valid = None
+    if nan == "ignore":
+        finite = torch.isfinite(flat)
+        valid = None if bool(finite.all()) else finite
+    stats = _group_stats(flat, layout, valid, count_extremes=baseline == "leave-one-out")
     advantages = _advantages(
         flat, layout, stats,
         epsilon=epsilon, ddof=1 if std == "sample" else 0, scale=scale, baseline=baseline,
-        epsilon_mode=epsilon_mode, singleton=singleton, valid=None, batch_std=None,
+        epsilon_mode=epsilon_mode, singleton=singleton, valid=valid, batch_std=None,
     )
     mask = active_groups(stats, singleton=singleton)
     return GroupAdvantages(

@@ -192,6 +192,14 @@ def iter_batches(shard: Shard, columns: list[str] | None, batch_rows: int) -> It
         yield from _jsonl_batches(shard, columns)
 
 
+def read_table(shard: Shard) -> pa.Table:
+    """A whole Parquet shard, decoded in parallel."""
+    try:
+        return pq.read_table(shard.path)
+    except (pa.ArrowException, OSError) as exc:
+        raise GrpoError(f"{shard.display}: corrupt Parquet data ({_first_line(exc)})") from None
+
+
 def _parquet_batches(shard: Shard, columns: list[str] | None, batch_rows: int) -> Iterator[pa.RecordBatch]:
     try:
         file = pq.ParquetFile(shard.path)

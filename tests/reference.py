@@ -58,7 +58,7 @@ def reference_advantages(
         is_active = max(group) > min(group)
         if n == 1 and singleton == "raw":
             active[g] = group[0] != 0
-            out[idx[0]] = group[0] / (1 + epsilon)
+            out[idx[0]] = group[0] if scale == "none" else group[0] / (1 + epsilon)
             continue
         active[g] = is_active
         if not is_active:

@@ -1,0 +1,306 @@
+"""grpo-cli benchmarks: the kernel, the file-to-file job, and peak memory, beside their peers.
+
+Run ``make bench`` (10M rows; a few minutes and ~6 GB of scratch files under
+benchmarks/data/) or ``python benchmarks/bench.py --help``. Every contender runs in the
+same process on the same data, so the ratios are meaningful on a noisy shared machine
+even when the absolute seconds are not. Each figure is the best of ``--repeats`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+EPS = 1e-6
+
+
+def best_of(repeats: int, fn: Callable[[], object]) -> float:
+    times = []
+    for _ in range(repeats):
+        gc.collect()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def table_rows(title: str, rows: int, results: dict[str, float], ratio_to: list[str]) -> None:
+    print(f"\n{title}")
+    header = f"  {'contender':34s} {'seconds':>8s} {'Mrows/s':>8s}" + "".join(f" {'x ' + r:>16s}" for r in ratio_to)
+    print(header)
+    for name, seconds in results.items():
+        line = f"  {name:34s} {seconds:8.3f} {rows / seconds / 1e6:8.2f}"
+        for ref in ratio_to:
+            line += f" {seconds / results[ref]:16.2f}"
+        print(line)
+
+
+# --------------------------------------------------------------------------- data
+
+
+def make_arrays(rows: int, group_size: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    groups = rows // group_size
+    sorted_ids = np.repeat(np.arange(groups, dtype=np.int64), group_size)
+    perm = rng.permutation(rows)
+    solve_rate = rng.random(groups)
+    rewards = (rng.random(rows) < np.repeat(solve_rate, group_size)).astype(np.float32)
+    return {"sorted_ids": sorted_ids, "rewards": rewards, "perm": perm}
+
+
+def uid_strings(groups: int, seed: int) -> pa.Array:
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(groups, 16), dtype=np.uint8)
+    hexed = np.char.mod("%02x", raw).astype("U2")
+    return pa.array(["".join(row) for row in hexed])
+
+
+def write_layouts(data_dir: Path, rows: int, group_size: int) -> dict[str, Path]:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"sorted int ids": data_dir / f"sorted_int_{rows}.parquet", "shuffled uid strings": data_dir / f"shuffled_uid_{rows}.parquet"}
+    if all(p.exists() for p in paths.values()):
+        return paths
+    arrays = make_arrays(rows, group_size)
+    groups = rows // group_size
+    rewards = arrays["rewards"]
+    pq.write_table(
+        pa.table({"group_id": arrays["sorted_ids"], "reward": rewards}), paths["sorted int ids"]
+    )
+    uids = uid_strings(groups, seed=1)
+    perm = arrays["perm"]
+    uid_per_row = uids.take(pa.array(np.repeat(np.arange(groups), group_size)[perm]))
+    pq.write_table(pa.table({"group_id": uid_per_row, "reward": rewards[perm]}), paths["shuffled uid strings"])
+    return paths
+
+
+def write_text_shards(data_dir: Path, rows: int, group_size: int, shards: int, text_bytes: int) -> Path:
+    folder = data_dir / f"text_{rows}_{shards}"
+    if folder.exists() and len(list(folder.glob("*.parquet"))) == shards:
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(2)
+    groups = rows // group_size
+    uids = uid_strings(groups, seed=3)
+    order = rng.permutation(rows)
+    per_shard = -(-rows // shards)
+    alphabet = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,", dtype=np.uint8)
+    for s in range(shards):
+        idx = order[s * per_shard : (s + 1) * per_shard]
+        n = idx.size
+        text = alphabet[rng.integers(0, alphabet.size, size=n * text_bytes)]
+        offsets = np.arange(0, (n + 1) * text_bytes, text_bytes, dtype=np.int32)
+        completion = pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(text.tobytes()))
+        table = pa.table(
+            {
+                "group_id": uids.take(pa.array(idx // group_size)),
+                "completion": completion,
+                "reward": (rng.random(n) < 0.5).astype(np.float32),
+            }
+        )
+        pq.write_table(table, folder / f"part-{s:05d}.parquet", row_group_size=50_000)
+    return folder
+
+
+# --------------------------------------------------------------------------- contenders
+
+
+def polars_expr():  # type: ignore[no-untyped-def]
+    import polars as pl
+
+    r = pl.col("reward").cast(pl.Float64)
+    return ((r - r.mean().over("group_id")) / (r.std(ddof=0).over("group_id") + EPS)).alias("advantage")
+
+
+def io_floor_pyarrow(src: Path, dst: Path) -> None:
+    table = pq.read_table(src)
+    table = table.append_column("advantage", pa.array(np.zeros(table.num_rows, dtype=np.float64)))
+    pq.write_table(table, dst)
+
+
+def io_floor_polars(src: Path, dst: Path) -> None:
+    import polars as pl
+
+    df = pl.read_parquet(src)
+    df.with_columns(pl.lit(0.0).alias("advantage")).write_parquet(dst)
+
+
+def polars_oneliner(src: Path, dst: Path) -> None:
+    import polars as pl
+
+    pl.read_parquet(src).with_columns(polars_expr()).write_parquet(dst)
+
+
+def pandas_job(src: Path, dst: Path) -> None:
+    import pandas as pd
+
+    df = pd.read_parquet(src)
+    grouped = df.groupby("group_id", sort=False)["reward"]
+    reward = df["reward"].astype("float64")
+    df["advantage"] = (reward - grouped.transform("mean")) / (grouped.transform("std", ddof=0) + EPS)
+    df.to_parquet(dst)
+
+
+def grpo_job(src: Path, dst: Path, *, streaming: bool = False) -> None:
+    from grpo_cli.engine import ComputeConfig, compute_dataset
+
+    config = ComputeConfig(memory_budget_bytes=0) if streaming else ComputeConfig()
+    compute_dataset(src, dst, config, force=True)
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def bench_kernel(rows: int, group_size: int, repeats: int) -> None:
+    import pandas as pd
+    import polars as pl
+    import torch
+
+    from grpo_cli.kernel import group_advantages
+
+    arrays = make_arrays(rows, group_size)
+    for layout in ("sorted", "shuffled"):
+        ids = arrays["sorted_ids"] if layout == "sorted" else arrays["sorted_ids"][arrays["perm"]]
+        rewards = arrays["rewards"] if layout == "sorted" else arrays["rewards"][arrays["perm"]]
+        r_t, ids_t = torch.from_numpy(rewards), torch.from_numpy(ids)
+        df_pl = pl.DataFrame({"group_id": ids, "reward": rewards})
+        df_pd = pd.DataFrame({"group_id": ids, "reward": rewards})
+
+        def pandas_kernel() -> None:
+            grouped = df_pd.groupby("group_id", sort=False)["reward"]
+            reward = df_pd["reward"].astype("float64")
+            _ = (reward - grouped.transform("mean")) / (grouped.transform("std", ddof=0) + EPS)
+
+        results = {
+            "grpo-cli kernel (torch, cpu)": best_of(repeats, lambda: group_advantages(r_t, ids_t, EPS)),
+            "polars over()": best_of(repeats, lambda: df_pl.select(polars_expr())),
+            "pandas groupby-transform": best_of(repeats, pandas_kernel),
+        }
+        table_rows(f"kernel, {rows:,} rollouts, {group_size} per group, {layout} IDs", rows, results, ["polars over()"])
+
+
+def bench_files(rows: int, group_size: int, repeats: int, data_dir: Path) -> None:
+    paths = write_layouts(data_dir, rows, group_size)
+    out = data_dir / "out.parquet"
+    for layout, src in paths.items():
+        results = {
+            "I/O floor: pyarrow": best_of(repeats, lambda: io_floor_pyarrow(src, out)),
+            "I/O floor: polars": best_of(repeats, lambda: io_floor_polars(src, out)),
+        }
+        floor_name = min(results, key=results.__getitem__)
+        results["I/O floor"] = results[floor_name]
+        results["polars one-liner"] = best_of(repeats, lambda: polars_oneliner(src, out))
+        results["pandas groupby-transform"] = best_of(repeats, lambda: pandas_job(src, out))
+        results["grpo-cli compute"] = best_of(repeats, lambda: grpo_job(src, out))
+        results["grpo-cli compute (forced streaming)"] = best_of(repeats, lambda: grpo_job(src, out, streaming=True))
+        size = src.stat().st_size / 2**20
+        table_rows(
+            f"file to file, {rows:,} rows, {layout} ({size:.0f} MiB Parquet); floor = {floor_name}",
+            rows,
+            results,
+            ["I/O floor", "polars one-liner"],
+        )
+    out.unlink(missing_ok=True)
+
+
+CHILD = r"""
+import json, resource, sys, time
+sys.path.insert(0, {root!r})
+which, src, dst = sys.argv[1], sys.argv[2], sys.argv[3]
+start = time.perf_counter()
+if which == "grpo-cli":
+    from grpo_cli.engine import compute_dataset
+    compute_dataset(src, dst, force=True)
+else:
+    import polars as pl
+    r = pl.col("reward").cast(pl.Float64)
+    expr = ((r - r.mean().over("group_id")) / (r.std(ddof=0).over("group_id") + 1e-6)).alias("advantage")
+    pl.read_parquet(src + "/*.parquet").with_columns(expr).write_parquet(dst + ".parquet")
+print(json.dumps({{"seconds": time.perf_counter() - start,
+                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+"""
+
+
+def bench_memory(rows: int, group_size: int, data_dir: Path, text_bytes: int) -> None:
+    folder = write_text_shards(data_dir, rows, group_size, shards=8, text_bytes=text_bytes)
+    size = sum(p.stat().st_size for p in folder.iterdir()) / 2**30
+    print(f"\npeak memory, {rows:,} rows with a {text_bytes} B text column in 8 shards ({size:.1f} GiB Parquet)")
+    print(f"  {'contender':34s} {'seconds':>8s} {'peak RSS':>12s}")
+    for which in ("grpo-cli", "polars one-liner"):
+        dst = data_dir / ("rss_out" if which == "grpo-cli" else "rss_polars")
+        done = subprocess.run(
+            [sys.executable, "-c", CHILD.format(root=str(ROOT)), which, str(folder), str(dst)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode:
+            print(f"  {which:34s} failed: {done.stderr.strip().splitlines()[-1:]}")
+            continue
+        figures = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"  {which:34s} {figures['seconds']:8.2f} {figures['peak_rss_mib']:8.0f} MiB")
+    for leftover in (data_dir / "rss_out", data_dir / "rss_polars.parquet"):
+        if leftover.is_dir():
+            for f in leftover.iterdir():
+                f.unlink()
+            leftover.rmdir()
+        else:
+            leftover.unlink(missing_ok=True)
+
+
+def bench_imports() -> None:
+    print("\nstart-up (fresh interpreter, best of 3)")
+    for label, code in (
+        ("grpo-cli --help path (grpo_cli.cli)", "import grpo_cli.cli"),
+        ("grpo-cli compute path (engine+torch)", "import grpo_cli.engine"),
+        ("polars", "import polars"),
+        ("pandas", "import pandas"),
+    ):
+        seconds = best_of(3, lambda code=code: subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT))
+        print(f"  {label:38s} {seconds:6.2f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rss-rows", type=int, default=5_000_000)
+    parser.add_argument("--text-bytes", type=int, default=1024)
+    parser.add_argument("--data-dir", type=Path, default=HERE / "data")
+    parser.add_argument("--only", choices=["kernel", "files", "memory", "imports"], action="append")
+    args = parser.parse_args()
+    import torch
+
+    print(
+        f"grpo-cli benchmarks: python {sys.version.split()[0]}, torch {torch.__version__}, "
+        f"{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads"
+    )
+    sections = args.only or ["imports", "kernel", "files", "memory"]
+    if "imports" in sections:
+        bench_imports()
+    if "kernel" in sections:
+        bench_kernel(args.rows, args.group_size, args.repeats)
+    if "files" in sections:
+        bench_files(args.rows, args.group_size, args.repeats, args.data_dir)
+    if "memory" in sections:
+        bench_memory(args.rss_rows, args.group_size, args.data_dir, args.text_bytes)
+    print(f"\npeak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()

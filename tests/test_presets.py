@@ -1,0 +1,290 @@
+"""Presets, estimators, multiple rewards, the NaN policy and filters."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from grpo_cli import group_advantages
+from grpo_cli.errors import GrpoError
+from grpo_cli.options import PRESETS, AdvantageOptions, RewardSpec
+from tests import trainers
+from tests.conftest import rollout_rows, write_parquet
+
+GROUPS = [
+    [1.0, 0.0, 0.0, 1.0],  # mixed binary
+    [0.0, 0.0, 0.0, 0.0],  # all wrong
+    [1.0, 1.0, 1.0, 1.0],  # all right
+    [0.3, -1.25, 2.5, 0.75, 0.1],  # continuous
+    [1.0, 0.0, 0.0, 0.0],  # one success: its leave-one-out others are constant
+    [0.7],  # singleton
+    [2.0, 3.0],  # pair
+]
+
+
+def flat_inputs(groups):
+    rewards = torch.tensor(trainers.flatten(groups), dtype=torch.float64)
+    ids = torch.tensor([g for g, group in enumerate(groups) for _ in group])
+    return rewards, ids
+
+
+def assert_close_lists(got, expected, tol=1e-9):
+    assert len(got) == len(expected)
+    for i, (a, b) in enumerate(zip(got, expected, strict=True)):
+        assert math.isclose(a, b, rel_tol=tol, abs_tol=tol), (i, a, b)
+
+
+# --------------------------------------------------------------------------- golden, hand-computed
+
+
+def test_golden_grpo_population():
+    out = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.zeros(4, dtype=torch.long), 1e-12)
+    assert out["advantages"].tolist() == pytest.approx([1.0, -1.0, -1.0, 1.0], abs=1e-9)
+
+
+def test_golden_sample_std_and_estimators():
+    r = torch.tensor([[1.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    sample = group_advantages(r, std="sample", epsilon=1e-12)["advantages"][0].tolist()
+    # mean 0.25, sample std sqrt(0.25) = 0.5
+    assert sample == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=1e-9)
+    dr = group_advantages(r, estimator="dr_grpo")["advantages"][0].tolist()
+    assert dr == [0.75, -0.25, -0.25, -0.25]
+    rloo = group_advantages(r, estimator="rloo")["advantages"][0].tolist()
+    assert rloo == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3], abs=1e-12)
+
+
+def test_golden_verl_singleton_and_torchrl_clamp():
+    r = torch.tensor([0.5, 2.0, 2.0], dtype=torch.float64)
+    ids = torch.tensor([0, 1, 1])
+    verl = group_advantages(r, ids, preset="verl")
+    assert verl["advantages"].tolist() == [0.5 / (1 + 1e-6), 0.0, 0.0]
+    assert verl["active_group_mask"].tolist() == [True, False]
+    clamp = group_advantages(torch.tensor([[0.0, 2e-7]], dtype=torch.float64), preset="torchrl")
+    # sample std 1.414e-7 is clamped to 1e-6
+    assert clamp["advantages"][0].tolist() == pytest.approx([-0.1, 0.1], rel=1e-9)
+
+
+def test_golden_nan_ignore():
+    r = torch.tensor([1.0, float("nan"), 0.0, 5.0], dtype=torch.float64)
+    out = group_advantages(r, torch.tensor([0, 0, 0, 1]), 1e-12, nan="ignore")
+    assert out["advantages"].tolist() == pytest.approx([1.0, 0.0, -1.0, 0.0], abs=1e-9)
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        group_advantages(r, torch.tensor([0, 0, 0, 1]))
+
+
+# --------------------------------------------------------------------------- each preset against its trainer
+
+
+@pytest.mark.parametrize(
+    ("preset", "reference", "options"),
+    [
+        ("trl", trainers.trl, {}),
+        ("verl", trainers.verl, {}),
+        ("openrlhf", trainers.openrlhf, {}),
+        ("nemo-rl", trainers.nemo_rl, {}),
+        ("roll", trainers.roll, {}),
+        ("torchrl", trainers.torchrl, {}),
+    ],
+)
+def test_preset_matches_trainer(preset, reference, options):
+    rewards, ids = flat_inputs(GROUPS)
+    got = group_advantages(rewards, ids, preset=preset, **options)["advantages"].tolist()
+    expected = trainers.flatten(trainers.constant_zero(GROUPS, reference(GROUPS)))
+    if preset not in ("verl",):
+        # grpo-cli zeroes singletons under every preset but verl's
+        expected = trainers.flatten(
+            [[0.0] * len(g) if len(g) == 1 else a for g, a in zip(GROUPS, trainers.constant_zero(GROUPS, reference(GROUPS)), strict=True)]
+        )
+    assert_close_lists(got, expected)
+
+
+def test_trl_with_nan_rewards_and_scale_modes():
+    groups = [[1.0, float("nan"), 0.0, 0.5], [2.0, 2.0, float("nan")], [0.0, 1.0, 1.0]]
+    rewards, ids = flat_inputs(groups)
+    for scale in ("group", "batch", "none"):
+        got = group_advantages(rewards, ids, preset="trl", scale=scale)["advantages"].tolist()
+        assert_close_lists(got, trainers.flatten(trainers.trl(groups, scale=scale)))
+
+
+def test_trainer_variants_through_options():
+    rewards, ids = flat_inputs(GROUPS)
+    multi = [g for g in GROUPS if len(g) > 1]
+    r2, i2 = flat_inputs(multi)
+    got = group_advantages(r2, i2, preset="openrlhf", estimator="dr_grpo")["advantages"].tolist()
+    assert_close_lists(got, trainers.flatten(trainers.constant_zero(multi, trainers.openrlhf(multi, dr_grpo=True))))
+    got = group_advantages(rewards, ids, preset="verl", scale="none")["advantages"].tolist()
+    assert_close_lists(got, trainers.flatten(trainers.constant_zero(GROUPS, trainers.verl(GROUPS, norm_adv_by_std=False))))
+
+
+def test_presets_only_change_what_they_say():
+    default = asdict(AdvantageOptions())
+    for name, preset in PRESETS.items():
+        resolved = asdict(AdvantageOptions.resolve(preset=name))
+        changed = {k for k in default if resolved[k] != default[k]} - {"preset"}
+        assert changed == {k for k, v in preset.settings.items() if default[k] != v}, name
+        assert resolved["preset"] == name
+        assert preset.source and preset.note
+
+
+def test_explicit_options_override_preset_and_estimator():
+    options = AdvantageOptions.resolve(preset="trl", estimator="rloo", epsilon=0.5, scale="group")
+    assert (options.epsilon, options.baseline, options.scale, options.std) == (0.5, "leave-one-out", "group", "sample")
+    with pytest.raises(GrpoError, match="unknown preset 'grpo'"):
+        AdvantageOptions.resolve(preset="grpo")
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_constant_groups_exactly_zero_under_every_preset(preset):
+    rewards = torch.tensor([0.1] * 7 + [0.2, 0.9], dtype=torch.float32)
+    ids = torch.tensor([0] * 7 + [1, 1])
+    out = group_advantages(rewards, ids, preset=preset)["advantages"]
+    assert out[:7].tolist() == [0.0] * 7
+    assert not torch.signbit(out[:7]).any()
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.floats(-100, 100, allow_nan=False, width=32), min_size=2, max_size=9),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_rloo_is_n_over_n_minus_one_times_dr_grpo(groups):
+    rewards, ids = flat_inputs(groups)
+    rloo = group_advantages(rewards, ids, estimator="rloo")["advantages"]
+    dr = group_advantages(rewards, ids, estimator="dr_grpo")["advantages"]
+    n = torch.tensor([len(g) for g in groups], dtype=torch.float64)[ids]
+    torch.testing.assert_close(rloo, dr * n / (n - 1), rtol=1e-9, atol=1e-9)
+
+
+# --------------------------------------------------------------------------- through the CLI
+
+
+def test_cli_preset_matches_library(cli, tmp_path):
+    rows = rollout_rows(seed=5)
+    source = write_parquet(tmp_path / "in.parquet", rows)
+    for preset in PRESETS:
+        out = tmp_path / f"{preset}.parquet"
+        result = cli("compute", source, "-o", out, "--preset", preset, "--summary-json", "-", "-q")
+        assert result.exit_code == 0, result.stderr
+        assert json.loads(result.stdout)["options"]["preset"] == preset
+        keys = list(dict.fromkeys(r["group_id"] for r in rows))
+        ids = torch.tensor([keys.index(r["group_id"]) for r in rows])
+        rewards = torch.tensor([r["reward"] for r in rows], dtype=torch.float64)
+        expected = group_advantages(rewards, ids, preset=preset)["advantages"].tolist()
+        assert pq.read_table(out).column("advantage").to_pylist() == expected
+
+
+def test_cli_estimator_and_epsilon_mode(cli, tmp_path):
+    source = write_parquet(tmp_path / "in.parquet", rollout_rows(seed=6))
+    out = tmp_path / "o.parquet"
+    result = cli("compute", source, "-o", out, "--estimator", "rloo", "--summary-json", "-", "-q")
+    assert result.exit_code == 0
+    options = json.loads(result.stdout)["options"]
+    assert (options["baseline"], options["scale"], options["estimator"]) == ("leave-one-out", "none", "rloo")
+    result = cli("compute", source, "-o", out, "-f", "--epsilon-mode", "clamp", "--singleton", "raw", "-q")
+    assert result.exit_code == 0
+
+
+def test_multiple_rewards_weighted_sum(cli, tmp_path):
+    rows = rollout_rows(seed=7)
+    source = write_parquet(tmp_path / "in.parquet", rows)
+    out = tmp_path / "o.parquet"
+    result = cli("compute", source, "-o", out, "-r", "correct:0.5", "-r", "reward:2", "-q")
+    assert result.exit_code == 0, result.stderr
+    written = pq.read_table(out)
+    assert {"correct", "reward"} <= set(written.column_names)
+    keys = list(dict.fromkeys(r["group_id"] for r in rows))
+    ids = torch.tensor([keys.index(r["group_id"]) for r in rows])
+    combined = torch.tensor([0.5 * r["correct"] + 2 * r["reward"] for r in rows], dtype=torch.float64)
+    expected = group_advantages(combined, ids)["advantages"]
+    assert written.schema.field("advantage").type == pa.float64()
+    torch.testing.assert_close(torch.tensor(written.column("advantage").to_pylist(), dtype=torch.float64), expected)
+
+
+def test_normalize_then_sum(cli, tmp_path):
+    rows = rollout_rows(seed=8)
+    source = write_parquet(tmp_path / "in.parquet", rows)
+    out = tmp_path / "o.parquet"
+    args = ["-r", "correct:0.5", "-r", "reward:2", "--reward-aggregation", "normalize-then-sum", "-q"]
+    assert cli("compute", source, "-o", out, *args).exit_code == 0
+    keys = list(dict.fromkeys(r["group_id"] for r in rows))
+    ids = torch.tensor([keys.index(r["group_id"]) for r in rows])
+    parts = [
+        group_advantages(torch.tensor([float(r[c]) for r in rows], dtype=torch.float64), ids)["advantages"] * w
+        for c, w in (("correct", 0.5), ("reward", 2.0))
+    ]
+    got = torch.tensor(pq.read_table(out).column("advantage").to_pylist(), dtype=torch.float64)
+    torch.testing.assert_close(got, parts[0] + parts[1])
+
+
+def test_reward_spec_parsing():
+    assert RewardSpec.parse("a:b") == RewardSpec("a:b")
+    assert RewardSpec.parse("score:-1") == RewardSpec("score", -1.0)
+    with pytest.raises(GrpoError, match="finite"):
+        RewardSpec.parse("score:inf")
+
+
+def test_cli_nan_ignore_counts(cli, tmp_path):
+    rows = [dict(r) for r in rollout_rows(seed=9)]
+    rows[3]["reward"] = None
+    rows[9]["reward"] = float("nan")
+    source = write_parquet(tmp_path / "in.parquet", rows)
+    out = tmp_path / "o.parquet"
+    result = cli("compute", source, "-o", out, "--nan", "ignore", "--summary-json", "-")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["nan_rewards"] == 2
+    assert "NaN rewards left out" in result.stderr
+    advantages = pq.read_table(out).column("advantage").to_pylist()
+    assert advantages[3] == 0.0 and advantages[9] == 0.0
+
+
+def test_drop_inactive_and_keep_mean_range(cli, tmp_path):
+    rows = rollout_rows(seed=10)
+    source = write_parquet(tmp_path / "in.parquet", rows)
+    out = tmp_path / "o.parquet"
+    result = cli("compute", source, "-o", out, "-r", "correct", "--drop-inactive", "--summary-json", "-")
+    assert result.exit_code == 0
+    written = pq.read_table(out)
+    assert all(written.column("group_active").to_pylist())
+    summary = json.loads(result.stdout)
+    assert summary["dropped"]["groups"] == summary["inactive_groups"]
+    assert summary["dropped"]["rows"] == len(rows) - written.num_rows
+    assert "inactive" in summary["dropped"]["reasons"][0]
+    out2 = tmp_path / "o2.parquet"
+    result = cli("compute", source, "-o", out2, "-r", "correct", "--keep-mean-range", "0.2", "0.8", "-q")
+    assert result.exit_code == 0
+    by_group: dict[str, list[int]] = {}
+    for r in rows:
+        by_group.setdefault(r["group_id"], []).append(r["correct"])
+    kept = {g for g, v in by_group.items() if 0.2 <= sum(v) / len(v) <= 0.8}
+    assert set(pq.read_table(out2).column("group_id").to_pylist()) == kept
+    result = cli("compute", source, "-o", out2, "-f", "--keep-mean-range", "0.9", "0.1")
+    assert result.exit_code == 2 and "LO <= HI" in result.stderr
+
+
+def test_stats_cols(cli, tmp_path):
+    rows = rollout_rows(seed=11)
+    source = write_parquet(tmp_path / "in.parquet", rows)
+    out = tmp_path / "o.parquet"
+    assert cli("compute", source, "-o", out, "--stats-cols", "-q").exit_code == 0
+    written = pq.read_table(out).to_pylist()
+    by_group: dict[str, list[float]] = {}
+    for r in rows:
+        by_group.setdefault(r["group_id"], []).append(r["reward"])
+    for row in written:
+        values = by_group[row["group_id"]]
+        assert row["advantage_group_size"] == len(values)
+        assert row["advantage_group_mean"] == pytest.approx(sum(values) / len(values), abs=1e-12)
+        mean = sum(values) / len(values)
+        std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+        assert row["advantage_group_std"] == pytest.approx(std, abs=1e-12)

@@ -1,0 +1,204 @@
+"""Sharded inputs, directory outputs, streaming vs in-memory, and interrupted runs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from grpo_cli.engine import ComputeConfig, compute_dataset
+from grpo_cli.options import AdvantageOptions, RewardSpec
+from tests.conftest import rollout_rows, write_jsonl, write_parquet
+
+SMALL = ComputeConfig(batch_rows=7, stats_block_rows=11)  # many batches and statistics blocks
+
+
+def shard_rows(rows, n_shards):
+    """Contiguous slices of a shuffled row list: groups span shards."""
+    size = -(-len(rows) // n_shards)
+    return [rows[i * size : (i + 1) * size] for i in range(n_shards)]
+
+
+@pytest.fixture
+def big_rows():
+    return rollout_rows(n_groups=60, group_size=8, seed=9, singletons=3)
+
+
+@pytest.fixture
+def sharded_dir(tmp_path, big_rows):
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for i, part in enumerate(shard_rows(big_rows, 4)):
+        write_parquet(folder / f"part-{i:05d}.parquet", part, row_group_size=9)
+    return folder
+
+
+def read_column(path: Path, column: str = "advantage") -> list:
+    if path.is_dir():
+        return [v for f in sorted(path.iterdir()) for v in pq.read_table(f).column(column).to_pylist()]
+    return pq.read_table(path).column(column).to_pylist()
+
+
+def test_shards_equal_one_concatenated_file(tmp_path, big_rows, sharded_dir):
+    whole = write_parquet(tmp_path / "whole.parquet", big_rows)
+    compute_dataset(whole, tmp_path / "whole_out.parquet", SMALL)
+    compute_dataset(sharded_dir, tmp_path / "sharded_out.parquet", SMALL)
+    assert read_column(tmp_path / "whole_out.parquet") == read_column(tmp_path / "sharded_out.parquet")
+    # groups really span shards
+    first = {r["group_id"] for r in shard_rows(big_rows, 4)[0]}
+    second = {r["group_id"] for r in shard_rows(big_rows, 4)[1]}
+    assert first & second
+
+
+def test_glob_input(tmp_path, sharded_dir):
+    compute_dataset(sharded_dir, tmp_path / "a.parquet", SMALL)
+    summary = compute_dataset(f"{sharded_dir}/part-*.parquet", tmp_path / "b.parquet", SMALL)
+    assert summary.input["shards"] == 4
+    assert read_column(tmp_path / "a.parquet") == read_column(tmp_path / "b.parquet")
+
+
+def test_directory_output_mirrors_shard_names(tmp_path, sharded_dir):
+    out = tmp_path / "out"
+    summary = compute_dataset(sharded_dir, out, SMALL)
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in sharded_dir.iterdir())
+    for shard in sharded_dir.iterdir():
+        source = pq.read_table(shard)
+        written = pq.read_table(out / shard.name)
+        assert written.num_rows == source.num_rows
+        assert written.select(source.column_names).equals(source)
+    assert summary.output == {"path": str(out), "shards": 4, "bytes": summary.output["bytes"]}
+    compute_dataset(sharded_dir, tmp_path / "single.parquet", SMALL)
+    assert read_column(out) == read_column(tmp_path / "single.parquet")
+
+
+def test_directory_output_needs_force_when_not_empty(tmp_path, sharded_dir):
+    out = tmp_path / "out"
+    compute_dataset(sharded_dir, out, SMALL)
+    with pytest.raises(ValueError, match="not empty; pass --force"):
+        compute_dataset(sharded_dir, out, SMALL)
+    (out / "stale.parquet").write_bytes(b"old")
+    compute_dataset(sharded_dir, out, SMALL, force=True)
+    assert "stale.parquet" not in {p.name for p in out.iterdir()}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        AdvantageOptions(),
+        AdvantageOptions(std="sample", scale="batch"),
+        AdvantageOptions(baseline="leave-one-out", std="sample", epsilon_mode="add-if-nonzero"),
+        AdvantageOptions(singleton="raw", std="sample"),
+    ],
+)
+@pytest.mark.parametrize("reward", ["reward", "correct"])
+def test_streaming_and_in_memory_are_bitwise_identical(tmp_path, sharded_dir, options, reward):
+    config = replace(SMALL, advantage=options, rewards=(RewardSpec(reward),))
+    streamed = compute_dataset(sharded_dir, tmp_path / "s.parquet", replace(config, memory_budget_bytes=0))
+    in_memory = compute_dataset(sharded_dir, tmp_path / "m.parquet", replace(config, batch_rows=1 << 16))
+    assert streamed.mode == "streaming" and in_memory.mode == "in-memory"
+    a = pq.read_table(tmp_path / "s.parquet")
+    b = pq.read_table(tmp_path / "m.parquet")
+    assert a.equals(b)  # bitwise: same values, same bits
+    sa, sb = streamed.to_dict(), in_memory.to_dict()
+    for key in ("rows", "groups", "active_groups", "reward", "advantage", "inactive_by_value", "group_mean_histogram"):
+        assert sa[key] == sb[key], key
+
+
+def test_statistics_blocks_do_not_change_results_beyond_rounding(tmp_path, sharded_dir):
+    compute_dataset(sharded_dir, tmp_path / "a.parquet", replace(SMALL, stats_block_rows=5))
+    compute_dataset(sharded_dir, tmp_path / "b.parquet", replace(SMALL, stats_block_rows=1 << 22))
+    assert read_column(tmp_path / "a.parquet") == pytest.approx(read_column(tmp_path / "b.parquet"), abs=1e-12)
+
+
+def test_jsonl_shards_stream(tmp_path, big_rows):
+    folder = tmp_path / "jsonl"
+    folder.mkdir()
+    for i, part in enumerate(shard_rows(big_rows, 3)):
+        write_jsonl(folder / f"part-{i}.jsonl", part)
+    whole = write_parquet(tmp_path / "whole.parquet", big_rows)
+    compute_dataset(whole, tmp_path / "a.parquet", SMALL)
+    summary = compute_dataset(folder, tmp_path / "jout", replace(SMALL, memory_budget_bytes=0))
+    assert summary.mode == "streaming"
+    assert sorted(p.name for p in (tmp_path / "jout").iterdir()) == ["part-0.parquet", "part-1.parquet", "part-2.parquet"]
+    assert read_column(tmp_path / "jout") == read_column(tmp_path / "a.parquet")
+
+
+class InterruptAfter:
+    """A progress reporter that raises KeyboardInterrupt part-way through pass 2."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+        self.seen = 0
+        self.in_pass_two = False
+
+    def start(self, description, total_rows):
+        self.in_pass_two = description.startswith("pass 2")
+
+    def advance(self, rows):
+        if self.in_pass_two:
+            self.seen += rows
+            if self.seen >= self.rows:
+                raise KeyboardInterrupt
+
+    def finish(self):
+        pass
+
+
+@pytest.mark.parametrize("output_name", ["out.parquet", "outdir"])
+@pytest.mark.parametrize("budget", [0, 1 << 30])
+def test_interrupted_run_leaves_nothing(tmp_path, sharded_dir, output_name, budget):
+    out = tmp_path / output_name
+    before = {p.name: p.read_bytes() for p in sharded_dir.iterdir()}
+    with pytest.raises(KeyboardInterrupt):
+        compute_dataset(
+            sharded_dir, out, replace(SMALL, memory_budget_bytes=budget), progress=InterruptAfter(200)
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shards"]
+    assert {p.name: p.read_bytes() for p in sharded_dir.iterdir()} == before
+
+
+def test_interrupted_force_run_keeps_the_old_output(tmp_path, sharded_dir):
+    out = tmp_path / "outdir"
+    compute_dataset(sharded_dir, out, SMALL)
+    old = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(KeyboardInterrupt):
+        compute_dataset(sharded_dir, out, SMALL, force=True, progress=InterruptAfter(100))
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outdir", "shards"]
+
+
+def test_mismatched_shard_schemas_need_directory_output(tmp_path, big_rows):
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    a, b = shard_rows(big_rows, 2)
+    write_parquet(folder / "a.parquet", a)
+    write_parquet(folder / "b.parquet", [dict(r, extra=1) for r in b])
+    with pytest.raises(ValueError, match="columns differ from those of"):
+        compute_dataset(folder, tmp_path / "one.parquet", SMALL)
+    assert not (tmp_path / "one.parquet").exists()
+    compute_dataset(folder, tmp_path / "dir", SMALL)
+    assert pq.read_table(tmp_path / "dir" / "b.parquet").column_names[-3:] == ["extra", "advantage", "group_active"]
+
+
+def test_summary_reports_shards_bytes_and_time(tmp_path, sharded_dir):
+    summary = compute_dataset(sharded_dir, tmp_path / "o", SMALL).to_dict()
+    assert summary["input"]["shards"] == 4
+    assert summary["input"]["bytes"] == sum(p.stat().st_size for p in sharded_dir.iterdir())
+    assert summary["output"]["bytes"] == sum(p.stat().st_size for p in (tmp_path / "o").iterdir())
+    assert summary["elapsed_seconds"] >= 0
+
+
+def test_dictionary_encoded_keys(tmp_path, big_rows):
+    table = pa.Table.from_pylist(big_rows)
+    index = table.schema.get_field_index("group_id")
+    table = table.set_column(index, "group_id", table.column("group_id").dictionary_encode())
+    source = tmp_path / "dict.parquet"
+    pq.write_table(table, source)
+    plain = write_parquet(tmp_path / "plain.parquet", big_rows)
+    compute_dataset(source, tmp_path / "a.parquet", SMALL)
+    compute_dataset(plain, tmp_path / "b.parquet", SMALL)
+    assert read_column(tmp_path / "a.parquet") == read_column(tmp_path / "b.parquet")
