@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -42,7 +43,9 @@ def best_of(repeats: int, fn: Callable[[], object]) -> float:
 
 def table_rows(title: str, rows: int, results: dict[str, float], ratio_to: list[str]) -> None:
     print(f"\n{title}")
-    header = f"  {'contender':34s} {'seconds':>8s} {'Mrows/s':>8s}" + "".join(f" {'x ' + r:>16s}" for r in ratio_to)
+    header = f"  {'contender':34s} {'seconds':>8s} {'Mrows/s':>8s}" + "".join(
+        f" {'x ' + r:>16s}" for r in ratio_to
+    )
     print(header)
     for name, seconds in results.items():
         line = f"  {name:34s} {seconds:8.3f} {rows / seconds / 1e6:8.2f}"
@@ -73,19 +76,22 @@ def uid_strings(groups: int, seed: int) -> pa.Array:
 
 def write_layouts(data_dir: Path, rows: int, group_size: int) -> dict[str, Path]:
     data_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"sorted int ids": data_dir / f"sorted_int_{rows}.parquet", "shuffled uid strings": data_dir / f"shuffled_uid_{rows}.parquet"}
+    paths = {
+        "sorted int ids": data_dir / f"sorted_int_{rows}.parquet",
+        "shuffled uid strings": data_dir / f"shuffled_uid_{rows}.parquet",
+    }
     if all(p.exists() for p in paths.values()):
         return paths
     arrays = make_arrays(rows, group_size)
     groups = rows // group_size
     rewards = arrays["rewards"]
-    pq.write_table(
-        pa.table({"group_id": arrays["sorted_ids"], "reward": rewards}), paths["sorted int ids"]
-    )
+    pq.write_table(pa.table({"group_id": arrays["sorted_ids"], "reward": rewards}), paths["sorted int ids"])
     uids = uid_strings(groups, seed=1)
     perm = arrays["perm"]
     uid_per_row = uids.take(pa.array(np.repeat(np.arange(groups), group_size)[perm]))
-    pq.write_table(pa.table({"group_id": uid_per_row, "reward": rewards[perm]}), paths["shuffled uid strings"])
+    pq.write_table(
+        pa.table({"group_id": uid_per_row, "reward": rewards[perm]}), paths["shuffled uid strings"]
+    )
     return paths
 
 
@@ -99,7 +105,9 @@ def write_text_shards(data_dir: Path, rows: int, group_size: int, shards: int, t
     uids = uid_strings(groups, seed=3)
     order = rng.permutation(rows)
     per_shard = -(-rows // shards)
-    alphabet = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,", dtype=np.uint8)
+    alphabet = np.frombuffer(
+        b"abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,", dtype=np.uint8
+    )
     for s in range(shards):
         idx = order[s * per_shard : (s + 1) * per_shard]
         n = idx.size
@@ -120,7 +128,7 @@ def write_text_shards(data_dir: Path, rows: int, group_size: int, shards: int, t
 # --------------------------------------------------------------------------- contenders
 
 
-def polars_expr():  # type: ignore[no-untyped-def]
+def polars_expr() -> Any:
     import polars as pl
 
     r = pl.col("reward").cast(pl.Float64)
@@ -167,47 +175,43 @@ def grpo_job(src: Path, dst: Path, *, streaming: bool = False) -> None:
 
 
 def bench_kernel(rows: int, group_size: int, repeats: int) -> None:
+    arrays = make_arrays(rows, group_size)
+    for layout in ("sorted", "shuffled"):
+        ids = arrays["sorted_ids"] if layout == "sorted" else arrays["sorted_ids"][arrays["perm"]]
+        rewards = arrays["rewards"] if layout == "sorted" else arrays["rewards"][arrays["perm"]]
+        results = kernel_contenders(ids, rewards, repeats)
+        title = f"kernel, {rows:,} rollouts, {group_size} per group, {layout} IDs"
+        table_rows(title, rows, results, ["polars over()"])
+
+
+def kernel_contenders(ids: np.ndarray, rewards: np.ndarray, repeats: int) -> dict[str, float]:
     import pandas as pd
     import polars as pl
     import torch
 
     from grpo_cli.kernel import group_advantages
 
-    arrays = make_arrays(rows, group_size)
-    for layout in ("sorted", "shuffled"):
-        ids = arrays["sorted_ids"] if layout == "sorted" else arrays["sorted_ids"][arrays["perm"]]
-        rewards = arrays["rewards"] if layout == "sorted" else arrays["rewards"][arrays["perm"]]
-        r_t, ids_t = torch.from_numpy(rewards), torch.from_numpy(ids)
-        df_pl = pl.DataFrame({"group_id": ids, "reward": rewards})
-        df_pd = pd.DataFrame({"group_id": ids, "reward": rewards})
+    r_t, ids_t = torch.from_numpy(rewards), torch.from_numpy(ids)
+    df_pl = pl.DataFrame({"group_id": ids, "reward": rewards})
+    df_pd = pd.DataFrame({"group_id": ids, "reward": rewards})
 
-        def pandas_kernel() -> None:
-            grouped = df_pd.groupby("group_id", sort=False)["reward"]
-            reward = df_pd["reward"].astype("float64")
-            _ = (reward - grouped.transform("mean")) / (grouped.transform("std", ddof=0) + EPS)
+    def pandas_kernel() -> None:
+        grouped = df_pd.groupby("group_id", sort=False)["reward"]
+        reward = df_pd["reward"].astype("float64")
+        _ = (reward - grouped.transform("mean")) / (grouped.transform("std", ddof=0) + EPS)
 
-        results = {
-            "grpo-cli kernel (torch, cpu)": best_of(repeats, lambda: group_advantages(r_t, ids_t, EPS)),
-            "polars over()": best_of(repeats, lambda: df_pl.select(polars_expr())),
-            "pandas groupby-transform": best_of(repeats, pandas_kernel),
-        }
-        table_rows(f"kernel, {rows:,} rollouts, {group_size} per group, {layout} IDs", rows, results, ["polars over()"])
+    return {
+        "grpo-cli kernel (torch, cpu)": best_of(repeats, lambda: group_advantages(r_t, ids_t, EPS)),
+        "polars over()": best_of(repeats, lambda: df_pl.select(polars_expr())),
+        "pandas groupby-transform": best_of(repeats, pandas_kernel),
+    }
 
 
 def bench_files(rows: int, group_size: int, repeats: int, data_dir: Path) -> None:
     paths = write_layouts(data_dir, rows, group_size)
     out = data_dir / "out.parquet"
     for layout, src in paths.items():
-        results = {
-            "I/O floor: pyarrow": best_of(repeats, lambda: io_floor_pyarrow(src, out)),
-            "I/O floor: polars": best_of(repeats, lambda: io_floor_polars(src, out)),
-        }
-        floor_name = min(results, key=results.__getitem__)
-        results["I/O floor"] = results[floor_name]
-        results["polars one-liner"] = best_of(repeats, lambda: polars_oneliner(src, out))
-        results["pandas groupby-transform"] = best_of(repeats, lambda: pandas_job(src, out))
-        results["grpo-cli compute"] = best_of(repeats, lambda: grpo_job(src, out))
-        results["grpo-cli compute (forced streaming)"] = best_of(repeats, lambda: grpo_job(src, out, streaming=True))
+        results, floor_name = file_contenders(src, out, repeats)
         size = src.stat().st_size / 2**20
         table_rows(
             f"file to file, {rows:,} rows, {layout} ({size:.0f} MiB Parquet); floor = {floor_name}",
@@ -216,6 +220,22 @@ def bench_files(rows: int, group_size: int, repeats: int, data_dir: Path) -> Non
             ["I/O floor", "polars one-liner"],
         )
     out.unlink(missing_ok=True)
+
+
+def file_contenders(src: Path, out: Path, repeats: int) -> tuple[dict[str, float], str]:
+    results = {
+        "I/O floor: pyarrow": best_of(repeats, lambda: io_floor_pyarrow(src, out)),
+        "I/O floor: polars": best_of(repeats, lambda: io_floor_polars(src, out)),
+    }
+    floor_name = min(results, key=results.__getitem__)
+    results["I/O floor"] = results[floor_name]
+    results["polars one-liner"] = best_of(repeats, lambda: polars_oneliner(src, out))
+    results["pandas groupby-transform"] = best_of(repeats, lambda: pandas_job(src, out))
+    results["grpo-cli compute"] = best_of(repeats, lambda: grpo_job(src, out))
+    results["grpo-cli compute (forced streaming)"] = best_of(
+        repeats, lambda: grpo_job(src, out, streaming=True)
+    )
+    return results, floor_name
 
 
 CHILD = r"""
@@ -239,7 +259,9 @@ print(json.dumps({{"seconds": time.perf_counter() - start,
 def bench_memory(rows: int, group_size: int, data_dir: Path, text_bytes: int) -> None:
     folder = write_text_shards(data_dir, rows, group_size, shards=8, text_bytes=text_bytes)
     size = sum(p.stat().st_size for p in folder.iterdir()) / 2**30
-    print(f"\npeak memory, {rows:,} rows with a {text_bytes} B text column in 8 shards ({size:.1f} GiB Parquet)")
+    print(
+        f"\npeak memory, {rows:,} rows with a {text_bytes} B text column in 8 shards ({size:.1f} GiB Parquet)"
+    )
     print(f"  {'contender':34s} {'seconds':>8s} {'peak RSS':>12s}")
     for which in ("grpo-cli", "polars one-liner"):
         dst = data_dir / ("rss_out" if which == "grpo-cli" else "rss_polars")
@@ -270,12 +292,15 @@ def bench_imports() -> None:
         ("polars", "import polars"),
         ("pandas", "import pandas"),
     ):
-        seconds = best_of(3, lambda code=code: subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT))
+        command = [sys.executable, "-c", code]
+        seconds = best_of(3, lambda command=command: subprocess.run(command, check=True, cwd=ROOT))  # type: ignore[misc]
         print(f"  {label:38s} {seconds:6.2f} s")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)

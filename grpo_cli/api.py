@@ -58,5 +58,10 @@ def group_advantages(
     kwargs: dict[str, Any] = options.kernel_kwargs()
     epsilon_value = kwargs.pop("epsilon")
     return kernel.group_advantages(
-        rewards, group_ids, epsilon_value, group_size=group_size, nan=options.nan, **kwargs
+        rewards,
+        group_ids,
+        epsilon_value,
+        group_size=group_size,
+        nan="ignore" if options.nan == "ignore" else "error",
+        **kwargs,
     )

@@ -35,7 +35,12 @@ def evaluate_checks(summary: RunSummary, bounds: CheckBounds) -> list[dict[str, 
     sizes = summary.group_size
     if bounds.max_inactive_fraction is not None:
         value = round(summary.inactive_fraction, 6)
-        add("max-inactive-fraction", value, f"<= {bounds.max_inactive_fraction}", value <= bounds.max_inactive_fraction)
+        add(
+            "max-inactive-fraction",
+            value,
+            f"<= {bounds.max_inactive_fraction}",
+            value <= bounds.max_inactive_fraction,
+        )
     if bounds.min_active_groups is not None:
         add(
             "min-active-groups",
@@ -63,8 +68,8 @@ def evaluate_checks(summary: RunSummary, bounds: CheckBounds) -> list[dict[str, 
         )
     if bounds.uniform_group_size:
         smallest, largest = sizes["min"], sizes["max"]
-        value = "none" if smallest is None else f"{smallest}..{largest}"
-        add("uniform-group-size", value, "min == max", smallest == largest)
+        spread = "none" if smallest is None else f"{smallest}..{largest}"
+        add("uniform-group-size", spread, "min == max", smallest == largest)
     if bounds.max_singleton_groups is not None:
         add(
             "max-singleton-groups",

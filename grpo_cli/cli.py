@@ -126,7 +126,8 @@ RewardColOpt = Annotated[
     typer.Option(
         "--reward-col",
         "-r",
-        help="Reward column, optionally NAME:WEIGHT; repeat for several rewards (weighted sum). [default: reward]",
+        help="Reward column, optionally NAME:WEIGHT; repeat for several rewards (weighted sum). "
+        "[default: reward]",
         show_default=False,
     ),
 ]
@@ -141,7 +142,9 @@ GroupColOpt = Annotated[
 ]
 GroupSizeOpt = Annotated[
     int | None,
-    typer.Option("--group-size", min=1, help="Groups are consecutive blocks of N rows (instead of a key column)."),
+    typer.Option(
+        "--group-size", min=1, help="Groups are consecutive blocks of N rows (instead of a key column)."
+    ),
 ]
 AggregationOpt = Annotated[
     AggregationChoice,
@@ -152,7 +155,7 @@ AggregationOpt = Annotated[
     ),
 ]
 PresetOpt = Annotated[
-    PresetChoice | None,  # type: ignore[valid-type]
+    PresetChoice | None,
     typer.Option("--preset", help="Reproduce a trainer's GRPO convention; explicit options override it."),
 ]
 EstimatorOpt = Annotated[
@@ -168,7 +171,9 @@ EpsilonOpt = Annotated[
 ]
 StdOpt = Annotated[
     StdChoice | None,
-    typer.Option("--std", help="population (divide by n) or sample (n - 1). [default: population]", show_default=False),
+    typer.Option(
+        "--std", help="population (divide by n) or sample (n - 1). [default: population]", show_default=False
+    ),
 ]
 ScaleOpt = Annotated[
     ScaleChoice | None,
@@ -182,7 +187,8 @@ EpsilonModeOpt = Annotated[
     EpsilonModeChoice | None,
     typer.Option(
         "--epsilon-mode",
-        help="add: std + eps; clamp: max(std, eps); add-if-nonzero: divide only where std > 0. [default: add]",
+        help="add: std + eps; clamp: max(std, eps); add-if-nonzero: divide only where std > 0. "
+        "[default: add]",
         show_default=False,
     ),
 ]
@@ -207,12 +213,18 @@ DeviceOpt = Annotated[
     str, typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps (auto: CUDA, then MPS, then CPU).")
 ]
 AdvantageColOpt = Annotated[str, typer.Option("--advantage-col", help="Name of the advantage column.")]
-ActiveColOpt = Annotated[str, typer.Option("--active-col", help="Name of the per-row group-is-active column.")]
+ActiveColOpt = Annotated[
+    str, typer.Option("--active-col", help="Name of the per-row group-is-active column.")
+]
 SummaryJsonOpt = Annotated[
     str | None,
-    typer.Option("--summary-json", help="Write the summary as JSON to PATH, or - for standard output.", metavar="PATH"),
+    typer.Option(
+        "--summary-json", help="Write the summary as JSON to PATH, or - for standard output.", metavar="PATH"
+    ),
 ]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No summary and no progress on standard error.")]
+QuietOpt = Annotated[
+    bool, typer.Option("--quiet", "-q", help="No summary and no progress on standard error.")
+]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show the traceback of unexpected errors.")]
 MemoryLimitOpt = Annotated[
     int,
@@ -225,7 +237,12 @@ MemoryLimitOpt = Annotated[
 ]
 BatchRowsOpt = Annotated[
     int | None,
-    typer.Option("--batch-rows", min=1, help="Rows per record batch. [default: about 64 MiB of data per batch]", show_default=False),
+    typer.Option(
+        "--batch-rows",
+        min=1,
+        help="Rows per record batch. [default: about 64 MiB of data per batch]",
+        show_default=False,
+    ),
 ]
 
 
@@ -259,7 +276,10 @@ def _run(debug: bool, body: Callable[[], int]) -> None:
         if debug:
             traceback.print_exc()
         first = (str(exc).strip().splitlines() or [""])[0]
-        _fail(f"internal error: {type(exc).__name__}: {first} (rerun with --debug for the traceback)", EXIT_INTERNAL)
+        _fail(
+            f"internal error: {type(exc).__name__}: {first} (rerun with --debug for the traceback)",
+            EXIT_INTERNAL,
+        )
     finally:
         signal.signal(signal.SIGTERM, previous)
     raise typer.Exit(code)
@@ -381,7 +401,10 @@ def compute(
         bool, typer.Option("--stats-cols", help="Also write each row's group mean, std and size.")
     ] = False,
     drop_inactive: Annotated[
-        bool, typer.Option("--drop-inactive", help="Leave out rollouts of inactive groups (DAPO dynamic sampling).")
+        bool,
+        typer.Option(
+            "--drop-inactive", help="Leave out rollouts of inactive groups (DAPO dynamic sampling)."
+        ),
     ] = False,
     keep_mean_range: Annotated[
         tuple[float, float] | None,
@@ -449,23 +472,33 @@ def check(
     input: InputArg,
     max_inactive_fraction: Annotated[
         float | None,
-        typer.Option("--max-inactive-fraction", min=0.0, max=1.0, help="Fail if more than F of the groups are inactive."),
+        typer.Option(
+            "--max-inactive-fraction",
+            min=0.0,
+            max=1.0,
+            help="Fail if more than F of the groups are inactive.",
+        ),
     ] = None,
     min_active_groups: Annotated[
         int | None, typer.Option("--min-active-groups", min=0, help="Fail if fewer than N groups are active.")
     ] = None,
-    min_groups: Annotated[int | None, typer.Option("--min-groups", min=0, help="Fail if there are fewer than N groups.")] = None,
+    min_groups: Annotated[
+        int | None, typer.Option("--min-groups", min=0, help="Fail if there are fewer than N groups.")
+    ] = None,
     min_group_size: Annotated[
-        int | None, typer.Option("--min-group-size", min=1, help="Fail if any group has fewer than N rollouts.")
+        int | None,
+        typer.Option("--min-group-size", min=1, help="Fail if any group has fewer than N rollouts."),
     ] = None,
     max_group_size: Annotated[
-        int | None, typer.Option("--max-group-size", min=1, help="Fail if any group has more than N rollouts.")
+        int | None,
+        typer.Option("--max-group-size", min=1, help="Fail if any group has more than N rollouts."),
     ] = None,
     uniform_group_size: Annotated[
         bool, typer.Option("--uniform-group-size", help="Fail unless every group has the same size.")
     ] = False,
     max_singleton_groups: Annotated[
-        int | None, typer.Option("--max-singleton-groups", min=0, help="Fail if more than N groups have one rollout.")
+        int | None,
+        typer.Option("--max-singleton-groups", min=0, help="Fail if more than N groups have one rollout."),
     ] = None,
     verify_advantage_col: Annotated[
         str | None,
@@ -475,8 +508,12 @@ def check(
             metavar="NAME",
         ),
     ] = None,
-    atol: Annotated[float, typer.Option("--atol", min=0.0, help="Absolute tolerance for --verify-advantage-col.")] = 1e-6,
-    rtol: Annotated[float, typer.Option("--rtol", min=0.0, help="Relative tolerance for --verify-advantage-col.")] = 1e-5,
+    atol: Annotated[
+        float, typer.Option("--atol", min=0.0, help="Absolute tolerance for --verify-advantage-col.")
+    ] = 1e-6,
+    rtol: Annotated[
+        float, typer.Option("--rtol", min=0.0, help="Relative tolerance for --verify-advantage-col.")
+    ] = 1e-5,
     reward_col: RewardColOpt = None,
     group_col: GroupColOpt = None,
     group_size: GroupSizeOpt = None,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,10 +26,11 @@ from grpo_cli.errors import GrpoError
 from grpo_cli.kernel import (
     GroupStats,
     GroupStatsAccumulator,
-    active_groups,
-    advantages_from_stats,
-    batch_moments,
+    Normalization,
+    apply_normalization,
+    prepare_normalization,
 )
+from grpo_cli.keys import GroupKeyIndex, as_tensor
 from grpo_cli.options import AGGREGATION_CHOICES, AdvantageOptions, RewardSpec
 from grpo_cli.output import OutputTarget
 from grpo_cli.sources import (
@@ -94,7 +94,8 @@ class ComputeConfig:
             raise GrpoError("give --group-col or --group-size")
         if self.aggregation not in AGGREGATION_CHOICES:
             raise GrpoError(
-                f"--reward-aggregation must be one of {', '.join(AGGREGATION_CHOICES)}, got {self.aggregation!r}"
+                f"--reward-aggregation must be one of {', '.join(AGGREGATION_CHOICES)}, "
+                f"got {self.aggregation!r}"
             )
         if self.advantage_col == self.active_col:
             raise GrpoError(f"--advantage-col and --active-col are both {self.advantage_col!r}")
@@ -110,7 +111,11 @@ class ComputeConfig:
     def new_columns(self) -> list[str]:
         cols = [self.advantage_col, self.active_col]
         if self.stats_cols:
-            cols += [f"{self.advantage_col}_group_mean", f"{self.advantage_col}_group_std", f"{self.advantage_col}_group_size"]
+            cols += [
+                f"{self.advantage_col}_group_mean",
+                f"{self.advantage_col}_group_std",
+                f"{self.advantage_col}_group_size",
+            ]
         return cols
 
 
@@ -146,157 +151,15 @@ def resolve_device(spec: str) -> torch.device:
     try:
         device = torch.device(spec)
     except RuntimeError:
-        raise GrpoError(f"--device {spec!r} is not a device name; use auto, cpu, cuda, cuda:N or mps") from None
+        raise GrpoError(
+            f"--device {spec!r} is not a device name; use auto, cpu, cuda, cuda:N or mps"
+        ) from None
     if spec not in available:
         raise GrpoError(f"--device {spec} is not available here; available: {', '.join(available)}")
     return device
 
 
 # --------------------------------------------------------------------------- group keys
-
-
-class GroupKeyIndex:
-    """Maps group-key values (one or several columns of any scalar type) to dense IDs.
-
-    IDs are handed out in order of first appearance, so the mapping depends only on the
-    rows and their order, never on how they were split into batches.
-
-    Integer keys are matched on their values. Other keys are hashed to 64 bits (polars'
-    vectorised row hash), the hashes matched against those of the keys seen so far, and
-    then every row's key is compared with its group's representative key: a hash
-    collision is detected, never silently merged, and the index then falls back to
-    matching the key values themselves.
-    """
-
-    def __init__(self, columns: Sequence[str]) -> None:
-        self.columns = tuple(columns)
-        self._types: list[pa.DataType] | None = None
-        self._hash_chunks: list[pa.Array] = []
-        self._hashes: pa.Array | None = None
-        self._rep_chunks: list[pa.Table] = []
-        self._reps: pa.Table | None = None
-        self._count = 0
-        self._exact: dict[Any, int] | None = None
-
-    def __len__(self) -> int:
-        return self._count
-
-    def key_at(self, group_id: int) -> Any:
-        """The key of a group: a scalar, or a tuple for a composite key."""
-        row = self._representatives().slice(group_id, 1).to_pylist()[0]
-        values = tuple(row[c] for c in self.columns)
-        return values[0] if len(values) == 1 else values
-
-    def encode(self, arrays: Sequence[pa.Array]) -> np.ndarray:
-        """Dense int64 IDs for one chunk of key columns."""
-        table = self._normalise(arrays)
-        if self._exact is not None:
-            return self._encode_exact(table)
-        hashes = self._row_hashes(table)
-        encoded = hashes.dictionary_encode()
-        uniques = encoded.dictionary
-        codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-        if self._hashes is not None and len(self._hashes):
-            known = pc.index_in(uniques, value_set=self._hashes)
-            table_ids = known.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-        else:
-            table_ids = np.full(len(uniques), -1, dtype=np.int64)
-        new = table_ids < 0
-        new_count = int(new.sum())
-        table_ids[new] = np.arange(self._count, self._count + new_count)
-        ids = table_ids[codes]
-        saved = (list(self._hash_chunks), list(self._rep_chunks), self._count)
-        if new_count:
-            # the dictionary is in first-appearance order: new uniques' first rows are
-            # where the running maximum of the codes steps up
-            running_max = np.maximum.accumulate(codes)
-            first_rows = np.flatnonzero(codes > np.concatenate(([-1], running_max[:-1])))
-            new_first_rows = first_rows[new]
-            self._hash_chunks.append(uniques.filter(pa.array(new)))
-            self._rep_chunks.append(table.take(pa.array(new_first_rows)))
-            self._count += new_count
-            self._hashes = self._reps = None
-            self._concat()
-        if not self._hashed or self._matches_representatives(table, ids):
-            return ids
-        # A 64-bit hash collision: undo this chunk and match on the values from now on.
-        self._hash_chunks, self._rep_chunks, self._count = saved
-        self._hashes = self._reps = None
-        self._concat()
-        self._exact = self._exact_lookup()
-        return self._encode_exact(table)
-
-    @property
-    def _hashed(self) -> bool:
-        assert self._types is not None
-        return not (len(self._types) == 1 and pa.types.is_integer(self._types[0]))
-
-    def _normalise(self, arrays: Sequence[pa.Array]) -> pa.Table:
-        columns = [a.dictionary_decode() if pa.types.is_dictionary(a.type) else a for a in arrays]
-        if self._types is None:
-            self._types = [c.type for c in columns]
-        else:
-            try:
-                columns = [c if c.type == t else c.cast(t) for c, t in zip(columns, self._types, strict=True)]
-            except (pa.ArrowException, ValueError) as exc:
-                raise TypeError(f"group keys change type between shards: {exc}") from None
-        return pa.table(columns, names=list(self.columns))
-
-    def _row_hashes(self, table: pa.Table) -> pa.Array:
-        if not self._hashed:
-            return table.column(0).combine_chunks()
-        import polars as pl
-
-        frame = pl.from_arrow(table)
-        assert isinstance(frame, pl.DataFrame)
-        return frame.hash_rows(seed=0).to_arrow()
-
-    def _concat(self) -> None:
-        self._hashes = pa.concat_arrays(self._hash_chunks) if self._hash_chunks else None
-        self._reps = None
-
-    def _representatives(self) -> pa.Table:
-        if self._reps is None:
-            self._reps = pa.concat_tables(self._rep_chunks).combine_chunks() if self._rep_chunks else None
-            self._rep_chunks = [self._reps] if self._reps is not None else []
-        assert self._reps is not None
-        return self._reps
-
-    def _matches_representatives(self, table: pa.Table, ids: np.ndarray) -> bool:
-        expected = self._representatives().take(pa.array(ids))
-        for name in self.columns:
-            same = pc.equal(table.column(name), expected.column(name))
-            if not pc.all(same).as_py():
-                return False
-        return True
-
-    def _exact_lookup(self) -> dict[Any, int]:
-        if not self._rep_chunks:
-            return {}
-        reps = self._representatives()
-        columns = [reps.column(c).to_pylist() for c in self.columns]
-        keys = columns[0] if len(columns) == 1 else list(zip(*columns, strict=True))
-        return {key: gid for gid, key in enumerate(keys)}
-
-    def _encode_exact(self, table: pa.Table) -> np.ndarray:
-        lookup = self._exact
-        assert lookup is not None
-        columns = [table.column(c).to_pylist() for c in self.columns]
-        keys = columns[0] if len(columns) == 1 else list(zip(*columns, strict=True))
-        ids = np.empty(len(keys), dtype=np.int64)
-        new_rows = []
-        for row, key in enumerate(keys):
-            gid = lookup.get(key)
-            if gid is None:
-                gid = len(lookup)
-                lookup[key] = gid
-                new_rows.append(row)
-            ids[row] = gid
-        if new_rows:
-            self._rep_chunks.append(table.take(pa.array(new_rows)))
-            self._reps = None
-            self._count = len(lookup)
-        return ids
 
 
 # --------------------------------------------------------------------------- ID spool
@@ -307,7 +170,10 @@ class _IdSpool:
 
     def __init__(self, *, on_disk: bool) -> None:
         self._chunks: list[np.ndarray] = []
-        self._file: IO[bytes] | None = tempfile.TemporaryFile(prefix="grpo-cli-ids-") if on_disk else None
+        self._file: IO[bytes] | None = None
+        if on_disk:
+            # Owned by the spool and closed (so deleted) in close().
+            self._file = tempfile.TemporaryFile(prefix="grpo-cli-ids-")  # noqa: SIM115
 
     def append(self, ids: np.ndarray) -> None:
         if self._file is not None:
@@ -363,9 +229,14 @@ class _RewardReader:
         types = []
         for spec in self.specs:
             column_type = schema.field(spec.column).type
-            if not (pa.types.is_integer(column_type) or pa.types.is_floating(column_type) or pa.types.is_boolean(column_type)):
+            if not (
+                pa.types.is_integer(column_type)
+                or pa.types.is_floating(column_type)
+                or pa.types.is_boolean(column_type)
+            ):
                 raise GrpoError(
-                    f"{shard.display}: reward column {spec.column!r} has type {column_type}; it must be numeric"
+                    f"{shard.display}: reward column {spec.column!r} has type {column_type}; "
+                    "it must be numeric"
                 )
             types.append(column_type)
         self.output_dtype = _advantage_dtype(types)
@@ -394,17 +265,7 @@ class _RewardReader:
             array = pc.cast(array, pa.float64())
         if array.null_count:
             array = array.fill_null(float("nan"))
-        return _as_tensor(array.to_numpy(zero_copy_only=False))
-
-
-def _as_tensor(array: np.ndarray) -> torch.Tensor:
-    """A zero-copy tensor view of a (possibly read-only) NumPy array.
-
-    Arrow buffers are read-only; the engine never writes into tensors made from them.
-    """
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return torch.from_numpy(array)
+        return as_tensor(array.to_numpy(zero_copy_only=False))
 
 
 def _finite(values: torch.Tensor) -> torch.Tensor | None:
@@ -511,7 +372,11 @@ class Engine:
         options = config.advantage
         count_extremes = options.baseline == "leave-one-out"
         keys = None if config.group_size is not None else GroupKeyIndex(config.group_cols)
-        channels = len(config.rewards) if config.aggregation == "normalize-then-sum" and len(config.rewards) > 1 else 1
+        channels = (
+            len(config.rewards)
+            if config.aggregation == "normalize-then-sum" and len(config.rewards) > 1
+            else 1
+        )
 
         def accumulator(extremes: bool) -> GroupStatsAccumulator:
             return GroupStatsAccumulator(
@@ -541,8 +406,8 @@ class Engine:
                 return
             ids: torch.Tensor | None = None
             if keys is not None:
-                key_batch = pa.Table.from_batches([b for b, _ in pending]).select(list(config.group_cols))
-                ids_np = self._encode_keys(keys, key_batch, shard, pending_start)
+                key_columns = [pa.chunked_array([b.column(c) for b, _ in pending]) for c in config.group_cols]
+                ids_np = self._encode_keys(keys, key_columns, shard, pending_start)
                 self._spool.append(ids_np)
                 ids = torch.from_numpy(ids_np)
                 counts = np.bincount(ids_np, minlength=len(keys))
@@ -619,7 +484,9 @@ class Engine:
         counts = [row_count(s) for s in self.inputs.shards]
         return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
 
-    def _note_bad_rewards(self, rewards: _RewardBatch, bad: _BadRewards, shard: Shard, shard_row: int) -> None:
+    def _note_bad_rewards(
+        self, rewards: _RewardBatch, bad: _BadRewards, shard: Shard, shard_row: int
+    ) -> None:
         if rewards.combined_valid is None:
             return
         invalid = ~rewards.combined_valid
@@ -636,8 +503,9 @@ class Engine:
                 return True
         return False
 
-    def _encode_keys(self, keys: GroupKeyIndex, table: pa.Table, shard: Shard, shard_row: int) -> np.ndarray:
-        arrays = [table.column(c).combine_chunks() for c in self.config.group_cols]
+    def _encode_keys(
+        self, keys: GroupKeyIndex, arrays: list[pa.ChunkedArray], shard: Shard, shard_row: int
+    ) -> np.ndarray:
         for name, array in zip(self.config.group_cols, arrays, strict=True):
             if array.null_count:
                 first = int(pc.index(array.is_null(), True).as_py())
@@ -648,7 +516,9 @@ class Engine:
         try:
             return keys.encode(arrays)
         except (TypeError, pa.ArrowException) as exc:
-            raise GrpoError(f"{shard.display}: cannot use {', '.join(keys.columns)} as group keys ({exc})") from None
+            raise GrpoError(
+                f"{shard.display}: cannot use {', '.join(keys.columns)} as group keys ({exc})"
+            ) from None
 
     # ----------------------------------------------------------------- pass 2
 
@@ -657,11 +527,13 @@ class Engine:
         config = self.config
         try:
             first = self._pass1()
-            options = config.advantage
-            active = active_groups(first.stats[0], singleton=options.singleton)  # type: ignore[arg-type]
-            for extra in first.stats[1:]:
-                active = active | active_groups(extra, singleton=options.singleton)  # type: ignore[arg-type]
-            batch_stds = [self._batch_std(s) for s in first.stats]
+            kwargs = config.advantage.kernel_kwargs()
+            norms = [prepare_normalization(stats, **kwargs) for stats in first.stats]
+            active = norms[0].active
+            for extra in norms[1:]:
+                active = active | extra.active
+            active_cpu = active.cpu()
+            group_columns = self._group_columns(first) if config.stats_cols else None
             keep_groups = self._kept_groups(first, active)
             tracker = _Pass2Tracker(config.verify)
             take_ids = self._spool.reader()
@@ -669,7 +541,8 @@ class Engine:
             global_row = 0
             for index, (shard, schema) in enumerate(zip(self.inputs.shards, self.schemas, strict=True)):
                 out_schema = self._output_schema(schema, first)
-                writer = output.open_shard(shard, out_schema) if output is not None else None
+                new_columns = len(config.new_columns)
+                writer = output.open_shard(shard, out_schema, new_columns) if output is not None else None
                 if len(schema) == 0:
                     if writer is not None:
                         writer.close()
@@ -684,13 +557,13 @@ class Engine:
                     if config.group_size is not None:
                         ids = torch.arange(global_row, global_row + n) // config.group_size
                     else:
-                        ids = _as_tensor(take_ids(n))
-                    result = self._advantages(reader.read(batch), ids, first, active, batch_stds)
+                        ids = as_tensor(take_ids(n))
+                    result = self._advantages(reader.read(batch), ids, norms, active)
                     result = result.to(reader.output_dtype).cpu()
-                    row_active = active[ids.to(active.device)].cpu()
+                    row_active = active_cpu[ids]
                     tracker.observe(batch, result, row_active, ids, first, shard, shard_row)
                     if writer is not None:
-                        out_batch = self._augment(batch, out_schema, result, row_active, ids, first)
+                        out_batch = self._augment(batch, out_schema, result, row_active, ids, group_columns)
                         if keep_groups is not None:
                             keep = keep_groups[ids].numpy()
                             tracker.dropped_rows += int(n - keep.sum())
@@ -711,7 +584,7 @@ class Engine:
                 output.discard()
         return build_summary(
             stats=first.summary_stats,
-            active=active.cpu(),
+            active=active_cpu,
             rows_per_group=first.rows_per_group,
             rows=first.rows,
             nan_rewards=first.nan_rewards,
@@ -729,12 +602,12 @@ class Engine:
             verify=tracker.verify_result(),
         )
 
-    def _batch_std(self, stats: GroupStats) -> torch.Tensor | None:
-        if self.config.advantage.scale != "batch":
-            return None
-        n, _, m2 = batch_moments(stats)
+    def _group_columns(self, first: _Pass1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-group mean, std and size for --stats-cols, computed once."""
+        stats = first.summary_stats.to("cpu")
         ddof = 1 if self.config.advantage.std == "sample" else 0
-        return (m2 / max(n - ddof, 1)).sqrt()
+        std = (stats.m2 / (stats.count - ddof).clamp_min(1)).sqrt()
+        return stats.mean.numpy(), std.numpy(), first.rows_per_group
 
     def _kept_groups(self, first: _Pass1, active: torch.Tensor) -> torch.Tensor | None:
         config = self.config
@@ -762,39 +635,39 @@ class Engine:
         self,
         rewards: _RewardBatch,
         ids: torch.Tensor,
-        first: _Pass1,
+        norms: list[Normalization],
         active: torch.Tensor,
-        batch_stds: list[torch.Tensor | None],
     ) -> torch.Tensor:
-        kwargs = self.config.advantage.kernel_kwargs()
         ids_dev = ids.to(self.device)
         total: torch.Tensor | None = None
         specs = self.config.rewards
-        for channel, (values, valid, stats, batch_std) in enumerate(
-            zip(rewards.channels, rewards.channel_valid, first.stats, batch_stds, strict=True)
+        for channel, (values, valid, norm) in enumerate(
+            zip(rewards.channels, rewards.channel_valid, norms, strict=True)
         ):
-            values_dev = values.to(self.device)
-            part = advantages_from_stats(
-                values_dev,
+            part = apply_normalization(
+                values.to(self.device),
                 ids_dev,
-                stats,
+                norm,
                 valid=None if valid is None else valid.to(self.device),
-                batch_std=batch_std,
-                **kwargs,
             )
-            if len(first.stats) > 1:
+            if len(norms) > 1:
                 part = part.to(torch.float64) * specs[channel].weight
             total = part if total is None else total + part
         assert total is not None
-        if len(first.stats) > 1:
+        if len(norms) > 1:
             # each channel leaves inactive groups at exactly 0; so does the weighted sum
             total = torch.where(active[ids_dev], total, torch.zeros_like(total))
         return total
 
     def _output_schema(self, schema: pa.Schema, first: _Pass1) -> pa.Schema:
         dtype = _advantage_dtype_from_schema(self.config, schema)
-        arrow_type = {torch.float16: pa.float16(), torch.float32: pa.float32(), torch.float64: pa.float64()}[dtype]
-        fields = [pa.field(self.config.advantage_col, arrow_type), pa.field(self.config.active_col, pa.bool_())]
+        arrow_type = {torch.float16: pa.float16(), torch.float32: pa.float32(), torch.float64: pa.float64()}[
+            dtype
+        ]
+        fields = [
+            pa.field(self.config.advantage_col, arrow_type),
+            pa.field(self.config.active_col, pa.bool_()),
+        ]
         if self.config.stats_cols:
             prefix = self.config.advantage_col
             fields += [
@@ -814,16 +687,12 @@ class Engine:
         advantages: torch.Tensor,
         row_active: torch.Tensor,
         ids: torch.Tensor,
-        first: _Pass1,
+        group_columns: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
     ) -> pa.RecordBatch:
         columns = [*batch.columns, pa.array(advantages.numpy()), pa.array(row_active.numpy())]
-        if self.config.stats_cols:
-            stats = first.summary_stats
-            ddof = 1 if self.config.advantage.std == "sample" else 0
-            mean = stats.mean.cpu()[ids]
-            count = stats.count.cpu()[ids]
-            std = (stats.m2.cpu()[ids] / (count - ddof).clamp_min(1)).sqrt()
-            columns += [pa.array(mean.numpy()), pa.array(std.numpy()), pa.array(first.rows_per_group[ids.numpy()])]
+        if group_columns is not None:
+            index = ids.numpy()
+            columns += [pa.array(column[index]) for column in group_columns]
         return pa.RecordBatch.from_arrays(columns, schema=schema)
 
     def _options_dict(self) -> dict[str, Any]:
@@ -864,14 +733,21 @@ def _concat_rewards(parts: list[_RewardBatch]) -> _RewardBatch:
     def cat_valid(masks: list[torch.Tensor | None], values: list[torch.Tensor]) -> torch.Tensor | None:
         if all(m is None for m in masks):
             return None
-        return torch.cat([torch.ones_like(v, dtype=torch.bool) if m is None else m for m, v in zip(masks, values, strict=True)])
+        return torch.cat(
+            [
+                torch.ones_like(v, dtype=torch.bool) if m is None else m
+                for m, v in zip(masks, values, strict=True)
+            ]
+        )
 
     channels = len(parts[0].channels)
     channel_values = [[p.channels[c] for p in parts] for c in range(channels)]
     combined = [p.combined for p in parts]
     return _RewardBatch(
         channels=[torch.cat(v) for v in channel_values],
-        channel_valid=[cat_valid([p.channel_valid[c] for p in parts], channel_values[c]) for c in range(channels)],
+        channel_valid=[
+            cat_valid([p.channel_valid[c] for p in parts], channel_values[c]) for c in range(channels)
+        ],
         combined=torch.cat(combined),
         combined_valid=cat_valid([p.combined_valid for p in parts], combined),
     )
@@ -918,9 +794,12 @@ class _Pass2Tracker:
         column = batch.column(self.verify.column)
         if not (pa.types.is_floating(column.type) or pa.types.is_integer(column.type)):
             raise GrpoError(
-                f"{shard.display}: column {self.verify.column!r} has type {column.type}; it must be numeric to verify"
+                f"{shard.display}: column {self.verify.column!r} has type {column.type}; "
+                "it must be numeric to verify"
             )
-        given = _as_tensor(pc.cast(column, pa.float64()).fill_null(float("nan")).to_numpy(zero_copy_only=False))
+        given = as_tensor(
+            pc.cast(column, pa.float64()).fill_null(float("nan")).to_numpy(zero_copy_only=False)
+        )
         expected = advantages.to(torch.float64)
         diff = (given - expected).abs()
         bad = ~(diff <= self.verify.atol + self.verify.rtol * expected.abs())  # NaN counts as bad

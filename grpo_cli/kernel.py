@@ -22,6 +22,7 @@ Numerical contract:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, TypedDict
 
@@ -35,17 +36,20 @@ __all__ = [
     "GroupStats",
     "GroupStatsAccumulator",
     "NanPolicy",
+    "Normalization",
     "Scale",
     "Singleton",
     "Std",
     "accumulator_dtype",
     "active_groups",
     "advantages_from_stats",
+    "apply_normalization",
     "batch_moments",
     "empty_group_stats",
     "group_advantages",
     "group_stats",
     "merge_group_stats",
+    "prepare_normalization",
 ]
 
 Std = Literal["population", "sample"]
@@ -105,11 +109,22 @@ class GroupStats:
 
     def to(self, device: torch.device | str) -> GroupStats:
         """Move every statistic to ``device``."""
-        return GroupStats(*(None if t is None else t.to(device) for t in self._fields()))
+        return self._map(lambda t: t.to(device))
 
     def index_select(self, order: Tensor) -> GroupStats:
         """Reorder (or subset) the groups: the result's group ``j`` is group ``order[j]``."""
-        return GroupStats(*(None if t is None else t.index_select(0, order) for t in self._fields()))
+        return self._map(lambda t: t.index_select(0, order))
+
+    def _map(self, fn: Callable[[Tensor], Tensor]) -> GroupStats:
+        return GroupStats(
+            fn(self.count),
+            fn(self.mean),
+            fn(self.m2),
+            fn(self.minimum),
+            fn(self.maximum),
+            None if self.at_minimum is None else fn(self.at_minimum),
+            None if self.at_maximum is None else fn(self.at_maximum),
+        )
 
     def _fields(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
         return (self.count, self.mean, self.m2, self.minimum, self.maximum, self.at_minimum, self.at_maximum)
@@ -198,15 +213,12 @@ def _check_group_ids(rewards: Tensor, group_ids: Tensor) -> None:
         )
     if group_ids.device != rewards.device:
         raise ValueError(
-            f"rewards and group_ids must be on the same device, got {rewards.device} "
-            f"and {group_ids.device}"
+            f"rewards and group_ids must be on the same device, got {rewards.device} and {group_ids.device}"
         )
     if group_ids.numel() and int(group_ids.min()) < 0:
         flat = group_ids.reshape(-1)
         first = int((flat < 0).nonzero()[0])
-        raise ValueError(
-            f"group_ids must be non-negative, got {int(flat[first])} at index {first}"
-        )
+        raise ValueError(f"group_ids must be non-negative, got {int(flat[first])} at index {first}")
 
 
 # --------------------------------------------------------------------------- layouts
@@ -240,8 +252,7 @@ def _layout(rewards: Tensor, group_ids: Tensor | None, group_size: int | None) -
             )
         if rewards.numel() % group_size:
             raise ValueError(
-                f"the number of rewards ({rewards.numel()}) is not divisible by "
-                f"group_size ({group_size})"
+                f"the number of rewards ({rewards.numel()}) is not divisible by group_size ({group_size})"
             )
         return rewards, _Layout(rewards.numel() // group_size, group_size=group_size)
     if rewards.dim() == 2:
@@ -307,7 +318,9 @@ def group_stats(
     flat, layout = _layout(rewards, group_ids, group_size)
     if num_groups is not None:
         if num_groups < layout.num_groups:
-            raise ValueError(f"num_groups ({num_groups}) must exceed the largest group ID ({layout.num_groups - 1})")
+            raise ValueError(
+                f"num_groups ({num_groups}) must exceed the largest group ID ({layout.num_groups - 1})"
+            )
         layout = _Layout(num_groups, layout.group_ids, layout.group_size)
     valid_flat = None
     if valid is not None:
@@ -431,9 +444,7 @@ def merge_group_stats(a: GroupStats, b: GroupStats) -> GroupStats:
 
 def _merge_extreme_count(a_value: Tensor, a_count: Tensor, b_value: Tensor, b_count: Tensor) -> Tensor:
     """How many rollouts sit at the smaller of two minima."""
-    return torch.where(
-        a_value < b_value, a_count, torch.where(b_value < a_value, b_count, a_count + b_count)
-    )
+    return torch.where(a_value < b_value, a_count, torch.where(b_value < a_value, b_count, a_count + b_count))
 
 
 def _pad(stats: GroupStats, k: int) -> GroupStats:
@@ -445,11 +456,23 @@ def _pad(stats: GroupStats, k: int) -> GroupStats:
         dtype=stats.mean.dtype,
         count_extremes=stats.at_minimum is not None,
     )
+    return _concat_stats(stats, extra)
+
+
+def _concat_stats(a: GroupStats, b: GroupStats) -> GroupStats:
+    """Groups of ``a`` followed by groups of ``b``."""
+
+    def cat(x: Tensor | None, y: Tensor | None) -> Tensor | None:
+        return None if x is None or y is None else torch.cat((x, y))
+
     return GroupStats(
-        *(
-            None if s is None or e is None else torch.cat((s, e))
-            for s, e in zip(stats._fields(), extra._fields(), strict=True)
-        )
+        torch.cat((a.count, b.count)),
+        torch.cat((a.mean, b.mean)),
+        torch.cat((a.m2, b.m2)),
+        torch.cat((a.minimum, b.minimum)),
+        torch.cat((a.maximum, b.maximum)),
+        cat(a.at_minimum, b.at_minimum),
+        cat(a.at_maximum, b.at_maximum),
     )
 
 
@@ -473,7 +496,8 @@ def active_groups(stats: GroupStats, *, singleton: Singleton = "zero") -> Tensor
 def batch_moments(stats: GroupStats) -> tuple[int, Tensor, Tensor]:
     """Count, mean and centred sum of squares of all rollouts, merged from the groups.
 
-    >>> n, mean, m2 = batch_moments(group_stats(torch.tensor([1.0, 3.0, 5.0, 7.0]), torch.tensor([0, 0, 1, 1])))
+    >>> stats = group_stats(torch.tensor([1.0, 3.0, 5.0, 7.0]), torch.tensor([0, 0, 1, 1]))
+    >>> n, mean, m2 = batch_moments(stats)
     >>> n, mean.item(), m2.item()
     (4, 4.0, 20.0)
     """
@@ -532,49 +556,70 @@ def advantages_from_stats(
     >>> advantages_from_stats(r, ids, group_stats(r, ids), epsilon=1e-8)
     tensor([-1.,  1.,  0.,  0.])
     """
-    _check_rewards(rewards, allow_nonfinite=True)
+    norm = prepare_normalization(
+        stats,
+        epsilon=epsilon,
+        std=std,
+        scale=scale,
+        baseline=baseline,
+        epsilon_mode=epsilon_mode,
+        singleton=singleton,
+        batch_std=batch_std,
+    )
+    return apply_normalization(rewards, group_ids, norm, group_size=group_size, valid=valid)
+
+
+@dataclass(frozen=True)
+class Normalization:
+    """The per-group terms of the *compute* step, prepared once for many chunks.
+
+    With the mean baseline, ``A = (r - center[g]) / denominator[g]`` row by row; the
+    leave-one-out baseline works from ``stats`` row by row. Build it with
+    :func:`prepare_normalization`, apply it with :func:`apply_normalization`.
+    """
+
+    stats: GroupStats
+    active: Tensor
+    center: Tensor | None
+    denominator: Tensor | None
+    epsilon: float
+    ddof: int
+    scale: str
+    epsilon_mode: str
+    singleton: str
+    batch_std: Tensor | None
+
+
+def prepare_normalization(
+    stats: GroupStats,
+    *,
+    epsilon: float = 1e-6,
+    std: Std = "population",
+    scale: Scale = "group",
+    baseline: Baseline = "mean",
+    epsilon_mode: EpsilonMode = "add",
+    singleton: Singleton = "zero",
+    batch_std: Tensor | None = None,
+) -> Normalization:
+    """Per-group centers and divisors from final statistics (options as in :func:`advantages_from_stats`).
+
+    >>> r, ids = torch.tensor([1.0, 3.0, 4.0, 4.0]), torch.tensor([0, 0, 1, 1])
+    >>> norm = prepare_normalization(group_stats(r, ids), epsilon=1e-8)
+    >>> apply_normalization(r, ids, norm)
+    tensor([-1.,  1.,  0.,  0.])
+    """
     _check_epsilon(epsilon)
     _check_choice("std", std, _STD_CHOICES)
     _check_choice("scale", scale, _SCALE_CHOICES)
     _check_choice("baseline", baseline, _BASELINE_CHOICES)
     _check_choice("epsilon_mode", epsilon_mode, _EPSILON_MODE_CHOICES)
     _check_choice("singleton", singleton, _SINGLETON_CHOICES)
-    flat, layout = _layout(rewards, group_ids, group_size)
-    if layout.num_groups > stats.num_groups:
-        raise ValueError(
-            f"group IDs reach {layout.num_groups - 1} but stats describe {stats.num_groups} groups"
-        )
-    valid_flat = None if valid is None else valid.reshape(-1)
-    out = _advantages(
-        flat, layout, stats,
-        epsilon=epsilon, ddof=1 if std == "sample" else 0, scale=scale, baseline=baseline,
-        epsilon_mode=epsilon_mode, singleton=singleton, valid=valid_flat, batch_std=batch_std,
-    )
-    return out.to(rewards.dtype).view(rewards.shape)
-
-
-def _advantages(
-    flat: Tensor,
-    layout: _Layout,
-    stats: GroupStats,
-    *,
-    epsilon: float,
-    ddof: int,
-    scale: Scale,
-    baseline: Baseline,
-    epsilon_mode: EpsilonMode,
-    singleton: Singleton,
-    valid: Tensor | None,
-    batch_std: Tensor | None,
-) -> Tensor:
-    """Advantages of flat rows, in the accumulator dtype (the caller casts back)."""
-    acc = stats.mean.dtype
-    x = flat.to(acc)
+    ddof = 1 if std == "sample" else 0
     active = active_groups(stats, singleton=singleton)
     if scale == "batch" and batch_std is None:
         n_all, _, m2_all = batch_moments(stats)
         batch_std = (m2_all / max(n_all - ddof, 1)).sqrt()
-
+    center = denominator = None
     if baseline == "mean":
         center = torch.where(active, stats.mean, stats.minimum)
         # x - (-0.0) is +0.0 for both signed zeros: inactive groups of zeros give +0.0.
@@ -582,21 +627,57 @@ def _advantages(
         denominator = _denominator(stats.m2, stats.count, ddof, scale, epsilon, epsilon_mode, batch_std)
         if singleton == "raw":
             lone = stats.count == 1
-            center = torch.where(lone, torch.zeros_like(center), center)
+            center = torch.where(lone, torch.full_like(center, -0.0), center)
             lone_scale = 1.0 if scale == "none" else 1 + epsilon
             denominator = torch.where(lone, torch.full_like(denominator, lone_scale), denominator)
         denominator = torch.where(active, denominator, torch.ones_like(denominator))
+    elif stats.at_minimum is None or stats.at_maximum is None:
+        raise ValueError("baseline='leave-one-out' needs stats computed with count_extremes=True")
+    return Normalization(
+        stats, active, center, denominator, epsilon, ddof, scale, epsilon_mode, singleton, batch_std
+    )
+
+
+def apply_normalization(
+    rewards: Tensor,
+    group_ids: Tensor | None,
+    norm: Normalization,
+    *,
+    group_size: int | None = None,
+    valid: Tensor | None = None,
+) -> Tensor:
+    """Advantages of one chunk of rewards, with the rewards' shape, dtype and device.
+
+    ``group_ids`` (or ``group_size``, or 2-D rewards) index the groups of ``norm``.
+    """
+    _check_rewards(rewards, allow_nonfinite=True)
+    flat, layout = _layout(rewards, group_ids, group_size)
+    if layout.num_groups > norm.stats.num_groups:
+        raise ValueError(
+            f"group IDs reach {layout.num_groups - 1} but stats describe {norm.stats.num_groups} groups"
+        )
+    out = _apply(flat, layout, norm, None if valid is None else valid.reshape(-1))
+    return out.to(rewards.dtype).view(rewards.shape)
+
+
+def _apply(flat: Tensor, layout: _Layout, norm: Normalization, valid: Tensor | None) -> Tensor:
+    """Advantages of flat rows, in the accumulator dtype (the caller casts back)."""
+    stats = norm.stats
+    x = flat.to(stats.mean.dtype)
+    if norm.center is not None and norm.denominator is not None:
         if layout.group_size is not None and valid is None:
             k, g = layout.num_groups, layout.group_size
-            return ((x.view(k, g) - center[:k, None]) / denominator[:k, None]).view(-1)
+            return ((x.view(k, g) - norm.center[:k, None]) / norm.denominator[:k, None]).view(-1)
         ids = _row_group_ids(layout, flat.device)
-        out = (x - torch.take(center, ids)) / torch.take(denominator, ids)
+        out = (x - torch.take(norm.center, ids)) / torch.take(norm.denominator, ids)
     else:
         ids = _row_group_ids(layout, flat.device)
-        out = _leave_one_out(x, ids, stats, active, ddof, scale, epsilon, epsilon_mode, batch_std)
-        if singleton == "raw":
+        out = _leave_one_out(
+            x, ids, stats, norm.active, norm.ddof, norm.scale, norm.epsilon, norm.epsilon_mode, norm.batch_std
+        )
+        if norm.singleton == "raw":
             lone = torch.take(stats.count, ids) == 1
-            out = torch.where(lone, x / (1.0 if scale == "none" else 1 + epsilon), out)
+            out = torch.where(lone, x / (1.0 if norm.scale == "none" else 1 + norm.epsilon), out)
     if valid is not None:
         out = torch.where(valid, out, torch.zeros_like(out))
     return out
@@ -612,9 +693,9 @@ def _denominator(
     m2: Tensor,
     count: Tensor,
     ddof: int,
-    scale: Scale,
+    scale: str,
     epsilon: float,
-    epsilon_mode: EpsilonMode,
+    epsilon_mode: str,
     batch_std: Tensor | None,
 ) -> Tensor:
     """Per-group (or per-row, for leave-one-out) divisor of the centred rewards."""
@@ -639,9 +720,9 @@ def _leave_one_out(
     stats: GroupStats,
     active: Tensor,
     ddof: int,
-    scale: Scale,
+    scale: str,
     epsilon: float,
-    epsilon_mode: EpsilonMode,
+    epsilon_mode: str,
     batch_std: Tensor | None,
 ) -> Tensor:
     """``(r_i - mean of the others) / std of the others``, from the group moments.
@@ -657,8 +738,7 @@ def _leave_one_out(
     deviation = x - mean
     centred = deviation * (n / others)  # r - (n mean - r) / (n - 1)
     m2_others = (torch.take(stats.m2, ids) - deviation * deviation * (n / others)).clamp_min(0)
-    if stats.at_minimum is None or stats.at_maximum is None:
-        raise ValueError("baseline='leave-one-out' needs stats computed with count_extremes=True")
+    assert stats.at_minimum is not None and stats.at_maximum is not None
     # The reverse update cancels when the others are identical (binary rewards: one
     # success among failures): decide that case exactly from the extreme counts.
     others_n = n - 1
@@ -667,7 +747,9 @@ def _leave_one_out(
     lone_max = (x == torch.take(stats.maximum, ids)) & (at_max == 1) & (at_min == others_n)
     lone_min = (x == torch.take(stats.minimum, ids)) & (at_min == 1) & (at_max == others_n)
     m2_others = torch.where(lone_max | lone_min, torch.zeros_like(m2_others), m2_others)
-    denominator = _denominator(m2_others, (n - 1).to(torch.int64), ddof, scale, epsilon, epsilon_mode, batch_std)
+    denominator = _denominator(
+        m2_others, (n - 1).to(torch.int64), ddof, scale, epsilon, epsilon_mode, batch_std
+    )
     out = centred / denominator
     return torch.where(row_active, out, torch.zeros_like(out))
 
@@ -746,12 +828,17 @@ def group_advantages(
         finite = torch.isfinite(flat)
         valid = None if bool(finite.all()) else finite
     stats = _group_stats(flat, layout, valid, count_extremes=baseline == "leave-one-out")
-    advantages = _advantages(
-        flat, layout, stats,
-        epsilon=epsilon, ddof=1 if std == "sample" else 0, scale=scale, baseline=baseline,
-        epsilon_mode=epsilon_mode, singleton=singleton, valid=valid, batch_std=None,
+    norm = prepare_normalization(
+        stats,
+        epsilon=epsilon,
+        std=std,
+        scale=scale,
+        baseline=baseline,
+        epsilon_mode=epsilon_mode,
+        singleton=singleton,
     )
-    mask = active_groups(stats, singleton=singleton)
+    advantages = _apply(flat, layout, norm, valid)
+    mask = norm.active
     return GroupAdvantages(
         advantages=advantages.to(rewards.dtype).view(rewards.shape),
         active_group_mask=mask,
@@ -821,9 +908,7 @@ class GroupStatsAccumulator:
         """Statistics of every row fed so far, padded to ``num_groups`` groups if given."""
         if self._pending_rows:
             self._flush(self._pending_rows)
-        stats = self._stats or empty_group_stats(
-            0, device=self.device, count_extremes=self.count_extremes
-        )
+        stats = self._stats or empty_group_stats(0, device=self.device, count_extremes=self.count_extremes)
         if num_groups is not None:
             if num_groups < stats.num_groups:
                 raise ValueError(f"num_groups ({num_groups}) is below the groups seen ({stats.num_groups})")
@@ -832,10 +917,16 @@ class GroupStatsAccumulator:
 
     def _flush(self, rows: int) -> None:
         rewards = torch.cat([p[0] for p in self._pending])
-        ids = None if self.group_size is not None else torch.cat([p[1] for p in self._pending if p[1] is not None])
+        ids = (
+            None
+            if self.group_size is not None
+            else torch.cat([p[1] for p in self._pending if p[1] is not None])
+        )
         any_valid = any(p[2] is not None for p in self._pending)
         valid = (
-            torch.cat([p[2] if p[2] is not None else torch.ones_like(p[0], dtype=torch.bool) for p in self._pending])
+            torch.cat(
+                [p[2] if p[2] is not None else torch.ones_like(p[0], dtype=torch.bool) for p in self._pending]
+            )
             if any_valid
             else None
         )
@@ -853,12 +944,7 @@ class GroupStatsAccumulator:
         if self._stats is None:
             self._stats = block
         elif self.group_size is not None:  # blocks hold whole groups: stats concatenate
-            self._stats = GroupStats(
-                *(
-                    None if a is None or b is None else torch.cat((a, b))
-                    for a, b in zip(self._stats._fields(), block._fields(), strict=True)
-                )
-            )
+            self._stats = _concat_stats(self._stats, block)
         else:
             self._stats = merge_group_stats(self._stats, block)
 

@@ -47,7 +47,9 @@ class AdvantageOptions:
     preset: str | None = None
 
     @classmethod
-    def resolve(cls, *, preset: str | None = None, estimator: str | None = None, **explicit: Any) -> AdvantageOptions:
+    def resolve(
+        cls, *, preset: str | None = None, estimator: str | None = None, **explicit: Any
+    ) -> AdvantageOptions:
         """Defaults, then ``preset``, then ``estimator``, then options not ``None``."""
         options = cls()
         if preset is not None:
@@ -57,7 +59,7 @@ class AdvantageOptions:
         if estimator is not None:
             if estimator not in ESTIMATOR_CHOICES:
                 raise GrpoError(f"estimator must be one of {', '.join(ESTIMATOR_CHOICES)}, got {estimator!r}")
-            options = replace(options, estimator=estimator, **ESTIMATORS[estimator])
+            options = replace(options, estimator=estimator, **ESTIMATORS[estimator])  # type: ignore[arg-type]
         unknown = set(explicit) - {f.name for f in fields(cls)}
         if unknown:
             raise GrpoError(f"unknown advantage option(s): {', '.join(sorted(unknown))}")

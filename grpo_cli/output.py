@@ -8,6 +8,7 @@ and never touches the input.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import uuid
@@ -93,7 +94,9 @@ class OutputTarget:
                 raise GrpoError(f"{path}: the output would overwrite the input {shard.display}")
         if self.is_directory:
             if path.exists() and not path.is_dir():
-                raise GrpoError(f"{path}: exists and is not a directory (name a .parquet file for one output file)")
+                raise GrpoError(
+                    f"{path}: exists and is not a directory (name a .parquet file for one output file)"
+                )
             if path.is_dir() and any(path.iterdir()) and not self.force:
                 raise GrpoError(f"{path}: the directory exists and is not empty; pass --force to replace it")
         else:
@@ -109,18 +112,20 @@ class OutputTarget:
                 self._temp.mkdir()
         return self._temp
 
-    def open_shard(self, shard: Shard, schema: pa.Schema) -> _ShardWriter:
+    def open_shard(self, shard: Shard, schema: pa.Schema, new_columns: int = 2) -> _ShardWriter:
+        """A writer for one input shard's rows; the last ``new_columns`` fields are ours."""
         temp = self._temp_path()
         if self.is_directory:
             name = _shard_output_name(shard)
             if name in self._names:
                 raise GrpoError(
-                    f"{shard.display} and {self._names[name].display} would both be written to {self.path / name}"
+                    f"{shard.display} and {self._names[name].display} would both be written "
+                    f"to {self.path / name}"
                 )
             self._names[name] = shard
-            return _ShardWriter(pq.ParquetWriter(temp / name, schema), shared=False)
+            return _ShardWriter(_parquet_writer(temp / name, schema, new_columns), shared=False)
         if self._writer is None:
-            self._writer = pq.ParquetWriter(temp, schema)
+            self._writer = _parquet_writer(temp, schema, new_columns)
             self._schema, self._first_shard = schema, shard
         elif not schema.equals(self._schema, check_metadata=False):
             assert self._first_shard is not None
@@ -166,16 +171,21 @@ class OutputTarget:
         if self._committed:
             return
         if self._writer is not None:
-            try:
+            with contextlib.suppress(Exception):  # the run already failed; cleanup goes on
                 self._writer.close()
-            except Exception:  # noqa: S110 - the run already failed; cleanup must go on
-                pass
             self._writer = None
         if self._temp is not None:
             if self._temp.is_dir():
                 shutil.rmtree(self._temp, ignore_errors=True)
             else:
                 self._temp.unlink(missing_ok=True)
+
+
+def _parquet_writer(path: Path, schema: pa.Schema, new_columns: int) -> pq.ParquetWriter:
+    # Dictionary-encoding the advantage column (mostly distinct floats) costs more than
+    # the rest of the write: keep dictionaries for the input's columns only.
+    input_columns = schema.names[: len(schema.names) - new_columns]
+    return pq.ParquetWriter(path, schema, use_dictionary=input_columns or False)
 
 
 def _shard_output_name(shard: Shard) -> str:

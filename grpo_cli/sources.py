@@ -105,15 +105,15 @@ class InputSet:
             return shards
         path = Path(spec)
         if path.is_dir():
-            entries = sorted(
-                p for p in path.iterdir() if p.is_file() and not p.name.startswith((".", "_"))
-            )
+            entries = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith((".", "_")))
             shards = [s for s in (self._shard(str(p), input_format, strict=False) for p in entries) if s]
             if not shards:
                 raise GrpoError(f"{spec}: the directory holds no Parquet or JSONL file")
             formats = {s.format for s in shards}
             if len(formats) > 1:
-                raise GrpoError(f"{spec}: the directory mixes Parquet and JSONL shards; use a glob to pick one")
+                raise GrpoError(
+                    f"{spec}: the directory mixes Parquet and JSONL shards; use a glob to pick one"
+                )
             return shards
         if not path.exists():
             raise GrpoError(f"{spec}: no such file or directory")
@@ -224,7 +224,9 @@ class _JsonlReader:
 
     def __enter__(self) -> pa_json.JSONStreamingReader:
         try:
-            self._stream = pa.input_stream(str(self.shard.path), compression="gzip" if self.shard.gzipped else None)
+            self._stream = pa.input_stream(
+                str(self.shard.path), compression="gzip" if self.shard.gzipped else None
+            )
             return pa_json.open_json(
                 self._stream, read_options=pa_json.ReadOptions(block_size=JSONL_BLOCK_BYTES)
             )

@@ -142,7 +142,7 @@ def build_summary(
     if n_all:
         seen = count > 0
         reward = {
-            "mean": _float(mean_all),
+            "mean": float(mean_all),
             "std": _float(math.sqrt(float(m2_all) / n_all)),
             "min": _float(minimum[seen].min()),
             "max": _float(maximum[seen].max()),
@@ -224,7 +224,9 @@ def summary_lines(summary: RunSummary) -> list[tuple[str, str]]:
         ("input", f"{s.input['path']} ({s.input['shards']} shard(s), {_bytes(s.input['bytes'])})"),
     ]
     if s.output is not None:
-        rows.append(("output", f"{s.output['path']} ({s.output['shards']} shard(s), {_bytes(s.output['bytes'])})"))
+        rows.append(
+            ("output", f"{s.output['path']} ({s.output['shards']} shard(s), {_bytes(s.output['bytes'])})")
+        )
     rows += [
         ("rows", f"{s.rows:,}"),
         ("groups", f"{s.groups:,}"),
@@ -264,7 +266,8 @@ def histogram_lines(summary: RunSummary, width: int = 30) -> list[str]:
     lines = []
     for i, c in enumerate(counts):
         bar = "█" * round(width * int(c) / peak)
-        lines.append(f"  [{float(edges[i]):8.3g}, {float(edges[i + 1]):8.3g}{']' if i == len(counts) - 1 else ')'} {bar} {c}")
+        close = "]" if i == len(counts) - 1 else ")"
+        lines.append(f"  [{float(edges[i]):8.3g}, {float(edges[i + 1]):8.3g}{close} {bar} {c}")
     return lines
 
 

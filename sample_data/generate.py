@@ -39,7 +39,9 @@ def build_rows(seed: int = 20261129) -> list[dict[str, object]]:
             formatted = rng.random() < 0.8
             steps = rng.randint(1, 6)
             reasoning = " ".join(f"Step {s + 1}: work on the {topic}." for s in range(steps))
-            completion = f"{reasoning} The answer is " + (f"\\boxed{{{given}}}." if formatted else f"{given}.")
+            completion = f"{reasoning} The answer is " + (
+                f"\\boxed{{{given}}}." if formatted else f"{given}."
+            )
             reward = float(correct) + (0.1 if formatted else 0.0) - 0.01 * steps
             rows.append(
                 {

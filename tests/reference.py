@@ -35,9 +35,7 @@ def reference_advantages(
     batch_std = 0.0
     if kept:
         batch_mean = math.fsum(kept) / len(kept)
-        batch_std = math.sqrt(
-            math.fsum((v - batch_mean) ** 2 for v in kept) / max(len(kept) - ddof, 1)
-        )
+        batch_std = math.sqrt(math.fsum((v - batch_mean) ** 2 for v in kept) / max(len(kept) - ddof, 1))
 
     def divide(centred: float, deviation: float) -> float:
         if scale == "none":

@@ -152,7 +152,9 @@ def test_float64_extreme_offset():
     rewards = torch.tensor([1e12 + 1, 1e12 + 2, 1e12 + 3], dtype=torch.float64)
     out = group_advantages(rewards, torch.zeros(3, dtype=torch.long), 1e-8)
     expected = math.sqrt(1.5)
-    torch.testing.assert_close(out["advantages"], torch.tensor([-expected, 0.0, expected], dtype=torch.float64))
+    torch.testing.assert_close(
+        out["advantages"], torch.tensor([-expected, 0.0, expected], dtype=torch.float64)
+    )
 
 
 # --------------------------------------------------------------------------- against the reference
@@ -267,27 +269,59 @@ def test_result_on_input_device():
     ("call", "message"),
     [
         (lambda: group_advantages(torch.ones(3), torch.zeros(4, dtype=torch.long)), r"\(3,\) and \(4,\)"),
-        (lambda: group_advantages(torch.ones(2), torch.tensor([0.0, 1.0])), "integer tensor, got dtype torch.float32"),
-        (lambda: group_advantages(torch.ones(2), torch.tensor([True, False])), "integer tensor, got dtype torch.bool"),
-        (lambda: group_advantages(torch.ones(3), torch.tensor([0, -2, 1])), "non-negative, got -2 at index 1"),
-        (lambda: group_advantages(torch.tensor([1, 2]), torch.tensor([0, 0])), "floating-point tensor.*torch.int64"),
         (
-            lambda: group_advantages(torch.tensor([1.0, float("nan"), float("inf"), 2.0]), torch.zeros(4, dtype=torch.long)),
+            lambda: group_advantages(torch.ones(2), torch.tensor([0.0, 1.0])),
+            "integer tensor, got dtype torch.float32",
+        ),
+        (
+            lambda: group_advantages(torch.ones(2), torch.tensor([True, False])),
+            "integer tensor, got dtype torch.bool",
+        ),
+        (
+            lambda: group_advantages(torch.ones(3), torch.tensor([0, -2, 1])),
+            "non-negative, got -2 at index 1",
+        ),
+        (
+            lambda: group_advantages(torch.tensor([1, 2]), torch.tensor([0, 0])),
+            "floating-point tensor.*torch.int64",
+        ),
+        (
+            lambda: group_advantages(
+                torch.tensor([1.0, float("nan"), float("inf"), 2.0]), torch.zeros(4, dtype=torch.long)
+            ),
             "2 NaN or infinite value.*first is nan at index 1",
         ),
         (lambda: group_advantages(torch.ones(2), torch.zeros(2, dtype=torch.long), 0.0), "epsilon.*got 0.0"),
-        (lambda: group_advantages(torch.ones(2), torch.zeros(2, dtype=torch.long), -1e-6), "epsilon.*got -1e-06"),
-        (lambda: group_advantages(torch.ones(2), torch.zeros(2, dtype=torch.long), float("inf")), "epsilon.*got inf"),
-        (lambda: group_advantages(torch.ones(2), torch.zeros(2, dtype=torch.long), float("nan")), "epsilon.*got nan"),
-        (lambda: group_advantages(torch.ones(10), group_size=3), r"\(10\) is not divisible by group_size \(3\)"),
+        (
+            lambda: group_advantages(torch.ones(2), torch.zeros(2, dtype=torch.long), -1e-6),
+            "epsilon.*got -1e-06",
+        ),
+        (
+            lambda: group_advantages(torch.ones(2), torch.zeros(2, dtype=torch.long), float("inf")),
+            "epsilon.*got inf",
+        ),
+        (
+            lambda: group_advantages(torch.ones(2), torch.zeros(2, dtype=torch.long), float("nan")),
+            "epsilon.*got nan",
+        ),
+        (
+            lambda: group_advantages(torch.ones(10), group_size=3),
+            r"\(10\) is not divisible by group_size \(3\)",
+        ),
         (lambda: group_advantages(torch.ones(4), group_size=0), "positive integer, got 0"),
         (lambda: group_advantages(torch.ones(4)), r"shape \(4,\) need group_ids or group_size"),
         (
             lambda: group_advantages(torch.ones(4), torch.zeros(4, dtype=torch.long), group_size=2),
             "either group_ids or group_size",
         ),
-        (lambda: group_advantages(torch.ones(2), torch.zeros(2, dtype=torch.long), std="biased"), "std must be.*'biased'"),
-        (lambda: group_advantages(torch.ones(2), torch.zeros(2, dtype=torch.long), scale="row"), "scale must be.*'row'"),
+        (
+            lambda: group_advantages(torch.ones(2), torch.zeros(2, dtype=torch.long), std="biased"),
+            "std must be.*'biased'",
+        ),
+        (
+            lambda: group_advantages(torch.ones(2), torch.zeros(2, dtype=torch.long), scale="row"),
+            "scale must be.*'row'",
+        ),
         (lambda: group_advantages([1.0, 2.0], torch.zeros(2, dtype=torch.long)), "torch.Tensor, got list"),  # type: ignore[arg-type]
     ],
 )
@@ -339,9 +373,13 @@ def test_merged_chunks_match_one_pass(chunks):
     torch.testing.assert_close(merged.m2, whole.m2, rtol=1e-12, atol=1e-12)
     streamed = advantages_from_stats(rewards, ids, merged)
     assert_matches_reference(
-        rewards, ids,
-        {"advantages": streamed, "active_group_mask": active_groups(merged),
-         "active_group_count": int(active_groups(merged).sum())},
+        rewards,
+        ids,
+        {
+            "advantages": streamed,
+            "active_group_mask": active_groups(merged),
+            "active_group_count": int(active_groups(merged).sum()),
+        },
     )
 
 

@@ -101,7 +101,10 @@ def test_preset_matches_trainer(preset, reference, options):
     if preset not in ("verl",):
         # grpo-cli zeroes singletons under every preset but verl's
         expected = trainers.flatten(
-            [[0.0] * len(g) if len(g) == 1 else a for g, a in zip(GROUPS, trainers.constant_zero(GROUPS, reference(GROUPS)), strict=True)]
+            [
+                [0.0] * len(g) if len(g) == 1 else a
+                for g, a in zip(GROUPS, trainers.constant_zero(GROUPS, reference(GROUPS)), strict=True)
+            ]
         )
     assert_close_lists(got, expected)
 
@@ -119,9 +122,13 @@ def test_trainer_variants_through_options():
     multi = [g for g in GROUPS if len(g) > 1]
     r2, i2 = flat_inputs(multi)
     got = group_advantages(r2, i2, preset="openrlhf", estimator="dr_grpo")["advantages"].tolist()
-    assert_close_lists(got, trainers.flatten(trainers.constant_zero(multi, trainers.openrlhf(multi, dr_grpo=True))))
+    assert_close_lists(
+        got, trainers.flatten(trainers.constant_zero(multi, trainers.openrlhf(multi, dr_grpo=True)))
+    )
     got = group_advantages(rewards, ids, preset="verl", scale="none")["advantages"].tolist()
-    assert_close_lists(got, trainers.flatten(trainers.constant_zero(GROUPS, trainers.verl(GROUPS, norm_adv_by_std=False))))
+    assert_close_lists(
+        got, trainers.flatten(trainers.constant_zero(GROUPS, trainers.verl(GROUPS, norm_adv_by_std=False)))
+    )
 
 
 def test_presets_only_change_what_they_say():
@@ -136,7 +143,12 @@ def test_presets_only_change_what_they_say():
 
 def test_explicit_options_override_preset_and_estimator():
     options = AdvantageOptions.resolve(preset="trl", estimator="rloo", epsilon=0.5, scale="group")
-    assert (options.epsilon, options.baseline, options.scale, options.std) == (0.5, "leave-one-out", "group", "sample")
+    assert (options.epsilon, options.baseline, options.scale, options.std) == (
+        0.5,
+        "leave-one-out",
+        "group",
+        "sample",
+    )
     with pytest.raises(GrpoError, match="unknown preset 'grpo'"):
         AdvantageOptions.resolve(preset="grpo")
 
@@ -208,7 +220,9 @@ def test_multiple_rewards_weighted_sum(cli, tmp_path):
     combined = torch.tensor([0.5 * r["correct"] + 2 * r["reward"] for r in rows], dtype=torch.float64)
     expected = group_advantages(combined, ids)["advantages"]
     assert written.schema.field("advantage").type == pa.float64()
-    torch.testing.assert_close(torch.tensor(written.column("advantage").to_pylist(), dtype=torch.float64), expected)
+    torch.testing.assert_close(
+        torch.tensor(written.column("advantage").to_pylist(), dtype=torch.float64), expected
+    )
 
 
 def test_normalize_then_sum(cli, tmp_path):
@@ -220,7 +234,8 @@ def test_normalize_then_sum(cli, tmp_path):
     keys = list(dict.fromkeys(r["group_id"] for r in rows))
     ids = torch.tensor([keys.index(r["group_id"]) for r in rows])
     parts = [
-        group_advantages(torch.tensor([float(r[c]) for r in rows], dtype=torch.float64), ids)["advantages"] * w
+        group_advantages(torch.tensor([float(r[c]) for r in rows], dtype=torch.float64), ids)["advantages"]
+        * w
         for c, w in (("correct", 0.5), ("reward", 2.0))
     ]
     got = torch.tensor(pq.read_table(out).column("advantage").to_pylist(), dtype=torch.float64)

@@ -39,9 +39,7 @@ def test_affine_invariance_under_group_scale(data, a, b):
     spread = spread.scatter_reduce(0, ids, rewards, "amax") - spread.scatter_reduce(0, ids, rewards, "amin")
     same_activity = base["active_group_mask"] == moved["active_group_mask"]
     kept = (same_activity & (spread > 1e-3))[ids]
-    torch.testing.assert_close(
-        moved["advantages"][kept], base["advantages"][kept], rtol=1e-6, atol=1e-5
-    )
+    torch.testing.assert_close(moved["advantages"][kept], base["advantages"][kept], rtol=1e-6, atol=1e-5)
 
 
 @settings(max_examples=150, deadline=None)

@@ -36,10 +36,11 @@ def sharded_dir(tmp_path, big_rows):
     return folder
 
 
-def read_column(path: Path, column: str = "advantage") -> list:
+def read_column(path: Path, column: str = "advantage") -> list[object]:
     if path.is_dir():
         return [v for f in sorted(path.iterdir()) for v in pq.read_table(f).column(column).to_pylist()]
-    return pq.read_table(path).column(column).to_pylist()
+    values: list[object] = pq.read_table(path).column(column).to_pylist()
+    return values
 
 
 def test_shards_equal_one_concatenated_file(tmp_path, big_rows, sharded_dir):
@@ -69,6 +70,7 @@ def test_directory_output_mirrors_shard_names(tmp_path, sharded_dir):
         written = pq.read_table(out / shard.name)
         assert written.num_rows == source.num_rows
         assert written.select(source.column_names).equals(source)
+    assert summary.output is not None
     assert summary.output == {"path": str(out), "shards": 4, "bytes": summary.output["bytes"]}
     compute_dataset(sharded_dir, tmp_path / "single.parquet", SMALL)
     assert read_column(out) == read_column(tmp_path / "single.parquet")
@@ -104,14 +106,24 @@ def test_streaming_and_in_memory_are_bitwise_identical(tmp_path, sharded_dir, op
     b = pq.read_table(tmp_path / "m.parquet")
     assert a.equals(b)  # bitwise: same values, same bits
     sa, sb = streamed.to_dict(), in_memory.to_dict()
-    for key in ("rows", "groups", "active_groups", "reward", "advantage", "inactive_by_value", "group_mean_histogram"):
+    for key in (
+        "rows",
+        "groups",
+        "active_groups",
+        "reward",
+        "advantage",
+        "inactive_by_value",
+        "group_mean_histogram",
+    ):
         assert sa[key] == sb[key], key
 
 
 def test_statistics_blocks_do_not_change_results_beyond_rounding(tmp_path, sharded_dir):
     compute_dataset(sharded_dir, tmp_path / "a.parquet", replace(SMALL, stats_block_rows=5))
     compute_dataset(sharded_dir, tmp_path / "b.parquet", replace(SMALL, stats_block_rows=1 << 22))
-    assert read_column(tmp_path / "a.parquet") == pytest.approx(read_column(tmp_path / "b.parquet"), abs=1e-12)
+    assert read_column(tmp_path / "a.parquet") == pytest.approx(
+        read_column(tmp_path / "b.parquet"), abs=1e-12
+    )
 
 
 def test_jsonl_shards_stream(tmp_path, big_rows):
@@ -123,7 +135,11 @@ def test_jsonl_shards_stream(tmp_path, big_rows):
     compute_dataset(whole, tmp_path / "a.parquet", SMALL)
     summary = compute_dataset(folder, tmp_path / "jout", replace(SMALL, memory_budget_bytes=0))
     assert summary.mode == "streaming"
-    assert sorted(p.name for p in (tmp_path / "jout").iterdir()) == ["part-0.parquet", "part-1.parquet", "part-2.parquet"]
+    assert sorted(p.name for p in (tmp_path / "jout").iterdir()) == [
+        "part-0.parquet",
+        "part-1.parquet",
+        "part-2.parquet",
+    ]
     assert read_column(tmp_path / "jout") == read_column(tmp_path / "a.parquet")
 
 
@@ -181,7 +197,11 @@ def test_mismatched_shard_schemas_need_directory_output(tmp_path, big_rows):
         compute_dataset(folder, tmp_path / "one.parquet", SMALL)
     assert not (tmp_path / "one.parquet").exists()
     compute_dataset(folder, tmp_path / "dir", SMALL)
-    assert pq.read_table(tmp_path / "dir" / "b.parquet").column_names[-3:] == ["extra", "advantage", "group_active"]
+    assert pq.read_table(tmp_path / "dir" / "b.parquet").column_names[-3:] == [
+        "extra",
+        "advantage",
+        "group_active",
+    ]
 
 
 def test_summary_reports_shards_bytes_and_time(tmp_path, sharded_dir):

@@ -35,10 +35,8 @@ def trl(groups: Groups, *, scale: str = "group") -> Groups:
         valid = r[~torch.isnan(r)]
         mean = valid.mean()
         std = valid.std() if valid.numel() > 1 else torch.tensor(float("nan"), dtype=torch.float64)
-        if scale == "none":
-            a = r - mean
-        else:
-            a = (r - mean) / ((batch_std if scale == "batch" else std) + 1e-4)
+        divisor = batch_std if scale == "batch" else std
+        a = r - mean if scale == "none" else (r - mean) / (divisor + 1e-4)
         out.append(torch.nan_to_num(a, nan=0.0).tolist())
     return out
 

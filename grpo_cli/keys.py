@@ -1,0 +1,199 @@
+"""Group keys to dense group IDs, exactly, in order of first appearance.
+
+Keys may be one column or several, of any scalar type. Integer keys are matched on their
+values. Other keys are hashed to 64 bits per row (polars' vectorised row hash); then every
+row's key is compared with its group's representative key, so a hash collision is caught,
+never silently merged, and the index falls back to matching the key values themselves.
+
+Matching is sort-based and vectorised (torch): each chunk's distinct hashes are found
+with ``torch.unique`` and merged into the sorted hashes seen so far with one sort, so a
+chunk costs O((n + K) log(n + K)) whatever the order of the rows.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+
+def as_tensor(array: np.ndarray) -> torch.Tensor:
+    """A zero-copy tensor view of a (possibly read-only) NumPy array.
+
+    Arrow buffers are read-only; grpo-cli never writes into tensors made from them.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
+
+
+class GroupKeyIndex:
+    """Maps group-key rows to dense int64 IDs ``0..K-1`` in order of first appearance.
+
+    The mapping depends only on the rows and their order, never on how they were split
+    into chunks.
+
+    >>> index = GroupKeyIndex(["uid"])
+    >>> index.encode([pa.array(["b", "a", "b"])]).tolist()
+    [0, 1, 0]
+    >>> index.encode([pa.array(["c", "a"])]).tolist(), len(index), index.key_at(2)
+    ([2, 1], 3, 'c')
+    """
+
+    def __init__(self, columns: Sequence[str]) -> None:
+        self.columns = tuple(columns)
+        self._types: list[pa.DataType] | None = None
+        self._sorted_hashes = torch.empty(0, dtype=torch.int64)
+        self._sorted_ids = torch.empty(0, dtype=torch.int64)
+        self._rep_chunks: list[pa.Table] = []
+        self._reps: pa.Table | None = None
+        self._count = 0
+        self._exact: dict[Any, int] | None = None
+
+    def __len__(self) -> int:
+        return self._count
+
+    def key_at(self, group_id: int) -> Any:
+        """The key of a group: a scalar, or a tuple for a composite key."""
+        row = self._representatives().slice(group_id, 1).to_pylist()[0]
+        values = tuple(row[c] for c in self.columns)
+        return values[0] if len(values) == 1 else values
+
+    def encode(self, arrays: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
+        """Dense int64 IDs for one chunk of key columns (no nulls)."""
+        table = self._normalise(arrays)
+        if table.num_rows == 0:
+            return np.empty(0, dtype=np.int64)
+        if self._exact is not None:
+            return self._encode_exact(table)
+        saved = (self._sorted_hashes, self._sorted_ids, list(self._rep_chunks), self._count)
+        ids = self._encode_hashed(table)
+        if not self._hashed or self._matches_representatives(table, ids):
+            return ids.numpy()
+        # A 64-bit hash collision: undo this chunk and match on the values from now on.
+        self._sorted_hashes, self._sorted_ids, self._rep_chunks, self._count = saved
+        self._reps = None
+        self._exact = self._exact_lookup()
+        return self._encode_exact(table)
+
+    # ----------------------------------------------------------------- hashing
+
+    @property
+    def _hashed(self) -> bool:
+        assert self._types is not None
+        return not (len(self._types) == 1 and pa.types.is_integer(self._types[0]))
+
+    def _normalise(self, arrays: Sequence[pa.Array | pa.ChunkedArray]) -> pa.Table:
+        columns = [
+            a.dictionary_decode() if isinstance(a, pa.Array) and pa.types.is_dictionary(a.type) else a
+            for a in arrays
+        ]
+        columns = [c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c for c in columns]
+        if self._types is None:
+            self._types = [c.type for c in columns]
+        else:
+            try:
+                columns = [c if c.type == t else c.cast(t) for c, t in zip(columns, self._types, strict=True)]
+            except (pa.ArrowException, ValueError) as exc:
+                raise TypeError(f"group keys change type between shards: {exc}") from None
+        return pa.table(columns, names=list(self.columns))
+
+    def _row_hashes(self, table: pa.Table) -> torch.Tensor:
+        if not self._hashed:
+            column = table.column(0)
+            if column.type == pa.uint64():
+                values = column.to_numpy().view(np.int64)  # a bijection onto int64
+            else:
+                values = pc.cast(column, pa.int64()).to_numpy()
+            return as_tensor(np.ascontiguousarray(values))
+        import polars as pl
+
+        frame = pl.from_arrow(table, rechunk=False)
+        assert isinstance(frame, pl.DataFrame)
+        return as_tensor(frame.hash_rows(seed=0).to_numpy().view(np.int64))
+
+    def _encode_hashed(self, table: pa.Table) -> torch.Tensor:
+        hashes = self._row_hashes(table)
+        n = hashes.numel()
+        uniques, inverse = torch.unique(hashes, sorted=True, return_inverse=True)
+        first_row = torch.full((uniques.numel(),), n, dtype=torch.int64).scatter_reduce_(
+            0, inverse, torch.arange(n), "amin"
+        )
+        # One stable sort merges the chunk's distinct hashes into the known ones: a chunk
+        # hash equal to its left neighbour (a known hash) is found; the others are new.
+        k = self._sorted_hashes.numel()
+        merged, order = torch.sort(torch.cat((self._sorted_hashes, uniques)), stable=True)
+        from_chunk = order >= k
+        known_before = torch.zeros_like(from_chunk)
+        known_before[1:] = merged[1:] == merged[:-1]
+        chunk_pos = order[from_chunk] - k  # index into `uniques`, in sorted order
+        found = known_before[from_chunk]
+        unique_ids = torch.empty(uniques.numel(), dtype=torch.int64)
+        previous = torch.nonzero(from_chunk).flatten() - 1
+        merged_ids = torch.cat((self._sorted_ids, torch.full((uniques.numel(),), -1, dtype=torch.int64)))[
+            order
+        ]
+        unique_ids[chunk_pos[found]] = merged_ids[previous[found]]
+        new = chunk_pos[~found]
+        new = new[torch.argsort(first_row[new])]  # first-appearance order
+        unique_ids[new] = torch.arange(self._count, self._count + new.numel())
+        if new.numel():
+            self._rep_chunks.append(table.take(pa.array(first_row[new].numpy())))
+            self._reps = None
+            self._count += new.numel()
+        keep = ~(from_chunk & known_before)
+        self._sorted_hashes = merged[keep]
+        merged_ids[from_chunk] = unique_ids[chunk_pos]
+        self._sorted_ids = merged_ids[keep]
+        return unique_ids[inverse]
+
+    def _representatives(self) -> pa.Table:
+        if self._reps is None:
+            if not self._rep_chunks:
+                raise IndexError("no group keys seen yet")
+            self._reps = pa.concat_tables(self._rep_chunks).combine_chunks()
+            self._rep_chunks = [self._reps]
+        return self._reps
+
+    def _matches_representatives(self, table: pa.Table, ids: torch.Tensor) -> bool:
+        expected = self._representatives().take(pa.array(ids.numpy()))
+        for name in self.columns:
+            same = pc.equal(table.column(name), expected.column(name))
+            if same.null_count or not pc.all(same).as_py():
+                return False
+        return True
+
+    # ----------------------------------------------------------------- exact fallback
+
+    def _exact_lookup(self) -> dict[Any, int]:
+        if not self._rep_chunks:
+            return {}
+        reps = self._representatives()
+        return {key: gid for gid, key in enumerate(self._python_keys(reps))}
+
+    def _python_keys(self, table: pa.Table) -> list[Any]:
+        columns = [table.column(c).to_pylist() for c in self.columns]
+        return columns[0] if len(columns) == 1 else list(zip(*columns, strict=True))
+
+    def _encode_exact(self, table: pa.Table) -> np.ndarray:
+        lookup = self._exact
+        assert lookup is not None
+        ids = np.empty(table.num_rows, dtype=np.int64)
+        new_rows = []
+        for row, key in enumerate(self._python_keys(table)):
+            gid = lookup.get(key)
+            if gid is None:
+                gid = len(lookup)
+                lookup[key] = gid
+                new_rows.append(row)
+            ids[row] = gid
+        if new_rows:
+            self._rep_chunks.append(table.take(pa.array(new_rows)))
+            self._reps = None
+            self._count = len(lookup)
+        return ids

@@ -1,0 +1,186 @@
+"""``grpo-cli check``: every check at its boundary, exit codes, JSON, verification, stdin."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import rollout_rows, write_jsonl, write_parquet
+
+# rollout_rows(): 12 groups of 4 (kinds 0..3 cycle: all wrong, all right, mixed, mixed)
+# plus one singleton. With -r correct: 13 groups, 3 + 3 constant groups + the singleton
+# (+ mixed groups that happen to be constant) are inactive.
+
+
+@pytest.fixture
+def data(tmp_path):
+    rows = rollout_rows(seed=0)
+    return write_parquet(tmp_path / "in.parquet", rows), rows
+
+
+def summary_of(cli, path, *args, reward="correct"):
+    result = cli("check", path, "-r", reward, "--summary-json", "-", "-q", *args)
+    return result, json.loads(result.stdout)
+
+
+def test_no_checks_prints_summary_and_exits_0(cli, data):
+    path, _ = data
+    result = cli("check", path)
+    assert result.exit_code == 0
+    assert "groups" in result.stderr and result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("option", "value_key", "make_bound"),
+    [
+        ("--max-inactive-fraction", "inactive_fraction", None),
+        ("--min-active-groups", "active_groups", None),
+        ("--min-groups", "groups", None),
+        ("--max-singleton-groups", "singleton_groups", None),
+    ],
+)
+def test_count_checks_at_their_boundary(cli, data, option, value_key, make_bound):
+    path, _ = data
+    _, base = summary_of(cli, path)
+    measured = {
+        "inactive_fraction": base["inactive_groups"] / base["groups"],
+        "active_groups": base["active_groups"],
+        "groups": base["groups"],
+        "singleton_groups": base["singleton_groups"],
+    }[value_key]
+    is_max = option.startswith("--max")
+    if value_key == "inactive_fraction":
+        passing, failing = f"{measured:.6f}", f"{measured - 0.01:.6f}"
+    else:
+        passing, failing = str(measured), str(measured - 1 if is_max else measured + 1)
+    result, summary = summary_of(cli, path, option, passing)
+    assert result.exit_code == 0, summary["checks"]
+    assert summary["checks"][0]["passed"] is True
+    assert summary["checks_passed"] is True
+    result, summary = summary_of(cli, path, option, failing)
+    assert result.exit_code == 1
+    check = summary["checks"][0]
+    assert check["passed"] is False and check["name"] == option[2:]
+    assert summary["checks_passed"] is False
+
+
+def test_group_size_checks(cli, data):
+    path, _ = data
+    # group sizes are 1 (the singleton) and 4
+    assert summary_of(cli, path, "--min-group-size", "1")[0].exit_code == 0
+    assert summary_of(cli, path, "--min-group-size", "2")[0].exit_code == 1
+    assert summary_of(cli, path, "--max-group-size", "4")[0].exit_code == 0
+    assert summary_of(cli, path, "--max-group-size", "3")[0].exit_code == 1
+    result, summary = summary_of(cli, path, "--uniform-group-size")
+    assert result.exit_code == 1 and summary["checks"][0]["value"] == "1..4"
+
+
+def test_uniform_group_size_passes_on_uniform_data(cli, tmp_path):
+    path = write_parquet(tmp_path / "u.parquet", rollout_rows(singletons=0))
+    assert cli("check", path, "--uniform-group-size", "-q").exit_code == 0
+
+
+def test_one_line_per_check_on_stderr(cli, data):
+    path, _ = data
+    result = cli("check", path, "-r", "correct", "--min-groups", "1", "--max-singleton-groups", "0")
+    assert result.exit_code == 1
+    lines = [line for line in result.stderr.splitlines() if line.startswith(("PASS", "FAIL"))]
+    assert lines == ["PASS  min-groups: 13 (bound >= 1)", "FAIL  max-singleton-groups: 1 (bound <= 0)"]
+
+
+def test_any_failure_fails_the_run(cli, data):
+    path, _ = data
+    result, summary = summary_of(cli, path, "--min-groups", "1", "--min-groups", "1", "--max-group-size", "1")
+    assert result.exit_code == 1
+    assert [c["passed"] for c in summary["checks"]] == [True, False]
+
+
+def test_verify_correct_column(cli, tmp_path, data):
+    path, _ = data
+    out = tmp_path / "with_adv.parquet"
+    assert cli("compute", path, "-o", out, "--preset", "trl", "-q").exit_code == 0
+    result, summary = summary_of(
+        cli, out, "--verify-advantage-col", "advantage", "--preset", "trl", reward="reward"
+    )
+    assert result.exit_code == 0, summary
+    verify = summary["verify"]
+    assert verify["mismatched"] == 0 and verify["compared"] == 49
+    assert verify["max_abs_diff"] == 0.0
+
+
+def test_verify_detects_another_convention(cli, tmp_path, data):
+    path, _ = data
+    out = tmp_path / "with_adv.parquet"
+    assert cli("compute", path, "-o", out, "--preset", "trl", "-q").exit_code == 0
+    result, summary = summary_of(cli, out, "--verify-advantage-col", "advantage", reward="reward")
+    assert result.exit_code == 1
+    assert summary["verify"]["mismatched"] > 0
+
+
+def test_verify_corrupted_rows_are_reported(cli, tmp_path, data):
+    path, rows = data
+    out = tmp_path / "with_adv.parquet"
+    assert cli("compute", path, "-o", out, "-q").exit_code == 0
+    table = pq.read_table(out)
+    advantages = table.column("advantage").to_pylist()
+    for row in (5, 17, 30):
+        advantages[row] += 0.5
+    table = table.set_column(table.schema.get_field_index("advantage"), "advantage", pa.array(advantages))
+    pq.write_table(table, out)
+    result = cli("check", out, "--verify-advantage-col", "advantage", "--summary-json", "-")
+    assert result.exit_code == 1
+    verify = json.loads(result.stdout)["verify"]
+    assert verify["mismatched"] == 3
+    assert [e["row"] for e in verify["examples"]] == [5, 17, 30]
+    assert verify["examples"][0]["group"] == rows[5]["group_id"]
+    assert verify["max_abs_diff"] == pytest.approx(0.5)
+    assert "row 5 group" in result.stderr
+    assert "FAIL  verify-advantage-col: 3 rows differ" in result.stderr
+
+
+def test_verify_tolerances(cli, tmp_path, data):
+    path, _ = data
+    out = tmp_path / "with_adv.parquet"
+    assert cli("compute", path, "-o", out, "-q").exit_code == 0
+    table = pq.read_table(out)
+    advantages = [a + 1e-7 for a in table.column("advantage").to_pylist()]
+    table = table.set_column(table.schema.get_field_index("advantage"), "advantage", pa.array(advantages))
+    pq.write_table(table, out)
+    assert cli("check", out, "--verify-advantage-col", "advantage", "-q").exit_code == 0
+    assert (
+        cli(
+            "check", out, "--verify-advantage-col", "advantage", "--atol", "1e-9", "--rtol", "0", "-q"
+        ).exit_code
+        == 1
+    )
+
+
+def test_verify_missing_column_is_an_input_error(cli, data):
+    path, _ = data
+    result = cli("check", path, "--verify-advantage-col", "adv")
+    assert result.exit_code == 2
+    assert "no column 'adv' to verify" in result.stderr
+
+
+def test_check_reads_stdin(cli, tmp_path, data):
+    _, rows = data
+    jsonl = write_jsonl(tmp_path / "in.jsonl", rows)
+    result = cli("check", "-", "--min-groups", "13", "--summary-json", "-", "-q", input=jsonl.read_bytes())
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["groups"] == 13
+
+
+def test_check_input_errors_exit_2(cli, tmp_path):
+    assert cli("check", tmp_path / "missing.parquet").exit_code == 2
+    result = cli("check", tmp_path / "x.parquet", "--max-inactive-fraction", "1.5")
+    assert result.exit_code == 2  # Typer's range check
+
+
+def test_check_writes_nothing(cli, tmp_path, data):
+    path, _ = data
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert cli("check", path, "--min-groups", "1", "-q").exit_code == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

@@ -1,0 +1,100 @@
+"""Group keys to dense IDs: exact, first-appearance order, chunk-independent."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from grpo_cli.keys import GroupKeyIndex
+
+
+def encode_in_chunks(values, chunk, columns=("k",), types=None):
+    index = GroupKeyIndex(list(columns))
+    types = types or [None] * len(values)
+    out = []
+    for start in range(0, len(values[0]), chunk):
+        arrays = [pa.array(v[start : start + chunk], t) for v, t in zip(values, types, strict=True)]
+        out += index.encode(arrays).tolist()
+    return out, index
+
+
+def first_appearance_ids(rows):
+    seen: dict[object, int] = {}
+    return [seen.setdefault(r, len(seen)) for r in rows]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 1000])
+@pytest.mark.parametrize(
+    ("values", "arrow_type"),
+    [
+        ([f"{random.Random(i).getrandbits(40):x}" for i in range(200)] * 2, None),
+        ([random.Random(i).randint(-5, 5) * 10**12 for i in range(300)], None),
+        ([2**64 - 1, 0, 2**63, 2**64 - 1, 5], pa.uint64()),
+        ([1.5, -0.0, 2.5, 1.5], None),
+        ([True, False, True], None),
+    ],
+)
+def test_ids_are_first_appearance_and_chunk_independent(values, arrow_type, chunk):
+    values = list(values)
+    random.Random(1).shuffle(values)
+    got, index = encode_in_chunks([values], chunk, types=[arrow_type])
+    assert got == first_appearance_ids(values)
+    assert len(index) == len(set(values))
+    assert index.key_at(got[0]) == values[0]
+
+
+def test_composite_keys():
+    rng = random.Random(2)
+    a = [rng.choice(["x", "y", "z"]) for _ in range(500)]
+    b = [rng.randint(0, 4) for _ in range(500)]
+    got, index = encode_in_chunks([a, b], 64, columns=("a", "b"))
+    assert got == first_appearance_ids(list(zip(a, b, strict=True)))
+    assert index.key_at(0) == (a[0], b[0])
+
+
+def test_hash_collision_falls_back_to_exact_matching(monkeypatch):
+    # Make every row hash alike: the check against the representatives must catch it.
+    def constant_hashes(self, table):
+        return torch.zeros(table.num_rows, dtype=torch.int64)
+
+    monkeypatch.setattr(GroupKeyIndex, "_row_hashes", constant_hashes)
+    values = ["a", "b", "a", "c", "b", "d"]
+    got, index = encode_in_chunks([values], 2)
+    assert got == first_appearance_ids(values)
+    assert len(index) == 4
+    assert index._exact is not None
+
+
+def test_collision_in_a_later_chunk_keeps_earlier_ids(monkeypatch):
+    real = GroupKeyIndex._row_hashes
+    calls = {"n": 0}
+
+    def sometimes_constant(self, table):
+        calls["n"] += 1
+        hashes = real(self, table)
+        return torch.zeros_like(hashes) if calls["n"] == 2 else hashes
+
+    monkeypatch.setattr(GroupKeyIndex, "_row_hashes", sometimes_constant)
+    values = ["a", "b", "c", "a", "d", "e", "b", "f"]
+    got, _ = encode_in_chunks([values], 3)
+    assert got == first_appearance_ids(values)
+
+
+def test_key_type_change_between_chunks_is_cast_or_refused():
+    index = GroupKeyIndex(["k"])
+    index.encode([pa.array([1, 2], pa.int32())])
+    assert index.encode([pa.array([2, 3], pa.int64())]).tolist() == [1, 2]
+    with pytest.raises(TypeError, match="change type"):
+        index.encode([pa.array(["x"])])
+
+
+def test_large_shuffled_strings_match_a_dict():
+    rng = np.random.default_rng(3)
+    uids = [f"{x:032x}" for x in rng.integers(0, 2**62, 5000)]
+    rows = [uids[i] for i in rng.integers(0, 5000, 40000)]
+    got, _ = encode_in_chunks([rows], 8192)
+    assert got == first_appearance_ids(rows)
