@@ -28,8 +28,8 @@ test: setup
 	$(BIN)/python -m pytest
 
 lint: setup
-	$(BIN)/ruff check grpo_cli tests benchmarks sample_data
-	$(BIN)/ruff format --check grpo_cli tests benchmarks sample_data
+	$(BIN)/ruff check grpo_cli tests benchmarks sample_data docs
+	$(BIN)/ruff format --check grpo_cli tests benchmarks sample_data docs
 	$(BIN)/mypy
 
 bench: setup

@@ -111,7 +111,7 @@ def write_text_shards(data_dir: Path, rows: int, group_size: int, shards: int, t
     for s in range(shards):
         idx = order[s * per_shard : (s + 1) * per_shard]
         n = idx.size
-        text = alphabet[rng.integers(0, alphabet.size, size=n * text_bytes)]
+        text = alphabet[rng.integers(0, alphabet.size, size=n * text_bytes, dtype=np.uint8)]
         offsets = np.arange(0, (n + 1) * text_bytes, text_bytes, dtype=np.int32)
         completion = pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(text.tobytes()))
         table = pa.table(
@@ -251,8 +251,18 @@ else:
     r = pl.col("reward").cast(pl.Float64)
     expr = ((r - r.mean().over("group_id")) / (r.std(ddof=0).over("group_id") + 1e-6)).alias("advantage")
     pl.read_parquet(src + "/*.parquet").with_columns(expr).write_parquet(dst + ".parquet")
-print(json.dumps({{"seconds": time.perf_counter() - start,
-                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+def peak_rss_mib():
+    # VmHWM is this process's own high-water mark; ru_maxrss can carry the parent's peak
+    # across fork and exec on Linux.
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({{"seconds": time.perf_counter() - start, "peak_rss_mib": peak_rss_mib()}}))
 """
 
 

@@ -113,6 +113,7 @@ def main_callback(
 InputArg = Annotated[
     str,
     typer.Argument(
+        metavar="INPUT",
         help="A Parquet or JSONL file (.jsonl, .ndjson, .jsonl.gz), a directory of shards, "
         "a quoted glob, or - for JSONL on standard input.",
         show_default=False,
@@ -126,9 +127,8 @@ RewardColOpt = Annotated[
     typer.Option(
         "--reward-col",
         "-r",
-        help="Reward column, optionally NAME:WEIGHT; repeat for several rewards (weighted sum). "
-        "[default: reward]",
-        show_default=False,
+        help="Reward column, optionally NAME:WEIGHT; repeat for several rewards (weighted sum).",
+        show_default="reward",
     ),
 ]
 GroupColOpt = Annotated[
@@ -136,8 +136,8 @@ GroupColOpt = Annotated[
     typer.Option(
         "--group-col",
         "-g",
-        help="Group key column; repeat for a composite key (e.g. prompt_id and step). [default: group_id]",
-        show_default=False,
+        help="Group key column; repeat for a composite key (e.g. prompt_id and step).",
+        show_default="group_id",
     ),
 ]
 GroupSizeOpt = Annotated[
@@ -162,51 +162,45 @@ EstimatorOpt = Annotated[
     EstimatorChoice | None,
     typer.Option(
         "--estimator",
-        help="grpo: (r - mean) / std; dr_grpo: r - mean; rloo: r - mean of the others. [default: grpo]",
-        show_default=False,
+        help="grpo: (r - mean) / std; dr_grpo: r - mean; rloo: r - mean of the others.",
+        show_default="grpo",
     ),
 ]
-EpsilonOpt = Annotated[
-    float | None, typer.Option("--epsilon", help="Added to the std. [default: 1e-6]", show_default=False)
-]
+EpsilonOpt = Annotated[float | None, typer.Option("--epsilon", help="Added to the std.", show_default="1e-6")]
 StdOpt = Annotated[
     StdChoice | None,
-    typer.Option(
-        "--std", help="population (divide by n) or sample (n - 1). [default: population]", show_default=False
-    ),
+    typer.Option("--std", help="population (divide by n) or sample (n - 1).", show_default="population"),
 ]
 ScaleOpt = Annotated[
     ScaleChoice | None,
     typer.Option(
         "--scale",
-        help="Divide by the group std, the batch std, or nothing. [default: group]",
-        show_default=False,
+        help="Divide by the group std, the batch std, or nothing.",
+        show_default="group",
     ),
 ]
 EpsilonModeOpt = Annotated[
     EpsilonModeChoice | None,
     typer.Option(
         "--epsilon-mode",
-        help="add: std + eps; clamp: max(std, eps); add-if-nonzero: divide only where std > 0. "
-        "[default: add]",
-        show_default=False,
+        help="add: std + eps; clamp: max(std, eps); add-if-nonzero: divide only where std > 0.",
+        show_default="add",
     ),
 ]
 SingletonOpt = Annotated[
     SingletonChoice | None,
     typer.Option(
         "--singleton",
-        help="One-rollout groups: zero, or raw (r / (1 + eps), verl). [default: zero]",
-        show_default=False,
+        help="One-rollout groups: zero, or raw (r / (1 + eps), verl).",
+        show_default="zero",
     ),
 ]
 NanOpt = Annotated[
     NanChoice | None,
     typer.Option(
         "--nan",
-        help="Null, NaN or infinite rewards: error, or ignore (left out of the statistics, advantage 0). "
-        "[default: error]",
-        show_default=False,
+        help="Null, NaN or infinite rewards: error, or ignore (left out of the statistics, advantage 0).",
+        show_default="error",
     ),
 ]
 DeviceOpt = Annotated[
@@ -240,8 +234,8 @@ BatchRowsOpt = Annotated[
     typer.Option(
         "--batch-rows",
         min=1,
-        help="Rows per record batch. [default: about 64 MiB of data per batch]",
-        show_default=False,
+        help="Rows per record batch.",
+        show_default="about 64 MiB of data per batch",
     ),
 ]
 
@@ -346,7 +340,8 @@ def _progress(quiet: bool) -> RichProgress | None:
     return RichProgress()
 
 
-def _report(summary: RunSummary, *, quiet: bool, summary_json: str | None) -> None:
+def _report(summary: RunSummary, *, quiet: bool, summary_json: str | None, compact: bool = False) -> None:
+    """JSON where asked; the human report on stderr (compact: one line, then the checks)."""
     if summary_json == "-":
         sys.stdout.write(summary.to_json() + "\n")
         sys.stdout.flush()
@@ -358,10 +353,12 @@ def _report(summary: RunSummary, *, quiet: bool, summary_json: str | None) -> No
         return
     from rich.console import Console
 
-    from grpo_cli.summary import render_plain, render_rich
+    from grpo_cli.summary import render_compact, render_plain, render_rich
 
     console = Console(stderr=True)
-    if console.is_terminal:
+    if compact:
+        console.print(render_compact(summary), highlight=False, markup=False, soft_wrap=True)
+    elif console.is_terminal:
         render_rich(summary, console)
     else:
         sys.stderr.write(render_plain(summary) + "\n")
@@ -584,7 +581,7 @@ def check(
                 max_singleton_groups=max_singleton_groups,
             ),
         )
-        _report(summary, quiet=quiet, summary_json=summary_json)
+        _report(summary, quiet=quiet, summary_json=summary_json, compact=bool(summary.checks))
         return EXIT_OK if all(c["passed"] for c in summary.checks) else EXIT_CHECK_FAILED
 
     _run(debug, body)

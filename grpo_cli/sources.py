@@ -202,7 +202,8 @@ def read_table(shard: Shard) -> pa.Table:
 
 def _parquet_batches(shard: Shard, columns: list[str] | None, batch_rows: int) -> Iterator[pa.RecordBatch]:
     try:
-        file = pq.ParquetFile(shard.path)
+        # pre_buffer would read the whole file ahead: memory must stay bounded by a batch.
+        file = pq.ParquetFile(shard.path, pre_buffer=False)
     except (pa.ArrowException, OSError) as exc:
         raise GrpoError(f"{shard.display}: not a readable Parquet file ({_first_line(exc)})") from None
     with file:

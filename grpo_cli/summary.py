@@ -187,7 +187,7 @@ def build_summary(
         nan_rewards=nan_rewards,
         dropped={"groups": dropped_groups, "rows": dropped_rows, "reasons": drop_reasons},
         input={
-            "path": inputs.spec,
+            "path": "<stdin>" if inputs.is_stdin else inputs.spec,
             "format": sorted({s.format for s in inputs.shards}),
             "shards": len(inputs.shards),
             "bytes": inputs.total_bytes,
@@ -269,6 +269,17 @@ def histogram_lines(summary: RunSummary, width: int = 30) -> list[str]:
         close = "]" if i == len(counts) - 1 else ")"
         lines.append(f"  [{float(edges[i]):8.3g}, {float(edges[i + 1]):8.3g}{close} {bar} {c}")
     return lines
+
+
+def render_compact(summary: RunSummary) -> str:
+    """One line of figures, then one line per check (``grpo-cli check`` with checks)."""
+    s = summary
+    head = (
+        f"{s.input['path']}: {s.rows:,} rows, {s.groups:,} groups, "
+        f"{s.active_groups:,} active ({_pct(s.active_groups, s.groups)}), "
+        f"{s.inactive_groups:,} inactive, {s.singleton_groups:,} singleton"
+    )
+    return "\n".join([head, *check_lines(summary)])
 
 
 def render_plain(summary: RunSummary) -> str:

@@ -1,0 +1,25 @@
+"""The README's options reference and docs/cli.md are generated from the real CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_cli_reference_is_current():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "gen_cli_reference.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_readme_quick_start_is_two_make_commands():
+    readme = (ROOT / "README.md").read_text()
+    quick_start = readme.split("## Quick start", 1)[1].split("##", 1)[0]
+    assert "$ make demo" in quick_start and "$ make test" in quick_start
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
