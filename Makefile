@@ -14,7 +14,7 @@ $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install '$(TORCH_SPEC)'
-	$(PIP) install -e '.[dev]'
+	$(PIP) install -e '.[dev,ray]'
 	touch $@
 
 setup: $(BIN)/.installed

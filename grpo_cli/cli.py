@@ -81,6 +81,11 @@ class NanChoice(str, Enum):
     ignore = "ignore"
 
 
+class EngineChoice(str, Enum):
+    local = "local"
+    ray = "ray"
+
+
 class AggregationChoice(str, Enum):
     sum_then_normalize = "sum-then-normalize"
     normalize_then_sum = "normalize-then-sum"
@@ -417,6 +422,27 @@ def compute(
     input_format: InputFormatOpt = None,
     memory_limit_mb: MemoryLimitOpt = 1024,
     batch_rows: BatchRowsOpt = None,
+    engine: Annotated[
+        EngineChoice,
+        typer.Option("--engine", help="local: this machine, streaming; ray: a Ray cluster with Ray Data."),
+    ] = EngineChoice.local,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray-address",
+            help="With --engine ray: 'auto' or host:port joins a cluster.",
+            show_default="start a local Ray instance",
+        ),
+    ] = None,
+    partitions: Annotated[
+        int | None,
+        typer.Option(
+            "--partitions",
+            min=1,
+            help="With --engine ray: hash partitions of the group keys.",
+            show_default="input size / 256 MiB",
+        ),
+    ] = None,
     debug: DebugOpt = False,
 ) -> None:
     """Compute advantages and write INPUT's rows with two new columns to an augmented Parquet file.
@@ -452,6 +478,16 @@ def compute(
             drop_inactive=drop_inactive,
             keep_mean_range=keep_mean_range,
         )
+        if engine is EngineChoice.ray:
+            from grpo_cli.engine_ray import compute_dataset_ray
+
+            summary = compute_dataset_ray(
+                input, output, config, address=ray_address, partitions=partitions, force=force, quiet=quiet
+            )
+            _report(summary, quiet=quiet, summary_json=summary_json)
+            return EXIT_OK
+        if ray_address is not None or partitions is not None:
+            raise GrpoError("--ray-address and --partitions need --engine ray")
         progress = _progress(quiet)
         try:
             summary = compute_dataset(input, output, config, force=force, progress=progress)

@@ -335,35 +335,8 @@ class Engine:
         return cols
 
     def _check_columns(self) -> None:
-        config = self.config
         for shard, schema in zip(self.inputs.shards, self.schemas, strict=True):
-            if len(schema) == 0:  # an empty JSONL file: no records, no columns
-                continue
-            names = schema.names
-            for column in self._needed_columns():
-                if column not in names:
-                    raise GrpoError(
-                        f"{shard.display}: no column {column!r}; the columns are {', '.join(names)}"
-                    )
-            for column in config.new_columns if self.writes_output else ():
-                if column in names:
-                    option = "--active-col" if column == config.active_col else "--advantage-col"
-                    raise GrpoError(
-                        f"{shard.display}: the input already has a column {column!r}; "
-                        f"choose another name with {option}"
-                    )
-            if config.verify is not None and config.verify.column not in names:
-                raise GrpoError(
-                    f"{shard.display}: no column {config.verify.column!r} to verify; "
-                    f"the columns are {', '.join(names)}"
-                )
-            for column in config.group_cols if config.group_size is None else ():
-                column_type = schema.field(column).type
-                if pa.types.is_nested(column_type) or pa.types.is_null(column_type):
-                    raise GrpoError(
-                        f"{shard.display}: group column {column!r} has type {column_type}; "
-                        "group keys must be scalars (integers, strings, ...)"
-                    )
+            check_shard_columns(shard, schema, self.config, writes_output=self.writes_output)
 
     # ----------------------------------------------------------------- pass 1
 
@@ -399,8 +372,9 @@ class Engine:
         pending_start = 0
 
         def flush(shard: Shard) -> None:
-            # Keys are matched a chunk of batches at a time: each match costs a pass over
-            # the keys seen so far, so few large chunks beat many small ones.
+            # Keys are matched a chunk of batches at a time (a whole shard when it is in
+            # memory anyway): each match costs a pass over the keys seen so far, so few
+            # large chunks beat many small ones.
             nonlocal rows_per_group, pending_rows
             if not pending:
                 return
@@ -441,7 +415,7 @@ class Engine:
                 shard_row += n
                 rows += n
                 self.bytes_read += batch.nbytes
-                if pending_rows >= KEY_CHUNK_ROWS:
+                if pending_rows >= KEY_CHUNK_ROWS and not self.in_memory:
                     flush(shard)
                     pending_start = shard_row
                 self.progress.advance(n)
@@ -710,6 +684,40 @@ class Engine:
             "keep_mean_range": list(config.keep_mean_range) if config.keep_mean_range else None,
             "device": config.device,
         }
+
+
+def check_shard_columns(
+    shard: Shard, schema: pa.Schema, config: ComputeConfig, *, writes_output: bool
+) -> None:
+    """Refuse, before any work, a shard whose columns do not fit the options."""
+    if len(schema) == 0:  # an empty JSONL file: no records, no columns
+        return
+    names = schema.names
+    needed = [r.column for r in config.rewards]
+    if config.group_size is None:
+        needed += [c for c in config.group_cols if c not in needed]
+    for column in needed:
+        if column not in names:
+            raise GrpoError(f"{shard.display}: no column {column!r}; the columns are {', '.join(names)}")
+    for column in config.new_columns if writes_output else ():
+        if column in names:
+            option = "--active-col" if column == config.active_col else "--advantage-col"
+            raise GrpoError(
+                f"{shard.display}: the input already has a column {column!r}; "
+                f"choose another name with {option}"
+            )
+    if config.verify is not None and config.verify.column not in names:
+        raise GrpoError(
+            f"{shard.display}: no column {config.verify.column!r} to verify; "
+            f"the columns are {', '.join(names)}"
+        )
+    for column in config.group_cols if config.group_size is None else ():
+        column_type = schema.field(column).type
+        if pa.types.is_nested(column_type) or pa.types.is_null(column_type):
+            raise GrpoError(
+                f"{shard.display}: group column {column!r} has type {column_type}; "
+                "group keys must be scalars (integers, strings, ...)"
+            )
 
 
 def _advantage_dtype_from_schema(config: ComputeConfig, schema: pa.Schema) -> torch.dtype:

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import shutil
+import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,17 +50,62 @@ def _same_path(a: Path, b: Path) -> bool:
     return a.resolve() == b.resolve()
 
 
+class _WriterThread:
+    """Encodes and compresses batches on a second thread, in order.
+
+    pyarrow releases the GIL while it writes, so pass 2 computes batch N+1 while batch N
+    is compressed. The queue is short, so memory stays bounded by a few batches.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[tuple[Callable[[], None], bool] | None] = queue.Queue(maxsize=2)
+        self._error: BaseException | None = None
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="grpo-cli-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            task, must_run = item
+            if self._error is None and (not self._stop or must_run):
+                try:
+                    task()
+                except BaseException as exc:  # re-raised on the main thread by check()
+                    self._error = exc
+
+    def submit(self, task: Callable[[], None], *, must_run: bool = False) -> None:
+        self.check()
+        self._queue.put((task, must_run))
+
+    def check(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def finish(self, *, abandon: bool = False) -> None:
+        """Wait for every queued task (or, abandoning, skip the writes); raise a write error."""
+        self._stop = abandon
+        self._queue.put(None)
+        self._thread.join()
+        if not abandon:
+            self.check()
+
+
 class _ShardWriter:
-    def __init__(self, writer: pq.ParquetWriter, *, shared: bool) -> None:
+    def __init__(self, writer: pq.ParquetWriter, thread: _WriterThread, *, shared: bool) -> None:
         self._writer = writer
+        self._thread = thread
         self._shared = shared
 
     def write(self, batch: pa.RecordBatch) -> None:
-        self._writer.write_batch(batch)
+        self._thread.submit(lambda: self._writer.write_batch(batch))
 
     def close(self) -> None:
         if not self._shared:
-            self._writer.close()
+            self._thread.submit(self._writer.close, must_run=True)
 
 
 class OutputTarget:
@@ -79,6 +127,7 @@ class OutputTarget:
         self._names: dict[str, Shard] = {}
         self._committed = False
         self._check(inputs)
+        self._thread = _WriterThread()
 
     def _check(self, inputs: InputSet) -> None:
         path = self.path
@@ -123,7 +172,7 @@ class OutputTarget:
                     f"to {self.path / name}"
                 )
             self._names[name] = shard
-            return _ShardWriter(_parquet_writer(temp / name, schema, new_columns), shared=False)
+            return _ShardWriter(_parquet_writer(temp / name, schema, new_columns), self._thread, shared=False)
         if self._writer is None:
             self._writer = _parquet_writer(temp, schema, new_columns)
             self._schema, self._first_shard = schema, shard
@@ -133,11 +182,12 @@ class OutputTarget:
                 f"{shard.display}: its columns differ from those of {self._first_shard.display}; "
                 "write to a directory to keep one output shard per input shard"
             )
-        return _ShardWriter(self._writer, shared=True)
+        return _ShardWriter(self._writer, self._thread, shared=True)
 
     def commit(self) -> dict[str, Any]:
         """Move the finished output into place; returns what was written."""
         temp = self._temp_path()
+        self._thread.finish()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -170,6 +220,8 @@ class OutputTarget:
         """Remove whatever an unfinished run left (a no-op after :meth:`commit`)."""
         if self._committed:
             return
+        with contextlib.suppress(BaseException):  # the run already failed; cleanup goes on
+            self._thread.finish(abandon=True)
         if self._writer is not None:
             with contextlib.suppress(Exception):  # the run already failed; cleanup goes on
                 self._writer.close()

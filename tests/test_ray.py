@@ -1,0 +1,174 @@
+"""The Ray engine against the local engine, on one Ray instance for the whole session."""
+
+from __future__ import annotations
+
+import builtins
+import importlib.util
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from grpo_cli.engine import ComputeConfig, compute_dataset
+from grpo_cli.errors import GrpoError
+from grpo_cli.options import AdvantageOptions, RewardSpec
+
+if importlib.util.find_spec("ray") is None:  # not importorskip: Ray must not be imported yet
+    pytest.skip("the ray extra is not installed", allow_module_level=True)
+
+from grpo_cli.engine_ray import compute_dataset_ray, ray_session
+
+FILES = 4
+GROUPS = 2500
+GROUP_SIZE = 8
+
+
+@pytest.fixture(scope="session")
+def ray_instance():
+    with ray_session(None) as ray:
+        yield ray
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    """20,000 rows, 2,500 string uids, each group spread over several files."""
+    rng = random.Random(42)
+    folder = tmp_path_factory.mktemp("ray_shards")
+    uids = [f"{rng.getrandbits(128):032x}" for _ in range(GROUPS)]
+    rows = []
+    for g, uid in enumerate(uids):
+        kind = g % 5
+        for i in range(GROUP_SIZE if g % 97 else 1):
+            correct = 0 if kind == 0 else 1 if kind == 1 else int(rng.random() < 0.5)
+            rows.append(
+                {
+                    "uid": uid,
+                    "text": "x" * rng.randint(0, 30),
+                    "correct": correct,
+                    "reward": correct + rng.uniform(-0.3, 0.3),
+                    "reward32": float(correct) + 0.25 * i,
+                }
+            )
+    rng.shuffle(rows)
+    for i, row in enumerate(rows):
+        row["row_id"] = i
+    size = -(-len(rows) // FILES)
+    for f in range(FILES):
+        part = pa.Table.from_pylist(rows[f * size : (f + 1) * size])
+        part = part.set_column(
+            part.schema.get_field_index("reward32"), "reward32", part.column("reward32").cast(pa.float32())
+        )
+        pq.write_table(part, folder / f"part-{f}.parquet")
+    return folder
+
+
+def read_sorted(path: Path) -> pa.Table:
+    files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
+    return pa.concat_tables([pq.read_table(f) for f in files]).sort_by("row_id")
+
+
+def compare_summaries(local: dict[str, Any], ray: dict[str, Any]) -> None:
+    for key in (
+        "rows",
+        "groups",
+        "active_groups",
+        "inactive_groups",
+        "singleton_groups",
+        "group_size",
+        "inactive_by_value",
+        "nan_rewards",
+    ):
+        assert local[key] == ray[key], key
+    for key in ("reward", "advantage"):
+        for stat, value in local[key].items():
+            assert ray[key][stat] == pytest.approx(value, rel=1e-12, abs=1e-12), (key, stat)
+    assert local["group_mean_histogram"]["counts"] == ray["group_mean_histogram"]["counts"]
+
+
+@pytest.mark.parametrize(
+    ("reward", "options"),
+    [
+        ("reward", AdvantageOptions()),
+        ("reward32", AdvantageOptions.resolve(preset="verl")),
+        ("correct", AdvantageOptions.resolve(preset="nemo-rl")),
+    ],
+)
+def test_ray_matches_local(ray_instance, sharded, tmp_path, reward, options):
+    config = ComputeConfig(rewards=(RewardSpec(reward),), group_cols=("uid",), advantage=options)
+    local = compute_dataset(sharded, tmp_path / "local.parquet", config)
+    ray = compute_dataset_ray(str(sharded), str(tmp_path / "ray_out"), config, partitions=3)
+    a = read_sorted(tmp_path / "local.parquet")
+    b = read_sorted(tmp_path / "ray_out")
+    singletons = len(range(0, GROUPS, 97))
+    assert a.num_rows == b.num_rows == GROUPS * GROUP_SIZE - singletons * (GROUP_SIZE - 1)
+    assert a.schema.equals(b.schema, check_metadata=False)
+    for name in a.column_names:
+        if name == "advantage":
+            continue
+        assert a.column(name).equals(b.column(name)), name
+    left = a.column("advantage").to_pylist()
+    right = b.column("advantage").to_pylist()
+    if a.schema.field("advantage").type == pa.float64():
+        assert right == pytest.approx(left, rel=1e-12, abs=1e-12)
+    else:
+        assert right == left
+    compare_summaries(local.to_dict(), ray.to_dict())
+    assert ray.mode == "ray"
+    assert not list(tmp_path.glob(".*"))  # no temporary output left behind
+
+
+def test_ray_filters_and_cli(ray_instance, sharded, tmp_path, cli):
+    out = tmp_path / "ray_cli"
+    result = cli(
+        "compute",
+        sharded,
+        "-o",
+        out,
+        "--engine",
+        "ray",
+        "-g",
+        "uid",
+        "-r",
+        "correct",
+        "--drop-inactive",
+        "--summary-json",
+        "-",
+        "-q",
+    )
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["mode"] == "ray" and summary["options"]["engine"] == "ray"
+    written = read_sorted(out)
+    assert all(written.column("group_active").to_pylist())
+    assert summary["dropped"]["rows"] == summary["rows"] - written.num_rows
+    result = cli("compute", sharded, "-o", out, "--engine", "ray", "-g", "uid", "-q")
+    assert result.exit_code == 2 and "not empty; pass --force" in result.stderr
+
+
+def test_ray_option_errors(cli, sharded, tmp_path):
+    result = cli("compute", sharded, "-o", tmp_path / "x", "--partitions", "3", "-g", "uid")
+    assert result.exit_code == 2 and "need --engine ray" in result.stderr
+    result = cli("compute", sharded, "-o", tmp_path / "x.parquet", "--engine", "ray", "-g", "uid")
+    assert result.exit_code == 2 and "name a directory" in result.stderr
+
+
+def test_missing_ray_extra_says_how_to_install(monkeypatch, cli, sharded, tmp_path):
+    real_import = builtins.__import__
+
+    def no_ray(name, *args, **kwargs):
+        if name == "ray" or name.startswith("ray."):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    import sys
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    monkeypatch.delitem(sys.modules, "ray", raising=False)
+    from grpo_cli.engine_ray import import_ray
+
+    with pytest.raises(GrpoError, match=r"pip install 'grpo-cli\[ray\]'"):
+        import_ray()
