@@ -294,6 +294,64 @@ def bench_memory(rows: int, group_size: int, data_dir: Path, text_bytes: int) ->
             leftover.unlink(missing_ok=True)
 
 
+def write_uid_shards(data_dir: Path, rows: int, group_size: int, shards: int) -> Path:
+    folder = data_dir / f"uid_shards_{rows}_{shards}"
+    if folder.exists() and len(list(folder.glob("*.parquet"))) == shards:
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    arrays = make_arrays(rows, group_size, seed=4)
+    groups = rows // group_size
+    uids = uid_strings(groups, seed=5)
+    perm = arrays["perm"]
+    table = pa.table(
+        {
+            "group_id": uids.take(pa.array(np.repeat(np.arange(groups), group_size)[perm])),
+            "reward": arrays["rewards"][perm],
+        }
+    )
+    per_shard = -(-rows // shards)
+    for s in range(shards):
+        pq.write_table(table.slice(s * per_shard, per_shard), folder / f"part-{s:05d}.parquet")
+    return folder
+
+
+def bench_ray(rows: int, group_size: int, repeats: int, data_dir: Path) -> None:
+    """The Ray engine beside the local engine on a sharded dataset (string uids)."""
+    import shutil
+    import tempfile
+
+    from grpo_cli.engine import ComputeConfig, compute_dataset
+
+    try:
+        from grpo_cli.engine_ray import compute_dataset_ray, ray_session
+    except ImportError:
+        print("\nray engine: not installed (pip install 'grpo-cli[ray]')")
+        return
+    folder = write_uid_shards(data_dir, rows, group_size, shards=8)
+    out = Path(tempfile.mkdtemp(prefix="grpo-bench-", dir=data_dir))
+    config = ComputeConfig()
+    try:
+        results = {
+            "local engine": best_of(
+                repeats, lambda: compute_dataset(folder, out / "local", config, force=True)
+            ),
+        }
+        start = time.perf_counter()
+        with ray_session(None):
+            startup = time.perf_counter() - start
+            results["ray engine (instance running)"] = best_of(
+                repeats, lambda: compute_dataset_ray(str(folder), str(out / "ray"), config, force=True)
+            )
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    title = f"engines, {rows:,} rows in 8 shards, {rows // group_size:,} string uids"
+    print(f"\n{title}; Ray start-up {startup:.2f} s (not included)")
+    print(f"  {'contender':34s} {'seconds':>8s} {'Mrows/s':>8s} {'x local':>8s}")
+    for name, seconds in results.items():
+        ratio = seconds / results["local engine"]
+        print(f"  {name:34s} {seconds:8.2f} {rows / seconds / 1e6:8.2f} {ratio:8.2f}")
+
+
 def bench_imports() -> None:
     print("\nstart-up (fresh interpreter, best of 3)")
     for label, code in (
@@ -317,7 +375,8 @@ def main() -> None:
     parser.add_argument("--rss-rows", type=int, default=5_000_000)
     parser.add_argument("--text-bytes", type=int, default=1024)
     parser.add_argument("--data-dir", type=Path, default=HERE / "data")
-    parser.add_argument("--only", choices=["kernel", "files", "memory", "imports"], action="append")
+    parser.add_argument("--ray-rows", type=int, default=2_000_000)
+    parser.add_argument("--only", choices=["kernel", "files", "memory", "imports", "ray"], action="append")
     args = parser.parse_args()
     import torch
 
@@ -325,7 +384,7 @@ def main() -> None:
         f"grpo-cli benchmarks: python {sys.version.split()[0]}, torch {torch.__version__}, "
         f"{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads"
     )
-    sections = args.only or ["imports", "kernel", "files", "memory"]
+    sections = args.only or ["imports", "kernel", "files", "memory", "ray"]
     if "imports" in sections:
         bench_imports()
     if "kernel" in sections:
@@ -334,6 +393,8 @@ def main() -> None:
         bench_files(args.rows, args.group_size, args.repeats, args.data_dir)
     if "memory" in sections:
         bench_memory(args.rss_rows, args.group_size, args.data_dir, args.text_bytes)
+    if "ray" in sections:
+        bench_ray(args.ray_rows, args.group_size, args.repeats, args.data_dir)
     print(f"\npeak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
 
 
