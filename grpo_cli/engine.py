@@ -49,6 +49,7 @@ DEFAULT_MEMORY_BUDGET = 1 << 30
 BATCH_BYTES = 64 << 20
 MAX_BATCH_ROWS = 1 << 20
 KEY_CHUNK_ROWS = 1 << 21
+SMALL_INPUT_ROWS = 100_000  # below this, keys are matched in a dict: no polars import
 
 
 @dataclass(frozen=True)
@@ -344,7 +345,9 @@ class Engine:
         config = self.config
         options = config.advantage
         count_extremes = options.baseline == "leave-one-out"
-        keys = None if config.group_size is not None else GroupKeyIndex(config.group_cols)
+        total_rows = self._total_rows()
+        small = total_rows is not None and total_rows <= SMALL_INPUT_ROWS
+        keys = None if config.group_size is not None else GroupKeyIndex(config.group_cols, exact=small)
         channels = (
             len(config.rewards)
             if config.aggregation == "normalize-then-sum" and len(config.rewards) > 1
@@ -394,7 +397,7 @@ class Engine:
             pending.clear()
             pending_rows = 0
 
-        self.progress.start("pass 1/2: statistics", self._total_rows())
+        self.progress.start("pass 1/2: statistics", total_rows)
         for shard, schema in zip(self.inputs.shards, self.schemas, strict=True):
             if len(schema) == 0:
                 if cached is not None:

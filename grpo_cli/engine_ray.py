@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -321,17 +321,38 @@ def block_advantages(batch: pa.Table, payload: Any, token: str, config: ComputeC
 # --------------------------------------------------------------------------- the job
 
 
-def _input_paths(spec: str) -> tuple[list[str], int, InputSet | None]:
-    if "://" in spec:
-        return [spec], 0, None
-    inputs = InputSet(spec, input_format="parquet")
-    if any(s.format != "parquet" for s in inputs.shards):
-        raise GrpoError(f"{spec}: --engine ray reads Parquet; convert JSONL with the local engine first")
-    return [str(s.path) for s in inputs.shards], inputs.total_bytes, inputs
+class _Inputs:
+    """What the summary needs to know of the inputs (local shards, or URIs as given)."""
+
+    def __init__(self, spec: str, shards: list[Shard]) -> None:
+        self.spec = spec
+        self.shards = shards
+        self.is_stdin = False
+        self.total_bytes = sum(shard.size_bytes for shard in shards)
+
+
+def _input_paths(specs: Sequence[str]) -> tuple[list[str], list[Shard]]:
+    """Local files, directories and globs resolved to Parquet files; URIs passed to Ray as given."""
+    paths: list[str] = []
+    shards: list[Shard] = []
+    for spec in specs:
+        if "://" in spec:
+            paths.append(spec)
+            continue
+        with InputSet(spec) as inputs:
+            for shard in inputs.shards:
+                if shard.format != "parquet":
+                    raise GrpoError(
+                        f"{shard.display}: --engine ray reads Parquet; "
+                        "convert JSONL with the local engine first"
+                    )
+            shards += inputs.shards
+            paths += [str(shard.path) for shard in inputs.shards]
+    return paths, shards
 
 
 def compute_dataset_ray(
-    input: str,
+    input: str | Sequence[str],
     output: str,
     config: ComputeConfig,
     *,
@@ -340,7 +361,10 @@ def compute_dataset_ray(
     force: bool = False,
     quiet: bool = True,
 ) -> RunSummary:
-    """``grpo-cli compute --engine ray``: read Parquet, write a directory of Parquet files."""
+    """``grpo-cli compute --engine ray``: read Parquet, write a directory of Parquet files.
+
+    ``input`` is a file, directory, glob or object-store URI, or a list of them.
+    """
     started = time.perf_counter()
     config.validate()
     if config.group_size is not None:
@@ -349,7 +373,12 @@ def compute_dataset_ray(
         raise GrpoError(f"--partitions must be positive, got {partitions}")
     if config.device not in ("cpu", "auto"):
         raise GrpoError("--engine ray computes on the CPUs of the Ray workers; leave --device as cpu")
-    paths, total_bytes, inputs = _input_paths(input)
+    specs = [input] if isinstance(input, str) else list(input)
+    if input == "-":
+        raise GrpoError("--engine ray reads Parquet files, not standard input")
+    paths, shards = _input_paths(specs)
+    inputs = _Inputs(", ".join(specs), shards)
+    total_bytes = inputs.total_bytes
     remote_output = "://" in output
     target = Path(output)
     if not remote_output:
@@ -359,8 +388,7 @@ def compute_dataset_ray(
             raise GrpoError(f"{output}: exists and is not empty; pass --force to replace it")
         if not target.parent.is_dir():
             raise GrpoError(f"{output}: the folder {target.parent} does not exist")
-    if inputs is not None:
-        _check_schema(inputs.shards, config)
+    _check_schema(shards, config)
     partition_count = partitions or max(1, math.ceil(total_bytes / PARTITION_BYTES))
     ray_start = time.perf_counter()
     with ray_session(address, quiet=quiet) as ray:
@@ -381,8 +409,8 @@ def compute_dataset_ray(
         )
         if nan_rewards and config.advantage.nan == "error":
             raise GrpoError(
-                f"{input}: {nan_rewards} reward(s) are null, NaN or infinite (--nan ignore leaves them out; "
-                "the local engine names the first row)"
+                f"{inputs.spec}: {nan_rewards} reward(s) are null, NaN or infinite "
+                "(--nan ignore leaves them out; the local engine names the first row)"
             )
         kwargs = config.advantage.kernel_kwargs()
         norms = [prepare_normalization(stats, **kwargs) for stats in channel_stats]
@@ -436,7 +464,6 @@ def compute_dataset_ray(
         "partitions": partition_count,
         "ray_startup_seconds": round(ray_startup, 3),
     }
-    summary_inputs = inputs if inputs is not None else _RemoteInputs(input)
     return build_summary(
         stats=summary_stats,
         active=active,
@@ -447,7 +474,7 @@ def compute_dataset_ray(
         dropped_groups=0 if keep is None else int((~keep).sum()),
         dropped_rows=dropped_rows,
         drop_reasons=_drop_reasons(config),
-        inputs=summary_inputs,  # type: ignore[arg-type]
+        inputs=inputs,  # type: ignore[arg-type]
         bytes_read=total_bytes,
         output=output_info,
         options=options,
@@ -460,14 +487,6 @@ def compute_dataset_ray(
 
 def _advantages_task(batch: pa.Table, payload: Any, token: str, config: ComputeConfig) -> pa.Table:
     return block_advantages(batch, payload, token, config)
-
-
-class _RemoteInputs:
-    def __init__(self, spec: str) -> None:
-        self.spec = spec
-        self.shards: list[Shard] = []
-        self.is_stdin = False
-        self.total_bytes = 0
 
 
 def _empty_partials(config: ComputeConfig) -> pa.Table:

@@ -45,7 +45,9 @@ class GroupKeyIndex:
     ([2, 1], 3, 'c')
     """
 
-    def __init__(self, columns: Sequence[str]) -> None:
+    def __init__(self, columns: Sequence[str], *, exact: bool = False) -> None:
+        """``exact=True`` matches key values in a Python dict from the start: no hashing
+        library to import, which is faster for small inputs (a few thousand rows)."""
         self.columns = tuple(columns)
         self._types: list[pa.DataType] | None = None
         self._sorted_hashes = torch.empty(0, dtype=torch.int64)
@@ -53,7 +55,7 @@ class GroupKeyIndex:
         self._rep_chunks: list[pa.Table] = []
         self._reps: pa.Table | None = None
         self._count = 0
-        self._exact: dict[Any, int] | None = None
+        self._exact: dict[Any, int] | None = {} if exact else None
 
     def __len__(self) -> int:
         return self._count

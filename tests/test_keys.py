@@ -98,3 +98,15 @@ def test_large_shuffled_strings_match_a_dict():
     rows = [uids[i] for i in rng.integers(0, 5000, 40000)]
     got, _ = encode_in_chunks([rows], 8192)
     assert got == first_appearance_ids(rows)
+
+
+def test_exact_mode_gives_the_same_ids():
+    rng = random.Random(5)
+    rows = [rng.choice(["a", "b", "c", "d"]) for _ in range(300)]
+    hashed, _ = encode_in_chunks([rows], 50)
+    index = GroupKeyIndex(["k"], exact=True)
+    exact = [
+        i for start in range(0, 300, 50) for i in index.encode([pa.array(rows[start : start + 50])]).tolist()
+    ]
+    assert exact == hashed == first_appearance_ids(rows)
+    assert index.key_at(exact[-1]) == rows[-1]

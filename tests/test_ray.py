@@ -154,6 +154,12 @@ def test_ray_option_errors(cli, sharded, tmp_path):
     assert result.exit_code == 2 and "need --engine ray" in result.stderr
     result = cli("compute", sharded, "-o", tmp_path / "x.parquet", "--engine", "ray", "-g", "uid")
     assert result.exit_code == 2 and "name a directory" in result.stderr
+    jsonl = tmp_path / "r.jsonl"
+    jsonl.write_text('{"uid": "a", "reward": 1.0}\n')
+    result = cli("compute", jsonl, "-o", tmp_path / "y", "--engine", "ray", "-g", "uid")
+    assert result.exit_code == 2 and "--engine ray reads Parquet" in result.stderr
+    result = cli("compute", "-", "-o", tmp_path / "z", "--engine", "ray", "-g", "uid", input="")
+    assert result.exit_code == 2 and "not standard input" in result.stderr
 
 
 def test_missing_ray_extra_says_how_to_install(monkeypatch, cli, sharded, tmp_path):
