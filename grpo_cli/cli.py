@@ -284,57 +284,54 @@ def _run(debug: bool, body: Callable[[], int]) -> None:
     raise typer.Exit(code)
 
 
-def _config(
-    *,
-    reward_col: list[str] | None,
-    group_col: list[str] | None,
-    group_size: int | None,
-    aggregation: AggregationChoice,
-    preset: Enum | None,
-    estimator: EstimatorChoice | None,
-    epsilon: float | None,
-    std: StdChoice | None,
-    scale: ScaleChoice | None,
-    epsilon_mode: EpsilonModeChoice | None,
-    singleton: SingletonChoice | None,
-    nan: NanChoice | None,
-    device: str,
-    advantage_col: str,
-    active_col: str,
-    input_format: InputFormat | None,
-    memory_limit_mb: int,
-    batch_rows: int | None,
-    **extra: Any,
-) -> ComputeConfig:
+def _config(params: dict[str, Any], **extra: Any) -> ComputeConfig:
+    """The engine's configuration from a command's parameters (its ``locals()``).
+
+    Both commands share the input and advantage options; this is the one place that
+    turns them into a :class:`~grpo_cli.engine.ComputeConfig`.
+    """
     from grpo_cli.engine import ComputeConfig
     from grpo_cli.options import AdvantageOptions, RewardSpec
 
+    def value(name: str) -> Any:
+        option = params[name]
+        return option.value if isinstance(option, Enum) else option
+
+    group_size, group_col = params["group_size"], params["group_col"]
     if group_size is not None and group_col:
         raise GrpoError("--group-size and --group-col cannot be used together")
     advantage = AdvantageOptions.resolve(
-        preset=preset.value if preset is not None else None,
-        estimator=estimator.value if estimator is not None else None,
-        epsilon=epsilon,
-        std=std.value if std else None,
-        scale=scale.value if scale else None,
-        epsilon_mode=epsilon_mode.value if epsilon_mode else None,
-        singleton=singleton.value if singleton else None,
-        nan=nan.value if nan else None,
+        **{
+            name: value(name)
+            for name in ("preset", "estimator", "epsilon", "std", "scale", "epsilon_mode", "singleton", "nan")
+        }
     )
     return ComputeConfig(
-        rewards=tuple(RewardSpec.parse(text) for text in (reward_col or ["reward"])),
+        rewards=tuple(RewardSpec.parse(text) for text in (params["reward_col"] or ["reward"])),
         group_cols=tuple(group_col or (() if group_size is not None else ("group_id",))),
         group_size=group_size,
-        aggregation=aggregation.value,
+        aggregation=value("reward_aggregation"),
         advantage=advantage,
-        advantage_col=advantage_col,
-        active_col=active_col,
-        device=device,
-        input_format=input_format.value if input_format else None,
-        memory_budget_bytes=memory_limit_mb << 20,
-        batch_rows=batch_rows,
+        device=params["device"],
+        input_format=value("input_format"),
+        memory_budget_bytes=params["memory_limit_mb"] << 20,
+        batch_rows=params["batch_rows"],
         **extra,
     )
+
+
+def _compute_locally(
+    input: str, output: str | None, config: ComputeConfig, *, force: bool, quiet: bool
+) -> RunSummary:
+    """The local engine, with progress bars where they belong."""
+    from grpo_cli.engine import compute_dataset
+
+    progress = _progress(quiet)
+    try:
+        return compute_dataset(input, output, config, force=force, progress=progress)
+    finally:
+        if progress is not None:
+            progress.close()
 
 
 def _progress(quiet: bool) -> RichProgress | None:
@@ -452,28 +449,13 @@ def compute(
     summary goes to standard error.
     """
 
-    def body() -> int:
-        from grpo_cli.engine import compute_dataset
+    params = dict(locals())
 
+    def body() -> int:
         config = _config(
-            reward_col=reward_col,
-            group_col=group_col,
-            group_size=group_size,
-            aggregation=reward_aggregation,
-            preset=preset,
-            estimator=estimator,
-            epsilon=epsilon,
-            std=std,
-            scale=scale,
-            epsilon_mode=epsilon_mode,
-            singleton=singleton,
-            nan=nan,
-            device=device,
+            params,
             advantage_col=advantage_col,
             active_col=active_col,
-            input_format=input_format,
-            memory_limit_mb=memory_limit_mb,
-            batch_rows=batch_rows,
             stats_cols=stats_cols,
             drop_inactive=drop_inactive,
             keep_mean_range=keep_mean_range,
@@ -488,12 +470,7 @@ def compute(
             return EXIT_OK
         if ray_address is not None or partitions is not None:
             raise GrpoError("--ray-address and --partitions need --engine ray")
-        progress = _progress(quiet)
-        try:
-            summary = compute_dataset(input, output, config, force=force, progress=progress)
-        finally:
-            if progress is not None:
-                progress.close()
+        summary = _compute_locally(input, output, config, force=force, quiet=quiet)
         _report(summary, quiet=quiet, summary_json=summary_json)
         return EXIT_OK
 
@@ -574,37 +551,15 @@ def check(
     summary and exits 0.
     """
 
+    params = dict(locals())
+
     def body() -> int:
         from grpo_cli.checks import CheckBounds, evaluate_checks
-        from grpo_cli.engine import VerifySpec, compute_dataset
+        from grpo_cli.engine import VerifySpec
 
-        config = _config(
-            reward_col=reward_col,
-            group_col=group_col,
-            group_size=group_size,
-            aggregation=reward_aggregation,
-            preset=preset,
-            estimator=estimator,
-            epsilon=epsilon,
-            std=std,
-            scale=scale,
-            epsilon_mode=epsilon_mode,
-            singleton=singleton,
-            nan=nan,
-            device=device,
-            advantage_col="advantage",
-            active_col="group_active",
-            input_format=input_format,
-            memory_limit_mb=memory_limit_mb,
-            batch_rows=batch_rows,
-            verify=VerifySpec(verify_advantage_col, atol=atol, rtol=rtol) if verify_advantage_col else None,
-        )
-        progress = _progress(quiet)
-        try:
-            summary = compute_dataset(input, None, config, progress=progress)
-        finally:
-            if progress is not None:
-                progress.close()
+        verify = VerifySpec(verify_advantage_col, atol=atol, rtol=rtol) if verify_advantage_col else None
+        config = _config(params, verify=verify)
+        summary = _compute_locally(input, None, config, force=False, quiet=quiet)
         summary.checks = evaluate_checks(
             summary,
             CheckBounds(

@@ -18,6 +18,7 @@ ddof=1 by default). Statistics stay in float64 and inactive groups exactly zero.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -391,7 +392,8 @@ def compute_dataset_ray(
     _check_schema(shards, config)
     partition_count = partitions or max(1, math.ceil(total_bytes / PARTITION_BYTES))
     ray_start = time.perf_counter()
-    with ray_session(address, quiet=quiet) as ray:
+    # Ray prints warnings with print(): keep standard output for what the user asked for.
+    with contextlib.redirect_stdout(sys.stderr), ray_session(address, quiet=quiet) as ray:
         ray_startup = time.perf_counter() - ray_start
         ds = ray.data.read_parquet(paths)
         needed = list(dict.fromkeys([r.column for r in config.rewards] + list(config.group_cols)))

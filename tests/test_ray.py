@@ -140,6 +140,7 @@ def test_ray_filters_and_cli(ray_instance, sharded, tmp_path, cli):
         "-q",
     )
     assert result.exit_code == 0, result.stderr
+    assert result.stdout.lstrip().startswith("{"), result.stdout
     summary = json.loads(result.stdout)
     assert summary["mode"] == "ray" and summary["options"]["engine"] == "ray"
     written = read_sorted(out)
