@@ -35,6 +35,7 @@ from grpo_cli.options import AGGREGATION_CHOICES, AdvantageOptions, RewardSpec
 from grpo_cli.output import OutputTarget
 from grpo_cli.sources import (
     InputSet,
+    JsonlSchemaDrift,
     Shard,
     describe_row,
     estimated_memory_bytes,
@@ -42,6 +43,7 @@ from grpo_cli.sources import (
     read_schema,
     read_table,
     row_count,
+    unify_jsonl_schema,
 )
 from grpo_cli.summary import RunSummary, build_summary
 
@@ -886,5 +888,14 @@ def compute_dataset(
         target = None
         if output is not None:
             target = OutputTarget(Path(output), inputs, force=force)
-        engine = Engine(inputs, config, writes_output=target is not None, progress=progress)
-        return engine.run(target)
+        for _ in range(len(inputs.shards) + 1):
+            try:
+                engine = Engine(inputs, config, writes_output=target is not None, progress=progress)
+                return engine.run(target)
+            except JsonlSchemaDrift as drift:
+                # Types inferred from the first block did not hold: read again with the
+                # types of the whole file (nothing was written: run() discards on error).
+                unify_jsonl_schema(drift.shard)
+                if output is not None:
+                    target = OutputTarget(Path(output), inputs, force=force)
+        raise GrpoError(f"{input}: the JSONL column types could not be settled")

@@ -228,8 +228,11 @@ class _JsonlReader:
             self._stream = pa.input_stream(
                 str(self.shard.path), compression="gzip" if self.shard.gzipped else None
             )
+            schema = _UNIFIED_JSONL_SCHEMAS.get(_jsonl_key(self.shard))
             return pa_json.open_json(
-                self._stream, read_options=pa_json.ReadOptions(block_size=JSONL_BLOCK_BYTES)
+                self._stream,
+                read_options=pa_json.ReadOptions(block_size=JSONL_BLOCK_BYTES),
+                parse_options=pa_json.ParseOptions(explicit_schema=schema) if schema is not None else None,
             )
         except pa.ArrowException as exc:
             self.close()
@@ -264,8 +267,61 @@ def _jsonl_batches(shard: Shard, columns: list[str] | None) -> Iterator[pa.Recor
             except StopIteration:
                 return
             except pa.ArrowException as exc:
+                if _is_schema_drift(exc) and _jsonl_key(shard) not in _UNIFIED_JSONL_SCHEMAS:
+                    raise JsonlSchemaDrift(shard) from None
                 raise _jsonl_error(shard, exc) from None
             yield batch.select(columns) if columns is not None else batch
+
+
+class JsonlSchemaDrift(Exception):
+    """A JSONL column changed type after the first block (0/1 rewards, then 0.5).
+
+    pyarrow infers a JSONL file's types from its first block; the engine catches this,
+    calls :func:`unify_jsonl_schema` and runs again with the types of the whole file.
+    """
+
+    def __init__(self, shard: Shard) -> None:
+        super().__init__(shard.display)
+        self.shard = shard
+
+
+_UNIFIED_JSONL_SCHEMAS: dict[tuple[str, int, float], pa.Schema] = {}
+
+
+def _jsonl_key(shard: Shard) -> tuple[str, int, float]:
+    stat = shard.path.stat()
+    return str(shard.path), stat.st_size, stat.st_mtime
+
+
+def _is_schema_drift(exc: Exception) -> bool:
+    text = str(exc)
+    return "Failed to convert JSON" in text or "changed from" in text or "Column(" in text
+
+
+def unify_jsonl_schema(shard: Shard, chunk_bytes: int = 32 << 20) -> pa.Schema:
+    """The types of the whole file: each line-aligned chunk inferred, then unified (int -> float)."""
+    opener: Any = gzip.open if shard.gzipped else open
+    schemas = []
+    with opener(shard.path, "rb") as handle:
+        while True:
+            chunk = handle.read(chunk_bytes)
+            if not chunk:
+                break
+            chunk += handle.readline()  # finish the last line
+            if not chunk.strip():
+                continue
+            try:
+                schemas.append(pa_json.read_json(pa.BufferReader(chunk)).schema)
+            except pa.ArrowException as exc:
+                raise _jsonl_error(shard, exc) from None
+    try:
+        schema = pa.unify_schemas(schemas, promote_options="permissive")
+    except (pa.ArrowException, TypeError) as exc:
+        raise GrpoError(
+            f"{shard.display}: a column holds values of incompatible types ({_first_line(exc)})"
+        ) from None
+    _UNIFIED_JSONL_SCHEMAS[_jsonl_key(shard)] = schema
+    return schema
 
 
 def _jsonl_error(shard: Shard, exc: Exception) -> GrpoError:

@@ -222,3 +222,32 @@ def test_dictionary_encoded_keys(tmp_path, big_rows):
     compute_dataset(source, tmp_path / "a.parquet", SMALL)
     compute_dataset(plain, tmp_path / "b.parquet", SMALL)
     assert read_column(tmp_path / "a.parquet") == read_column(tmp_path / "b.parquet")
+
+
+def test_jsonl_column_that_changes_type_after_the_first_block(tmp_path, monkeypatch):
+    # pyarrow infers JSONL types from the first block: 0/1 rewards first, 0.5 later.
+    from grpo_cli import sources
+
+    monkeypatch.setattr(sources, "JSONL_BLOCK_BYTES", 2048)
+    rows = [{"group_id": f"g{i // 4}", "reward": i % 2} for i in range(400)]
+    rows += [{"group_id": f"h{i // 4}", "reward": (i % 3) * 0.5} for i in range(400)]
+    source = write_jsonl(tmp_path / "drift.jsonl", rows)
+    summary = compute_dataset(source, tmp_path / "out.parquet", replace(SMALL, memory_budget_bytes=0))
+    written = pq.read_table(tmp_path / "out.parquet")
+    assert written.schema.field("reward").type == pa.float64()
+    assert written.column("reward").to_pylist() == [float(r["reward"]) for r in rows]
+    assert summary.rows == 800 and summary.groups == 200
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["drift.jsonl", "out.parquet"]
+
+
+def test_jsonl_column_with_incompatible_types_is_one_error(cli, tmp_path, monkeypatch):
+    from grpo_cli import sources
+
+    monkeypatch.setattr(sources, "JSONL_BLOCK_BYTES", 1024)
+    rows = [{"group_id": f"g{i // 4}", "reward": 1.0} for i in range(300)]
+    rows += [{"group_id": 7, "reward": 1.0} for _ in range(300)]
+    source = write_jsonl(tmp_path / "bad.jsonl", rows)
+    result = cli("compute", source, "-o", tmp_path / "o.parquet")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: ") and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o.parquet").exists()
