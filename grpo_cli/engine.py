@@ -512,8 +512,8 @@ class Engine:
             for extra in norms[1:]:
                 active = active | extra.active
             active_cpu = active.cpu()
-            group_columns = self._group_columns(first) if config.stats_cols else None
-            keep_groups = self._kept_groups(first, active)
+            group_columns = group_columns_for(config, first.summary_stats, first.rows_per_group)
+            keep_groups = kept_groups(config, active.cpu(), first.summary_stats)
             tracker = _Pass2Tracker(config.verify)
             take_ids = self._spool.reader()
             self.progress.start("pass 2/2: advantages" if output else "pass 2/2: verify", first.rows)
@@ -570,7 +570,7 @@ class Engine:
             advantage_range=tracker.advantage_range(),
             dropped_groups=0 if keep_groups is None else int((~keep_groups).sum()),
             dropped_rows=tracker.dropped_rows,
-            drop_reasons=self._drop_reasons(),
+            drop_reasons=drop_reasons(config),
             inputs=self.inputs,
             bytes_read=self.bytes_read,
             output=output_info,
@@ -580,35 +580,6 @@ class Engine:
             elapsed=time.perf_counter() - started,
             verify=tracker.verify_result(),
         )
-
-    def _group_columns(self, first: _Pass1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per-group mean, std and size for --stats-cols, computed once."""
-        stats = first.summary_stats.to("cpu")
-        ddof = 1 if self.config.advantage.std == "sample" else 0
-        std = (stats.m2 / (stats.count - ddof).clamp_min(1)).sqrt()
-        return stats.mean.numpy(), std.numpy(), first.rows_per_group
-
-    def _kept_groups(self, first: _Pass1, active: torch.Tensor) -> torch.Tensor | None:
-        config = self.config
-        if not config.drop_inactive and config.keep_mean_range is None:
-            return None
-        keep = torch.ones(first.num_groups, dtype=torch.bool)
-        if config.drop_inactive:
-            keep &= active.cpu()
-        if config.keep_mean_range is not None:
-            low, high = config.keep_mean_range
-            mean = first.summary_stats.mean.cpu()
-            keep &= (mean >= low) & (mean <= high)
-        return keep
-
-    def _drop_reasons(self) -> list[str]:
-        reasons = []
-        if self.config.drop_inactive:
-            reasons.append("inactive group (--drop-inactive)")
-        if self.config.keep_mean_range is not None:
-            low, high = self.config.keep_mean_range
-            reasons.append(f"group mean reward outside [{low}, {high}] (--keep-mean-range)")
-        return reasons
 
     def _advantages(
         self,
@@ -689,6 +660,42 @@ class Engine:
             "keep_mean_range": list(config.keep_mean_range) if config.keep_mean_range else None,
             "device": config.device,
         }
+
+
+def group_columns_for(
+    config: ComputeConfig, stats: GroupStats, rows_per_group: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Per-group mean, std and size for --stats-cols (``None`` without it), computed once."""
+    if not config.stats_cols:
+        return None
+    stats = stats.to("cpu")
+    ddof = 1 if config.advantage.std == "sample" else 0
+    std = (stats.m2 / (stats.count - ddof).clamp_min(1)).sqrt()
+    return stats.mean.numpy(), std.numpy(), rows_per_group
+
+
+def kept_groups(config: ComputeConfig, active: torch.Tensor, stats: GroupStats) -> torch.Tensor | None:
+    """Bool per group for --drop-inactive and --keep-mean-range, or ``None`` without them."""
+    if not config.drop_inactive and config.keep_mean_range is None:
+        return None
+    keep = torch.ones(active.numel(), dtype=torch.bool)
+    if config.drop_inactive:
+        keep &= active
+    if config.keep_mean_range is not None:
+        low, high = config.keep_mean_range
+        mean = stats.mean.cpu()
+        keep &= (mean >= low) & (mean <= high)
+    return keep
+
+
+def drop_reasons(config: ComputeConfig) -> list[str]:
+    reasons = []
+    if config.drop_inactive:
+        reasons.append("inactive group (--drop-inactive)")
+    if config.keep_mean_range is not None:
+        low, high = config.keep_mean_range
+        reasons.append(f"group mean reward outside [{low}, {high}] (--keep-mean-range)")
+    return reasons
 
 
 def check_shard_columns(

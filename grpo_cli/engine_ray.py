@@ -38,7 +38,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from grpo_cli.engine import ComputeConfig, _RewardReader, check_shard_columns
+from grpo_cli.engine import (
+    ComputeConfig,
+    _RewardReader,
+    check_shard_columns,
+    drop_reasons,
+    group_columns_for,
+    kept_groups,
+)
 from grpo_cli.errors import GrpoError
 from grpo_cli.kernel import (
     GroupStats,
@@ -419,8 +426,8 @@ def compute_dataset_ray(
         active = norms[0].active
         for extra in norms[1:]:
             active = active | extra.active
-        keep = _kept_groups(config, active, summary_stats)
-        group_columns = _group_columns(config, summary_stats, rows_per_group) if config.stats_cols else None
+        keep = kept_groups(config, active, summary_stats)
+        group_columns = group_columns_for(config, summary_stats, rows_per_group)
         payload = ray.put(
             {
                 "keys": key_table,
@@ -475,7 +482,7 @@ def compute_dataset_ray(
         advantage_range=_advantage_range(written, config.advantage_col) if written else None,
         dropped_groups=0 if keep is None else int((~keep).sum()),
         dropped_rows=dropped_rows,
-        drop_reasons=_drop_reasons(config),
+        drop_reasons=drop_reasons(config),
         inputs=inputs,  # type: ignore[arg-type]
         bytes_read=total_bytes,
         output=output_info,
@@ -513,36 +520,6 @@ def _check_schema(shards: list[Shard], config: ComputeConfig) -> None:
         except (pa.ArrowException, OSError) as exc:
             raise GrpoError(f"{shard.display}: not a readable Parquet file ({exc})") from None
         check_shard_columns(shard, schema, config, writes_output=True)
-
-
-def _kept_groups(config: ComputeConfig, active: torch.Tensor, stats: GroupStats) -> torch.Tensor | None:
-    if not config.drop_inactive and config.keep_mean_range is None:
-        return None
-    keep = torch.ones(active.numel(), dtype=torch.bool)
-    if config.drop_inactive:
-        keep &= active
-    if config.keep_mean_range is not None:
-        low, high = config.keep_mean_range
-        keep &= (stats.mean >= low) & (stats.mean <= high)
-    return keep
-
-
-def _drop_reasons(config: ComputeConfig) -> list[str]:
-    reasons = []
-    if config.drop_inactive:
-        reasons.append("inactive group (--drop-inactive)")
-    if config.keep_mean_range is not None:
-        low, high = config.keep_mean_range
-        reasons.append(f"group mean reward outside [{low}, {high}] (--keep-mean-range)")
-    return reasons
-
-
-def _group_columns(
-    config: ComputeConfig, stats: GroupStats, rows_per_group: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    ddof = 1 if config.advantage.std == "sample" else 0
-    std = (stats.m2 / (stats.count - ddof).clamp_min(1)).sqrt()
-    return stats.mean.numpy(), std.numpy(), rows_per_group
 
 
 def _advantage_range(files: list[Path], column: str) -> tuple[float, float] | None:

@@ -111,10 +111,6 @@ class GroupStats:
         """Move every statistic to ``device``."""
         return self._map(lambda t: t.to(device))
 
-    def index_select(self, order: Tensor) -> GroupStats:
-        """Reorder (or subset) the groups: the result's group ``j`` is group ``order[j]``."""
-        return self._map(lambda t: t.index_select(0, order))
-
     def _map(self, fn: Callable[[Tensor], Tensor]) -> GroupStats:
         return GroupStats(
             fn(self.count),
