@@ -328,6 +328,7 @@ class Engine:
         self._check_columns()
         self.in_memory = sum(estimated_memory_bytes(s) for s in inputs.shards) <= config.memory_budget_bytes
         self.bytes_read = 0
+        self._spool: _IdSpool | None = None
 
     # ----------------------------------------------------------------- validation
 
@@ -369,7 +370,7 @@ class Engine:
         rows_per_group = np.zeros(0, dtype=np.int64)
         bad = _BadRewards()
         cached: list[list[pa.RecordBatch]] | None = [] if self.in_memory else None
-        self._spool = _IdSpool(on_disk=not self.in_memory)
+        spool = self._spool = _IdSpool(on_disk=not self.in_memory)
         columns = None if self.in_memory else self._needed_columns()
         rows = 0
         pending: list[tuple[pa.RecordBatch, _RewardBatch]] = []
@@ -387,7 +388,7 @@ class Engine:
             if keys is not None:
                 key_columns = [pa.chunked_array([b.column(c) for b, _ in pending]) for c in config.group_cols]
                 ids_np = self._encode_keys(keys, key_columns, shard, pending_start)
-                self._spool.append(ids_np)
+                spool.append(ids_np)
                 ids = torch.from_numpy(ids_np)
                 counts = np.bincount(ids_np, minlength=len(keys))
                 rows_per_group = np.pad(rows_per_group, (0, len(counts) - len(rows_per_group))) + counts
@@ -515,6 +516,7 @@ class Engine:
             group_columns = group_columns_for(config, first.summary_stats, first.rows_per_group)
             keep_groups = kept_groups(config, active.cpu(), first.summary_stats)
             tracker = _Pass2Tracker(config.verify)
+            assert self._spool is not None
             take_ids = self._spool.reader()
             self.progress.start("pass 2/2: advantages" if output else "pass 2/2: verify", first.rows)
             global_row = 0
@@ -558,7 +560,8 @@ class Engine:
             self.progress.finish()
             output_info = output.commit() if output is not None else None
         finally:
-            self._spool.close()
+            if self._spool is not None:
+                self._spool.close()
             if output is not None:
                 output.discard()
         return build_summary(
