@@ -171,7 +171,7 @@ def block_group_stats(batch: pa.Table, config: ComputeConfig) -> pa.Table:
     if rewards.combined_valid is not None:
         invalid = np.bincount(ids_np[~rewards.combined_valid.numpy()], minlength=k)
     columns[NAN_FIELD] = invalid
-    table = keys._representatives() if k else batch.select(list(config.group_cols)).slice(0, 0)
+    table = keys.key_table(batch)
     for name, value in columns.items():
         table = table.append_column(name, pa.array(value))
     return table
@@ -238,7 +238,7 @@ def merge_partials(
         np.int64
     )
     nan_rewards = int(partials.column(NAN_FIELD).to_numpy().sum()) if partials.num_rows else 0
-    key_table = keys._representatives() if k else partials.select(list(config.group_cols)).slice(0, 0)
+    key_table = keys.key_table(partials)
     return key_table, channels, summary, rows_per_group, nan_rewards
 
 

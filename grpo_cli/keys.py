@@ -60,6 +60,12 @@ class GroupKeyIndex:
     def __len__(self) -> int:
         return self._count
 
+    def key_table(self, empty_like: pa.Table) -> pa.Table:
+        """One row per group, in ID order: the key columns (``empty_like``'s, if no group yet)."""
+        if not self._count:
+            return empty_like.select(list(self.columns)).slice(0, 0)
+        return self._representatives()
+
     def key_at(self, group_id: int) -> Any:
         """The key of a group: a scalar, or a tuple for a composite key."""
         row = self._representatives().slice(group_id, 1).to_pylist()[0]
