@@ -223,7 +223,7 @@ class _RewardBatch:
     combined_valid: torch.Tensor | None
 
 
-class _RewardReader:
+class RewardReader:
     """Turns reward columns into tensors: one channel (sum-then-normalize) or one per column."""
 
     def __init__(self, config: ComputeConfig, schema: pa.Schema, shard: Shard) -> None:
@@ -406,7 +406,7 @@ class Engine:
                 if cached is not None:
                     cached.append([])
                 continue
-            reader = _RewardReader(config, schema, shard)
+            reader = RewardReader(config, schema, shard)
             shard_batches: list[pa.RecordBatch] = []
             shard_row = 0
             pending_start = 0
@@ -528,7 +528,7 @@ class Engine:
                     if writer is not None:
                         writer.close()
                     continue
-                reader = _RewardReader(config, schema, shard)
+                reader = RewardReader(config, schema, shard)
                 batches: Iterator[pa.RecordBatch] = (
                     iter(first.cached[index]) if first.cached is not None else self._batches(shard, None)
                 )

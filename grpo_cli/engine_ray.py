@@ -40,7 +40,7 @@ import torch
 
 from grpo_cli.engine import (
     ComputeConfig,
-    _RewardReader,
+    RewardReader,
     check_shard_columns,
     drop_reasons,
     group_columns_for,
@@ -144,7 +144,7 @@ def _channels(config: ComputeConfig) -> int:
 def block_group_stats(batch: pa.Table, config: ComputeConfig) -> pa.Table:
     """One row per group of the block: its key columns and sufficient statistics."""
     shard = Shard(Path("<ray block>"), "<ray block>", "parquet", 0)
-    reader = _RewardReader(config, batch.schema, shard)
+    reader = RewardReader(config, batch.schema, shard)
     keys = GroupKeyIndex(config.group_cols)
     ids_np = keys.encode([batch.column(c) for c in config.group_cols])
     k = len(keys)
@@ -293,7 +293,7 @@ def block_advantages(batch: pa.Table, payload: Any, token: str, config: ComputeC
     index, norms, active, keep, group_columns = cached
     known = len(index)
     shard = Shard(Path("<ray block>"), "<ray block>", "parquet", 0)
-    reader = _RewardReader(config, batch.schema, shard)
+    reader = RewardReader(config, batch.schema, shard)
     ids_np = (
         index.encode([batch.column(c) for c in config.group_cols])
         if batch.num_rows
