@@ -111,6 +111,14 @@ class ComputeConfig:
         self.advantage.validate()
 
     @property
+    def input_columns(self) -> list[str]:
+        """The columns pass 1 reads: the rewards, then the group keys (without repeats)."""
+        columns = [r.column for r in self.rewards]
+        if self.group_size is None:
+            columns += [c for c in self.group_cols if c not in columns]
+        return columns
+
+    @property
     def new_columns(self) -> list[str]:
         cols = [self.advantage_col, self.active_col]
         if self.stats_cols:
@@ -332,12 +340,6 @@ class Engine:
 
     # ----------------------------------------------------------------- validation
 
-    def _needed_columns(self) -> list[str]:
-        cols = [r.column for r in self.config.rewards]
-        if self.config.group_size is None:
-            cols += [c for c in self.config.group_cols if c not in cols]
-        return cols
-
     def _check_columns(self) -> None:
         for shard, schema in zip(self.inputs.shards, self.schemas, strict=True):
             check_shard_columns(shard, schema, self.config, writes_output=self.writes_output)
@@ -371,7 +373,7 @@ class Engine:
         bad = _BadRewards()
         cached: list[list[pa.RecordBatch]] | None = [] if self.in_memory else None
         spool = self._spool = _IdSpool(on_disk=not self.in_memory)
-        columns = None if self.in_memory else self._needed_columns()
+        columns = None if self.in_memory else config.input_columns
         rows = 0
         pending: list[tuple[pa.RecordBatch, _RewardBatch]] = []
         pending_rows = 0
@@ -521,7 +523,7 @@ class Engine:
             self.progress.start("pass 2/2: advantages" if output else "pass 2/2: verify", first.rows)
             global_row = 0
             for index, (shard, schema) in enumerate(zip(self.inputs.shards, self.schemas, strict=True)):
-                out_schema = self._output_schema(schema, first)
+                out_schema = self._output_schema(schema)
                 new_columns = len(config.new_columns)
                 writer = output.open_shard(shard, out_schema, new_columns) if output is not None else None
                 if len(schema) == 0:
@@ -539,12 +541,13 @@ class Engine:
                         ids = torch.arange(global_row, global_row + n) // config.group_size
                     else:
                         ids = as_tensor(take_ids(n))
-                    result = self._advantages(reader.read(batch), ids, norms, active)
+                    result = combined_advantages(reader.read(batch), ids, norms, active, config, self.device)
                     result = result.to(reader.output_dtype).cpu()
                     row_active = active_cpu[ids]
                     tracker.observe(batch, result, row_active, ids, first, shard, shard_row)
                     if writer is not None:
-                        out_batch = self._augment(batch, out_schema, result, row_active, ids, group_columns)
+                        arrays = new_column_arrays(result, row_active, ids.numpy(), group_columns)
+                        out_batch = pa.RecordBatch.from_arrays([*batch.columns, *arrays], schema=out_schema)
                         if keep_groups is not None:
                             keep = keep_groups[ids].numpy()
                             tracker.dropped_rows += int(n - keep.sum())
@@ -577,42 +580,14 @@ class Engine:
             inputs=self.inputs,
             bytes_read=self.bytes_read,
             output=output_info,
-            options=self._options_dict(),
+            options=options_summary(config),
             mode="in-memory" if self.in_memory else "streaming",
             device=str(self.device),
             elapsed=time.perf_counter() - started,
             verify=tracker.verify_result(),
         )
 
-    def _advantages(
-        self,
-        rewards: _RewardBatch,
-        ids: torch.Tensor,
-        norms: list[Normalization],
-        active: torch.Tensor,
-    ) -> torch.Tensor:
-        ids_dev = ids.to(self.device)
-        total: torch.Tensor | None = None
-        specs = self.config.rewards
-        for channel, (values, valid, norm) in enumerate(
-            zip(rewards.channels, rewards.channel_valid, norms, strict=True)
-        ):
-            part = apply_normalization(
-                values.to(self.device),
-                ids_dev,
-                norm,
-                valid=None if valid is None else valid.to(self.device),
-            )
-            if len(norms) > 1:
-                part = part.to(torch.float64) * specs[channel].weight
-            total = part if total is None else total + part
-        assert total is not None
-        if len(norms) > 1:
-            # each channel leaves inactive groups at exactly 0; so does the weighted sum
-            total = torch.where(active[ids_dev], total, torch.zeros_like(total))
-        return total
-
-    def _output_schema(self, schema: pa.Schema, first: _Pass1) -> pa.Schema:
+    def _output_schema(self, schema: pa.Schema) -> pa.Schema:
         dtype = _advantage_dtype_from_schema(self.config, schema)
         arrow_type = {torch.float16: pa.float16(), torch.float32: pa.float32(), torch.float64: pa.float64()}[
             dtype
@@ -633,36 +608,62 @@ class Engine:
             out = out.append(f)
         return out.with_metadata(schema.metadata) if schema.metadata else out
 
-    def _augment(
-        self,
-        batch: pa.RecordBatch,
-        schema: pa.Schema,
-        advantages: torch.Tensor,
-        row_active: torch.Tensor,
-        ids: torch.Tensor,
-        group_columns: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
-    ) -> pa.RecordBatch:
-        columns = [*batch.columns, pa.array(advantages.numpy()), pa.array(row_active.numpy())]
-        if group_columns is not None:
-            index = ids.numpy()
-            columns += [pa.array(column[index]) for column in group_columns]
-        return pa.RecordBatch.from_arrays(columns, schema=schema)
 
-    def _options_dict(self) -> dict[str, Any]:
-        config = self.config
-        return {
-            **config.advantage.as_dict(),
-            "reward_cols": [{"column": r.column, "weight": r.weight} for r in config.rewards],
-            "reward_aggregation": config.aggregation,
-            "group_cols": list(config.group_cols) if config.group_size is None else [],
-            "group_size": config.group_size,
-            "advantage_col": config.advantage_col,
-            "active_col": config.active_col,
-            "stats_cols": config.stats_cols,
-            "drop_inactive": config.drop_inactive,
-            "keep_mean_range": list(config.keep_mean_range) if config.keep_mean_range else None,
-            "device": config.device,
-        }
+def options_summary(config: ComputeConfig) -> dict[str, Any]:
+    """Every option in force, after the preset: the summary's ``options``."""
+    return {
+        **config.advantage.as_dict(),
+        "reward_cols": [{"column": r.column, "weight": r.weight} for r in config.rewards],
+        "reward_aggregation": config.aggregation,
+        "group_cols": list(config.group_cols) if config.group_size is None else [],
+        "group_size": config.group_size,
+        "advantage_col": config.advantage_col,
+        "active_col": config.active_col,
+        "stats_cols": config.stats_cols,
+        "drop_inactive": config.drop_inactive,
+        "keep_mean_range": list(config.keep_mean_range) if config.keep_mean_range else None,
+        "device": config.device,
+    }
+
+
+def combined_advantages(
+    rewards: _RewardBatch,
+    ids: torch.Tensor,
+    norms: list[Normalization],
+    active: torch.Tensor,
+    config: ComputeConfig,
+    device: torch.device,
+) -> torch.Tensor:
+    """Advantages of one batch: one channel, or the weighted sum of per-reward channels."""
+    ids_dev = ids.to(device)
+    total: torch.Tensor | None = None
+    for channel, (values, valid, norm) in enumerate(
+        zip(rewards.channels, rewards.channel_valid, norms, strict=True)
+    ):
+        part = apply_normalization(
+            values.to(device), ids_dev, norm, valid=None if valid is None else valid.to(device)
+        )
+        if len(norms) > 1:
+            part = part.to(torch.float64) * config.rewards[channel].weight
+        total = part if total is None else total + part
+    assert total is not None
+    if len(norms) > 1:
+        # each channel leaves inactive groups at exactly 0; so does the weighted sum
+        total = torch.where(active[ids_dev], total, torch.zeros_like(total))
+    return total
+
+
+def new_column_arrays(
+    advantages: torch.Tensor,
+    row_active: torch.Tensor,
+    ids: np.ndarray,
+    group_columns: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+) -> list[pa.Array]:
+    """The appended columns of one batch, in the order of ``ComputeConfig.new_columns``."""
+    arrays = [pa.array(advantages.numpy()), pa.array(row_active.numpy())]
+    if group_columns is not None:
+        arrays += [pa.array(column[ids]) for column in group_columns]
+    return arrays
 
 
 def group_columns_for(
@@ -708,10 +709,7 @@ def check_shard_columns(
     if len(schema) == 0:  # an empty JSONL file: no records, no columns
         return
     names = schema.names
-    needed = [r.column for r in config.rewards]
-    if config.group_size is None:
-        needed += [c for c in config.group_cols if c not in needed]
-    for column in needed:
+    for column in config.input_columns:
         if column not in names:
             raise GrpoError(f"{shard.display}: no column {column!r}; the columns are {', '.join(names)}")
     for column in config.new_columns if writes_output else ():

@@ -42,15 +42,17 @@ from grpo_cli.engine import (
     ComputeConfig,
     RewardReader,
     check_shard_columns,
+    combined_advantages,
     drop_reasons,
     group_columns_for,
     kept_groups,
+    new_column_arrays,
+    options_summary,
 )
 from grpo_cli.errors import GrpoError
 from grpo_cli.kernel import (
     GroupStats,
     GroupStatsAccumulator,
-    apply_normalization,
     merge_group_stats,
     prepare_normalization,
 )
@@ -303,24 +305,11 @@ def block_advantages(batch: pa.Table, payload: Any, token: str, config: ComputeC
         raise RuntimeError("a group key appeared in pass 2 that pass 1 did not see")
     ids = as_tensor(ids_np)
     rewards = reader.read(_record_batch(batch))
-    total: torch.Tensor | None = None
-    for channel, (values, valid, norm) in enumerate(
-        zip(rewards.channels, rewards.channel_valid, norms, strict=True)
-    ):
-        part = apply_normalization(values, ids, norm, valid=valid)
-        if len(norms) > 1:
-            part = part.to(torch.float64) * config.rewards[channel].weight
-        total = part if total is None else total + part
-    assert total is not None
-    if len(norms) > 1:
-        total = torch.where(active[ids], total, torch.zeros_like(total))
-    advantages = total.to(reader.output_dtype)
-    out = batch.append_column(config.advantage_col, pa.array(advantages.numpy()))
-    out = out.append_column(config.active_col, pa.array(active[ids].numpy()))
-    if group_columns is not None:
-        prefix = config.advantage_col
-        for suffix, column in zip(("group_mean", "group_std", "group_size"), group_columns, strict=True):
-            out = out.append_column(f"{prefix}_{suffix}", pa.array(column[ids_np]))
+    advantages = combined_advantages(rewards, ids, norms, active, config, torch.device("cpu"))
+    arrays = new_column_arrays(advantages.to(reader.output_dtype), active[ids], ids_np, group_columns)
+    out = batch
+    for name, array in zip(config.new_columns, arrays, strict=True):
+        out = out.append_column(name, array)
     if keep is not None:
         out = out.filter(pa.array(keep[ids_np]))
     return out
@@ -403,8 +392,9 @@ def compute_dataset_ray(
     with contextlib.redirect_stdout(sys.stderr), ray_session(address, quiet=quiet) as ray:
         ray_startup = time.perf_counter() - ray_start
         ds = ray.data.read_parquet(paths)
-        needed = list(dict.fromkeys([r.column for r in config.rewards] + list(config.group_cols)))
-        stats_ds = ds.select_columns(needed).repartition(partition_count, keys=list(config.group_cols))
+        stats_ds = ds.select_columns(config.input_columns).repartition(
+            partition_count, keys=list(config.group_cols)
+        )
         partial_ds = stats_ds.map_batches(
             block_group_stats, batch_size=None, batch_format="pyarrow", fn_kwargs={"config": config}
         )
@@ -458,16 +448,7 @@ def compute_dataset_ray(
     }
     dropped_rows = int(rows_per_group[~keep.numpy()].sum()) if keep is not None else 0
     options = {
-        **config.advantage.as_dict(),
-        "reward_cols": [{"column": r.column, "weight": r.weight} for r in config.rewards],
-        "reward_aggregation": config.aggregation,
-        "group_cols": list(config.group_cols),
-        "group_size": None,
-        "advantage_col": config.advantage_col,
-        "active_col": config.active_col,
-        "stats_cols": config.stats_cols,
-        "drop_inactive": config.drop_inactive,
-        "keep_mean_range": list(config.keep_mean_range) if config.keep_mean_range else None,
+        **options_summary(config),
         "device": "cpu",
         "engine": "ray",
         "partitions": partition_count,
