@@ -24,13 +24,16 @@ class CheckBounds:
 def evaluate_checks(summary: RunSummary, bounds: CheckBounds) -> list[dict[str, Any]]:
     """Results in a fixed order, as dicts with name, value, bound and passed.
 
-    Group-size checks pass vacuously on a dataset with no groups; ``min-groups`` is the
-    check that catches an empty dataset.
+    A dataset with no rows always fails: the ``rows`` check is added, failed, in front
+    (a CI gate must never pass on nothing). Group-size checks then pass vacuously.
     """
     results: list[dict[str, Any]] = []
 
     def add(name: str, value: Any, bound: str, passed: bool) -> None:
         results.append({"name": name, "value": value, "bound": bound, "passed": bool(passed)})
+
+    if summary.rows == 0:
+        add("rows", 0, ">= 1", False)
 
     sizes = summary.group_size
     if bounds.max_inactive_fraction is not None:

@@ -6,16 +6,22 @@ and ``--version`` answer at once.
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import sys
 import traceback
 from collections.abc import Callable
 from enum import Enum
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
+import typer.core
+
+try:  # recent Typer releases carry their own copy of Click
+    from typer._click import exceptions as click_exceptions
+except ImportError:  # pragma: no cover - Typer on the Click package
+    from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
 from grpo_cli import __version__
 from grpo_cli.errors import GrpoError
@@ -29,11 +35,47 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
+EXIT_WRITTEN_THEN_FAILED = 3
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a Unix tool killed by a closed pipe
+
+
+class _OneLineErrors(typer.core.TyperGroup):
+    """Usage errors as one ``error:`` line on stderr and exit 2, like every other error."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Any = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        try:
+            result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click_exceptions.NoArgsIsHelpError as exc:
+            typer.echo(exc.ctx.get_help() if exc.ctx is not None else exc.format_message())
+            result = exc.exit_code
+        except click_exceptions.UsageError as exc:
+            command = exc.ctx.command_path if exc.ctx is not None else "grpo-cli"
+            message = " ".join(exc.format_message().split())
+            typer.echo(f"error: {message} (see '{command} --help')", err=True)
+            result = exc.exit_code
+        except click_exceptions.ClickException as exc:
+            typer.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
+            result = exc.exit_code
+        except typer.Abort:
+            typer.echo("error: aborted", err=True)
+            result = EXIT_INTERRUPTED
+        if not standalone_mode:
+            return result
+        sys.exit(result if isinstance(result, int) else EXIT_OK)
+
 
 app = typer.Typer(
     name="grpo-cli",
+    cls=_OneLineErrors,
     help="Exact, fast GRPO group-relative advantages over rollout datasets (Parquet, JSONL).",
     context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=True,
@@ -253,20 +295,39 @@ def _fail(message: str, code: int) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _run(debug: bool, body: Callable[[], int]) -> None:
-    """Run a command body, mapping every failure to one line on stderr and an exit code."""
-    previous = signal.getsignal(signal.SIGTERM)
+class _RunState:
+    """What a command has already put on disk, so that no message contradicts it."""
 
-    def on_sigterm(signum: int, frame: object) -> None:
+    written: str | None = None
+
+
+def _run(debug: bool, body: Callable[[_RunState], int]) -> None:
+    """Run a command body, mapping every failure to one line on stderr and an exit code.
+
+    SIGTERM and SIGHUP stop the run like Ctrl-C: every temporary is removed.
+    """
+    state = _RunState()
+    handled = [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    previous = {signum: signal.getsignal(signum) for signum in handled}
+
+    def on_signal(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+    for signum in handled:
+        signal.signal(signum, on_signal)
     try:
-        code = body()
+        code = body(state)
     except GrpoError as exc:
         _fail(exc.message, exc.exit_code)
     except KeyboardInterrupt:
+        if state.written is not None:
+            _fail(f"interrupted after the output {state.written} was written", EXIT_INTERRUPTED)
         _fail("interrupted; no output was written", EXIT_INTERRUPTED)
+    except BrokenPipeError:
+        # The reader of standard output went away (| head): end quietly, as Unix tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise typer.Exit(EXIT_BROKEN_PIPE) from None
     except MemoryError:
         _fail("out of memory; try --device cpu or a smaller --memory-limit-mb", EXIT_INTERNAL)
     except (typer.Exit, typer.Abort):
@@ -280,8 +341,23 @@ def _run(debug: bool, body: Callable[[], int]) -> None:
             EXIT_INTERNAL,
         )
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     raise typer.Exit(code)
+
+
+def _check_stdout(summary_json: str | None) -> None:
+    """``--summary-json -`` needs an open standard output: checked before any work."""
+    if summary_json != "-":
+        return
+    try:
+        if sys.stdout is None:  # Python's stand-in when file descriptor 1 is closed
+            raise OSError
+        os.fstat(sys.stdout.fileno())
+    except io.UnsupportedOperation:
+        pass  # an in-memory stream (tests): writable
+    except (OSError, ValueError):
+        raise GrpoError("--summary-json -: standard output is closed") from None
 
 
 def _config(params: dict[str, Any], **extra: Any) -> ComputeConfig:
@@ -321,14 +397,27 @@ def _config(params: dict[str, Any], **extra: Any) -> ComputeConfig:
 
 
 def _compute_locally(
-    input: str, output: str | None, config: ComputeConfig, *, force: bool, quiet: bool
+    input: str,
+    output: str | None,
+    config: ComputeConfig,
+    *,
+    force: bool,
+    quiet: bool,
+    summary_json: str | None,
 ) -> RunSummary:
     """The local engine, with progress bars where they belong."""
     from grpo_cli.engine import compute_dataset
 
     progress = _progress(quiet)
     try:
-        return compute_dataset(input, output, config, force=force, progress=progress)
+        return compute_dataset(
+            input,
+            output,
+            config,
+            force=force,
+            progress=progress,
+            summary_json=None if summary_json == "-" else summary_json,
+        )
     finally:
         if progress is not None:
             progress.close()
@@ -343,14 +432,10 @@ def _progress(quiet: bool) -> RichProgress | None:
 
 
 def _report(summary: RunSummary, *, quiet: bool, summary_json: str | None, compact: bool = False) -> None:
-    """JSON where asked; the human report on stderr (compact: one line, then the checks)."""
+    """JSON on stdout where asked (a file was written by the run); the report on stderr."""
     if summary_json == "-":
         sys.stdout.write(summary.to_json() + "\n")
         sys.stdout.flush()
-    elif summary_json is not None:
-        from grpo_cli.output import write_text_atomically
-
-        write_text_atomically(Path(summary_json), summary.to_json() + "\n")
     if quiet:
         return
     from rich.console import Console
@@ -451,7 +536,7 @@ def compute(
 
     params = dict(locals())
 
-    def body() -> int:
+    def body(state: _RunState) -> int:
         config = _config(
             params,
             advantage_col=advantage_col,
@@ -460,17 +545,27 @@ def compute(
             drop_inactive=drop_inactive,
             keep_mean_range=keep_mean_range,
         )
+        _check_stdout(summary_json)
         if engine is EngineChoice.ray:
             from grpo_cli.engine_ray import compute_dataset_ray
 
             summary = compute_dataset_ray(
-                input, output, config, address=ray_address, partitions=partitions, force=force, quiet=quiet
+                input,
+                output,
+                config,
+                address=ray_address,
+                partitions=partitions,
+                force=force,
+                quiet=quiet,
+                summary_json=None if summary_json == "-" else summary_json,
             )
-            _report(summary, quiet=quiet, summary_json=summary_json)
-            return EXIT_OK
-        if ray_address is not None or partitions is not None:
-            raise GrpoError("--ray-address and --partitions need --engine ray")
-        summary = _compute_locally(input, output, config, force=force, quiet=quiet)
+        else:
+            if ray_address is not None or partitions is not None:
+                raise GrpoError("--ray-address and --partitions need --engine ray")
+            summary = _compute_locally(
+                input, output, config, force=force, quiet=quiet, summary_json=summary_json
+            )
+        state.written = output
         _report(summary, quiet=quiet, summary_json=summary_json)
         return EXIT_OK
 
@@ -538,6 +633,9 @@ def check(
     nan: NanOpt = None,
     device: DeviceOpt = "cpu",
     summary_json: SummaryJsonOpt = None,
+    force: Annotated[
+        bool, typer.Option("--force", "-f", help="Overwrite an existing --summary-json file.")
+    ] = False,
     quiet: QuietOpt = False,
     input_format: InputFormatOpt = None,
     memory_limit_mb: MemoryLimitOpt = 1024,
@@ -553,25 +651,35 @@ def check(
 
     params = dict(locals())
 
-    def body() -> int:
-        from grpo_cli.checks import CheckBounds, evaluate_checks
-        from grpo_cli.engine import VerifySpec
+    def body(state: _RunState) -> int:
+        from grpo_cli.checks import CheckBounds
+        from grpo_cli.engine import VerifySpec, check_dataset
 
         verify = VerifySpec(verify_advantage_col, atol=atol, rtol=rtol) if verify_advantage_col else None
         config = _config(params, verify=verify)
-        summary = _compute_locally(input, None, config, force=False, quiet=quiet)
-        summary.checks = evaluate_checks(
-            summary,
-            CheckBounds(
-                max_inactive_fraction=max_inactive_fraction,
-                min_active_groups=min_active_groups,
-                min_groups=min_groups,
-                min_group_size=min_group_size,
-                max_group_size=max_group_size,
-                uniform_group_size=uniform_group_size,
-                max_singleton_groups=max_singleton_groups,
-            ),
+        _check_stdout(summary_json)
+        bounds = CheckBounds(
+            max_inactive_fraction=max_inactive_fraction,
+            min_active_groups=min_active_groups,
+            min_groups=min_groups,
+            min_group_size=min_group_size,
+            max_group_size=max_group_size,
+            uniform_group_size=uniform_group_size,
+            max_singleton_groups=max_singleton_groups,
         )
+        progress = _progress(quiet)
+        try:
+            summary = check_dataset(
+                input,
+                bounds,
+                config,
+                force=force,
+                progress=progress,
+                summary_json=None if summary_json == "-" else summary_json,
+            )
+        finally:
+            if progress is not None:
+                progress.close()
         _report(summary, quiet=quiet, summary_json=summary_json, compact=bool(summary.checks))
         return EXIT_OK if all(c["passed"] for c in summary.checks) else EXIT_CHECK_FAILED
 

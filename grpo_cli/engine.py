@@ -9,12 +9,12 @@ for pass 2; the arithmetic is the same, so both paths give bitwise identical res
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any, Protocol
 
 import numpy as np
@@ -22,7 +22,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from grpo_cli.checks import CheckBounds, evaluate_checks
 from grpo_cli.errors import GrpoError
+from grpo_cli.guard import (
+    PROVENANCE_KEY,
+    Claim,
+    WriteGuard,
+    output_is_directory,
+    reported_after_commit,
+    write_text,
+)
 from grpo_cli.kernel import (
     GroupStats,
     GroupStatsAccumulator,
@@ -30,7 +39,7 @@ from grpo_cli.kernel import (
     apply_normalization,
     prepare_normalization,
 )
-from grpo_cli.keys import GroupKeyIndex, as_tensor
+from grpo_cli.keys import GroupKeyIndex, as_tensor, check_key_types, first_invalid_key
 from grpo_cli.options import AGGREGATION_CHOICES, AdvantageOptions, RewardSpec
 from grpo_cli.output import OutputTarget
 from grpo_cli.sources import (
@@ -236,6 +245,7 @@ class RewardReader:
 
     def __init__(self, config: ComputeConfig, schema: pa.Schema, shard: Shard) -> None:
         self.specs = config.rewards
+        self.shard = shard
         self.per_column = config.aggregation == "normalize-then-sum" and len(self.specs) > 1
         types = []
         for spec in self.specs:
@@ -244,6 +254,7 @@ class RewardReader:
                 pa.types.is_integer(column_type)
                 or pa.types.is_floating(column_type)
                 or pa.types.is_boolean(column_type)
+                or pa.types.is_decimal(column_type)
             ):
                 raise GrpoError(
                     f"{shard.display}: reward column {spec.column!r} has type {column_type}; "
@@ -254,8 +265,9 @@ class RewardReader:
         single = len(self.specs) == 1 and self.specs[0].weight == 1.0
         self.native = single and pa.types.is_floating(types[0])
 
-    def read(self, batch: pa.RecordBatch) -> _RewardBatch:
-        values = [self._column(batch.column(spec.column)) for spec in self.specs]
+    def read(self, batch: pa.RecordBatch, first_row: int = 0) -> _RewardBatch:
+        """The batch's rewards; ``first_row`` (its row in the shard) locates errors."""
+        values = [self._column(batch.column(spec.column), spec.column, first_row) for spec in self.specs]
         if self.native:
             tensor = values[0]
             valid = _finite(tensor)
@@ -270,10 +282,24 @@ class RewardReader:
             return _RewardBatch(scaled, [_finite(v) for v in scaled], combined, combined_valid)
         return _RewardBatch([combined], [combined_valid], combined, combined_valid)
 
-    @staticmethod
-    def _column(array: pa.Array) -> torch.Tensor:
-        if pa.types.is_boolean(array.type) or pa.types.is_integer(array.type):
-            array = pc.cast(array, pa.float64())
+    def _column(self, array: pa.Array, name: str, first_row: int) -> torch.Tensor:
+        if pa.types.is_integer(array.type) and array.type.bit_width == 64:
+            limit = pa.scalar(1 << 53, array.type)
+            too_large = pc.greater(array, limit)
+            if pa.types.is_signed_integer(array.type):
+                too_large = pc.or_(too_large, pc.less(array, pa.scalar(-(1 << 53), array.type)))
+            if pc.any(too_large).as_py():
+                index = int(pc.index(too_large, True).as_py())
+                raise GrpoError(
+                    f"{describe_row(self.shard, first_row + index)}: reward {array[index].as_py()} in column "
+                    f"{name!r} is an integer beyond 2**53, which float64 cannot hold exactly"
+                )
+        if (
+            pa.types.is_boolean(array.type)
+            or pa.types.is_integer(array.type)
+            or pa.types.is_decimal(array.type)
+        ):
+            array = pc.cast(array, pa.float64(), safe=False)
         if array.null_count:
             array = array.fill_null(float("nan"))
         return as_tensor(array.to_numpy(zero_copy_only=False))
@@ -286,6 +312,8 @@ def _finite(values: torch.Tensor) -> torch.Tensor | None:
 
 
 def _advantage_dtype(types: Sequence[pa.DataType]) -> torch.dtype:
+    if any(pa.types.is_decimal(t) for t in types):
+        return torch.float64
     floats = [t for t in types if pa.types.is_floating(t)]
     if len(types) == 1 and floats:
         return {16: torch.float16, 32: torch.float32, 64: torch.float64}[floats[0].bit_width]
@@ -334,6 +362,11 @@ class Engine:
         self.device = resolve_device(config.device)
         self.schemas = [read_schema(shard) for shard in inputs.shards]
         self._check_columns()
+        if config.group_size is None:
+            check_key_types(
+                [(shard.display, schema) for shard, schema in zip(inputs.shards, self.schemas, strict=True)],
+                config.group_cols,
+            )
         self.in_memory = sum(estimated_memory_bytes(s) for s in inputs.shards) <= config.memory_budget_bytes
         self.bytes_read = 0
         self._spool: _IdSpool | None = None
@@ -416,7 +449,7 @@ class Engine:
                 n = batch.num_rows
                 if cached is not None:
                     shard_batches.append(batch)
-                rewards = reader.read(batch)
+                rewards = reader.read(batch, shard_row)
                 self._note_bad_rewards(rewards, bad, shard, shard_row)
                 pending.append((batch, rewards))
                 pending_rows += n
@@ -488,13 +521,13 @@ class Engine:
     def _encode_keys(
         self, keys: GroupKeyIndex, arrays: list[pa.ChunkedArray], shard: Shard, shard_row: int
     ) -> np.ndarray:
-        for name, array in zip(self.config.group_cols, arrays, strict=True):
-            if array.null_count:
-                first = int(pc.index(array.is_null(), True).as_py())
-                raise GrpoError(
-                    f"{describe_row(shard, shard_row + first)}: group key {name!r} is null "
-                    f"({array.null_count} null key(s) near it)"
-                )
+        invalid = first_invalid_key(self.config.group_cols, arrays)
+        if invalid is not None:
+            name, index, what, count = invalid
+            raise GrpoError(
+                f"{describe_row(shard, shard_row + index)}: group key {name!r} is {what} "
+                f"({count} {what} key(s) in this chunk); {what} keys cannot be grouped"
+            )
         try:
             return keys.encode(arrays)
         except (TypeError, pa.ArrowException) as exc:
@@ -509,6 +542,8 @@ class Engine:
         config = self.config
         try:
             first = self._pass1()
+            if first.rows == 0 and output is not None:
+                raise GrpoError(f"{self.inputs.spec}: no rows; there is nothing to compute advantages for")
             kwargs = config.advantage.kernel_kwargs()
             norms = [prepare_normalization(stats, **kwargs) for stats in first.stats]
             active = norms[0].active
@@ -606,7 +641,21 @@ class Engine:
         out = schema
         for f in fields:
             out = out.append(f)
-        return out.with_metadata(schema.metadata) if schema.metadata else out
+        metadata = dict(schema.metadata or {})
+        metadata[PROVENANCE_KEY] = provenance(self.config, self.inputs)
+        return out.with_metadata(metadata)
+
+
+def provenance(config: ComputeConfig, inputs: Any) -> bytes:
+    """The ``grpo_cli`` key-value entry of every Parquet output: how it was made."""
+    from grpo_cli import __version__
+
+    record = {
+        "version": __version__,
+        "options": options_summary(config),
+        "inputs": [shard.display for shard in inputs.shards],
+    }
+    return json.dumps(record, sort_keys=True).encode()
 
 
 def options_summary(config: ComputeConfig) -> dict[str, Any]:
@@ -884,26 +933,80 @@ def compute_dataset(
     *,
     force: bool = False,
     progress: Progress | None = None,
+    summary_json: str | os.PathLike[str] | None = None,
 ) -> RunSummary:
     """Library entry point: the same job as ``grpo-cli compute``.
 
     Reads ``input`` (file, directory of shards, glob, or ``-``), writes the augmented
-    Parquet ``output`` atomically (nothing is written when ``output`` is ``None``) and
-    returns the run's :class:`~grpo_cli.summary.RunSummary`.
+    Parquet ``output`` atomically (nothing is written when ``output`` is ``None``),
+    writes the summary as JSON to ``summary_json`` if given, and returns the run's
+    :class:`~grpo_cli.summary.RunSummary`. Every path is checked by the write guard
+    before any work starts.
     """
+    return _job(input, output, config, force=force, progress=progress, summary_json=summary_json)
+
+
+def check_dataset(
+    input: str | os.PathLike[str],
+    bounds: CheckBounds,
+    config: ComputeConfig | None = None,
+    *,
+    force: bool = False,
+    progress: Progress | None = None,
+    summary_json: str | os.PathLike[str] | None = None,
+) -> RunSummary:
+    """Library entry point: the same job as ``grpo-cli check``; ``summary.checks`` holds the results."""
+
+    def add_checks(summary: RunSummary) -> None:
+        summary.checks = evaluate_checks(summary, bounds)
+
+    return _job(
+        input, None, config, force=force, progress=progress, summary_json=summary_json, finish=add_checks
+    )
+
+
+def _job(
+    input: str | os.PathLike[str],
+    output: str | os.PathLike[str] | None,
+    config: ComputeConfig | None,
+    *,
+    force: bool,
+    progress: Progress | None,
+    summary_json: str | os.PathLike[str] | None,
+    finish: Callable[[RunSummary], None] | None = None,
+) -> RunSummary:
     config = config or ComputeConfig()
-    with InputSet(str(input), input_format=config.input_format) as inputs:
-        target = None
-        if output is not None:
-            target = OutputTarget(Path(output), inputs, force=force)
-        for _ in range(len(inputs.shards) + 1):
-            try:
-                engine = Engine(inputs, config, writes_output=target is not None, progress=progress)
-                return engine.run(target)
-            except JsonlSchemaDrift as drift:
-                # Types inferred from the first block did not hold: read again with the
-                # types of the whole file (nothing was written: run() discards on error).
-                unify_jsonl_schema(drift.shard)
-                if output is not None:
-                    target = OutputTarget(Path(output), inputs, force=force)
-        raise GrpoError(f"{input}: the JSONL column types could not be settled")
+    config.validate()
+    directory = output_is_directory(os.fspath(output)) if output is not None else False
+    with (
+        InputSet(str(input), input_format=config.input_format) as inputs,
+        WriteGuard(inputs.protected()) as guard,
+    ):
+        claim = guard.claim(output, directory=directory, force=force) if output is not None else None
+        summary_claim = (
+            guard.claim(summary_json, directory=False, force=force, what="summary")
+            if summary_json is not None
+            else None
+        )
+        with reported_after_commit(claim):
+            summary = _run_settling_jsonl_types(inputs, config, claim, force=force, progress=progress)
+            if finish is not None:
+                finish(summary)
+            if summary_claim is not None:
+                write_text(summary_claim, summary.to_json() + "\n", force=force)
+            return summary
+
+
+def _run_settling_jsonl_types(
+    inputs: InputSet, config: ComputeConfig, claim: Claim | None, *, force: bool, progress: Progress | None
+) -> RunSummary:
+    for _ in range(len(inputs.shards) + 1):
+        target = OutputTarget(claim, force=force) if claim is not None else None
+        try:
+            engine = Engine(inputs, config, writes_output=target is not None, progress=progress)
+            return engine.run(target)
+        except JsonlSchemaDrift as drift:
+            # Types inferred from the first block did not hold: read again with the
+            # types of the whole file (nothing was written: run() discards on error).
+            unify_jsonl_schema(drift.shard)
+    raise GrpoError(f"{inputs.spec}: the JSONL column types could not be settled")

@@ -24,8 +24,10 @@ import math
 import os
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -48,15 +50,25 @@ from grpo_cli.engine import (
     kept_groups,
     new_column_arrays,
     options_summary,
+    provenance,
 )
 from grpo_cli.errors import GrpoError
+from grpo_cli.guard import (
+    PROVENANCE_KEY,
+    Claim,
+    ProtectedInputs,
+    WriteGuard,
+    output_is_directory,
+    reported_after_commit,
+    write_text,
+)
 from grpo_cli.kernel import (
     GroupStats,
     GroupStatsAccumulator,
     merge_group_stats,
     prepare_normalization,
 )
-from grpo_cli.keys import GroupKeyIndex, as_tensor
+from grpo_cli.keys import GroupKeyIndex, as_tensor, check_key_types
 from grpo_cli.sources import InputSet, Shard
 from grpo_cli.summary import RunSummary, build_summary
 
@@ -91,7 +103,7 @@ def ray_session(address: str | None, *, quiet: bool = True) -> Iterator[Any]:
         yield running
         return
     saved_env = {k: os.environ.get(k) for k in _RAY_ENV}
-    temp_dir = tempfile.mkdtemp(prefix="grpo-ray-") if address is None else None
+    temp_dir = tempfile.mkdtemp(prefix="grpo-ray-", dir=_short_temp_root()) if address is None else None
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     fresh = running is None and saved_env["RAY_AUTH_MODE"] is None and not saved_env["RAY_AUTH_TOKEN"]
     if temp_dir is not None and fresh:
@@ -104,6 +116,7 @@ def ray_session(address: str | None, *, quiet: bool = True) -> Iterator[Any]:
     ray = None
     try:
         ray = import_ray()
+        handlers = _signal_handlers()
         try:
             if temp_dir is not None:
                 ray.init(
@@ -114,6 +127,10 @@ def ray_session(address: str | None, *, quiet: bool = True) -> Iterator[Any]:
         except (ConnectionError, RuntimeError) as exc:
             where = "start a local Ray instance" if address is None else f"join the Ray cluster at {address}"
             raise GrpoError(f"cannot {where} ({str(exc).strip().splitlines()[0]})") from None
+        # Ray's driver installs handlers that dump stacks on SIGTERM: keep grpo-cli's, which
+        # end the run cleanly (exit 130, temporaries removed).
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
         context = ray.data.DataContext.get_current()
         context.enable_progress_bars = not quiet
         context.print_on_execution_start = False
@@ -130,6 +147,21 @@ def ray_session(address: str | None, *, quiet: bool = True) -> Iterator[Any]:
                 os.environ[key] = value
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _short_temp_root() -> str | None:
+    """Ray's socket paths must fit in 107 bytes: a long TMPDIR would break them."""
+    root = tempfile.gettempdir()
+    if len(root) <= 40 or not os.path.isdir("/tmp"):
+        return None
+    return "/tmp"
+
+
+def _signal_handlers() -> dict[int, Any]:
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    names = ("SIGTERM", "SIGHUP", "SIGINT")
+    return {sig: signal.getsignal(sig) for sig in (getattr(signal, n) for n in names if hasattr(signal, n))}
 
 
 _RAY_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_USAGE_STATS_ENABLED")
@@ -328,10 +360,14 @@ class _Inputs:
         self.total_bytes = sum(shard.size_bytes for shard in shards)
 
 
-def _input_paths(specs: Sequence[str]) -> tuple[list[str], list[Shard]]:
-    """Local files, directories and globs resolved to Parquet files; URIs passed to Ray as given."""
+def _input_paths(specs: Sequence[str]) -> tuple[list[str], list[Shard], list[Path]]:
+    """Local files, directories and globs resolved to Parquet files; URIs passed to Ray as given.
+
+    Also returns the input directories named, which no output may touch.
+    """
     paths: list[str] = []
     shards: list[Shard] = []
+    directories: list[Path] = []
     for spec in specs:
         if "://" in spec:
             paths.append(spec)
@@ -344,8 +380,9 @@ def _input_paths(specs: Sequence[str]) -> tuple[list[str], list[Shard]]:
                         "convert JSONL with the local engine first"
                     )
             shards += inputs.shards
+            directories += inputs.directories
             paths += [str(shard.path) for shard in inputs.shards]
-    return paths, shards
+    return paths, shards, directories
 
 
 def compute_dataset_ray(
@@ -357,10 +394,12 @@ def compute_dataset_ray(
     partitions: int | None = None,
     force: bool = False,
     quiet: bool = True,
+    summary_json: str | os.PathLike[str] | None = None,
 ) -> RunSummary:
     """``grpo-cli compute --engine ray``: read Parquet, write a directory of Parquet files.
 
-    ``input`` is a file, directory, glob or object-store URI, or a list of them.
+    ``input`` is a file, directory, glob or object-store URI, or a list of them. Local
+    outputs are claimed from the same write guard as the local engine's.
     """
     started = time.perf_counter()
     config.validate()
@@ -373,19 +412,44 @@ def compute_dataset_ray(
     specs = [input] if isinstance(input, str) else list(input)
     if input == "-":
         raise GrpoError("--engine ray reads Parquet files, not standard input")
-    paths, shards = _input_paths(specs)
-    inputs = _Inputs(", ".join(specs), shards)
-    total_bytes = inputs.total_bytes
     remote_output = "://" in output
-    target = Path(output)
-    if not remote_output:
-        if target.name.lower().endswith((".parquet", ".pq")):
-            raise GrpoError(f"{output}: --engine ray writes a directory of Parquet files; name a directory")
-        if target.exists() and (not target.is_dir() or any(target.iterdir())) and not force:
-            raise GrpoError(f"{output}: exists and is not empty; pass --force to replace it")
-        if not target.parent.is_dir():
-            raise GrpoError(f"{output}: the folder {target.parent} does not exist")
-    _check_schema(shards, config)
+    if not remote_output and not output_is_directory(output):
+        raise GrpoError(f"{output}: --engine ray writes a directory of Parquet files; name a directory")
+    paths, shards, directories = _input_paths(specs)
+    inputs = _Inputs(", ".join(specs), shards)
+    protected = ProtectedInputs.of([(shard.path, shard.display) for shard in shards], directories)
+    with WriteGuard(protected) as guard:
+        claim = None if remote_output else guard.claim(output, directory=True, force=force)
+        summary_claim = (
+            guard.claim(summary_json, directory=False, force=force, what="summary")
+            if summary_json is not None
+            else None
+        )
+        with reported_after_commit(claim):
+            summary = _run_ray(inputs, paths, output, claim, config, address, partitions, force, quiet)
+            summary.elapsed_seconds = time.perf_counter() - started
+            if summary_claim is not None:
+                write_text(summary_claim, summary.to_json() + "\n", force=force)
+            return summary
+
+
+def _run_ray(
+    inputs: _Inputs,
+    paths: list[str],
+    output: str,
+    claim: Claim | None,
+    config: ComputeConfig,
+    address: str | None,
+    partitions: int | None,
+    force: bool,
+    quiet: bool,
+) -> RunSummary:
+    shards = inputs.shards
+    total_bytes = inputs.total_bytes
+    schemas = _check_schema(shards, config)
+    check_key_types(
+        [(shard.display, schema) for shard, schema in zip(shards, schemas, strict=True)], config.group_cols
+    )
     partition_count = partitions or max(1, math.ceil(total_bytes / PARTITION_BYTES))
     ray_start = time.perf_counter()
     # Ray prints warnings with print(): keep standard output for what the user asked for.
@@ -406,6 +470,8 @@ def compute_dataset_ray(
         key_table, channel_stats, summary_stats, rows_per_group, nan_rewards = merge_partials(
             partials, config
         )
+        if int(rows_per_group.sum()) == 0:
+            raise GrpoError(f"{inputs.spec}: no rows; there is nothing to compute advantages for")
         if nan_rewards and config.advantage.nan == "error":
             raise GrpoError(
                 f"{inputs.spec}: {nan_rewards} reward(s) are null, NaN or infinite "
@@ -430,17 +496,19 @@ def compute_dataset_ray(
             _advantages_task,
             batch_size=None,
             batch_format="pyarrow",
-            fn_kwargs={"payload": payload, "token": uuid.uuid4().hex, "config": config},
+            fn_kwargs={
+                "payload": payload,
+                "token": uuid.uuid4().hex,
+                "config": config,
+                "provenance": provenance(config, inputs),
+            },
         )
-        temp = target.parent / f".{target.name}.{uuid.uuid4().hex[:12]}.tmp" if not remote_output else None
-        try:
-            out_ds.write_parquet(str(temp) if temp is not None else output)
-            if temp is not None:
-                _move_into_place(temp, target)
-        finally:
-            if temp is not None and temp.exists():
-                shutil.rmtree(temp, ignore_errors=True)
-    written = sorted(target.glob("*.parquet")) if not remote_output else []
+        if claim is None:
+            out_ds.write_parquet(output)
+        else:
+            out_ds.write_parquet(str(claim.temp_path()))
+            claim.commit(force=force)
+    written = sorted(claim.resolved.glob("*.parquet")) if claim is not None else []
     output_info = {
         "path": output,
         "shards": len(written),
@@ -470,13 +538,16 @@ def compute_dataset_ray(
         options=options,
         mode="ray",
         device="cpu",
-        elapsed=time.perf_counter() - started,
+        elapsed=0.0,
         verify=None,
     )
 
 
-def _advantages_task(batch: pa.Table, payload: Any, token: str, config: ComputeConfig) -> pa.Table:
-    return block_advantages(batch, payload, token, config)
+def _advantages_task(
+    batch: pa.Table, payload: Any, token: str, config: ComputeConfig, provenance: bytes
+) -> pa.Table:
+    out = block_advantages(batch, payload, token, config)
+    return out.replace_schema_metadata({**(out.schema.metadata or {}), PROVENANCE_KEY: provenance})
 
 
 def _empty_partials(config: ComputeConfig) -> pa.Table:
@@ -494,13 +565,16 @@ def _empty_partials(config: ComputeConfig) -> pa.Table:
     return pa.table(columns)
 
 
-def _check_schema(shards: list[Shard], config: ComputeConfig) -> None:
+def _check_schema(shards: list[Shard], config: ComputeConfig) -> list[pa.Schema]:
+    schemas = []
     for shard in shards:
         try:
             schema = pq.read_schema(shard.path)
         except (pa.ArrowException, OSError) as exc:
             raise GrpoError(f"{shard.display}: not a readable Parquet file ({exc})") from None
         check_shard_columns(shard, schema, config, writes_output=True)
+        schemas.append(schema)
+    return schemas
 
 
 def _advantage_range(files: list[Path], column: str) -> tuple[float, float] | None:
@@ -517,16 +591,6 @@ def _advantage_range(files: list[Path], column: str) -> tuple[float, float] | No
                 continue
             low, high = min(low, float(stats.min)), max(high, float(stats.max))
     return (low, high) if low <= high else None
-
-
-def _move_into_place(temp: Path, target: Path) -> None:
-    if target.exists():
-        old = target.parent / f".{target.name}.{uuid.uuid4().hex[:12]}.old"
-        os.replace(target, old)
-        os.replace(temp, target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(temp, target)
 
 
 __all__ = ["compute_dataset_ray", "ray_session"]

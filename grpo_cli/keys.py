@@ -1,9 +1,12 @@
 """Group keys to dense group IDs, exactly, in order of first appearance.
 
-Keys may be one column or several, of any scalar type. Integer keys are matched on their
-values. Other keys are hashed to 64 bits per row (polars' vectorised row hash); then every
-row's key is compared with its group's representative key, so a hash collision is caught,
-never silently merged, and the index falls back to matching the key values themselves.
+Keys may be one column or several, of any scalar type, and are compared on their exact
+values, whatever the input size: temporal keys on their integer storage (nanoseconds
+apart are two groups), floats numerically (``-0.0`` and ``0.0`` are one group). Null and
+NaN keys are refused: neither equals itself. Integer keys are matched on their values.
+Other keys are hashed to 64 bits per row (polars' vectorised row hash); then every row's
+key is compared with its group's representative key, so a hash collision is caught, never
+silently merged, and the index falls back to matching the key values themselves.
 
 Matching is sort-based and vectorised (torch): each chunk's distinct hashes are found
 with ``torch.unique`` and merged into the sorted hashes seen so far with one sort, so a
@@ -30,6 +33,73 @@ def as_tensor(array: np.ndarray) -> torch.Tensor:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         return torch.from_numpy(array)
+
+
+def _storage_type(data_type: pa.DataType) -> pa.DataType:
+    return pa.int32() if data_type.bit_width == 32 else pa.int64()
+
+
+def first_invalid_key(
+    names: Sequence[str], arrays: Sequence[pa.Array | pa.ChunkedArray]
+) -> tuple[str, int, str, int] | None:
+    """The first null or NaN key: (column, row in the chunk, ``"null"``/``"NaN"``, how many)."""
+    for name, array in zip(names, arrays, strict=True):
+        if array.null_count:
+            return name, int(pc.index(array.is_null(), True).as_py()), "null", array.null_count
+        value_type = array.type.value_type if pa.types.is_dictionary(array.type) else array.type
+        if pa.types.is_floating(value_type):
+            nan = pc.is_nan(array.cast(value_type) if value_type != array.type else array)
+            count = pc.sum(nan).as_py() or 0
+            if count:
+                return name, int(pc.index(nan, True).as_py()), "NaN", int(count)
+    return None
+
+
+def key_kind(data_type: pa.DataType) -> str:
+    """Key types that compare equal after a lossless cast share a kind (int32 and int64)."""
+    if pa.types.is_dictionary(data_type):
+        data_type = data_type.value_type
+    if pa.types.is_integer(data_type):
+        return "integer"
+    if pa.types.is_floating(data_type):
+        return "floating point"
+    if (
+        pa.types.is_string(data_type)
+        or pa.types.is_large_string(data_type)
+        or pa.types.is_string_view(data_type)
+    ):
+        return "string"
+    if (
+        pa.types.is_binary(data_type)
+        or pa.types.is_large_binary(data_type)
+        or pa.types.is_binary_view(data_type)
+    ):
+        return "binary"
+    return str(data_type)
+
+
+def check_key_types(schemas: Sequence[tuple[str, pa.Schema]], columns: Sequence[str]) -> None:
+    """Refuse shards whose key columns are of different kinds: casting would merge groups.
+
+    ``schemas`` pairs each shard's name with its schema; an empty schema (a JSONL file
+    with no records) is skipped. Raises :class:`~grpo_cli.errors.GrpoError`.
+    """
+    from grpo_cli.errors import GrpoError
+
+    first: dict[str, tuple[str, pa.DataType]] = {}
+    for shard, schema in schemas:
+        if len(schema) == 0:
+            continue
+        for column in columns:
+            if column not in schema.names:
+                continue
+            data_type = schema.field(column).type
+            seen = first.setdefault(column, (shard, data_type))
+            if key_kind(seen[1]) != key_kind(data_type):
+                raise GrpoError(
+                    f"group column {column!r} is {seen[1]} in {seen[0]} but {data_type} in {shard}; "
+                    "keys of different types would be cast and merged: make them one type"
+                )
 
 
 class GroupKeyIndex:
@@ -73,7 +143,11 @@ class GroupKeyIndex:
         return values[0] if len(values) == 1 else values
 
     def encode(self, arrays: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
-        """Dense int64 IDs for one chunk of key columns (no nulls)."""
+        """Dense int64 IDs for one chunk of key columns (no nulls, no NaN)."""
+        invalid = first_invalid_key(self.columns, arrays)
+        if invalid is not None:
+            name, index, what, _ = invalid
+            raise ValueError(f"group key {name!r} is {what} at row {index} of the chunk")
         table = self._normalise(arrays)
         if table.num_rows == 0:
             return np.empty(0, dtype=np.int64)
@@ -102,6 +176,8 @@ class GroupKeyIndex:
             for a in arrays
         ]
         columns = [c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c for c in columns]
+        # compare temporal keys on their integer storage: Python objects drop nanoseconds
+        columns = [c.cast(_storage_type(c.type)) if pa.types.is_temporal(c.type) else c for c in columns]
         if self._types is None:
             self._types = [c.type for c in columns]
         else:

@@ -6,13 +6,14 @@ line, for JSONL).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import gzip
 import json
 import os
-import shutil
+import re
 import sys
-import tempfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,11 +24,29 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from grpo_cli.errors import GrpoError
+from grpo_cli.guard import ProtectedInputs, spool
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz")
 FORMATS = ("parquet", "jsonl")
 JSONL_BLOCK_BYTES = 8 << 20
+# Data files of a format grpo-cli does not read: refused in a directory or a glob rather
+# than skipped, so that no rows are left out silently.
+UNREAD_DATA_SUFFIXES = (
+    ".json",
+    ".csv",
+    ".tsv",
+    ".arrow",
+    ".feather",
+    ".ipc",
+    ".gz",
+    ".zst",
+    ".bz2",
+    ".xz",
+    ".orc",
+    ".avro",
+)
+_GLOB_CHARS = "*?["
 
 
 @dataclass(frozen=True)
@@ -38,10 +57,7 @@ class Shard:
     display: str
     format: str  # "parquet" | "jsonl"
     size_bytes: int
-
-    @property
-    def gzipped(self) -> bool:
-        return self.path.name.endswith(".gz")
+    gzipped: bool = False
 
     @property
     def row_noun(self) -> str:
@@ -60,18 +76,26 @@ def detect_format(path: str, override: str | None) -> str | None:
 
 
 class InputSet:
-    """The shards an INPUT argument names; owns the spooled copy of standard input.
+    """The shards an INPUT argument names; owns the spooled copies of streams.
 
-    INPUT is a file, a directory of shards, a quoted glob, or ``-`` for JSONL on stdin.
-    Use as a context manager so that the spooled stdin copy is removed.
+    INPUT is a file, a directory of shards, a quoted glob, or ``-`` for standard input
+    (JSONL, or Parquet told by its first bytes). A path that exists is read as that
+    file, even when its name holds glob characters. A pipe (``<(cat x.jsonl)``) is
+    copied once to a private temporary file, like standard input, since it can be read
+    only once. Use as a context manager so that those copies are removed.
     """
 
     def __init__(self, spec: str, *, input_format: str | None = None, stdin: IO[bytes] | None = None) -> None:
         if input_format is not None and input_format not in FORMATS:
             raise GrpoError(f"--input-format must be one of {', '.join(FORMATS)}, got {input_format!r}")
         self.spec = spec
-        self._spool: Path | None = None
-        self.shards = self._resolve(spec, input_format, stdin)
+        self._spools = contextlib.ExitStack()
+        self.directories: list[Path] = []
+        try:
+            self.shards = self._resolve(spec, input_format, stdin)
+        except BaseException:
+            self._spools.close()
+            raise
 
     def __enter__(self) -> InputSet:
         return self
@@ -80,9 +104,7 @@ class InputSet:
         self.close()
 
     def close(self) -> None:
-        if self._spool is not None:
-            self._spool.unlink(missing_ok=True)
-            self._spool = None
+        self._spools.close()
 
     @property
     def is_stdin(self) -> bool:
@@ -92,21 +114,33 @@ class InputSet:
     def total_bytes(self) -> int:
         return sum(s.size_bytes for s in self.shards)
 
+    def protected(self) -> ProtectedInputs:
+        """What no output of this run may touch: every input file and directory named."""
+        files = [(s.path, s.display) for s in self.shards if not s.display.startswith("<")]
+        return ProtectedInputs.of(files, self.directories)
+
     def _resolve(self, spec: str, input_format: str | None, stdin: IO[bytes] | None) -> list[Shard]:
         if spec == "-":
-            if input_format == "parquet":
-                raise GrpoError("standard input ('-') is read as JSONL; Parquet needs a file")
-            return [self._spool_stdin(stdin or sys.stdin.buffer)]
-        if any(ch in spec for ch in "*?["):
+            return [self._spooled(stdin or sys.stdin.buffer, "<stdin>", input_format)]
+        path = Path(spec)
+        if not os.path.exists(spec) and any(ch in spec for ch in _GLOB_CHARS):
             matches = sorted(p for p in glob.glob(spec, recursive=True) if os.path.isfile(p))
-            shards = [s for s in (self._shard(m, input_format, strict=False) for m in matches) if s]
+            shards = self._readable(spec, [Path(m) for m in matches], input_format, "the pattern matches")
             if not shards:
                 raise GrpoError(f"{spec}: the pattern matches no Parquet or JSONL file")
             return shards
-        path = Path(spec)
         if path.is_dir():
-            entries = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith((".", "_")))
-            shards = [s for s in (self._shard(str(p), input_format, strict=False) for p in entries) if s]
+            self.directories.append(path)
+            entries = sorted(p for p in path.iterdir() if not p.name.startswith((".", "_")))
+            nested = [p for p in entries if p.is_dir() and _holds_data(p)]
+            if nested:
+                names = ", ".join(p.name for p in nested[:3]) + (", ..." if len(nested) > 3 else "")
+                raise GrpoError(
+                    f"{spec}: holds subfolders with data files ({names}); grpo-cli reads the files of one "
+                    f"folder: pass a quoted glob such as '{path / '**' / '*.parquet'}' to read them all"
+                )
+            files = [p for p in entries if p.is_file()]
+            shards = self._readable(spec, files, input_format, "the directory holds")
             if not shards:
                 raise GrpoError(f"{spec}: the directory holds no Parquet or JSONL file")
             formats = {s.format for s in shards}
@@ -117,9 +151,30 @@ class InputSet:
             return shards
         if not path.exists():
             raise GrpoError(f"{spec}: no such file or directory")
+        if not path.is_file():  # a pipe or a device: it can be read only once
+            try:
+                stream = open(path, "rb")  # noqa: SIM115 (closed by the ExitStack)
+            except OSError as exc:
+                raise GrpoError(f"{spec}: cannot read it ({exc.strerror})") from None
+            self._spools.enter_context(stream)
+            return [self._spooled(stream, spec, input_format or detect_format(spec, None))]
         shard = self._shard(spec, input_format, strict=True)
         assert shard is not None
         return [shard]
+
+    def _readable(self, spec: str, files: list[Path], input_format: str | None, where: str) -> list[Shard]:
+        """The shards among ``files``; a data file of another format is refused, not skipped."""
+        shards = []
+        for file in files:
+            shard = self._shard(str(file), input_format, strict=False)
+            if shard is not None:
+                shards.append(shard)
+            elif file.name.lower().endswith(UNREAD_DATA_SUFFIXES):
+                raise GrpoError(
+                    f"{spec}: {where} {file.name}, a format grpo-cli does not read (Parquet and JSONL "
+                    "only); move it out or name the files to read with a glob"
+                )
+        return shards
 
     def _shard(self, path: str, input_format: str | None, *, strict: bool) -> Shard | None:
         fmt = detect_format(path, input_format)
@@ -136,15 +191,22 @@ class InputSet:
                 pass
         except OSError as exc:
             raise GrpoError(f"{path}: cannot read the file ({exc.strerror})") from None
-        return Shard(Path(path), path, fmt, size)
+        return Shard(Path(path), path, fmt, size, gzipped=path.lower().endswith(".gz"))
 
-    def _spool_stdin(self, stream: IO[bytes]) -> Shard:
-        # Two passes need to read the data twice: keep a private copy of the stream.
-        fd, name = tempfile.mkstemp(prefix="grpo-cli-stdin-", suffix=".jsonl")
-        self._spool = Path(name)
-        with os.fdopen(fd, "wb") as out:
-            shutil.copyfileobj(stream, out, 1 << 20)
-        return Shard(self._spool, "<stdin>", "jsonl", self._spool.stat().st_size)
+    def _spooled(self, stream: IO[bytes], label: str, input_format: str | None) -> Shard:
+        # Two passes read the data twice: keep a private copy of a stream.
+        path = self._spools.enter_context(spool(stream, label=label))
+        with open(path, "rb") as handle:
+            magic = handle.read(4)
+        fmt = input_format or ("parquet" if magic == b"PAR1" else "jsonl")
+        gzipped = magic[:2] == b"\x1f\x8b"
+        return Shard(path, label, fmt, path.stat().st_size, gzipped=gzipped)
+
+
+def _holds_data(folder: Path) -> bool:
+    """Whether a folder holds, at any depth, a file that looks like data."""
+    suffixes = PARQUET_SUFFIXES + JSONL_SUFFIXES + UNREAD_DATA_SUFFIXES
+    return any(name.lower().endswith(suffixes) for _, _, files in os.walk(folder) for name in files)
 
 
 # --------------------------------------------------------------------------- schema and batches
@@ -159,7 +221,7 @@ def read_schema(shard: Shard) -> pa.Schema:
             raise GrpoError(f"{shard.display}: not a readable Parquet file ({_first_line(exc)})") from None
     if jsonl_is_empty(shard):
         return pa.schema([])
-    with _jsonl_reader(shard) as reader:
+    with _JsonlReader(shard) as reader:
         return reader.schema
 
 
@@ -234,8 +296,10 @@ class _JsonlReader:
                 read_options=pa_json.ReadOptions(block_size=JSONL_BLOCK_BYTES),
                 parse_options=pa_json.ParseOptions(explicit_schema=schema) if schema is not None else None,
             )
-        except pa.ArrowException as exc:
+        except (pa.ArrowException, OSError) as exc:
             self.close()
+            if _is_schema_drift(exc) and _jsonl_key(self.shard) not in _UNIFIED_JSONL_SCHEMAS:
+                raise JsonlSchemaDrift(self.shard) from None
             raise _jsonl_error(self.shard, exc) from None
 
     def __exit__(self, *exc: object) -> None:
@@ -247,26 +311,36 @@ class _JsonlReader:
             self._stream = None
 
 
-def _jsonl_reader(shard: Shard) -> _JsonlReader:
-    return _JsonlReader(shard)
+@contextlib.contextmanager
+def _open_jsonl(shard: Shard) -> Iterator[IO[bytes]]:
+    """The file's bytes, decompressed; a corrupt gzip stream becomes one clear error."""
+    try:
+        handle: IO[bytes]
+        with gzip.open(shard.path, "rb") if shard.gzipped else open(shard.path, "rb") as handle:  # type: ignore[assignment]
+            yield handle
+    except (OSError, EOFError, zlib.error) as exc:
+        if shard.gzipped and not isinstance(exc, FileNotFoundError | PermissionError):
+            raise GrpoError(f"{shard.display}: not a readable gzip file ({_first_line(exc)})") from None
+        raise GrpoError(f"{shard.display}: cannot read the file ({_first_line(exc)})") from None
 
 
 def jsonl_is_empty(shard: Shard) -> bool:
-    opener: Any = gzip.open if shard.gzipped else open
-    with opener(shard.path, "rb") as handle:
+    with _open_jsonl(shard) as handle:
         return all(not line.strip() for line in handle)
 
 
 def _jsonl_batches(shard: Shard, columns: list[str] | None) -> Iterator[pa.RecordBatch]:
     if jsonl_is_empty(shard):
         return
-    with _jsonl_reader(shard) as reader:
+    with _JsonlReader(shard) as reader:
+        _check_exact_integers(shard, reader.schema)
         while True:
             try:
                 batch = reader.read_next_batch()
+                batch.validate(full=True)  # the JSON reader passes invalid UTF-8 through
             except StopIteration:
                 return
-            except pa.ArrowException as exc:
+            except (pa.ArrowException, OSError) as exc:
                 if _is_schema_drift(exc) and _jsonl_key(shard) not in _UNIFIED_JSONL_SCHEMAS:
                     raise JsonlSchemaDrift(shard) from None
                 raise _jsonl_error(shard, exc) from None
@@ -274,7 +348,7 @@ def _jsonl_batches(shard: Shard, columns: list[str] | None) -> Iterator[pa.Recor
 
 
 class JsonlSchemaDrift(Exception):
-    """A JSONL column changed type after the first block (0/1 rewards, then 0.5).
+    """A JSONL column changed type, or a new field appeared, after the first block.
 
     pyarrow infers a JSONL file's types from its first block; the engine catches this,
     calls :func:`unify_jsonl_schema` and runs again with the types of the whole file.
@@ -286,6 +360,7 @@ class JsonlSchemaDrift(Exception):
 
 
 _UNIFIED_JSONL_SCHEMAS: dict[tuple[str, int, float], pa.Schema] = {}
+_EXACT_INTEGERS_CHECKED: set[tuple[tuple[str, int, float], str]] = set()
 
 
 def _jsonl_key(shard: Shard) -> tuple[str, int, float]:
@@ -295,14 +370,18 @@ def _jsonl_key(shard: Shard) -> tuple[str, int, float]:
 
 def _is_schema_drift(exc: Exception) -> bool:
     text = str(exc)
-    return "Failed to convert JSON" in text or "changed from" in text or "Column(" in text
+    return (
+        "Failed to convert JSON" in text
+        or "changed from" in text
+        or "Column(" in text
+        or "unexpected field" in text
+    )
 
 
 def unify_jsonl_schema(shard: Shard, chunk_bytes: int = 32 << 20) -> pa.Schema:
-    """The types of the whole file: each line-aligned chunk inferred, then unified (int -> float)."""
-    opener: Any = gzip.open if shard.gzipped else open
+    """The types and fields of the whole file: each line-aligned chunk inferred, then unified."""
     schemas = []
-    with opener(shard.path, "rb") as handle:
+    with _open_jsonl(shard) as handle:
         while True:
             chunk = handle.read(chunk_bytes)
             if not chunk:
@@ -324,22 +403,100 @@ def unify_jsonl_schema(shard: Shard, chunk_bytes: int = 32 << 20) -> pa.Schema:
     return schema
 
 
-def _jsonl_error(shard: Shard, exc: Exception) -> GrpoError:
+# Integer literals of 16 digits or more may exceed 2**53, beyond which float64 rounds.
+_LONG_INTEGER = re.compile(rb"\d{16,}")
+
+
+def _check_exact_integers(shard: Shard, schema: pa.Schema, chunk_bytes: int = 32 << 20) -> None:
+    """Refuse an integer that a floating-point column would round (IDs past 2**53 or 2**63).
+
+    pyarrow reads a JSON integer as float64 when it exceeds int64 or shares its column
+    with floats. A fast scan finds the lines with long digit runs; only those are parsed.
+    """
+    floating = [f for f in schema if _has_floating(f.type)]
+    key = (_jsonl_key(shard), str(schema))
+    if not floating or key in _EXACT_INTEGERS_CHECKED:
+        return
+    line_offset = 0
+    with _open_jsonl(shard) as handle:
+        while True:
+            chunk = handle.read(chunk_bytes)
+            if not chunk:
+                break
+            chunk += handle.readline()
+            for match in _LONG_INTEGER.finditer(chunk):
+                start = chunk.rfind(b"\n", 0, match.start()) + 1
+                end = chunk.find(b"\n", match.end())
+                line = chunk[start : end if end >= 0 else len(chunk)]
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue  # pyarrow reports malformed lines with their number
+                if not isinstance(record, dict):
+                    continue
+                for column in floating:
+                    value = _inexact_integer(record.get(column.name), column.type)
+                    if value is not None:
+                        number = line_offset + chunk.count(b"\n", 0, start) + 1
+                        raise GrpoError(
+                            f"{shard.display}, line {number}: the integer {value} in column "
+                            f"{column.name!r} cannot be kept exactly (the column is read as "
+                            f"{column.type}); write it as a string"
+                        )
+            line_offset += chunk.count(b"\n")
+    _EXACT_INTEGERS_CHECKED.add(key)
+
+
+def _has_floating(data_type: pa.DataType) -> bool:
+    if pa.types.is_floating(data_type):
+        return True
+    if pa.types.is_struct(data_type):
+        return any(_has_floating(data_type.field(i).type) for i in range(data_type.num_fields))
+    if pa.types.is_list(data_type) or pa.types.is_large_list(data_type):
+        return _has_floating(data_type.value_type)
+    return False
+
+
+def _inexact_integer(value: Any, data_type: pa.DataType) -> int | None:
+    """An integer inside ``value`` that ``data_type`` (floating somewhere) would round."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        if pa.types.is_floating(data_type) and int(float(value)) != value:
+            return value
+        return None
+    if isinstance(value, dict) and pa.types.is_struct(data_type):
+        for i in range(data_type.num_fields):
+            child = data_type.field(i)
+            found = _inexact_integer(value.get(child.name), child.type)
+            if found is not None:
+                return found
+    if isinstance(value, list) and (pa.types.is_list(data_type) or pa.types.is_large_list(data_type)):
+        for item in value:
+            found = _inexact_integer(item, data_type.value_type)
+            if found is not None:
+                return found
+    return None
+
+
+def _jsonl_error(shard: Shard, exc: BaseException) -> GrpoError:
     """Find the offending line with the standard library: pyarrow only counts records."""
-    try:
-        location = _first_bad_jsonl_line(shard)
-    except (OSError, EOFError, UnicodeDecodeError) as read_error:
-        return GrpoError(f"{shard.display}: cannot read the JSONL file ({read_error})")
+    location = _first_bad_jsonl_line(shard)
     if location is not None:
         line, reason = location
         return GrpoError(f"{shard.display}, line {line}: malformed JSONL ({reason})")
+    if shard.gzipped and isinstance(exc, OSError):
+        return GrpoError(f"{shard.display}: not a readable gzip file ({_first_line(exc)})")
     return GrpoError(f"{shard.display}: cannot read the JSONL file ({_first_line(exc)})")
 
 
 def _first_bad_jsonl_line(shard: Shard) -> tuple[int, str] | None:
-    opener: Any = gzip.open if shard.gzipped else open
-    with opener(shard.path, "rt", encoding="utf-8") as handle:
-        for number, text in enumerate(handle, start=1):
+    with _open_jsonl(shard) as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                return number, f"invalid UTF-8 at byte {err.start + 1} of the line"
             if not text.strip():
                 continue
             try:
@@ -348,14 +505,30 @@ def _first_bad_jsonl_line(shard: Shard) -> tuple[int, str] | None:
                 return number, f"{err.msg} at column {err.colno}"
             if not isinstance(value, dict):
                 return number, f"expected a JSON object, got {type(value).__name__}"
+            if not _encodable(value):
+                return number, "a string escapes a lone UTF-16 surrogate (not valid Unicode)"
     return None
+
+
+def _encodable(value: Any) -> bool:
+    """Whether every string in a parsed JSON value is valid Unicode (no lone surrogates)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    if isinstance(value, dict):
+        return all(_encodable(k) and _encodable(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_encodable(v) for v in value)
+    return True
 
 
 def jsonl_line_of_record(shard: Shard, record: int) -> int | None:
     """The 1-based line of the 0-based ``record`` (blank lines do not count as records)."""
-    opener: Any = gzip.open if shard.gzipped else open
     seen = -1
-    with opener(shard.path, "rb") as handle:
+    with _open_jsonl(shard) as handle:
         for number, text in enumerate(handle, start=1):
             if text.strip():
                 seen += 1

@@ -236,26 +236,27 @@ def test_quiet_prints_nothing(cli, tmp_path, parquet_file):
     assert result.stderr == "" and result.stdout == ""
 
 
-def test_empty_parquet_input_is_valid(cli, tmp_path, rows):
+def test_empty_parquet_input_is_refused(cli, tmp_path, rows):
     table = pa.Table.from_pylist(rows).slice(0, 0)
     source = tmp_path / "empty.parquet"
     pq.write_table(table, source)
     out = tmp_path / "o.parquet"
     result = cli("compute", source, "-o", out, "--summary-json", "-")
-    assert result.exit_code == 0, result.stderr
-    written = pq.read_table(out)
-    assert written.num_rows == 0
-    assert written.column_names == [*table.column_names, "advantage", "group_active"]
-    assert json.loads(result.stdout)["rows"] == 0
+    assert_one_line_error(result, "no rows")
+    assert not out.exists()
+    result = cli("compute", source, "-o", out, "-r", "missing")
+    assert_one_line_error(result, "no column 'missing'")
 
 
-def test_empty_jsonl_input_is_valid(cli, tmp_path):
+@pytest.mark.parametrize("content", ["", "\n\n"])
+def test_empty_jsonl_and_stdin_are_refused(cli, tmp_path, content):
     source = tmp_path / "empty.jsonl"
-    source.write_text("")
+    source.write_text(content)
     out = tmp_path / "o.parquet"
-    result = cli("compute", source, "-o", out)
-    assert result.exit_code == 0, result.stderr
-    assert pq.read_table(out).num_rows == 0
+    assert_one_line_error(cli("compute", source, "-o", out), "no rows")
+    assert_one_line_error(cli("compute", source, "-o", out, "-r", "nothing", "-g", "none"), "no rows")
+    assert_one_line_error(cli("compute", "-", "-o", out, input=content), "no rows")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.jsonl"]
 
 
 def test_force_and_existing_output(cli, tmp_path, parquet_file):

@@ -81,10 +81,16 @@ def test_directory_output_needs_force_when_not_empty(tmp_path, sharded_dir):
     compute_dataset(sharded_dir, out, SMALL)
     with pytest.raises(ValueError, match="not empty; pass --force"):
         compute_dataset(sharded_dir, out, SMALL)
-    (out / "stale.parquet").write_bytes(b"old")
+    # --force replaces grpo-cli's own shards, a stale one of an earlier run included ...
+    (out / next(out.iterdir()).name).rename(out / "stale.parquet")
     compute_dataset(sharded_dir, out, SMALL, force=True)
     assert "stale.parquet" not in {p.name for p in out.iterdir()}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    # ... and nothing else: a file grpo-cli did not write makes the folder the user's
+    (out / "notes.parquet").write_bytes(b"mine")
+    with pytest.raises(ValueError, match=r"holds files grpo-cli did not write \(notes.parquet\)"):
+        compute_dataset(sharded_dir, out, SMALL, force=True)
+    assert (out / "notes.parquet").read_bytes() == b"mine"
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,521 @@
+"""The write guard: every file grpo-cli writes goes through here first.
+
+Data outputs, summary files and their temporaries, for every engine, are *claimed* from
+one :class:`WriteGuard` before any work starts. A claim is checked on resolved paths
+(symbolic links and ``..`` followed) against every input, and refused when it would
+
+* overwrite an input file, contain an input, or lie inside an input directory;
+* name the same path as another output of the run (``--summary-json`` = ``-o``);
+* replace an existing file without ``force``, or a directory that holds anything but
+  the Parquet shards an earlier grpo-cli run wrote there (even with ``force``);
+* be written by two runs at once: a claim holds an exclusive lock (``flock``) beside
+  the target until the run ends, so a second run is refused instead of racing.
+
+Everything is written under a hidden temporary name beside the target, flushed to disk
+and moved into place with ``os.replace`` (pip's ``adjacent_tmp_file``). Temporaries of
+an earlier run that was killed (``kill -9``) are removed when the same target is claimed
+again; a directory that a killed ``--force`` run had moved aside is put back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import shutil
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from grpo_cli.errors import GrpoError
+
+PARQUET_SUFFIXES = (".parquet", ".pq")
+PROVENANCE_KEY = b"grpo_cli"
+# Names grpo-cli cannot honour as a Parquet output: a data format of another kind.
+FOREIGN_SUFFIXES = (
+    ".jsonl",
+    ".ndjson",
+    ".json",
+    ".csv",
+    ".tsv",
+    ".txt",
+    ".arrow",
+    ".feather",
+    ".ipc",
+    ".gz",
+    ".zst",
+    ".bz2",
+    ".xz",
+    ".zip",
+    ".orc",
+    ".avro",
+)
+_TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<token>[0-9a-f]{12})\.(?P<kind>tmp|old)$")
+_SPOOL_PREFIX = "grpo-cli-spool-"
+_SPOOL_NAME = re.compile(r"^grpo-cli-spool-(?P<pid>\d+)-[0-9a-f]{12}$")
+
+
+def resolve(path: str | os.PathLike[str]) -> Path:
+    """The absolute path with every symbolic link and ``..`` followed (it need not exist)."""
+    return Path(os.path.realpath(os.path.abspath(os.fspath(path))))
+
+
+def _is_within(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Also true for two hard links to one file."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return a == b
+
+
+@dataclass(frozen=True)
+class ProtectedInputs:
+    """What no output may touch: the resolved input files and the input directories named."""
+
+    files: tuple[Path, ...] = ()
+    directories: tuple[Path, ...] = ()
+    labels: dict[Path, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, files: Iterable[tuple[Path, str]], directories: Iterable[Path] = ()) -> ProtectedInputs:
+        resolved = [(resolve(path), label) for path, label in files]
+        return cls(
+            files=tuple(p for p, _ in resolved),
+            directories=tuple(resolve(d) for d in directories),
+            labels=dict(resolved),
+        )
+
+    def conflict(self, target: Path) -> str | None:
+        """Why writing ``target`` (resolved) or anything inside it would touch an input."""
+        for path in self.files:
+            if target == path or _same_file(target, path):
+                return f"overwrite the input {self.labels.get(path, path)}"
+            if _is_within(path, target):
+                return f"contain the input {self.labels.get(path, path)}"
+        for folder in self.directories:
+            if _is_within(folder, target):
+                return f"contain the input directory {folder}"
+            if _is_within(target, folder):
+                return f"lie inside the input directory {folder}"
+        return None
+
+
+class Claim:
+    """One path this run may write, locked for the run; see :meth:`WriteGuard.claim`."""
+
+    def __init__(self, guard: WriteGuard, path: Path, resolved: Path, *, directory: bool, what: str) -> None:
+        self.guard = guard
+        self.what = what
+        self.path = path
+        self.resolved = resolved
+        self.directory = directory
+        self.token = uuid.uuid4().hex[:12]
+        self._temp: Path | None = None
+        self._lock: IO[bytes] | None = None
+        self.committed = False
+
+    @property
+    def display(self) -> str:
+        return str(self.path)
+
+    def temp_path(self) -> Path:
+        """The hidden temporary beside the target (a folder for a directory output)."""
+        if self._temp is None:
+            temp = self.resolved.parent / f".{self.resolved.name}.{self.token}.tmp"
+            self.guard.check_temporary(temp)
+            if self.directory:
+                temp.mkdir()
+            self._temp = temp
+        return self._temp
+
+    def commit(self, *, force: bool) -> None:
+        """Move the finished temporary into place: fsync, then ``os.replace``."""
+        temp = self.temp_path()
+        target = self.resolved
+        try:
+            if self.directory:
+                for file in temp.iterdir():
+                    fsync_path(file)
+                fsync_path(temp, directory=True)
+                if target.exists():
+                    if not force:
+                        raise GrpoError(
+                            f"{self.display}: appeared while grpo-cli ran; pass --force to replace it"
+                        )
+                    aside = target.parent / f".{target.name}.{self.token}.old"
+                    os.replace(target, aside)
+                    os.replace(temp, target)
+                    shutil.rmtree(aside, ignore_errors=True)
+                else:
+                    os.replace(temp, target)
+            else:
+                fsync_path(temp)
+                if force:
+                    os.replace(temp, target)
+                else:
+                    try:  # link() never replaces: a file that appeared meanwhile is kept
+                        os.link(temp, target)
+                    except FileExistsError:
+                        raise GrpoError(
+                            f"{self.display}: appeared while grpo-cli ran; pass --force to replace it"
+                        ) from None
+                    except OSError:  # file systems without hard links
+                        if target.exists():
+                            raise
+                        os.replace(temp, target)
+                    else:
+                        temp.unlink()
+            fsync_path(target.parent, directory=True)
+        except OSError as exc:
+            raise GrpoError(f"{self.display}: cannot move the output into place ({os_reason(exc)})") from None
+        self.committed = True
+
+    def discard(self) -> None:
+        """Remove the temporary of an unfinished write (a no-op once committed)."""
+        if self._temp is not None and not self.committed:
+            _remove(self._temp)
+        self._temp = None
+
+    def _acquire(self) -> None:
+        lock_path = self.resolved.parent / f".{self.resolved.name}.grpo-cli.lock"
+        self.guard.check_temporary(lock_path)
+        for _ in range(3):
+            try:
+                handle = open(lock_path, "ab")  # noqa: SIM115 (held until release)
+            except OSError as exc:
+                raise GrpoError(
+                    f"{self.display}: cannot write in {self.resolved.parent} ({os_reason(exc)})"
+                ) from None
+            if not _try_lock(handle):
+                handle.close()
+                raise GrpoError(f"{self.display}: another grpo-cli run is writing it; try again when it ends")
+            try:
+                same = os.fstat(handle.fileno()).st_ino == os.stat(lock_path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:  # not a lock file that its last holder removed while we opened it
+                self._lock = handle
+                self._lock_path = lock_path
+                return
+            handle.close()
+        raise GrpoError(f"{self.display}: another grpo-cli run is writing it; try again when it ends")
+
+    def _release(self) -> None:
+        self.discard()
+        if self._lock is not None:
+            with contextlib.suppress(OSError):
+                self._lock_path.unlink()
+            self._lock.close()
+            self._lock = None
+
+    def _remove_stale(self) -> None:
+        """Temporaries of killed runs on this target; put back a directory moved aside."""
+        target = self.resolved
+        try:
+            entries = list(target.parent.iterdir())
+        except OSError:
+            return
+        for entry in entries:
+            match = _TEMP_NAME.match(entry.name)
+            if match is None or match["name"] != target.name:
+                continue
+            if match["kind"] == "old" and not os.path.lexists(target):
+                with contextlib.suppress(OSError):
+                    os.replace(entry, target)  # a killed --force run had moved it aside
+                continue
+            _remove(entry)
+
+
+class WriteGuard:
+    """Claims every path a run writes; release with :meth:`close` (or use ``with``).
+
+    >>> import tempfile, pathlib
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> source = folder / "in.parquet"
+    >>> _ = source.write_bytes(b"data")
+    >>> with WriteGuard(ProtectedInputs.of([(source, "in.parquet")])) as guard:
+    ...     guard.claim(folder, directory=True, force=True)
+    Traceback (most recent call last):
+    ...
+    grpo_cli.errors.GrpoError: ...: the output would contain the input in.parquet; refusing to write there
+    """
+
+    def __init__(self, inputs: ProtectedInputs) -> None:
+        self.inputs = inputs
+        self.claims: list[Claim] = []
+
+    def __enter__(self) -> WriteGuard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for claim in self.claims:
+            claim._release()
+
+    def claim(
+        self, path: str | os.PathLike[str], *, directory: bool, force: bool, what: str = "output"
+    ) -> Claim:
+        """Check ``path`` and lock it for this run, before any work is done.
+
+        ``directory``: a folder of Parquet shards rather than one file. ``what`` names
+        the option in messages (``output``, ``summary``).
+        """
+        shown = Path(path)
+        if shown.name in ("", ".", "..") or os.fspath(path) == "-":
+            raise GrpoError(f"{path}: not a usable {what} path")
+        resolved = resolve(path)
+        parent = resolved.parent
+        if not parent.is_dir():
+            raise GrpoError(f"{path}: the folder {shown.parent} does not exist")
+        if not os.access(parent, os.W_OK):
+            raise GrpoError(f"{path}: cannot write in {shown.parent} (permission denied)")
+        reason = self.inputs.conflict(resolved) or self._clash(resolved)
+        if reason is not None:
+            raise GrpoError(f"{path}: the {what} would {reason}; refusing to write there")
+        claim = Claim(self, shown, resolved, directory=directory, what=what)
+        claim._acquire()
+        self.claims.append(claim)
+        claim._remove_stale()
+        self._check_existing(claim, force=force, what=what)
+        return claim
+
+    def check_temporary(self, temp: Path) -> None:
+        """A temporary must never be an input (or lie inside an input directory)."""
+        reason = self.inputs.conflict(temp)
+        if reason is not None:
+            raise GrpoError(f"{temp}: a temporary file would {reason}; refusing to write there")
+
+    def _clash(self, resolved: Path) -> str | None:
+        for other in self.claims:
+            if resolved == other.resolved:
+                return f"overwrite the {other.what} {other.display} of the same run"
+            if _is_within(resolved, other.resolved) or _is_within(other.resolved, resolved):
+                return f"overlap the {other.what} {other.display} of the same run"
+        return None
+
+    @staticmethod
+    def _check_existing(claim: Claim, *, force: bool, what: str) -> None:
+        target, shown = claim.resolved, claim.display
+        if not os.path.lexists(target):
+            return
+        flag = "--force"
+        if claim.directory:
+            if not target.is_dir():
+                raise GrpoError(
+                    f"{shown}: exists and is not a directory (name a .parquet file for one output file)"
+                )
+            entries = sorted(target.iterdir())
+            if not entries:
+                return
+            foreign = [e for e in entries if not is_grpo_cli_shard(e)]
+            if foreign:
+                names = ", ".join(e.name for e in foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+                raise GrpoError(
+                    f"{shown}: the directory holds files grpo-cli did not write ({names}); "
+                    f"{flag} replaces only grpo-cli's own shards: empty it or choose another directory"
+                )
+            if not force:
+                raise GrpoError(f"{shown}: the directory exists and is not empty; pass {flag} to replace it")
+            return
+        if target.is_dir():
+            raise GrpoError(f"{shown}: is a directory")
+        if not target.is_file():
+            raise GrpoError(f"{shown}: exists and is not a regular file")
+        if not force:
+            raise GrpoError(f"{shown}: already exists; pass {flag} to overwrite it")
+
+
+def is_grpo_cli_shard(path: Path) -> bool:
+    """A regular ``.parquet`` file whose footer carries grpo-cli's provenance entry."""
+    if path.is_symlink() or not path.is_file() or not path.name.lower().endswith(PARQUET_SUFFIXES):
+        return False
+    import pyarrow.parquet as pq
+
+    try:
+        metadata = pq.read_metadata(path).metadata or {}
+    except Exception:  # not Parquet at all: not ours
+        return False
+    return PROVENANCE_KEY in metadata
+
+
+def output_is_directory(path: str) -> bool:
+    """``-o`` names one file when it ends in .parquet or .pq, else a directory of shards.
+
+    A name grpo-cli cannot honour (standard output, another data format) is refused.
+    """
+    name = Path(path).name.lower()
+    if path == "-":
+        raise GrpoError(
+            "-o -: grpo-cli writes Parquet, not standard output; name a .parquet file or a directory"
+        )
+    if name.endswith(PARQUET_SUFFIXES):
+        return False
+    for suffix in FOREIGN_SUFFIXES:
+        if name.endswith(suffix):
+            raise GrpoError(
+                f"{path}: grpo-cli writes Parquet; name a .parquet file, or a directory "
+                f"(without a {suffix} suffix) for one shard per input"
+            )
+    return True
+
+
+def fsync_path(path: Path, *, directory: bool = False) -> None:
+    flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems cannot fsync a directory
+    finally:
+        os.close(fd)
+
+
+def write_text(claim: Claim, text: str, *, force: bool) -> None:
+    """Write a small text file (the summary JSON) through its claim, atomically."""
+    temp = claim.temp_path()
+    try:
+        with open(temp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as exc:
+        claim.discard()
+        raise GrpoError(f"{claim.display}: cannot write the summary ({os_reason(exc)})") from None
+    claim.commit(force=force)
+
+
+@contextlib.contextmanager
+def reported_after_commit(claim: Claim | None) -> Iterator[None]:
+    """Errors and interrupts after the output was moved into place say that it was.
+
+    A summary that cannot be written then exits 3, an interrupt 130; neither claims
+    that nothing was written.
+    """
+    try:
+        yield
+    except GrpoError as exc:
+        if claim is not None and claim.committed and exc.exit_code == 2:
+            raise GrpoError(f"{exc.message}; the output {claim.display} was written", exit_code=3) from None
+        raise
+    except KeyboardInterrupt:
+        if claim is not None and claim.committed:
+            raise GrpoError(
+                f"interrupted after the output {claim.display} was written", exit_code=130
+            ) from None
+        raise
+
+
+# --------------------------------------------------------------------------- spooled input
+
+
+@contextlib.contextmanager
+def spool(stream: IO[bytes], *, label: str) -> Iterator[Path]:
+    """Copy a stream that can be read only once (stdin, a pipe) to a private temporary file.
+
+    The file lives in the system's temporary folder, is removed on every exit path, and
+    spools that killed runs left behind (their process is gone) are removed first.
+    """
+    folder = Path(tempfile.gettempdir())
+    remove_stale_spools(folder)
+    path = folder / f"{_SPOOL_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with open(fd, "wb") as out:
+            shutil.copyfileobj(stream, out, 1 << 20)
+    except OSError as exc:
+        path.unlink(missing_ok=True)
+        raise GrpoError(f"{label}: cannot copy the input to a temporary file ({os_reason(exc)})") from None
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def remove_stale_spools(folder: Path) -> None:
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        match = _SPOOL_NAME.match(entry.name)
+        if match is not None and not _process_alive(int(match["pid"])):
+            with contextlib.suppress(OSError):
+                entry.unlink()
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _try_lock(handle: IO[bytes]) -> bool:
+    if sys.platform == "win32":  # pragma: no cover - no flock; msvcrt locks a byte range
+        import msvcrt
+
+        try:
+            msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
+        except OSError:
+            return False
+        return True
+    import fcntl
+
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def os_reason(exc: OSError) -> str:
+    """``No space left on device`` and the like, for one-line messages."""
+    return exc.strerror or str(exc)
+
+
+__all__ = [
+    "PROVENANCE_KEY",
+    "Claim",
+    "ProtectedInputs",
+    "WriteGuard",
+    "is_grpo_cli_shard",
+    "os_reason",
+    "output_is_directory",
+    "reported_after_commit",
+    "resolve",
+    "spool",
+    "write_text",
+]
