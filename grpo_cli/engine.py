@@ -37,6 +37,7 @@ from grpo_cli.kernel import (
     GroupStatsAccumulator,
     Normalization,
     apply_normalization,
+    group_std,
     prepare_normalization,
 )
 from grpo_cli.keys import GroupKeyIndex, as_tensor, check_key_types, first_invalid_key
@@ -723,7 +724,7 @@ def group_columns_for(
         return None
     stats = stats.to("cpu")
     ddof = 1 if config.advantage.std == "sample" else 0
-    std = (stats.m2 / (stats.count - ddof).clamp_min(1)).sqrt()
+    std = group_std(stats, ddof=ddof)
     return stats.mean.numpy(), std.numpy(), rows_per_group
 
 

@@ -16,7 +16,12 @@ Numerical contract:
   by comparing the group's minimum and maximum, never from a rounded variance;
 * inactive groups get advantages of exactly ``+0.0``, whatever the dtype and epsilon;
 * statistics accumulate in float64 (float32 on MPS, which has no float64) with a
-  corrected two-pass centred variance, never ``E[x^2] - E[x]^2``.
+  corrected two-pass centred variance, never ``E[x^2] - E[x]^2``;
+* every finite reward gives the right advantage, 1e-300 and 1e300 alike: a group whose
+  rewards lie outside ``[2**-256, 2**256)`` in magnitude (``[2**-32, 2**32)`` in float32)
+  is computed in units of a power of two (:func:`group_scale`), which is exact, so that
+  squares neither overflow nor underflow. Ordinary rewards have scale 1 and take the
+  unscaled path, bit for bit.
 """
 
 from __future__ import annotations
@@ -45,9 +50,12 @@ __all__ = [
     "advantages_from_stats",
     "apply_normalization",
     "batch_moments",
+    "batch_std",
     "empty_group_stats",
     "group_advantages",
+    "group_scale",
     "group_stats",
+    "group_std",
     "merge_group_stats",
     "prepare_normalization",
 ]
@@ -84,9 +92,10 @@ class GroupAdvantages(TypedDict):
 class GroupStats:
     """Per-group sufficient statistics, all of shape ``(num_groups,)``.
 
-    ``count`` is int64; ``mean``, ``m2`` (sum of squared deviations from the mean),
-    ``minimum`` and ``maximum`` are in the accumulator dtype (float64, or float32 on
-    MPS). An empty group has count 0, mean 0, m2 0, minimum ``+inf`` and maximum
+    ``count`` is int64; ``mean``, ``m2`` (sum of squared deviations from the mean, in
+    units of ``group_scale(stats) ** 2``: see :func:`group_scale`; for rewards of ordinary
+    magnitude the scale is 1), ``minimum`` and ``maximum`` are in the accumulator dtype
+    (float64, or float32 on MPS). An empty group has count 0, mean 0, m2 0, minimum ``+inf`` and maximum
     ``-inf``. Rewards of float16, bfloat16 and float32 convert to float64 exactly, so
     ``minimum`` and ``maximum`` hold the original values.
 
@@ -133,6 +142,53 @@ def accumulator_dtype(device: torch.device) -> torch.dtype:
     torch.float64
     """
     return torch.float32 if device.type == "mps" else torch.float64
+
+
+def _scales(minimum: Tensor, maximum: Tensor) -> Tensor | None:
+    """Per-group powers of two that bring each group's largest magnitude into [1, 2).
+
+    ``None`` when every group has scale 1: rewards in ``[2**-L, 2**L)`` with
+    ``L = maxexp / 4`` (256 in float64), zeros and empty groups. Squares of scaled
+    deviations then neither overflow nor underflow, and scaling by a power of two is
+    exact, so results for ordinary rewards are bitwise those of unscaled arithmetic.
+    """
+    if minimum.numel() == 0:
+        return None
+    maxexp = math.frexp(torch.finfo(minimum.dtype).max)[1]  # 1024 for float64, 128 for float32
+    limit = maxexp // 4
+    magnitude = torch.maximum(minimum.abs(), maximum.abs())
+    _, exponent = torch.frexp(magnitude)  # magnitude = m * 2**exponent, m in [0.5, 1)
+    ordinary = (magnitude == 0) | ~torch.isfinite(magnitude) | ((exponent > -limit) & (exponent <= limit))
+    if bool(ordinary.all()):
+        return None
+    exponent = (exponent - 1).clamp(min=-(maxexp * 7 // 8), max=maxexp - 1)
+    scale = torch.ldexp(torch.ones_like(magnitude), exponent)
+    return torch.where(ordinary, torch.ones_like(scale), scale)
+
+
+def group_scale(stats: GroupStats) -> Tensor:
+    """The power of two per group that ``stats.m2`` is expressed in (``m2 / scale**2``).
+
+    1 for rewards of ordinary magnitude; for a group of rewards near 1e300 or 1e-300 it
+    brings the largest magnitude into [1, 2).
+
+    >>> rewards = torch.tensor([1.0, 2.0, 1e300, 3e300], dtype=torch.float64)
+    >>> group_scale(group_stats(rewards, torch.tensor([0, 0, 1, 1])))
+    tensor([ 1.0000e+00, 2.6788e+300], dtype=torch.float64)
+    """
+    scale = _scales(stats.minimum, stats.maximum)
+    return torch.ones_like(stats.mean) if scale is None else scale
+
+
+def group_std(stats: GroupStats, *, ddof: int = 0) -> Tensor:
+    """Per-group standard deviation (``ddof=1``: Bessel-corrected), in reward units.
+
+    >>> rewards = torch.tensor([1.0, 3.0, 1e300, 3e300], dtype=torch.float64)
+    >>> group_std(group_stats(rewards, torch.tensor([0, 0, 1, 1])))
+    tensor([ 1.0000e+00, 1.0000e+300], dtype=torch.float64)
+    """
+    dof = (stats.count - ddof).clamp_min(1).to(stats.m2.dtype)
+    return (stats.m2 / dof).sqrt() * group_scale(stats)
 
 
 def empty_group_stats(
@@ -365,12 +421,18 @@ def _block_stats(x: Tensor) -> GroupStats:
     """Statistics of a ``(K, G)`` matrix whose rows are the groups."""
     k, g = x.shape
     count = torch.full((k,), g, dtype=torch.int64, device=x.device)
+    minimum, maximum = x.aminmax(dim=1)
+    scale = _scales(minimum, maximum)
+    if scale is not None:
+        x = x / scale[:, None]
     mean = x.sum(dim=1) / g
     deviation = x - mean[:, None]
     correction = deviation.sum(dim=1) / g
     m2 = (deviation * deviation).sum(dim=1) - correction * correction * g
-    minimum, maximum = x.aminmax(dim=1)
-    return GroupStats(count, mean + correction, m2.clamp_min(0), minimum, maximum)
+    mean = mean + correction
+    if scale is not None:
+        mean = mean * scale
+    return GroupStats(count, mean, m2.clamp_min(0), minimum, maximum)
 
 
 def _scatter_stats(x: Tensor, ids: Tensor, k: int) -> GroupStats:
@@ -381,6 +443,11 @@ def _scatter_stats(x: Tensor, ids: Tensor, k: int) -> GroupStats:
     """
     count = torch.bincount(ids, minlength=k)
     safe_count = count.clamp_min(1).to(x.dtype)
+    minimum = torch.full((k,), math.inf, dtype=x.dtype, device=x.device).scatter_reduce_(0, ids, x, "amin")
+    maximum = torch.full((k,), -math.inf, dtype=x.dtype, device=x.device).scatter_reduce_(0, ids, x, "amax")
+    scale = _scales(minimum, maximum)
+    if scale is not None:
+        x = x / torch.take(scale, ids)
 
     def group_sum(values: Tensor) -> Tensor:
         return torch.zeros(k, dtype=x.dtype, device=x.device).scatter_add_(0, ids, values)
@@ -392,9 +459,10 @@ def _scatter_stats(x: Tensor, ids: Tensor, k: int) -> GroupStats:
     deviation_sum = group_sum(deviation)
     correction = deviation_sum / safe_count
     m2 = (group_sum(deviation * deviation) - correction * deviation_sum).clamp_min(0)
-    minimum = torch.full((k,), math.inf, dtype=x.dtype, device=x.device).scatter_reduce_(0, ids, x, "amin")
-    maximum = torch.full((k,), -math.inf, dtype=x.dtype, device=x.device).scatter_reduce_(0, ids, x, "amax")
-    return GroupStats(count, mean + correction, m2, minimum, maximum)
+    mean = mean + correction
+    if scale is not None:
+        mean = mean * scale
+    return GroupStats(count, mean, m2, minimum, maximum)
 
 
 def merge_group_stats(a: GroupStats, b: GroupStats) -> GroupStats:
@@ -412,30 +480,33 @@ def merge_group_stats(a: GroupStats, b: GroupStats) -> GroupStats:
     """
     k = max(a.num_groups, b.num_groups)
     a, b = _pad(a, k), _pad(b, k)
+    minimum, maximum = torch.minimum(a.minimum, b.minimum), torch.maximum(a.maximum, b.maximum)
     count = a.count + b.count
     na = a.count.to(a.mean.dtype)
     nb = b.count.to(a.mean.dtype)
     n = count.clamp_min(1).to(a.mean.dtype)
-    delta = b.mean - a.mean
-    mean = a.mean + delta * (nb / n)
-    m2 = a.m2 + b.m2 + delta * delta * (na * nb / n)
+    scale = _scales(minimum, maximum)
+    if scale is None and _scales(a.minimum, a.maximum) is None and _scales(b.minimum, b.maximum) is None:
+        delta = b.mean - a.mean
+        mean = a.mean + delta * (nb / n)
+        m2_a, m2_b = a.m2, b.m2
+    else:  # in units of the merged group's scale: each side's m2 rescaled exactly
+        scale = group_scale(GroupStats(count, a.mean, a.m2, minimum, maximum))
+        ratio_a, ratio_b = group_scale(a) / scale, group_scale(b) / scale
+        mean_a, mean_b = a.mean / scale, b.mean / scale
+        delta = mean_b - mean_a
+        mean = (mean_a + delta * (nb / n)) * scale
+        m2_a, m2_b = a.m2 * ratio_a * ratio_a, b.m2 * ratio_b * ratio_b
+    m2 = m2_a + m2_b + delta * delta * (na * nb / n)
     a_empty, b_empty = a.count == 0, b.count == 0
     mean = torch.where(a_empty, b.mean, torch.where(b_empty, a.mean, mean))
-    m2 = torch.where(a_empty, b.m2, torch.where(b_empty, a.m2, m2))
+    m2 = torch.where(a_empty, m2_b, torch.where(b_empty, m2_a, m2))
     at_minimum = at_maximum = None
     if a.at_minimum is not None and b.at_minimum is not None:
         at_minimum = _merge_extreme_count(a.minimum, a.at_minimum, b.minimum, b.at_minimum)
     if a.at_maximum is not None and b.at_maximum is not None:
         at_maximum = _merge_extreme_count(-a.maximum, a.at_maximum, -b.maximum, b.at_maximum)
-    return GroupStats(
-        count,
-        mean,
-        m2,
-        torch.minimum(a.minimum, b.minimum),
-        torch.maximum(a.maximum, b.maximum),
-        at_minimum,
-        at_maximum,
-    )
+    return GroupStats(count, mean, m2, minimum, maximum, at_minimum, at_maximum)
 
 
 def _merge_extreme_count(a_value: Tensor, a_count: Tensor, b_value: Tensor, b_count: Tensor) -> Tensor:
@@ -492,19 +563,52 @@ def active_groups(stats: GroupStats, *, singleton: Singleton = "zero") -> Tensor
 def batch_moments(stats: GroupStats) -> tuple[int, Tensor, Tensor]:
     """Count, mean and centred sum of squares of all rollouts, merged from the groups.
 
+    The sum of squares is in reward units squared (it overflows for rewards near
+    1e154 and beyond: use :func:`batch_std` for the spread).
+
     >>> stats = group_stats(torch.tensor([1.0, 3.0, 5.0, 7.0]), torch.tensor([0, 0, 1, 1]))
     >>> n, mean, m2 = batch_moments(stats)
     >>> n, mean.item(), m2.item()
     (4, 4.0, 20.0)
     """
+    n, mean, m2, scale = _batch_moments_scaled(stats)
+    return n, mean, m2 * scale * scale
+
+
+def batch_std(stats: GroupStats, *, ddof: int = 0) -> Tensor:
+    """Standard deviation of all rollouts, merged from the groups, in reward units.
+
+    >>> float(batch_std(group_stats(torch.tensor([1.0, 3.0, 5.0, 7.0]), torch.tensor([0, 0, 1, 1]))))
+    2.23606797749979
+    """
+    return _overall_std(stats, ddof)
+
+
+def _overall_std(stats: GroupStats, ddof: int) -> Tensor:
+    n, _, m2, scale = _batch_moments_scaled(stats)
+    return (m2 / max(n - ddof, 1)).sqrt() * scale
+
+
+def _batch_moments_scaled(stats: GroupStats) -> tuple[int, Tensor, Tensor, Tensor]:
+    """Count, mean, and the centred sum of squares in units of ``scale**2`` (a power of two)."""
     n = int(stats.count.sum())
-    weights = stats.count.to(stats.mean.dtype)
+    dtype, device = stats.mean.dtype, stats.mean.device
+    zero = torch.zeros((), dtype=dtype, device=device)
     if n == 0:
-        zero = torch.zeros((), dtype=stats.mean.dtype, device=stats.mean.device)
-        return 0, zero, zero
-    mean = (weights * stats.mean).sum() / n
-    m2 = stats.m2.sum() + (weights * (stats.mean - mean) ** 2).sum()
-    return n, mean, m2
+        return 0, zero, zero, zero + 1
+    weights = stats.count.to(dtype)
+    seen = stats.count > 0
+    overall = _scales(stats.minimum[seen].min().reshape(1), stats.maximum[seen].max().reshape(1))
+    if overall is None and _scales(stats.minimum, stats.maximum) is None:
+        mean = (weights * stats.mean).sum() / n
+        m2 = stats.m2.sum() + (weights * (stats.mean - mean) ** 2).sum()
+        return n, mean, m2, zero + 1
+    scale = zero + 1 if overall is None else overall[0]
+    means = torch.where(seen, stats.mean, torch.zeros_like(stats.mean)) / scale
+    ratio = torch.where(seen, group_scale(stats) / scale, torch.zeros_like(stats.mean))
+    mean = (weights * means).sum() / n
+    m2 = (stats.m2 * ratio * ratio).sum() + (weights * (means - mean) ** 2).sum()
+    return n, mean * scale, m2, scale
 
 
 def advantages_from_stats(
@@ -569,8 +673,9 @@ def advantages_from_stats(
 class Normalization:
     """The per-group terms of the *compute* step, prepared once for many chunks.
 
-    With the mean baseline, ``A = (r - center[g]) / denominator[g]`` row by row; the
-    leave-one-out baseline works from ``stats`` row by row. Build it with
+    With the mean baseline, ``A = (r / units[g] - center[g]) / denominator[g]`` row by
+    row, ``units`` being the groups' powers of two (``None``: all 1, see
+    :func:`group_scale`); the leave-one-out baseline works from ``stats`` row by row. Build it with
     :func:`prepare_normalization`, apply it with :func:`apply_normalization`.
     """
 
@@ -584,6 +689,7 @@ class Normalization:
     epsilon_mode: str
     singleton: str
     batch_std: Tensor | None
+    units: Tensor | None = None
 
 
 def prepare_normalization(
@@ -613,24 +719,28 @@ def prepare_normalization(
     ddof = 1 if std == "sample" else 0
     active = active_groups(stats, singleton=singleton)
     if scale == "batch" and batch_std is None:
-        n_all, _, m2_all = batch_moments(stats)
-        batch_std = (m2_all / max(n_all - ddof, 1)).sqrt()
+        batch_std = _overall_std(stats, ddof)
+    units = _scales(stats.minimum, stats.maximum)
     center = denominator = None
     if baseline == "mean":
         center = torch.where(active, stats.mean, stats.minimum)
+        if units is not None:
+            center = center / units
         # x - (-0.0) is +0.0 for both signed zeros: inactive groups of zeros give +0.0.
         center = torch.where(center == 0, torch.full_like(center, -0.0), center)
-        denominator = _denominator(stats.m2, stats.count, ddof, scale, epsilon, epsilon_mode, batch_std)
+        denominator = _denominator(
+            stats.m2, stats.count, ddof, scale, epsilon, epsilon_mode, batch_std, units
+        )
         if singleton == "raw":
             lone = stats.count == 1
             center = torch.where(lone, torch.full_like(center, -0.0), center)
-            lone_scale = 1.0 if scale == "none" else 1 + epsilon
-            denominator = torch.where(lone, torch.full_like(denominator, lone_scale), denominator)
+            lone_scale = torch.full_like(denominator, 1.0 if scale == "none" else 1 + epsilon)
+            denominator = torch.where(lone, lone_scale if units is None else lone_scale / units, denominator)
         denominator = torch.where(active, denominator, torch.ones_like(denominator))
     elif stats.at_minimum is None or stats.at_maximum is None:
         raise ValueError("baseline='leave-one-out' needs stats computed with count_extremes=True")
     return Normalization(
-        stats, active, center, denominator, epsilon, ddof, scale, epsilon_mode, singleton, batch_std
+        stats, active, center, denominator, epsilon, ddof, scale, epsilon_mode, singleton, batch_std, units
     )
 
 
@@ -663,14 +773,15 @@ def _apply(flat: Tensor, layout: _Layout, norm: Normalization, valid: Tensor | N
     if norm.center is not None and norm.denominator is not None:
         if layout.group_size is not None and valid is None:
             k, g = layout.num_groups, layout.group_size
-            return ((x.view(k, g) - norm.center[:k, None]) / norm.denominator[:k, None]).view(-1)
+            rows = x.view(k, g) if norm.units is None else x.view(k, g) / norm.units[:k, None]
+            return ((rows - norm.center[:k, None]) / norm.denominator[:k, None]).view(-1)
         ids = _row_group_ids(layout, flat.device)
+        if norm.units is not None:
+            x = x / torch.take(norm.units, ids)
         out = (x - torch.take(norm.center, ids)) / torch.take(norm.denominator, ids)
     else:
         ids = _row_group_ids(layout, flat.device)
-        out = _leave_one_out(
-            x, ids, stats, norm.active, norm.ddof, norm.scale, norm.epsilon, norm.epsilon_mode, norm.batch_std
-        )
+        out = _leave_one_out(x, ids, norm)
         if norm.singleton == "raw":
             lone = torch.take(stats.count, ids) == 1
             out = torch.where(lone, x / (1.0 if norm.scale == "none" else 1 + norm.epsilon), out)
@@ -693,45 +804,46 @@ def _denominator(
     epsilon: float,
     epsilon_mode: str,
     batch_std: Tensor | None,
+    units: Tensor | None = None,
 ) -> Tensor:
-    """Per-group (or per-row, for leave-one-out) divisor of the centred rewards."""
+    """Per-group (or per-row, for leave-one-out) divisor of the centred rewards.
+
+    ``m2`` and the result are in ``units`` (powers of two; ``None``: 1).
+    """
+    one = torch.ones_like(m2) if units is None else 1 / units
     if scale == "none":
-        return torch.ones_like(m2)
+        return one
     if scale == "batch":
         assert batch_std is not None
-        deviation = batch_std.expand_as(m2)
+        deviation = batch_std.expand_as(m2) if units is None else batch_std / units
     else:
         dof = (count - ddof).clamp_min(1).to(m2.dtype)
         deviation = (m2 / dof).sqrt()
+    eps: float | Tensor = epsilon if units is None else epsilon / units
     if epsilon_mode == "clamp":
-        return deviation.clamp_min(epsilon)
+        return deviation.clamp_min(epsilon) if units is None else torch.maximum(deviation, epsilon / units)
     if epsilon_mode == "add-if-nonzero":
-        return torch.where(deviation > 0, deviation + epsilon, torch.ones_like(deviation))
-    return deviation + epsilon
+        return torch.where(deviation > 0, deviation + eps, one)
+    return deviation + eps
 
 
-def _leave_one_out(
-    x: Tensor,
-    ids: Tensor,
-    stats: GroupStats,
-    active: Tensor,
-    ddof: int,
-    scale: str,
-    epsilon: float,
-    epsilon_mode: str,
-    batch_std: Tensor | None,
-) -> Tensor:
+def _leave_one_out(x: Tensor, ids: Tensor, norm: Normalization) -> Tensor:
     """``(r_i - mean of the others) / std of the others``, from the group moments.
 
     Removing one point from (n, mean, M2) is the reverse Welford update, so no second
     pass over the group is needed: mean' = (n mean - r) / (n - 1) and
-    M2' = M2 - (r - mean)^2 n / (n - 1).
+    M2' = M2 - (r - mean)^2 n / (n - 1). Works in the groups' units (powers of two).
     """
+    stats = norm.stats
     n = torch.take(stats.count, ids).to(x.dtype)
     mean = torch.take(stats.mean, ids)
-    row_active = torch.take(active, ids) & (n > 1)
+    units = None if norm.units is None else torch.take(norm.units, ids)
+    scaled = x if units is None else x / units
+    if units is not None:
+        mean = mean / units
+    row_active = torch.take(norm.active, ids) & (n > 1)
     others = (n - 1).clamp_min(1)
-    deviation = x - mean
+    deviation = scaled - mean
     centred = deviation * (n / others)  # r - (n mean - r) / (n - 1)
     m2_others = (torch.take(stats.m2, ids) - deviation * deviation * (n / others)).clamp_min(0)
     assert stats.at_minimum is not None and stats.at_maximum is not None
@@ -744,7 +856,14 @@ def _leave_one_out(
     lone_min = (x == torch.take(stats.minimum, ids)) & (at_min == 1) & (at_max == others_n)
     m2_others = torch.where(lone_max | lone_min, torch.zeros_like(m2_others), m2_others)
     denominator = _denominator(
-        m2_others, (n - 1).to(torch.int64), ddof, scale, epsilon, epsilon_mode, batch_std
+        m2_others,
+        (n - 1).to(torch.int64),
+        norm.ddof,
+        norm.scale,
+        norm.epsilon,
+        norm.epsilon_mode,
+        norm.batch_std,
+        units,
     )
     out = centred / denominator
     return torch.where(row_active, out, torch.zeros_like(out))

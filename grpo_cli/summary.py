@@ -125,7 +125,7 @@ def build_summary(
     elapsed: float,
     verify: dict[str, Any] | None,
 ) -> RunSummary:
-    from grpo_cli.kernel import batch_moments
+    from grpo_cli.kernel import batch_moments, batch_std
 
     cpu = stats.to("cpu")
     count = cpu.count.numpy()
@@ -137,13 +137,13 @@ def build_summary(
     sizes = rows_per_group if rows_per_group.size == groups else count
     singleton = int((sizes == 1).sum())
 
-    n_all, mean_all, m2_all = batch_moments(cpu)
+    n_all, mean_all, _ = batch_moments(cpu)
     reward: dict[str, float | None] = {"mean": None, "std": None, "min": None, "max": None}
     if n_all:
         seen = count > 0
         reward = {
             "mean": float(mean_all),
-            "std": _float(math.sqrt(float(m2_all) / n_all)),
+            "std": float(batch_std(cpu)),
             "min": _float(minimum[seen].min()),
             "max": _float(maximum[seen].max()),
         }

@@ -1,0 +1,136 @@
+"""Every finite float64 reward gives the right advantage: 1e-300 and 1e300 alike.
+
+The reference works in exact rational arithmetic (``fractions``) with a 60-digit square
+root (``decimal``), so it neither overflows nor underflows.
+"""
+
+from __future__ import annotations
+
+import decimal
+from fractions import Fraction
+
+import pytest
+import torch
+
+from grpo_cli.kernel import (
+    GroupStatsAccumulator,
+    apply_normalization,
+    batch_std,
+    group_advantages,
+    group_std,
+    prepare_normalization,
+)
+
+decimal.getcontext().prec = 60
+
+
+def assert_close_per_group(actual, expected, ids, rtol=1e-12):
+    """Equal to ``rtol`` of the largest advantage of each group (a value at the mean may
+    round to 0 where the exact one is 1e-16 of its neighbours)."""
+    expected = torch.as_tensor(expected, dtype=torch.float64)
+    for group in ids.unique().tolist():
+        rows = ids == group
+        scale = float(expected[rows].abs().max())
+        torch.testing.assert_close(actual[rows], expected[rows], rtol=rtol, atol=rtol * scale)
+
+
+def exact_sqrt(value: Fraction) -> Fraction:
+    root = (decimal.Decimal(value.numerator) / decimal.Decimal(value.denominator)).sqrt()
+    return Fraction(root)
+
+
+def exact_advantages(rewards, *, epsilon=1e-6, ddof=0, mode="add"):
+    values = [Fraction(r) for r in rewards]
+    n = len(values)
+    mean = sum(values) / n
+    std = exact_sqrt(sum((v - mean) ** 2 for v in values) / max(n - ddof, 1))
+    if max(values) == min(values):
+        return [0.0] * n
+    eps = Fraction(epsilon)
+    denominator = {"add": std + eps, "clamp": max(std, eps), "add-if-nonzero": std + eps}[mode]
+    return [float((v - mean) / denominator) for v in values]
+
+
+GROUPS = [
+    [1e300, 3e300, 2e300],
+    [-1e300, 1e300],
+    [1e154, 2e154, 4e154],  # squares overflow from 1.34e154 on
+    [1e200, 3e200],
+    [1.5e308, -1.7e308, 1.0e308],  # the sum overflows
+    [1e-300, 3e-300, 2e-300],  # squares underflow
+    [1e-160, 2e-160],
+    [5e-324, 1e-323, 1.5e-323],  # subnormal
+    [7.0, 9.0, 8.0],  # ordinary, beside the extremes
+]
+
+
+@pytest.mark.parametrize("mode", ["add", "clamp", "add-if-nonzero"])
+@pytest.mark.parametrize("ddof", [0, 1])
+def test_extreme_magnitudes_match_exact_arithmetic(mode, ddof):
+    rewards = torch.tensor([r for group in GROUPS for r in group], dtype=torch.float64)
+    ids = torch.tensor([g for g, group in enumerate(GROUPS) for _ in group])
+    out = group_advantages(rewards, ids, 1e-6, std="sample" if ddof else "population", epsilon_mode=mode)[
+        "advantages"
+    ]
+    expected = [a for group in GROUPS for a in exact_advantages(group, ddof=ddof, mode=mode)]
+    assert bool(torch.isfinite(out).all())
+    assert_close_per_group(out, expected, ids)
+
+
+@pytest.mark.parametrize("group", GROUPS, ids=str)
+def test_constant_groups_of_any_magnitude_are_inactive_and_zero(group):
+    value = group[0]
+    out = group_advantages(torch.full((5,), value, dtype=torch.float64), torch.zeros(5, dtype=torch.long))
+    assert out["active_group_count"] == 0
+    assert out["advantages"].tolist() == [0.0] * 5
+    assert all(str(a) == "0.0" for a in out["advantages"].tolist())  # +0.0, never -0.0
+
+
+def test_huge_rewards_stream_in_blocks_like_in_memory():
+    rewards = torch.tensor([r for group in GROUPS for r in group], dtype=torch.float64)
+    ids = torch.tensor([g for g, group in enumerate(GROUPS) for _ in group])
+    order = torch.randperm(rewards.numel(), generator=torch.Generator().manual_seed(0))
+    rewards, ids = rewards[order], ids[order]
+    whole = group_advantages(rewards, ids, 1e-6)["advantages"]
+    acc = GroupStatsAccumulator(block_rows=2)  # every group merged across blocks
+    for start in range(0, rewards.numel(), 3):
+        acc.update(rewards[start : start + 3], ids[start : start + 3])
+    streamed = apply_normalization(rewards, ids, prepare_normalization(acc.compute(), epsilon=1e-6))
+    assert_close_per_group(streamed, whole, ids)
+
+
+def test_leave_one_out_and_batch_scale_stay_finite():
+    rewards = torch.tensor([1e300, 3e300, 2e300, 1.0, 2.0, 4.0], dtype=torch.float64)
+    ids = torch.tensor([0, 0, 0, 1, 1, 1])
+    loo = group_advantages(rewards, ids, baseline="leave-one-out", std="sample")["advantages"]
+    # r_0 = 1e300 against the others (3e300, 2e300): mean 2.5e300, sample std 0.707e300
+    expected_first = float((Fraction(1e300) - Fraction(2.5e300)) / exact_sqrt(Fraction(0.5e300) ** 2 * 2))
+    assert loo[0].item() == pytest.approx(expected_first, rel=1e-12)
+    batch = group_advantages(rewards, ids, scale="batch")["advantages"]
+    assert bool(torch.isfinite(batch).all()) and batch[0] < 0 < batch[1]
+
+
+def test_group_and_batch_std_in_reward_units():
+    rewards = torch.tensor([1e300, 3e300, 1e-300, 3e-300], dtype=torch.float64)
+    ids = torch.tensor([0, 0, 1, 1])
+    from grpo_cli.kernel import group_stats
+
+    stats = group_stats(rewards, ids)
+    assert group_std(stats).tolist() == pytest.approx([1e300, 1e-300], rel=1e-15)
+    assert float(batch_std(stats)) == pytest.approx(
+        float(exact_sqrt(sum((Fraction(r) - Fraction(1e300)) ** 2 for r in rewards.tolist()) / 4)), rel=1e-12
+    )
+
+
+def test_ordinary_magnitudes_are_not_rescaled():
+    """Scale 1 for rewards in [2**-256, 2**256): the plain float64 reference agrees to rounding."""
+    from grpo_cli.kernel import group_scale, group_stats
+    from tests.reference import reference_advantages
+
+    generator = torch.Generator().manual_seed(0)
+    rewards = torch.randn(2000, dtype=torch.float64, generator=generator) * 1e70
+    ids = torch.randint(0, 150, (2000,), generator=generator)
+    assert bool((group_scale(group_stats(rewards, ids)) == 1).all())
+    out = group_advantages(rewards, ids, 1e-6)["advantages"]
+    expected, _ = reference_advantages(rewards.tolist(), ids.tolist(), epsilon=1e-6)
+    torch.testing.assert_close(out, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=1e-12)
