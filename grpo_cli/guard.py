@@ -146,7 +146,7 @@ class Claim:
                 for file in temp.iterdir():
                     fsync_path(file)
                 fsync_path(temp, directory=True)
-                if target.exists():
+                if target.exists() and any(target.iterdir()):
                     if not force:
                         raise GrpoError(
                             f"{self.display}: appeared while grpo-cli ran; pass --force to replace it"
@@ -155,7 +155,7 @@ class Claim:
                     os.replace(target, aside)
                     os.replace(temp, target)
                     shutil.rmtree(aside, ignore_errors=True)
-                else:
+                else:  # rename() replaces an empty directory, and fails on one that filled up
                     os.replace(temp, target)
             else:
                 fsync_path(temp)

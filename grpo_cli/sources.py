@@ -458,11 +458,13 @@ def _has_floating(data_type: pa.DataType) -> bool:
 
 
 def _inexact_integer(value: Any, data_type: pa.DataType) -> int | None:
-    """An integer inside ``value`` that ``data_type`` (floating somewhere) would round."""
+    """An integer inside ``value`` that ``data_type`` (floating somewhere) would round,
+    or that pyarrow made a float because it exceeds int64."""
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, int):
-        if pa.types.is_floating(data_type) and int(float(value)) != value:
+        beyond_int64 = not -(1 << 63) <= value < (1 << 63)
+        if pa.types.is_floating(data_type) and (beyond_int64 or int(float(value)) != value):
             return value
         return None
     if isinstance(value, dict) and pa.types.is_struct(data_type):
