@@ -151,8 +151,9 @@ def main_callback(
 ) -> None:
     """Exact, fast GRPO group-relative advantages over rollout datasets.
 
-    Exit codes: 0 success, 1 a check failed, 2 usage or input error, 70 internal error,
-    130 interrupted.
+    Exit codes: 0 success, 1 a check failed, 2 usage or input error (nothing written),
+    3 output written but the summary failed, 70 internal error, 130 interrupted,
+    141 standard output closed by its reader.
     """
 
 
