@@ -6,12 +6,13 @@ and ``--version`` answer at once.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -397,39 +398,24 @@ def _config(params: dict[str, Any], **extra: Any) -> ComputeConfig:
     )
 
 
-def _compute_locally(
-    input: str,
-    output: str | None,
-    config: ComputeConfig,
-    *,
-    force: bool,
-    quiet: bool,
-    summary_json: str | None,
-) -> RunSummary:
-    """The local engine, with progress bars where they belong."""
-    from grpo_cli.engine import compute_dataset
-
-    progress = _progress(quiet)
-    try:
-        return compute_dataset(
-            input,
-            output,
-            config,
-            force=force,
-            progress=progress,
-            summary_json=None if summary_json == "-" else summary_json,
-        )
-    finally:
-        if progress is not None:
-            progress.close()
-
-
-def _progress(quiet: bool) -> RichProgress | None:
+@contextlib.contextmanager
+def _progress_bars(quiet: bool) -> Iterator[RichProgress | None]:
+    """Rich progress bars on a terminal; none with --quiet, in CI, or when stderr is redirected."""
     if quiet or os.environ.get("CI") or not sys.stderr.isatty():
-        return None
+        yield None
+        return
     from grpo_cli.progress import RichProgress
 
-    return RichProgress()
+    progress = RichProgress()
+    try:
+        yield progress
+    finally:
+        progress.close()
+
+
+def _summary_file(summary_json: str | None) -> str | None:
+    """The file the run writes the summary to (``-``, standard output, is the CLI's)."""
+    return None if summary_json == "-" else summary_json
 
 
 def _report(summary: RunSummary, *, quiet: bool, summary_json: str | None, compact: bool = False) -> None:
@@ -558,14 +544,22 @@ def compute(
                 partitions=partitions,
                 force=force,
                 quiet=quiet,
-                summary_json=None if summary_json == "-" else summary_json,
+                summary_json=_summary_file(summary_json),
             )
         else:
             if ray_address is not None or partitions is not None:
                 raise GrpoError("--ray-address and --partitions need --engine ray")
-            summary = _compute_locally(
-                input, output, config, force=force, quiet=quiet, summary_json=summary_json
-            )
+            from grpo_cli.engine import compute_dataset
+
+            with _progress_bars(quiet) as progress:
+                summary = compute_dataset(
+                    input,
+                    output,
+                    config,
+                    force=force,
+                    progress=progress,
+                    summary_json=_summary_file(summary_json),
+                )
         state.written = output
         _report(summary, quiet=quiet, summary_json=summary_json)
         return EXIT_OK
@@ -668,19 +662,15 @@ def check(
             uniform_group_size=uniform_group_size,
             max_singleton_groups=max_singleton_groups,
         )
-        progress = _progress(quiet)
-        try:
+        with _progress_bars(quiet) as progress:
             summary = check_dataset(
                 input,
                 bounds,
                 config,
                 force=force,
                 progress=progress,
-                summary_json=None if summary_json == "-" else summary_json,
+                summary_json=_summary_file(summary_json),
             )
-        finally:
-            if progress is not None:
-                progress.close()
         _report(summary, quiet=quiet, summary_json=summary_json, compact=bool(summary.checks))
         return EXIT_OK if all(c["passed"] for c in summary.checks) else EXIT_CHECK_FAILED
 

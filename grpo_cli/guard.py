@@ -36,14 +36,12 @@ from grpo_cli.errors import GrpoError
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 PROVENANCE_KEY = b"grpo_cli"
-# Names grpo-cli cannot honour as a Parquet output: a data format of another kind.
-FOREIGN_SUFFIXES = (
-    ".jsonl",
-    ".ndjson",
+# Data formats grpo-cli does not read: refused in an input directory or glob rather than
+# skipped, so that no rows are left out silently.
+OTHER_DATA_SUFFIXES = (
     ".json",
     ".csv",
     ".tsv",
-    ".txt",
     ".arrow",
     ".feather",
     ".ipc",
@@ -51,10 +49,11 @@ FOREIGN_SUFFIXES = (
     ".zst",
     ".bz2",
     ".xz",
-    ".zip",
     ".orc",
     ".avro",
 )
+# Names grpo-cli cannot honour as a Parquet output: a data format of another kind.
+FOREIGN_SUFFIXES = (".jsonl", ".ndjson", ".txt", ".zip", *OTHER_DATA_SUFFIXES)
 _TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<token>[0-9a-f]{12})\.(?P<kind>tmp|old)$")
 _SPOOL_PREFIX = "grpo-cli-spool-"
 _SPOOL_NAME = re.compile(r"^grpo-cli-spool-(?P<pid>\d+)-[0-9a-f]{12}$")
@@ -507,6 +506,7 @@ def os_reason(exc: OSError) -> str:
 
 
 __all__ = [
+    "OTHER_DATA_SUFFIXES",
     "PROVENANCE_KEY",
     "Claim",
     "ProtectedInputs",

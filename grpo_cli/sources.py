@@ -24,28 +24,12 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from grpo_cli.errors import GrpoError
-from grpo_cli.guard import ProtectedInputs, spool
+from grpo_cli.guard import OTHER_DATA_SUFFIXES, ProtectedInputs, spool
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz")
 FORMATS = ("parquet", "jsonl")
 JSONL_BLOCK_BYTES = 8 << 20
-# Data files of a format grpo-cli does not read: refused in a directory or a glob rather
-# than skipped, so that no rows are left out silently.
-UNREAD_DATA_SUFFIXES = (
-    ".json",
-    ".csv",
-    ".tsv",
-    ".arrow",
-    ".feather",
-    ".ipc",
-    ".gz",
-    ".zst",
-    ".bz2",
-    ".xz",
-    ".orc",
-    ".avro",
-)
 _GLOB_CHARS = "*?["
 
 
@@ -169,7 +153,7 @@ class InputSet:
             shard = self._shard(str(file), input_format, strict=False)
             if shard is not None:
                 shards.append(shard)
-            elif file.name.lower().endswith(UNREAD_DATA_SUFFIXES):
+            elif file.name.lower().endswith(OTHER_DATA_SUFFIXES):
                 raise GrpoError(
                     f"{spec}: {where} {file.name}, a format grpo-cli does not read (Parquet and JSONL "
                     "only); move it out or name the files to read with a glob"
@@ -205,7 +189,7 @@ class InputSet:
 
 def _holds_data(folder: Path) -> bool:
     """Whether a folder holds, at any depth, a file that looks like data."""
-    suffixes = PARQUET_SUFFIXES + JSONL_SUFFIXES + UNREAD_DATA_SUFFIXES
+    suffixes = PARQUET_SUFFIXES + JSONL_SUFFIXES + OTHER_DATA_SUFFIXES
     return any(name.lower().endswith(suffixes) for _, _, files in os.walk(folder) for name in files)
 
 

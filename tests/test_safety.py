@@ -746,3 +746,15 @@ def test_no_paths_make_grpo_cli_write_inside_or_over_an_input(
     if result.exit_code == 0:
         assert not any(Path(name).name.startswith(".") for name in after)  # no temporaries left
     assert result.exit_code in (0, 2), result.stderr
+
+
+def test_ray_session_folder_stays_short_under_a_long_tmpdir(monkeypatch, tmp_path):
+    """Ray's socket paths must fit in 107 bytes; a long TMPDIR would break them."""
+    from grpo_cli import engine_ray
+
+    long = tmp_path / ("x" * 90)
+    long.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(long))
+    assert engine_ray._short_temp_root() == "/tmp"
+    monkeypatch.setattr("tempfile.tempdir", "/tmp")
+    assert engine_ray._short_temp_root() is None
