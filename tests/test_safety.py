@@ -758,3 +758,16 @@ def test_ray_session_folder_stays_short_under_a_long_tmpdir(monkeypatch, tmp_pat
     assert engine_ray._short_temp_root() == "/tmp"
     monkeypatch.setattr("tempfile.tempdir", "/tmp")
     assert engine_ray._short_temp_root() is None
+
+
+def test_outputs_carry_the_provenance_entry_and_read_back_with_polars(cli, tmp_path, shards):
+    """The footer entry that tells grpo-cli's shards from the user's files; polars reads it all."""
+    import polars as pl
+
+    for out in (tmp_path / "one.parquet", tmp_path / "dir"):
+        assert cli("compute", shards, "-o", out, "-r", "correct").exit_code == 0
+        for file in [out] if out.is_file() else sorted(out.iterdir()):
+            record = json.loads(pq.read_metadata(file).metadata[b"grpo_cli"])
+            assert record["options"]["reward_cols"] == [{"column": "correct", "weight": 1.0}]
+            assert record["inputs"] == [str(shards / "a.parquet"), str(shards / "b.parquet")]
+            assert pl.read_parquet(file).to_dicts() == pq.read_table(file).to_pylist()
