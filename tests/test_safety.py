@@ -771,3 +771,15 @@ def test_outputs_carry_the_provenance_entry_and_read_back_with_polars(cli, tmp_p
             assert record["options"]["reward_cols"] == [{"column": "correct", "weight": 1.0}]
             assert record["inputs"] == [str(shards / "a.parquet"), str(shards / "b.parquet")]
             assert pl.read_parquet(file).to_dicts() == pq.read_table(file).to_pylist()
+
+
+def test_decimal_rewards_convert_with_correct_rounding():
+    """Each decimal reward becomes the float64 nearest to it, as Python's float() gives."""
+    from grpo_cli.engine import ComputeConfig, RewardReader
+    from grpo_cli.sources import Shard
+
+    texts = [f"{(i * 7919 % 400000 - 200000) / 100000:.5f}" for i in range(2000)]
+    array = pa.array([decimal.Decimal(t) for t in texts], pa.decimal128(12, 5))
+    batch = pa.RecordBatch.from_arrays([array], names=["reward"])
+    reader = RewardReader(ComputeConfig(), batch.schema, Shard(Path("x.parquet"), "x.parquet", "parquet", 0))
+    assert reader.read(batch).combined.tolist() == [float(t) for t in texts]
