@@ -983,12 +983,7 @@ def _job(
         InputSet(str(input), input_format=config.input_format) as inputs,
         WriteGuard(inputs.protected()) as guard,
     ):
-        claim = guard.claim(output, directory=directory, force=force) if output is not None else None
-        summary_claim = (
-            guard.claim(summary_json, directory=False, force=force, what="summary")
-            if summary_json is not None
-            else None
-        )
+        claim, summary_claim = guard.claim_run(output, summary_json, directory=directory, force=force)
         with reported_after_commit(claim):
             summary = _run_settling_jsonl_types(inputs, config, claim, force=force, progress=progress)
             if finish is not None:

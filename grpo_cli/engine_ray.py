@@ -419,11 +419,8 @@ def compute_dataset_ray(
     inputs = _Inputs(", ".join(specs), shards)
     protected = ProtectedInputs.of([(shard.path, shard.display) for shard in shards], directories)
     with WriteGuard(protected) as guard:
-        claim = None if remote_output else guard.claim(output, directory=True, force=force)
-        summary_claim = (
-            guard.claim(summary_json, directory=False, force=force, what="summary")
-            if summary_json is not None
-            else None
+        claim, summary_claim = guard.claim_run(
+            None if remote_output else output, summary_json, directory=True, force=force
         )
         with reported_after_commit(claim):
             summary = _run_ray(inputs, paths, output, claim, config, address, partitions, force, quiet)

@@ -289,6 +289,23 @@ class WriteGuard:
         self._check_existing(claim, force=force, what=what)
         return claim
 
+    def claim_run(
+        self,
+        output: str | os.PathLike[str] | None,
+        summary_json: str | os.PathLike[str] | None,
+        *,
+        directory: bool,
+        force: bool,
+    ) -> tuple[Claim | None, Claim | None]:
+        """Claim a run's data output and summary file (either may be ``None``), in that order."""
+        claim = self.claim(output, directory=directory, force=force) if output is not None else None
+        summary = (
+            self.claim(summary_json, directory=False, force=force, what="summary")
+            if summary_json is not None
+            else None
+        )
+        return claim, summary
+
     def check_temporary(self, temp: Path) -> None:
         """A temporary must never be an input (or lie inside an input directory)."""
         reason = self.inputs.conflict(temp)

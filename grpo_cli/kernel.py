@@ -491,7 +491,7 @@ def merge_group_stats(a: GroupStats, b: GroupStats) -> GroupStats:
         mean = a.mean + delta * (nb / n)
         m2_a, m2_b = a.m2, b.m2
     else:  # in units of the merged group's scale: each side's m2 rescaled exactly
-        scale = group_scale(GroupStats(count, a.mean, a.m2, minimum, maximum))
+        scale = torch.ones_like(a.mean) if scale is None else scale
         ratio_a, ratio_b = group_scale(a) / scale, group_scale(b) / scale
         mean_a, mean_b = a.mean / scale, b.mean / scale
         delta = mean_b - mean_a
