@@ -40,7 +40,7 @@ from grpo_cli.kernel import (
     group_std,
     prepare_normalization,
 )
-from grpo_cli.keys import GroupKeyIndex, as_tensor, check_key_types, first_invalid_key
+from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_types
 from grpo_cli.options import AGGREGATION_CHOICES, AdvantageOptions, RewardSpec
 from grpo_cli.output import OutputTarget
 from grpo_cli.sources import (
@@ -522,15 +522,13 @@ class Engine:
     def _encode_keys(
         self, keys: GroupKeyIndex, arrays: list[pa.ChunkedArray], shard: Shard, shard_row: int
     ) -> np.ndarray:
-        invalid = first_invalid_key(self.config.group_cols, arrays)
-        if invalid is not None:
-            name, index, what, count = invalid
-            raise GrpoError(
-                f"{describe_row(shard, shard_row + index)}: group key {name!r} is {what} "
-                f"({count} {what} key(s) in this chunk); {what} keys cannot be grouped"
-            )
         try:
             return keys.encode(arrays)
+        except InvalidKeyError as bad:
+            raise GrpoError(
+                f"{describe_row(shard, shard_row + bad.row)}: group key {bad.column!r} is {bad.what} "
+                f"({bad.count} {bad.what} key(s) in this chunk); {bad.what} keys cannot be grouped"
+            ) from None
         except (TypeError, pa.ArrowException) as exc:
             raise GrpoError(
                 f"{shard.display}: cannot use {', '.join(keys.columns)} as group keys ({exc})"

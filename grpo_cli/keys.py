@@ -39,6 +39,14 @@ def _storage_type(data_type: pa.DataType) -> pa.DataType:
     return pa.int32() if data_type.bit_width == 32 else pa.int64()
 
 
+class InvalidKeyError(ValueError):
+    """A null or NaN group key: neither equals itself, so it cannot name a group."""
+
+    def __init__(self, column: str, row: int, what: str, count: int) -> None:
+        super().__init__(f"group key {column!r} is {what} at row {row} of the chunk")
+        self.column, self.row, self.what, self.count = column, row, what, count
+
+
 def first_invalid_key(
     names: Sequence[str], arrays: Sequence[pa.Array | pa.ChunkedArray]
 ) -> tuple[str, int, str, int] | None:
@@ -146,8 +154,7 @@ class GroupKeyIndex:
         """Dense int64 IDs for one chunk of key columns (no nulls, no NaN)."""
         invalid = first_invalid_key(self.columns, arrays)
         if invalid is not None:
-            name, index, what, _ = invalid
-            raise ValueError(f"group key {name!r} is {what} at row {index} of the chunk")
+            raise InvalidKeyError(*invalid)
         table = self._normalise(arrays)
         if table.num_rows == 0:
             return np.empty(0, dtype=np.int64)
