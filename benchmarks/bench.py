@@ -165,7 +165,8 @@ def pandas_job(src: Path, dst: Path) -> None:
 
 
 def grpo_job(src: Path, dst: Path, *, streaming: bool = False) -> None:
-    from grpo_cli.engine import ComputeConfig, compute_dataset
+    from grpo_cli.jobs import compute_dataset
+    from grpo_cli.plan import ComputeConfig
 
     config = ComputeConfig(memory_budget_bytes=0) if streaming else ComputeConfig()
     compute_dataset(src, dst, config, force=True)
@@ -189,7 +190,7 @@ def kernel_contenders(ids: np.ndarray, rewards: np.ndarray, repeats: int) -> dic
     import polars as pl
     import torch
 
-    from grpo_cli.kernel import group_advantages
+    from grpo_cli.kernel import normalize_in_groups as group_advantages
 
     r_t, ids_t = torch.from_numpy(rewards), torch.from_numpy(ids)
     df_pl = pl.DataFrame({"group_id": ids, "reward": rewards})
@@ -244,7 +245,7 @@ sys.path.insert(0, {root!r})
 which, src, dst = sys.argv[1], sys.argv[2], sys.argv[3]
 start = time.perf_counter()
 if which == "grpo-cli":
-    from grpo_cli.engine import compute_dataset
+    from grpo_cli.jobs import compute_dataset
     compute_dataset(src, dst, force=True)
 else:
     import polars as pl
@@ -320,10 +321,12 @@ def bench_ray(rows: int, group_size: int, repeats: int, data_dir: Path) -> None:
     import shutil
     import tempfile
 
-    from grpo_cli.engine import ComputeConfig, compute_dataset
+    from grpo_cli.jobs import compute_dataset
+    from grpo_cli.plan import ComputeConfig
 
     try:
-        from grpo_cli.engine_ray import compute_dataset_ray, ray_session
+        from grpo_cli.engines.ray import ray_session
+        from grpo_cli.jobs import compute_dataset_ray
     except ImportError:
         print("\nray engine: not installed (pip install 'grpo-cli[ray]')")
         return
@@ -356,7 +359,7 @@ def bench_imports() -> None:
     print("\nstart-up (fresh interpreter, best of 3)")
     for label, code in (
         ("grpo-cli --help path (grpo_cli.cli)", "import grpo_cli.cli"),
-        ("grpo-cli compute path (engine+torch)", "import grpo_cli.engine"),
+        ("grpo-cli compute path (engine+torch)", "import grpo_cli.engines.local"),
         ("polars", "import polars"),
         ("pandas", "import pandas"),
     ):

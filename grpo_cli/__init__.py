@@ -23,6 +23,7 @@ __all__ = [
     "__version__",
     "active_groups",
     "advantages_from_stats",
+    "check_dataset",
     "compute_dataset",
     "group_advantages",
     "group_stats",
@@ -31,8 +32,8 @@ __all__ = [
 
 if TYPE_CHECKING:
     from grpo_cli.api import group_advantages
-    from grpo_cli.engine import ComputeConfig, compute_dataset
     from grpo_cli.errors import GrpoError
+    from grpo_cli.jobs import check_dataset, compute_dataset
     from grpo_cli.kernel import (
         GroupAdvantages,
         GroupStats,
@@ -42,11 +43,13 @@ if TYPE_CHECKING:
         group_stats,
         merge_group_stats,
     )
+    from grpo_cli.plan import ComputeConfig
 
 _LAZY = {
     "group_advantages": "grpo_cli.api",
-    "compute_dataset": "grpo_cli.engine",
-    "ComputeConfig": "grpo_cli.engine",
+    "compute_dataset": "grpo_cli.jobs",
+    "check_dataset": "grpo_cli.jobs",
+    "ComputeConfig": "grpo_cli.plan",
     "GrpoError": "grpo_cli.errors",
 }
 

@@ -1,17 +1,17 @@
-"""The library's front door: :func:`group_advantages` with trainer presets.
+"""The tensor-level front door: :func:`group_advantages` with trainer presets.
 
 It resolves ``preset=`` and ``estimator=`` into the kernel's options (defaults, then the
 preset, then the estimator, then explicit keywords) and calls
-:func:`grpo_cli.kernel.group_advantages`, which stays pure torch.
+:func:`grpo_cli.kernel.normalize_in_groups`, which stays pure torch. Jobs over files
+(``compute_dataset``, ``check_dataset``) are in :mod:`grpo_cli.jobs`.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import Tensor
 
 from grpo_cli import kernel
+from grpo_cli.choices import Baseline, EpsilonMode, Estimator, NanPolicy, Preset, Scale, Singleton, Std
 from grpo_cli.options import AdvantageOptions
 
 
@@ -21,18 +21,18 @@ def group_advantages(
     epsilon: float | None = None,
     *,
     group_size: int | None = None,
-    preset: str | None = None,
-    estimator: str | None = None,
-    std: str | None = None,
-    scale: str | None = None,
-    baseline: str | None = None,
-    epsilon_mode: str | None = None,
-    singleton: str | None = None,
-    nan: str | None = None,
+    preset: Preset | None = None,
+    estimator: Estimator | None = None,
+    std: Std | None = None,
+    scale: Scale | None = None,
+    baseline: Baseline | None = None,
+    epsilon_mode: EpsilonMode | None = None,
+    singleton: Singleton | None = None,
+    nan: NanPolicy | None = None,
 ) -> kernel.GroupAdvantages:
     """GRPO advantages, optionally in a trainer's convention (``preset="trl"``, ...).
 
-    Same call forms, shapes, dtypes and result as :func:`grpo_cli.kernel.group_advantages`;
+    Same call forms, shapes, dtypes and result as :func:`grpo_cli.kernel.normalize_in_groups`;
     ``epsilon`` defaults to 1e-6, or to the preset's. ``estimator`` is ``"grpo"``,
     ``"dr_grpo"`` (no division) or ``"rloo"`` (leave-one-out baseline, no division).
     Options given explicitly override the preset and the estimator.
@@ -55,13 +55,15 @@ def group_advantages(
         singleton=singleton,
         nan=nan,
     )
-    kwargs: dict[str, Any] = options.kernel_kwargs()
-    epsilon_value = kwargs.pop("epsilon")
-    return kernel.group_advantages(
+    return kernel.normalize_in_groups(
         rewards,
         group_ids,
-        epsilon_value,
+        options.epsilon,
         group_size=group_size,
-        nan="ignore" if options.nan == "ignore" else "error",
-        **kwargs,
+        std=options.std,
+        scale=options.scale,
+        baseline=options.baseline,
+        epsilon_mode=options.epsilon_mode,
+        singleton=options.singleton,
+        nan=options.nan,
     )

@@ -13,7 +13,6 @@ import signal
 import sys
 import traceback
 from collections.abc import Callable, Iterator
-from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
@@ -25,11 +24,22 @@ except ImportError:  # pragma: no cover - Typer on the Click package
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
 from grpo_cli import __version__
+from grpo_cli.choices import (
+    Aggregation,
+    Engine,
+    EpsilonMode,
+    Estimator,
+    InputFormat,
+    NanPolicy,
+    Preset,
+    Scale,
+    Singleton,
+    Std,
+)
 from grpo_cli.errors import GrpoError
-from grpo_cli.options import PRESETS
 
 if TYPE_CHECKING:
-    from grpo_cli.engine import ComputeConfig
+    from grpo_cli.plan import ComputeConfig, VerifySpec
     from grpo_cli.progress import RichProgress
     from grpo_cli.summary import RunSummary
 
@@ -84,57 +94,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )
-
-
-class InputFormat(str, Enum):
-    parquet = "parquet"
-    jsonl = "jsonl"
-
-
-class StdChoice(str, Enum):
-    population = "population"
-    sample = "sample"
-
-
-class ScaleChoice(str, Enum):
-    group = "group"
-    batch = "batch"
-    none = "none"
-
-
-class EstimatorChoice(str, Enum):
-    grpo = "grpo"
-    dr_grpo = "dr_grpo"
-    rloo = "rloo"
-
-
-class EpsilonModeChoice(str, Enum):
-    add = "add"
-    clamp = "clamp"
-    add_if_nonzero = "add-if-nonzero"
-
-
-class SingletonChoice(str, Enum):
-    zero = "zero"
-    raw = "raw"
-
-
-class NanChoice(str, Enum):
-    error = "error"
-    ignore = "ignore"
-
-
-class EngineChoice(str, Enum):
-    local = "local"
-    ray = "ray"
-
-
-class AggregationChoice(str, Enum):
-    sum_then_normalize = "sum-then-normalize"
-    normalize_then_sum = "normalize-then-sum"
-
-
-PresetChoice = Enum("PresetChoice", {name.replace("-", "_"): name for name in PRESETS}, type=str)  # type: ignore[misc]
 
 
 def _version(value: bool) -> None:
@@ -196,7 +155,7 @@ GroupSizeOpt = Annotated[
     ),
 ]
 AggregationOpt = Annotated[
-    AggregationChoice,
+    Aggregation,
     typer.Option(
         "--reward-aggregation",
         help="With several rewards: normalise their weighted sum, or normalise each in its group and "
@@ -204,11 +163,11 @@ AggregationOpt = Annotated[
     ),
 ]
 PresetOpt = Annotated[
-    PresetChoice | None,
+    Preset | None,
     typer.Option("--preset", help="Reproduce a trainer's GRPO convention; explicit options override it."),
 ]
 EstimatorOpt = Annotated[
-    EstimatorChoice | None,
+    Estimator | None,
     typer.Option(
         "--estimator",
         help="grpo: (r - mean) / std; dr_grpo: r - mean; rloo: r - mean of the others.",
@@ -217,11 +176,11 @@ EstimatorOpt = Annotated[
 ]
 EpsilonOpt = Annotated[float | None, typer.Option("--epsilon", help="Added to the std.", show_default="1e-6")]
 StdOpt = Annotated[
-    StdChoice | None,
+    Std | None,
     typer.Option("--std", help="population (divide by n) or sample (n - 1).", show_default="population"),
 ]
 ScaleOpt = Annotated[
-    ScaleChoice | None,
+    Scale | None,
     typer.Option(
         "--scale",
         help="Divide by the group std, the batch std, or nothing.",
@@ -229,7 +188,7 @@ ScaleOpt = Annotated[
     ),
 ]
 EpsilonModeOpt = Annotated[
-    EpsilonModeChoice | None,
+    EpsilonMode | None,
     typer.Option(
         "--epsilon-mode",
         help="add: std + eps; clamp: max(std, eps); add-if-nonzero: divide only where std > 0.",
@@ -237,7 +196,7 @@ EpsilonModeOpt = Annotated[
     ),
 ]
 SingletonOpt = Annotated[
-    SingletonChoice | None,
+    Singleton | None,
     typer.Option(
         "--singleton",
         help="One-rollout groups: zero, or raw (r / (1 + eps), verl).",
@@ -245,7 +204,7 @@ SingletonOpt = Annotated[
     ),
 ]
 NanOpt = Annotated[
-    NanChoice | None,
+    NanPolicy | None,
     typer.Option(
         "--nan",
         help="Null, NaN or infinite rewards: error, or ignore (left out of the statistics, advantage 0).",
@@ -362,39 +321,63 @@ def _check_stdout(summary_json: str | None) -> None:
         raise GrpoError("--summary-json -: standard output is closed") from None
 
 
-def _config(params: dict[str, Any], **extra: Any) -> ComputeConfig:
-    """The engine's configuration from a command's parameters (its ``locals()``).
-
-    Both commands share the input and advantage options; this is the one place that
-    turns them into a :class:`~grpo_cli.engine.ComputeConfig`.
-    """
-    from grpo_cli.engine import ComputeConfig
+def _config(
+    *,
+    reward_col: list[str] | None,
+    group_col: list[str] | None,
+    group_size: int | None,
+    reward_aggregation: Aggregation,
+    preset: Preset | None,
+    estimator: Estimator | None,
+    epsilon: float | None,
+    std: Std | None,
+    scale: Scale | None,
+    epsilon_mode: EpsilonMode | None,
+    singleton: Singleton | None,
+    nan: NanPolicy | None,
+    device: str,
+    input_format: InputFormat | None,
+    memory_limit_mb: int,
+    batch_rows: int | None,
+    advantage_col: str = "advantage",
+    active_col: str = "group_active",
+    stats_cols: bool = False,
+    drop_inactive: bool = False,
+    keep_mean_range: tuple[float, float] | None = None,
+    verify: VerifySpec | None = None,
+) -> ComputeConfig:
+    """The run's :class:`~grpo_cli.plan.ComputeConfig` from the options both commands share."""
     from grpo_cli.options import AdvantageOptions, RewardSpec
+    from grpo_cli.plan import ComputeConfig
 
-    def value(name: str) -> Any:
-        option = params[name]
-        return option.value if isinstance(option, Enum) else option
-
-    group_size, group_col = params["group_size"], params["group_col"]
     if group_size is not None and group_col:
         raise GrpoError("--group-size and --group-col cannot be used together")
     advantage = AdvantageOptions.resolve(
-        **{
-            name: value(name)
-            for name in ("preset", "estimator", "epsilon", "std", "scale", "epsilon_mode", "singleton", "nan")
-        }
+        preset=preset,
+        estimator=estimator,
+        epsilon=epsilon,
+        std=std,
+        scale=scale,
+        epsilon_mode=epsilon_mode,
+        singleton=singleton,
+        nan=nan,
     )
     return ComputeConfig(
-        rewards=tuple(RewardSpec.parse(text) for text in (params["reward_col"] or ["reward"])),
+        rewards=tuple(RewardSpec.parse(text) for text in (reward_col or ["reward"])),
         group_cols=tuple(group_col or (() if group_size is not None else ("group_id",))),
         group_size=group_size,
-        aggregation=value("reward_aggregation"),
+        aggregation=reward_aggregation,
         advantage=advantage,
-        device=params["device"],
-        input_format=value("input_format"),
-        memory_budget_bytes=params["memory_limit_mb"] << 20,
-        batch_rows=params["batch_rows"],
-        **extra,
+        device=device,
+        input_format=input_format,
+        memory_budget_bytes=memory_limit_mb << 20,
+        batch_rows=batch_rows,
+        advantage_col=advantage_col,
+        active_col=active_col,
+        stats_cols=stats_cols,
+        drop_inactive=drop_inactive,
+        keep_mean_range=keep_mean_range,
+        verify=verify,
     )
 
 
@@ -427,7 +410,7 @@ def _report(summary: RunSummary, *, quiet: bool, summary_json: str | None, compa
         return
     from rich.console import Console
 
-    from grpo_cli.summary import render_compact, render_plain, render_rich
+    from grpo_cli.report import render_compact, render_plain, render_rich
 
     console = Console(stderr=True)
     if compact:
@@ -456,7 +439,7 @@ def compute(
     reward_col: RewardColOpt = None,
     group_col: GroupColOpt = None,
     group_size: GroupSizeOpt = None,
-    reward_aggregation: AggregationOpt = AggregationChoice.sum_then_normalize,
+    reward_aggregation: AggregationOpt = "sum-then-normalize",
     preset: PresetOpt = None,
     estimator: EstimatorOpt = None,
     epsilon: EpsilonOpt = None,
@@ -492,9 +475,9 @@ def compute(
     memory_limit_mb: MemoryLimitOpt = 1024,
     batch_rows: BatchRowsOpt = None,
     engine: Annotated[
-        EngineChoice,
+        Engine,
         typer.Option("--engine", help="local: this machine, streaming; ray: a Ray cluster with Ray Data."),
-    ] = EngineChoice.local,
+    ] = "local",
     ray_address: Annotated[
         str | None,
         typer.Option(
@@ -521,11 +504,24 @@ def compute(
     summary goes to standard error.
     """
 
-    params = dict(locals())
-
     def body(state: _RunState) -> int:
         config = _config(
-            params,
+            reward_col=reward_col,
+            group_col=group_col,
+            group_size=group_size,
+            reward_aggregation=reward_aggregation,
+            preset=preset,
+            estimator=estimator,
+            epsilon=epsilon,
+            std=std,
+            scale=scale,
+            epsilon_mode=epsilon_mode,
+            singleton=singleton,
+            nan=nan,
+            device=device,
+            input_format=input_format,
+            memory_limit_mb=memory_limit_mb,
+            batch_rows=batch_rows,
             advantage_col=advantage_col,
             active_col=active_col,
             stats_cols=stats_cols,
@@ -533,8 +529,8 @@ def compute(
             keep_mean_range=keep_mean_range,
         )
         _check_stdout(summary_json)
-        if engine is EngineChoice.ray:
-            from grpo_cli.engine_ray import compute_dataset_ray
+        if engine == "ray":
+            from grpo_cli.jobs import compute_dataset_ray
 
             summary = compute_dataset_ray(
                 input,
@@ -549,7 +545,7 @@ def compute(
         else:
             if ray_address is not None or partitions is not None:
                 raise GrpoError("--ray-address and --partitions need --engine ray")
-            from grpo_cli.engine import compute_dataset
+            from grpo_cli.jobs import compute_dataset
 
             with _progress_bars(quiet) as progress:
                 summary = compute_dataset(
@@ -617,7 +613,7 @@ def check(
     reward_col: RewardColOpt = None,
     group_col: GroupColOpt = None,
     group_size: GroupSizeOpt = None,
-    reward_aggregation: AggregationOpt = AggregationChoice.sum_then_normalize,
+    reward_aggregation: AggregationOpt = "sum-then-normalize",
     preset: PresetOpt = None,
     estimator: EstimatorOpt = None,
     epsilon: EpsilonOpt = None,
@@ -644,14 +640,31 @@ def check(
     summary and exits 0.
     """
 
-    params = dict(locals())
-
     def body(state: _RunState) -> int:
         from grpo_cli.checks import CheckBounds
-        from grpo_cli.engine import VerifySpec, check_dataset
+        from grpo_cli.jobs import check_dataset
+        from grpo_cli.plan import VerifySpec
 
         verify = VerifySpec(verify_advantage_col, atol=atol, rtol=rtol) if verify_advantage_col else None
-        config = _config(params, verify=verify)
+        config = _config(
+            reward_col=reward_col,
+            group_col=group_col,
+            group_size=group_size,
+            reward_aggregation=reward_aggregation,
+            preset=preset,
+            estimator=estimator,
+            epsilon=epsilon,
+            std=std,
+            scale=scale,
+            epsilon_mode=epsilon_mode,
+            singleton=singleton,
+            nan=nan,
+            device=device,
+            input_format=input_format,
+            memory_limit_mb=memory_limit_mb,
+            batch_rows=batch_rows,
+            verify=verify,
+        )
         _check_stdout(summary_json)
         bounds = CheckBounds(
             max_inactive_fraction=max_inactive_fraction,

@@ -8,7 +8,8 @@ the same three steps, in the style of torchmetrics' update/compute split:
 2. :func:`merge_group_stats` combines the statistics of two chunks (Chan et al.);
 3. :func:`advantages_from_stats` normalises rewards with the final statistics.
 
-:func:`group_advantages` is the one-call convenience wrapper over the three.
+:func:`normalize_in_groups` is the one-call convenience wrapper over the three;
+:func:`grpo_cli.api.group_advantages` adds trainer presets on top of it.
 
 Numerical contract:
 
@@ -27,15 +28,18 @@ Numerical contract:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal, TypedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import ClassVar, TypedDict
 
 import torch
 from torch import Tensor
 
+from grpo_cli.choices import Baseline, EpsilonMode, NanPolicy, Scale, Singleton, Std, check_choice
+
 __all__ = [
     "Baseline",
+    "Divisor",
     "EpsilonMode",
     "GroupAdvantages",
     "GroupStats",
@@ -52,31 +56,17 @@ __all__ = [
     "batch_moments",
     "batch_std",
     "empty_group_stats",
-    "group_advantages",
     "group_scale",
     "group_stats",
     "group_std",
     "merge_group_stats",
+    "normalize_in_groups",
     "prepare_normalization",
 ]
 
-Std = Literal["population", "sample"]
-Scale = Literal["group", "batch", "none"]
-Baseline = Literal["mean", "leave-one-out"]
-EpsilonMode = Literal["add", "clamp", "add-if-nonzero"]
-Singleton = Literal["zero", "raw"]
-NanPolicy = Literal["error", "ignore"]
-
-_STD_CHOICES = ("population", "sample")
-_SCALE_CHOICES = ("group", "batch", "none")
-_BASELINE_CHOICES = ("mean", "leave-one-out")
-_EPSILON_MODE_CHOICES = ("add", "clamp", "add-if-nonzero")
-_SINGLETON_CHOICES = ("zero", "raw")
-_NAN_CHOICES = ("error", "ignore")
-
 
 class GroupAdvantages(TypedDict):
-    """What :func:`group_advantages` returns.
+    """What :func:`normalize_in_groups` returns.
 
     ``advantages`` has the rewards' shape, dtype and device; ``active_group_mask`` is a
     bool tensor of shape ``(num_groups,)`` ordered by group ID; ``active_group_count``
@@ -131,8 +121,81 @@ class GroupStats:
             None if self.at_maximum is None else fn(self.at_maximum),
         )
 
-    def _fields(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
-        return (self.count, self.mean, self.m2, self.minimum, self.maximum, self.at_minimum, self.at_maximum)
+    FIELDS: ClassVar[tuple[str, ...]] = (
+        "count",
+        "mean",
+        "m2",
+        "minimum",
+        "maximum",
+        "at_minimum",
+        "at_maximum",
+    )
+    """Every statistic, in order; the last two are optional (``count_extremes``)."""
+
+    @property
+    def counts_extremes(self) -> bool:
+        """Whether ``at_minimum`` and ``at_maximum`` are present."""
+        return self.at_minimum is not None and self.at_maximum is not None
+
+    def to_columns(self, prefix: str = "") -> dict[str, Tensor]:
+        """Each statistic present, keyed ``prefix + name`` (for a table of partial statistics).
+
+        >>> stats = group_stats(torch.tensor([1.0, 3.0]), torch.tensor([0, 0]))
+        >>> sorted(stats.to_columns("s_"))
+        ['s_count', 's_m2', 's_maximum', 's_mean', 's_minimum']
+        >>> GroupStats.from_columns(stats.to_columns("s_"), "s_") == stats
+        True
+        """
+        columns = {}
+        for name in self.FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                columns[prefix + name] = value
+        return columns
+
+    @classmethod
+    def from_columns(cls, columns: Mapping[str, Tensor], prefix: str = "") -> GroupStats:
+        """The inverse of :meth:`to_columns`; the extreme counts are read when present."""
+        optional = cls.FIELDS[5:]
+        values = {
+            name: columns[prefix + name]
+            for name in cls.FIELDS
+            if name not in optional or prefix + name in columns
+        }
+        return cls(**values)
+
+    def without_extremes(self) -> GroupStats:
+        """The same statistics without ``at_minimum`` and ``at_maximum``."""
+        return replace(self, at_minimum=None, at_maximum=None)
+
+    def placed(self, group_ids: Tensor, num_groups: int) -> GroupStats:
+        """Statistics for ``num_groups`` groups: entry ``i`` of these at group ``group_ids[i]``.
+
+        The other groups are empty, so partial statistics of different groups placed
+        this way merge with :func:`merge_group_stats`. ``group_ids`` must not repeat.
+
+        >>> part = group_stats(torch.tensor([5.0, 7.0]), torch.tensor([0, 0]))
+        >>> part.placed(torch.tensor([2]), 3).count
+        tensor([0, 0, 2])
+        """
+        out = empty_group_stats(
+            num_groups, device=self.count.device, dtype=self.mean.dtype, count_extremes=self.counts_extremes
+        )
+
+        def put(target: Tensor | None, values: Tensor | None) -> Tensor | None:
+            if target is None or values is None:
+                return None
+            return target.index_copy(0, group_ids, values.to(target.dtype))
+
+        return GroupStats(
+            **{name: put(getattr(out, name), getattr(self, name)) for name in self.FIELDS}  # type: ignore[arg-type]
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, GroupStats):
+            return NotImplemented
+        mine, theirs = self.to_columns(), other.to_columns()
+        return mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
 
 
 def accumulator_dtype(device: torch.device) -> torch.dtype:
@@ -246,11 +309,6 @@ def _check_epsilon(epsilon: float) -> None:
         raise ValueError(f"epsilon must be a positive finite number, got {epsilon!r}")
     if not (math.isfinite(epsilon) and epsilon > 0):
         raise ValueError(f"epsilon must be a positive finite number, got {epsilon!r}")
-
-
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
 
 
 def _check_group_ids(rewards: Tensor, group_ids: Tensor) -> None:
@@ -396,8 +454,8 @@ def _group_stats(
         if not count_extremes:
             return stats
         rows = x.view(k, layout.group_size)
-        return GroupStats(
-            *stats._fields()[:5],
+        return replace(
+            stats,
             at_minimum=(rows == stats.minimum[:, None]).sum(dim=1),
             at_maximum=(rows == stats.maximum[:, None]).sum(dim=1),
         )
@@ -410,8 +468,8 @@ def _group_stats(
     at_min = (x == torch.take(stats.minimum, ids)).to(torch.int64)
     at_max = (x == torch.take(stats.maximum, ids)).to(torch.int64)
     zeros = torch.zeros(k, dtype=torch.int64, device=x.device)
-    return GroupStats(
-        *stats._fields()[:5],
+    return replace(
+        stats,
         at_minimum=zeros.index_add(0, ids, at_min),
         at_maximum=zeros.index_add(0, ids, at_max),
     )
@@ -553,7 +611,7 @@ def active_groups(stats: GroupStats, *, singleton: Singleton = "zero") -> Tensor
     >>> active_groups(group_stats(torch.tensor([1.0, 3.0, 4.0, 4.0, 2.0]), torch.tensor([0, 0, 1, 1, 2])))
     tensor([ True, False, False])
     """
-    _check_choice("singleton", singleton, _SINGLETON_CHOICES)
+    check_choice("singleton", singleton, Singleton)
     active = stats.maximum > stats.minimum
     if singleton == "raw":
         active = active | ((stats.count == 1) & (stats.maximum != 0))
@@ -683,13 +741,45 @@ class Normalization:
     active: Tensor
     center: Tensor | None
     denominator: Tensor | None
-    epsilon: float
-    ddof: int
-    scale: str
-    epsilon_mode: str
-    singleton: str
-    batch_std: Tensor | None
+    divisor: Divisor
+    singleton: Singleton
     units: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Divisor:
+    """What the centred rewards are divided by: the options of :func:`prepare_normalization`."""
+
+    scale: Scale
+    ddof: int
+    epsilon: float
+    epsilon_mode: EpsilonMode
+    batch_std: Tensor | None
+
+    def of(self, m2: Tensor, count: Tensor, units: Tensor | None = None) -> Tensor:
+        """Per-group (or per-row, for leave-one-out) divisor for groups with ``count`` and ``m2``.
+
+        ``m2`` and the result are in ``units`` (powers of two; ``None``: 1).
+        """
+        one = torch.ones_like(m2) if units is None else 1 / units
+        if self.scale == "none":
+            return one
+        if self.scale == "batch":
+            assert self.batch_std is not None
+            deviation = self.batch_std.expand_as(m2) if units is None else self.batch_std / units
+        else:
+            dof = (count - self.ddof).clamp_min(1).to(m2.dtype)
+            deviation = (m2 / dof).sqrt()
+        eps: float | Tensor = self.epsilon if units is None else self.epsilon / units
+        if self.epsilon_mode == "clamp":
+            return (
+                deviation.clamp_min(self.epsilon)
+                if units is None
+                else torch.maximum(deviation, self.epsilon / units)
+            )
+        if self.epsilon_mode == "add-if-nonzero":
+            return torch.where(deviation > 0, deviation + eps, one)
+        return deviation + eps
 
 
 def prepare_normalization(
@@ -711,15 +801,16 @@ def prepare_normalization(
     tensor([-1.,  1.,  0.,  0.])
     """
     _check_epsilon(epsilon)
-    _check_choice("std", std, _STD_CHOICES)
-    _check_choice("scale", scale, _SCALE_CHOICES)
-    _check_choice("baseline", baseline, _BASELINE_CHOICES)
-    _check_choice("epsilon_mode", epsilon_mode, _EPSILON_MODE_CHOICES)
-    _check_choice("singleton", singleton, _SINGLETON_CHOICES)
+    check_choice("std", std, Std)
+    check_choice("scale", scale, Scale)
+    check_choice("baseline", baseline, Baseline)
+    check_choice("epsilon_mode", epsilon_mode, EpsilonMode)
+    check_choice("singleton", singleton, Singleton)
     ddof = 1 if std == "sample" else 0
     active = active_groups(stats, singleton=singleton)
     if scale == "batch" and batch_std is None:
         batch_std = _overall_std(stats, ddof)
+    divisor = Divisor(scale, ddof, epsilon, epsilon_mode, batch_std)
     units = _scales(stats.minimum, stats.maximum)
     center = denominator = None
     if baseline == "mean":
@@ -728,9 +819,7 @@ def prepare_normalization(
             center = center / units
         # x - (-0.0) is +0.0 for both signed zeros: inactive groups of zeros give +0.0.
         center = torch.where(center == 0, torch.full_like(center, -0.0), center)
-        denominator = _denominator(
-            stats.m2, stats.count, ddof, scale, epsilon, epsilon_mode, batch_std, units
-        )
+        denominator = divisor.of(stats.m2, stats.count, units)
         if singleton == "raw":
             lone = stats.count == 1
             center = torch.where(lone, torch.full_like(center, -0.0), center)
@@ -739,9 +828,7 @@ def prepare_normalization(
         denominator = torch.where(active, denominator, torch.ones_like(denominator))
     elif stats.at_minimum is None or stats.at_maximum is None:
         raise ValueError("baseline='leave-one-out' needs stats computed with count_extremes=True")
-    return Normalization(
-        stats, active, center, denominator, epsilon, ddof, scale, epsilon_mode, singleton, batch_std, units
-    )
+    return Normalization(stats, active, center, denominator, divisor, singleton, units)
 
 
 def apply_normalization(
@@ -784,7 +871,8 @@ def _apply(flat: Tensor, layout: _Layout, norm: Normalization, valid: Tensor | N
         out = _leave_one_out(x, ids, norm)
         if norm.singleton == "raw":
             lone = torch.take(stats.count, ids) == 1
-            out = torch.where(lone, x / (1.0 if norm.scale == "none" else 1 + norm.epsilon), out)
+            divisor = norm.divisor
+            out = torch.where(lone, x / (1.0 if divisor.scale == "none" else 1 + divisor.epsilon), out)
     if valid is not None:
         out = torch.where(valid, out, torch.zeros_like(out))
     return out
@@ -794,37 +882,6 @@ def _row_group_ids(layout: _Layout, device: torch.device) -> Tensor:
     if layout.group_ids is not None:
         return layout.group_ids
     return torch.arange(layout.num_groups, device=device).repeat_interleave(layout.group_size or 1)
-
-
-def _denominator(
-    m2: Tensor,
-    count: Tensor,
-    ddof: int,
-    scale: str,
-    epsilon: float,
-    epsilon_mode: str,
-    batch_std: Tensor | None,
-    units: Tensor | None = None,
-) -> Tensor:
-    """Per-group (or per-row, for leave-one-out) divisor of the centred rewards.
-
-    ``m2`` and the result are in ``units`` (powers of two; ``None``: 1).
-    """
-    one = torch.ones_like(m2) if units is None else 1 / units
-    if scale == "none":
-        return one
-    if scale == "batch":
-        assert batch_std is not None
-        deviation = batch_std.expand_as(m2) if units is None else batch_std / units
-    else:
-        dof = (count - ddof).clamp_min(1).to(m2.dtype)
-        deviation = (m2 / dof).sqrt()
-    eps: float | Tensor = epsilon if units is None else epsilon / units
-    if epsilon_mode == "clamp":
-        return deviation.clamp_min(epsilon) if units is None else torch.maximum(deviation, epsilon / units)
-    if epsilon_mode == "add-if-nonzero":
-        return torch.where(deviation > 0, deviation + eps, one)
-    return deviation + eps
 
 
 def _leave_one_out(x: Tensor, ids: Tensor, norm: Normalization) -> Tensor:
@@ -855,21 +912,12 @@ def _leave_one_out(x: Tensor, ids: Tensor, norm: Normalization) -> Tensor:
     lone_max = (x == torch.take(stats.maximum, ids)) & (at_max == 1) & (at_min == others_n)
     lone_min = (x == torch.take(stats.minimum, ids)) & (at_min == 1) & (at_max == others_n)
     m2_others = torch.where(lone_max | lone_min, torch.zeros_like(m2_others), m2_others)
-    denominator = _denominator(
-        m2_others,
-        (n - 1).to(torch.int64),
-        norm.ddof,
-        norm.scale,
-        norm.epsilon,
-        norm.epsilon_mode,
-        norm.batch_std,
-        units,
-    )
+    denominator = norm.divisor.of(m2_others, (n - 1).to(torch.int64), units)
     out = centred / denominator
     return torch.where(row_active, out, torch.zeros_like(out))
 
 
-def group_advantages(
+def normalize_in_groups(
     rewards: Tensor,
     group_ids: Tensor | None = None,
     epsilon: float = 1e-6,
@@ -886,11 +934,11 @@ def group_advantages(
 
     Three call forms, one result:
 
-    * ``group_advantages(rewards, group_ids)``: rewards ``(N,)`` float, group_ids ``(N,)``
+    * ``normalize_in_groups(rewards, group_ids)``: rewards ``(N,)`` float, group_ids ``(N,)``
       int with values in ``[0, K)``; ``K = max(group_ids) + 1`` (IDs with no rollouts are
       inactive groups);
-    * ``group_advantages(rewards_2d)``: rewards ``(P, G)``, each row a group;
-    * ``group_advantages(rewards, group_size=G)``: rewards ``(N,)`` in consecutive blocks of G.
+    * ``normalize_in_groups(rewards_2d)``: rewards ``(P, G)``, each row a group;
+    * ``normalize_in_groups(rewards, group_size=G)``: rewards ``(N,)`` in consecutive blocks of G.
 
     Args:
         rewards: float16, bfloat16, float32 or float64 tensor; never modified.
@@ -914,28 +962,28 @@ def group_advantages(
             non-integer or negative IDs, non-floating or non-finite rewards, a bad epsilon
             or option, or a length that ``group_size`` does not divide.
 
-    >>> out = group_advantages(torch.tensor([1.0, 3.0]), torch.tensor([0, 0]), 1e-8)
+    >>> out = normalize_in_groups(torch.tensor([1.0, 3.0]), torch.tensor([0, 0]), 1e-8)
     >>> out["advantages"], out["active_group_mask"], out["active_group_count"]
     (tensor([-1.,  1.]), tensor([True]), 1)
-    >>> out = group_advantages(torch.tensor([1.0, 3.0, 4.0, 4.0]), torch.tensor([0, 0, 1, 1]), 1e-8)
+    >>> out = normalize_in_groups(torch.tensor([1.0, 3.0, 4.0, 4.0]), torch.tensor([0, 0, 1, 1]), 1e-8)
     >>> out["advantages"], out["active_group_mask"], out["active_group_count"]
     (tensor([-1.,  1.,  0.,  0.]), tensor([ True, False]), 1)
-    >>> out = group_advantages(torch.tensor([4.0, 4.0]), torch.tensor([0, 0]))
+    >>> out = normalize_in_groups(torch.tensor([4.0, 4.0]), torch.tensor([0, 0]))
     >>> out["advantages"], out["active_group_mask"], out["active_group_count"]
     (tensor([0., 0.]), tensor([False]), 0)
-    >>> group_advantages(torch.tensor([[0.0, 1.0], [1.0, 1.0]]), epsilon=1e-8)["advantages"]
+    >>> normalize_in_groups(torch.tensor([[0.0, 1.0], [1.0, 1.0]]), epsilon=1e-8)["advantages"]
     tensor([[-1.,  1.],
             [ 0.,  0.]])
     """
     _check_rewards(rewards, allow_nonfinite=True)
     _check_epsilon(epsilon)
-    _check_choice("std", std, _STD_CHOICES)
-    _check_choice("scale", scale, _SCALE_CHOICES)
+    check_choice("std", std, Std)
+    check_choice("scale", scale, Scale)
     flat, layout = _layout(rewards, group_ids, group_size)
-    _check_choice("baseline", baseline, _BASELINE_CHOICES)
-    _check_choice("epsilon_mode", epsilon_mode, _EPSILON_MODE_CHOICES)
-    _check_choice("singleton", singleton, _SINGLETON_CHOICES)
-    _check_choice("nan", nan, _NAN_CHOICES)
+    check_choice("baseline", baseline, Baseline)
+    check_choice("epsilon_mode", epsilon_mode, EpsilonMode)
+    check_choice("singleton", singleton, Singleton)
+    check_choice("nan", nan, NanPolicy)
     valid = None
     if nan == "ignore":
         finite = torch.isfinite(flat)

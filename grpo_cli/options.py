@@ -8,22 +8,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
+from grpo_cli.choices import (
+    Baseline,
+    EpsilonMode,
+    Estimator,
+    NanPolicy,
+    Preset,
+    Scale,
+    Singleton,
+    Std,
+    check_choice,
+)
 from grpo_cli.errors import GrpoError
 
-Estimator = Literal["grpo", "dr_grpo", "rloo"]
-NanPolicy = Literal["error", "ignore"]
-Aggregation = Literal["sum-then-normalize", "normalize-then-sum"]
-
-STD_CHOICES = ("population", "sample")
-SCALE_CHOICES = ("group", "batch", "none")
-BASELINE_CHOICES = ("mean", "leave-one-out")
-EPSILON_MODE_CHOICES = ("add", "clamp", "add-if-nonzero")
-SINGLETON_CHOICES = ("zero", "raw")
-ESTIMATOR_CHOICES = ("grpo", "dr_grpo", "rloo")
-NAN_CHOICES = ("error", "ignore")
-AGGREGATION_CHOICES = ("sum-then-normalize", "normalize-then-sum")
+if TYPE_CHECKING:
+    from grpo_cli.kernel import GroupStats, Normalization
 
 
 @dataclass(frozen=True)
@@ -37,18 +38,18 @@ class AdvantageOptions:
     """
 
     epsilon: float = 1e-6
-    std: str = "population"
-    scale: str = "group"
-    baseline: str = "mean"
-    epsilon_mode: str = "add"
-    singleton: str = "zero"
-    nan: str = "error"
-    estimator: str = "grpo"
-    preset: str | None = None
+    std: Std = "population"
+    scale: Scale = "group"
+    baseline: Baseline = "mean"
+    epsilon_mode: EpsilonMode = "add"
+    singleton: Singleton = "zero"
+    nan: NanPolicy = "error"
+    estimator: Estimator = "grpo"
+    preset: Preset | None = None
 
     @classmethod
     def resolve(
-        cls, *, preset: str | None = None, estimator: str | None = None, **explicit: Any
+        cls, *, preset: Preset | None = None, estimator: Estimator | None = None, **explicit: Any
     ) -> AdvantageOptions:
         """Defaults, then ``preset``, then ``estimator``, then options not ``None``."""
         options = cls()
@@ -57,9 +58,8 @@ class AdvantageOptions:
                 raise GrpoError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
             options = replace(options, preset=preset, **PRESETS[preset].settings)
         if estimator is not None:
-            if estimator not in ESTIMATOR_CHOICES:
-                raise GrpoError(f"estimator must be one of {', '.join(ESTIMATOR_CHOICES)}, got {estimator!r}")
-            options = replace(options, estimator=estimator, **ESTIMATORS[estimator])  # type: ignore[arg-type]
+            check_choice("--estimator", estimator, Estimator)
+            options = replace(options, estimator=estimator, **ESTIMATORS[estimator])
         unknown = set(explicit) - {f.name for f in fields(cls)}
         if unknown:
             raise GrpoError(f"unknown advantage option(s): {', '.join(sorted(unknown))}")
@@ -70,33 +70,35 @@ class AdvantageOptions:
     def validate(self) -> None:
         if isinstance(self.epsilon, bool) or not (math.isfinite(self.epsilon) and self.epsilon > 0):
             raise GrpoError(f"--epsilon must be a positive finite number, got {self.epsilon!r}")
-        for name, value, choices in (
-            ("std", self.std, STD_CHOICES),
-            ("scale", self.scale, SCALE_CHOICES),
-            ("baseline", self.baseline, BASELINE_CHOICES),
-            ("epsilon-mode", self.epsilon_mode, EPSILON_MODE_CHOICES),
-            ("singleton", self.singleton, SINGLETON_CHOICES),
-            ("nan", self.nan, NAN_CHOICES),
+        for option, value, vocabulary in (
+            ("--std", self.std, Std),
+            ("--scale", self.scale, Scale),
+            ("--baseline", self.baseline, Baseline),
+            ("--epsilon-mode", self.epsilon_mode, EpsilonMode),
+            ("--singleton", self.singleton, Singleton),
+            ("--nan", self.nan, NanPolicy),
         ):
-            if value not in choices:
-                raise GrpoError(f"--{name} must be one of {', '.join(choices)}, got {value!r}")
+            check_choice(option, value, vocabulary)
 
-    def kernel_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for :func:`grpo_cli.kernel.advantages_from_stats`."""
-        return {
-            "epsilon": self.epsilon,
-            "std": self.std,
-            "scale": self.scale,
-            "baseline": self.baseline,
-            "epsilon_mode": self.epsilon_mode,
-            "singleton": self.singleton,
-        }
+    def normalization(self, stats: GroupStats) -> Normalization:
+        """The kernel's :class:`~grpo_cli.kernel.Normalization` of ``stats`` under these options."""
+        from grpo_cli.kernel import prepare_normalization
+
+        return prepare_normalization(
+            stats,
+            epsilon=self.epsilon,
+            std=self.std,
+            scale=self.scale,
+            baseline=self.baseline,
+            epsilon_mode=self.epsilon_mode,
+            singleton=self.singleton,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-ESTIMATORS: dict[str, dict[str, str]] = {
+ESTIMATORS: dict[str, dict[str, Any]] = {
     "grpo": {"baseline": "mean"},
     "dr_grpo": {"baseline": "mean", "scale": "none"},
     "rloo": {"baseline": "leave-one-out", "scale": "none"},
@@ -104,7 +106,7 @@ ESTIMATORS: dict[str, dict[str, str]] = {
 
 
 @dataclass(frozen=True)
-class Preset:
+class TrainerPreset:
     """A trainer's GRPO convention, as read in its source."""
 
     settings: dict[str, Any]
@@ -112,25 +114,25 @@ class Preset:
     note: str
 
 
-PRESETS: dict[str, Preset] = {
-    "trl": Preset(
+PRESETS: dict[str, TrainerPreset] = {
+    "trl": TrainerPreset(
         {"std": "sample", "epsilon": 1e-4, "epsilon_mode": "add", "nan": "ignore"},
         "trl/trainer/grpo_trainer.py, GRPOTrainer._generate_and_score_completions (TRL 0.2x)",
         "(r - mean) / (std + 1e-4), torch.std (Bessel); scale_rewards group|batch|none = --scale; "
         "NaN rewards left out of the statistics",
     ),
-    "verl": Preset(
+    "verl": TrainerPreset(
         {"std": "sample", "epsilon": 1e-6, "epsilon_mode": "add", "singleton": "raw"},
         "verl/trainer/ppo/core_algos.py, compute_grpo_outcome_advantage",
         "(r - mean) / (std + 1e-6), torch.std; a one-rollout group uses mean 0, std 1; "
         "norm_adv_by_std_in_grpo=False = --scale none",
     ),
-    "openrlhf": Preset(
+    "openrlhf": TrainerPreset(
         {"std": "sample", "epsilon": 1e-9, "epsilon_mode": "add"},
         "openrlhf/trainer/ppo_utils/experience_maker.py, advantage_estimator group_norm / dr_grpo",
         "(r - mean) / (std + 1e-9), torch.std; dr_grpo = --estimator dr_grpo",
     ),
-    "nemo-rl": Preset(
+    "nemo-rl": TrainerPreset(
         {
             "baseline": "leave-one-out",
             "std": "sample",
@@ -141,12 +143,12 @@ PRESETS: dict[str, Preset] = {
         "leave-one-out baseline, sample std over the same other rollouts, + 1e-6 only where std > 0; "
         "a group with one valid rollout gets 0",
     ),
-    "roll": Preset(
+    "roll": TrainerPreset(
         {"std": "sample", "epsilon": 1e-6, "epsilon_mode": "add"},
         "roll/utils/functionals.py, reward_norm / compute_advantage (grpo)",
         "(r - mean) / (std + 1e-6), torch.std",
     ),
-    "torchrl": Preset(
+    "torchrl": TrainerPreset(
         {"std": "sample", "epsilon": 1e-6, "epsilon_mode": "clamp"},
         "torchrl/objectives/llm/grpo.py, MCAdvantage",
         "(r - mean) / std.clamp_min(1e-6), torch.std",

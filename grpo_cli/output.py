@@ -1,14 +1,17 @@
-"""Atomic Parquet output: a single file or a directory of shards.
+"""Atomic Parquet output for both engines: a single file or a directory of shards.
 
 The target is claimed from the :class:`~grpo_cli.guard.WriteGuard` before the run
 starts; everything is written to the claim's hidden temporary beside it and moved into
 place only when the whole run succeeded. A failure or Ctrl-C leaves no partial output
-and never touches the input.
+and never touches the input. The local engine writes through :class:`OutputTarget`;
+the Ray engine's workers fill the claim's temporary directory and
+:func:`commit_directory` moves it into place.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import queue
 import threading
 from collections.abc import Callable
@@ -139,15 +142,10 @@ class OutputTarget:
             self._guarded(writer.close)
         if not self.is_directory and not temp.exists():
             raise GrpoError("no output was produced")
-        if self.is_directory:
-            files = sorted(temp.iterdir())
-            size = sum(f.stat().st_size for f in files)
-            shards = len(files)
-        else:
-            size = temp.stat().st_size
-            shards = 1
+        files = sorted(temp.iterdir()) if self.is_directory else [temp]
+        info = output_info(str(self.path), files)
         self.claim.commit(force=self.force)
-        return {"path": str(self.path), "shards": shards, "bytes": size}
+        return info
 
     def discard(self) -> None:
         """Remove whatever an unfinished run left (a no-op after :meth:`commit`)."""
@@ -169,6 +167,39 @@ class OutputTarget:
             raise GrpoError(
                 f"{self.path}: cannot write the output ({os_reason(exc)}); nothing was written"
             ) from None
+
+
+def output_info(display: str, files: list[Path]) -> dict[str, Any]:
+    """The summary's ``output`` object: where, how many shards, how many bytes."""
+    return {"path": display, "shards": len(files), "bytes": sum(f.stat().st_size for f in files)}
+
+
+def commit_directory(claim: Claim, *, force: bool) -> list[Path]:
+    """Move a directory that another writer filled at ``claim.temp_path()`` into place.
+
+    Returns the Parquet files now in the output directory.
+    """
+    claim.commit(force=force)
+    return sorted(claim.resolved.glob("*.parquet"))
+
+
+def advantage_range(files: list[Path], column: str) -> tuple[float, float] | None:
+    """The extremes of ``column`` over Parquet ``files``, from their column statistics.
+
+    ``None`` when a non-empty row group has no statistics.
+    """
+    low, high = math.inf, -math.inf
+    for file in files:
+        meta = pq.read_metadata(file)
+        index = meta.schema.to_arrow_schema().get_field_index(column)
+        for group in range(meta.num_row_groups):
+            stats = meta.row_group(group).column(index).statistics
+            if stats is None or not stats.has_min_max:
+                if meta.row_group(group).num_rows:
+                    return None
+                continue
+            low, high = min(low, float(stats.min)), max(high, float(stats.max))
+    return (low, high) if low <= high else None
 
 
 def _parquet_writer(path: Path, schema: pa.Schema, new_columns: int) -> pq.ParquetWriter:

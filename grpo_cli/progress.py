@@ -1,39 +1,64 @@
-"""Progress bars on standard error (only on a terminal, never in CI or with --quiet)."""
+"""Progress reporting: the protocol the engines report to, and rich bars on standard error.
+
+The CLI draws bars only on a terminal, never in CI or with ``--quiet``; library callers
+pass any object with these three methods, or nothing.
+"""
 
 from __future__ import annotations
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from typing import Any, Protocol
 
 
-class _RowsPerSecond(TextColumn):
-    def __init__(self) -> None:
-        super().__init__("")
+class Progress(Protocol):
+    """What an engine reports while it runs: one task per pass, rows as they are done."""
 
-    def render(self, task):  # type: ignore[no-untyped-def]
-        from rich.text import Text
+    def start(self, description: str, total_rows: int | None) -> None: ...
+    def advance(self, rows: int) -> None: ...
+    def finish(self) -> None: ...
 
-        speed = task.finished_speed or task.speed
-        return Text(f"{speed / 1e6:.2f}M rows/s" if speed else "", style="cyan")
+
+class NoProgress:
+    """Reports nothing."""
+
+    def start(self, description: str, total_rows: int | None) -> None:
+        pass
+
+    def advance(self, rows: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
 
 
 class RichProgress:
-    """One bar per pass: rows done, throughput, time."""
+    """One rich bar per pass on standard error: rows done, throughput, time."""
 
     def __init__(self) -> None:
-        self._progress = Progress(
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            TaskID,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+        from rich.progress import Progress as RichBars
+        from rich.text import Text
+
+        class RowsPerSecond(TextColumn):
+            def __init__(self) -> None:
+                super().__init__("")
+
+            def render(self, task: Any) -> Text:
+                speed = task.finished_speed or task.speed
+                return Text(f"{speed / 1e6:.2f}M rows/s" if speed else "", style="cyan")
+
+        self._progress = RichBars(
             TextColumn("{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
-            _RowsPerSecond(),
+            RowsPerSecond(),
             TimeElapsedColumn(),
             TimeRemainingColumn(),
             console=Console(stderr=True),

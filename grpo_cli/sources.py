@@ -23,12 +23,12 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
+from grpo_cli.choices import InputFormat, check_choice
 from grpo_cli.errors import GrpoError
 from grpo_cli.guard import OTHER_DATA_SUFFIXES, ProtectedInputs, spool
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz")
-FORMATS = ("parquet", "jsonl")
 JSONL_BLOCK_BYTES = 8 << 20
 _GLOB_CHARS = "*?["
 
@@ -39,16 +39,12 @@ class Shard:
 
     path: Path
     display: str
-    format: str  # "parquet" | "jsonl"
+    format: InputFormat
     size_bytes: int
     gzipped: bool = False
 
-    @property
-    def row_noun(self) -> str:
-        return "record" if self.format == "jsonl" else "row"
 
-
-def detect_format(path: str, override: str | None) -> str | None:
+def detect_format(path: str, override: InputFormat | None) -> InputFormat | None:
     if override:
         return override
     name = path.lower()
@@ -69,9 +65,11 @@ class InputSet:
     only once. Use as a context manager so that those copies are removed.
     """
 
-    def __init__(self, spec: str, *, input_format: str | None = None, stdin: IO[bytes] | None = None) -> None:
-        if input_format is not None and input_format not in FORMATS:
-            raise GrpoError(f"--input-format must be one of {', '.join(FORMATS)}, got {input_format!r}")
+    def __init__(
+        self, spec: str, *, input_format: InputFormat | None = None, stdin: IO[bytes] | None = None
+    ) -> None:
+        if input_format is not None:
+            check_choice("--input-format", input_format, InputFormat)
         self.spec = spec
         self._spools = contextlib.ExitStack()
         self.directories: list[Path] = []
@@ -103,7 +101,7 @@ class InputSet:
         files = [(s.path, s.display) for s in self.shards if not s.display.startswith("<")]
         return ProtectedInputs.of(files, self.directories)
 
-    def _resolve(self, spec: str, input_format: str | None, stdin: IO[bytes] | None) -> list[Shard]:
+    def _resolve(self, spec: str, input_format: InputFormat | None, stdin: IO[bytes] | None) -> list[Shard]:
         if spec == "-":
             return [self._spooled(stdin or sys.stdin.buffer, "<stdin>", input_format)]
         path = Path(spec)
@@ -146,7 +144,9 @@ class InputSet:
         assert shard is not None
         return [shard]
 
-    def _readable(self, spec: str, files: list[Path], input_format: str | None, where: str) -> list[Shard]:
+    def _readable(
+        self, spec: str, files: list[Path], input_format: InputFormat | None, where: str
+    ) -> list[Shard]:
         """The shards among ``files``; a data file of another format is refused, not skipped."""
         shards = []
         for file in files:
@@ -160,7 +160,7 @@ class InputSet:
                 )
         return shards
 
-    def _shard(self, path: str, input_format: str | None, *, strict: bool) -> Shard | None:
+    def _shard(self, path: str, input_format: InputFormat | None, *, strict: bool) -> Shard | None:
         fmt = detect_format(path, input_format)
         if fmt is None:
             if strict:
@@ -177,7 +177,7 @@ class InputSet:
             raise GrpoError(f"{path}: cannot read the file ({exc.strerror})") from None
         return Shard(Path(path), path, fmt, size, gzipped=path.lower().endswith(".gz"))
 
-    def _spooled(self, stream: IO[bytes], label: str, input_format: str | None) -> Shard:
+    def _spooled(self, stream: IO[bytes], label: str, input_format: InputFormat | None) -> Shard:
         # Two passes read the data twice: keep a private copy of a stream.
         path = self._spools.enter_context(spool(stream, label=label))
         with open(path, "rb") as handle:

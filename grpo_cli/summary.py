@@ -1,6 +1,7 @@
-"""The run summary: figures computed from the per-group statistics, as JSON or text.
+"""The run summary: figures computed from the per-group statistics, and their JSON form.
 
-The JSON keys are stable and documented in the README ("Summary JSON").
+The JSON keys are stable and documented in the README ("Summary JSON"); the text and
+rich renderings are in :mod:`grpo_cli.report`.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    import torch
+    from collections.abc import Sequence
 
-    from grpo_cli.kernel import GroupStats
-    from grpo_cli.sources import InputSet
+    from grpo_cli.plan import GroupOutcome
+    from grpo_cli.sources import Shard
 
 HISTOGRAM_BINS = 10
 TOP_INACTIVE_VALUES = 10
@@ -101,38 +102,32 @@ def _finite_or_none(value: Any) -> Any:
     return value
 
 
-def _float(value: float) -> float:
-    return float(value)
-
-
 def build_summary(
+    outcome: GroupOutcome,
     *,
-    stats: GroupStats,
-    active: torch.Tensor,
-    rows_per_group: np.ndarray,
-    rows: int,
-    nan_rewards: int,
-    advantage_range: tuple[float, float] | None,
-    dropped_groups: int,
-    dropped_rows: int,
-    drop_reasons: list[str],
-    inputs: InputSet,
-    bytes_read: int,
+    input: dict[str, Any],
     output: dict[str, Any] | None,
     options: dict[str, Any],
+    advantage_range: tuple[float, float] | None,
     mode: str,
     device: str,
     elapsed: float,
-    verify: dict[str, Any] | None,
+    verify: dict[str, Any] | None = None,
 ) -> RunSummary:
+    """The figures of a run from its per-group ``outcome`` and how it ran.
+
+    ``input`` and ``output`` are the summary's ``input`` and ``output`` objects
+    (:func:`input_info` makes the first).
+    """
     from grpo_cli.kernel import batch_moments, batch_std
 
-    cpu = stats.to("cpu")
+    cpu = outcome.stats.to("cpu")
+    rows_per_group = outcome.rows_per_group
     count = cpu.count.numpy()
     mean = cpu.mean.numpy()
     minimum = cpu.minimum.numpy()
     maximum = cpu.maximum.numpy()
-    active_np = active.numpy().astype(bool)
+    active_np = outcome.active.numpy().astype(bool)
     groups = int(count.size)
     sizes = rows_per_group if rows_per_group.size == groups else count
     singleton = int((sizes == 1).sum())
@@ -144,8 +139,8 @@ def build_summary(
         reward = {
             "mean": float(mean_all),
             "std": float(batch_std(cpu)),
-            "min": _float(minimum[seen].min()),
-            "max": _float(maximum[seen].max()),
+            "min": float(minimum[seen].min()),
+            "max": float(maximum[seen].max()),
         }
 
     constant = (~active_np) & (count >= 2) & (minimum == maximum)
@@ -166,7 +161,7 @@ def build_summary(
         histogram = {"edges": [float(e) for e in edges], "counts": [int(c) for c in counts]}
 
     return RunSummary(
-        rows=rows,
+        rows=outcome.rows,
         groups=groups,
         active_groups=int(active_np.sum()),
         inactive_groups=groups - int(active_np.sum()),
@@ -184,15 +179,13 @@ def build_summary(
         inactive_by_value=inactive_by_value,
         inactive_other_values=other,
         group_mean_histogram=histogram,
-        nan_rewards=nan_rewards,
-        dropped={"groups": dropped_groups, "rows": dropped_rows, "reasons": drop_reasons},
-        input={
-            "path": "<stdin>" if inputs.is_stdin else inputs.spec,
-            "format": sorted({s.format for s in inputs.shards}),
-            "shards": len(inputs.shards),
-            "bytes": inputs.total_bytes,
-            "bytes_decoded": bytes_read,
+        nan_rewards=outcome.nan_rewards,
+        dropped={
+            "groups": outcome.dropped_groups,
+            "rows": outcome.dropped_rows,
+            "reasons": outcome.drop_reasons,
         },
+        input=input,
         output=output,
         options=options,
         mode=mode,
@@ -202,145 +195,12 @@ def build_summary(
     )
 
 
-# --------------------------------------------------------------------------- text
-
-
-def _fmt(value: float | None, digits: int = 4) -> str:
-    if value is None:
-        return "-"
-    if float(value).is_integer() and abs(value) < 1e15:
-        return f"{value:.1f}"
-    return f"{value:.{digits}g}"
-
-
-def _pct(part: int, whole: int) -> str:
-    return f"{100 * part / whole:.1f}%" if whole else "0.0%"
-
-
-def summary_lines(summary: RunSummary) -> list[tuple[str, str]]:
-    """Label/value rows shared by the plain and the rich rendering."""
-    s = summary
-    rows: list[tuple[str, str]] = [
-        ("input", f"{s.input['path']} ({s.input['shards']} shard(s), {_bytes(s.input['bytes'])})"),
-    ]
-    if s.output is not None:
-        rows.append(
-            ("output", f"{s.output['path']} ({s.output['shards']} shard(s), {_bytes(s.output['bytes'])})")
-        )
-    rows += [
-        ("rows", f"{s.rows:,}"),
-        ("groups", f"{s.groups:,}"),
-        ("active groups", f"{s.active_groups:,} ({_pct(s.active_groups, s.groups)})"),
-        ("inactive groups", f"{s.inactive_groups:,} ({_pct(s.inactive_groups, s.groups)})"),
-    ]
-    for item in s.inactive_by_value:
-        rows.append((f"  all {_fmt(item['value'])}", f"{item['groups']:,}"))
-    if s.inactive_other_values:
-        rows.append(("  other constant values", f"{s.inactive_other_values:,}"))
-    rows.append(("singleton groups", f"{s.singleton_groups:,}"))
-    g = s.group_size
-    rows.append(("group size min/median/max", " / ".join("-" if v is None else f"{v:g}" for v in g.values())))
-    r = s.reward
-    rows.append(
-        ("reward mean/std", f"{_fmt(r['mean'])} / {_fmt(r['std'])}"),
-    )
-    rows.append(("reward min/max", f"{_fmt(r['min'])} / {_fmt(r['max'])}"))
-    a = s.advantage
-    rows.append(("advantage min/max", f"{_fmt(a['min'])} / {_fmt(a['max'])}"))
-    if s.nan_rewards:
-        rows.append(("NaN rewards left out", f"{s.nan_rewards:,}"))
-    if s.dropped["reasons"]:
-        rows.append(("dropped", f"{s.dropped['groups']:,} groups, {s.dropped['rows']:,} rows"))
-        for reason in s.dropped["reasons"]:
-            rows.append(("  because", reason))
-    rows.append(("time", f"{s.elapsed_seconds:.2f} s ({s.mode}, {s.device})"))
-    return rows
-
-
-def histogram_lines(summary: RunSummary, width: int = 30) -> list[str]:
-    edges = summary.group_mean_histogram["edges"]
-    counts = summary.group_mean_histogram["counts"]
-    if not counts:
-        return []
-    peak = max(int(c) for c in counts) or 1
-    lines = []
-    for i, c in enumerate(counts):
-        bar = "█" * round(width * int(c) / peak)
-        close = "]" if i == len(counts) - 1 else ")"
-        lines.append(f"  [{float(edges[i]):8.3g}, {float(edges[i + 1]):8.3g}{close} {bar} {c}")
-    return lines
-
-
-def render_compact(summary: RunSummary) -> str:
-    """One line of figures, then one line per check (``grpo-cli check`` with checks)."""
-    s = summary
-    head = (
-        f"{s.input['path']}: {s.rows:,} rows, {s.groups:,} groups, "
-        f"{s.active_groups:,} active ({_pct(s.active_groups, s.groups)}), "
-        f"{s.inactive_groups:,} inactive, {s.singleton_groups:,} singleton"
-    )
-    return "\n".join([head, *check_lines(summary)])
-
-
-def render_plain(summary: RunSummary) -> str:
-    rows = summary_lines(summary)
-    width = max(len(label) for label, _ in rows)
-    out = [f"{label.ljust(width)}  {value}" for label, value in rows]
-    hist = histogram_lines(summary)
-    if hist:
-        out.append("group mean reward (solve rate) histogram:")
-        out += hist
-    out += check_lines(summary)
-    return "\n".join(out)
-
-
-def check_lines(summary: RunSummary) -> list[str]:
-    lines = []
-    for check in summary.checks:
-        status = "PASS" if check["passed"] else "FAIL"
-        lines.append(f"{status}  {check['name']}: {check['value']} (bound {check['bound']})")
-    if summary.verify is not None:
-        v = summary.verify
-        lines.append(
-            f"verify {v['column']}: {v['mismatched']:,} of {v['compared']:,} rows differ "
-            f"(max |diff| {_fmt(v['max_abs_diff'])}, atol {v['atol']}, rtol {v['rtol']})"
-        )
-        for ex in v["examples"]:
-            lines.append(
-                f"  {ex['file']} row {ex['row']} group {ex['group']}: expected {ex['expected']:.8g}, "
-                f"found {ex['actual']:.8g}"
-            )
-    return lines
-
-
-def render_rich(summary: RunSummary, console: Any) -> None:
-    from rich.table import Table
-
-    table = Table(title="grpo-cli summary", show_header=False, title_justify="left", box=None, pad_edge=False)
-    table.add_column(style="bold cyan", no_wrap=True)
-    table.add_column()
-    for label, value in summary_lines(summary):
-        style = ""
-        if label.startswith("active"):
-            style = "green"
-        elif label.startswith("inactive"):
-            style = "yellow"
-        table.add_row(label, f"[{style}]{value}[/{style}]" if style else value)
-    console.print(table)
-    hist = histogram_lines(summary)
-    if hist:
-        console.print("[bold]group mean reward (solve rate)[/bold]")
-        for line in hist:
-            console.print(line, highlight=False)
-    for line in check_lines(summary):
-        style = "green" if line.startswith("PASS") else "red" if line.startswith("FAIL") else ""
-        console.print(f"[{style}]{line}[/{style}]" if style else line, highlight=False)
-
-
-def _bytes(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
+def input_info(spec: str, shards: Sequence[Shard], *, stdin: bool, bytes_decoded: int) -> dict[str, Any]:
+    """The summary's ``input`` object: what was read, and how much it decoded to."""
+    return {
+        "path": "<stdin>" if stdin else spec,
+        "format": sorted({s.format for s in shards}),
+        "shards": len(shards),
+        "bytes": sum(s.size_bytes for s in shards),
+        "bytes_decoded": bytes_decoded,
+    }

@@ -429,12 +429,12 @@ def test_missing_output_folder(cli, tmp_path, parquet_file):
 
 
 def test_internal_error_is_one_line(cli, tmp_path, parquet_file, monkeypatch):
-    from grpo_cli import engine
+    from grpo_cli import rewards
 
     def boom(*args, **kwargs):
         raise RuntimeError("kaboom\nsecond line")
 
-    monkeypatch.setattr(engine, "apply_normalization", boom)
+    monkeypatch.setattr(rewards, "apply_normalization", boom)
     out = tmp_path / "o.parquet"
     result = cli("compute", parquet_file, "-o", out)
     assert result.exit_code == 70

@@ -11,9 +11,9 @@ from grpo_cli.kernel import (
     GroupStats,
     active_groups,
     advantages_from_stats,
-    group_advantages,
     group_stats,
     merge_group_stats,
+    normalize_in_groups,
 )
 from tests.reference import reference_advantages
 
@@ -70,7 +70,7 @@ def assert_matches_reference(rewards, ids, out, **options):
 
 
 def test_two_rewards_exact():
-    out = group_advantages(torch.tensor([1.0, 3.0]), torch.tensor([0, 0]), 1e-8)
+    out = normalize_in_groups(torch.tensor([1.0, 3.0]), torch.tensor([0, 0]), 1e-8)
     assert out["advantages"].tolist() == [-1.0, 1.0]
     assert out["active_group_mask"].tolist() == [True]
     assert out["active_group_count"] == 1
@@ -79,9 +79,9 @@ def test_two_rewards_exact():
 
 def test_active_and_constant_group_exact():
     # Exact with epsilon 1e-8 (1 / (1 + 1e-8) rounds to 1 in float32); within epsilon by default.
-    out = group_advantages(torch.tensor([1.0, 3.0, 4.0, 4.0]), torch.tensor([0, 0, 1, 1]), 1e-8)
+    out = normalize_in_groups(torch.tensor([1.0, 3.0, 4.0, 4.0]), torch.tensor([0, 0, 1, 1]), 1e-8)
     assert out["advantages"].tolist() == [-1.0, 1.0, 0.0, 0.0]
-    default = group_advantages(torch.tensor([1.0, 3.0, 4.0, 4.0]), torch.tensor([0, 0, 1, 1]))
+    default = normalize_in_groups(torch.tensor([1.0, 3.0, 4.0, 4.0]), torch.tensor([0, 0, 1, 1]))
     assert default["advantages"].tolist() == pytest.approx([-1.0, 1.0, 0.0, 0.0], abs=2e-6)
     assert default["advantages"][2:].tolist() == [0.0, 0.0]
     assert out["active_group_mask"].tolist() == [True, False]
@@ -89,7 +89,7 @@ def test_active_and_constant_group_exact():
 
 
 def test_constant_group_exact():
-    out = group_advantages(torch.tensor([4.0, 4.0]), torch.tensor([0, 0]))
+    out = normalize_in_groups(torch.tensor([4.0, 4.0]), torch.tensor([0, 0]))
     assert out["advantages"].tolist() == [0.0, 0.0]
     assert out["active_group_mask"].tolist() == [False]
     assert out["active_group_count"] == 0
@@ -106,18 +106,18 @@ def test_constant_groups_are_exactly_positive_zero(dtype, epsilon, value, form):
     rewards = torch.cat((rewards, torch.tensor([0.0, 1.0], dtype=dtype)))
     ids = torch.tensor([0] * 7 + [1, 1])
     if form == "ids":
-        out = group_advantages(rewards, ids, epsilon)
+        out = normalize_in_groups(rewards, ids, epsilon)
     elif form == "shuffled_ids":
         perm = torch.tensor([3, 7, 0, 1, 8, 2, 4, 5, 6])
-        out = group_advantages(rewards[perm], ids[perm], epsilon)
+        out = normalize_in_groups(rewards[perm], ids[perm], epsilon)
         rewards, ids = rewards[perm], ids[perm]
     elif form == "group_size":
         rewards = torch.full((7,), value, dtype=dtype)
-        out = group_advantages(rewards, group_size=7, epsilon=epsilon)
+        out = normalize_in_groups(rewards, group_size=7, epsilon=epsilon)
         ids = torch.zeros(7, dtype=torch.long)
     else:
         rewards = torch.full((3, 7), value, dtype=dtype)
-        out = group_advantages(rewards, epsilon=epsilon)
+        out = normalize_in_groups(rewards, epsilon=epsilon)
         ids = torch.arange(3).repeat_interleave(7)
     constant = out["advantages"].reshape(-1)[ids.reshape(-1) == 0]
     assert constant.tolist() == [0.0] * constant.numel()
@@ -130,7 +130,7 @@ def test_constant_groups_are_exactly_positive_zero(dtype, epsilon, value, form):
 def test_constant_groups_zero_in_every_mode(scale, std):
     rewards = torch.tensor([0.1] * 7 + [0.0, 1.0, 0.5], dtype=torch.float32)
     ids = torch.tensor([0] * 7 + [1, 1, 1])
-    out = group_advantages(rewards, ids, 1e-12, std=std, scale=scale)
+    out = normalize_in_groups(rewards, ids, 1e-12, std=std, scale=scale)
     assert out["advantages"][:7].tolist() == [0.0] * 7
     assert out["advantages"][7:].abs().sum() > 0
 
@@ -142,7 +142,7 @@ def test_large_offset_small_spread_float32():
     rewards64 = base + torch.randint(0, 2, (64,), generator=gen).double() * 0.5
     rewards = rewards64.float()
     ids = torch.arange(8).repeat_interleave(8)
-    out = group_advantages(rewards, ids, 1e-6)
+    out = normalize_in_groups(rewards, ids, 1e-6)
     assert_matches_reference(rewards, ids, out, epsilon=1e-6)
     active = out["advantages"][out["advantages"] != 0]
     assert active.abs().min() > 0.3  # half-step advantages, not noise
@@ -150,7 +150,7 @@ def test_large_offset_small_spread_float32():
 
 def test_float64_extreme_offset():
     rewards = torch.tensor([1e12 + 1, 1e12 + 2, 1e12 + 3], dtype=torch.float64)
-    out = group_advantages(rewards, torch.zeros(3, dtype=torch.long), 1e-8)
+    out = normalize_in_groups(rewards, torch.zeros(3, dtype=torch.long), 1e-8)
     expected = math.sqrt(1.5)
     torch.testing.assert_close(
         out["advantages"], torch.tensor([-expected, 0.0, expected], dtype=torch.float64)
@@ -167,7 +167,7 @@ def test_ids_form_matches_reference(dtype, layout, n_groups, group_size):
     gen = torch.Generator().manual_seed(n_groups * 100 + group_size)
     ids = make_ids(layout, n_groups, group_size, gen)
     rewards = make_rewards(ids.numel(), dtype, gen)
-    out = group_advantages(rewards, ids, 1e-6)
+    out = normalize_in_groups(rewards, ids, 1e-6)
     assert_matches_reference(rewards, ids, out, epsilon=1e-6)
     assert out["active_group_mask"].shape == (int(ids.max()) + 1,)
 
@@ -178,9 +178,9 @@ def test_2d_and_group_size_forms_match_reference(dtype, n_groups, group_size):
     gen = torch.Generator().manual_seed(7)
     rewards = make_rewards(n_groups * group_size, dtype, gen)
     ids = torch.arange(n_groups).repeat_interleave(group_size)
-    flat = group_advantages(rewards, group_size=group_size)
+    flat = normalize_in_groups(rewards, group_size=group_size)
     assert_matches_reference(rewards, ids, flat)
-    two_d = group_advantages(rewards.view(n_groups, group_size))
+    two_d = normalize_in_groups(rewards.view(n_groups, group_size))
     assert two_d["advantages"].shape == (n_groups, group_size)
     assert torch.equal(two_d["advantages"].reshape(-1), flat["advantages"])
     assert torch.equal(two_d["active_group_mask"], flat["active_group_mask"])
@@ -193,7 +193,7 @@ def test_options_match_reference(std, scale, layout):
     gen = torch.Generator().manual_seed(3)
     ids = make_ids(layout, 50, 6, gen)
     rewards = make_rewards(ids.numel(), torch.float64, gen)
-    out = group_advantages(rewards, ids, 1e-6, std=std, scale=scale)
+    out = normalize_in_groups(rewards, ids, 1e-6, std=std, scale=scale)
     assert_matches_reference(rewards, ids, out, epsilon=1e-6, std=std, scale=scale)
 
 
@@ -206,7 +206,7 @@ def test_estimator_options_match_reference(baseline, epsilon_mode, singleton, st
     ids = make_ids("ragged", 60, 4, gen)
     rewards = make_rewards(ids.numel(), torch.float64, gen)
     options = dict(baseline=baseline, epsilon_mode=epsilon_mode, singleton=singleton, std=std)
-    out = group_advantages(rewards, ids, 1e-3, **options)  # type: ignore[arg-type]
+    out = normalize_in_groups(rewards, ids, 1e-3, **options)  # type: ignore[arg-type]
     assert_matches_reference(rewards, ids, out, epsilon=1e-3, **options)
 
 
@@ -215,13 +215,13 @@ def test_estimator_options_match_reference(baseline, epsilon_mode, singleton, st
 
 def test_empty_inputs():
     for dtype in DTYPES:
-        out = group_advantages(torch.tensor([], dtype=dtype), torch.tensor([], dtype=torch.long))
+        out = normalize_in_groups(torch.tensor([], dtype=dtype), torch.tensor([], dtype=torch.long))
         assert out["advantages"].dtype == dtype and out["advantages"].shape == (0,)
         assert out["active_group_mask"].dtype == torch.bool and out["active_group_mask"].shape == (0,)
         assert out["active_group_count"] == 0
-    out = group_advantages(torch.empty(0, 8))
+    out = normalize_in_groups(torch.empty(0, 8))
     assert out["advantages"].shape == (0, 8) and out["active_group_mask"].shape == (0,)
-    out = group_advantages(torch.empty(0), group_size=4)
+    out = normalize_in_groups(torch.empty(0), group_size=4)
     assert out["active_group_mask"].shape == (0,)
 
 
@@ -231,33 +231,33 @@ def test_inputs_are_not_modified_and_noncontiguous_is_fine():
     rewards, ids = base[::2], ids_base[::2]
     assert not rewards.is_contiguous()
     before_r, before_i = rewards.clone(), ids.clone()
-    out = group_advantages(rewards, ids, 1e-8)
+    out = normalize_in_groups(rewards, ids, 1e-8)
     assert torch.equal(rewards, before_r) and torch.equal(ids, before_i)
     assert out["advantages"].tolist() == [-1.0, 1.0, 0.0, 0.0]
     two_d = torch.tensor([[1.0, 4.0], [3.0, 4.0]]).t()  # noncontiguous view of [[1, 3], [4, 4]]
-    out2 = group_advantages(two_d, epsilon=1e-8)
+    out2 = normalize_in_groups(two_d, epsilon=1e-8)
     assert out2["advantages"].tolist() == [[-1.0, 1.0], [0.0, 0.0]]
 
 
 def test_integer_id_dtypes_accepted():
     for dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8):
-        out = group_advantages(torch.tensor([1.0, 3.0]), torch.tensor([0, 0], dtype=dtype), 1e-8)
+        out = normalize_in_groups(torch.tensor([1.0, 3.0]), torch.tensor([0, 0], dtype=dtype), 1e-8)
         assert out["advantages"].tolist() == [-1.0, 1.0]
 
 
 def test_unused_ids_are_inactive_groups():
-    out = group_advantages(torch.tensor([1.0, 2.0]), torch.tensor([3, 3]))
+    out = normalize_in_groups(torch.tensor([1.0, 2.0]), torch.tensor([3, 3]))
     assert out["active_group_mask"].tolist() == [False, False, False, True]
 
 
 def test_singleton_is_inactive():
-    out = group_advantages(torch.tensor([5.0, 1.0, 2.0]), torch.tensor([0, 1, 1]))
+    out = normalize_in_groups(torch.tensor([5.0, 1.0, 2.0]), torch.tensor([0, 1, 1]))
     assert out["advantages"][0].item() == 0.0
     assert out["active_group_mask"].tolist() == [False, True]
 
 
 def test_result_on_input_device():
-    out = group_advantages(torch.tensor([1.0, 2.0]), torch.tensor([0, 0]))
+    out = normalize_in_groups(torch.tensor([1.0, 2.0]), torch.tensor([0, 0]))
     assert out["advantages"].device.type == "cpu"
     assert out["active_group_mask"].device.type == "cpu"
 
@@ -268,61 +268,64 @@ def test_result_on_input_device():
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: group_advantages(torch.ones(3), torch.zeros(4, dtype=torch.long)), r"\(3,\) and \(4,\)"),
+        (lambda: normalize_in_groups(torch.ones(3), torch.zeros(4, dtype=torch.long)), r"\(3,\) and \(4,\)"),
         (
-            lambda: group_advantages(torch.ones(2), torch.tensor([0.0, 1.0])),
+            lambda: normalize_in_groups(torch.ones(2), torch.tensor([0.0, 1.0])),
             "integer tensor, got dtype torch.float32",
         ),
         (
-            lambda: group_advantages(torch.ones(2), torch.tensor([True, False])),
+            lambda: normalize_in_groups(torch.ones(2), torch.tensor([True, False])),
             "integer tensor, got dtype torch.bool",
         ),
         (
-            lambda: group_advantages(torch.ones(3), torch.tensor([0, -2, 1])),
+            lambda: normalize_in_groups(torch.ones(3), torch.tensor([0, -2, 1])),
             "non-negative, got -2 at index 1",
         ),
         (
-            lambda: group_advantages(torch.tensor([1, 2]), torch.tensor([0, 0])),
+            lambda: normalize_in_groups(torch.tensor([1, 2]), torch.tensor([0, 0])),
             "floating-point tensor.*torch.int64",
         ),
         (
-            lambda: group_advantages(
+            lambda: normalize_in_groups(
                 torch.tensor([1.0, float("nan"), float("inf"), 2.0]), torch.zeros(4, dtype=torch.long)
             ),
             "2 NaN or infinite value.*first is nan at index 1",
         ),
-        (lambda: group_advantages(torch.ones(2), torch.zeros(2, dtype=torch.long), 0.0), "epsilon.*got 0.0"),
         (
-            lambda: group_advantages(torch.ones(2), torch.zeros(2, dtype=torch.long), -1e-6),
+            lambda: normalize_in_groups(torch.ones(2), torch.zeros(2, dtype=torch.long), 0.0),
+            "epsilon.*got 0.0",
+        ),
+        (
+            lambda: normalize_in_groups(torch.ones(2), torch.zeros(2, dtype=torch.long), -1e-6),
             "epsilon.*got -1e-06",
         ),
         (
-            lambda: group_advantages(torch.ones(2), torch.zeros(2, dtype=torch.long), float("inf")),
+            lambda: normalize_in_groups(torch.ones(2), torch.zeros(2, dtype=torch.long), float("inf")),
             "epsilon.*got inf",
         ),
         (
-            lambda: group_advantages(torch.ones(2), torch.zeros(2, dtype=torch.long), float("nan")),
+            lambda: normalize_in_groups(torch.ones(2), torch.zeros(2, dtype=torch.long), float("nan")),
             "epsilon.*got nan",
         ),
         (
-            lambda: group_advantages(torch.ones(10), group_size=3),
+            lambda: normalize_in_groups(torch.ones(10), group_size=3),
             r"\(10\) is not divisible by group_size \(3\)",
         ),
-        (lambda: group_advantages(torch.ones(4), group_size=0), "positive integer, got 0"),
-        (lambda: group_advantages(torch.ones(4)), r"shape \(4,\) need group_ids or group_size"),
+        (lambda: normalize_in_groups(torch.ones(4), group_size=0), "positive integer, got 0"),
+        (lambda: normalize_in_groups(torch.ones(4)), r"shape \(4,\) need group_ids or group_size"),
         (
-            lambda: group_advantages(torch.ones(4), torch.zeros(4, dtype=torch.long), group_size=2),
+            lambda: normalize_in_groups(torch.ones(4), torch.zeros(4, dtype=torch.long), group_size=2),
             "either group_ids or group_size",
         ),
         (
-            lambda: group_advantages(torch.ones(2), torch.zeros(2, dtype=torch.long), std="biased"),
+            lambda: normalize_in_groups(torch.ones(2), torch.zeros(2, dtype=torch.long), std="biased"),
             "std must be.*'biased'",
         ),
         (
-            lambda: group_advantages(torch.ones(2), torch.zeros(2, dtype=torch.long), scale="row"),
+            lambda: normalize_in_groups(torch.ones(2), torch.zeros(2, dtype=torch.long), scale="row"),
             "scale must be.*'row'",
         ),
-        (lambda: group_advantages([1.0, 2.0], torch.zeros(2, dtype=torch.long)), "torch.Tensor, got list"),  # type: ignore[arg-type]
+        (lambda: normalize_in_groups([1.0, 2.0], torch.zeros(2, dtype=torch.long)), "torch.Tensor, got list"),  # type: ignore[arg-type]
     ],
 )
 def test_bad_calls_raise_value_error_naming_the_value(call, message):
@@ -336,12 +339,12 @@ def test_device_mismatch_and_cuda_matches_cpu():
     rewards = torch.tensor([1.0, 3.0, 4.0, 4.0])
     ids = torch.tensor([0, 0, 1, 1])
     with pytest.raises(ValueError, match="same device, got cuda:0 and cpu"):
-        group_advantages(rewards.cuda(), ids)
+        normalize_in_groups(rewards.cuda(), ids)
     gen = torch.Generator().manual_seed(0)
     ids = make_ids("shuffled", 1000, 8, gen)
     rewards = make_rewards(ids.numel(), torch.float32, gen)
-    cpu = group_advantages(rewards, ids)
-    gpu = group_advantages(rewards.cuda(), ids.cuda())
+    cpu = normalize_in_groups(rewards, ids)
+    gpu = normalize_in_groups(rewards.cuda(), ids.cuda())
     assert gpu["advantages"].device.type == "cuda"
     torch.testing.assert_close(gpu["advantages"].cpu(), cpu["advantages"])
     assert torch.equal(gpu["active_group_mask"].cpu(), cpu["active_group_mask"])
@@ -350,7 +353,7 @@ def test_device_mismatch_and_cuda_matches_cpu():
 def test_device_mismatch_message_without_cuda():
     rewards = torch.ones(2, device="meta")
     with pytest.raises(ValueError, match="same device, got meta and cpu"):
-        group_advantages(rewards, torch.zeros(2, dtype=torch.long))
+        normalize_in_groups(rewards, torch.zeros(2, dtype=torch.long))
 
 
 # --------------------------------------------------------------------------- update / merge / compute

@@ -16,8 +16,8 @@ from grpo_cli.kernel import (
     GroupStatsAccumulator,
     apply_normalization,
     batch_std,
-    group_advantages,
     group_std,
+    normalize_in_groups,
     prepare_normalization,
 )
 
@@ -69,7 +69,7 @@ GROUPS = [
 def test_extreme_magnitudes_match_exact_arithmetic(mode, ddof):
     rewards = torch.tensor([r for group in GROUPS for r in group], dtype=torch.float64)
     ids = torch.tensor([g for g, group in enumerate(GROUPS) for _ in group])
-    out = group_advantages(rewards, ids, 1e-6, std="sample" if ddof else "population", epsilon_mode=mode)[
+    out = normalize_in_groups(rewards, ids, 1e-6, std="sample" if ddof else "population", epsilon_mode=mode)[
         "advantages"
     ]
     expected = [a for group in GROUPS for a in exact_advantages(group, ddof=ddof, mode=mode)]
@@ -80,7 +80,7 @@ def test_extreme_magnitudes_match_exact_arithmetic(mode, ddof):
 @pytest.mark.parametrize("group", GROUPS, ids=str)
 def test_constant_groups_of_any_magnitude_are_inactive_and_zero(group):
     value = group[0]
-    out = group_advantages(torch.full((5,), value, dtype=torch.float64), torch.zeros(5, dtype=torch.long))
+    out = normalize_in_groups(torch.full((5,), value, dtype=torch.float64), torch.zeros(5, dtype=torch.long))
     assert out["active_group_count"] == 0
     assert out["advantages"].tolist() == [0.0] * 5
     assert all(str(a) == "0.0" for a in out["advantages"].tolist())  # +0.0, never -0.0
@@ -91,7 +91,7 @@ def test_huge_rewards_stream_in_blocks_like_in_memory():
     ids = torch.tensor([g for g, group in enumerate(GROUPS) for _ in group])
     order = torch.randperm(rewards.numel(), generator=torch.Generator().manual_seed(0))
     rewards, ids = rewards[order], ids[order]
-    whole = group_advantages(rewards, ids, 1e-6)["advantages"]
+    whole = normalize_in_groups(rewards, ids, 1e-6)["advantages"]
     acc = GroupStatsAccumulator(block_rows=2)  # every group merged across blocks
     for start in range(0, rewards.numel(), 3):
         acc.update(rewards[start : start + 3], ids[start : start + 3])
@@ -102,11 +102,11 @@ def test_huge_rewards_stream_in_blocks_like_in_memory():
 def test_leave_one_out_and_batch_scale_stay_finite():
     rewards = torch.tensor([1e300, 3e300, 2e300, 1.0, 2.0, 4.0], dtype=torch.float64)
     ids = torch.tensor([0, 0, 0, 1, 1, 1])
-    loo = group_advantages(rewards, ids, baseline="leave-one-out", std="sample")["advantages"]
+    loo = normalize_in_groups(rewards, ids, baseline="leave-one-out", std="sample")["advantages"]
     # r_0 = 1e300 against the others (3e300, 2e300): mean 2.5e300, sample std 0.707e300
     expected_first = float((Fraction(1e300) - Fraction(2.5e300)) / exact_sqrt(Fraction(0.5e300) ** 2 * 2))
     assert loo[0].item() == pytest.approx(expected_first, rel=1e-12)
-    batch = group_advantages(rewards, ids, scale="batch")["advantages"]
+    batch = normalize_in_groups(rewards, ids, scale="batch")["advantages"]
     assert bool(torch.isfinite(batch).all()) and batch[0] < 0 < batch[1]
 
 
@@ -131,6 +131,6 @@ def test_ordinary_magnitudes_are_not_rescaled():
     rewards = torch.randn(2000, dtype=torch.float64, generator=generator) * 1e70
     ids = torch.randint(0, 150, (2000,), generator=generator)
     assert bool((group_scale(group_stats(rewards, ids)) == 1).all())
-    out = group_advantages(rewards, ids, 1e-6)["advantages"]
+    out = normalize_in_groups(rewards, ids, 1e-6)["advantages"]
     expected, _ = reference_advantages(rewards.tolist(), ids.tolist(), epsilon=1e-6)
     torch.testing.assert_close(out, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=1e-12)

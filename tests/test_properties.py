@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_cli.kernel import group_advantages
+from grpo_cli.kernel import normalize_in_groups
 
 finite = st.floats(min_value=-1e3, max_value=1e3, allow_nan=False, allow_infinity=False, width=32)
 
@@ -31,8 +31,8 @@ def grouped_rewards(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor]:
 def test_affine_invariance_under_group_scale(data, a, b):
     rewards, ids = data
     eps = 1e-12
-    base = group_advantages(rewards, ids, eps)
-    moved = group_advantages(rewards * a + b, ids, eps)
+    base = normalize_in_groups(rewards, ids, eps)
+    moved = normalize_in_groups(rewards * a + b, ids, eps)
     # Exact invariance holds up to epsilon / std and the rounding of a * r + b: compare
     # groups whose spread dwarfs both.
     spread = torch.zeros(int(ids.max()) + 1, dtype=torch.float64)
@@ -47,8 +47,8 @@ def test_affine_invariance_under_group_scale(data, a, b):
 def test_permutation_equivariance(data, seed):
     rewards, ids = data
     perm = torch.randperm(rewards.numel(), generator=torch.Generator().manual_seed(seed))
-    base = group_advantages(rewards, ids)
-    shuffled = group_advantages(rewards[perm], ids[perm])
+    base = normalize_in_groups(rewards, ids)
+    shuffled = normalize_in_groups(rewards[perm], ids[perm])
     torch.testing.assert_close(shuffled["advantages"], base["advantages"][perm], rtol=1e-12, atol=1e-12)
     assert torch.equal(shuffled["active_group_mask"], base["active_group_mask"])
 
@@ -57,7 +57,7 @@ def test_permutation_equivariance(data, seed):
 @given(data=grouped_rewards(), scale=st.sampled_from(["group", "batch", "none"]))
 def test_active_groups_have_zero_mean_and_inactive_are_exact_zero(data, scale):
     rewards, ids = data
-    out = group_advantages(rewards, ids, scale=scale)
+    out = normalize_in_groups(rewards, ids, scale=scale)
     adv = out["advantages"]
     mask = out["active_group_mask"]
     for g in range(mask.numel()):
@@ -74,8 +74,8 @@ def test_active_groups_have_zero_mean_and_inactive_are_exact_zero(data, scale):
 def test_float32_rewards_agree_with_float64_to_float32_precision(data):
     rewards, ids = data
     r32 = rewards.float()
-    out32 = group_advantages(r32, ids)
-    out64 = group_advantages(r32.double(), ids)
+    out32 = normalize_in_groups(r32, ids)
+    out64 = normalize_in_groups(r32.double(), ids)
     assert out32["advantages"].dtype == torch.float32
     # The kernel computes in float64 and rounds once: the float32 result is the rounded float64 one.
     assert torch.equal(out32["advantages"], out64["advantages"].float())

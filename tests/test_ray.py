@@ -13,14 +13,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from grpo_cli.engine import ComputeConfig, compute_dataset
 from grpo_cli.errors import GrpoError
+from grpo_cli.jobs import compute_dataset, compute_dataset_ray
 from grpo_cli.options import AdvantageOptions, RewardSpec
+from grpo_cli.plan import ComputeConfig
 
 if importlib.util.find_spec("ray") is None:  # not importorskip: Ray must not be imported yet
     pytest.skip("the ray extra is not installed", allow_module_level=True)
 
-from grpo_cli.engine_ray import compute_dataset_ray, ray_session
+from grpo_cli.engines.ray import ray_session
 
 FILES = 4
 GROUPS = 2500
@@ -175,7 +176,7 @@ def test_missing_ray_extra_says_how_to_install(monkeypatch, cli, sharded, tmp_pa
 
     monkeypatch.setattr(builtins, "__import__", no_ray)
     monkeypatch.delitem(sys.modules, "ray", raising=False)
-    from grpo_cli.engine_ray import import_ray
+    from grpo_cli.engines.ray import import_ray
 
     with pytest.raises(GrpoError, match=r"pip install 'grpo-cli\[ray\]'"):
         import_ray()

@@ -23,8 +23,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from grpo_cli import engine as engine_module
+from grpo_cli import jobs
+from grpo_cli.engines import local as local_engine
 from grpo_cli.guard import ProtectedInputs, WriteGuard
+from grpo_cli.options import RewardSpec
 from tests.conftest import rollout_rows, write_jsonl, write_parquet
 
 GRPO_CLI = [sys.executable, "-m", "grpo_cli"]
@@ -197,7 +199,7 @@ def test_output_that_appears_during_the_run_is_kept(tmp_path, shards):
             pass
 
     with pytest.raises(ValueError, match="appeared while grpo-cli ran"):
-        engine_module.compute_dataset(shards, out, progress=Appear())
+        jobs.compute_dataset(shards, out, progress=Appear())
     assert out.read_text() == "someone else's"
 
 
@@ -240,7 +242,7 @@ def test_jsonl_integer_ids_that_float64_holds_exactly_are_fine(cli, tmp_path):
 @pytest.fixture(params=["dict", "hashed"])
 def key_path(request, monkeypatch):
     """Both ways of matching keys: a Python dict (small inputs) and hashing (large ones)."""
-    monkeypatch.setattr(engine_module, "SMALL_INPUT_ROWS", 10**9 if request.param == "dict" else -1)
+    monkeypatch.setattr(local_engine, "SMALL_INPUT_ROWS", 10**9 if request.param == "dict" else -1)
     return request.param
 
 
@@ -403,7 +405,7 @@ def test_a_summary_failing_after_the_commit_says_the_output_was_written(cli, tmp
     def disk_full(*args, **kwargs):
         raise GrpoError("s.json: cannot write the summary (No space left on device)")
 
-    monkeypatch.setattr(engine_module, "write_text", disk_full)
+    monkeypatch.setattr(jobs, "write_text", disk_full)
     out = tmp_path / "out.parquet"
     message = one_line_error(cli("compute", shards, "-o", out, "--summary-json", tmp_path / "s.json"), 3)
     assert "was written" in message and "No space left" in message
@@ -750,7 +752,7 @@ def test_no_paths_make_grpo_cli_write_inside_or_over_an_input(
 
 def test_ray_session_folder_stays_short_under_a_long_tmpdir(monkeypatch, tmp_path):
     """Ray's socket paths must fit in 107 bytes; a long TMPDIR would break them."""
-    from grpo_cli import engine_ray
+    from grpo_cli.engines import ray as engine_ray
 
     long = tmp_path / ("x" * 90)
     long.mkdir()
@@ -775,11 +777,12 @@ def test_outputs_carry_the_provenance_entry_and_read_back_with_polars(cli, tmp_p
 
 def test_decimal_rewards_convert_with_correct_rounding():
     """Each decimal reward becomes the float64 nearest to it, as Python's float() gives."""
-    from grpo_cli.engine import ComputeConfig, RewardReader
+    from grpo_cli.rewards import RewardReader
     from grpo_cli.sources import Shard
 
     texts = [f"{(i * 7919 % 400000 - 200000) / 100000:.5f}" for i in range(2000)]
     array = pa.array([decimal.Decimal(t) for t in texts], pa.decimal128(12, 5))
     batch = pa.RecordBatch.from_arrays([array], names=["reward"])
-    reader = RewardReader(ComputeConfig(), batch.schema, Shard(Path("x.parquet"), "x.parquet", "parquet", 0))
+    shard = Shard(Path("x.parquet"), "x.parquet", "parquet", 0)
+    reader = RewardReader([RewardSpec("reward")], batch.schema, shard, per_column=False)
     assert reader.read(batch).combined.tolist() == [float(t) for t in texts]

@@ -1,0 +1,45 @@
+"""The option vocabulary: every fixed set of choices, defined once (standard library only).
+
+The kernel types its keyword arguments with these ``Literal`` types, the CLI's
+options take their choices from them (Typer validates a ``Literal`` annotation), and
+:func:`check_choice` is the one validation of a value that did not come through
+the CLI.
+
+>>> choices_of(Std)
+('population', 'sample')
+>>> check_choice("--std", "sample", Std)
+>>> check_choice("--std", "bessel", Std)
+Traceback (most recent call last):
+...
+grpo_cli.errors.GrpoError: --std must be one of population, sample, got 'bessel'
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+from grpo_cli.errors import GrpoError
+
+Std = Literal["population", "sample"]
+Scale = Literal["group", "batch", "none"]
+Baseline = Literal["mean", "leave-one-out"]
+EpsilonMode = Literal["add", "clamp", "add-if-nonzero"]
+Singleton = Literal["zero", "raw"]
+NanPolicy = Literal["error", "ignore"]
+Estimator = Literal["grpo", "dr_grpo", "rloo"]
+Aggregation = Literal["sum-then-normalize", "normalize-then-sum"]
+InputFormat = Literal["parquet", "jsonl"]
+Engine = Literal["local", "ray"]
+Preset = Literal["trl", "verl", "openrlhf", "nemo-rl", "roll", "torchrl"]
+
+
+def choices_of(vocabulary: Any) -> tuple[str, ...]:
+    """The values of a ``Literal`` vocabulary, in their documented order."""
+    return tuple(get_args(vocabulary))
+
+
+def check_choice(option: str, value: object, vocabulary: Any) -> None:
+    """Raise :class:`~grpo_cli.errors.GrpoError` unless ``value`` is one of ``vocabulary``."""
+    allowed = choices_of(vocabulary)
+    if value not in allowed:
+        raise GrpoError(f"{option} must be one of {', '.join(allowed)}, got {value!r}")

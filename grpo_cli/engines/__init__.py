@@ -1,0 +1,7 @@
+"""The two engines, siblings over the same plan, kernel and output layer.
+
+:mod:`grpo_cli.engines.local` streams a dataset through this machine in two passes;
+:mod:`grpo_cli.engines.ray` runs the same two steps as Ray Data jobs. Neither imports
+the other; what they share lives below them (:mod:`grpo_cli.plan`,
+:mod:`grpo_cli.rewards`, :mod:`grpo_cli.output`, :mod:`grpo_cli.summary`).
+"""

@@ -1,0 +1,531 @@
+"""The local engine: two passes over a rollout dataset with bounded memory.
+
+Pass 1 (:class:`_StatisticsPass`) reads only the reward and group-key columns, maps
+keys to dense group IDs and feeds the kernel's
+:class:`~grpo_cli.kernel.GroupStatsAccumulator`. The plan turns the statistics into a
+:class:`~grpo_cli.plan.GroupOutcome`. Pass 2 streams every column again, appends the
+advantage and activity columns and writes them out. Inputs whose decoded size fits
+``memory_budget_bytes`` are read once and kept in memory for pass 2; the arithmetic is
+the same, so both paths give bitwise identical results.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from grpo_cli.errors import GrpoError
+from grpo_cli.guard import Claim
+from grpo_cli.kernel import GroupStats
+from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_types
+from grpo_cli.output import OutputTarget
+from grpo_cli.plan import ComputeConfig, GroupOutcome, RunPlan, VerifySpec
+from grpo_cli.progress import NoProgress, Progress
+from grpo_cli.rewards import RewardBatch, RewardReader, combined_advantages, new_column_arrays
+from grpo_cli.sources import (
+    InputSet,
+    JsonlSchemaDrift,
+    Shard,
+    describe_row,
+    estimated_memory_bytes,
+    iter_batches,
+    read_schema,
+    read_table,
+    row_count,
+    unify_jsonl_schema,
+)
+from grpo_cli.summary import RunSummary, build_summary, input_info
+
+BATCH_BYTES = 64 << 20
+MAX_BATCH_ROWS = 1 << 20
+KEY_CHUNK_ROWS = 1 << 21
+SMALL_INPUT_ROWS = 100_000  # below this, keys are matched in a dict: no polars import
+
+
+def run_local(
+    inputs: InputSet,
+    config: ComputeConfig,
+    claim: Claim | None,
+    *,
+    force: bool,
+    progress: Progress | None,
+) -> RunSummary:
+    """Run ``config`` over ``inputs``, writing to ``claim`` (``None``: write nothing).
+
+    JSONL columns whose type changes after the first block are settled by reading the
+    file's types whole and running again (nothing was written by the failed attempt).
+    """
+    for _ in range(len(inputs.shards) + 1):
+        target = OutputTarget(claim, force=force) if claim is not None else None
+        try:
+            engine = LocalEngine(inputs, RunPlan(config), writes_output=target is not None, progress=progress)
+            return engine.run(target)
+        except JsonlSchemaDrift as drift:
+            unify_jsonl_schema(drift.shard)
+    raise GrpoError(f"{inputs.spec}: the JSONL column types could not be settled")
+
+
+# --------------------------------------------------------------------------- ID spool
+
+
+class _IdSpool:
+    """Per-row group IDs from pass 1, kept for pass 2: in memory, or in a temporary file."""
+
+    def __init__(self, *, on_disk: bool) -> None:
+        self._chunks: list[np.ndarray] = []
+        self._file: IO[bytes] | None = None
+        if on_disk:
+            # Owned by the spool and closed (so deleted) in close().
+            self._file = tempfile.TemporaryFile(prefix="grpo-cli-ids-")  # noqa: SIM115
+
+    def append(self, ids: np.ndarray) -> None:
+        if self._file is not None:
+            self._file.write(ids.astype(np.int64, copy=False).tobytes())
+        else:
+            self._chunks.append(ids)
+
+    def reader(self) -> Callable[[int], np.ndarray]:
+        if self._file is not None:
+            file = self._file
+            file.flush()
+            file.seek(0)
+
+            def take_from_file(n: int) -> np.ndarray:
+                return np.frombuffer(file.read(n * 8), dtype=np.int64)
+
+            return take_from_file
+        flat = np.concatenate(self._chunks) if self._chunks else np.empty(0, dtype=np.int64)
+        position = 0
+
+        def take_from_memory(n: int) -> np.ndarray:
+            nonlocal position
+            out = flat[position : position + n]
+            position += n
+            return out
+
+        return take_from_memory
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+# --------------------------------------------------------------------------- pass 1
+
+
+@dataclass
+class _Statistics:
+    """What pass 1 found."""
+
+    channel_stats: list[GroupStats]
+    summary_stats: GroupStats  # the combined reward
+    rows_per_group: np.ndarray
+    rows: int
+    nan_rewards: int
+    keys: GroupKeyIndex | None
+    cached: list[list[pa.RecordBatch]] | None  # every shard's batches, when in memory
+
+
+class _StatisticsPass:
+    """Pass 1's running state: accumulators, the key index, the ID spool, the first bad reward.
+
+    Batches are held until :meth:`flush`: keys are matched a chunk of batches at a time
+    (a whole shard when it is in memory anyway), since each match costs a pass over the
+    keys seen so far, so few large chunks beat many small ones.
+    """
+
+    def __init__(self, plan: RunPlan, spool: _IdSpool, *, exact_keys: bool) -> None:
+        config = plan.config
+        self.plan = plan
+        self.spool = spool
+        self.keys = (
+            None if config.group_size is not None else GroupKeyIndex(config.group_cols, exact=exact_keys)
+        )
+        self.accumulators, self.separate_summary = plan.accumulators()
+        self.rows_per_group = np.zeros(0, dtype=np.int64)
+        self.rows = 0
+        self.bad_count = 0
+        self.first_bad: tuple[Shard, int, float] | None = None
+        self._pending: list[tuple[pa.RecordBatch, RewardBatch]] = []
+        self._pending_rows = 0
+        self._pending_start = 0
+
+    @property
+    def pending_rows(self) -> int:
+        return self._pending_rows
+
+    def add(self, batch: pa.RecordBatch, rewards: RewardBatch, shard: Shard, shard_row: int) -> None:
+        if not self._pending:
+            self._pending_start = shard_row
+        self._note_bad_rewards(rewards, shard, shard_row)
+        self._pending.append((batch, rewards))
+        self._pending_rows += batch.num_rows
+        self.rows += batch.num_rows
+
+    def flush(self, shard: Shard) -> None:
+        if not self._pending:
+            return
+        ids: torch.Tensor | None = None
+        if self.keys is not None:
+            group_cols = self.plan.config.group_cols
+            key_columns = [pa.chunked_array([b.column(c) for b, _ in self._pending]) for c in group_cols]
+            ids_np = self._encode_keys(self.keys, key_columns, shard)
+            self.spool.append(ids_np)
+            ids = torch.from_numpy(ids_np)
+            counts = np.bincount(ids_np, minlength=len(self.keys))
+            grown = np.pad(self.rows_per_group, (0, len(counts) - len(self.rows_per_group)))
+            self.rows_per_group = grown + counts
+        chunk = RewardBatch.concat([r for _, r in self._pending])
+        channels = self.accumulators[: self.plan.channels]
+        for acc, values, valid in zip(channels, chunk.channels, chunk.channel_valid, strict=True):
+            acc.update(values, ids, valid)
+        if self.separate_summary:
+            self.accumulators[-1].update(chunk.combined, ids, chunk.combined_valid)
+        self._pending.clear()
+        self._pending_rows = 0
+
+    def _note_bad_rewards(self, rewards: RewardBatch, shard: Shard, shard_row: int) -> None:
+        if rewards.combined_valid is None:
+            return
+        invalid = ~rewards.combined_valid
+        self.bad_count += int(invalid.sum())
+        if self.first_bad is None:
+            index = int(invalid.nonzero()[0])
+            self.first_bad = (shard, shard_row + index, float(rewards.combined[index]))
+
+    def _encode_keys(self, keys: GroupKeyIndex, arrays: list[pa.ChunkedArray], shard: Shard) -> np.ndarray:
+        try:
+            return keys.encode(arrays)
+        except InvalidKeyError as bad:
+            raise GrpoError(
+                f"{describe_row(shard, self._pending_start + bad.row)}: group key {bad.column!r} is "
+                f"{bad.what} ({bad.count} {bad.what} key(s) in this chunk); {bad.what} keys cannot be grouped"
+            ) from None
+        except (TypeError, pa.ArrowException) as exc:
+            raise GrpoError(
+                f"{shard.display}: cannot use {', '.join(keys.columns)} as group keys ({exc})"
+            ) from None
+
+    def result(self, spec: str, cached: list[list[pa.RecordBatch]] | None) -> _Statistics:
+        group_size = self.plan.config.group_size
+        if group_size is not None:
+            if self.rows % group_size:
+                raise GrpoError(f"--group-size {group_size} does not divide the {self.rows} rows of {spec}")
+            num_groups = self.rows // group_size
+            rows_per_group = np.full(num_groups, group_size, dtype=np.int64)
+        else:
+            assert self.keys is not None
+            num_groups = len(self.keys)
+            rows_per_group = self.rows_per_group
+        stats = [acc.compute(num_groups) for acc in self.accumulators]
+        channel_stats = stats[: self.plan.channels]
+        summary_stats = stats[-1] if self.separate_summary else stats[0]
+        return _Statistics(
+            channel_stats, summary_stats, rows_per_group, self.rows, self.bad_count, self.keys, cached
+        )
+
+
+# --------------------------------------------------------------------------- pass 2
+
+
+class _Pass2Figures:
+    """Figures gathered while advantages are written: their range and the verification."""
+
+    def __init__(self, verify: VerifySpec | None, keys: GroupKeyIndex | None) -> None:
+        self.minimum = float("inf")
+        self.maximum = float("-inf")
+        self.verify = verify
+        self.keys = keys
+        self.mismatched = 0
+        self.compared = 0
+        self.max_abs_diff = 0.0
+        self.examples: list[dict[str, Any]] = []
+
+    def observe(
+        self, batch: pa.RecordBatch, advantages: torch.Tensor, ids: torch.Tensor, shard: Shard, shard_row: int
+    ) -> None:
+        if advantages.numel():
+            low, high = torch.aminmax(advantages.to(torch.float64))
+            self.minimum = min(self.minimum, float(low))
+            self.maximum = max(self.maximum, float(high))
+        if self.verify is not None:
+            self._compare(batch.column(self.verify.column), advantages, ids, shard, shard_row, self.verify)
+
+    def _compare(
+        self,
+        column: pa.Array,
+        advantages: torch.Tensor,
+        ids: torch.Tensor,
+        shard: Shard,
+        shard_row: int,
+        verify: VerifySpec,
+    ) -> None:
+        if not (pa.types.is_floating(column.type) or pa.types.is_integer(column.type)):
+            raise GrpoError(
+                f"{shard.display}: column {verify.column!r} has type {column.type}; "
+                "it must be numeric to verify"
+            )
+        given = as_tensor(
+            pc.cast(column, pa.float64()).fill_null(float("nan")).to_numpy(zero_copy_only=False)
+        )
+        expected = advantages.to(torch.float64)
+        diff = (given - expected).abs()
+        bad = ~(diff <= verify.atol + verify.rtol * expected.abs())  # NaN counts as bad
+        self.compared += given.numel()
+        count = int(bad.sum())
+        if diff.numel():
+            finite = diff[torch.isfinite(diff)]
+            if finite.numel():
+                self.max_abs_diff = max(self.max_abs_diff, float(finite.max()))
+            if not bool(torch.isfinite(diff).all()):
+                self.max_abs_diff = float("inf")
+        if not count:
+            return
+        self.mismatched += count
+        for index in bad.nonzero().flatten().tolist():
+            if len(self.examples) >= verify.max_examples:
+                break
+            gid = int(ids[index])
+            key = self.keys.key_at(gid) if self.keys is not None else gid
+            self.examples.append(
+                {
+                    "file": shard.display,
+                    "row": shard_row + index,
+                    "group": _jsonable(key),
+                    "expected": float(expected[index]),
+                    "actual": float(given[index]),
+                }
+            )
+
+    def advantage_range(self) -> tuple[float, float] | None:
+        if self.minimum > self.maximum:
+            return None
+        return self.minimum, self.maximum
+
+    def verify_result(self) -> dict[str, Any] | None:
+        if self.verify is None:
+            return None
+        return {
+            "column": self.verify.column,
+            "atol": self.verify.atol,
+            "rtol": self.verify.rtol,
+            "compared": self.compared,
+            "mismatched": self.mismatched,
+            "max_abs_diff": self.max_abs_diff,
+            "examples": self.examples,
+        }
+
+
+def _jsonable(key: Any) -> Any:
+    if isinstance(key, tuple):
+        return [_jsonable(k) for k in key]
+    if isinstance(key, (str, int, float, bool)) or key is None:
+        return key
+    return str(key)
+
+
+# --------------------------------------------------------------------------- the engine
+
+
+class LocalEngine:
+    """One run of ``compute`` or ``check`` over an :class:`InputSet`, on this machine."""
+
+    def __init__(
+        self, inputs: InputSet, plan: RunPlan, *, writes_output: bool = True, progress: Progress | None = None
+    ) -> None:
+        self.inputs = inputs
+        self.plan = plan
+        self.config = plan.config
+        self.progress: Progress = progress or NoProgress()
+        self.schemas = [read_schema(shard) for shard in inputs.shards]
+        for shard, schema in zip(inputs.shards, self.schemas, strict=True):
+            plan.check_columns(shard, schema, writes_output=writes_output)
+        if self.config.group_size is None:
+            check_key_types(
+                [(shard.display, schema) for shard, schema in zip(inputs.shards, self.schemas, strict=True)],
+                self.config.group_cols,
+            )
+        budget = self.config.memory_budget_bytes
+        self.in_memory = sum(estimated_memory_bytes(s) for s in inputs.shards) <= budget
+        self.bytes_read = 0
+
+    def run(self, output: OutputTarget | None) -> RunSummary:
+        """Both passes; the output is committed only when everything succeeded."""
+        started = time.perf_counter()
+        spool = _IdSpool(on_disk=not self.in_memory)
+        try:
+            first = self._statistics(spool)
+            if first.rows == 0 and output is not None:
+                raise GrpoError(f"{self.inputs.spec}: no rows; there is nothing to compute advantages for")
+            outcome = self.plan.outcome(
+                first.channel_stats,
+                first.summary_stats,
+                rows_per_group=first.rows_per_group,
+                rows=first.rows,
+                nan_rewards=first.nan_rewards,
+            )
+            figures = self._advantages(first, outcome, spool.reader(), output)
+            output_info = output.commit() if output is not None else None
+        finally:
+            spool.close()
+            if output is not None:
+                output.discard()
+        inputs = self.inputs
+        return build_summary(
+            outcome,
+            input=input_info(
+                inputs.spec, inputs.shards, stdin=inputs.is_stdin, bytes_decoded=self.bytes_read
+            ),
+            output=output_info,
+            options=self.config.options_summary(),
+            advantage_range=figures.advantage_range(),
+            mode="in-memory" if self.in_memory else "streaming",
+            device=str(self.plan.device),
+            elapsed=time.perf_counter() - started,
+            verify=figures.verify_result(),
+        )
+
+    # ----------------------------------------------------------------- pass 1
+
+    def _statistics(self, spool: _IdSpool) -> _Statistics:
+        total_rows = self._total_rows()
+        small = total_rows is not None and total_rows <= SMALL_INPUT_ROWS
+        state = _StatisticsPass(self.plan, spool, exact_keys=small)
+        cached: list[list[pa.RecordBatch]] | None = [] if self.in_memory else None
+        columns = None if self.in_memory else self.plan.input_columns
+        self.progress.start("pass 1/2: statistics", total_rows)
+        for shard, schema in zip(self.inputs.shards, self.schemas, strict=True):
+            shard_batches: list[pa.RecordBatch] = []
+            if len(schema) == 0:
+                if cached is not None:
+                    cached.append(shard_batches)
+                continue
+            reader = self._reward_reader(schema, shard)
+            shard_row = 0
+            for batch in self._batches(shard, columns):
+                if cached is not None:
+                    shard_batches.append(batch)
+                state.add(batch, reader.read(batch, shard_row), shard, shard_row)
+                shard_row += batch.num_rows
+                self.bytes_read += batch.nbytes
+                if state.pending_rows >= KEY_CHUNK_ROWS and not self.in_memory:
+                    state.flush(shard)
+                self.progress.advance(batch.num_rows)
+            state.flush(shard)
+            if cached is not None:
+                cached.append(shard_batches)
+        self.progress.finish()
+        if state.bad_count and self.config.advantage.nan == "error":
+            assert state.first_bad is not None
+            shard, row, value = state.first_bad
+            what = "null" if value != value and self._is_null_at(shard, row) else str(value)
+            raise GrpoError(
+                f"{describe_row(shard, row)}: reward is {what}; {state.bad_count} reward(s) in all are null, "
+                f"NaN or infinite (--nan ignore leaves them out)"
+            )
+        return state.result(self.inputs.spec, cached)
+
+    def _reward_reader(self, schema: pa.Schema, shard: Shard) -> RewardReader:
+        return RewardReader(self.config.rewards, schema, shard, per_column=self.plan.per_column)
+
+    def _batches(self, shard: Shard, columns: list[str] | None) -> Iterator[pa.RecordBatch]:
+        """Batches sized to about ``BATCH_BYTES`` unless ``batch_rows`` is set."""
+        batch_rows = self.config.batch_rows or _batch_rows_for(shard)
+        if self.in_memory and shard.format == "parquet" and columns is None:
+            # Read whole: pyarrow decodes row groups and columns in parallel.
+            yield from read_table(shard).to_batches(max_chunksize=batch_rows)
+            return
+        yield from iter_batches(shard, columns, batch_rows)
+
+    def _total_rows(self) -> int | None:
+        counts = [row_count(s) for s in self.inputs.shards]
+        return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
+
+    def _is_null_at(self, shard: Shard, row: int) -> bool:
+        for spec in self.config.rewards:
+            value = _read_row(shard, spec.column, row, self.config.batch_rows or MAX_BATCH_ROWS)
+            if value is not None and not value.is_valid:
+                return True
+        return False
+
+    # ----------------------------------------------------------------- pass 2
+
+    def _advantages(
+        self,
+        first: _Statistics,
+        outcome: GroupOutcome,
+        take_ids: Callable[[int], np.ndarray],
+        output: OutputTarget | None,
+    ) -> _Pass2Figures:
+        config, plan = self.config, self.plan
+        figures = _Pass2Figures(config.verify, first.keys)
+        provenance = plan.provenance([shard.display for shard in self.inputs.shards])
+        weights = [spec.weight for spec in config.rewards]
+        active_device = outcome.active.to(plan.device)
+        self.progress.start("pass 2/2: advantages" if output else "pass 2/2: verify", first.rows)
+        global_row = 0
+        for index, (shard, schema) in enumerate(zip(self.inputs.shards, self.schemas, strict=True)):
+            out_schema = plan.output_schema(schema, provenance)
+            writer = (
+                output.open_shard(shard, out_schema, len(plan.new_columns)) if output is not None else None
+            )
+            batches: Iterator[pa.RecordBatch] = iter(())
+            if len(schema):
+                batches = (
+                    iter(first.cached[index]) if first.cached is not None else self._batches(shard, None)
+                )
+                reader = self._reward_reader(schema, shard)
+            shard_row = 0
+            for batch in batches:
+                n = batch.num_rows
+                if config.group_size is not None:
+                    ids = torch.arange(global_row, global_row + n) // config.group_size
+                else:
+                    ids = as_tensor(take_ids(n))
+                result = combined_advantages(
+                    reader.read(batch), ids, outcome.norms, active_device, weights=weights, device=plan.device
+                )
+                result = result.to(reader.output_dtype).cpu()
+                figures.observe(batch, result, ids, shard, shard_row)
+                if writer is not None:
+                    arrays = new_column_arrays(
+                        result, outcome.active[ids], ids.numpy(), outcome.group_columns
+                    )
+                    out_batch = pa.RecordBatch.from_arrays([*batch.columns, *arrays], schema=out_schema)
+                    if outcome.kept is not None:
+                        out_batch = out_batch.filter(pa.array(outcome.kept[ids].numpy()))
+                    writer.write(out_batch)
+                if first.cached is None:
+                    self.bytes_read += batch.nbytes
+                shard_row += n
+                global_row += n
+                self.progress.advance(n)
+            if writer is not None:
+                writer.close()
+        self.progress.finish()
+        return figures
+
+
+def _batch_rows_for(shard: Shard) -> int:
+    decoded = estimated_memory_bytes(shard)
+    rows = row_count(shard)
+    if not rows:
+        return MAX_BATCH_ROWS
+    return int(min(MAX_BATCH_ROWS, max(1024, BATCH_BYTES * rows // max(decoded, 1))))
+
+
+def _read_row(shard: Shard, column: str, row: int, batch_rows: int) -> pa.Scalar | None:
+    seen = 0
+    for batch in iter_batches(shard, [column], batch_rows):
+        if seen + batch.num_rows > row:
+            return batch.column(0)[row - seen]
+        seen += batch.num_rows
+    return None

@@ -1,0 +1,496 @@
+"""The Ray engine: the same run on Ray Data, for datasets beyond one machine.
+
+Two Ray Data jobs, both built on the kernel the local engine uses:
+
+1. statistics: the reward and key columns are hash-partitioned by group key
+   (``repartition(P, keys=...)``) so that each group lands in one partition, and each
+   whole block is reduced to one row per group of sufficient statistics
+   (``map_batches(batch_size=None, batch_format="pyarrow")``). The driver merges them
+   (Chan et al.; a group that Ray split over two blocks is merged, not double-counted)
+   and prepares the normalisation exactly as the local engine does;
+2. advantages: every block of the input, in its original order, is joined with the
+   per-group statistics (broadcast once through the object store) and written out.
+
+Patterns measured to be much slower and avoided here: ``groupby().map_groups()`` (one
+call and one Parquet row group per group) and Ray's ``Std`` aggregation (a Python path,
+ddof=1 by default). Statistics stay in float64 and inactive groups exactly zero.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from grpo_cli.errors import GrpoError
+from grpo_cli.guard import PROVENANCE_KEY, Claim, ProtectedInputs, output_is_directory
+from grpo_cli.kernel import GroupStats, empty_group_stats, merge_group_stats
+from grpo_cli.keys import GroupKeyIndex, as_tensor, check_key_types
+from grpo_cli.output import advantage_range, commit_directory, output_info
+from grpo_cli.plan import ComputeConfig, RunPlan
+from grpo_cli.rewards import RewardReader, combined_advantages, new_column_arrays
+from grpo_cli.sources import InputSet, Shard
+from grpo_cli.summary import RunSummary, build_summary, input_info
+
+PARTITION_BYTES = 256 << 20
+ROWS_FIELD = "__grpo_rows"
+NAN_FIELD = "__grpo_nan"
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+        import ray.data
+    except ImportError:
+        raise GrpoError(
+            "--engine ray needs Ray Data: pip install 'grpo-cli[ray]' (or pip install 'ray[data]')"
+        ) from None
+    return ray
+
+
+@contextmanager
+def ray_session(address: str | None, *, quiet: bool = True) -> Iterator[Any]:
+    """Join ``address`` (``auto`` or host:port), or start a private local instance.
+
+    A local instance is started quietly (no dashboard, no log forwarding, no usage
+    stats), keeps its files and its auth token in a temporary folder rather than in
+    /tmp/ray and ``~/.ray``, and is shut down on every exit path. An instance already
+    running in this process is reused and left running.
+    """
+    running = sys.modules.get("ray")
+    if running is not None and running.is_initialized():
+        yield running
+        return
+    saved_env = {k: os.environ.get(k) for k in _RAY_ENV}
+    temp_dir = tempfile.mkdtemp(prefix="grpo-ray-", dir=_short_temp_root()) if address is None else None
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    fresh = running is None and saved_env["RAY_AUTH_MODE"] is None and not saved_env["RAY_AUTH_TOKEN"]
+    if temp_dir is not None and fresh:
+        # Ray reads the token when it is imported: set it first, in a file of our own.
+        token_path = Path(temp_dir) / "auth_token"
+        token_path.write_text(secrets.token_hex(32))
+        token_path.chmod(0o600)
+        os.environ["RAY_AUTH_MODE"] = "token"
+        os.environ["RAY_AUTH_TOKEN_PATH"] = str(token_path)
+    ray = None
+    try:
+        ray = import_ray()
+        handlers = _signal_handlers()
+        try:
+            if temp_dir is not None:
+                ray.init(
+                    include_dashboard=False, log_to_driver=False, logging_level="ERROR", _temp_dir=temp_dir
+                )
+            else:
+                ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+        except (ConnectionError, RuntimeError) as exc:
+            where = "start a local Ray instance" if address is None else f"join the Ray cluster at {address}"
+            raise GrpoError(f"cannot {where} ({str(exc).strip().splitlines()[0]})") from None
+        # Ray's driver installs handlers that dump stacks on SIGTERM: keep grpo-cli's, which
+        # end the run cleanly (exit 130, temporaries removed).
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        context = ray.data.DataContext.get_current()
+        context.enable_progress_bars = not quiet
+        context.print_on_execution_start = False
+        for name in ("ray", "ray.data"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+        yield ray
+    finally:
+        if ray is not None and ray.is_initialized():
+            ray.shutdown()
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        if temp_dir is not None:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _short_temp_root() -> str | None:
+    """Ray's socket paths must fit in 107 bytes: a long TMPDIR would break them."""
+    root = tempfile.gettempdir()
+    if len(root) <= 40 or not os.path.isdir("/tmp"):
+        return None
+    return "/tmp"
+
+
+def _signal_handlers() -> dict[int, Any]:
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    names = ("SIGTERM", "SIGHUP", "SIGINT")
+    return {sig: signal.getsignal(sig) for sig in (getattr(signal, n) for n in names if hasattr(signal, n))}
+
+
+_RAY_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_USAGE_STATS_ENABLED")
+
+
+# --------------------------------------------------------------------------- inputs and options
+
+
+@dataclass(frozen=True)
+class RayInputs:
+    """What ``--engine ray`` reads: local Parquet shards (checked here) and URIs (passed to Ray)."""
+
+    spec: str
+    paths: list[str]
+    shards: list[Shard]
+    directories: list[Path]
+
+    def protected(self) -> ProtectedInputs:
+        """What no output of this run may touch: every local input file and directory."""
+        return ProtectedInputs.of([(shard.path, shard.display) for shard in self.shards], self.directories)
+
+
+def check_ray_run(
+    input: str | Sequence[str], output: str, config: ComputeConfig, *, partitions: int | None
+) -> None:
+    """Refuse, before any work, what ``--engine ray`` cannot do."""
+    config.validate()
+    if config.group_size is not None:
+        raise GrpoError("--engine ray needs --group-col; --group-size depends on row order across files")
+    if partitions is not None and partitions < 1:
+        raise GrpoError(f"--partitions must be positive, got {partitions}")
+    if config.device not in ("cpu", "auto"):
+        raise GrpoError("--engine ray computes on the CPUs of the Ray workers; leave --device as cpu")
+    if input == "-":
+        raise GrpoError("--engine ray reads Parquet files, not standard input")
+    if not is_remote(output) and not output_is_directory(output):
+        raise GrpoError(f"{output}: --engine ray writes a directory of Parquet files; name a directory")
+
+
+def is_remote(path: str) -> bool:
+    """An object-store URI (``s3://...``), which Ray reads or writes itself."""
+    return "://" in path
+
+
+def resolve_inputs(input: str | Sequence[str]) -> RayInputs:
+    """Local files, directories and globs resolved to Parquet files; URIs kept as given."""
+    specs = [input] if isinstance(input, str) else list(input)
+    paths: list[str] = []
+    shards: list[Shard] = []
+    directories: list[Path] = []
+    for spec in specs:
+        if is_remote(spec):
+            paths.append(spec)
+            continue
+        with InputSet(spec) as inputs:
+            for shard in inputs.shards:
+                if shard.format != "parquet":
+                    raise GrpoError(
+                        f"{shard.display}: --engine ray reads Parquet; "
+                        "convert JSONL with the local engine first"
+                    )
+            shards += inputs.shards
+            directories += inputs.directories
+            paths += [str(shard.path) for shard in inputs.shards]
+    return RayInputs(", ".join(specs), paths, shards, directories)
+
+
+# --------------------------------------------------------------------------- block functions
+
+
+_CPU = torch.device("cpu")
+_BLOCK = Shard(Path("<ray block>"), "<ray block>", "parquet", 0)
+
+
+def _channel_prefix(channel: int) -> str:
+    return f"__grpo_{channel}_"
+
+
+_SUMMARY_PREFIX = "__grpo_summary_"
+
+
+def block_group_stats(batch: pa.Table, config: ComputeConfig) -> pa.Table:
+    """One row per group of the block: its key columns and sufficient statistics."""
+    plan = RunPlan(config, device=_CPU)
+    reader = RewardReader(config.rewards, batch.schema, _BLOCK, per_column=plan.per_column)
+    keys = GroupKeyIndex(config.group_cols)
+    ids_np = keys.encode([batch.column(c) for c in config.group_cols])
+    k = len(keys)
+    ids = as_tensor(ids_np)
+    rewards = reader.read(_record_batch(batch))
+    accumulators, separate_summary = plan.accumulators(block_rows=max(1, batch.num_rows))
+    columns: dict[str, Any] = {}
+    channels = accumulators[: plan.channels]
+    for channel, (acc, values, valid) in enumerate(
+        zip(channels, rewards.channels, rewards.channel_valid, strict=True)
+    ):
+        acc.update(values, ids, valid)
+        columns.update(_numpy(acc.compute(k).to_columns(_channel_prefix(channel))))
+    if separate_summary:
+        summary = accumulators[-1]
+        summary.update(rewards.combined, ids, rewards.combined_valid)
+        columns.update(_numpy(summary.compute(k).to_columns(_SUMMARY_PREFIX)))
+    columns[ROWS_FIELD] = np.bincount(ids_np, minlength=k)
+    invalid = np.zeros(k, dtype=np.int64)
+    if rewards.combined_valid is not None:
+        invalid = np.bincount(ids_np[~rewards.combined_valid.numpy()], minlength=k)
+    columns[NAN_FIELD] = invalid
+    table = keys.key_table(batch)
+    for name, value in columns.items():
+        table = table.append_column(name, pa.array(value))
+    return table
+
+
+def _numpy(columns: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    return {name: value.numpy() for name, value in columns.items()}
+
+
+def _record_batch(table: pa.Table) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([c.combine_chunks() for c in table.columns], schema=table.schema)
+
+
+def _stats_from_table(table: pa.Table, prefix: str) -> GroupStats:
+    columns = {
+        name: torch.from_numpy(np.ascontiguousarray(table.column(name).to_numpy()))
+        for name in table.column_names
+        if name.startswith(prefix)
+    }
+    return GroupStats.from_columns(columns, prefix)
+
+
+@dataclass(frozen=True)
+class MergedStatistics:
+    """Per-block partial statistics merged into one row per group (first-appearance order)."""
+
+    keys: pa.Table
+    channel_stats: list[GroupStats]
+    summary_stats: GroupStats
+    rows_per_group: np.ndarray
+    nan_rewards: int
+
+
+def merge_partials(partials: pa.Table, plan: RunPlan) -> MergedStatistics:
+    """Merge per-block group rows; a group that Ray split over blocks is merged, not double-counted."""
+    group_cols = plan.config.group_cols
+    keys = GroupKeyIndex(group_cols)
+    ids = (
+        keys.encode([partials.column(c) for c in group_cols]) if partials.num_rows else np.empty(0, np.int64)
+    )
+    k = len(keys)
+    # occurrence rank of each row within its group: 0 for the first block's row, 1, ...
+    order = np.argsort(ids, kind="stable")
+    rank = np.empty_like(order)
+    if order.size:
+        sorted_ids = ids[order]
+        starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])
+        run = np.repeat(starts, np.diff(np.r_[starts, sorted_ids.size]))
+        rank[order] = np.arange(sorted_ids.size) - run
+    depth = int(rank.max()) + 1 if rank.size else 0
+
+    def merged(prefix: str, extremes: bool) -> GroupStats:
+        total: GroupStats | None = None
+        for level in range(depth):
+            rows = np.flatnonzero(rank == level)
+            part = _stats_from_table(partials.take(pa.array(rows)), prefix)
+            # each group appears at most once per level: place it at its group ID
+            placed = part.placed(torch.from_numpy(ids[rows]), k)
+            total = placed if total is None else merge_group_stats(total, placed)
+        return total if total is not None else empty_group_stats(k, count_extremes=extremes)
+
+    channels = [merged(_channel_prefix(c), plan.count_extremes) for c in range(plan.channels)]
+    summary = merged(_SUMMARY_PREFIX, False) if plan.channels > 1 else channels[0]
+    rows_per_group = np.bincount(ids, weights=partials.column(ROWS_FIELD).to_numpy(), minlength=k).astype(
+        np.int64
+    )
+    nan_rewards = int(partials.column(NAN_FIELD).to_numpy().sum()) if partials.num_rows else 0
+    return MergedStatistics(keys.key_table(partials), channels, summary, rows_per_group, nan_rewards)
+
+
+def _empty_partials(plan: RunPlan) -> pa.Table:
+    columns: dict[str, pa.Array] = {c: pa.array([], pa.string()) for c in plan.config.group_cols}
+    empty = empty_group_stats(0, count_extremes=plan.count_extremes)
+    for channel in range(plan.channels):
+        columns.update(
+            {k: pa.array(v.numpy()) for k, v in empty.to_columns(_channel_prefix(channel)).items()}
+        )
+    if plan.channels > 1:
+        moments = empty.without_extremes().to_columns(_SUMMARY_PREFIX)
+        columns.update({k: pa.array(v.numpy()) for k, v in moments.items()})
+    columns[ROWS_FIELD] = pa.array([], pa.int64())
+    columns[NAN_FIELD] = pa.array([], pa.int64())
+    return pa.table(columns)
+
+
+_WORKER_CACHE: dict[str, Any] = {}
+
+
+def block_advantages(
+    batch: pa.Table, payload: Any, token: str, config: ComputeConfig, provenance: bytes
+) -> pa.Table:
+    """Append the advantage and activity columns to one block, rows in order.
+
+    ``payload`` (the per-group statistics, or an object-store reference to them) is
+    turned into a key index and normalisations once per worker process.
+    """
+    cached = _WORKER_CACHE.get(token)
+    if cached is None:
+        _WORKER_CACHE.clear()
+        if not isinstance(payload, dict):
+            payload = import_ray().get(payload)
+        plan = RunPlan(config, device=_CPU)
+        index = GroupKeyIndex(config.group_cols)
+        key_table: pa.Table = payload["keys"]
+        if key_table.num_rows:
+            index.encode([key_table.column(c) for c in config.group_cols])
+        norms, active = plan.normalize(payload["stats"])
+        cached = (plan, index, norms, active, payload["keep"], payload["group_columns"])
+        _WORKER_CACHE[token] = cached
+    plan, index, norms, active, keep, group_columns = cached
+    known = len(index)
+    reader = RewardReader(config.rewards, batch.schema, _BLOCK, per_column=plan.per_column)
+    ids_np = (
+        index.encode([batch.column(c) for c in config.group_cols])
+        if batch.num_rows
+        else np.empty(0, np.int64)
+    )
+    if ids_np.size and int(ids_np.max()) >= known:
+        raise RuntimeError("a group key appeared in pass 2 that pass 1 did not see")
+    ids = as_tensor(ids_np)
+    rewards = reader.read(_record_batch(batch))
+    weights = [spec.weight for spec in config.rewards]
+    advantages = combined_advantages(rewards, ids, norms, active, weights=weights, device=_CPU)
+    arrays = new_column_arrays(advantages.to(reader.output_dtype), active[ids], ids_np, group_columns)
+    out = batch
+    for name, array in zip(plan.new_columns, arrays, strict=True):
+        out = out.append_column(name, array)
+    if keep is not None:
+        out = out.filter(pa.array(keep[ids_np]))
+    return out.replace_schema_metadata({**(out.schema.metadata or {}), PROVENANCE_KEY: provenance})
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def run_ray(
+    inputs: RayInputs,
+    output: str,
+    claim: Claim | None,
+    config: ComputeConfig,
+    *,
+    address: str | None,
+    partitions: int | None,
+    force: bool,
+    quiet: bool,
+) -> RunSummary:
+    """The two Ray Data jobs; writes to ``claim`` (a local directory) or to the URI ``output``."""
+    started = time.perf_counter()
+    plan = RunPlan(config, device=_CPU)
+    schemas = _read_schemas(inputs.shards, plan)
+    check_key_types(
+        [(shard.display, schema) for shard, schema in zip(inputs.shards, schemas, strict=True)],
+        config.group_cols,
+    )
+    total_bytes = sum(shard.size_bytes for shard in inputs.shards)
+    partition_count = partitions or max(1, math.ceil(total_bytes / PARTITION_BYTES))
+    ray_start = time.perf_counter()
+    # Ray prints warnings with print(): keep standard output for what the user asked for.
+    with contextlib.redirect_stdout(sys.stderr), ray_session(address, quiet=quiet) as ray:
+        ray_startup = time.perf_counter() - ray_start
+        ds = ray.data.read_parquet(inputs.paths)
+        merged = _statistics(ray, ds, plan, partition_count)
+        if int(merged.rows_per_group.sum()) == 0:
+            raise GrpoError(f"{inputs.spec}: no rows; there is nothing to compute advantages for")
+        if merged.nan_rewards and config.advantage.nan == "error":
+            raise GrpoError(
+                f"{inputs.spec}: {merged.nan_rewards} reward(s) are null, NaN or infinite "
+                "(--nan ignore leaves them out; the local engine names the first row)"
+            )
+        outcome = plan.outcome(
+            merged.channel_stats,
+            merged.summary_stats,
+            rows_per_group=merged.rows_per_group,
+            rows=int(merged.rows_per_group.sum()),
+            nan_rewards=merged.nan_rewards,
+        )
+        payload = ray.put(
+            {
+                "keys": merged.keys,
+                "stats": merged.channel_stats,
+                "keep": None if outcome.kept is None else outcome.kept.numpy(),
+                "group_columns": outcome.group_columns,
+            }
+        )
+        out_ds = ds.map_batches(
+            block_advantages,
+            batch_size=None,
+            batch_format="pyarrow",
+            fn_kwargs={
+                "payload": payload,
+                "token": uuid.uuid4().hex,
+                "config": config,
+                "provenance": plan.provenance([shard.display for shard in inputs.shards]),
+            },
+        )
+        if claim is None:
+            out_ds.write_parquet(output)
+            written: list[Path] = []
+        else:
+            out_ds.write_parquet(str(claim.temp_path()))
+            written = commit_directory(claim, force=force)
+    options = {
+        **config.options_summary(),
+        "device": "cpu",
+        "engine": "ray",
+        "partitions": partition_count,
+        "ray_startup_seconds": round(ray_startup, 3),
+    }
+    return build_summary(
+        outcome,
+        input=input_info(inputs.spec, inputs.shards, stdin=False, bytes_decoded=total_bytes),
+        output=output_info(output, written),
+        options=options,
+        advantage_range=advantage_range(written, config.advantage_col) if written else None,
+        mode="ray",
+        device="cpu",
+        elapsed=time.perf_counter() - started,
+    )
+
+
+def _statistics(ray: Any, ds: Any, plan: RunPlan, partition_count: int) -> MergedStatistics:
+    """Job 1: hash-partition the reward and key columns by group, reduce each block, merge."""
+    stats_ds = ds.select_columns(plan.input_columns).repartition(
+        partition_count, keys=list(plan.config.group_cols)
+    )
+    partial_ds = stats_ds.map_batches(
+        block_group_stats, batch_size=None, batch_format="pyarrow", fn_kwargs={"config": plan.config}
+    )
+    tables = [t for t in ray.get(partial_ds.to_arrow_refs()) if t.num_rows]
+    partials = pa.concat_tables(tables, promote_options="default") if tables else _empty_partials(plan)
+    return merge_partials(partials, plan)
+
+
+def _read_schemas(shards: list[Shard], plan: RunPlan) -> list[pa.Schema]:
+    schemas = []
+    for shard in shards:
+        try:
+            schema = pq.read_schema(shard.path)
+        except (pa.ArrowException, OSError) as exc:
+            raise GrpoError(f"{shard.display}: not a readable Parquet file ({exc})") from None
+        plan.check_columns(shard, schema, writes_output=True)
+        schemas.append(schema)
+    return schemas
+
+
+__all__ = ["check_ray_run", "ray_session", "resolve_inputs", "run_ray"]

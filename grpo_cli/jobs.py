@@ -1,0 +1,146 @@
+"""Jobs over files, the library form of the CLI's commands: ``compute`` and ``check``.
+
+Each job validates its options, resolves its inputs, claims its outputs (the data and
+the summary file) from one :class:`~grpo_cli.guard.WriteGuard` before any work starts,
+runs an engine, and writes the summary file only after the data was committed. The
+engines never choose paths; they write to the claims they are handed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+
+from grpo_cli.checks import CheckBounds, evaluate_checks
+from grpo_cli.guard import (
+    Claim,
+    ProtectedInputs,
+    WriteGuard,
+    output_is_directory,
+    reported_after_commit,
+    write_text,
+)
+from grpo_cli.plan import ComputeConfig
+from grpo_cli.progress import Progress
+from grpo_cli.sources import InputSet
+from grpo_cli.summary import RunSummary
+
+PathLike = str | os.PathLike[str]
+
+
+def compute_dataset(
+    input: PathLike,
+    output: PathLike | None,
+    config: ComputeConfig | None = None,
+    *,
+    force: bool = False,
+    progress: Progress | None = None,
+    summary_json: PathLike | None = None,
+) -> RunSummary:
+    """The same job as ``grpo-cli compute``, on this machine.
+
+    Reads ``input`` (file, directory of shards, glob, or ``-``), writes the augmented
+    Parquet ``output`` atomically (nothing is written when ``output`` is ``None``),
+    writes the summary as JSON to ``summary_json`` if given, and returns the run's
+    :class:`~grpo_cli.summary.RunSummary`. Every path is checked by the write guard
+    before any work starts.
+    """
+    return _local_job(input, output, config, force=force, progress=progress, summary_json=summary_json)
+
+
+def check_dataset(
+    input: PathLike,
+    bounds: CheckBounds,
+    config: ComputeConfig | None = None,
+    *,
+    force: bool = False,
+    progress: Progress | None = None,
+    summary_json: PathLike | None = None,
+) -> RunSummary:
+    """The same job as ``grpo-cli check``; ``summary.checks`` holds the results."""
+
+    def add_checks(summary: RunSummary) -> None:
+        summary.checks = evaluate_checks(summary, bounds)
+
+    return _local_job(
+        input, None, config, force=force, progress=progress, summary_json=summary_json, finish=add_checks
+    )
+
+
+def compute_dataset_ray(
+    input: str | Sequence[str],
+    output: str,
+    config: ComputeConfig,
+    *,
+    address: str | None = None,
+    partitions: int | None = None,
+    force: bool = False,
+    quiet: bool = True,
+    summary_json: PathLike | None = None,
+) -> RunSummary:
+    """``grpo-cli compute --engine ray``: read Parquet, write a directory of Parquet files.
+
+    ``input`` is a file, directory, glob or object-store URI, or a list of them. Local
+    outputs are claimed from the same write guard as the local engine's.
+    """
+    from grpo_cli.engines import ray as ray_engine
+
+    started = time.perf_counter()
+    ray_engine.check_ray_run(input, output, config, partitions=partitions)
+    inputs = ray_engine.resolve_inputs(input)
+
+    def run(claim: Claim | None) -> RunSummary:
+        summary = ray_engine.run_ray(
+            inputs, output, claim, config, address=address, partitions=partitions, force=force, quiet=quiet
+        )
+        summary.elapsed_seconds = time.perf_counter() - started
+        return summary
+
+    local_output = None if ray_engine.is_remote(output) else output
+    return _guarded(inputs.protected(), local_output, summary_json, directory=True, force=force, run=run)
+
+
+def _local_job(
+    input: PathLike,
+    output: PathLike | None,
+    config: ComputeConfig | None,
+    *,
+    force: bool,
+    progress: Progress | None,
+    summary_json: PathLike | None,
+    finish: Callable[[RunSummary], None] | None = None,
+) -> RunSummary:
+    from grpo_cli.engines.local import run_local
+
+    config = config or ComputeConfig()
+    config.validate()
+    directory = output_is_directory(os.fspath(output)) if output is not None else False
+    with InputSet(str(input), input_format=config.input_format) as inputs:
+
+        def run(claim: Claim | None) -> RunSummary:
+            summary = run_local(inputs, config, claim, force=force, progress=progress)
+            if finish is not None:
+                finish(summary)
+            return summary
+
+        return _guarded(inputs.protected(), output, summary_json, directory=directory, force=force, run=run)
+
+
+def _guarded(
+    protected: ProtectedInputs,
+    output: PathLike | None,
+    summary_json: PathLike | None,
+    *,
+    directory: bool,
+    force: bool,
+    run: Callable[[Claim | None], RunSummary],
+) -> RunSummary:
+    """Claim the outputs, run, then write the summary file; every failure after the commit says so."""
+    with WriteGuard(protected) as guard:
+        claim, summary_claim = guard.claim_run(output, summary_json, directory=directory, force=force)
+        with reported_after_commit(claim):
+            summary = run(claim)
+            if summary_claim is not None:
+                write_text(summary_claim, summary.to_json() + "\n", force=force)
+            return summary

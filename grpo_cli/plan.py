@@ -1,0 +1,344 @@
+"""A run's configuration, and the plan both engines derive from it once.
+
+:class:`ComputeConfig` is what the user asked for (plain data, validated).
+:class:`RunPlan` is what follows from it: how many reward channels are normalised,
+whether extreme counts are needed, which columns are read and which are written, the
+output schema, and, once pass 1 has its statistics, the :class:`GroupOutcome`: the
+normalisations, the active groups, the groups kept by the filters and the per-group
+columns of ``--stats-cols``. The local and the Ray engine both go through it, so a rule
+("an inactive group is one whose every channel is constant") is written once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from grpo_cli.choices import Aggregation, InputFormat, check_choice
+from grpo_cli.errors import GrpoError
+from grpo_cli.guard import PROVENANCE_KEY
+from grpo_cli.kernel import GroupStats, GroupStatsAccumulator, Normalization, group_std
+from grpo_cli.options import AdvantageOptions, RewardSpec
+from grpo_cli.rewards import advantage_dtype
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from grpo_cli.sources import Shard
+
+DEFAULT_MEMORY_BUDGET = 1 << 30
+
+_ARROW_FLOAT = {torch.float16: pa.float16(), torch.float32: pa.float32(), torch.float64: pa.float64()}
+
+
+@dataclass(frozen=True)
+class VerifySpec:
+    """``check --verify-advantage-col``: compare an existing column with recomputed values."""
+
+    column: str
+    atol: float = 1e-6
+    rtol: float = 1e-5
+    max_examples: int = 5
+
+
+@dataclass(frozen=True)
+class ComputeConfig:
+    """Everything a run needs besides the input and output paths."""
+
+    rewards: tuple[RewardSpec, ...] = (RewardSpec("reward"),)
+    group_cols: tuple[str, ...] = ("group_id",)
+    group_size: int | None = None
+    aggregation: Aggregation = "sum-then-normalize"
+    advantage: AdvantageOptions = field(default_factory=AdvantageOptions)
+    advantage_col: str = "advantage"
+    active_col: str = "group_active"
+    stats_cols: bool = False
+    drop_inactive: bool = False
+    keep_mean_range: tuple[float, float] | None = None
+    device: str = "cpu"
+    batch_rows: int | None = None  # None: about 64 MiB of decoded data per batch
+    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET
+    stats_block_rows: int = 1 << 22
+    input_format: InputFormat | None = None
+    verify: VerifySpec | None = None
+
+    def validate(self) -> None:
+        if not self.rewards:
+            raise GrpoError("at least one --reward-col is needed")
+        names = [r.column for r in self.rewards]
+        if len(set(names)) != len(names):
+            raise GrpoError(f"--reward-col names a column twice: {', '.join(names)}")
+        if self.group_size is not None and self.group_size < 1:
+            raise GrpoError(f"--group-size must be a positive integer, got {self.group_size}")
+        if self.group_size is None and not self.group_cols:
+            raise GrpoError("give --group-col or --group-size")
+        check_choice("--reward-aggregation", self.aggregation, Aggregation)
+        if self.input_format is not None:
+            check_choice("--input-format", self.input_format, InputFormat)
+        if self.advantage_col == self.active_col:
+            raise GrpoError(f"--advantage-col and --active-col are both {self.advantage_col!r}")
+        if self.keep_mean_range is not None:
+            low, high = self.keep_mean_range
+            if not low <= high:
+                raise GrpoError(f"--keep-mean-range needs LO <= HI, got {low} {high}")
+        if self.batch_rows is not None and self.batch_rows < 1:
+            raise GrpoError(f"batch_rows must be positive, got {self.batch_rows}")
+        self.advantage.validate()
+
+    @property
+    def input_columns(self) -> list[str]:
+        """The columns pass 1 reads: the rewards, then the group keys (without repeats)."""
+        columns = [r.column for r in self.rewards]
+        if self.group_size is None:
+            columns += [c for c in self.group_cols if c not in columns]
+        return columns
+
+    @property
+    def new_columns(self) -> list[str]:
+        """The columns a run appends, in order."""
+        cols = [self.advantage_col, self.active_col]
+        if self.stats_cols:
+            cols += [
+                f"{self.advantage_col}_group_mean",
+                f"{self.advantage_col}_group_std",
+                f"{self.advantage_col}_group_size",
+            ]
+        return cols
+
+    def options_summary(self) -> dict[str, Any]:
+        """Every option in force, after the preset: the summary's ``options``."""
+        return {
+            **self.advantage.as_dict(),
+            "reward_cols": [{"column": r.column, "weight": r.weight} for r in self.rewards],
+            "reward_aggregation": self.aggregation,
+            "group_cols": list(self.group_cols) if self.group_size is None else [],
+            "group_size": self.group_size,
+            "advantage_col": self.advantage_col,
+            "active_col": self.active_col,
+            "stats_cols": self.stats_cols,
+            "drop_inactive": self.drop_inactive,
+            "keep_mean_range": list(self.keep_mean_range) if self.keep_mean_range else None,
+            "device": self.device,
+        }
+
+
+def resolve_device(spec: str) -> torch.device:
+    """``auto`` picks CUDA, then MPS, then CPU; anything else must be available."""
+    available = ["cpu"]
+    if torch.cuda.is_available():
+        available += ["cuda"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        available.append("mps")
+    if spec == "auto":
+        return torch.device("cuda" if "cuda" in available else "mps" if "mps" in available else "cpu")
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise GrpoError(
+            f"--device {spec!r} is not a device name; use auto, cpu, cuda, cuda:N or mps"
+        ) from None
+    if spec not in available:
+        raise GrpoError(f"--device {spec} is not available here; available: {', '.join(available)}")
+    return device
+
+
+@dataclass(frozen=True)
+class GroupOutcome:
+    """Per-group results of a run once pass 1 is done: what pass 2 applies and the summary reports.
+
+    ``norms`` has one :class:`~grpo_cli.kernel.Normalization` per channel; ``active`` is
+    bool ``(num_groups,)`` on the CPU (a group is active if any channel is); ``stats`` are
+    the statistics of the combined reward; ``kept`` is bool ``(num_groups,)`` or ``None``
+    without a filter; ``group_columns`` holds ``--stats-cols``' mean, std and size per group.
+    """
+
+    norms: list[Normalization]
+    active: torch.Tensor
+    stats: GroupStats
+    rows_per_group: np.ndarray
+    rows: int
+    nan_rewards: int
+    kept: torch.Tensor | None
+    group_columns: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+    drop_reasons: list[str]
+
+    @property
+    def dropped_groups(self) -> int:
+        return 0 if self.kept is None else int((~self.kept).sum())
+
+    @property
+    def dropped_rows(self) -> int:
+        return 0 if self.kept is None else int(self.rows_per_group[~self.kept.numpy()].sum())
+
+
+class RunPlan:
+    """The facts both engines derive from a :class:`ComputeConfig`, derived once."""
+
+    def __init__(self, config: ComputeConfig, *, device: torch.device | None = None) -> None:
+        config.validate()
+        self.config = config
+        self.device = device if device is not None else resolve_device(config.device)
+        self.per_column = config.aggregation == "normalize-then-sum" and len(config.rewards) > 1
+        """Each reward column is normalised on its own (GDPO), then the advantages summed."""
+        self.channels = len(config.rewards) if self.per_column else 1
+        self.count_extremes = config.advantage.baseline == "leave-one-out"
+        self.input_columns = config.input_columns
+        self.new_columns = config.new_columns
+
+    # ----------------------------------------------------------------- pass 1
+
+    def accumulators(self, *, block_rows: int | None = None) -> tuple[list[GroupStatsAccumulator], bool]:
+        """One accumulator per channel, plus one for the combined reward when channels differ.
+
+        Returns the accumulators (the combined one last when present) and whether it is
+        present; with one channel the combined reward *is* the channel.
+        """
+        rows = block_rows or self.config.stats_block_rows
+
+        def make(extremes: bool) -> GroupStatsAccumulator:
+            return GroupStatsAccumulator(
+                device=self.device,
+                block_rows=rows,
+                group_size=self.config.group_size,
+                count_extremes=extremes,
+            )
+
+        channels = [make(self.count_extremes) for _ in range(self.channels)]
+        if self.channels > 1:
+            return [*channels, make(False)], True
+        return channels, False
+
+    def check_columns(self, shard: Shard, schema: pa.Schema, *, writes_output: bool) -> None:
+        """Refuse, before any work, a shard whose columns do not fit the options."""
+        config = self.config
+        if len(schema) == 0:  # an empty JSONL file: no records, no columns
+            return
+        names = schema.names
+        for column in self.input_columns:
+            if column not in names:
+                raise GrpoError(f"{shard.display}: no column {column!r}; the columns are {', '.join(names)}")
+        for column in self.new_columns if writes_output else ():
+            if column in names:
+                option = "--active-col" if column == config.active_col else "--advantage-col"
+                raise GrpoError(
+                    f"{shard.display}: the input already has a column {column!r}; "
+                    f"choose another name with {option}"
+                )
+        if config.verify is not None and config.verify.column not in names:
+            raise GrpoError(
+                f"{shard.display}: no column {config.verify.column!r} to verify; "
+                f"the columns are {', '.join(names)}"
+            )
+        for column in config.group_cols if config.group_size is None else ():
+            column_type = schema.field(column).type
+            if pa.types.is_nested(column_type) or pa.types.is_null(column_type):
+                raise GrpoError(
+                    f"{shard.display}: group column {column!r} has type {column_type}; "
+                    "group keys must be scalars (integers, strings, ...)"
+                )
+
+    # ----------------------------------------------------------------- between the passes
+
+    def normalize(self, channel_stats: Sequence[GroupStats]) -> tuple[list[Normalization], torch.Tensor]:
+        """Each channel's normalisation, and the active groups (active in any channel)."""
+        norms = [self.config.advantage.normalization(stats) for stats in channel_stats]
+        active = norms[0].active
+        for extra in norms[1:]:
+            active = active | extra.active
+        return norms, active
+
+    def outcome(
+        self,
+        channel_stats: Sequence[GroupStats],
+        summary_stats: GroupStats,
+        *,
+        rows_per_group: np.ndarray,
+        rows: int,
+        nan_rewards: int,
+    ) -> GroupOutcome:
+        """Everything pass 2 and the summary need, from pass 1's statistics."""
+        norms, active = self.normalize(channel_stats)
+        active_cpu = active.cpu()
+        return GroupOutcome(
+            norms=norms,
+            active=active_cpu,
+            stats=summary_stats,
+            rows_per_group=rows_per_group,
+            rows=rows,
+            nan_rewards=nan_rewards,
+            kept=self._kept_groups(active_cpu, summary_stats),
+            group_columns=self._group_columns(summary_stats, rows_per_group),
+            drop_reasons=self.drop_reasons(),
+        )
+
+    def _kept_groups(self, active: torch.Tensor, stats: GroupStats) -> torch.Tensor | None:
+        config = self.config
+        if not config.drop_inactive and config.keep_mean_range is None:
+            return None
+        keep = torch.ones(active.numel(), dtype=torch.bool)
+        if config.drop_inactive:
+            keep &= active
+        if config.keep_mean_range is not None:
+            low, high = config.keep_mean_range
+            mean = stats.mean.cpu()
+            keep &= (mean >= low) & (mean <= high)
+        return keep
+
+    def _group_columns(
+        self, stats: GroupStats, rows_per_group: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        if not self.config.stats_cols:
+            return None
+        stats = stats.to("cpu")
+        ddof = 1 if self.config.advantage.std == "sample" else 0
+        return stats.mean.numpy(), group_std(stats, ddof=ddof).numpy(), rows_per_group
+
+    def drop_reasons(self) -> list[str]:
+        config = self.config
+        reasons = []
+        if config.drop_inactive:
+            reasons.append("inactive group (--drop-inactive)")
+        if config.keep_mean_range is not None:
+            low, high = config.keep_mean_range
+            reasons.append(f"group mean reward outside [{low}, {high}] (--keep-mean-range)")
+        return reasons
+
+    # ----------------------------------------------------------------- pass 2
+
+    def output_dtype(self, schema: pa.Schema) -> torch.dtype:
+        """The advantage column's dtype for a shard of ``schema``."""
+        if len(schema) == 0:  # an empty JSONL file: JSON numbers read as float64
+            return torch.float64
+        return advantage_dtype([schema.field(r.column).type for r in self.config.rewards])
+
+    def output_schema(self, schema: pa.Schema, provenance: bytes) -> pa.Schema:
+        """The input's schema with the new columns appended and the provenance entry set."""
+        config = self.config
+        fields = [
+            pa.field(config.advantage_col, _ARROW_FLOAT[self.output_dtype(schema)]),
+            pa.field(config.active_col, pa.bool_()),
+        ]
+        if config.stats_cols:
+            prefix = config.advantage_col
+            fields += [
+                pa.field(f"{prefix}_group_mean", pa.float64()),
+                pa.field(f"{prefix}_group_std", pa.float64()),
+                pa.field(f"{prefix}_group_size", pa.int64()),
+            ]
+        out = schema
+        for f in fields:
+            out = out.append(f)
+        return out.with_metadata({**(schema.metadata or {}), PROVENANCE_KEY: provenance})
+
+    def provenance(self, inputs: Sequence[str]) -> bytes:
+        """The ``grpo_cli`` key-value entry of every Parquet output: how it was made."""
+        from grpo_cli import __version__
+
+        record = {"version": __version__, "options": self.config.options_summary(), "inputs": list(inputs)}
+        return json.dumps(record, sort_keys=True).encode()

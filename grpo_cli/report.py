@@ -1,0 +1,152 @@
+"""The run summary as text: the plain report, the rich table, and ``check``'s lines.
+
+Pure rendering of a :class:`~grpo_cli.summary.RunSummary`; the figures themselves are
+computed in :mod:`grpo_cli.summary`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpo_cli.summary import RunSummary
+
+
+def _fmt(value: float | None, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if float(value).is_integer() and abs(value) < 1e15:
+        return f"{value:.1f}"
+    return f"{value:.{digits}g}"
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.1f}%" if whole else "0.0%"
+
+
+def summary_lines(summary: RunSummary) -> list[tuple[str, str]]:
+    """Label/value rows shared by the plain and the rich rendering."""
+    s = summary
+    rows: list[tuple[str, str]] = [
+        ("input", f"{s.input['path']} ({s.input['shards']} shard(s), {_bytes(s.input['bytes'])})"),
+    ]
+    if s.output is not None:
+        rows.append(
+            ("output", f"{s.output['path']} ({s.output['shards']} shard(s), {_bytes(s.output['bytes'])})")
+        )
+    rows += [
+        ("rows", f"{s.rows:,}"),
+        ("groups", f"{s.groups:,}"),
+        ("active groups", f"{s.active_groups:,} ({_pct(s.active_groups, s.groups)})"),
+        ("inactive groups", f"{s.inactive_groups:,} ({_pct(s.inactive_groups, s.groups)})"),
+    ]
+    for item in s.inactive_by_value:
+        rows.append((f"  all {_fmt(item['value'])}", f"{item['groups']:,}"))
+    if s.inactive_other_values:
+        rows.append(("  other constant values", f"{s.inactive_other_values:,}"))
+    rows.append(("singleton groups", f"{s.singleton_groups:,}"))
+    g = s.group_size
+    rows.append(("group size min/median/max", " / ".join("-" if v is None else f"{v:g}" for v in g.values())))
+    r = s.reward
+    rows.append(
+        ("reward mean/std", f"{_fmt(r['mean'])} / {_fmt(r['std'])}"),
+    )
+    rows.append(("reward min/max", f"{_fmt(r['min'])} / {_fmt(r['max'])}"))
+    a = s.advantage
+    rows.append(("advantage min/max", f"{_fmt(a['min'])} / {_fmt(a['max'])}"))
+    if s.nan_rewards:
+        rows.append(("NaN rewards left out", f"{s.nan_rewards:,}"))
+    if s.dropped["reasons"]:
+        rows.append(("dropped", f"{s.dropped['groups']:,} groups, {s.dropped['rows']:,} rows"))
+        for reason in s.dropped["reasons"]:
+            rows.append(("  because", reason))
+    rows.append(("time", f"{s.elapsed_seconds:.2f} s ({s.mode}, {s.device})"))
+    return rows
+
+
+def histogram_lines(summary: RunSummary, width: int = 30) -> list[str]:
+    edges = summary.group_mean_histogram["edges"]
+    counts = summary.group_mean_histogram["counts"]
+    if not counts:
+        return []
+    peak = max(int(c) for c in counts) or 1
+    lines = []
+    for i, c in enumerate(counts):
+        bar = "█" * round(width * int(c) / peak)
+        close = "]" if i == len(counts) - 1 else ")"
+        lines.append(f"  [{float(edges[i]):8.3g}, {float(edges[i + 1]):8.3g}{close} {bar} {c}")
+    return lines
+
+
+def render_compact(summary: RunSummary) -> str:
+    """One line of figures, then one line per check (``grpo-cli check`` with checks)."""
+    s = summary
+    head = (
+        f"{s.input['path']}: {s.rows:,} rows, {s.groups:,} groups, "
+        f"{s.active_groups:,} active ({_pct(s.active_groups, s.groups)}), "
+        f"{s.inactive_groups:,} inactive, {s.singleton_groups:,} singleton"
+    )
+    return "\n".join([head, *check_lines(summary)])
+
+
+def render_plain(summary: RunSummary) -> str:
+    rows = summary_lines(summary)
+    width = max(len(label) for label, _ in rows)
+    out = [f"{label.ljust(width)}  {value}" for label, value in rows]
+    hist = histogram_lines(summary)
+    if hist:
+        out.append("group mean reward (solve rate) histogram:")
+        out += hist
+    out += check_lines(summary)
+    return "\n".join(out)
+
+
+def check_lines(summary: RunSummary) -> list[str]:
+    lines = []
+    for check in summary.checks:
+        status = "PASS" if check["passed"] else "FAIL"
+        lines.append(f"{status}  {check['name']}: {check['value']} (bound {check['bound']})")
+    if summary.verify is not None:
+        v = summary.verify
+        lines.append(
+            f"verify {v['column']}: {v['mismatched']:,} of {v['compared']:,} rows differ "
+            f"(max |diff| {_fmt(v['max_abs_diff'])}, atol {v['atol']}, rtol {v['rtol']})"
+        )
+        for ex in v["examples"]:
+            lines.append(
+                f"  {ex['file']} row {ex['row']} group {ex['group']}: expected {ex['expected']:.8g}, "
+                f"found {ex['actual']:.8g}"
+            )
+    return lines
+
+
+def render_rich(summary: RunSummary, console: Any) -> None:
+    from rich.table import Table
+
+    table = Table(title="grpo-cli summary", show_header=False, title_justify="left", box=None, pad_edge=False)
+    table.add_column(style="bold cyan", no_wrap=True)
+    table.add_column()
+    for label, value in summary_lines(summary):
+        style = ""
+        if label.startswith("active"):
+            style = "green"
+        elif label.startswith("inactive"):
+            style = "yellow"
+        table.add_row(label, f"[{style}]{value}[/{style}]" if style else value)
+    console.print(table)
+    hist = histogram_lines(summary)
+    if hist:
+        console.print("[bold]group mean reward (solve rate)[/bold]")
+        for line in hist:
+            console.print(line, highlight=False)
+    for line in check_lines(summary):
+        style = "green" if line.startswith("PASS") else "red" if line.startswith("FAIL") else ""
+        console.print(f"[{style}]{line}[/{style}]" if style else line, highlight=False)
+
+
+def _bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"

@@ -1,0 +1,192 @@
+"""Reward columns to tensors, and one batch's advantages and new columns.
+
+Arrow reward columns (floating, integer, boolean or decimal) become float tensors
+exactly: integers beyond 2**53 are refused, decimals convert through text, nulls become
+NaN (invalid). With several weighted reward columns the batch carries either one
+channel (their weighted sum, ``sum-then-normalize``) or one channel per column
+(``normalize-then-sum``, GDPO), and always the combined reward for the summary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from grpo_cli.errors import GrpoError
+from grpo_cli.kernel import Normalization, apply_normalization
+from grpo_cli.keys import as_tensor
+from grpo_cli.options import RewardSpec
+from grpo_cli.sources import Shard, describe_row
+
+
+@dataclass
+class RewardBatch:
+    """Rewards of one batch: per channel tensor and validity, plus the combined reward.
+
+    Validity tensors are bool of the batch's length, or ``None`` when every value is finite.
+    """
+
+    channels: list[torch.Tensor]
+    channel_valid: list[torch.Tensor | None]
+    combined: torch.Tensor
+    combined_valid: torch.Tensor | None
+
+    @staticmethod
+    def concat(parts: Sequence[RewardBatch]) -> RewardBatch:
+        """The batches one after the other."""
+        if len(parts) == 1:
+            return parts[0]
+        channels = len(parts[0].channels)
+        channel_values = [[p.channels[c] for p in parts] for c in range(channels)]
+        combined = [p.combined for p in parts]
+        return RewardBatch(
+            channels=[torch.cat(v) for v in channel_values],
+            channel_valid=[
+                _concat_valid([p.channel_valid[c] for p in parts], channel_values[c]) for c in range(channels)
+            ],
+            combined=torch.cat(combined),
+            combined_valid=_concat_valid([p.combined_valid for p in parts], combined),
+        )
+
+
+def _concat_valid(masks: list[torch.Tensor | None], values: list[torch.Tensor]) -> torch.Tensor | None:
+    if all(m is None for m in masks):
+        return None
+    return torch.cat(
+        [torch.ones_like(v, dtype=torch.bool) if m is None else m for m, v in zip(masks, values, strict=True)]
+    )
+
+
+class RewardReader:
+    """Turns a shard's reward columns into tensors: one channel, or one per column."""
+
+    def __init__(
+        self, specs: Sequence[RewardSpec], schema: pa.Schema, shard: Shard, *, per_column: bool
+    ) -> None:
+        self.specs = tuple(specs)
+        self.shard = shard
+        self.per_column = per_column
+        types = []
+        for spec in self.specs:
+            column_type = schema.field(spec.column).type
+            if not (
+                pa.types.is_integer(column_type)
+                or pa.types.is_floating(column_type)
+                or pa.types.is_boolean(column_type)
+                or pa.types.is_decimal(column_type)
+            ):
+                raise GrpoError(
+                    f"{shard.display}: reward column {spec.column!r} has type {column_type}; "
+                    "it must be numeric"
+                )
+            types.append(column_type)
+        self.output_dtype = advantage_dtype(types)
+        single = len(self.specs) == 1 and self.specs[0].weight == 1.0
+        self.native = single and pa.types.is_floating(types[0])
+
+    def read(self, batch: pa.RecordBatch, first_row: int = 0) -> RewardBatch:
+        """The batch's rewards; ``first_row`` (its row in the shard) locates errors."""
+        values = [self._column(batch.column(spec.column), spec.column, first_row) for spec in self.specs]
+        if self.native:
+            tensor = values[0]
+            valid = _finite(tensor)
+            return RewardBatch([tensor], [valid], tensor, valid)
+        weighted = [v.to(torch.float64) * spec.weight for v, spec in zip(values, self.specs, strict=True)]
+        combined = weighted[0]
+        for extra in weighted[1:]:
+            combined = combined + extra
+        combined_valid = _finite(combined)
+        if self.per_column:
+            scaled = [v.to(torch.float64) for v in values]
+            return RewardBatch(scaled, [_finite(v) for v in scaled], combined, combined_valid)
+        return RewardBatch([combined], [combined_valid], combined, combined_valid)
+
+    def _column(self, array: pa.Array, name: str, first_row: int) -> torch.Tensor:
+        if pa.types.is_integer(array.type) and array.type.bit_width == 64:
+            limit = pa.scalar(1 << 53, array.type)
+            too_large = pc.greater(array, limit)
+            if pa.types.is_signed_integer(array.type):
+                too_large = pc.or_(too_large, pc.less(array, pa.scalar(-(1 << 53), array.type)))
+            if pc.any(too_large).as_py():
+                index = int(pc.index(too_large, True).as_py())
+                raise GrpoError(
+                    f"{describe_row(self.shard, first_row + index)}: reward {array[index].as_py()} in column "
+                    f"{name!r} is an integer beyond 2**53, which float64 cannot hold exactly"
+                )
+        if pa.types.is_decimal(array.type):
+            # through text, which rounds correctly: Arrow's decimal-to-double division is
+            # off by one ulp for about half of all values
+            array = pc.cast(pc.cast(array, pa.string()), pa.float64())
+        elif pa.types.is_boolean(array.type) or pa.types.is_integer(array.type):
+            array = pc.cast(array, pa.float64(), safe=False)
+        if array.null_count:
+            array = array.fill_null(float("nan"))
+        return as_tensor(array.to_numpy(zero_copy_only=False))
+
+
+def _finite(values: torch.Tensor) -> torch.Tensor | None:
+    """Validity mask, or ``None`` when every value is finite (the common case)."""
+    finite = torch.isfinite(values)
+    return None if bool(finite.all()) else finite
+
+
+def advantage_dtype(types: Sequence[pa.DataType]) -> torch.dtype:
+    """The advantage column's dtype for reward columns of ``types``.
+
+    One floating column keeps its width; anything combined or converted is float32,
+    or float64 when a float64 or decimal column is involved.
+    """
+    if any(pa.types.is_decimal(t) for t in types):
+        return torch.float64
+    floats = [t for t in types if pa.types.is_floating(t)]
+    if len(types) == 1 and floats:
+        return {16: torch.float16, 32: torch.float32, 64: torch.float64}[floats[0].bit_width]
+    if any(t.bit_width == 64 for t in floats):
+        return torch.float64
+    return torch.float32
+
+
+def combined_advantages(
+    rewards: RewardBatch,
+    ids: torch.Tensor,
+    norms: Sequence[Normalization],
+    active: torch.Tensor,
+    *,
+    weights: Sequence[float],
+    device: torch.device,
+) -> torch.Tensor:
+    """Advantages of one batch: one channel, or the ``weights``-weighted sum of per-reward channels."""
+    ids_dev = ids.to(device)
+    total: torch.Tensor | None = None
+    for channel, (values, valid, norm) in enumerate(
+        zip(rewards.channels, rewards.channel_valid, norms, strict=True)
+    ):
+        part = apply_normalization(
+            values.to(device), ids_dev, norm, valid=None if valid is None else valid.to(device)
+        )
+        if len(norms) > 1:
+            part = part.to(torch.float64) * weights[channel]
+        total = part if total is None else total + part
+    assert total is not None
+    if len(norms) > 1:
+        # each channel leaves inactive groups at exactly 0; so does the weighted sum
+        total = torch.where(active.to(device)[ids_dev], total, torch.zeros_like(total))
+    return total
+
+
+def new_column_arrays(
+    advantages: torch.Tensor,
+    row_active: torch.Tensor,
+    ids: np.ndarray,
+    group_columns: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+) -> list[pa.Array]:
+    """The appended columns of one batch, in the order of ``ComputeConfig.new_columns``."""
+    arrays = [pa.array(advantages.numpy()), pa.array(row_active.numpy())]
+    if group_columns is not None:
+        arrays += [pa.array(column[ids]) for column in group_columns]
+    return arrays
