@@ -1,0 +1,121 @@
+"""output.py at its own level: atomic Parquet commits, shard naming, output figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from grpo_cli.errors import GrpoError
+from grpo_cli.guard import ProtectedInputs, WriteGuard
+from grpo_cli.output import OutputTarget, advantage_range, commit_directory, output_info
+from grpo_cli.sources import Shard
+
+SCHEMA = pa.schema([("reward", pa.float64()), ("advantage", pa.float32()), ("group_active", pa.bool_())])
+
+
+def shard(name: str) -> Shard:
+    return Shard(Path("/data") / name, name, "parquet" if name.endswith(".parquet") else "jsonl", 0)
+
+
+def batch(values: list[float]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(values, pa.float64()),
+            pa.array([v - 0.5 for v in values], pa.float32()),
+            pa.array([True] * len(values)),
+        ],
+        schema=SCHEMA,
+    )
+
+
+@pytest.fixture
+def guard():
+    with WriteGuard(ProtectedInputs.of([])) as g:
+        yield g
+
+
+def test_single_file_appears_only_on_commit(tmp_path, guard):
+    target_path = tmp_path / "out.parquet"
+    target = OutputTarget(guard.claim(target_path, directory=False, force=False), force=False)
+    writer = target.open_shard(shard("a.parquet"), SCHEMA)
+    writer.write(batch([1.0, 2.0]))
+    writer = target.open_shard(shard("b.parquet"), SCHEMA)  # same columns: appended
+    writer.write(batch([3.0]))
+    writer.close()
+    assert not target_path.exists()
+    info = target.commit()
+    assert info == {"path": str(target_path), "shards": 1, "bytes": target_path.stat().st_size}
+    assert pq.read_table(target_path).column("reward").to_pylist() == [1.0, 2.0, 3.0]
+    assert pl.read_parquet(target_path).to_dicts() == pq.read_table(target_path).to_pylist()
+    target.discard()  # a no-op after commit
+    guard.close()  # releases the lock file
+    assert target_path.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.parquet"]
+
+
+def test_discard_leaves_nothing(tmp_path, guard):
+    target = OutputTarget(guard.claim(tmp_path / "out.parquet", directory=False, force=False), force=False)
+    target.open_shard(shard("a.parquet"), SCHEMA).write(batch([1.0]))
+    target.discard()
+    guard.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_single_file_refuses_shards_with_other_columns(tmp_path, guard):
+    target = OutputTarget(guard.claim(tmp_path / "out.parquet", directory=False, force=False), force=False)
+    target.open_shard(shard("a.parquet"), SCHEMA)
+    other = SCHEMA.append(pa.field("extra", pa.int64()))
+    with pytest.raises(GrpoError, match=r"b\.parquet: its columns differ from those of a\.parquet"):
+        target.open_shard(shard("b.parquet"), other)
+    target.discard()
+
+
+def test_directory_names_shards_after_inputs_and_refuses_collisions(tmp_path, guard):
+    out = tmp_path / "out"
+    target = OutputTarget(guard.claim(out, directory=True, force=False), force=False)
+    for name in ("a.parquet", "b.jsonl.gz"):
+        writer = target.open_shard(shard(name), SCHEMA)
+        writer.write(batch([1.0]))
+        writer.close()
+    with pytest.raises(GrpoError, match=r"b\.jsonl and b\.jsonl\.gz would both be written to"):
+        target.open_shard(shard("b.jsonl"), SCHEMA)
+    info = target.commit()
+    assert sorted(p.name for p in out.iterdir()) == ["a.parquet", "b.parquet"]
+    assert info["shards"] == 2 and info["bytes"] == sum(p.stat().st_size for p in out.iterdir())
+
+
+def test_new_columns_are_not_dictionary_encoded(tmp_path, guard):
+    path = tmp_path / "out.parquet"
+    target = OutputTarget(guard.claim(path, directory=False, force=False), force=False)
+    writer = target.open_shard(shard("a.parquet"), SCHEMA, new_columns=2)
+    writer.write(batch([1.0, 1.0, 1.0, 2.0]))
+    writer.close()
+    target.commit()
+    columns = pq.read_metadata(path).row_group(0)
+    encodings = {columns.column(i).path_in_schema: columns.column(i).encodings for i in range(3)}
+    assert any("DICTIONARY" in e for e in encodings["reward"])
+    assert not any("DICTIONARY" in e for e in encodings["advantage"])
+
+
+def test_commit_directory_moves_what_another_writer_wrote(tmp_path, guard):
+    claim = guard.claim(tmp_path / "out", directory=True, force=False)
+    temp = claim.temp_path()
+    pq.write_table(pa.Table.from_batches([batch([1.0, 5.0])]), temp / "part-0.parquet")
+    pq.write_table(pa.Table.from_batches([batch([-2.0])]), temp / "part-1.parquet")
+    files = commit_directory(claim, force=False)
+    assert [f.name for f in files] == ["part-0.parquet", "part-1.parquet"]
+    assert output_info("out", files)["shards"] == 2
+    assert advantage_range(files, "advantage") == (-2.5, 4.5)
+
+
+def test_advantage_range_is_unknown_without_statistics(tmp_path):
+    path = tmp_path / "x.parquet"
+    pq.write_table(pa.Table.from_batches([batch([1.0])]), path, write_statistics=False)
+    assert advantage_range([path], "advantage") is None
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(pa.Table.from_batches([], schema=SCHEMA), empty)
+    assert advantage_range([empty], "advantage") is None

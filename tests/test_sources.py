@@ -1,0 +1,156 @@
+"""sources.py at its own level: INPUT to shards, schemas, batches, row descriptions."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+
+import pyarrow as pa
+import pytest
+
+from grpo_cli import sources
+from grpo_cli.errors import GrpoError
+from grpo_cli.sources import (
+    InputSet,
+    describe_row,
+    detect_format,
+    estimated_memory_bytes,
+    iter_batches,
+    read_schema,
+    row_count,
+    unify_jsonl_schema,
+)
+from tests.conftest import write_jsonl, write_parquet
+
+ROWS = [{"group_id": i // 2, "reward": float(i % 3)} for i in range(10)]
+
+
+@pytest.mark.parametrize(
+    ("name", "override", "expected"),
+    [
+        ("a.parquet", None, "parquet"),
+        ("A.PQ", None, "parquet"),
+        ("a.jsonl", None, "jsonl"),
+        ("a.ndjson.gz", None, "jsonl"),
+        ("a.json", None, None),
+        ("a.txt", "jsonl", "jsonl"),
+    ],
+)
+def test_detect_format(name, override, expected):
+    assert detect_format(name, override) == expected
+
+
+def test_a_file_is_one_shard(tmp_path):
+    path = write_parquet(tmp_path / "a.parquet", ROWS)
+    with InputSet(str(path)) as inputs:
+        (shard,) = inputs.shards
+        assert (shard.format, shard.display, shard.size_bytes) == ("parquet", str(path), path.stat().st_size)
+        assert inputs.total_bytes == path.stat().st_size
+        assert not inputs.is_stdin
+
+
+def test_a_directory_is_its_data_files_in_name_order(tmp_path):
+    for name in ("b.parquet", "a.parquet"):
+        write_parquet(tmp_path / name, ROWS)
+    (tmp_path / "_SUCCESS").write_text("")
+    (tmp_path / ".hidden.parquet").write_text("not read")
+    (tmp_path / "README.txt").write_text("not data")
+    with InputSet(str(tmp_path)) as inputs:
+        assert [s.path.name for s in inputs.shards] == ["a.parquet", "b.parquet"]
+        assert inputs.directories == [tmp_path]
+        assert inputs.protected().conflict(tmp_path / "a.parquet") is not None
+
+
+def test_a_glob_matches_files(tmp_path):
+    for name in ("x1.jsonl", "x2.jsonl", "y.jsonl"):
+        write_jsonl(tmp_path / name, ROWS)
+    with InputSet(str(tmp_path / "x*.jsonl")) as inputs:
+        assert [s.path.name for s in inputs.shards] == ["x1.jsonl", "x2.jsonl"]
+    with pytest.raises(GrpoError, match="the pattern matches no Parquet or JSONL file"):
+        InputSet(str(tmp_path / "z*.jsonl"))
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (lambda d: d / "missing.parquet", "no such file or directory"),
+        (lambda d: (d / "a.txt").write_text("x") and d / "a.txt", "cannot tell the format from the name"),
+        (lambda d: d, "the directory holds no Parquet or JSONL file"),
+    ],
+)
+def test_unusable_inputs_are_refused_with_the_path(tmp_path, setup, message):
+    spec = str(setup(tmp_path))
+    with pytest.raises(GrpoError, match=message) as error:
+        InputSet(spec)
+    assert str(error.value).startswith(spec)
+
+
+def test_an_unknown_input_format_is_refused(tmp_path):
+    path = write_jsonl(tmp_path / "a.jsonl", ROWS)
+    with pytest.raises(GrpoError, match="--input-format must be one of parquet, jsonl, got 'csv'"):
+        InputSet(str(path), input_format="csv")  # type: ignore[arg-type]
+
+
+def test_stdin_is_spooled_and_removed(tmp_path):
+    data = "".join(json.dumps(row) + "\n" for row in ROWS).encode()
+    with InputSet("-", stdin=io.BytesIO(data)) as inputs:
+        (shard,) = inputs.shards
+        spooled = shard.path
+        assert (shard.display, shard.format, inputs.is_stdin) == ("<stdin>", "jsonl", True)
+        assert spooled.read_bytes() == data
+        assert inputs.protected().conflict(spooled) is None  # a private copy, not the user's file
+    assert not spooled.exists()
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl", "jsonl.gz"])
+def test_batches_schema_and_counts(tmp_path, fmt):
+    if fmt == "parquet":
+        path = write_parquet(tmp_path / "a.parquet", ROWS)
+    elif fmt == "jsonl":
+        path = write_jsonl(tmp_path / "a.jsonl", ROWS)
+    else:
+        path = tmp_path / "a.jsonl.gz"
+        path.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in ROWS).encode()))
+    with InputSet(str(path)) as inputs:
+        (shard,) = inputs.shards
+        assert read_schema(shard).names == ["group_id", "reward"]
+        batches = list(iter_batches(shard, ["reward"], batch_rows=3))
+        assert all(b.schema.names == ["reward"] for b in batches)
+        assert pa.Table.from_batches(batches).column("reward").to_pylist() == [r["reward"] for r in ROWS]
+        assert row_count(shard) == (10 if fmt == "parquet" else None)
+        assert estimated_memory_bytes(shard) > 0
+        if fmt == "parquet":
+            assert [b.num_rows for b in batches] == [3, 3, 3, 1]
+
+
+def test_an_empty_jsonl_file_has_no_columns_and_no_batches(tmp_path):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n\n")
+    with InputSet(str(path)) as inputs:
+        (shard,) = inputs.shards
+        assert len(read_schema(shard)) == 0
+        assert list(iter_batches(shard, None, batch_rows=10)) == []
+
+
+def test_rows_are_described_as_rows_or_lines(tmp_path):
+    parquet = write_parquet(tmp_path / "a.parquet", ROWS)
+    jsonl = tmp_path / "a.jsonl"
+    jsonl.write_text("\n" + "".join(json.dumps(r) + "\n\n" for r in ROWS))  # blank lines between records
+    with InputSet(str(parquet)) as p, InputSet(str(jsonl)) as j:
+        assert describe_row(p.shards[0], 4) == f"{parquet}, row 4"
+        assert describe_row(j.shards[0], 0) == f"{jsonl}, line 2"
+        assert describe_row(j.shards[0], 3) == f"{jsonl}, line 8"
+
+
+def test_a_type_change_after_the_first_block_is_settled_by_reading_the_whole_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(sources, "JSONL_BLOCK_BYTES", 1024)
+    rows = [{"group_id": i, "reward": 1} for i in range(200)] + [{"group_id": 200, "reward": 0.5}]
+    path = write_jsonl(tmp_path / "drift.jsonl", rows)
+    with InputSet(str(path)) as inputs:
+        (shard,) = inputs.shards
+        with pytest.raises(sources.JsonlSchemaDrift):
+            list(iter_batches(shard, None, batch_rows=10))
+        assert unify_jsonl_schema(shard).field("reward").type == pa.float64()
+        values = pa.Table.from_batches(list(iter_batches(shard, ["reward"], batch_rows=10)))
+        assert values.column("reward").to_pylist()[-2:] == [1.0, 0.5]

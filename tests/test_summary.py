@@ -1,0 +1,144 @@
+"""summary.py and report.py at their own level: figures from hand-made group statistics."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from grpo_cli.kernel import group_stats
+from grpo_cli.plan import ComputeConfig, GroupOutcome, RunPlan
+from grpo_cli.report import check_lines, render_compact, render_plain
+from grpo_cli.sources import Shard
+from grpo_cli.summary import TOP_INACTIVE_VALUES, RunSummary, build_summary, input_info
+
+# group 0 active (1, 3); group 1 constant 4; group 2 a singleton 7; group 3 constant 0
+REWARDS = [1.0, 3.0, 4.0, 4.0, 7.0, 0.0, 0.0, 0.0]
+IDS = [0, 0, 1, 1, 2, 3, 3, 3]
+
+
+def outcome_of(rewards, ids, config: ComputeConfig | None = None) -> GroupOutcome:
+    r = torch.tensor(rewards, dtype=torch.float64)
+    g = torch.tensor(ids)
+    stats = group_stats(r, g)
+    rows_per_group = np.bincount(np.asarray(ids))
+    plan = RunPlan(config or ComputeConfig())
+    return plan.outcome([stats], stats, rows_per_group=rows_per_group, rows=len(rewards), nan_rewards=0)
+
+
+def summarize(outcome: GroupOutcome, **overrides) -> RunSummary:
+    arguments = {
+        "input": {"path": "x.parquet", "format": ["parquet"], "shards": 1, "bytes": 10, "bytes_decoded": 20},
+        "output": None,
+        "options": {},
+        "advantage_range": (-1.0, 1.0),
+        "mode": "in-memory",
+        "device": "cpu",
+        "elapsed": 0.5,
+    }
+    return build_summary(outcome, **{**arguments, **overrides})
+
+
+def test_group_figures_match_a_direct_count():
+    summary = summarize(outcome_of(REWARDS, IDS))
+    assert (summary.rows, summary.groups, summary.active_groups, summary.inactive_groups) == (8, 4, 1, 3)
+    assert summary.singleton_groups == 1
+    assert summary.group_size == {"min": 1, "median": 2.0, "max": 3}
+    values = np.array(REWARDS)
+    assert summary.reward["mean"] == pytest.approx(values.mean(), rel=1e-15)
+    assert summary.reward["std"] == pytest.approx(values.std(), rel=1e-12)
+    assert (summary.reward["min"], summary.reward["max"]) == (0.0, 7.0)
+    # the singleton is inactive but not a constant group of two or more
+    assert summary.inactive_by_value == [{"value": 0.0, "groups": 1}, {"value": 4.0, "groups": 1}]
+    assert summary.inactive_other_values == 0
+    histogram = summary.group_mean_histogram
+    assert sum(histogram["counts"]) == 4 and len(histogram["edges"]) == len(histogram["counts"]) + 1
+    assert histogram["edges"][0] == 0.0 and histogram["edges"][-1] == 7.0
+
+
+def test_inactive_values_are_ranked_by_count_and_the_rest_counted():
+    rewards: list[float] = []
+    ids: list[int] = []
+    for group in range(TOP_INACTIVE_VALUES + 2):
+        copies = 3 if group == 5 else 1  # value 5.0 is the commonest constant
+        for _ in range(copies):
+            rewards += [float(group)] * 2
+            ids += [len(set(ids)) if ids else 0] * 2
+    summary = summarize(outcome_of(rewards, ids))
+    assert summary.inactive_by_value[0] == {"value": 5.0, "groups": 3}
+    assert len(summary.inactive_by_value) == TOP_INACTIVE_VALUES
+    listed = sum(item["groups"] for item in summary.inactive_by_value)
+    assert listed + summary.inactive_other_values == summary.inactive_groups
+
+
+def test_dropped_groups_and_rows_come_from_the_filter():
+    outcome = outcome_of(REWARDS, IDS, ComputeConfig(drop_inactive=True))
+    summary = summarize(outcome)
+    assert summary.dropped == {"groups": 3, "rows": 6, "reasons": ["inactive group (--drop-inactive)"]}
+
+
+def test_json_has_no_nan_and_optional_keys_only_when_present():
+    summary = summarize(outcome_of(REWARDS, IDS), advantage_range=(-math.inf, math.nan))
+    data = json.loads(summary.to_json())
+    assert data["advantage"] == {"min": None, "max": None}
+    assert "checks" not in data and "verify" not in data
+    summary.checks = [{"name": "min-groups", "value": 4, "bound": ">= 5", "passed": False}]
+    data = json.loads(summary.to_json())
+    assert data["checks_passed"] is False and data["active_fraction"] == 0.25
+
+
+def test_an_empty_run_has_no_figures_to_invent():
+    empty = GroupOutcome(
+        norms=[],
+        active=torch.zeros(0, dtype=torch.bool),
+        stats=group_stats(torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.long)),
+        rows_per_group=np.zeros(0, dtype=np.int64),
+        rows=0,
+        nan_rewards=0,
+        kept=None,
+        group_columns=None,
+        drop_reasons=[],
+    )
+    summary = summarize(empty, advantage_range=None)
+    assert summary.groups == 0 and summary.active_fraction == 0.0
+    assert summary.group_size == {"min": None, "median": None, "max": None}
+    assert summary.reward == {"mean": None, "std": None, "min": None, "max": None}
+    assert summary.group_mean_histogram == {"edges": [], "counts": []}
+
+
+def test_input_info_counts_shards_bytes_and_formats(tmp_path):
+    shards = [
+        Shard(Path("a.parquet"), "a.parquet", "parquet", 100),
+        Shard(Path("b.jsonl"), "b.jsonl", "jsonl", 50),
+    ]
+    info = input_info("data/", shards, stdin=False, bytes_decoded=400)
+    assert info == {
+        "path": "data/",
+        "format": ["jsonl", "parquet"],
+        "shards": 2,
+        "bytes": 150,
+        "bytes_decoded": 400,
+    }
+    assert input_info("-", shards[:1], stdin=True, bytes_decoded=0)["path"] == "<stdin>"
+
+
+def test_reports_show_the_figures_and_each_check():
+    summary = summarize(outcome_of(REWARDS, IDS))
+    text = render_plain(summary)
+    assert "active groups" in text and "1 (25.0%)" in text
+    assert "  all 0.0" in text and "group mean reward (solve rate) histogram:" in text
+    summary.checks = [
+        {"name": "min-groups", "value": 4, "bound": ">= 2", "passed": True},
+        {"name": "max-inactive-fraction", "value": 0.75, "bound": "<= 0.5", "passed": False},
+    ]
+    assert check_lines(summary) == [
+        "PASS  min-groups: 4 (bound >= 2)",
+        "FAIL  max-inactive-fraction: 0.75 (bound <= 0.5)",
+    ]
+    compact = render_compact(summary).splitlines()
+    assert compact[0] == "x.parquet: 8 rows, 4 groups, 1 active (25.0%), 3 inactive, 1 singleton"
+    assert compact[1:] == check_lines(summary)
