@@ -23,9 +23,9 @@ IDS = [0, 0, 1, 1, 2, 3, 3, 3]
 
 def outcome_of(rewards, ids, config: ComputeConfig | None = None) -> GroupOutcome:
     r = torch.tensor(rewards, dtype=torch.float64)
-    g = torch.tensor(ids)
+    g = torch.tensor(ids, dtype=torch.long)
     stats = group_stats(r, g)
-    rows_per_group = np.bincount(np.asarray(ids))
+    rows_per_group = np.bincount(np.asarray(ids, dtype=np.int64))
     plan = RunPlan(config or ComputeConfig())
     return plan.outcome([stats], stats, rows_per_group=rows_per_group, rows=len(rewards), nan_rewards=0)
 
@@ -142,3 +142,49 @@ def test_reports_show_the_figures_and_each_check():
     compact = render_compact(summary).splitlines()
     assert compact[0] == "x.parquet: 8 rows, 4 groups, 1 active (25.0%), 3 inactive, 1 singleton"
     assert compact[1:] == check_lines(summary)
+
+
+def test_every_check_reports_its_measured_value_and_bound():
+    """The exact records check prints and writes to JSON, for every check at once."""
+    from grpo_cli.checks import CheckBounds, evaluate_checks
+
+    summary = summarize(outcome_of([*REWARDS, 2.0], [*IDS, 4]))  # 5 groups, 1 active: 4/5 inactive
+    summary.verify = {"mismatched": 2}
+    bounds = CheckBounds(
+        max_inactive_fraction=0.5,
+        min_active_groups=1,
+        min_groups=6,
+        min_group_size=2,
+        max_group_size=3,
+        uniform_group_size=True,
+        max_singleton_groups=1,
+    )
+    assert evaluate_checks(summary, bounds) == [
+        {"name": "max-inactive-fraction", "value": 0.8, "bound": "<= 0.5", "passed": False},
+        {"name": "min-active-groups", "value": 1, "bound": ">= 1", "passed": True},
+        {"name": "min-groups", "value": 5, "bound": ">= 6", "passed": False},
+        {"name": "min-group-size", "value": 1, "bound": ">= 2", "passed": False},
+        {"name": "max-group-size", "value": 3, "bound": "<= 3", "passed": True},
+        {"name": "uniform-group-size", "value": "1..3", "bound": "min == max", "passed": False},
+        {"name": "max-singleton-groups", "value": 2, "bound": "<= 1", "passed": False},
+        {"name": "verify-advantage-col", "value": "2 rows differ", "bound": "0 rows differ", "passed": False},
+    ]
+    thirds = summarize(outcome_of([0.0, 1.0, 2.0, 2.0, 3.0, 3.0], [0, 0, 1, 1, 2, 2]))
+    (inactive,) = evaluate_checks(thirds, CheckBounds(max_inactive_fraction=1.0))
+    assert inactive["value"] == 0.666667  # rounded to six places
+
+
+def test_checks_on_no_rows_report_none_and_fail_the_rows_check():
+    from grpo_cli.checks import CheckBounds, evaluate_checks
+
+    empty = summarize(
+        outcome_of([], []),
+        advantage_range=None,
+    )
+    results = evaluate_checks(empty, CheckBounds(min_group_size=1, max_group_size=1, uniform_group_size=True))
+    assert results == [
+        {"name": "rows", "value": 0, "bound": ">= 1", "passed": False},
+        {"name": "min-group-size", "value": None, "bound": ">= 1", "passed": True},
+        {"name": "max-group-size", "value": None, "bound": "<= 1", "passed": True},
+        {"name": "uniform-group-size", "value": "none", "bound": "min == max", "passed": True},
+    ]
