@@ -82,5 +82,13 @@ def evaluate_checks(summary: RunSummary, bounds: CheckBounds) -> list[dict[str, 
         )
     if summary.verify is not None:
         v = summary.verify
-        add("verify-advantage-col", f"{v['mismatched']} rows differ", "0 rows differ", v["mismatched"] == 0)
+        residue = v.get("residue", 0)
+        if v.get("strict"):
+            differ = v["mismatched"] + residue
+            add("verify-advantage-col", f"{differ} rows differ", "0 rows differ (--strict)", differ == 0)
+        else:
+            found = f"{v['mismatched']} rows differ" + (
+                f" ({residue} more by rounding residue)" if residue else ""
+            )
+            add("verify-advantage-col", found, "0 rows differ", v["mismatched"] == 0)
     return results

@@ -39,9 +39,10 @@ from grpo_cli.choices import (
 from grpo_cli.errors import GrpoError
 
 if TYPE_CHECKING:
-    from grpo_cli.plan import ComputeConfig, VerifySpec
+    from grpo_cli.plan import ComputeConfig
     from grpo_cli.progress import RichProgress
     from grpo_cli.summary import RunSummary
+    from grpo_cli.verify import VerifySpec
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
@@ -610,6 +611,14 @@ def check(
     rtol: Annotated[
         float, typer.Option("--rtol", min=0.0, help="Relative tolerance for --verify-advantage-col.")
     ] = 1e-5,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict",
+            help="With --verify-advantage-col: rows that differ only by a trainer's float rounding residue "
+            "(constant groups, identical other rollouts, float32 offsets) fail the check too.",
+        ),
+    ] = False,
     reward_col: RewardColOpt = None,
     group_col: GroupColOpt = None,
     group_size: GroupSizeOpt = None,
@@ -643,9 +652,15 @@ def check(
     def body(state: _RunState) -> int:
         from grpo_cli.checks import CheckBounds
         from grpo_cli.jobs import check_dataset
-        from grpo_cli.plan import VerifySpec
+        from grpo_cli.verify import VerifySpec
 
-        verify = VerifySpec(verify_advantage_col, atol=atol, rtol=rtol) if verify_advantage_col else None
+        if strict and not verify_advantage_col:
+            raise GrpoError("--strict needs --verify-advantage-col")
+        verify = (
+            VerifySpec(verify_advantage_col, atol=atol, rtol=rtol, strict=strict)
+            if verify_advantage_col
+            else None
+        )
         config = _config(
             reward_col=reward_col,
             group_col=group_col,

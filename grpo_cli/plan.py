@@ -25,6 +25,7 @@ from grpo_cli.guard import PROVENANCE_KEY
 from grpo_cli.kernel import GroupStats, GroupStatsAccumulator, Normalization, group_std
 from grpo_cli.options import AdvantageOptions, RewardSpec
 from grpo_cli.rewards import advantage_dtype
+from grpo_cli.verify import VerifySpec
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -34,16 +35,6 @@ if TYPE_CHECKING:
 DEFAULT_MEMORY_BUDGET = 1 << 30
 
 _ARROW_FLOAT = {torch.float16: pa.float16(), torch.float32: pa.float32(), torch.float64: pa.float64()}
-
-
-@dataclass(frozen=True)
-class VerifySpec:
-    """``check --verify-advantage-col``: compare an existing column with recomputed values."""
-
-    column: str
-    atol: float = 1e-6
-    rtol: float = 1e-5
-    max_examples: int = 5
 
 
 @dataclass(frozen=True)

@@ -111,12 +111,23 @@ def check_lines(summary: RunSummary) -> list[str]:
             f"verify {v['column']}: {v['mismatched']:,} of {v['compared']:,} rows differ "
             f"(max |diff| {_fmt(v['max_abs_diff'])}, atol {v['atol']}, rtol {v['rtol']})"
         )
-        for ex in v["examples"]:
+        lines += _example_lines(v["examples"])
+        residue = v.get("residue", 0)
+        if residue:
+            fails = " (fails with --strict)" if not v.get("strict") else ""
             lines.append(
-                f"  {ex['file']} row {ex['row']} group {ex['group']}: expected {ex['expected']:.8g}, "
-                f"found {ex['actual']:.8g}"
+                f"verify {v['column']}: {residue:,} more rows differ by a trainer's rounding residue{fails}"
             )
+            lines += _example_lines(v.get("residue_examples", []))
     return lines
+
+
+def _example_lines(examples: list[dict[str, Any]]) -> list[str]:
+    return [
+        f"  {ex['file']} row {ex['row']} group {ex['group']}: "
+        f"expected {ex['expected']:.8g}, found {ex['actual']:.8g}"
+        for ex in examples
+    ]
 
 
 def render_rich(summary: RunSummary, console: Any) -> None:

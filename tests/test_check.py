@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import rollout_rows, write_jsonl, write_parquet
+from tests.test_cli import assert_one_line_error
 
 # rollout_rows(): 12 groups of 4 (kinds 0..3 cycle: all wrong, all right, mixed, mixed)
 # plus one singleton. With -r correct: 13 groups, 3 + 3 constant groups + the singleton
@@ -184,3 +185,82 @@ def test_check_writes_nothing(cli, tmp_path, data):
     before = sorted(p.name for p in tmp_path.iterdir())
     assert cli("check", path, "--min-groups", "1", "-q").exit_code == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def _exported(tmp_path, groups, advantages, name="exported.parquet"):
+    rows = [
+        {"group_id": g, "reward": r, "trainer_advantage": a}
+        for g, (group, adv) in enumerate(zip(groups, advantages, strict=True))
+        for r, a in zip(group, adv, strict=True)
+    ]
+    table = pa.Table.from_pylist(rows).cast(
+        pa.schema([("group_id", pa.int64()), ("reward", pa.float32()), ("trainer_advantage", pa.float32())])
+    )
+    path = tmp_path / name
+    pq.write_table(table, path)
+    return path
+
+
+def test_verify_tells_a_trainers_rounding_residue_from_a_mismatch(cli, tmp_path):
+    from tests.trainers import verl_float32
+
+    # constant groups of values float32 cannot hold, a large offset, and ordinary groups
+    groups = [[0.1] * 8, [0.7804687] * 13, [1e6, 1e6 + 0.0625], [0.0, 1.0, 1.0, 0.0], [0.2, 0.9, 0.4]]
+    advantages = verl_float32(groups)
+    assert any(a != 0 for a in advantages[0])  # verl's float32 residue in a constant group
+    advantages[1] = [-119.2] * 13  # what OpenRLHF exported for it: far beyond a rounding bound
+    path = _exported(tmp_path, groups, advantages)
+    args = ["--verify-advantage-col", "trainer_advantage", "--preset", "verl", "--summary-json", "-"]
+    result = cli("check", path, *args)
+    assert result.exit_code == 0, result.stderr
+    verify = json.loads(result.stdout)["verify"]
+    assert verify["mismatched"] == 0
+    assert verify["residue"] >= 8 + 13 + 2 - 2  # constant rows, and the offset group
+    assert {e["group"] for e in verify["residue_examples"]} <= {0, 1, 2}
+    assert "rounding residue (fails with --strict)" in result.stderr
+    strict = cli("check", path, *args, "--strict")
+    assert strict.exit_code == 1
+    assert json.loads(strict.stdout)["checks"][-1]["bound"] == "0 rows differ (--strict)"
+
+
+def test_verify_residue_of_identical_other_rollouts_under_leave_one_out(cli, tmp_path):
+    from tests.trainers import nemo_rl_float32
+
+    groups = [[0.9, 0.9, 0.9, 1.0], [0.3, 0.3, 0.3, 0.0, 0.3], [0.1, 0.5, 0.8]]
+    advantages = nemo_rl_float32(groups)
+    assert abs(advantages[0][3]) > 100  # NeMo-RL divides by a rounding residue: 235.9 here
+    path = _exported(tmp_path, groups, advantages)
+    args = ["--verify-advantage-col", "trainer_advantage", "--preset", "nemo-rl", "--summary-json", "-"]
+    result = cli("check", path, *args)
+    assert result.exit_code == 0, result.stderr
+    verify = json.loads(result.stdout)["verify"]
+    assert (verify["mismatched"], verify["residue"]) == (0, 1)  # [0.3] * 4 happens to cancel exactly
+    assert [e["row"] for e in verify["residue_examples"]] == [3]
+
+
+def test_verify_a_changed_value_in_an_active_group_is_a_mismatch(cli, tmp_path):
+    from tests.trainers import verl_float32
+
+    groups = [[0.1] * 4, [0.0, 1.0, 1.0, 0.0], [1e6, 1e6 + 0.0625]]
+    advantages = verl_float32(groups)
+    advantages[1][2] += 0.01
+    path = _exported(tmp_path, groups, advantages)
+    result = cli(
+        "check",
+        path,
+        "--verify-advantage-col",
+        "trainer_advantage",
+        "--preset",
+        "verl",
+        "--summary-json",
+        "-",
+    )
+    assert result.exit_code == 1
+    verify = json.loads(result.stdout)["verify"]
+    assert verify["mismatched"] == 1 and verify["examples"][0]["row"] == 6
+    assert "FAIL  verify-advantage-col: 1 rows differ (" in result.stderr
+
+
+def test_strict_needs_a_column_to_verify(cli, tmp_path, data):
+    path, _ = data
+    assert_one_line_error(cli("check", path, "--strict"), "--strict needs --verify-advantage-col")

@@ -20,7 +20,8 @@ from grpo_cli.errors import GrpoError
 from grpo_cli.jobs import check_dataset, compute_dataset
 from grpo_cli.kernel import GroupStatsAccumulator, apply_normalization, group_stats, normalize_in_groups
 from grpo_cli.options import AdvantageOptions
-from grpo_cli.plan import ComputeConfig, VerifySpec
+from grpo_cli.plan import ComputeConfig
+from grpo_cli.verify import VerifySpec
 from tests.conftest import write_parquet
 from tests.reference import reference_advantages
 

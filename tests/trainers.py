@@ -105,3 +105,37 @@ def constant_zero(groups: Groups, advantages: Groups) -> Groups:
         [0.0] * len(a) if len(g) > 1 and len({v for v in g if not math.isnan(v)}) <= 1 else a
         for g, a in zip(groups, advantages, strict=True)
     ]
+
+
+def verl_float32(groups: Groups) -> Groups:
+    """verl's grpo in float32, as it runs: torch.mean, torch.std, (r - mean) / (std + 1e-6)."""
+    out = []
+    for g in groups:
+        r = torch.tensor(g, dtype=torch.float32)
+        if r.numel() == 1:
+            out.append([float(r[0]) / (1 + 1e-6)])
+            continue
+        out.append(((r - r.mean()) / (r.std() + 1e-6)).tolist())
+    return out
+
+
+def nemo_rl_float32(groups: Groups) -> Groups:
+    """NeMo-RL's calculate_baseline_and_std_per_prompt in float32: the others' std from
+    E[x^2] - E[x]^2 (matrix products with 1 - I), divided by std + 1e-6 only where std > 0."""
+    out = []
+    for g in groups:
+        r = torch.tensor(g, dtype=torch.float32)
+        n = r.numel()
+        if n <= 1:
+            out.append([0.0] * n)
+            continue
+        others = 1 - torch.eye(n)
+        num_valid = torch.tensor(float(n - 1))
+        baseline = others @ r / num_valid
+        square = others @ r.pow(2) / num_valid
+        std = ((square - baseline.square()) * (num_valid / (num_valid - 1))).sqrt().nan_to_num(0)
+        a = r - baseline
+        nonzero = std > 0
+        a[nonzero] = a[nonzero] / (std[nonzero] + 1e-6)
+        out.append(a.tolist())
+    return out

@@ -19,7 +19,6 @@ from typing import IO, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 
 from grpo_cli.errors import GrpoError
@@ -27,7 +26,7 @@ from grpo_cli.guard import Claim
 from grpo_cli.kernel import GroupStats
 from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_types
 from grpo_cli.output import OutputTarget
-from grpo_cli.plan import ComputeConfig, GroupOutcome, RunPlan, VerifySpec
+from grpo_cli.plan import ComputeConfig, GroupOutcome, RunPlan
 from grpo_cli.progress import NoProgress, Progress
 from grpo_cli.rewards import RewardBatch, RewardReader, combined_advantages, new_column_arrays
 from grpo_cli.sources import (
@@ -43,6 +42,7 @@ from grpo_cli.sources import (
     unify_jsonl_schema,
 )
 from grpo_cli.summary import RunSummary, build_summary, input_info
+from grpo_cli.verify import Verifier
 
 BATCH_BYTES = 64 << 20
 MAX_BATCH_ROWS = 1 << 20
@@ -237,73 +237,29 @@ class _StatisticsPass:
 
 
 class _Pass2Figures:
-    """Figures gathered while advantages are written: their range and the verification."""
+    """Figures gathered while advantages are written: their range, and the verification."""
 
-    def __init__(self, verify: VerifySpec | None, keys: GroupKeyIndex | None) -> None:
+    def __init__(self, verifier: Verifier | None) -> None:
         self.minimum = float("inf")
         self.maximum = float("-inf")
-        self.verify = verify
-        self.keys = keys
-        self.mismatched = 0
-        self.compared = 0
-        self.max_abs_diff = 0.0
-        self.examples: list[dict[str, Any]] = []
+        self.verifier = verifier
 
     def observe(
-        self, batch: pa.RecordBatch, advantages: torch.Tensor, ids: torch.Tensor, shard: Shard, shard_row: int
+        self,
+        batch: pa.RecordBatch,
+        advantages: torch.Tensor,
+        rewards: torch.Tensor,
+        ids: torch.Tensor,
+        shard: Shard,
+        shard_row: int,
     ) -> None:
         if advantages.numel():
             low, high = torch.aminmax(advantages.to(torch.float64))
             self.minimum = min(self.minimum, float(low))
             self.maximum = max(self.maximum, float(high))
-        if self.verify is not None:
-            self._compare(batch.column(self.verify.column), advantages, ids, shard, shard_row, self.verify)
-
-    def _compare(
-        self,
-        column: pa.Array,
-        advantages: torch.Tensor,
-        ids: torch.Tensor,
-        shard: Shard,
-        shard_row: int,
-        verify: VerifySpec,
-    ) -> None:
-        if not (pa.types.is_floating(column.type) or pa.types.is_integer(column.type)):
-            raise GrpoError(
-                f"{shard.display}: column {verify.column!r} has type {column.type}; "
-                "it must be numeric to verify"
-            )
-        given = as_tensor(
-            pc.cast(column, pa.float64()).fill_null(float("nan")).to_numpy(zero_copy_only=False)
-        )
-        expected = advantages.to(torch.float64)
-        diff = (given - expected).abs()
-        bad = ~(diff <= verify.atol + verify.rtol * expected.abs())  # NaN counts as bad
-        self.compared += given.numel()
-        count = int(bad.sum())
-        if diff.numel():
-            finite = diff[torch.isfinite(diff)]
-            if finite.numel():
-                self.max_abs_diff = max(self.max_abs_diff, float(finite.max()))
-            if not bool(torch.isfinite(diff).all()):
-                self.max_abs_diff = float("inf")
-        if not count:
-            return
-        self.mismatched += count
-        for index in bad.nonzero().flatten().tolist():
-            if len(self.examples) >= verify.max_examples:
-                break
-            gid = int(ids[index])
-            key = self.keys.key_at(gid) if self.keys is not None else gid
-            self.examples.append(
-                {
-                    "file": shard.display,
-                    "row": shard_row + index,
-                    "group": _jsonable(key),
-                    "expected": float(expected[index]),
-                    "actual": float(given[index]),
-                }
-            )
+        if self.verifier is not None:
+            column = batch.column(self.verifier.spec.column)
+            self.verifier.compare(column, advantages, rewards, ids, shard, shard_row)
 
     def advantage_range(self) -> tuple[float, float] | None:
         if self.minimum > self.maximum:
@@ -311,25 +267,7 @@ class _Pass2Figures:
         return self.minimum, self.maximum
 
     def verify_result(self) -> dict[str, Any] | None:
-        if self.verify is None:
-            return None
-        return {
-            "column": self.verify.column,
-            "atol": self.verify.atol,
-            "rtol": self.verify.rtol,
-            "compared": self.compared,
-            "mismatched": self.mismatched,
-            "max_abs_diff": self.max_abs_diff,
-            "examples": self.examples,
-        }
-
-
-def _jsonable(key: Any) -> Any:
-    if isinstance(key, tuple):
-        return [_jsonable(k) for k in key]
-    if isinstance(key, (str, int, float, bool)) or key is None:
-        return key
-    return str(key)
+        return None if self.verifier is None else self.verifier.result()
 
 
 # --------------------------------------------------------------------------- the engine
@@ -466,7 +404,10 @@ class LocalEngine:
         output: OutputTarget | None,
     ) -> _Pass2Figures:
         config, plan = self.config, self.plan
-        figures = _Pass2Figures(config.verify, first.keys)
+        verifier = None
+        if config.verify is not None:
+            verifier = Verifier(config.verify, outcome.stats, config.advantage, first.keys)
+        figures = _Pass2Figures(verifier)
         provenance = plan.provenance([shard.display for shard in self.inputs.shards])
         weights = [spec.weight for spec in config.rewards]
         active_device = outcome.active.to(plan.device)
@@ -490,11 +431,12 @@ class LocalEngine:
                     ids = torch.arange(global_row, global_row + n) // config.group_size
                 else:
                     ids = as_tensor(take_ids(n))
+                rewards = reader.read(batch)
                 result = combined_advantages(
-                    reader.read(batch), ids, outcome.norms, active_device, weights=weights, device=plan.device
+                    rewards, ids, outcome.norms, active_device, weights=weights, device=plan.device
                 )
                 result = result.to(reader.output_dtype).cpu()
-                figures.observe(batch, result, ids, shard, shard_row)
+                figures.observe(batch, result, rewards.combined, ids, shard, shard_row)
                 if writer is not None:
                     arrays = new_column_arrays(
                         result, outcome.active[ids], ids.numpy(), outcome.group_columns
