@@ -26,7 +26,17 @@ Baseline = Literal["mean", "leave-one-out"]
 EpsilonMode = Literal["add", "clamp", "add-if-nonzero"]
 Singleton = Literal["zero", "raw"]
 NanPolicy = Literal["error", "ignore"]
-Estimator = Literal["grpo", "dr_grpo", "rloo"]
+Estimator = Literal[
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "reinforce_plus_plus_baseline",
+    "reinforce_baseline",
+    "gpg",
+    "remax",
+]
+Whiten = Literal["none", "unbiased", "population"]
+Renormalize = Literal["none", "trl", "gdpo"]
 Aggregation = Literal["sum-then-normalize", "normalize-then-sum"]
 InputFormat = Literal["parquet", "jsonl"]
 Engine = Literal["local", "ray"]

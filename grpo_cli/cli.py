@@ -171,11 +171,57 @@ EstimatorOpt = Annotated[
     Estimator | None,
     typer.Option(
         "--estimator",
-        help="grpo: (r - mean) / std; dr_grpo: r - mean; rloo: r - mean of the others.",
+        help="grpo: (r - mean) / std; dr_grpo: r - mean; rloo: r - mean of the others; "
+        "reinforce_plus_plus_baseline (verl), reinforce_baseline (OpenRLHF): r - mean, whitened over the "
+        "batch; gpg (verl): alpha (r - mean); remax (verl): r - --baseline-col. See the README's table.",
         show_default="grpo",
     ),
 ]
 EpsilonOpt = Annotated[float | None, typer.Option("--epsilon", help="Added to the std.", show_default="1e-6")]
+WhitenOpt = Annotated[
+    bool,
+    typer.Option(
+        "--whiten",
+        help="Whiten the advantages over each batch as verl's masked_whiten and ROLL do: "
+        "(A - mean) * rsqrt(unbiased var + 1e-8).",
+    ),
+]
+ClipOpt = Annotated[
+    tuple[float, float] | None,
+    typer.Option(
+        "--clip-advantage",
+        help="Clamp the final advantages to [LO, HI] (ROLL's advantage_clip, NeMo-RL's "
+        "advantage_clip_low/high).",
+        metavar="LO HI",
+    ),
+]
+BatchColOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--batch-col",
+        help="Training-batch column (e.g. step): --scale batch, whitening, GPG's alpha and the TRL/GDPO "
+        "re-normalisation use each batch's statistics. Each group must lie in one batch.",
+        show_default="the whole input is one batch",
+    ),
+]
+LengthColOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--length-col",
+        help="Response length (tokens): whitening weighs each rollout by it, as the trainers whiten "
+        "over tokens.",
+    ),
+]
+BaselineColOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--baseline-col", help="With --estimator remax: each row's baseline reward (the greedy rollout's)."
+    ),
+]
+GpgFNormOpt = Annotated[
+    float | None,
+    typer.Option("--gpg-f-norm", help="With --estimator gpg: the divisor f_norm.", show_default="1"),
+]
 StdOpt = Annotated[
     Std | None,
     typer.Option("--std", help="population (divide by n) or sample (n - 1).", show_default="population"),
@@ -346,6 +392,12 @@ def _config(
     drop_inactive: bool = False,
     keep_mean_range: tuple[float, float] | None = None,
     verify: VerifySpec | None = None,
+    whiten: bool = False,
+    clip_advantage: tuple[float, float] | None = None,
+    batch_col: str | None = None,
+    length_col: str | None = None,
+    baseline_col: str | None = None,
+    gpg_f_norm: float | None = None,
 ) -> ComputeConfig:
     """The run's :class:`~grpo_cli.plan.ComputeConfig` from the options both commands share."""
     from grpo_cli.options import AdvantageOptions, RewardSpec
@@ -362,6 +414,9 @@ def _config(
         epsilon_mode=epsilon_mode,
         singleton=singleton,
         nan=nan,
+        whiten="unbiased" if whiten else None,
+        clip=clip_advantage,
+        gpg_f_norm=gpg_f_norm,
     )
     return ComputeConfig(
         rewards=tuple(RewardSpec.parse(text) for text in (reward_col or ["reward"])),
@@ -379,6 +434,9 @@ def _config(
         drop_inactive=drop_inactive,
         keep_mean_range=keep_mean_range,
         verify=verify,
+        batch_col=batch_col,
+        length_col=length_col,
+        baseline_col=baseline_col,
     )
 
 
@@ -449,6 +507,12 @@ def compute(
     epsilon_mode: EpsilonModeOpt = None,
     singleton: SingletonOpt = None,
     nan: NanOpt = None,
+    whiten: WhitenOpt = False,
+    clip_advantage: ClipOpt = None,
+    batch_col: BatchColOpt = None,
+    length_col: LengthColOpt = None,
+    baseline_col: BaselineColOpt = None,
+    gpg_f_norm: GpgFNormOpt = None,
     device: DeviceOpt = "cpu",
     advantage_col: AdvantageColOpt = "advantage",
     active_col: ActiveColOpt = "group_active",
@@ -528,6 +592,12 @@ def compute(
             stats_cols=stats_cols,
             drop_inactive=drop_inactive,
             keep_mean_range=keep_mean_range,
+            whiten=whiten,
+            clip_advantage=clip_advantage,
+            batch_col=batch_col,
+            length_col=length_col,
+            baseline_col=baseline_col,
+            gpg_f_norm=gpg_f_norm,
         )
         _check_stdout(summary_json)
         if engine == "ray":
@@ -631,6 +701,12 @@ def check(
     epsilon_mode: EpsilonModeOpt = None,
     singleton: SingletonOpt = None,
     nan: NanOpt = None,
+    whiten: WhitenOpt = False,
+    clip_advantage: ClipOpt = None,
+    batch_col: BatchColOpt = None,
+    length_col: LengthColOpt = None,
+    baseline_col: BaselineColOpt = None,
+    gpg_f_norm: GpgFNormOpt = None,
     device: DeviceOpt = "cpu",
     summary_json: SummaryJsonOpt = None,
     force: Annotated[
@@ -679,6 +755,12 @@ def check(
             memory_limit_mb=memory_limit_mb,
             batch_rows=batch_rows,
             verify=verify,
+            whiten=whiten,
+            clip_advantage=clip_advantage,
+            batch_col=batch_col,
+            length_col=length_col,
+            baseline_col=baseline_col,
+            gpg_f_norm=gpg_f_norm,
         )
         _check_stdout(summary_json)
         bounds = CheckBounds(

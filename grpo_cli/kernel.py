@@ -39,6 +39,7 @@ from grpo_cli.choices import Baseline, EpsilonMode, NanPolicy, Scale, Singleton,
 
 __all__ = [
     "Baseline",
+    "BatchTransform",
     "Divisor",
     "EpsilonMode",
     "GroupAdvantages",
@@ -49,6 +50,7 @@ __all__ = [
     "Scale",
     "Singleton",
     "Std",
+    "WeightedMoments",
     "accumulator_dtype",
     "active_groups",
     "advantages_from_stats",
@@ -60,8 +62,11 @@ __all__ = [
     "group_stats",
     "group_std",
     "merge_group_stats",
+    "merge_weighted_moments",
     "normalize_in_groups",
     "prepare_normalization",
+    "weighted_moments",
+    "whitening",
 ]
 
 
@@ -163,6 +168,10 @@ class GroupStats:
             if name not in optional or prefix + name in columns
         }
         return cls(**values)
+
+    def select(self, groups: Tensor) -> GroupStats:
+        """The statistics of some groups: ``groups`` is a bool mask or an index tensor."""
+        return self._map(lambda t: t[groups.to(t.device)])
 
     def without_extremes(self) -> GroupStats:
         """The same statistics without ``at_minimum`` and ``at_maximum``."""
@@ -912,7 +921,10 @@ def _leave_one_out(x: Tensor, ids: Tensor, norm: Normalization) -> Tensor:
     lone_max = (x == torch.take(stats.maximum, ids)) & (at_max == 1) & (at_min == others_n)
     lone_min = (x == torch.take(stats.minimum, ids)) & (at_min == 1) & (at_max == others_n)
     m2_others = torch.where(lone_max | lone_min, torch.zeros_like(m2_others), m2_others)
-    denominator = norm.divisor.of(m2_others, (n - 1).to(torch.int64), units)
+    divisor = norm.divisor
+    if divisor.batch_std is not None and divisor.batch_std.numel() > 1:  # one per group: per row here
+        divisor = replace(divisor, batch_std=torch.take(divisor.batch_std, ids))
+    denominator = divisor.of(m2_others, (n - 1).to(torch.int64), units)
     out = centred / denominator
     return torch.where(row_active, out, torch.zeros_like(out))
 
@@ -1128,3 +1140,106 @@ class GroupStatsAccumulator:
             ids = ids.to(self.device, torch.int64)
             layout = _fast_layout(ids, int(ids.max()) + 1)
         return _group_stats(rewards, layout, valid, count_extremes=self.count_extremes)
+
+
+# --------------------------------------------------------------------------- batch whitening
+
+
+@dataclass(frozen=True)
+class WeightedMoments:
+    """Per-batch weighted moments of advantages, all float64 of shape ``(num_batches,)``.
+
+    ``weight`` is the sum of the weights (rows, or tokens with a length weight), ``mean``
+    the weighted mean and ``m2`` the weighted centred sum of squares. Merge chunks with
+    :func:`merge_weighted_moments`.
+    """
+
+    weight: Tensor
+    mean: Tensor
+    m2: Tensor
+    count: Tensor  # rows, int64
+
+
+def weighted_moments(
+    values: Tensor, weights: Tensor | None, batch_ids: Tensor, num_batches: int
+) -> WeightedMoments:
+    """Weighted moments of ``values`` per batch (corrected two-pass), in float64.
+
+    >>> m = weighted_moments(torch.tensor([1.0, 3.0, 10.0]), None, torch.tensor([0, 0, 1]), 2)
+    >>> m.weight.tolist(), m.mean.tolist(), m.m2.tolist()
+    ([2.0, 1.0], [2.0, 10.0], [2.0, 0.0])
+    """
+    x = values.to(torch.float64)
+    w = torch.ones_like(x) if weights is None else weights.to(torch.float64)
+    ids = batch_ids.to(torch.int64)
+
+    def total(v: Tensor) -> Tensor:
+        return torch.zeros(num_batches, dtype=torch.float64, device=x.device).index_add_(0, ids, v)
+
+    weight = total(w)
+    safe = torch.where(weight > 0, weight, torch.ones_like(weight))
+    mean = total(w * x) / safe
+    deviation = x - torch.take(mean, ids)
+    correction = total(w * deviation) / safe
+    m2 = (total(w * deviation * deviation) - correction * total(w * deviation)).clamp_min(0)
+    count = torch.bincount(ids, minlength=num_batches)
+    return WeightedMoments(weight, mean + correction, m2, count)
+
+
+def merge_weighted_moments(a: WeightedMoments, b: WeightedMoments) -> WeightedMoments:
+    """Combine the moments of two disjoint sets of rows (Chan et al., weighted)."""
+    weight = a.weight + b.weight
+    safe = torch.where(weight > 0, weight, torch.ones_like(weight))
+    delta = b.mean - a.mean
+    mean = a.mean + delta * (b.weight / safe)
+    m2 = a.m2 + b.m2 + delta * delta * (a.weight * b.weight / safe)
+    return WeightedMoments(weight, mean, m2, a.count + b.count)
+
+
+@dataclass(frozen=True)
+class BatchTransform:
+    """``A = (A0 - shift[b]) * factor[b]`` for a row of batch ``b``; float64 ``(num_batches,)``."""
+
+    shift: Tensor
+    factor: Tensor
+
+    def apply(self, advantages: Tensor, batch_ids: Tensor) -> Tensor:
+        """The transformed advantages, in float64."""
+        x = advantages.to(torch.float64)
+        ids = batch_ids.to(torch.int64)
+        return (x - torch.take(self.shift, ids)) * torch.take(self.factor, ids)
+
+
+def whitening(moments: WeightedMoments, *, method: str) -> BatchTransform:
+    """The batch transform that whitens advantages with these moments.
+
+    ``method``:
+
+    * ``"unbiased"``: verl's ``masked_whiten`` (ROLL's whitening): weighted mean, unbiased
+      variance ``m2 / (W - 1)``, ``(x - mean) * rsqrt(var + 1e-8)``;
+    * ``"population"``: OpenRLHF's advantage whitening: ``m2 / W``,
+      ``(x - mean) * rsqrt(max(var, 1e-8))``;
+    * ``"trl"``: TRL's re-normalisation of the summed per-reward advantages: no shift (the
+      exact mean is 0: each reward's advantages sum to 0 in every group), sample std over
+      rows, ``x / (std + 1e-4)``;
+    * ``"gdpo"``: NeMo-RL's GDPO: ``(x - mean) / std`` with the sample std over rows, or
+      only ``x - mean`` where that std is 0.
+
+    >>> m = weighted_moments(torch.tensor([1.0, 3.0]), None, torch.tensor([0, 0]), 1)
+    >>> whitening(m, method="population").apply(torch.tensor([1.0, 3.0]), torch.tensor([0, 0]))
+    tensor([-1.,  1.], dtype=torch.float64)
+    """
+    weight, mean, m2 = moments.weight, moments.mean, moments.m2
+    rows = moments.count.to(torch.float64)
+    if method == "unbiased":
+        variance = m2 / (weight - 1).clamp_min(1)
+        return BatchTransform(mean, torch.rsqrt(variance + 1e-8))
+    if method == "population":
+        variance = m2 / weight.clamp_min(1)
+        return BatchTransform(mean, torch.rsqrt(variance.clamp_min(1e-8)))
+    sample_std = (m2 / (rows - 1).clamp_min(1)).sqrt()
+    if method == "trl":
+        return BatchTransform(torch.zeros_like(mean), 1 / (sample_std + 1e-4))
+    if method == "gdpo":
+        return BatchTransform(mean, 1 / torch.where(sample_std > 0, sample_std, torch.ones_like(sample_std)))
+    raise ValueError(f"method must be unbiased, population, trl or gdpo, got {method!r}")

@@ -16,14 +16,18 @@ from grpo_cli.choices import (
     Estimator,
     NanPolicy,
     Preset,
+    Renormalize,
     Scale,
     Singleton,
     Std,
+    Whiten,
     check_choice,
 )
 from grpo_cli.errors import GrpoError
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from grpo_cli.kernel import GroupStats, Normalization
 
 
@@ -45,6 +49,10 @@ class AdvantageOptions:
     singleton: Singleton = "zero"
     nan: NanPolicy = "error"
     estimator: Estimator = "grpo"
+    whiten: Whiten = "none"
+    renormalize: Renormalize = "none"
+    clip: tuple[float, float] | None = None
+    gpg_f_norm: float = 1.0
     preset: Preset | None = None
 
     @classmethod
@@ -77,11 +85,27 @@ class AdvantageOptions:
             ("--epsilon-mode", self.epsilon_mode, EpsilonMode),
             ("--singleton", self.singleton, Singleton),
             ("--nan", self.nan, NanPolicy),
+            ("--whiten", self.whiten, Whiten),
+            ("renormalize", self.renormalize, Renormalize),
         ):
             check_choice(option, value, vocabulary)
+        if self.clip is not None:
+            low, high = self.clip
+            if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+                raise GrpoError(f"--clip-advantage needs finite LO <= HI, got {low} {high}")
+        if not (math.isfinite(self.gpg_f_norm) and self.gpg_f_norm > 0):
+            raise GrpoError(f"--gpg-f-norm must be a positive finite number, got {self.gpg_f_norm!r}")
+        if self.estimator in ROW_BASELINE_ESTIMATORS and self.baseline != "mean":
+            raise GrpoError(
+                f"--estimator {self.estimator} subtracts its own baseline; leave --baseline as mean"
+            )
 
-    def normalization(self, stats: GroupStats) -> Normalization:
-        """The kernel's :class:`~grpo_cli.kernel.Normalization` of ``stats`` under these options."""
+    def normalization(self, stats: GroupStats, *, batch_std: Tensor | None = None) -> Normalization:
+        """The kernel's :class:`~grpo_cli.kernel.Normalization` of ``stats`` under these options.
+
+        ``batch_std``: with ``scale="batch"``, the std of each group's batch, shape
+        ``(num_groups,)`` (default: the std of every reward in ``stats``).
+        """
         from grpo_cli.kernel import prepare_normalization
 
         return prepare_normalization(
@@ -92,6 +116,7 @@ class AdvantageOptions:
             baseline=self.baseline,
             epsilon_mode=self.epsilon_mode,
             singleton=self.singleton,
+            batch_std=batch_std,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -102,7 +127,24 @@ ESTIMATORS: dict[str, dict[str, Any]] = {
     "grpo": {"baseline": "mean"},
     "dr_grpo": {"baseline": "mean", "scale": "none"},
     "rloo": {"baseline": "leave-one-out", "scale": "none"},
+    # verl: r - group mean (a singleton's mean is 0), then masked_whiten over the batch
+    "reinforce_plus_plus_baseline": {
+        "baseline": "mean",
+        "scale": "none",
+        "singleton": "raw",
+        "whiten": "unbiased",
+    },
+    # OpenRLHF: r - group mean, then its advantage whitening over the batch (population)
+    "reinforce_baseline": {"baseline": "mean", "scale": "none", "singleton": "zero", "whiten": "population"},
+    # verl: alpha * (r - group mean) / f_norm, alpha = batch rows / rows with a non-zero reward
+    "gpg": {"baseline": "mean", "scale": "none", "singleton": "raw"},
+    # verl: r - the row's own baseline (--baseline-col, the greedy rollout's reward)
+    "remax": {"baseline": "mean", "scale": "none"},
 }
+"""What each estimator sets; options given explicitly override it."""
+
+ROW_BASELINE_ESTIMATORS = ("remax",)
+"""Estimators whose baseline is a per-row column rather than the group's rewards."""
 
 
 @dataclass(frozen=True)
@@ -116,7 +158,7 @@ class TrainerPreset:
 
 PRESETS: dict[str, TrainerPreset] = {
     "trl": TrainerPreset(
-        {"std": "sample", "epsilon": 1e-4, "epsilon_mode": "add", "nan": "ignore"},
+        {"std": "sample", "epsilon": 1e-4, "epsilon_mode": "add", "nan": "ignore", "renormalize": "trl"},
         "trl/trainer/grpo_trainer.py, GRPOTrainer._generate_and_score_completions (TRL 0.2x)",
         "(r - mean) / (std + 1e-4), torch.std (Bessel); scale_rewards group|batch|none = --scale; "
         "NaN rewards left out of the statistics",
@@ -138,6 +180,7 @@ PRESETS: dict[str, TrainerPreset] = {
             "std": "sample",
             "epsilon": 1e-6,
             "epsilon_mode": "add-if-nonzero",
+            "renormalize": "gdpo",
         },
         "nemo_rl/algorithms/utils.py, calculate_baseline_and_std_per_prompt; nemo_rl/algorithms/grpo.py",
         "leave-one-out baseline, sample std over the same other rollouts, + 1e-6 only where std > 0; "

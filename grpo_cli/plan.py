@@ -22,7 +22,16 @@ import torch
 from grpo_cli.choices import Aggregation, InputFormat, check_choice
 from grpo_cli.errors import GrpoError
 from grpo_cli.guard import PROVENANCE_KEY
-from grpo_cli.kernel import GroupStats, GroupStatsAccumulator, Normalization, group_std
+from grpo_cli.kernel import (
+    BatchTransform,
+    GroupStats,
+    GroupStatsAccumulator,
+    Normalization,
+    WeightedMoments,
+    batch_std,
+    group_std,
+    whitening,
+)
 from grpo_cli.options import AdvantageOptions, RewardSpec
 from grpo_cli.rewards import advantage_dtype
 from grpo_cli.verify import VerifySpec
@@ -57,6 +66,9 @@ class ComputeConfig:
     stats_block_rows: int = 1 << 22
     input_format: InputFormat | None = None
     verify: VerifySpec | None = None
+    batch_col: str | None = None
+    length_col: str | None = None
+    baseline_col: str | None = None
 
     def validate(self) -> None:
         if not self.rewards:
@@ -80,14 +92,30 @@ class ComputeConfig:
         if self.batch_rows is not None and self.batch_rows < 1:
             raise GrpoError(f"batch_rows must be positive, got {self.batch_rows}")
         self.advantage.validate()
+        if self.advantage.estimator == "remax" and self.baseline_col is None:
+            raise GrpoError("--estimator remax needs --baseline-col (each row's baseline reward)")
+        if self.baseline_col is not None and self.advantage.estimator != "remax":
+            raise GrpoError("--baseline-col is the baseline of --estimator remax; add --estimator remax")
+        per_column = self.aggregation == "normalize-then-sum" and len(self.rewards) > 1
+        if per_column and self.advantage.renormalize != "none" and self.advantage.whiten != "none":
+            raise GrpoError(
+                f"--whiten {self.advantage.whiten} and the {self.advantage.renormalize} re-normalisation of "
+                "normalize-then-sum both transform the batch; choose one"
+            )
+        if self.length_col is not None and self.advantage.whiten == "none":
+            raise GrpoError(
+                "--length-col weights the batch whitening by response length: it needs --whiten or an "
+                "estimator that whitens (reinforce_plus_plus_baseline, reinforce_baseline)"
+            )
 
     @property
     def input_columns(self) -> list[str]:
-        """The columns pass 1 reads: the rewards, then the group keys (without repeats)."""
+        """The columns pass 1 reads: the rewards, the group keys, then the batch, length and
+        baseline columns (without repeats)."""
         columns = [r.column for r in self.rewards]
-        if self.group_size is None:
-            columns += [c for c in self.group_cols if c not in columns]
-        return columns
+        wanted = list(self.group_cols) if self.group_size is None else []
+        wanted += [c for c in (self.batch_col, self.length_col, self.baseline_col) if c is not None]
+        return columns + [c for c in dict.fromkeys(wanted) if c not in columns]
 
     @property
     def new_columns(self) -> list[str]:
@@ -115,6 +143,9 @@ class ComputeConfig:
             "drop_inactive": self.drop_inactive,
             "keep_mean_range": list(self.keep_mean_range) if self.keep_mean_range else None,
             "device": self.device,
+            "batch_col": self.batch_col,
+            "length_col": self.length_col,
+            "baseline_col": self.baseline_col,
         }
 
 
@@ -140,6 +171,23 @@ def resolve_device(spec: str) -> torch.device:
 
 
 @dataclass(frozen=True)
+class BatchLayout:
+    """Which training batch (``--batch-col``) each group belongs to, and per-batch counts.
+
+    Without ``--batch-col`` the whole input is one batch.
+    """
+
+    of_group: np.ndarray  # int64 (num_groups,)
+    rows: np.ndarray  # int64 (num_batches,)
+    nonzero_rewards: np.ndarray  # int64 (num_batches,): rows whose reward is finite and not 0
+    keys: list[Any]  # the batch column's value of each batch ID
+
+    @property
+    def count(self) -> int:
+        return int(self.rows.size)
+
+
+@dataclass(frozen=True)
 class GroupOutcome:
     """Per-group results of a run once pass 1 is done: what pass 2 applies and the summary reports.
 
@@ -158,6 +206,9 @@ class GroupOutcome:
     kept: torch.Tensor | None
     group_columns: tuple[np.ndarray, np.ndarray, np.ndarray] | None
     drop_reasons: list[str]
+    batches: BatchLayout | None = None
+    row_scale: torch.Tensor | None = None  # per batch: GPG's alpha / f_norm
+    transform: BatchTransform | None = None  # per batch: whitening, set after the moments pass
 
     @property
     def dropped_groups(self) -> int:
@@ -236,9 +287,19 @@ class RunPlan:
 
     # ----------------------------------------------------------------- between the passes
 
-    def normalize(self, channel_stats: Sequence[GroupStats]) -> tuple[list[Normalization], torch.Tensor]:
-        """Each channel's normalisation, and the active groups (active in any channel)."""
-        norms = [self.config.advantage.normalization(stats) for stats in channel_stats]
+    def normalize(
+        self, channel_stats: Sequence[GroupStats], *, batch_std: Sequence[torch.Tensor] | None = None
+    ) -> tuple[list[Normalization], torch.Tensor]:
+        """Each channel's normalisation, and the active groups (active in any channel).
+
+        ``batch_std``: per channel, the std of each group's batch (``--scale batch`` with
+        ``--batch-col``); by default the std of the whole input.
+        """
+        options = self.config.advantage
+        norms = [
+            options.normalization(stats, batch_std=None if batch_std is None else batch_std[channel])
+            for channel, stats in enumerate(channel_stats)
+        ]
         active = norms[0].active
         for extra in norms[1:]:
             active = active | extra.active
@@ -252,10 +313,19 @@ class RunPlan:
         rows_per_group: np.ndarray,
         rows: int,
         nan_rewards: int,
+        batches: BatchLayout | None = None,
     ) -> GroupOutcome:
         """Everything pass 2 and the summary need, from pass 1's statistics."""
-        norms, active = self.normalize(channel_stats)
+        batch_std = None
+        if batches is not None and batches.count > 1 and self.config.advantage.scale == "batch":
+            batch_std = self._batch_std(channel_stats, batches)
+        norms, active = self.normalize(channel_stats, batch_std=batch_std)
         active_cpu = active.cpu()
+        row_scale = None
+        if self.config.advantage.estimator == "gpg":
+            assert batches is not None
+            alpha = torch.from_numpy(batches.rows / np.maximum(batches.nonzero_rewards, 1))
+            row_scale = alpha.to(torch.float64) / self.config.advantage.gpg_f_norm
         return GroupOutcome(
             norms=norms,
             active=active_cpu,
@@ -266,7 +336,38 @@ class RunPlan:
             kept=self._kept_groups(active_cpu, summary_stats),
             group_columns=self._group_columns(summary_stats, rows_per_group),
             drop_reasons=self.drop_reasons(),
+            batches=batches,
+            row_scale=row_scale,
         )
+
+    def _batch_std(self, channel_stats: Sequence[GroupStats], batches: BatchLayout) -> list[torch.Tensor]:
+        """Per channel, the reward std of each group's batch, shape ``(num_groups,)``."""
+        ddof = 1 if self.config.advantage.std == "sample" else 0
+        of_group = torch.from_numpy(batches.of_group)
+        out = []
+        for stats in channel_stats:
+            per_batch = torch.stack(
+                [batch_std(stats.select(of_group == b), ddof=ddof) for b in range(batches.count)]
+            )
+            out.append(per_batch[of_group].to(stats.mean.device))
+        return out
+
+    @property
+    def needs_moments_pass(self) -> bool:
+        """Whether advantages are whitened or re-normalised over their batch (an extra pass)."""
+        return self.whitening is not None
+
+    @property
+    def whitening(self) -> str | None:
+        """The batch transform's method (see :func:`~grpo_cli.kernel.whitening`), or ``None``."""
+        options = self.config.advantage
+        if self.per_column and options.renormalize != "none":
+            return options.renormalize
+        return None if options.whiten == "none" else options.whiten
+
+    def transform(self, moments: WeightedMoments) -> BatchTransform:
+        assert self.whitening is not None
+        return whitening(moments, method=self.whitening)
 
     def _kept_groups(self, active: torch.Tensor, stats: GroupStats) -> torch.Tensor | None:
         config = self.config

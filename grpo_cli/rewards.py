@@ -106,6 +106,20 @@ class RewardReader:
             return RewardBatch(scaled, [_finite(v) for v in scaled], combined, combined_valid)
         return RewardBatch([combined], [combined_valid], combined, combined_valid)
 
+    def column(self, batch: pa.RecordBatch, name: str, first_row: int = 0) -> torch.Tensor:
+        """Another numeric column of the batch (a length, a baseline) as float64, nulls as NaN."""
+        array = batch.column(name)
+        if not (
+            pa.types.is_integer(array.type)
+            or pa.types.is_floating(array.type)
+            or pa.types.is_boolean(array.type)
+            or pa.types.is_decimal(array.type)
+        ):
+            raise GrpoError(
+                f"{self.shard.display}: column {name!r} has type {array.type}; it must be numeric"
+            )
+        return self._column(array, name, first_row).to(torch.float64)
+
     def _column(self, array: pa.Array, name: str, first_row: int) -> torch.Tensor:
         if pa.types.is_integer(array.type) and array.type.bit_width == 64:
             limit = pa.scalar(1 << 53, array.type)

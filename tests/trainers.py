@@ -9,6 +9,7 @@ NaN allowed where the trainer allows it) and returns the advantages group by gro
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -139,3 +140,127 @@ def nemo_rl_float32(groups: Groups) -> Groups:
         a[nonzero] = a[nonzero] / (std[nonzero] + 1e-6)
         out.append(a.tolist())
     return out
+
+
+# --------------------------------------------------------------------------- outcome estimators
+# Written from the trainers' code (verl core_algos.py and torch_functional.py at b178a3cd,
+# OpenRLHF experience_maker.py at 3c3be623, TRL grpo_trainer.py at f2cd5771, NeMo-RL
+# advantage_estimator.py at 7ea279ab), token-level where the trainer is: each row's value is
+# spread over ``length`` tokens and the batch statistics are taken over valid tokens.
+
+
+def _token_mask(lengths: list[int]) -> torch.Tensor:
+    longest = max(lengths)
+    return (torch.arange(longest)[None, :] < torch.tensor(lengths)[:, None]).to(torch.float64)
+
+
+def _verl_masked_whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """verl_F.masked_whiten: masked mean, unbiased masked variance, rsqrt(var + 1e-8)."""
+
+    def masked_mean(v: torch.Tensor) -> torch.Tensor:
+        return (v * mask).sum() / (mask.sum() + 1e-8)
+
+    mean = masked_mean(values)
+    variance = masked_mean((values - mean) ** 2)
+    count = mask.sum()
+    variance = variance * count / (count - 1)
+    return (values - mean) * torch.rsqrt(variance + 1e-8)
+
+
+def _group_means_verl(scores: torch.Tensor, index: list[int]) -> torch.Tensor:
+    """verl's id2mean: the group's mean, 0 for a one-rollout group."""
+    out = torch.empty_like(scores)
+    for g in set(index):
+        rows = [i for i, x in enumerate(index) if x == g]
+        out[rows] = 0.0 if len(rows) == 1 else scores[rows].mean()
+    return out
+
+
+def verl_reinforce_plus_plus_baseline(
+    scores: list[float], index: list[int], lengths: list[int]
+) -> list[float]:
+    s = torch.tensor(scores, dtype=torch.float64)
+    s = s - _group_means_verl(s, index)
+    mask = _token_mask(lengths)
+    tokens = s[:, None] * mask
+    whitened = _verl_masked_whiten(tokens, mask) * mask
+    return [float(whitened[i, 0]) for i in range(len(scores))]
+
+
+def verl_whiten(advantages: list[float], lengths: list[int]) -> list[float]:
+    """ROLL's and verl's masked_whiten of final advantages, token-weighted."""
+    mask = _token_mask(lengths)
+    tokens = torch.tensor(advantages, dtype=torch.float64)[:, None] * mask
+    whitened = _verl_masked_whiten(tokens, mask) * mask
+    return [float(whitened[i, 0]) for i in range(len(advantages))]
+
+
+def openrlhf_reinforce_baseline(groups: Groups, lengths: list[int]) -> list[float]:
+    """rewards - rewards.mean(-1) per prompt (uniform group size), then whitening over the
+    batch's action tokens: mean, population variance, (x - mean) * var.clamp(min=1e-8).rsqrt()."""
+    rewards = torch.tensor(groups, dtype=torch.float64)
+    rewards = (rewards - rewards.mean(-1, keepdim=True)).reshape(-1)
+    mask = _token_mask(lengths)
+    tokens = rewards[:, None] * mask
+    count = mask.sum()
+    mean = (tokens * mask).sum() / count
+    variance = ((tokens - mean).pow(2) * mask).sum() / count
+    out = (tokens - mean) * variance.clamp(min=1e-8).rsqrt()
+    return [float(out[i, 0]) for i in range(len(lengths))]
+
+
+def verl_gpg(scores: list[float], index: list[int], f_norm: float = 1.0) -> list[float]:
+    s = torch.tensor(scores, dtype=torch.float64)
+    alpha = len(scores) / max(1, int(torch.count_nonzero(s)))
+    return (alpha * (s - _group_means_verl(s, index)) / f_norm).tolist()
+
+
+def verl_remax(scores: list[float], baselines: list[float]) -> list[float]:
+    return (torch.tensor(scores, dtype=torch.float64) - torch.tensor(baselines, dtype=torch.float64)).tolist()
+
+
+def trl_normalize_then_sum(
+    per_func: list[list[float]], weights: list[float], num_generations: int
+) -> list[float]:
+    """TRL's multi_objective_aggregation="normalize_then_sum"."""
+    rewards_per_func = torch.tensor(per_func, dtype=torch.float64)
+    grouped = rewards_per_func.view(-1, num_generations, len(weights))
+    mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+    std_k = grouped.std(dim=1, keepdim=True)
+    reward_k = ((grouped - mean_k) / (std_k + 1e-4)).view(-1, len(weights))
+    rewards = (reward_k * torch.tensor(weights, dtype=torch.float64)).nansum(dim=1)
+    std = rewards.std()
+    return ((rewards - rewards.mean()) / (std + 1e-4)).tolist()
+
+
+def nemo_rl_gdpo(per_func: list[list[float]], prompt_ids: list[int], weights: list[float]) -> list[float]:
+    """NeMo-RL's GDPOAdvantageEstimator: each component against its leave-one-out baseline
+    (std of the others, + 1e-6 where > 0), weighted sum, then (A - mean) / std over the batch."""
+    components = torch.tensor(per_func, dtype=torch.float64)
+    total = torch.zeros(components.shape[0], dtype=torch.float64)
+    for k, weight in enumerate(weights):
+        groups: dict[int, list[int]] = {}
+        for i, p in enumerate(prompt_ids):
+            groups.setdefault(p, []).append(i)
+        part = torch.zeros_like(total)
+        for rows in groups.values():
+            advantages = nemo_rl([components[rows, k].tolist()])[0]
+            part[rows] = torch.tensor(advantages, dtype=torch.float64)
+        total = total + weight * part
+    std = total.std()
+    return ((total - total.mean()) / std if std > 0 else total - total.mean()).tolist()
+
+
+def constant_zero_rows(
+    rows: list[dict[str, Any]], advantages: list[float], column: str = "score"
+) -> list[float]:
+    """:func:`constant_zero` for rows in any order: rows of constant groups get 0."""
+    values: dict[int, set[float]] = {}
+    sizes: dict[int, int] = {}
+    for r in rows:
+        values.setdefault(r["group_id"], set()).add(r[column])
+        sizes[r["group_id"]] = sizes.get(r["group_id"], 0) + 1
+    return [
+        0.0 if sizes[r["group_id"]] > 1 and len(values[r["group_id"]]) == 1 else a
+        for r, a in zip(rows, advantages, strict=True)
+    ]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO, Any
 
 import numpy as np
@@ -23,10 +23,10 @@ import torch
 
 from grpo_cli.errors import GrpoError
 from grpo_cli.guard import Claim
-from grpo_cli.kernel import GroupStats
+from grpo_cli.kernel import GroupStats, WeightedMoments, merge_weighted_moments, weighted_moments
 from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_types
 from grpo_cli.output import OutputTarget
-from grpo_cli.plan import ComputeConfig, GroupOutcome, RunPlan
+from grpo_cli.plan import BatchLayout, ComputeConfig, GroupOutcome, RunPlan
 from grpo_cli.progress import NoProgress, Progress
 from grpo_cli.rewards import RewardBatch, RewardReader, combined_advantages, new_column_arrays
 from grpo_cli.sources import (
@@ -132,6 +132,7 @@ class _Statistics:
     nan_rewards: int
     keys: GroupKeyIndex | None
     cached: list[list[pa.RecordBatch]] | None  # every shard's batches, when in memory
+    batches: BatchLayout
 
 
 class _StatisticsPass:
@@ -157,6 +158,11 @@ class _StatisticsPass:
         self._pending: list[tuple[pa.RecordBatch, RewardBatch]] = []
         self._pending_rows = 0
         self._pending_start = 0
+        self._pending_first_global = 0
+        self.batch_keys = GroupKeyIndex([config.batch_col], exact=exact_keys) if config.batch_col else None
+        self.batch_of_group = np.zeros(0, dtype=np.int64)
+        self.batch_rows = np.zeros(1, dtype=np.int64)
+        self.batch_nonzero = np.zeros(1, dtype=np.int64)
 
     @property
     def pending_rows(self) -> int:
@@ -165,6 +171,7 @@ class _StatisticsPass:
     def add(self, batch: pa.RecordBatch, rewards: RewardBatch, shard: Shard, shard_row: int) -> None:
         if not self._pending:
             self._pending_start = shard_row
+            self._pending_first_global = self.rows
         self._note_bad_rewards(rewards, shard, shard_row)
         self._pending.append((batch, rewards))
         self._pending_rows += batch.num_rows
@@ -177,13 +184,14 @@ class _StatisticsPass:
         if self.keys is not None:
             group_cols = self.plan.config.group_cols
             key_columns = [pa.chunked_array([b.column(c) for b, _ in self._pending]) for c in group_cols]
-            ids_np = self._encode_keys(self.keys, key_columns, shard)
+            ids_np = self._encode(self.keys, key_columns, shard, what="group")
             self.spool.append(ids_np)
             ids = torch.from_numpy(ids_np)
             counts = np.bincount(ids_np, minlength=len(self.keys))
             grown = np.pad(self.rows_per_group, (0, len(counts) - len(self.rows_per_group)))
             self.rows_per_group = grown + counts
         chunk = RewardBatch.concat([r for _, r in self._pending])
+        self._count_batches(chunk, ids, shard)
         channels = self.accumulators[: self.plan.channels]
         for acc, values, valid in zip(channels, chunk.channels, chunk.channel_valid, strict=True):
             acc.update(values, ids, valid)
@@ -191,6 +199,55 @@ class _StatisticsPass:
             self.accumulators[-1].update(chunk.combined, ids, chunk.combined_valid)
         self._pending.clear()
         self._pending_rows = 0
+
+    def _count_batches(self, chunk: RewardBatch, ids: torch.Tensor | None, shard: Shard) -> None:
+        """Rows and non-zero rewards per batch; each group's batch (one per group, checked)."""
+        n = self._pending_rows
+        config = self.plan.config
+        if self.batch_keys is None:
+            batch_ids = np.zeros(n, dtype=np.int64)
+        else:
+            column = pa.chunked_array([b.column(config.batch_col) for b, _ in self._pending])
+            batch_ids = self._encode(self.batch_keys, [column], shard, what="batch")
+        if ids is None:  # --group-size: groups are consecutive blocks of rows
+            assert config.group_size is not None
+            group_ids = (
+                np.arange(self._pending_first_global, self._pending_first_global + n) // config.group_size
+            )
+        else:
+            group_ids = ids.numpy()
+        k = int(group_ids.max()) + 1 if n else 0
+        seen = np.full(k, -1, dtype=np.int64)
+        low, high = seen.copy(), seen.copy()
+        np.maximum.at(high, group_ids, batch_ids)
+        low[:] = np.iinfo(np.int64).max
+        np.minimum.at(low, group_ids, batch_ids)
+        present = high >= 0
+        known = np.pad(self.batch_of_group, (0, max(0, k - self.batch_of_group.size)), constant_values=-1)
+        clash = present & ((low != high) | ((known[:k] >= 0) & (known[:k] != high)))
+        if clash.any():
+            group = int(np.flatnonzero(clash)[0])
+            row = int(np.flatnonzero(group_ids == group)[0])
+            raise GrpoError(
+                f"{describe_row(shard, self._pending_start + row)}: a group spans two values of "
+                f"--batch-col {config.batch_col!r}; each group must lie in one training batch"
+            )
+        known[:k] = np.where(present, high, known[:k])
+        self.batch_of_group = known
+        batches = int(batch_ids.max()) + 1 if n else 0
+        if batches > self.batch_rows.size:
+            grow = batches - self.batch_rows.size
+            self.batch_rows = np.pad(self.batch_rows, (0, grow))
+            self.batch_nonzero = np.pad(self.batch_nonzero, (0, grow))
+        self.batch_rows += np.bincount(batch_ids, minlength=self.batch_rows.size)
+        combined = chunk.combined.numpy()
+        nonzero = np.isfinite(combined) & (combined != 0)
+        self.batch_nonzero += np.bincount(batch_ids[nonzero], minlength=self.batch_rows.size)
+
+    def batch_layout(self, num_groups: int) -> BatchLayout:
+        of_group = np.pad(self.batch_of_group, (0, max(0, num_groups - self.batch_of_group.size)))
+        keys = [self.batch_keys.key_at(b) for b in range(len(self.batch_keys))] if self.batch_keys else [None]
+        return BatchLayout(of_group[:num_groups].clip(min=0), self.batch_rows, self.batch_nonzero, keys)
 
     def _note_bad_rewards(self, rewards: RewardBatch, shard: Shard, shard_row: int) -> None:
         if rewards.combined_valid is None:
@@ -201,17 +258,19 @@ class _StatisticsPass:
             index = int(invalid.nonzero()[0])
             self.first_bad = (shard, shard_row + index, float(rewards.combined[index]))
 
-    def _encode_keys(self, keys: GroupKeyIndex, arrays: list[pa.ChunkedArray], shard: Shard) -> np.ndarray:
+    def _encode(
+        self, keys: GroupKeyIndex, arrays: list[pa.ChunkedArray], shard: Shard, *, what: str
+    ) -> np.ndarray:
         try:
             return keys.encode(arrays)
         except InvalidKeyError as bad:
             raise GrpoError(
-                f"{describe_row(shard, self._pending_start + bad.row)}: group key {bad.column!r} is "
+                f"{describe_row(shard, self._pending_start + bad.row)}: {what} key {bad.column!r} is "
                 f"{bad.what} ({bad.count} {bad.what} key(s) in this chunk); {bad.what} keys cannot be grouped"
             ) from None
         except (TypeError, pa.ArrowException) as exc:
             raise GrpoError(
-                f"{shard.display}: cannot use {', '.join(keys.columns)} as group keys ({exc})"
+                f"{shard.display}: cannot use {', '.join(keys.columns)} as {what} keys ({exc})"
             ) from None
 
     def result(self, spec: str, cached: list[list[pa.RecordBatch]] | None) -> _Statistics:
@@ -229,7 +288,14 @@ class _StatisticsPass:
         channel_stats = stats[: self.plan.channels]
         summary_stats = stats[-1] if self.separate_summary else stats[0]
         return _Statistics(
-            channel_stats, summary_stats, rows_per_group, self.rows, self.bad_count, self.keys, cached
+            channel_stats,
+            summary_stats,
+            rows_per_group,
+            self.rows,
+            self.bad_count,
+            self.keys,
+            cached,
+            self.batch_layout(num_groups),
         )
 
 
@@ -309,7 +375,12 @@ class LocalEngine:
                 rows_per_group=first.rows_per_group,
                 rows=first.rows,
                 nan_rewards=first.nan_rewards,
+                batches=first.batches,
             )
+            if self.plan.needs_moments_pass:
+                outcome = replace(
+                    outcome, transform=self.plan.transform(self._moments(first, outcome, spool))
+                )
             figures = self._advantages(first, outcome, spool.reader(), output)
             output_info = output.commit() if output is not None else None
         finally:
@@ -409,8 +480,8 @@ class LocalEngine:
             verifier = Verifier(config.verify, outcome.stats, config.advantage, first.keys)
         figures = _Pass2Figures(verifier)
         provenance = plan.provenance([shard.display for shard in self.inputs.shards])
-        weights = [spec.weight for spec in config.rewards]
         active_device = outcome.active.to(plan.device)
+        clip = config.advantage.clip
         self.progress.start("pass 2/2: advantages" if output else "pass 2/2: verify", first.rows)
         global_row = 0
         for index, (shard, schema) in enumerate(zip(self.inputs.shards, self.schemas, strict=True)):
@@ -427,14 +498,14 @@ class LocalEngine:
             shard_row = 0
             for batch in batches:
                 n = batch.num_rows
-                if config.group_size is not None:
-                    ids = torch.arange(global_row, global_row + n) // config.group_size
-                else:
-                    ids = as_tensor(take_ids(n))
-                rewards = reader.read(batch)
-                result = combined_advantages(
-                    rewards, ids, outcome.norms, active_device, weights=weights, device=plan.device
+                ids = self._group_ids(global_row, n, take_ids)
+                rewards, result, batch_ids = self._row_advantages(
+                    batch, reader, ids, outcome, active_device, shard_row
                 )
+                if outcome.transform is not None:
+                    result = outcome.transform.apply(result, batch_ids)
+                if clip is not None:
+                    result = result.clamp(clip[0], clip[1])
                 result = result.to(reader.output_dtype).cpu()
                 figures.observe(batch, result, rewards.combined, ids, shard, shard_row)
                 if writer is not None:
@@ -454,6 +525,81 @@ class LocalEngine:
                 writer.close()
         self.progress.finish()
         return figures
+
+    def _group_ids(self, global_row: int, n: int, take_ids: Callable[[int], np.ndarray]) -> torch.Tensor:
+        group_size = self.config.group_size
+        if group_size is not None:
+            return torch.arange(global_row, global_row + n) // group_size
+        return as_tensor(take_ids(n))
+
+    def _row_advantages(
+        self,
+        batch: pa.RecordBatch,
+        reader: RewardReader,
+        ids: torch.Tensor,
+        outcome: GroupOutcome,
+        active_device: torch.Tensor,
+        shard_row: int,
+    ) -> tuple[RewardBatch, torch.Tensor, torch.Tensor]:
+        """One batch's rewards, advantages before any batch transform (CPU), and batch IDs."""
+        config, plan = self.config, self.plan
+        rewards = reader.read(batch, shard_row)
+        weights = [spec.weight for spec in config.rewards]
+        result = combined_advantages(
+            rewards, ids, outcome.norms, active_device, weights=weights, device=plan.device
+        )
+        result = result.cpu()
+        batches = outcome.batches
+        batch_ids = torch.from_numpy(batches.of_group)[ids] if batches is not None else torch.zeros_like(ids)
+        if outcome.row_scale is not None:
+            result = result.to(torch.float64) * outcome.row_scale[batch_ids]
+        if config.baseline_col is not None:  # remax: the row's own baseline
+            baseline = reader.column(batch, config.baseline_col, shard_row)
+            valid = torch.isfinite(rewards.combined) & torch.isfinite(baseline)
+            difference = rewards.combined.to(torch.float64) - baseline.to(torch.float64)
+            result = torch.where(valid, difference, torch.zeros_like(difference))
+        return rewards, result, batch_ids
+
+    def _moments(self, first: _Statistics, outcome: GroupOutcome, spool: _IdSpool) -> WeightedMoments:
+        """The extra pass of a batch transform: weighted moments of the advantages per batch."""
+        config, plan = self.config, self.plan
+        assert outcome.batches is not None
+        take_ids = spool.reader()
+        active_device = outcome.active.to(plan.device)
+        total = weighted_moments(
+            torch.zeros(0), None, torch.zeros(0, dtype=torch.int64), outcome.batches.count
+        )
+        columns = None if first.cached is not None else plan.input_columns
+        self.progress.start("pass 2/3: batch moments", first.rows)
+        global_row = 0
+        for index, (shard, schema) in enumerate(zip(self.inputs.shards, self.schemas, strict=True)):
+            if not len(schema):
+                continue
+            reader = self._reward_reader(schema, shard)
+            batches = iter(first.cached[index]) if first.cached is not None else self._batches(shard, columns)
+            shard_row = 0
+            for batch in batches:
+                n = batch.num_rows
+                ids = self._group_ids(global_row, n, take_ids)
+                _, result, batch_ids = self._row_advantages(
+                    batch, reader, ids, outcome, active_device, shard_row
+                )
+                lengths = None
+                if config.length_col is not None:
+                    lengths = reader.column(batch, config.length_col, shard_row)
+                    if not bool((torch.isfinite(lengths) & (lengths >= 0)).all()):
+                        bad = int((~(torch.isfinite(lengths) & (lengths >= 0))).nonzero()[0])
+                        raise GrpoError(
+                            f"{describe_row(shard, shard_row + bad)}: --length-col {config.length_col!r} is "
+                            f"{float(lengths[bad])}; lengths must be finite and >= 0"
+                        )
+                chunk = weighted_moments(result, lengths, batch_ids, outcome.batches.count)
+                total = merge_weighted_moments(total, chunk)
+                shard_row += n
+                global_row += n
+                self.progress.advance(n)
+        self.progress.finish()
+        return total
 
 
 def _batch_rows_for(shard: Shard) -> int:

@@ -175,6 +175,24 @@ def check_ray_run(
         raise GrpoError("--engine ray computes on the CPUs of the Ray workers; leave --device as cpu")
     if input == "-":
         raise GrpoError("--engine ray reads Parquet files, not standard input")
+    options = config.advantage
+    local_only = [
+        name
+        for name, used in (
+            (f"--estimator {options.estimator}", options.estimator not in ("grpo", "dr_grpo", "rloo")),
+            ("--whiten", options.whiten != "none"),
+            ("--clip-advantage", options.clip is not None),
+            ("--batch-col", config.batch_col is not None),
+            ("--length-col", config.length_col is not None),
+            (
+                f"the {options.renormalize} re-normalisation of normalize-then-sum",
+                RunPlan(config, device=_CPU).whitening is not None,
+            ),
+        )
+        if used
+    ]
+    if local_only:
+        raise GrpoError(f"--engine ray does not compute {', '.join(local_only)} yet; use the local engine")
     if not is_remote(output) and not output_is_directory(output):
         raise GrpoError(f"{output}: --engine ray writes a directory of Parquet files; name a directory")
 
