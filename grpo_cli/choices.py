@@ -34,6 +34,8 @@ Estimator = Literal[
     "reinforce_baseline",
     "gpg",
     "remax",
+    "opo",
+    "grpo_passk",
 ]
 Whiten = Literal["none", "unbiased", "population"]
 Renormalize = Literal["none", "trl", "gdpo"]

@@ -173,7 +173,8 @@ EstimatorOpt = Annotated[
         "--estimator",
         help="grpo: (r - mean) / std; dr_grpo: r - mean; rloo: r - mean of the others; "
         "reinforce_plus_plus_baseline (verl), reinforce_baseline (OpenRLHF): r - mean, whitened over the "
-        "batch; gpg (verl): alpha (r - mean); remax (verl): r - --baseline-col. See the README's table.",
+        "batch; gpg (verl): alpha (r - mean); remax (verl): r - --baseline-col; opo (verl): r - "
+        "length-weighted mean; grpo_passk (verl): the best rollout only. See the README's table.",
         show_default="grpo",
     ),
 ]

@@ -50,6 +50,7 @@ __all__ = [
     "Scale",
     "Singleton",
     "Std",
+    "TopTwo",
     "WeightedMoments",
     "accumulator_dtype",
     "active_groups",
@@ -61,7 +62,9 @@ __all__ = [
     "group_scale",
     "group_stats",
     "group_std",
+    "group_top_two",
     "merge_group_stats",
+    "merge_top_two",
     "merge_weighted_moments",
     "normalize_in_groups",
     "prepare_normalization",
@@ -1243,3 +1246,52 @@ def whitening(moments: WeightedMoments, *, method: str) -> BatchTransform:
     if method == "gdpo":
         return BatchTransform(mean, 1 / torch.where(sample_std > 0, sample_std, torch.ones_like(sample_std)))
     raise ValueError(f"method must be unbiased, population, trl or gdpo, got {method!r}")
+
+
+# --------------------------------------------------------------------------- Pass@k
+
+
+@dataclass(frozen=True)
+class TopTwo:
+    """Per group, the largest reward and the second largest (equal to it on a tie), float64.
+
+    An empty group has ``-inf`` for both; a one-rollout group ``-inf`` for the second.
+    """
+
+    first: Tensor
+    second: Tensor
+
+
+def group_top_two(values: Tensor, group_ids: Tensor, num_groups: int) -> TopTwo:
+    """The two largest values of each group, as ``torch.topk(rewards, 2)`` gives them.
+
+    >>> top = group_top_two(torch.tensor([0.25, 0.75, 0.75, 0.5]), torch.tensor([0, 0, 0, 1]), 2)
+    >>> top.first.tolist(), top.second.tolist()
+    ([0.75, 0.5], [0.75, -inf])
+    """
+    x = values.to(torch.float64)
+    ids = group_ids.to(torch.int64)
+    empty = torch.full((num_groups,), -math.inf, dtype=torch.float64, device=x.device)
+    first = empty.clone().scatter_reduce_(0, ids, x, "amax")
+    at_first = x == torch.take(first, ids)
+    ties = torch.zeros(num_groups, dtype=torch.int64, device=x.device).index_add_(
+        0, ids, at_first.to(torch.int64)
+    )
+    below = torch.where(at_first, torch.full_like(x, -math.inf), x)
+    second = empty.clone().scatter_reduce_(0, ids, below, "amax")
+    return TopTwo(first, torch.where(ties >= 2, first, second))
+
+
+def merge_top_two(a: TopTwo, b: TopTwo) -> TopTwo:
+    """The top two of the union of two sets of rows, per group."""
+    first = torch.maximum(a.first, b.first)
+    second = torch.where(
+        a.first > b.first,
+        torch.maximum(a.second, b.first),
+        torch.where(b.first > a.first, torch.maximum(b.second, a.first), a.first),
+    )
+    # a tie of the two firsts: the second is that same value, unless both sides are empty
+    second = torch.where(
+        (a.first == b.first) & torch.isinf(a.first), torch.maximum(a.second, b.second), second
+    )
+    return TopTwo(first, second)

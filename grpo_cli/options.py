@@ -140,10 +140,14 @@ ESTIMATORS: dict[str, dict[str, Any]] = {
     "gpg": {"baseline": "mean", "scale": "none", "singleton": "raw"},
     # verl: r - the row's own baseline (--baseline-col, the greedy rollout's reward)
     "remax": {"baseline": "mean", "scale": "none"},
+    # verl: r - the length-weighted mean reward of the group (--length-col); a singleton's is 0
+    "opo": {"baseline": "mean", "scale": "none", "singleton": "raw"},
+    # verl Pass@k: only a group's best rollout gets (r_max - r_second) / (sample std + eps)
+    "grpo_passk": {"baseline": "mean", "std": "sample"},
 }
 """What each estimator sets; options given explicitly override it."""
 
-ROW_BASELINE_ESTIMATORS = ("remax",)
+ROW_BASELINE_ESTIMATORS = ("remax", "opo", "grpo_passk")
 """Estimators whose baseline is a per-row column rather than the group's rewards."""
 
 

@@ -27,6 +27,7 @@ from grpo_cli.kernel import (
     GroupStats,
     GroupStatsAccumulator,
     Normalization,
+    TopTwo,
     WeightedMoments,
     batch_std,
     group_std,
@@ -102,7 +103,15 @@ class ComputeConfig:
                 f"--whiten {self.advantage.whiten} and the {self.advantage.renormalize} re-normalisation of "
                 "normalize-then-sum both transform the batch; choose one"
             )
-        if self.length_col is not None and self.advantage.whiten == "none":
+        if self.advantage.estimator == "opo" and self.length_col is None:
+            raise GrpoError(
+                "--estimator opo needs --length-col (its baseline is the length-weighted mean reward)"
+            )
+        if (
+            self.length_col is not None
+            and self.advantage.whiten == "none"
+            and self.advantage.estimator != "opo"
+        ):
             raise GrpoError(
                 "--length-col weights the batch whitening by response length: it needs --whiten or an "
                 "estimator that whitens (reinforce_plus_plus_baseline, reinforce_baseline)"
@@ -209,6 +218,9 @@ class GroupOutcome:
     batches: BatchLayout | None = None
     row_scale: torch.Tensor | None = None  # per batch: GPG's alpha / f_norm
     transform: BatchTransform | None = None  # per batch: whitening, set after the moments pass
+    group_baseline: torch.Tensor | None = None  # per group: opo's length-weighted mean reward
+    top_two: TopTwo | None = None  # per group: grpo_passk's best two rewards
+    best_advantage: torch.Tensor | None = None  # per group: grpo_passk's value for the best rollout
 
     @property
     def dropped_groups(self) -> int:
@@ -314,6 +326,9 @@ class RunPlan:
         rows: int,
         nan_rewards: int,
         batches: BatchLayout | None = None,
+        top_two: TopTwo | None = None,
+        length_sums: np.ndarray | None = None,
+        weighted_reward_sums: np.ndarray | None = None,
     ) -> GroupOutcome:
         """Everything pass 2 and the summary need, from pass 1's statistics."""
         batch_std = None
@@ -326,6 +341,26 @@ class RunPlan:
             assert batches is not None
             alpha = torch.from_numpy(batches.rows / np.maximum(batches.nonzero_rewards, 1))
             row_scale = alpha.to(torch.float64) / self.config.advantage.gpg_f_norm
+        group_baseline = best_advantage = None
+        options = self.config.advantage
+        if options.estimator == "opo":
+            assert length_sums is not None and weighted_reward_sums is not None
+            count = summary_stats.count.cpu().numpy()
+            baseline = np.where(
+                (count > 1) & (length_sums > 0),
+                weighted_reward_sums / np.where(length_sums > 0, length_sums, 1),
+                0.0,
+            )
+            group_baseline = torch.from_numpy(baseline)
+        if options.estimator == "grpo_passk":
+            assert top_two is not None
+            stats = summary_stats.to("cpu")
+            gap = torch.where(
+                stats.count >= 2, top_two.first - top_two.second, torch.zeros_like(top_two.first)
+            )
+            if options.scale != "none":
+                gap = gap / (group_std(stats, ddof=1 if options.std == "sample" else 0) + options.epsilon)
+            best_advantage = torch.where(active_cpu, gap, torch.zeros_like(gap))
         return GroupOutcome(
             norms=norms,
             active=active_cpu,
@@ -338,6 +373,9 @@ class RunPlan:
             drop_reasons=self.drop_reasons(),
             batches=batches,
             row_scale=row_scale,
+            group_baseline=group_baseline,
+            top_two=top_two,
+            best_advantage=best_advantage,
         )
 
     def _batch_std(self, channel_stats: Sequence[GroupStats], batches: BatchLayout) -> list[torch.Tensor]:

@@ -320,3 +320,53 @@ def test_the_ray_engine_refuses_what_it_cannot_compute_yet(cli, tmp_path):
         "error: --engine ray does not compute --estimator gpg yet; use the local engine"
     )
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_opo_matches_verl(tmp_path, mode):
+    rows = random_rows(15)
+    expected = trainers.verl_opo(
+        [r["score"] for r in rows], [r["group_id"] for r in rows], [r["length"] for r in rows]
+    )
+    got, _ = run(
+        tmp_path,
+        rows,
+        mode,
+        rewards=(RewardSpec("score"),),
+        advantage=AdvantageOptions.resolve(estimator="opo"),
+        length_col="length",
+    )
+    assert got == pytest.approx(expected, rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("scale", ["group", "none"])
+@pytest.mark.parametrize("reward", ["correct", "score"])
+def test_grpo_passk_matches_verl(tmp_path, mode, scale, reward):
+    rows = random_rows(16)
+    expected = trainers.verl_grpo_passk(
+        [r[reward] for r in rows], [r["group_id"] for r in rows], norm=scale == "group"
+    )
+    got, _ = run(
+        tmp_path,
+        rows,
+        mode,
+        rewards=(RewardSpec(reward),),
+        advantage=AdvantageOptions.resolve(estimator="grpo_passk", scale=scale),
+    )
+    assert got == pytest.approx(expected, rel=1e-12, abs=1e-12)
+    assert sum(a != 0 for a in got) <= len({r["group_id"] for r in rows})  # one row per group at most
+
+
+def test_grpo_passk_gives_the_first_best_row_its_advantage(tmp_path):
+    rows = [{"group_id": 0, "score": v} for v in (0.2, 0.9, 0.5, 0.9)] + [
+        {"group_id": 1, "score": v} for v in (0.1, 0.7, 0.3)
+    ]
+    got, _ = run(
+        tmp_path,
+        rows,
+        "streaming",
+        rewards=(RewardSpec("score"),),
+        advantage=AdvantageOptions.resolve(estimator="grpo_passk", scale="none"),
+    )
+    assert got == pytest.approx([0.0, 0.0, 0.0, 0.0, 0.0, 0.4, 0.0], abs=1e-15)  # a tie at the top: 0

@@ -264,3 +264,33 @@ def constant_zero_rows(
         0.0 if sizes[r["group_id"]] > 1 and len(values[r["group_id"]]) == 1 else a
         for r, a in zip(rows, advantages, strict=True)
     ]
+
+
+def verl_opo(scores: list[float], index: list[int], lengths: list[int]) -> list[float]:
+    """verl's opo: r - sum(length * r) / sum(length) over the group; a one-rollout group: 0."""
+    s = torch.tensor(scores, dtype=torch.float64)
+    n = torch.tensor(lengths, dtype=torch.float64)
+    out = s.clone()
+    for g in set(index):
+        rows = [i for i, x in enumerate(index) if x == g]
+        baseline = 0.0 if len(rows) == 1 else (n[rows] * s[rows]).sum() / n[rows].sum()
+        out[rows] = s[rows] - baseline
+    return out.tolist()
+
+
+def verl_grpo_passk(scores: list[float], index: list[int], *, norm: bool = True) -> list[float]:
+    """verl's grpo_passk: torch.topk(rewards, 2); only the best row gets r_max - r_second,
+    divided by torch.std + 1e-6. verl raises on a one-rollout group; grpo-cli gives it 0."""
+    s = torch.tensor(scores, dtype=torch.float64)
+    out = torch.zeros_like(s)
+    for g in set(index):
+        rows = [i for i, x in enumerate(index) if x == g]
+        rewards = s[rows]
+        if rewards.numel() < 2:
+            continue
+        top, top_index = torch.topk(rewards, 2)
+        advantage = top[0] - top[1]
+        if norm:
+            advantage = advantage / (rewards.std() + 1e-6)
+        out[rows[int(top_index[0])]] = advantage
+    return out.tolist()

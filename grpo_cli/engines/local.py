@@ -11,6 +11,7 @@ the same, so both paths give bitwise identical results.
 
 from __future__ import annotations
 
+import math
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -19,11 +20,20 @@ from typing import IO, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from grpo_cli.errors import GrpoError
 from grpo_cli.guard import Claim
-from grpo_cli.kernel import GroupStats, WeightedMoments, merge_weighted_moments, weighted_moments
+from grpo_cli.kernel import (
+    GroupStats,
+    TopTwo,
+    WeightedMoments,
+    group_top_two,
+    merge_top_two,
+    merge_weighted_moments,
+    weighted_moments,
+)
 from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_types
 from grpo_cli.output import OutputTarget
 from grpo_cli.plan import BatchLayout, ComputeConfig, GroupOutcome, RunPlan
@@ -133,6 +143,9 @@ class _Statistics:
     keys: GroupKeyIndex | None
     cached: list[list[pa.RecordBatch]] | None  # every shard's batches, when in memory
     batches: BatchLayout
+    top_two: TopTwo | None
+    length_sums: np.ndarray | None
+    weighted_reward_sums: np.ndarray
 
 
 class _StatisticsPass:
@@ -163,6 +176,10 @@ class _StatisticsPass:
         self.batch_of_group = np.zeros(0, dtype=np.int64)
         self.batch_rows = np.zeros(1, dtype=np.int64)
         self.batch_nonzero = np.zeros(1, dtype=np.int64)
+        estimator = config.advantage.estimator
+        self.top_two: TopTwo | None = None  # grpo_passk
+        self.length_sums: np.ndarray | None = np.zeros(0) if estimator == "opo" else None
+        self.weighted_reward_sums = np.zeros(0)  # opo: sum of length * reward per group
 
     @property
     def pending_rows(self) -> int:
@@ -191,7 +208,9 @@ class _StatisticsPass:
             grown = np.pad(self.rows_per_group, (0, len(counts) - len(self.rows_per_group)))
             self.rows_per_group = grown + counts
         chunk = RewardBatch.concat([r for _, r in self._pending])
-        self._count_batches(chunk, ids, shard)
+        group_ids = self._row_groups(ids)
+        self._count_batches(chunk, group_ids, shard)
+        self._estimator_sums(chunk, group_ids, shard)
         channels = self.accumulators[: self.plan.channels]
         for acc, values, valid in zip(channels, chunk.channels, chunk.channel_valid, strict=True):
             acc.update(values, ids, valid)
@@ -200,7 +219,51 @@ class _StatisticsPass:
         self._pending.clear()
         self._pending_rows = 0
 
-    def _count_batches(self, chunk: RewardBatch, ids: torch.Tensor | None, shard: Shard) -> None:
+    def _row_groups(self, ids: torch.Tensor | None) -> np.ndarray:
+        """The pending rows' group IDs (with --group-size, from their position)."""
+        if ids is not None:
+            return ids.numpy()
+        group_size = self.plan.config.group_size
+        assert group_size is not None
+        first = self._pending_first_global
+        return np.arange(first, first + self._pending_rows) // group_size
+
+    def _estimator_sums(self, chunk: RewardBatch, group_ids: np.ndarray, shard: Shard) -> None:
+        """What grpo_passk (each group's top two rewards) and opo (length sums) need."""
+        config = self.plan.config
+        k = int(group_ids.max()) + 1 if group_ids.size else 0
+        valid = chunk.combined_valid
+        rewards = chunk.combined.to(torch.float64)
+        if config.advantage.estimator == "grpo_passk":
+            rows = torch.from_numpy(group_ids)
+            values = rewards
+            if valid is not None:
+                values, rows = rewards[valid], rows[valid]
+            top = group_top_two(values, rows, k)
+            if self.top_two is not None:
+                size = max(k, self.top_two.first.numel())
+                top = merge_top_two(_pad_top_two(self.top_two, size), _pad_top_two(top, size))
+            self.top_two = top
+        if self.length_sums is not None:
+            assert config.length_col is not None
+            lengths = np.concatenate(
+                [
+                    _numeric(batch.column(config.length_col), config.length_col, shard)
+                    for batch, _ in self._pending
+                ]
+            )
+            keep = np.ones(group_ids.size, dtype=bool) if valid is None else valid.numpy()
+            ids_kept, lengths_kept = group_ids[keep], lengths[keep]
+            size = max(k, self.length_sums.size)
+            self.length_sums = np.pad(self.length_sums, (0, size - self.length_sums.size)) + np.bincount(
+                ids_kept, weights=lengths_kept, minlength=size
+            )
+            weighted = lengths_kept * rewards.numpy()[keep]
+            self.weighted_reward_sums = np.pad(
+                self.weighted_reward_sums, (0, size - self.weighted_reward_sums.size)
+            ) + np.bincount(ids_kept, weights=weighted, minlength=size)
+
+    def _count_batches(self, chunk: RewardBatch, group_ids: np.ndarray, shard: Shard) -> None:
         """Rows and non-zero rewards per batch; each group's batch (one per group, checked)."""
         n = self._pending_rows
         config = self.plan.config
@@ -209,18 +272,10 @@ class _StatisticsPass:
         else:
             column = pa.chunked_array([b.column(config.batch_col) for b, _ in self._pending])
             batch_ids = self._encode(self.batch_keys, [column], shard, what="batch")
-        if ids is None:  # --group-size: groups are consecutive blocks of rows
-            assert config.group_size is not None
-            group_ids = (
-                np.arange(self._pending_first_global, self._pending_first_global + n) // config.group_size
-            )
-        else:
-            group_ids = ids.numpy()
         k = int(group_ids.max()) + 1 if n else 0
-        seen = np.full(k, -1, dtype=np.int64)
-        low, high = seen.copy(), seen.copy()
+        high = np.full(k, -1, dtype=np.int64)
         np.maximum.at(high, group_ids, batch_ids)
-        low[:] = np.iinfo(np.int64).max
+        low = np.full(k, np.iinfo(np.int64).max, dtype=np.int64)
         np.minimum.at(low, group_ids, batch_ids)
         present = high >= 0
         known = np.pad(self.batch_of_group, (0, max(0, k - self.batch_of_group.size)), constant_values=-1)
@@ -296,6 +351,11 @@ class _StatisticsPass:
             self.keys,
             cached,
             self.batch_layout(num_groups),
+            None if self.top_two is None else _pad_top_two(self.top_two, num_groups),
+            None
+            if self.length_sums is None
+            else np.pad(self.length_sums, (0, num_groups - self.length_sums.size)),
+            np.pad(self.weighted_reward_sums, (0, max(0, num_groups - self.weighted_reward_sums.size))),
         )
 
 
@@ -360,6 +420,7 @@ class LocalEngine:
         budget = self.config.memory_budget_bytes
         self.in_memory = sum(estimated_memory_bytes(s) for s in inputs.shards) <= budget
         self.bytes_read = 0
+        self._passk_claimed: torch.Tensor | None = None
 
     def run(self, output: OutputTarget | None) -> RunSummary:
         """Both passes; the output is committed only when everything succeeded."""
@@ -376,6 +437,9 @@ class LocalEngine:
                 rows=first.rows,
                 nan_rewards=first.nan_rewards,
                 batches=first.batches,
+                top_two=first.top_two,
+                length_sums=first.length_sums,
+                weighted_reward_sums=first.weighted_reward_sums,
             )
             if self.plan.needs_moments_pass:
                 outcome = replace(
@@ -481,6 +545,7 @@ class LocalEngine:
         figures = _Pass2Figures(verifier)
         provenance = plan.provenance([shard.display for shard in self.inputs.shards])
         active_device = outcome.active.to(plan.device)
+        self._passk_claimed = None
         clip = config.advantage.clip
         self.progress.start("pass 2/2: advantages" if output else "pass 2/2: verify", first.rows)
         global_row = 0
@@ -553,6 +618,13 @@ class LocalEngine:
         batch_ids = torch.from_numpy(batches.of_group)[ids] if batches is not None else torch.zeros_like(ids)
         if outcome.row_scale is not None:
             result = result.to(torch.float64) * outcome.row_scale[batch_ids]
+        if outcome.group_baseline is not None:  # opo: the group's length-weighted mean reward
+            row_active = outcome.active[ids]
+            difference = rewards.combined.to(torch.float64) - outcome.group_baseline[ids]
+            valid = torch.isfinite(rewards.combined) & row_active
+            result = torch.where(valid, difference, torch.zeros_like(difference))
+        if outcome.best_advantage is not None:  # grpo_passk: the group's first best rollout only
+            result = self._passk(rewards.combined, ids, outcome)
         if config.baseline_col is not None:  # remax: the row's own baseline
             baseline = reader.column(batch, config.baseline_col, shard_row)
             valid = torch.isfinite(rewards.combined) & torch.isfinite(baseline)
@@ -560,11 +632,28 @@ class LocalEngine:
             result = torch.where(valid, difference, torch.zeros_like(difference))
         return rewards, result, batch_ids
 
+    def _passk(self, rewards: torch.Tensor, ids: torch.Tensor, outcome: GroupOutcome) -> torch.Tensor:
+        """The best-rollout advantage on the first row of each group that reaches the maximum."""
+        assert outcome.best_advantage is not None and outcome.top_two is not None
+        claimed = self._passk_claimed
+        if claimed is None or claimed.numel() != outcome.active.numel():
+            claimed = self._passk_claimed = torch.zeros(outcome.active.numel(), dtype=torch.bool)
+        at_best = (rewards.to(torch.float64) == outcome.top_two.first[ids]) & ~claimed[ids]
+        rows = at_best.nonzero().flatten()
+        result = torch.zeros(ids.numel(), dtype=torch.float64)
+        if rows.numel():
+            groups, first_index = np.unique(ids[rows].numpy(), return_index=True)
+            winners = rows[torch.from_numpy(first_index)]
+            result[winners] = outcome.best_advantage[torch.from_numpy(groups)]
+            claimed[torch.from_numpy(groups)] = True
+        return result
+
     def _moments(self, first: _Statistics, outcome: GroupOutcome, spool: _IdSpool) -> WeightedMoments:
         """The extra pass of a batch transform: weighted moments of the advantages per batch."""
         config, plan = self.config, self.plan
         assert outcome.batches is not None
         take_ids = spool.reader()
+        self._passk_claimed = None
         active_device = outcome.active.to(plan.device)
         total = weighted_moments(
             torch.zeros(0), None, torch.zeros(0, dtype=torch.int64), outcome.batches.count
@@ -600,6 +689,22 @@ class LocalEngine:
                 self.progress.advance(n)
         self.progress.finish()
         return total
+
+
+def _pad_top_two(top: TopTwo, num_groups: int) -> TopTwo:
+    extra = num_groups - top.first.numel()
+    if extra <= 0:
+        return top
+    pad = torch.full((extra,), -math.inf, dtype=torch.float64)
+    return TopTwo(torch.cat([top.first, pad]), torch.cat([top.second, pad]))
+
+
+def _numeric(array: pa.ChunkedArray | pa.Array, name: str, shard: Shard) -> np.ndarray:
+    """A length column as float64; refused unless numeric."""
+    if not (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)):
+        raise GrpoError(f"{shard.display}: column {name!r} has type {array.type}; it must be numeric")
+    values: np.ndarray = pc.cast(array, pa.float64()).fill_null(float("nan")).to_numpy(zero_copy_only=False)
+    return values
 
 
 def _batch_rows_for(shard: Shard) -> int:
