@@ -34,7 +34,7 @@ from grpo_cli.kernel import (
     whitening,
 )
 from grpo_cli.options import AdvantageOptions, RewardSpec
-from grpo_cli.rewards import advantage_dtype
+from grpo_cli.rewards import RewardBatch, RewardReader, advantage_dtype, combined_advantages
 from grpo_cli.verify import VerifySpec
 
 if TYPE_CHECKING:
@@ -440,6 +440,55 @@ class RunPlan:
         return reasons
 
     # ----------------------------------------------------------------- pass 2
+
+    def row_advantages(
+        self,
+        batch: pa.RecordBatch,
+        reader: RewardReader,
+        ids: torch.Tensor,
+        outcome: GroupOutcome,
+        *,
+        active_device: torch.Tensor,
+        first_row: int = 0,
+    ) -> tuple[RewardBatch, torch.Tensor, torch.Tensor]:
+        """One batch's rewards, its advantages before any batch transform (CPU), and batch IDs.
+
+        Every estimator but grpo_passk, whose best row depends on the rows before it (the
+        local engine applies it).
+        """
+        config = self.config
+        rewards = reader.read(batch, first_row)
+        weights = [spec.weight for spec in config.rewards]
+        result = combined_advantages(
+            rewards, ids, outcome.norms, active_device, weights=weights, device=self.device
+        )
+        result = result.cpu()
+        batches = outcome.batches
+        batch_ids = torch.from_numpy(batches.of_group)[ids] if batches is not None else torch.zeros_like(ids)
+        if outcome.row_scale is not None:  # gpg: alpha / f_norm of the row's batch
+            result = result.to(torch.float64) * outcome.row_scale[batch_ids]
+        if outcome.group_baseline is not None:  # opo: the group's length-weighted mean reward
+            difference = rewards.combined.to(torch.float64) - outcome.group_baseline[ids]
+            valid = torch.isfinite(rewards.combined) & outcome.active[ids]
+            result = torch.where(valid, difference, torch.zeros_like(difference))
+        if config.baseline_col is not None:  # remax: the row's own baseline
+            baseline = reader.column(batch, config.baseline_col, first_row)
+            valid = torch.isfinite(rewards.combined) & torch.isfinite(baseline)
+            difference = rewards.combined.to(torch.float64) - baseline
+            result = torch.where(valid, difference, torch.zeros_like(difference))
+        return rewards, result, batch_ids
+
+    def finish(
+        self, advantages: torch.Tensor, batch_ids: torch.Tensor, outcome: GroupOutcome
+    ) -> torch.Tensor:
+        """The batch transform (whitening, re-normalisation) and ``--clip-advantage``, on the CPU."""
+        result = advantages.cpu()
+        if outcome.transform is not None:
+            result = outcome.transform.apply(result, batch_ids)
+        clip = self.config.advantage.clip
+        if clip is not None:
+            result = result.clamp(clip[0], clip[1])
+        return result
 
     def output_dtype(self, schema: pa.Schema) -> torch.dtype:
         """The advantage column's dtype for a shard of ``schema``."""

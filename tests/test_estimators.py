@@ -309,19 +309,6 @@ def test_estimators_through_the_cli(cli, tmp_path):
     assert json.loads(summary.stdout)["options"]["whiten"] == "unbiased"
 
 
-def test_the_ray_engine_refuses_what_it_cannot_compute_yet(cli, tmp_path):
-    path = tmp_path / "in.parquet"
-    pq.write_table(pa.Table.from_pylist(random_rows(14)), path)
-    result = cli(
-        "compute", path, "-o", tmp_path / "out", "-r", "score", "--engine", "ray", "--estimator", "gpg"
-    )
-    assert result.exit_code == 2
-    assert result.stderr.strip() == (
-        "error: --engine ray does not compute --estimator gpg yet; use the local engine"
-    )
-    assert not (tmp_path / "out").exists()
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_opo_matches_verl(tmp_path, mode):
     rows = random_rows(15)

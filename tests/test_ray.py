@@ -52,6 +52,10 @@ def sharded(tmp_path_factory):
                     "correct": correct,
                     "reward": correct + rng.uniform(-0.3, 0.3),
                     "reward32": float(correct) + 0.25 * i,
+                    "step": g % 3,
+                    "length": rng.randint(1, 40),
+                    "greedy": rng.uniform(0, 1),
+                    "fmt": float(kind == 1 or rng.random() < 0.7),
                 }
             )
     rng.shuffle(rows)
@@ -120,6 +124,54 @@ def test_ray_matches_local(ray_instance, sharded, tmp_path, reward, options):
     compare_summaries(local.to_dict(), ray.to_dict())
     assert ray.mode == "ray"
     assert not list(tmp_path.glob(".*"))  # no temporary output left behind
+
+
+@pytest.mark.parametrize(
+    ("rewards", "aggregation", "options", "columns"),
+    [
+        (
+            ("reward",),
+            None,
+            AdvantageOptions.resolve(estimator="reinforce_plus_plus_baseline"),
+            {"length_col": "length"},
+        ),
+        (("reward",), None, AdvantageOptions.resolve(estimator="reinforce_baseline"), {"batch_col": "step"}),
+        (("correct",), None, AdvantageOptions.resolve(estimator="gpg"), {"batch_col": "step"}),
+        (("reward",), None, AdvantageOptions.resolve(estimator="opo"), {"length_col": "length"}),
+        (("reward",), None, AdvantageOptions.resolve(estimator="remax"), {"baseline_col": "greedy"}),
+        (("reward",), None, AdvantageOptions.resolve(preset="roll", whiten="unbiased", clip=(-1.0, 1.0)), {}),
+        (("reward",), None, AdvantageOptions.resolve(preset="trl", scale="batch"), {"batch_col": "step"}),
+        (
+            ("correct", "fmt"),
+            "normalize-then-sum",
+            AdvantageOptions.resolve(preset="trl"),
+            {"batch_col": "step"},
+        ),
+        (("correct", "fmt"), "normalize-then-sum", AdvantageOptions.resolve(preset="nemo-rl"), {}),
+    ],
+)
+def test_ray_matches_local_for_every_estimator(
+    ray_instance, sharded, tmp_path, rewards, aggregation, options, columns
+):
+    config = ComputeConfig(
+        rewards=tuple(RewardSpec(r, 0.5 if i else 1.0) for i, r in enumerate(rewards)),
+        group_cols=("uid",),
+        aggregation=aggregation or "sum-then-normalize",
+        advantage=options,
+        **columns,
+    )
+    local = compute_dataset(sharded, tmp_path / "local.parquet", config)
+    ray = compute_dataset_ray(str(sharded), str(tmp_path / "ray_out"), config, partitions=3)
+    left = read_sorted(tmp_path / "local.parquet").column("advantage").to_pylist()
+    right = read_sorted(tmp_path / "ray_out").column("advantage").to_pylist()
+    assert right == pytest.approx(left, rel=1e-9, abs=1e-12)
+    assert local.to_dict()["options"]["estimator"] == ray.to_dict()["options"]["estimator"]
+
+
+def test_ray_refuses_grpo_passk(cli, sharded, tmp_path):
+    config = ComputeConfig(group_cols=("uid",), advantage=AdvantageOptions.resolve(estimator="grpo_passk"))
+    with pytest.raises(GrpoError, match="--engine ray does not compute --estimator grpo_passk"):
+        compute_dataset_ray(str(sharded), str(tmp_path / "out"), config)
 
 
 def test_ray_filters_and_cli(ray_instance, sharded, tmp_path, cli):

@@ -38,7 +38,7 @@ from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_t
 from grpo_cli.output import OutputTarget
 from grpo_cli.plan import BatchLayout, ComputeConfig, GroupOutcome, RunPlan
 from grpo_cli.progress import NoProgress, Progress
-from grpo_cli.rewards import RewardBatch, RewardReader, combined_advantages, new_column_arrays
+from grpo_cli.rewards import RewardBatch, RewardReader, new_column_arrays
 from grpo_cli.sources import (
     InputSet,
     JsonlSchemaDrift,
@@ -546,7 +546,6 @@ class LocalEngine:
         provenance = plan.provenance([shard.display for shard in self.inputs.shards])
         active_device = outcome.active.to(plan.device)
         self._passk_claimed = None
-        clip = config.advantage.clip
         self.progress.start("pass 2/2: advantages" if output else "pass 2/2: verify", first.rows)
         global_row = 0
         for index, (shard, schema) in enumerate(zip(self.inputs.shards, self.schemas, strict=True)):
@@ -567,11 +566,7 @@ class LocalEngine:
                 rewards, result, batch_ids = self._row_advantages(
                     batch, reader, ids, outcome, active_device, shard_row
                 )
-                if outcome.transform is not None:
-                    result = outcome.transform.apply(result, batch_ids)
-                if clip is not None:
-                    result = result.clamp(clip[0], clip[1])
-                result = result.to(reader.output_dtype).cpu()
+                result = plan.finish(result, batch_ids, outcome).to(reader.output_dtype)
                 figures.observe(batch, result, rewards.combined, ids, shard, shard_row)
                 if writer is not None:
                     arrays = new_column_arrays(
@@ -607,29 +602,11 @@ class LocalEngine:
         shard_row: int,
     ) -> tuple[RewardBatch, torch.Tensor, torch.Tensor]:
         """One batch's rewards, advantages before any batch transform (CPU), and batch IDs."""
-        config, plan = self.config, self.plan
-        rewards = reader.read(batch, shard_row)
-        weights = [spec.weight for spec in config.rewards]
-        result = combined_advantages(
-            rewards, ids, outcome.norms, active_device, weights=weights, device=plan.device
+        rewards, result, batch_ids = self.plan.row_advantages(
+            batch, reader, ids, outcome, active_device=active_device, first_row=shard_row
         )
-        result = result.cpu()
-        batches = outcome.batches
-        batch_ids = torch.from_numpy(batches.of_group)[ids] if batches is not None else torch.zeros_like(ids)
-        if outcome.row_scale is not None:
-            result = result.to(torch.float64) * outcome.row_scale[batch_ids]
-        if outcome.group_baseline is not None:  # opo: the group's length-weighted mean reward
-            row_active = outcome.active[ids]
-            difference = rewards.combined.to(torch.float64) - outcome.group_baseline[ids]
-            valid = torch.isfinite(rewards.combined) & row_active
-            result = torch.where(valid, difference, torch.zeros_like(difference))
         if outcome.best_advantage is not None:  # grpo_passk: the group's first best rollout only
             result = self._passk(rewards.combined, ids, outcome)
-        if config.baseline_col is not None:  # remax: the row's own baseline
-            baseline = reader.column(batch, config.baseline_col, shard_row)
-            valid = torch.isfinite(rewards.combined) & torch.isfinite(baseline)
-            difference = rewards.combined.to(torch.float64) - baseline.to(torch.float64)
-            result = torch.where(valid, difference, torch.zeros_like(difference))
         return rewards, result, batch_ids
 
     def _passk(self, rewards: torch.Tensor, ids: torch.Tensor, outcome: GroupOutcome) -> torch.Tensor:

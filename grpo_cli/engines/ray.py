@@ -32,7 +32,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,17 +43,29 @@ import torch
 
 from grpo_cli.errors import GrpoError
 from grpo_cli.guard import PROVENANCE_KEY, Claim, ProtectedInputs, output_is_directory
-from grpo_cli.kernel import GroupStats, empty_group_stats, merge_group_stats
+from grpo_cli.kernel import (
+    GroupStats,
+    WeightedMoments,
+    empty_group_stats,
+    merge_group_stats,
+    merge_weighted_moments,
+    weighted_moments,
+)
 from grpo_cli.keys import GroupKeyIndex, as_tensor, check_key_types
 from grpo_cli.output import advantage_range, commit_directory, output_info
-from grpo_cli.plan import ComputeConfig, RunPlan
-from grpo_cli.rewards import RewardReader, combined_advantages, new_column_arrays
+from grpo_cli.plan import BatchLayout, ComputeConfig, GroupOutcome, RunPlan
+from grpo_cli.rewards import RewardReader, new_column_arrays
 from grpo_cli.sources import InputSet, Shard
 from grpo_cli.summary import RunSummary, build_summary, input_info
 
 PARTITION_BYTES = 256 << 20
 ROWS_FIELD = "__grpo_rows"
 NAN_FIELD = "__grpo_nan"
+NONZERO_FIELD = "__grpo_nonzero"  # rows whose combined reward is finite and not 0
+BATCH_FIELD = "__grpo_batch"  # the --batch-col value of the group's first row in the block
+BATCH_CLASH_FIELD = "__grpo_batch_clash"  # the group spans two batch values in this block
+LENGTH_FIELD = "__grpo_length"  # opo: sum of lengths over the group's valid rows
+WEIGHTED_FIELD = "__grpo_weighted"  # opo: sum of length * reward
 
 
 def import_ray() -> Any:
@@ -175,24 +187,11 @@ def check_ray_run(
         raise GrpoError("--engine ray computes on the CPUs of the Ray workers; leave --device as cpu")
     if input == "-":
         raise GrpoError("--engine ray reads Parquet files, not standard input")
-    options = config.advantage
-    local_only = [
-        name
-        for name, used in (
-            (f"--estimator {options.estimator}", options.estimator not in ("grpo", "dr_grpo", "rloo")),
-            ("--whiten", options.whiten != "none"),
-            ("--clip-advantage", options.clip is not None),
-            ("--batch-col", config.batch_col is not None),
-            ("--length-col", config.length_col is not None),
-            (
-                f"the {options.renormalize} re-normalisation of normalize-then-sum",
-                RunPlan(config, device=_CPU).whitening is not None,
-            ),
+    if config.advantage.estimator == "grpo_passk":
+        raise GrpoError(
+            "--engine ray does not compute --estimator grpo_passk: its best row is the first in input "
+            "order, which Ray's parallel blocks do not keep; use the local engine"
         )
-        if used
-    ]
-    if local_only:
-        raise GrpoError(f"--engine ray does not compute {', '.join(local_only)} yet; use the local engine")
     if not is_remote(output) and not output_is_directory(output):
         raise GrpoError(f"{output}: --engine ray writes a directory of Parquet files; name a directory")
 
@@ -265,9 +264,26 @@ def block_group_stats(batch: pa.Table, config: ComputeConfig) -> pa.Table:
     if rewards.combined_valid is not None:
         invalid = np.bincount(ids_np[~rewards.combined_valid.numpy()], minlength=k)
     columns[NAN_FIELD] = invalid
+    combined = rewards.combined.to(torch.float64).numpy()
+    valid = np.isfinite(combined)
+    columns[NONZERO_FIELD] = np.bincount(ids_np[valid & (combined != 0)], minlength=k)
+    if config.length_col is not None and config.advantage.estimator == "opo":
+        lengths = reader.column(_record_batch(batch), config.length_col).numpy()
+        columns[LENGTH_FIELD] = np.bincount(ids_np[valid], weights=lengths[valid], minlength=k)
+        columns[WEIGHTED_FIELD] = np.bincount(ids_np[valid], weights=(lengths * combined)[valid], minlength=k)
     table = keys.key_table(batch)
     for name, value in columns.items():
         table = table.append_column(name, pa.array(value))
+    if config.batch_col is not None:
+        batch_keys = GroupKeyIndex([config.batch_col])
+        batch_ids = batch_keys.encode([batch.column(config.batch_col)])
+        high = np.full(k, -1, dtype=np.int64)
+        np.maximum.at(high, ids_np, batch_ids)
+        low = np.full(k, np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(low, ids_np, batch_ids)
+        _, first_rows = np.unique(ids_np, return_index=True)
+        table = table.append_column(BATCH_FIELD, batch.column(config.batch_col).take(pa.array(first_rows)))
+        table = table.append_column(BATCH_CLASH_FIELD, pa.array(low != high))
     return table
 
 
@@ -297,6 +313,9 @@ class MergedStatistics:
     summary_stats: GroupStats
     rows_per_group: np.ndarray
     nan_rewards: int
+    batches: BatchLayout
+    length_sums: np.ndarray | None
+    weighted_reward_sums: np.ndarray | None
 
 
 def merge_partials(partials: pa.Table, plan: RunPlan) -> MergedStatistics:
@@ -333,7 +352,64 @@ def merge_partials(partials: pa.Table, plan: RunPlan) -> MergedStatistics:
         np.int64
     )
     nan_rewards = int(partials.column(NAN_FIELD).to_numpy().sum()) if partials.num_rows else 0
-    return MergedStatistics(keys.key_table(partials), channels, summary, rows_per_group, nan_rewards)
+    nonzero = np.bincount(ids, weights=partials.column(NONZERO_FIELD).to_numpy(), minlength=k).astype(
+        np.int64
+    )
+    length_sums = weighted = None
+    if LENGTH_FIELD in partials.column_names:
+        length_sums = np.bincount(ids, weights=partials.column(LENGTH_FIELD).to_numpy(), minlength=k)
+        weighted = np.bincount(ids, weights=partials.column(WEIGHTED_FIELD).to_numpy(), minlength=k)
+    batches = _batch_layout(partials, ids, k, rows_per_group, nonzero, plan)
+    return MergedStatistics(
+        keys.key_table(partials),
+        channels,
+        summary,
+        rows_per_group,
+        nan_rewards,
+        batches,
+        length_sums,
+        weighted,
+    )
+
+
+def _batch_layout(
+    partials: pa.Table,
+    ids: np.ndarray,
+    k: int,
+    rows_per_group: np.ndarray,
+    nonzero: np.ndarray,
+    plan: RunPlan,
+) -> BatchLayout:
+    """Each group's batch (checked to be one), and rows and non-zero rewards per batch."""
+    batch_col = plan.config.batch_col
+    if batch_col is None:
+        return BatchLayout(
+            np.zeros(k, dtype=np.int64),
+            np.array([rows_per_group.sum()], dtype=np.int64),
+            np.array([nonzero.sum()], dtype=np.int64),
+            [None],
+        )
+    batch_keys = GroupKeyIndex([BATCH_FIELD])
+    batch_ids = batch_keys.encode([partials.column(BATCH_FIELD)]) if partials.num_rows else ids
+    high = np.full(k, -1, dtype=np.int64)
+    np.maximum.at(high, ids, batch_ids)
+    low = np.full(k, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(low, ids, batch_ids)
+    split = partials.column(BATCH_CLASH_FIELD).to_numpy(zero_copy_only=False).astype(np.float64)
+    clash = (low != high) | (np.bincount(ids, weights=split, minlength=k) > 0)
+    if clash.any():
+        group = int(np.flatnonzero(clash)[0])
+        key = partials.select(list(plan.config.group_cols)).take(
+            pa.array([int(np.flatnonzero(ids == group)[0])])
+        )
+        raise GrpoError(
+            f"group {key.to_pylist()[0]} spans two values of --batch-col {batch_col!r}; "
+            "each group must lie in one training batch"
+        )
+    count = len(batch_keys)
+    rows = np.bincount(high, weights=rows_per_group, minlength=count).astype(np.int64)
+    nonzero_rows = np.bincount(high, weights=nonzero, minlength=count).astype(np.int64)
+    return BatchLayout(high, rows, nonzero_rows, [batch_keys.key_at(b) for b in range(count)])
 
 
 def _empty_partials(plan: RunPlan) -> pa.Table:
@@ -348,20 +424,23 @@ def _empty_partials(plan: RunPlan) -> pa.Table:
         columns.update({k: pa.array(v.numpy()) for k, v in moments.items()})
     columns[ROWS_FIELD] = pa.array([], pa.int64())
     columns[NAN_FIELD] = pa.array([], pa.int64())
+    columns[NONZERO_FIELD] = pa.array([], pa.int64())
+    if plan.config.advantage.estimator == "opo":
+        columns[LENGTH_FIELD] = pa.array([], pa.float64())
+        columns[WEIGHTED_FIELD] = pa.array([], pa.float64())
+    if plan.config.batch_col is not None:
+        columns[BATCH_FIELD] = pa.array([], pa.string())
+        columns[BATCH_CLASH_FIELD] = pa.array([], pa.bool_())
     return pa.table(columns)
 
 
 _WORKER_CACHE: dict[str, Any] = {}
 
 
-def block_advantages(
-    batch: pa.Table, payload: Any, token: str, config: ComputeConfig, provenance: bytes
-) -> pa.Table:
-    """Append the advantage and activity columns to one block, rows in order.
-
-    ``payload`` (the per-group statistics, or an object-store reference to them) is
-    turned into a key index and normalisations once per worker process.
-    """
+def _worker_state(
+    payload: Any, token: str, config: ComputeConfig
+) -> tuple[RunPlan, GroupKeyIndex, GroupOutcome]:
+    """The plan, key index and outcome, built once per worker process and run."""
     cached = _WORKER_CACHE.get(token)
     if cached is None:
         _WORKER_CACHE.clear()
@@ -372,29 +451,66 @@ def block_advantages(
         key_table: pa.Table = payload["keys"]
         if key_table.num_rows:
             index.encode([key_table.column(c) for c in config.group_cols])
-        norms, active = plan.normalize(payload["stats"])
-        cached = (plan, index, norms, active, payload["keep"], payload["group_columns"])
+        cached = (plan, index, payload["outcome"])
         _WORKER_CACHE[token] = cached
-    plan, index, norms, active, keep, group_columns = cached
-    known = len(index)
+    return cached
+
+
+def _block_rows(
+    batch: pa.Table, plan: RunPlan, index: GroupKeyIndex, outcome: GroupOutcome
+) -> tuple[RewardReader, pa.RecordBatch, np.ndarray, torch.Tensor, torch.Tensor]:
+    """A block's reader, record batch, group IDs, advantages before any batch transform, batch IDs."""
+    config = plan.config
     reader = RewardReader(config.rewards, batch.schema, _BLOCK, per_column=plan.per_column)
     ids_np = (
         index.encode([batch.column(c) for c in config.group_cols])
         if batch.num_rows
         else np.empty(0, np.int64)
     )
-    if ids_np.size and int(ids_np.max()) >= known:
+    if ids_np.size and int(ids_np.max()) >= len(index):
         raise RuntimeError("a group key appeared in pass 2 that pass 1 did not see")
-    ids = as_tensor(ids_np)
-    rewards = reader.read(_record_batch(batch))
-    weights = [spec.weight for spec in config.rewards]
-    advantages = combined_advantages(rewards, ids, norms, active, weights=weights, device=_CPU)
-    arrays = new_column_arrays(advantages.to(reader.output_dtype), active[ids], ids_np, group_columns)
+    record = _record_batch(batch)
+    _, result, batch_ids = plan.row_advantages(
+        record, reader, as_tensor(ids_np), outcome, active_device=outcome.active
+    )
+    return reader, record, ids_np, result, batch_ids
+
+
+def block_moments(batch: pa.Table, payload: Any, token: str, config: ComputeConfig) -> pa.Table:
+    """One block's weighted moments of the advantages per batch (for whitening)."""
+    plan, index, outcome = _worker_state(payload, token, config)
+    assert outcome.batches is not None
+    reader, record, _, result, batch_ids = _block_rows(batch, plan, index, outcome)
+    lengths = None if config.length_col is None else reader.column(record, config.length_col)
+    moments = weighted_moments(result, lengths, batch_ids, outcome.batches.count)
+    return pa.table(
+        {
+            "weight": moments.weight.numpy(),
+            "mean": moments.mean.numpy(),
+            "m2": moments.m2.numpy(),
+            "count": moments.count.numpy(),
+        }
+    )
+
+
+def block_advantages(
+    batch: pa.Table, payload: Any, token: str, config: ComputeConfig, provenance: bytes
+) -> pa.Table:
+    """Append the advantage and activity columns to one block, rows in order.
+
+    ``payload`` (the keys and the :class:`~grpo_cli.plan.GroupOutcome`, or an
+    object-store reference to them) is read once per worker process.
+    """
+    plan, index, outcome = _worker_state(payload, token, config)
+    reader, _, ids_np, result, batch_ids = _block_rows(batch, plan, index, outcome)
+    advantages = plan.finish(result, batch_ids, outcome).to(reader.output_dtype)
+    ids = torch.from_numpy(ids_np)
+    arrays = new_column_arrays(advantages, outcome.active[ids], ids_np, outcome.group_columns)
     out = batch
     for name, array in zip(plan.new_columns, arrays, strict=True):
         out = out.append_column(name, array)
-    if keep is not None:
-        out = out.filter(pa.array(keep[ids_np]))
+    if outcome.kept is not None:
+        out = out.filter(pa.array(outcome.kept.numpy()[ids_np]))
     return out.replace_schema_metadata({**(out.schema.metadata or {}), PROVENANCE_KEY: provenance})
 
 
@@ -441,15 +557,14 @@ def run_ray(
             rows_per_group=merged.rows_per_group,
             rows=int(merged.rows_per_group.sum()),
             nan_rewards=merged.nan_rewards,
+            batches=merged.batches,
+            length_sums=merged.length_sums,
+            weighted_reward_sums=merged.weighted_reward_sums,
         )
-        payload = ray.put(
-            {
-                "keys": merged.keys,
-                "stats": merged.channel_stats,
-                "keep": None if outcome.kept is None else outcome.kept.numpy(),
-                "group_columns": outcome.group_columns,
-            }
-        )
+        if plan.needs_moments_pass:
+            moments = _moments(ray, ds, plan, {"keys": merged.keys, "outcome": outcome})
+            outcome = replace(outcome, transform=plan.transform(moments))
+        payload = ray.put({"keys": merged.keys, "outcome": outcome})
         out_ds = ds.map_batches(
             block_advantages,
             batch_size=None,
@@ -497,6 +612,29 @@ def _statistics(ray: Any, ds: Any, plan: RunPlan, partition_count: int) -> Merge
     tables = [t for t in ray.get(partial_ds.to_arrow_refs()) if t.num_rows]
     partials = pa.concat_tables(tables, promote_options="default") if tables else _empty_partials(plan)
     return merge_partials(partials, plan)
+
+
+def _moments(ray: Any, ds: Any, plan: RunPlan, payload: dict[str, Any]) -> WeightedMoments:
+    """The extra job of a batch transform: each block's moments per batch, merged in block order."""
+    outcome: GroupOutcome = payload["outcome"]
+    assert outcome.batches is not None
+    moments_ds = ds.select_columns(plan.input_columns).map_batches(
+        block_moments,
+        batch_size=None,
+        batch_format="pyarrow",
+        fn_kwargs={"payload": ray.put(payload), "token": uuid.uuid4().hex, "config": plan.config},
+    )
+    total = weighted_moments(torch.zeros(0), None, torch.zeros(0, dtype=torch.int64), outcome.batches.count)
+    for table in ray.get(moments_ds.to_arrow_refs()):
+        if table.num_rows:
+            part = WeightedMoments(
+                *(
+                    torch.from_numpy(table.column(name).to_numpy().copy())
+                    for name in ("weight", "mean", "m2", "count")
+                )
+            )
+            total = merge_weighted_moments(total, part)
+    return total
 
 
 def _read_schemas(shards: list[Shard], plan: RunPlan) -> list[pa.Schema]:
