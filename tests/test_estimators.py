@@ -357,3 +357,65 @@ def test_grpo_passk_gives_the_first_best_row_its_advantage(tmp_path):
         advantage=AdvantageOptions.resolve(estimator="grpo_passk", scale="none"),
     )
     assert got == pytest.approx([0.0, 0.0, 0.0, 0.0, 0.0, 0.4, 0.0], abs=1e-15)  # a tie at the top: 0
+
+
+def _f32(value: float) -> float:
+    return float(pa.scalar(value, pa.float32()).as_py())
+
+
+ESTIMATOR_CASES = {
+    "reinforce_plus_plus_baseline": (
+        {"length_col": "length"},
+        lambda rows, r: trainers.verl_reinforce_plus_plus_baseline(
+            r, [x["group_id"] for x in rows], [x["length"] for x in rows]
+        ),
+    ),
+    "gpg": ({}, lambda rows, r: trainers.verl_gpg(r, [x["group_id"] for x in rows])),
+    "remax": (
+        {"baseline_col": "greedy"},
+        lambda rows, r: trainers.verl_remax(r, [x["greedy"] for x in rows]),
+    ),
+    "opo": (
+        {"length_col": "length"},
+        lambda rows, r: trainers.verl_opo(r, [x["group_id"] for x in rows], [x["length"] for x in rows]),
+    ),
+    "grpo_passk": ({}, lambda rows, r: trainers.verl_grpo_passk(r, [x["group_id"] for x in rows])),
+}
+
+
+@pytest.mark.parametrize("estimator", ESTIMATOR_CASES)
+@pytest.mark.parametrize("mode", MODES)
+def test_each_estimator_on_float32_rewards(tmp_path, estimator, mode):
+    """float32 rewards: the reference on the same float32 values, to float32 rounding."""
+    columns, reference = ESTIMATOR_CASES[estimator]
+    rows = random_rows(17)
+    if estimator == "remax":  # the baseline column is float32 too
+        rows = [{**r, "greedy": _f32(r["greedy"])} for r in rows]
+    expected = reference(rows, [_f32(r["score"]) for r in rows])
+    got, _ = run(
+        tmp_path,
+        rows,
+        mode,
+        dtype=pa.float32(),
+        rewards=(RewardSpec("score"),),
+        advantage=AdvantageOptions.resolve(estimator=estimator),
+        **columns,
+    )
+    assert got == pytest.approx(expected, rel=2e-6, abs=2e-6)
+
+
+@pytest.mark.parametrize("estimator", ESTIMATOR_CASES)
+def test_each_estimator_through_the_cli(cli, tmp_path, estimator):
+    columns, reference = ESTIMATOR_CASES[estimator]
+    rows = random_rows(18)
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    options = [f"--{name.replace('_', '-')}" for name in columns]
+    args = [arg for option, value in zip(options, columns.values(), strict=True) for arg in (option, value)]
+    out = tmp_path / "out.parquet"
+    result = cli("compute", path, "-o", out, "-r", "score", "--estimator", estimator, *args, "-q")
+    assert result.exit_code == 0, result.stderr
+    expected = reference(rows, [r["score"] for r in rows])
+    assert pq.read_table(out).column("advantage").to_pylist() == pytest.approx(
+        expected, rel=1e-9, abs=1e-9
+    )  # verl divides by tokens + 1e-8
