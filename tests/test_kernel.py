@@ -402,3 +402,29 @@ def test_valid_mask_leaves_rows_out():
     assert stats.count.tolist() == [2, 1]
     out = advantages_from_stats(rewards, ids, stats, epsilon=1e-8, valid=valid)
     assert out.tolist() == [-1.0, 1.0, 0.0, 0.0]
+
+
+def test_group_stats_column_form_round_trips_and_places():
+    from grpo_cli.kernel import empty_group_stats
+
+    r = torch.tensor([1.0, 3.0, 2.0, 2.0, 9.0], dtype=torch.float64)
+    ids = torch.tensor([0, 0, 1, 1, 2])
+    stats = group_stats(r, ids, count_extremes=True)
+    columns = stats.to_columns("p_")
+    assert sorted(columns) == sorted(f"p_{name}" for name in GroupStats.FIELDS)
+    assert GroupStats.from_columns(columns, "p_") == stats
+    assert GroupStats.from_columns(stats.without_extremes().to_columns()) == stats.without_extremes()
+    assert stats.without_extremes().at_minimum is None and not stats.without_extremes().counts_extremes
+    placed = stats.select(torch.tensor([2, 0])).placed(torch.tensor([3, 1]), 4)
+    assert placed.count.tolist() == [0, 2, 0, 1]
+    assert placed.mean.tolist() == [0.0, 2.0, 0.0, 9.0]
+    assert placed.minimum.tolist() == [math.inf, 1.0, math.inf, 9.0]
+    assert placed.at_maximum is not None and placed.at_maximum.tolist() == [0, 1, 0, 1]
+    empty = empty_group_stats(2, dtype=torch.float32, count_extremes=True)
+    assert (empty.mean.dtype, empty.count.dtype, empty.at_minimum.dtype) == (  # type: ignore[union-attr]
+        torch.float32,
+        torch.int64,
+        torch.int64,
+    )
+    assert empty.maximum.tolist() == [-math.inf, -math.inf] and empty.m2.tolist() == [0.0, 0.0]
+    assert stats != stats.without_extremes()
