@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -355,6 +356,59 @@ def bench_ray(rows: int, group_size: int, repeats: int, data_dir: Path) -> None:
         print(f"  {name:34s} {seconds:8.2f} {rows / seconds / 1e6:8.2f} {ratio:8.2f}")
 
 
+def bench_estimators(rows: int, group_size: int, repeats: int, data_dir: Path) -> None:
+    """What the batch-level estimators cost beside GRPO: the extra moments pass, --batch-col."""
+    from grpo_cli.jobs import compute_dataset
+    from grpo_cli.options import AdvantageOptions, RewardSpec
+    from grpo_cli.plan import ComputeConfig
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    src = data_dir / f"estimators_{rows}_{group_size}.parquet"
+    if not src.exists():
+        arrays = make_arrays(rows, group_size)
+        ids = arrays["sorted_ids"][arrays["perm"]]
+        groups = rows // group_size
+        rng = np.random.default_rng(1)
+        table = pa.table(
+            {
+                "group_id": ids,
+                "reward": arrays["rewards"][arrays["perm"]],
+                "step": ids * 16 // groups,
+                "length": rng.integers(1, 2048, rows),
+            }
+        )
+        pq.write_table(table, src)
+    out = data_dir / "estimators_out.parquet"
+    rewards = (RewardSpec("reward"),)
+    cases = {
+        "grpo": ComputeConfig(rewards=rewards),
+        "reinforce_plus_plus_baseline": ComputeConfig(
+            rewards=rewards,
+            advantage=AdvantageOptions.resolve(estimator="reinforce_plus_plus_baseline"),
+            length_col="length",
+        ),
+        "gpg --batch-col step": ComputeConfig(
+            rewards=rewards, advantage=AdvantageOptions.resolve(estimator="gpg"), batch_col="step"
+        ),
+        "grpo --whiten --batch-col step": ComputeConfig(
+            rewards=rewards, advantage=AdvantageOptions.resolve(whiten="unbiased"), batch_col="step"
+        ),
+    }
+    for mode, budget in (("in memory", 1 << 34), ("streaming", 0)):
+        results = {}
+        compute_dataset(src, out, cases["grpo"], force=True)  # warm up: imports, page cache
+        for name, config in cases.items():
+            run_config = replace(config, memory_budget_bytes=budget)
+
+            def job(run_config: ComputeConfig = run_config) -> None:
+                compute_dataset(src, out, run_config, force=True)
+
+            results[name] = best_of(repeats, job)
+        table_rows(
+            f"estimators, {rows:,} rows, groups of {group_size}, 16 steps ({mode})", rows, results, ["grpo"]
+        )
+
+
 def bench_imports() -> None:
     print("\nstart-up (fresh interpreter, best of 3)")
     for label, code in (
@@ -379,7 +433,9 @@ def main() -> None:
     parser.add_argument("--text-bytes", type=int, default=1024)
     parser.add_argument("--data-dir", type=Path, default=HERE / "data")
     parser.add_argument("--ray-rows", type=int, default=2_000_000)
-    parser.add_argument("--only", choices=["kernel", "files", "memory", "imports", "ray"], action="append")
+    parser.add_argument(
+        "--only", choices=["kernel", "files", "memory", "imports", "ray", "estimators"], action="append"
+    )
     args = parser.parse_args()
     import torch
 
@@ -387,7 +443,7 @@ def main() -> None:
         f"grpo-cli benchmarks: python {sys.version.split()[0]}, torch {torch.__version__}, "
         f"{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads"
     )
-    sections = args.only or ["imports", "kernel", "files", "memory", "ray"]
+    sections = args.only or ["imports", "kernel", "files", "memory", "estimators", "ray"]
     if "imports" in sections:
         bench_imports()
     if "kernel" in sections:
@@ -396,6 +452,8 @@ def main() -> None:
         bench_files(args.rows, args.group_size, args.repeats, args.data_dir)
     if "memory" in sections:
         bench_memory(args.rss_rows, args.group_size, args.data_dir, args.text_bytes)
+    if "estimators" in sections:
+        bench_estimators(args.rows // 5, args.group_size, args.repeats, args.data_dir)
     if "ray" in sections:
         bench_ray(args.ray_rows, args.group_size, args.repeats, args.data_dir)
     print(f"\npeak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")

@@ -553,16 +553,12 @@ class LocalEngine:
             writer = (
                 output.open_shard(shard, out_schema, len(plan.new_columns)) if output is not None else None
             )
-            batches: Iterator[pa.RecordBatch] = iter(())
-            if len(schema):
-                batches = (
-                    iter(first.cached[index]) if first.cached is not None else self._batches(shard, None)
-                )
-                reader = self._reward_reader(schema, shard)
+            reader, batches = self._shard_batches(first, index, None)
             shard_row = 0
             for batch in batches:
                 n = batch.num_rows
                 ids = self._group_ids(global_row, n, take_ids)
+                assert reader is not None
                 rewards, result, batch_ids = self._row_advantages(
                     batch, reader, ids, outcome, active_device, shard_row
                 )
@@ -585,6 +581,21 @@ class LocalEngine:
                 writer.close()
         self.progress.finish()
         return figures
+
+    def _shard_batches(
+        self, first: _Statistics, index: int, columns: list[str] | None
+    ) -> tuple[RewardReader | None, Iterator[pa.RecordBatch]]:
+        """Shard ``index``'s reward reader and batches again: kept from pass 1, or read anew.
+
+        An empty JSONL file (no columns) has no reader and no batches.
+        """
+        shard, schema = self.inputs.shards[index], self.schemas[index]
+        if not len(schema):
+            return None, iter(())
+        reader = self._reward_reader(schema, shard)
+        if first.cached is not None:
+            return reader, iter(first.cached[index])
+        return reader, self._batches(shard, columns)
 
     def _group_ids(self, global_row: int, n: int, take_ids: Callable[[int], np.ndarray]) -> torch.Tensor:
         group_size = self.config.group_size
@@ -638,15 +649,13 @@ class LocalEngine:
         columns = None if first.cached is not None else plan.input_columns
         self.progress.start("pass 2/3: batch moments", first.rows)
         global_row = 0
-        for index, (shard, schema) in enumerate(zip(self.inputs.shards, self.schemas, strict=True)):
-            if not len(schema):
-                continue
-            reader = self._reward_reader(schema, shard)
-            batches = iter(first.cached[index]) if first.cached is not None else self._batches(shard, columns)
+        for index, shard in enumerate(self.inputs.shards):
+            reader, batches = self._shard_batches(first, index, columns)
             shard_row = 0
             for batch in batches:
                 n = batch.num_rows
                 ids = self._group_ids(global_row, n, take_ids)
+                assert reader is not None
                 _, result, batch_ids = self._row_advantages(
                     batch, reader, ids, outcome, active_device, shard_row
                 )
