@@ -52,6 +52,29 @@ EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a Unix tool killed by a closed pipe
 
+EXIT_CODES_HELP = (
+    "**Exit codes:** 0 success, 1 a check failed, 2 usage or input error (nothing written), "
+    "3 output written but the summary failed, 70 internal error, 130 interrupted, "
+    "141 standard output closed by its reader."
+)
+COMPUTE_EXAMPLES = """**Examples**
+
+`grpo-cli compute rollouts.parquet -o with_adv.parquet -r correct -g prompt_id`
+
+`grpo-cli compute shards/ -o out/ --preset trl --drop-inactive --summary-json -`
+
+`grpo-cli compute rollouts.parquet -o out.parquet -r score --estimator reinforce_plus_plus_baseline
+--length-col n_tokens --batch-col step`
+
+"""
+CHECK_EXAMPLES = """**Examples**
+
+`grpo-cli check rollouts.parquet -r correct --max-inactive-fraction 0.5 --min-group-size 8`
+
+`grpo-cli check export.parquet --verify-advantage-col advantage --preset verl`
+
+"""
+
 
 class _OneLineErrors(typer.core.TyperGroup):
     """Usage errors as one ``error:`` line on stderr and exit 2, like every other error."""
@@ -91,9 +114,10 @@ app = typer.Typer(
     help="Exact, fast GRPO group-relative advantages over rollout datasets (Parquet, JSONL).",
     context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
+    epilog=EXIT_CODES_HELP,
     pretty_exceptions_enable=False,
-    rich_markup_mode="rich",
+    rich_markup_mode="markdown",
 )
 
 
@@ -129,13 +153,17 @@ InputArg = Annotated[
     ),
 ]
 InputFormatOpt = Annotated[
-    InputFormat | None, typer.Option("--input-format", help="Override the format detected from the name.")
+    InputFormat | None,
+    typer.Option(
+        "--input-format", rich_help_panel="Input", help="Override the format detected from the name."
+    ),
 ]
 RewardColOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--reward-col",
         "-r",
+        rich_help_panel="Input",
         help="Reward column, optionally NAME:WEIGHT; repeat for several rewards (weighted sum).",
         show_default="reward",
     ),
@@ -145,6 +173,7 @@ GroupColOpt = Annotated[
     typer.Option(
         "--group-col",
         "-g",
+        rich_help_panel="Input",
         help="Group key column; repeat for a composite key (e.g. prompt_id and step).",
         show_default="group_id",
     ),
@@ -152,25 +181,34 @@ GroupColOpt = Annotated[
 GroupSizeOpt = Annotated[
     int | None,
     typer.Option(
-        "--group-size", min=1, help="Groups are consecutive blocks of N rows (instead of a key column)."
+        "--group-size",
+        min=1,
+        rich_help_panel="Input",
+        help="Groups are consecutive blocks of N rows (instead of a key column).",
     ),
 ]
 AggregationOpt = Annotated[
     Aggregation,
     typer.Option(
         "--reward-aggregation",
+        rich_help_panel="Input",
         help="With several rewards: normalise their weighted sum, or normalise each in its group and "
         "then sum (GDPO).",
     ),
 ]
 PresetOpt = Annotated[
     Preset | None,
-    typer.Option("--preset", help="Reproduce a trainer's GRPO convention; explicit options override it."),
+    typer.Option(
+        "--preset",
+        rich_help_panel="Advantage",
+        help="Reproduce a trainer's GRPO convention; explicit options override it.",
+    ),
 ]
 EstimatorOpt = Annotated[
     Estimator | None,
     typer.Option(
         "--estimator",
+        rich_help_panel="Advantage",
         help="grpo: (r - mean) / std; dr_grpo: r - mean; rloo: r - mean of the others; "
         "reinforce_plus_plus_baseline (verl), reinforce_baseline (OpenRLHF): r - mean, whitened over the "
         "batch; gpg (verl): alpha (r - mean); remax (verl): r - --baseline-col; opo (verl): r - "
@@ -178,11 +216,15 @@ EstimatorOpt = Annotated[
         show_default="grpo",
     ),
 ]
-EpsilonOpt = Annotated[float | None, typer.Option("--epsilon", help="Added to the std.", show_default="1e-6")]
+EpsilonOpt = Annotated[
+    float | None,
+    typer.Option("--epsilon", rich_help_panel="Advantage", help="Added to the std.", show_default="1e-6"),
+]
 WhitenOpt = Annotated[
     bool,
     typer.Option(
         "--whiten",
+        rich_help_panel="Advantage",
         help="Whiten the advantages over each batch as verl's masked_whiten and ROLL do: "
         "(A - mean) * rsqrt(unbiased var + 1e-8).",
     ),
@@ -191,6 +233,7 @@ ClipOpt = Annotated[
     tuple[float, float] | None,
     typer.Option(
         "--clip-advantage",
+        rich_help_panel="Advantage",
         help="Clamp the final advantages to [LO, HI] (ROLL's advantage_clip, NeMo-RL's "
         "advantage_clip_low/high).",
         metavar="LO HI",
@@ -200,6 +243,7 @@ BatchColOpt = Annotated[
     str | None,
     typer.Option(
         "--batch-col",
+        rich_help_panel="Input",
         help="Training-batch column (e.g. step): --scale batch, whitening, GPG's alpha and the TRL/GDPO "
         "re-normalisation use each batch's statistics. Each group must lie in one batch.",
         show_default="the whole input is one batch",
@@ -209,6 +253,7 @@ LengthColOpt = Annotated[
     str | None,
     typer.Option(
         "--length-col",
+        rich_help_panel="Input",
         help="Response length (tokens): whitening weighs each rollout by it, as the trainers whiten "
         "over tokens.",
     ),
@@ -216,21 +261,34 @@ LengthColOpt = Annotated[
 BaselineColOpt = Annotated[
     str | None,
     typer.Option(
-        "--baseline-col", help="With --estimator remax: each row's baseline reward (the greedy rollout's)."
+        "--baseline-col",
+        rich_help_panel="Input",
+        help="With --estimator remax: each row's baseline reward (the greedy rollout's).",
     ),
 ]
 GpgFNormOpt = Annotated[
     float | None,
-    typer.Option("--gpg-f-norm", help="With --estimator gpg: the divisor f_norm.", show_default="1"),
+    typer.Option(
+        "--gpg-f-norm",
+        rich_help_panel="Advantage",
+        help="With --estimator gpg: the divisor f_norm.",
+        show_default="1",
+    ),
 ]
 StdOpt = Annotated[
     Std | None,
-    typer.Option("--std", help="population (divide by n) or sample (n - 1).", show_default="population"),
+    typer.Option(
+        "--std",
+        rich_help_panel="Advantage",
+        help="population (divide by n) or sample (n - 1).",
+        show_default="population",
+    ),
 ]
 ScaleOpt = Annotated[
     Scale | None,
     typer.Option(
         "--scale",
+        rich_help_panel="Advantage",
         help="Divide by the group std, the batch std, or nothing.",
         show_default="group",
     ),
@@ -239,6 +297,7 @@ EpsilonModeOpt = Annotated[
     EpsilonMode | None,
     typer.Option(
         "--epsilon-mode",
+        rich_help_panel="Advantage",
         help="add: std + eps; clamp: max(std, eps); add-if-nonzero: divide only where std > 0.",
         show_default="add",
     ),
@@ -247,6 +306,7 @@ SingletonOpt = Annotated[
     Singleton | None,
     typer.Option(
         "--singleton",
+        rich_help_panel="Advantage",
         help="One-rollout groups: zero, or raw (r / (1 + eps), verl).",
         show_default="zero",
     ),
@@ -255,32 +315,52 @@ NanOpt = Annotated[
     NanPolicy | None,
     typer.Option(
         "--nan",
+        rich_help_panel="Advantage",
         help="Null, NaN or infinite rewards: error, or ignore (left out of the statistics, advantage 0).",
         show_default="error",
     ),
 ]
 DeviceOpt = Annotated[
-    str, typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps (auto: CUDA, then MPS, then CPU).")
+    str,
+    typer.Option(
+        "--device",
+        rich_help_panel="Engine",
+        help="auto, cpu, cuda, cuda:N or mps (auto: CUDA, then MPS, then CPU).",
+    ),
 ]
-AdvantageColOpt = Annotated[str, typer.Option("--advantage-col", help="Name of the advantage column.")]
+AdvantageColOpt = Annotated[
+    str, typer.Option("--advantage-col", rich_help_panel="Output", help="Name of the advantage column.")
+]
 ActiveColOpt = Annotated[
-    str, typer.Option("--active-col", help="Name of the per-row group-is-active column.")
+    str,
+    typer.Option(
+        "--active-col", rich_help_panel="Output", help="Name of the per-row group-is-active column."
+    ),
 ]
 SummaryJsonOpt = Annotated[
     str | None,
     typer.Option(
-        "--summary-json", help="Write the summary as JSON to PATH, or - for standard output.", metavar="PATH"
+        "--summary-json",
+        rich_help_panel="Output",
+        help="Write the summary as JSON to PATH, or - for standard output.",
+        metavar="PATH",
     ),
 ]
 QuietOpt = Annotated[
-    bool, typer.Option("--quiet", "-q", help="No summary and no progress on standard error.")
+    bool,
+    typer.Option(
+        "--quiet", "-q", rich_help_panel="Run", help="No summary and no progress on standard error."
+    ),
 ]
-DebugOpt = Annotated[bool, typer.Option("--debug", help="Show the traceback of unexpected errors.")]
+DebugOpt = Annotated[
+    bool, typer.Option("--debug", rich_help_panel="Run", help="Show the traceback of unexpected errors.")
+]
 MemoryLimitOpt = Annotated[
     int,
     typer.Option(
         "--memory-limit-mb",
         min=0,
+        rich_help_panel="Engine",
         help="Inputs that decode to less than this are read once and kept in memory; larger ones stream "
         "in two passes with bounded memory. 0 always streams.",
     ),
@@ -290,6 +370,7 @@ BatchRowsOpt = Annotated[
     typer.Option(
         "--batch-rows",
         min=1,
+        rich_help_panel="Engine",
         help="Rows per record batch.",
         show_default="about 64 MiB of data per batch",
     ),
@@ -484,7 +565,7 @@ def _report(summary: RunSummary, *, quiet: bool, summary_json: str | None, compa
 # --------------------------------------------------------------------------- commands
 
 
-@app.command(no_args_is_help=True)
+@app.command(no_args_is_help=True, epilog=COMPUTE_EXAMPLES + EXIT_CODES_HELP)
 def compute(
     input: InputArg,
     output: Annotated[
@@ -492,6 +573,7 @@ def compute(
         typer.Option(
             "--output",
             "-o",
+            rich_help_panel="Output",
             help="Output Parquet file (.parquet), or a directory: one output shard per input shard.",
             show_default=False,
         ),
@@ -518,36 +600,49 @@ def compute(
     advantage_col: AdvantageColOpt = "advantage",
     active_col: ActiveColOpt = "group_active",
     stats_cols: Annotated[
-        bool, typer.Option("--stats-cols", help="Also write each row's group mean, std and size.")
+        bool,
+        typer.Option(
+            "--stats-cols", rich_help_panel="Output", help="Also write each row's group mean, std and size."
+        ),
     ] = False,
     drop_inactive: Annotated[
         bool,
         typer.Option(
-            "--drop-inactive", help="Leave out rollouts of inactive groups (DAPO dynamic sampling)."
+            "--drop-inactive",
+            rich_help_panel="Output",
+            help="Leave out rollouts of inactive groups (DAPO dynamic sampling).",
         ),
     ] = False,
     keep_mean_range: Annotated[
         tuple[float, float] | None,
         typer.Option(
             "--keep-mean-range",
+            rich_help_panel="Output",
             help="Keep only groups whose mean reward lies in [LO, HI] (difficulty filter).",
             metavar="LO HI",
         ),
     ] = None,
     summary_json: SummaryJsonOpt = None,
-    force: Annotated[bool, typer.Option("--force", "-f", help="Overwrite an existing output.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", "-f", rich_help_panel="Output", help="Overwrite an existing output.")
+    ] = False,
     quiet: QuietOpt = False,
     input_format: InputFormatOpt = None,
     memory_limit_mb: MemoryLimitOpt = 1024,
     batch_rows: BatchRowsOpt = None,
     engine: Annotated[
         Engine,
-        typer.Option("--engine", help="local: this machine, streaming; ray: a Ray cluster with Ray Data."),
+        typer.Option(
+            "--engine",
+            rich_help_panel="Engine",
+            help="local: this machine, streaming; ray: a Ray cluster with Ray Data.",
+        ),
     ] = "local",
     ray_address: Annotated[
         str | None,
         typer.Option(
             "--ray-address",
+            rich_help_panel="Engine",
             help="With --engine ray: 'auto' or host:port joins a cluster.",
             show_default="start a local Ray instance",
         ),
@@ -557,6 +652,7 @@ def compute(
         typer.Option(
             "--partitions",
             min=1,
+            rich_help_panel="Engine",
             help="With --engine ray: hash partitions of the group keys.",
             show_default="input size / 256 MiB",
         ),
@@ -635,7 +731,7 @@ def compute(
     _run(debug, body)
 
 
-@app.command(no_args_is_help=True)
+@app.command(no_args_is_help=True, epilog=CHECK_EXAMPLES + EXIT_CODES_HELP)
 def check(
     input: InputArg,
     max_inactive_fraction: Annotated[
@@ -644,48 +740,86 @@ def check(
             "--max-inactive-fraction",
             min=0.0,
             max=1.0,
+            rich_help_panel="Checks",
             help="Fail if more than F of the groups are inactive.",
         ),
     ] = None,
     min_active_groups: Annotated[
-        int | None, typer.Option("--min-active-groups", min=0, help="Fail if fewer than N groups are active.")
+        int | None,
+        typer.Option(
+            "--min-active-groups",
+            min=0,
+            rich_help_panel="Checks",
+            help="Fail if fewer than N groups are active.",
+        ),
     ] = None,
     min_groups: Annotated[
-        int | None, typer.Option("--min-groups", min=0, help="Fail if there are fewer than N groups.")
+        int | None,
+        typer.Option(
+            "--min-groups", min=0, rich_help_panel="Checks", help="Fail if there are fewer than N groups."
+        ),
     ] = None,
     min_group_size: Annotated[
         int | None,
-        typer.Option("--min-group-size", min=1, help="Fail if any group has fewer than N rollouts."),
+        typer.Option(
+            "--min-group-size",
+            min=1,
+            rich_help_panel="Checks",
+            help="Fail if any group has fewer than N rollouts.",
+        ),
     ] = None,
     max_group_size: Annotated[
         int | None,
-        typer.Option("--max-group-size", min=1, help="Fail if any group has more than N rollouts."),
+        typer.Option(
+            "--max-group-size",
+            min=1,
+            rich_help_panel="Checks",
+            help="Fail if any group has more than N rollouts.",
+        ),
     ] = None,
     uniform_group_size: Annotated[
-        bool, typer.Option("--uniform-group-size", help="Fail unless every group has the same size.")
+        bool,
+        typer.Option(
+            "--uniform-group-size",
+            rich_help_panel="Checks",
+            help="Fail unless every group has the same size.",
+        ),
     ] = False,
     max_singleton_groups: Annotated[
         int | None,
-        typer.Option("--max-singleton-groups", min=0, help="Fail if more than N groups have one rollout."),
+        typer.Option(
+            "--max-singleton-groups",
+            min=0,
+            rich_help_panel="Checks",
+            help="Fail if more than N groups have one rollout.",
+        ),
     ] = None,
     verify_advantage_col: Annotated[
         str | None,
         typer.Option(
             "--verify-advantage-col",
+            rich_help_panel="Checks",
             help="Recompute advantages with the chosen options or preset and compare them with this column.",
             metavar="NAME",
         ),
     ] = None,
     atol: Annotated[
-        float, typer.Option("--atol", min=0.0, help="Absolute tolerance for --verify-advantage-col.")
+        float,
+        typer.Option(
+            "--atol", min=0.0, rich_help_panel="Checks", help="Absolute tolerance for --verify-advantage-col."
+        ),
     ] = 1e-6,
     rtol: Annotated[
-        float, typer.Option("--rtol", min=0.0, help="Relative tolerance for --verify-advantage-col.")
+        float,
+        typer.Option(
+            "--rtol", min=0.0, rich_help_panel="Checks", help="Relative tolerance for --verify-advantage-col."
+        ),
     ] = 1e-5,
     strict: Annotated[
         bool,
         typer.Option(
             "--strict",
+            rich_help_panel="Checks",
             help="With --verify-advantage-col: rows that differ only by a trainer's float rounding residue "
             "(constant groups, identical other rollouts, float32 offsets) fail the check too.",
         ),
@@ -711,7 +845,10 @@ def check(
     device: DeviceOpt = "cpu",
     summary_json: SummaryJsonOpt = None,
     force: Annotated[
-        bool, typer.Option("--force", "-f", help="Overwrite an existing --summary-json file.")
+        bool,
+        typer.Option(
+            "--force", "-f", rich_help_panel="Output", help="Overwrite an existing --summary-json file."
+        ),
     ] = False,
     quiet: QuietOpt = False,
     input_format: InputFormatOpt = None,

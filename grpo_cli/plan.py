@@ -11,6 +11,7 @@ columns of ``--stats-cols``. The local and the Ray engine both go through it, so
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -276,7 +277,7 @@ class RunPlan:
         names = schema.names
         for column in self.input_columns:
             if column not in names:
-                raise GrpoError(f"{shard.display}: no column {column!r}; the columns are {', '.join(names)}")
+                raise GrpoError(f"{shard.display}: no column {column!r}{self._hint(column, names)}")
         for column in self.new_columns if writes_output else ():
             if column in names:
                 option = "--active-col" if column == config.active_col else "--advantage-col"
@@ -296,6 +297,18 @@ class RunPlan:
                     f"{shard.display}: group column {column!r} has type {column_type}; "
                     "group keys must be scalars (integers, strings, ...)"
                 )
+
+    def _hint(self, column: str, names: Sequence[str]) -> str:
+        """What to tell a user whose column is missing: a close name, the option, the columns."""
+        config = self.config
+        close = difflib.get_close_matches(column, names, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        if column in config.group_cols and column == "group_id" and not close:
+            hint = "; name the group column with -g/--group-col, or use --group-size N for consecutive groups"
+        weight = column.rpartition(":")
+        if weight[1] and weight[0] in names:
+            hint = f"; {column!r} looks like {weight[0]!r} with a weight, but {weight[2]!r} is not a number"
+        return f"{hint} (the columns are {', '.join(names)})"
 
     # ----------------------------------------------------------------- between the passes
 

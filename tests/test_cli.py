@@ -512,3 +512,39 @@ def test_python_dash_m_runs_compute(tmp_path, parquet_file):
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["rows"] == 49
+
+
+@pytest.mark.parametrize(
+    ("args", "hint"),
+    [
+        (["-r", "corect"], "no column 'corect'; did you mean 'correct'? (the columns are group_id, step,"),
+        (["-r", "correct:abc"], "'correct:abc' looks like 'correct' with a weight, but 'abc' is not"),
+        (["-r", "correct", "-g", "stpe"], "did you mean 'step'?"),
+    ],
+)
+def test_missing_column_hints(cli, tmp_path, parquet_file, args, hint):
+    assert_one_line_error(cli("compute", parquet_file, "-o", tmp_path / "o.parquet", *args), hint)
+
+
+def test_missing_default_group_column_points_at_the_options(cli, tmp_path):
+    path = tmp_path / "no_groups.parquet"
+    pq.write_table(pa.table({"prompt": ["a", "a"], "reward": [0.0, 1.0]}), path)
+    result = cli("compute", path, "-o", tmp_path / "o.parquet")
+    assert_one_line_error(
+        result, "no column 'group_id'; name the group column with -g/--group-col, or use --group-size N"
+    )
+
+
+@pytest.mark.parametrize("command", ["compute", "check"])
+def test_help_is_grouped_with_examples_and_exit_codes(cli, command):
+    result = cli(command, "--help")
+    assert result.exit_code == 0
+    text = result.stdout
+    for panel in ("Input", "Advantage", "Engine", "Run", "Examples", "Exit codes:"):
+        assert panel in text, panel
+    assert ("Output" if command == "compute" else "Checks") in text
+    assert f"grpo-cli {command} " in text
+
+
+def test_shell_completion_is_offered(cli):
+    assert "--install-completion" in cli("--help").stdout
