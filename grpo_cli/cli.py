@@ -188,12 +188,13 @@ GroupSizeOpt = Annotated[
     ),
 ]
 AggregationOpt = Annotated[
-    Aggregation,
+    Aggregation | None,
     typer.Option(
         "--reward-aggregation",
         rich_help_panel="Input",
         help="With several rewards: normalise their weighted sum, or normalise each in its group and "
         "then sum (GDPO).",
+        show_default="sum-then-normalize",
     ),
 ]
 PresetOpt = Annotated[
@@ -455,7 +456,7 @@ def _config(
     reward_col: list[str] | None,
     group_col: list[str] | None,
     group_size: int | None,
-    reward_aggregation: Aggregation,
+    reward_aggregation: Aggregation | None,
     preset: Preset | None,
     estimator: Estimator | None,
     epsilon: float | None,
@@ -480,14 +481,25 @@ def _config(
     length_col: str | None = None,
     baseline_col: str | None = None,
     gpg_f_norm: float | None = None,
+    recorded: ComputeConfig | None = None,
 ) -> ComputeConfig:
-    """The run's :class:`~grpo_cli.plan.ComputeConfig` from the options both commands share."""
+    """The run's :class:`~grpo_cli.plan.ComputeConfig` from the options both commands share.
+
+    ``recorded``: the options an output was made with (``check`` reads them from its
+    provenance); options given on the command line override them.
+    """
     from grpo_cli.options import AdvantageOptions, RewardSpec
     from grpo_cli.plan import ComputeConfig
 
     if group_size is not None and group_col:
         raise GrpoError("--group-size and --group-col cannot be used together")
+    base = recorded or ComputeConfig()
+    if recorded is not None and not reward_col:
+        reward_col = [f"{r.column}:{r.weight!r}" for r in recorded.rewards]
+    if recorded is not None and not group_col and group_size is None:
+        group_col, group_size = list(recorded.group_cols), recorded.group_size
     advantage = AdvantageOptions.resolve(
+        base=None if recorded is None else recorded.advantage,
         preset=preset,
         estimator=estimator,
         epsilon=epsilon,
@@ -504,7 +516,7 @@ def _config(
         rewards=tuple(RewardSpec.parse(text) for text in (reward_col or ["reward"])),
         group_cols=tuple(group_col or (() if group_size is not None else ("group_id",))),
         group_size=group_size,
-        aggregation=reward_aggregation,
+        aggregation=reward_aggregation or base.aggregation,
         advantage=advantage,
         device=device,
         input_format=input_format,
@@ -516,9 +528,9 @@ def _config(
         drop_inactive=drop_inactive,
         keep_mean_range=keep_mean_range,
         verify=verify,
-        batch_col=batch_col,
-        length_col=length_col,
-        baseline_col=baseline_col,
+        batch_col=batch_col or base.batch_col,
+        length_col=length_col or base.length_col,
+        baseline_col=baseline_col or base.baseline_col,
     )
 
 
@@ -581,7 +593,7 @@ def compute(
     reward_col: RewardColOpt = None,
     group_col: GroupColOpt = None,
     group_size: GroupSizeOpt = None,
-    reward_aggregation: AggregationOpt = "sum-then-normalize",
+    reward_aggregation: AggregationOpt = None,
     preset: PresetOpt = None,
     estimator: EstimatorOpt = None,
     epsilon: EpsilonOpt = None,
@@ -815,6 +827,15 @@ def check(
             "--rtol", min=0.0, rich_help_panel="Checks", help="Relative tolerance for --verify-advantage-col."
         ),
     ] = 1e-5,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            rich_help_panel="Checks",
+            help="Recompute the advantage column a grpo-cli output records, with the options it records "
+            "(its provenance); options given beside it override them.",
+        ),
+    ] = False,
     strict: Annotated[
         bool,
         typer.Option(
@@ -827,7 +848,7 @@ def check(
     reward_col: RewardColOpt = None,
     group_col: GroupColOpt = None,
     group_size: GroupSizeOpt = None,
-    reward_aggregation: AggregationOpt = "sum-then-normalize",
+    reward_aggregation: AggregationOpt = None,
     preset: PresetOpt = None,
     estimator: EstimatorOpt = None,
     epsilon: EpsilonOpt = None,
@@ -865,16 +886,25 @@ def check(
 
     def body(state: _RunState) -> int:
         from grpo_cli.checks import CheckBounds
-        from grpo_cli.jobs import check_dataset
+        from grpo_cli.jobs import check_dataset, recorded_provenance
+        from grpo_cli.plan import ComputeConfig
         from grpo_cli.verify import VerifySpec
 
-        if strict and not verify_advantage_col:
-            raise GrpoError("--strict needs --verify-advantage-col")
-        verify = (
-            VerifySpec(verify_advantage_col, atol=atol, rtol=rtol, strict=strict)
-            if verify_advantage_col
-            else None
-        )
+        verifying = verify or verify_advantage_col is not None
+        if strict and not verifying:
+            raise GrpoError("--strict needs --verify or --verify-advantage-col")
+        recorded = None
+        if verifying:
+            record = recorded_provenance(input)
+            if record is not None:
+                recorded = ComputeConfig.from_provenance(record)
+            elif verify_advantage_col is None:
+                raise GrpoError(
+                    f"{input}: no grpo-cli provenance to verify against (not written by grpo-cli compute); "
+                    "name the column with --verify-advantage-col and give the options it was made with"
+                )
+        column = verify_advantage_col or (recorded.advantage_col if recorded is not None else None)
+        verify_spec = VerifySpec(column, atol=atol, rtol=rtol, strict=strict) if column is not None else None
         config = _config(
             reward_col=reward_col,
             group_col=group_col,
@@ -892,13 +922,14 @@ def check(
             input_format=input_format,
             memory_limit_mb=memory_limit_mb,
             batch_rows=batch_rows,
-            verify=verify,
+            verify=verify_spec,
             whiten=whiten,
             clip_advantage=clip_advantage,
             batch_col=batch_col,
             length_col=length_col,
             baseline_col=baseline_col,
             gpg_f_norm=gpg_f_norm,
+            recorded=recorded,
         )
         _check_stdout(summary_json)
         bounds = CheckBounds(
@@ -921,6 +952,51 @@ def check(
             )
         _report(summary, quiet=quiet, summary_json=summary_json, compact=bool(summary.checks))
         return EXIT_OK if all(c["passed"] for c in summary.checks) else EXIT_CHECK_FAILED
+
+    _run(debug, body)
+
+
+INSPECT_EXAMPLES = """**Examples**
+
+`grpo-cli inspect with_adv.parquet`
+
+`grpo-cli inspect out/ | jq .options.preset`
+
+"""
+
+
+@app.command(no_args_is_help=True, epilog=INSPECT_EXAMPLES + EXIT_CODES_HELP)
+def inspect(
+    input: Annotated[
+        str,
+        typer.Argument(
+            metavar="FILE",
+            help="A Parquet file grpo-cli wrote, or a directory of them.",
+            show_default=False,
+        ),
+    ],
+    debug: DebugOpt = False,
+) -> None:
+    """Print how a grpo-cli output was made: its provenance entry, as JSON on standard output.
+
+    The entry records the grpo-cli version, every option in force after the preset, the
+    inputs, and the rows and groups; `grpo-cli check FILE --verify` recomputes the
+    advantages with those options.
+    """
+
+    def body(state: _RunState) -> int:
+        import json
+
+        from grpo_cli.jobs import recorded_provenance
+
+        if input == "-":
+            raise GrpoError("inspect reads a file or a directory, not standard input")
+        record = recorded_provenance(input)
+        if record is None:
+            raise GrpoError(f"{input}: no grpo-cli provenance (not written by grpo-cli compute)")
+        sys.stdout.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        sys.stdout.flush()
+        return EXIT_OK
 
     _run(debug, body)
 

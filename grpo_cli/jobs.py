@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from grpo_cli.checks import CheckBounds, evaluate_checks
 from grpo_cli.guard import (
@@ -23,7 +24,7 @@ from grpo_cli.guard import (
 )
 from grpo_cli.plan import ComputeConfig
 from grpo_cli.progress import Progress
-from grpo_cli.sources import InputSet
+from grpo_cli.sources import InputSet, read_provenance
 from grpo_cli.summary import RunSummary
 
 PathLike = str | os.PathLike[str]
@@ -66,6 +67,21 @@ def check_dataset(
     return _local_job(
         input, None, config, force=force, progress=progress, summary_json=summary_json, finish=add_checks
     )
+
+
+def recorded_provenance(input: PathLike) -> dict[str, Any] | None:
+    """The provenance entry grpo-cli wrote into ``input`` (its first shard that has one), or ``None``.
+
+    Standard input is never read for it (it can be read only once).
+    """
+    if os.fspath(input) == "-":
+        return None
+    with InputSet(str(input)) as inputs:
+        for shard in inputs.shards:
+            record = read_provenance(shard)
+            if record is not None:
+                return record
+    return None
 
 
 def compute_dataset_ray(

@@ -57,10 +57,19 @@ class AdvantageOptions:
 
     @classmethod
     def resolve(
-        cls, *, preset: Preset | None = None, estimator: Estimator | None = None, **explicit: Any
+        cls,
+        *,
+        preset: Preset | None = None,
+        estimator: Estimator | None = None,
+        base: AdvantageOptions | None = None,
+        **explicit: Any,
     ) -> AdvantageOptions:
-        """Defaults, then ``preset``, then ``estimator``, then options not ``None``."""
-        options = cls()
+        """Defaults (or ``base``), then ``preset``, then ``estimator``, then options not ``None``.
+
+        ``base`` (options recorded in an output's provenance) replaces the defaults unless a
+        ``preset`` is given, which starts again from the defaults.
+        """
+        options = base if base is not None and preset is None else cls()
         if preset is not None:
             if preset not in PRESETS:
                 raise GrpoError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -138,6 +138,35 @@ class ComputeConfig:
                 f"{self.advantage_col}_group_size",
             ]
         return cols
+
+    @classmethod
+    def from_provenance(cls, record: dict[str, Any]) -> ComputeConfig:
+        """The configuration a grpo-cli output was made with, from its provenance entry."""
+        options = dict(record.get("options") or {})
+        try:
+            advantage_fields = {f.name for f in fields(AdvantageOptions)}
+            advantage = {k: v for k, v in options.items() if k in advantage_fields}
+            if advantage.get("clip") is not None:
+                advantage["clip"] = tuple(advantage["clip"])
+            keep = options.get("keep_mean_range")
+            return cls(
+                rewards=tuple(RewardSpec(r["column"], float(r["weight"])) for r in options["reward_cols"]),
+                group_cols=tuple(options.get("group_cols") or ()),
+                group_size=options.get("group_size"),
+                aggregation=options.get("reward_aggregation", "sum-then-normalize"),
+                advantage=AdvantageOptions(**advantage),
+                advantage_col=options.get("advantage_col", "advantage"),
+                active_col=options.get("active_col", "group_active"),
+                stats_cols=bool(options.get("stats_cols", False)),
+                drop_inactive=bool(options.get("drop_inactive", False)),
+                keep_mean_range=None if keep is None else (float(keep[0]), float(keep[1])),
+                device=options.get("device", "cpu"),
+                batch_col=options.get("batch_col"),
+                length_col=options.get("length_col"),
+                baseline_col=options.get("baseline_col"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise GrpoError(f"the recorded grpo-cli options cannot be read ({exc!r})") from None
 
     def options_summary(self) -> dict[str, Any]:
         """Every option in force, after the preset: the summary's ``options``."""
@@ -528,9 +557,26 @@ class RunPlan:
             out = out.append(f)
         return out.with_metadata({**(schema.metadata or {}), PROVENANCE_KEY: provenance})
 
-    def provenance(self, inputs: Sequence[str]) -> bytes:
-        """The ``grpo_cli`` key-value entry of every Parquet output: how it was made."""
+    def provenance(self, inputs: Sequence[str], outcome: GroupOutcome | None = None) -> bytes:
+        """The ``grpo_cli`` key-value entry of every Parquet output: how it was made.
+
+        JSON: ``version``, ``options`` (every option in force, after the preset, as in the
+        summary), ``inputs``, and from ``outcome`` the input ``rows``, ``groups``,
+        ``active_groups`` and ``rows_written``. ``check --verify`` reads it back
+        (:meth:`ComputeConfig.from_provenance`).
+        """
         from grpo_cli import __version__
 
-        record = {"version": __version__, "options": self.config.options_summary(), "inputs": list(inputs)}
+        record: dict[str, Any] = {
+            "version": __version__,
+            "options": self.config.options_summary(),
+            "inputs": list(inputs),
+        }
+        if outcome is not None:
+            record.update(
+                rows=outcome.rows,
+                groups=int(outcome.active.numel()),
+                active_groups=int(outcome.active.sum()),
+                rows_written=outcome.rows - outcome.dropped_rows,
+            )
         return json.dumps(record, sort_keys=True).encode()

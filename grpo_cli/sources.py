@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from grpo_cli.choices import InputFormat, check_choice
 from grpo_cli.errors import GrpoError
-from grpo_cli.guard import OTHER_DATA_SUFFIXES, ProtectedInputs, spool
+from grpo_cli.guard import OTHER_DATA_SUFFIXES, PROVENANCE_KEY, ProtectedInputs, spool
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz")
@@ -207,6 +207,26 @@ def read_schema(shard: Shard) -> pa.Schema:
         return pa.schema([])
     with _JsonlReader(shard) as reader:
         return reader.schema
+
+
+def read_provenance(shard: Shard) -> dict[str, Any] | None:
+    """The ``grpo_cli`` provenance entry of a Parquet shard grpo-cli wrote, or ``None``."""
+    if shard.format != "parquet":
+        return None
+    try:
+        metadata = pq.read_metadata(shard.path).metadata or {}
+    except (pa.ArrowException, OSError) as exc:
+        raise GrpoError(f"{shard.display}: not a readable Parquet file ({_first_line(exc)})") from None
+    raw = metadata.get(PROVENANCE_KEY)
+    if raw is None:
+        return None
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        raise GrpoError(f"{shard.display}: its grpo-cli provenance entry is not valid JSON") from None
+    if not isinstance(record, dict):
+        raise GrpoError(f"{shard.display}: its grpo-cli provenance entry is not a JSON object")
+    return record
 
 
 def estimated_memory_bytes(shard: Shard) -> int:

@@ -116,9 +116,62 @@ def test_verify_detects_another_convention(cli, tmp_path, data):
     path, _ = data
     out = tmp_path / "with_adv.parquet"
     assert cli("compute", path, "-o", out, "--preset", "trl", "-q").exit_code == 0
-    result, summary = summary_of(cli, out, "--verify-advantage-col", "advantage", reward="reward")
+    result, summary = summary_of(
+        cli, out, "--verify-advantage-col", "advantage", "--preset", "openrlhf", reward="reward"
+    )
     assert result.exit_code == 1
     assert summary["verify"]["mismatched"] > 0
+
+
+def test_verify_uses_the_options_the_output_records(cli, tmp_path, data):
+    """compute, then check --verify with no other flag: the recorded options are used."""
+    path, _ = data
+    out = tmp_path / "with_adv.parquet"
+    made = cli("compute", path, "-o", out, "--preset", "trl", "--std", "population", "-q")
+    assert made.exit_code == 0
+    result = cli("check", out, "--verify", "--summary-json", "-", "-q")
+    assert result.exit_code == 0, result.stderr
+    verify = json.loads(result.stdout)["verify"]
+    assert (verify["column"], verify["mismatched"], verify["compared"]) == ("advantage", 0, 49)
+    options = json.loads(result.stdout)["options"]
+    assert (options["preset"], options["std"], options["epsilon"]) == ("trl", "population", 1e-4)
+    # the same without --verify: --verify-advantage-col alone defaults to the recorded options
+    assert cli("check", out, "--verify-advantage-col", "advantage", "-q").exit_code == 0
+    # a flag given beside it overrides the record
+    assert cli("check", out, "--verify", "--std", "sample", "-q").exit_code == 1
+    # a changed value fails
+    table = pq.read_table(out)
+    advantages = table.column("advantage").to_pylist()
+    advantages[3] += 0.5
+    changed = tmp_path / "changed.parquet"
+    pq.write_table(
+        table.set_column(
+            table.schema.get_field_index("advantage"), "advantage", pa.array(advantages)
+        ).replace_schema_metadata(table.schema.metadata),
+        changed,
+    )
+    result = cli("check", changed, "--verify", "--summary-json", "-", "-q")
+    assert result.exit_code == 1
+    assert json.loads(result.stdout)["verify"]["examples"][0]["row"] == 3
+
+
+def test_verify_without_provenance_asks_for_the_column(cli, data):
+    path, _ = data
+    result = cli("check", path, "--verify")
+    assert_one_line_error(result, "no grpo-cli provenance to verify against")
+
+
+def test_inspect_prints_the_provenance(cli, tmp_path, data):
+    path, _ = data
+    out = tmp_path / "with_adv.parquet"
+    assert cli("compute", path, "-o", out, "--preset", "verl", "--drop-inactive", "-q").exit_code == 0
+    result = cli("inspect", out)
+    assert result.exit_code == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert record["options"]["preset"] == "verl" and record["inputs"] == [str(path)]
+    assert record["rows"] == 49 and record["rows_written"] == pq.read_metadata(out).num_rows
+    assert record["groups"] >= record["active_groups"] > 0
+    assert_one_line_error(cli("inspect", path), "no grpo-cli provenance")
 
 
 def test_verify_corrupted_rows_are_reported(cli, tmp_path, data):
@@ -263,4 +316,4 @@ def test_verify_a_changed_value_in_an_active_group_is_a_mismatch(cli, tmp_path):
 
 def test_strict_needs_a_column_to_verify(cli, tmp_path, data):
     path, _ = data
-    assert_one_line_error(cli("check", path, "--strict"), "--strict needs --verify-advantage-col")
+    assert_one_line_error(cli("check", path, "--strict"), "--strict needs --verify or --verify-advantage-col")

@@ -543,7 +543,7 @@ class LocalEngine:
         if config.verify is not None:
             verifier = Verifier(config.verify, outcome.stats, config.advantage, first.keys)
         figures = _Pass2Figures(verifier)
-        provenance = plan.provenance([shard.display for shard in self.inputs.shards])
+        provenance = plan.provenance([shard.display for shard in self.inputs.shards], outcome)
         active_device = outcome.active.to(plan.device)
         self._passk_claimed = None
         self.progress.start("pass 2/2: advantages" if output else "pass 2/2: verify", first.rows)

@@ -573,7 +573,7 @@ def run_ray(
                 "payload": payload,
                 "token": uuid.uuid4().hex,
                 "config": config,
-                "provenance": plan.provenance([shard.display for shard in inputs.shards]),
+                "provenance": plan.provenance([shard.display for shard in inputs.shards], outcome),
             },
         )
         if claim is None:
