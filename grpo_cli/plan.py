@@ -30,6 +30,7 @@ from grpo_cli.kernel import (
     Normalization,
     TopTwo,
     WeightedMoments,
+    apply_normalization,
     batch_std,
     group_std,
     whitening,
@@ -519,6 +520,41 @@ class RunPlan:
             difference = rewards.combined.to(torch.float64) - baseline
             result = torch.where(valid, difference, torch.zeros_like(difference))
         return rewards, result, batch_ids
+
+    @property
+    def range_follows_from_stats(self) -> bool:
+        """Whether the advantages' min and max follow from the group statistics alone.
+
+        With the mean baseline, one channel and no batch transform, an advantage is an
+        increasing function of the reward within its group, so a group's extremes are the
+        advantages of its smallest and largest reward.
+        """
+        options = self.config.advantage
+        return (
+            self.channels == 1
+            and options.baseline == "mean"
+            and options.estimator in ("grpo", "dr_grpo")
+            and self.whitening is None
+            and options.clip is None
+        )
+
+    def advantage_range_from_stats(
+        self, outcome: GroupOutcome, dtype: torch.dtype
+    ) -> tuple[float, float] | None:
+        """The min and max advantage, computed bit for bit as pass 2 would, from each group's
+        smallest and largest reward (``check`` without a second pass)."""
+        norm = outcome.norms[0]
+        stats = norm.stats
+        seen = (stats.count > 0).nonzero().flatten()
+        if not seen.numel():
+            return None
+        values = torch.cat([stats.minimum[seen], stats.maximum[seen]])
+        ids = torch.cat([seen, seen])
+        advantages = apply_normalization(values, ids, norm).to(dtype).to(torch.float64)
+        low, high = float(advantages.min()), float(advantages.max())
+        if outcome.nan_rewards:  # rows left out of the statistics get advantage 0
+            low, high = min(low, 0.0), max(high, 0.0)
+        return low, high
 
     def finish(
         self, advantages: torch.Tensor, batch_ids: torch.Tensor, outcome: GroupOutcome

@@ -317,3 +317,48 @@ def test_verify_a_changed_value_in_an_active_group_is_a_mismatch(cli, tmp_path):
 def test_strict_needs_a_column_to_verify(cli, tmp_path, data):
     path, _ = data
     assert_one_line_error(cli("check", path, "--strict"), "--strict needs --verify or --verify-advantage-col")
+
+
+def test_check_reads_the_data_once_unless_it_verifies(cli, tmp_path, data, monkeypatch):
+    from grpo_cli.engines import local
+
+    path, _ = data
+    out = tmp_path / "with_adv.parquet"
+    assert cli("compute", path, "-o", out, "-r", "reward", "-q").exit_code == 0
+    reads: list[str] = []
+    real = local.iter_batches  # type: ignore[attr-defined]
+
+    def counting(shard, columns, batch_rows):
+        reads.append(f"{shard.display}:{columns}")
+        return real(shard, columns, batch_rows)
+
+    monkeypatch.setattr(local, "iter_batches", counting)
+    assert cli("check", out, "-r", "reward", "--memory-limit-mb", "0", "-q").exit_code == 0
+    assert reads == [f"{out}:['reward', 'group_id']"]  # one pass, the needed columns only
+    reads.clear()
+    assert cli("check", out, "--verify", "--memory-limit-mb", "0", "-q").exit_code == 0
+    assert len(reads) == 2
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        [],
+        ["--preset", "verl"],
+        ["--preset", "trl", "--scale", "batch"],
+        ["--estimator", "dr_grpo"],
+        ["--epsilon-mode", "add-if-nonzero", "--std", "sample"],
+        ["--preset", "torchrl"],
+    ],
+)
+@pytest.mark.parametrize("reward", ["reward", "correct"])
+def test_one_pass_check_reports_the_advantage_range_compute_writes(cli, tmp_path, data, options, reward):
+    path, _ = data
+    out = tmp_path / "with_adv.parquet"
+    made = cli("compute", path, "-o", out, "-r", reward, *options, "--summary-json", "-", "-q")
+    checked = cli("check", path, "-r", reward, *options, "--summary-json", "-", "-q")
+    assert made.exit_code == checked.exit_code == 0
+    written = pq.read_table(out).column("advantage").to_pylist()
+    advantage = json.loads(checked.stdout)["advantage"]
+    assert (advantage["min"], advantage["max"]) == (min(written), max(written))
+    assert json.loads(made.stdout)["advantage"] == advantage

@@ -419,6 +419,7 @@ class LocalEngine:
             )
         budget = self.config.memory_budget_bytes
         self.in_memory = sum(estimated_memory_bytes(s) for s in inputs.shards) <= budget
+        self.one_pass_dtype = self._one_pass_dtype(writes_output)
         self.bytes_read = 0
         self._passk_claimed: torch.Tensor | None = None
 
@@ -441,11 +442,16 @@ class LocalEngine:
                 length_sums=first.length_sums,
                 weighted_reward_sums=first.weighted_reward_sums,
             )
-            if self.plan.needs_moments_pass:
-                outcome = replace(
-                    outcome, transform=self.plan.transform(self._moments(first, outcome, spool))
-                )
-            figures = self._advantages(first, outcome, spool.reader(), output)
+            if self.one_pass_dtype is not None:
+                advantage_range = self.plan.advantage_range_from_stats(outcome, self.one_pass_dtype)
+                verify_result = None
+            else:
+                if self.plan.needs_moments_pass:
+                    outcome = replace(
+                        outcome, transform=self.plan.transform(self._moments(first, outcome, spool))
+                    )
+                figures = self._advantages(first, outcome, spool.reader(), output)
+                advantage_range, verify_result = figures.advantage_range(), figures.verify_result()
             output_info = output.commit() if output is not None else None
         finally:
             spool.close()
@@ -459,11 +465,11 @@ class LocalEngine:
             ),
             output=output_info,
             options=self.config.options_summary(),
-            advantage_range=figures.advantage_range(),
+            advantage_range=advantage_range,
             mode="in-memory" if self.in_memory else "streaming",
             device=str(self.plan.device),
             elapsed=time.perf_counter() - started,
-            verify=figures.verify_result(),
+            verify=verify_result,
         )
 
     # ----------------------------------------------------------------- pass 1
@@ -472,9 +478,10 @@ class LocalEngine:
         total_rows = self._total_rows()
         small = total_rows is not None and total_rows <= SMALL_INPUT_ROWS
         state = _StatisticsPass(self.plan, spool, exact_keys=small)
-        cached: list[list[pa.RecordBatch]] | None = [] if self.in_memory else None
-        columns = None if self.in_memory else self.plan.input_columns
-        self.progress.start("pass 1/2: statistics", total_rows)
+        keep_batches = self.in_memory and self.one_pass_dtype is None
+        cached: list[list[pa.RecordBatch]] | None = [] if keep_batches else None
+        columns = None if keep_batches else self.plan.input_columns
+        self.progress.start("statistics" if self.one_pass_dtype else "pass 1/2: statistics", total_rows)
         for shard, schema in zip(self.inputs.shards, self.schemas, strict=True):
             shard_batches: list[pa.RecordBatch] = []
             if len(schema) == 0:
@@ -505,6 +512,15 @@ class LocalEngine:
                 f"NaN or infinite (--nan ignore leaves them out)"
             )
         return state.result(self.inputs.spec, cached)
+
+    def _one_pass_dtype(self, writes_output: bool) -> torch.dtype | None:
+        """``check`` without verification needs no second pass when the advantages' range
+        follows from the group statistics (see :meth:`RunPlan.advantage_range_from_stats`):
+        the dtype of the advantages then, else ``None``."""
+        if writes_output or self.config.verify is not None or not self.plan.range_follows_from_stats:
+            return None
+        dtypes = {self.plan.output_dtype(schema) for schema in self.schemas if len(schema)}
+        return dtypes.pop() if len(dtypes) == 1 else None
 
     def _reward_reader(self, schema: pa.Schema, shard: Shard) -> RewardReader:
         return RewardReader(self.config.rewards, schema, shard, per_column=self.plan.per_column)
