@@ -164,6 +164,8 @@ RewardColOpt = Annotated[
         "--reward-col",
         "-r",
         rich_help_panel="Input",
+        envvar="GRPO_CLI_REWARD_COL",
+        show_envvar=True,
         help="Reward column, optionally NAME:WEIGHT; repeat for several rewards (weighted sum).",
         show_default="reward",
     ),
@@ -174,6 +176,8 @@ GroupColOpt = Annotated[
         "--group-col",
         "-g",
         rich_help_panel="Input",
+        envvar="GRPO_CLI_GROUP_COL",
+        show_envvar=True,
         help="Group key column; repeat for a composite key (e.g. prompt_id and step).",
         show_default="group_id",
     ),
@@ -202,6 +206,8 @@ PresetOpt = Annotated[
     typer.Option(
         "--preset",
         rich_help_panel="Advantage",
+        envvar="GRPO_CLI_PRESET",
+        show_envvar=True,
         help="Reproduce a trainer's GRPO convention; explicit options override it.",
     ),
 ]
@@ -326,6 +332,8 @@ DeviceOpt = Annotated[
     typer.Option(
         "--device",
         rich_help_panel="Engine",
+        envvar="GRPO_CLI_DEVICE",
+        show_envvar=True,
         help="auto, cpu, cuda, cuda:N or mps (auto: CUDA, then MPS, then CPU).",
     ),
 ]
@@ -362,6 +370,8 @@ MemoryLimitOpt = Annotated[
         "--memory-limit-mb",
         min=0,
         rich_help_panel="Engine",
+        envvar="GRPO_CLI_MEMORY_LIMIT_MB",
+        show_envvar=True,
         help="Inputs that decode to less than this are read once and kept in memory; larger ones stream "
         "in two passes with bounded memory. 0 always streams.",
     ),

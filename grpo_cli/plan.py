@@ -246,6 +246,7 @@ class GroupOutcome:
     kept: torch.Tensor | None
     group_columns: tuple[np.ndarray, np.ndarray, np.ndarray] | None
     drop_reasons: list[str]
+    drops_by_reason: list[dict[str, Any]] = field(default_factory=list)
     batches: BatchLayout | None = None
     row_scale: torch.Tensor | None = None  # per batch: GPG's alpha / f_norm
     transform: BatchTransform | None = None  # per batch: whitening, set after the moments pass
@@ -412,6 +413,7 @@ class RunPlan:
             rows=rows,
             nan_rewards=nan_rewards,
             kept=self._kept_groups(active_cpu, summary_stats),
+            drops_by_reason=self._drops_by_reason(active_cpu, summary_stats, rows_per_group),
             group_columns=self._group_columns(summary_stats, rows_per_group),
             drop_reasons=self.drop_reasons(),
             batches=batches,
@@ -451,17 +453,37 @@ class RunPlan:
         return whitening(moments, method=self.whitening)
 
     def _kept_groups(self, active: torch.Tensor, stats: GroupStats) -> torch.Tensor | None:
-        config = self.config
-        if not config.drop_inactive and config.keep_mean_range is None:
+        masks = self._filter_masks(active, stats)
+        if not masks:
             return None
         keep = torch.ones(active.numel(), dtype=torch.bool)
+        for passes in masks:
+            keep &= passes
+        return keep
+
+    def _filter_masks(self, active: torch.Tensor, stats: GroupStats) -> list[torch.Tensor]:
+        """Per filter, in the order of :meth:`drop_reasons`, the groups it keeps."""
+        config = self.config
+        masks = []
         if config.drop_inactive:
-            keep &= active
+            masks.append(active.clone())
         if config.keep_mean_range is not None:
             low, high = config.keep_mean_range
             mean = stats.mean.cpu()
-            keep &= (mean >= low) & (mean <= high)
-        return keep
+            masks.append((mean >= low) & (mean <= high))
+        return masks
+
+    def _drops_by_reason(
+        self, active: torch.Tensor, stats: GroupStats, rows_per_group: np.ndarray
+    ) -> list[dict[str, Any]]:
+        """Groups and rows each filter drops (a group may fail several)."""
+        out = []
+        for reason, passes in zip(self.drop_reasons(), self._filter_masks(active, stats), strict=True):
+            dropped = (~passes).numpy()
+            out.append(
+                {"reason": reason, "groups": int(dropped.sum()), "rows": int(rows_per_group[dropped].sum())}
+            )
+        return out
 
     def _group_columns(
         self, stats: GroupStats, rows_per_group: np.ndarray

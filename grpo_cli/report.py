@@ -56,9 +56,12 @@ def summary_lines(summary: RunSummary) -> list[tuple[str, str]]:
     if s.nan_rewards:
         rows.append(("NaN rewards left out", f"{s.nan_rewards:,}"))
     if s.dropped["reasons"]:
-        rows.append(("dropped", f"{s.dropped['groups']:,} groups, {s.dropped['rows']:,} rows"))
-        for reason in s.dropped["reasons"]:
-            rows.append(("  because", reason))
+        written = s.dropped.get("rows_written")
+        kept = f"; {written:,} rows written" if written is not None and s.output is not None else ""
+        rows.append(("dropped", f"{s.dropped['groups']:,} groups, {s.dropped['rows']:,} rows{kept}"))
+        for item in s.dropped.get("by_reason") or [{"reason": r} for r in s.dropped["reasons"]]:
+            counts = f": {item['groups']:,} groups, {item['rows']:,} rows" if "groups" in item else ""
+            rows.append(("  because", f"{item['reason']}{counts}"))
     rows.append(("time", f"{s.elapsed_seconds:.2f} s ({s.mode}, {s.device})"))
     return rows
 

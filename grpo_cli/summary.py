@@ -184,6 +184,8 @@ def build_summary(
             "groups": outcome.dropped_groups,
             "rows": outcome.dropped_rows,
             "reasons": outcome.drop_reasons,
+            "by_reason": outcome.drops_by_reason,
+            "rows_written": outcome.rows - outcome.dropped_rows,
         },
         input=input,
         output=output,

@@ -114,10 +114,13 @@ def test_a_group_mean_exactly_at_the_range_ends_is_kept(tmp_path):
     out = tmp_path / "out.parquet"
     summary = compute_dataset(path, out, ComputeConfig(keep_mean_range=(0.25, 1.0)))
     assert pq.read_table(out).column("group_id").to_pylist() == [0, 0, 1, 1]
+    reason = "group mean reward outside [0.25, 1.0] (--keep-mean-range)"
     assert summary.dropped == {
         "groups": 1,
         "rows": 2,
-        "reasons": ["group mean reward outside [0.25, 1.0] (--keep-mean-range)"],
+        "reasons": [reason],
+        "by_reason": [{"reason": reason, "groups": 1, "rows": 2}],
+        "rows_written": 4,
     }
 
 

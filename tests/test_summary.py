@@ -76,9 +76,26 @@ def test_inactive_values_are_ranked_by_count_and_the_rest_counted():
 
 
 def test_dropped_groups_and_rows_come_from_the_filter():
-    outcome = outcome_of(REWARDS, IDS, ComputeConfig(drop_inactive=True))
-    summary = summarize(outcome)
-    assert summary.dropped == {"groups": 3, "rows": 6, "reasons": ["inactive group (--drop-inactive)"]}
+    outcome = outcome_of(REWARDS, IDS, ComputeConfig(drop_inactive=True, keep_mean_range=(0.5, 10.0)))
+    summary = summarize(outcome, output={"path": "o.parquet", "shards": 1, "bytes": 1})
+    inactive, outside = (
+        "inactive group (--drop-inactive)",
+        "group mean reward outside [0.5, 10.0] (--keep-mean-range)",
+    )
+    # groups: [1, 3] active, mean 2; [4, 4] constant; [7] singleton; [0, 0, 0] constant, mean 0
+    assert summary.dropped == {
+        "groups": 3,
+        "rows": 6,
+        "reasons": [inactive, outside],
+        "by_reason": [
+            {"reason": inactive, "groups": 3, "rows": 6},
+            {"reason": outside, "groups": 1, "rows": 3},
+        ],
+        "rows_written": 2,
+    }
+    text = render_plain(summary)
+    assert "dropped                    3 groups, 6 rows; 2 rows written" in text
+    assert f"because                  {outside}: 1 groups, 3 rows" in text
 
 
 def test_json_has_no_nan_and_optional_keys_only_when_present():
