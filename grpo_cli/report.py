@@ -66,17 +66,34 @@ def summary_lines(summary: RunSummary) -> list[tuple[str, str]]:
     return rows
 
 
+def histogram_title(summary: RunSummary) -> str:
+    """``solve rate`` only where the rewards are binary."""
+    kind = summary.group_mean_histogram.get("kind")
+    if kind == "solve_rate":
+        return "group solve rate histogram (k of G rollouts correct)"
+    return "group mean reward histogram"
+
+
 def histogram_lines(summary: RunSummary, width: int = 30) -> list[str]:
-    edges = summary.group_mean_histogram["edges"]
-    counts = summary.group_mean_histogram["counts"]
+    histogram = summary.group_mean_histogram
+    edges, counts = histogram["edges"], histogram["counts"]
     if not counts:
         return []
     peak = max(int(c) for c in counts) or 1
+    labels = histogram.get("labels")
+    if labels is None and histogram.get("kind") == "single":
+        labels = [_fmt(edges[0])]
+    if labels is None:
+        labels = [
+            f"[{float(edges[i]):.3g}, {float(edges[i + 1]):.3g}{']' if i == len(counts) - 1 else ')'}"
+            for i in range(len(counts))
+        ]
+    label_width = max(len(label) for label in labels)
+    count_width = max(len(f"{int(c):,}") for c in counts)
     lines = []
-    for i, c in enumerate(counts):
+    for label, c in zip(labels, counts, strict=True):
         bar = "█" * round(width * int(c) / peak)
-        close = "]" if i == len(counts) - 1 else ")"
-        lines.append(f"  [{float(edges[i]):8.3g}, {float(edges[i + 1]):8.3g}{close} {bar} {c}")
+        lines.append(f"  {label.rjust(label_width)}  {int(c):>{count_width},}  {bar}")
     return lines
 
 
@@ -97,7 +114,7 @@ def render_plain(summary: RunSummary) -> str:
     out = [f"{label.ljust(width)}  {value}" for label, value in rows]
     hist = histogram_lines(summary)
     if hist:
-        out.append("group mean reward (solve rate) histogram:")
+        out.append(f"{histogram_title(summary)}:")
         out += hist
     out += check_lines(summary)
     return "\n".join(out)
@@ -149,7 +166,7 @@ def render_rich(summary: RunSummary, console: Any) -> None:
     console.print(table)
     hist = histogram_lines(summary)
     if hist:
-        console.print("[bold]group mean reward (solve rate)[/bold]")
+        console.print(f"[bold]{histogram_title(summary)}[/bold]")
         for line in hist:
             console.print(line, highlight=False)
     for line in check_lines(summary):

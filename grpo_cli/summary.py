@@ -37,7 +37,7 @@ class RunSummary:
     advantage: dict[str, float | None]
     inactive_by_value: list[dict[str, Any]]
     inactive_other_values: int
-    group_mean_histogram: dict[str, list[float] | list[int]]
+    group_mean_histogram: dict[str, Any]
     nan_rewards: int
     dropped: dict[str, Any]
     input: dict[str, Any]
@@ -151,14 +151,7 @@ def build_summary(
     ]
     other = int(sum(int(value_counts[i]) for i in order[TOP_INACTIVE_VALUES:]))
 
-    histogram: dict[str, list[float] | list[int]] = {"edges": [], "counts": []}
-    means = mean[count > 0]
-    if means.size:
-        low, high = float(means.min()), float(means.max())
-        if low == high:
-            high = low + 1.0 if low == 0 else low + abs(low) * 1e-9 + 1e-12
-        counts, edges = np.histogram(means, bins=HISTOGRAM_BINS, range=(low, high))
-        histogram = {"edges": [float(e) for e in edges], "counts": [int(c) for c in counts]}
+    histogram = group_mean_histogram(mean, count, minimum, maximum, cpu.m2.numpy(), sizes)
 
     return RunSummary(
         rows=outcome.rows,
@@ -195,6 +188,54 @@ def build_summary(
         elapsed_seconds=elapsed,
         verify=verify,
     )
+
+
+def group_mean_histogram(
+    mean: np.ndarray,
+    count: np.ndarray,
+    minimum: np.ndarray,
+    maximum: np.ndarray,
+    m2: np.ndarray,
+    sizes: np.ndarray,
+) -> dict[str, Any]:
+    """The distribution of the groups' mean rewards, binned to be read at a glance.
+
+    ``kind`` says how: ``solve_rate`` for binary rewards in groups of one size G (one bar
+    per attainable rate k/G, ``labels`` "k/G"); ``unit`` for means in [0, 1] (ten bins over
+    [0, 1]); ``range`` otherwise (ten bins from the lowest to the highest mean); ``single``
+    when every group has the same mean (one bar). ``edges`` has one more entry than
+    ``counts``.
+
+    >>> h = group_mean_histogram(np.array([0.0, 0.5, 0.5, 1.0]), np.array([2, 2, 2, 2]),
+    ...     np.array([0.0, 0.0, 0.0, 1.0]), np.array([0.0, 1.0, 1.0, 1.0]),
+    ...     np.array([0.0, 0.5, 0.5, 0.0]), np.array([2, 2, 2, 2]))
+    >>> h["kind"], h["labels"], h["counts"]
+    ('solve_rate', ['0/2', '1/2', '2/2'], [1, 2, 1])
+    """
+    seen = count > 0
+    means = mean[seen]
+    if not means.size:
+        return {"kind": "range", "edges": [], "counts": []}
+    low, high = float(means.min()), float(means.max())
+    binary = bool(np.all(np.isin(minimum[seen], (0.0, 1.0))) and np.all(np.isin(maximum[seen], (0.0, 1.0))))
+    if binary:  # a [0, 1] group is binary when its spread is the largest [0, 1] values allow
+        p = means
+        binary = bool(np.allclose(m2[seen], count[seen] * p * (1 - p), rtol=1e-9, atol=1e-12))
+    group_size = int(sizes[0]) if sizes.size and np.all(sizes == sizes[0]) else 0
+    if binary and 1 <= group_size <= 64:
+        rates = np.rint(means * group_size).astype(np.int64)
+        per_rate = np.bincount(rates, minlength=group_size + 1)
+        return {
+            "kind": "solve_rate",
+            "edges": [max(0.0, (k - 0.5) / group_size) for k in range(group_size + 1)] + [1.0],
+            "counts": [int(c) for c in per_rate],
+            "labels": [f"{k}/{group_size}" for k in range(group_size + 1)],
+        }
+    if low == high:
+        return {"kind": "single", "edges": [low, high], "counts": [int(means.size)]}
+    kind, bounds = ("unit", (0.0, 1.0)) if low >= 0.0 and high <= 1.0 else ("range", (low, high))
+    binned, bin_edges = np.histogram(means, bins=HISTOGRAM_BINS, range=bounds)
+    return {"kind": kind, "edges": [float(e) for e in bin_edges], "counts": [int(c) for c in binned]}
 
 
 def input_info(spec: str, shards: Sequence[Shard], *, stdin: bool, bytes_decoded: int) -> dict[str, Any]:

@@ -57,7 +57,33 @@ def test_group_figures_match_a_direct_count():
     assert summary.inactive_other_values == 0
     histogram = summary.group_mean_histogram
     assert sum(histogram["counts"]) == 4 and len(histogram["edges"]) == len(histogram["counts"]) + 1
-    assert histogram["edges"][0] == 0.0 and histogram["edges"][-1] == 7.0
+    assert histogram["kind"] == "range" and histogram["edges"][0] == 0.0 and histogram["edges"][-1] == 7.0
+
+
+@pytest.mark.parametrize(
+    ("rewards", "ids", "kind", "counts"),
+    [
+        # binary, groups of 4: one bar per solve rate k/4, the empty ones included
+        ([1, 1, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0], [0] * 4 + [1] * 4 + [2] * 4, "solve_rate", [1, 0, 1, 0, 1]),
+        # continuous in [0, 1]: ten fixed bins over [0, 1]
+        ([0.1, 0.3, 0.9, 1.0], [0, 0, 1, 1], "unit", [0, 0, 1, 0, 0, 0, 0, 0, 0, 1]),
+        # every group the same mean: one bar
+        ([0.5, 0.5, 0.2, 0.8], [0, 0, 1, 1], "single", [2]),
+        # beyond [0, 1]: from the lowest to the highest mean
+        ([-3.0, 5.0, 10.0, 10.0], [0, 0, 1, 1], "range", [1, 0, 0, 0, 0, 0, 0, 0, 0, 1]),
+    ],
+)
+def test_histogram_bins_read_at_a_glance(rewards, ids, kind, counts):
+    summary = summarize(outcome_of([float(r) for r in rewards], ids))
+    histogram = summary.group_mean_histogram
+    assert (histogram["kind"], histogram["counts"]) == (kind, counts)
+    assert len(histogram["edges"]) == len(counts) + 1
+    text = render_plain(summary)
+    if kind == "solve_rate":
+        assert "group solve rate histogram" in text and "  2/4  1  " in text
+        assert histogram["labels"] == ["0/4", "1/4", "2/4", "3/4", "4/4"]
+    else:
+        assert "group mean reward histogram" in text and "solve rate" not in text
 
 
 def test_inactive_values_are_ranked_by_count_and_the_rest_counted():
@@ -124,7 +150,7 @@ def test_an_empty_run_has_no_figures_to_invent():
     assert summary.groups == 0 and summary.active_fraction == 0.0
     assert summary.group_size == {"min": None, "median": None, "max": None}
     assert summary.reward == {"mean": None, "std": None, "min": None, "max": None}
-    assert summary.group_mean_histogram == {"edges": [], "counts": []}
+    assert summary.group_mean_histogram == {"kind": "range", "edges": [], "counts": []}
 
 
 def test_input_info_counts_shards_bytes_and_formats(tmp_path):
@@ -147,7 +173,7 @@ def test_reports_show_the_figures_and_each_check():
     summary = summarize(outcome_of(REWARDS, IDS))
     text = render_plain(summary)
     assert "active groups" in text and "1 (25.0%)" in text
-    assert "  all 0.0" in text and "group mean reward (solve rate) histogram:" in text
+    assert "  all 0.0" in text and "group mean reward histogram:" in text
     summary.checks = [
         {"name": "min-groups", "value": 4, "bound": ">= 2", "passed": True},
         {"name": "max-inactive-fraction", "value": 0.75, "bound": "<= 0.5", "passed": False},
