@@ -419,3 +419,20 @@ def test_each_estimator_through_the_cli(cli, tmp_path, estimator):
     assert pq.read_table(out).column("advantage").to_pylist() == pytest.approx(
         expected, rel=1e-9, abs=1e-9
     )  # verl divides by tokens + 1e-8
+
+
+@pytest.mark.parametrize("estimator", ["opo", "reinforce_plus_plus_baseline"])
+def test_a_bad_length_is_one_line_naming_the_row(cli, tmp_path, estimator):
+    rows = random_rows(19)
+    rows[5]["length"] = None
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    out = tmp_path / "out.parquet"
+    result = cli(
+        "compute", path, "-o", out, "-r", "score", "--estimator", estimator, "--length-col", "length"
+    )
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: {path}, row 5: --length-col 'length' is nan; lengths must be finite and >= 0"
+    ]
+    assert not out.exists()

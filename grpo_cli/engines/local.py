@@ -252,6 +252,14 @@ class _StatisticsPass:
                     for batch, _ in self._pending
                 ]
             )
+            bad = ~(np.isfinite(lengths) & (lengths >= 0))
+            if bad.any():
+                row = int(np.flatnonzero(bad)[0])
+                where = describe_row(shard, self._pending_start + row)
+                raise GrpoError(
+                    f"{where}: --length-col {config.length_col!r} is {lengths[row]}; "
+                    "lengths must be finite and >= 0"
+                )
             keep = np.ones(group_ids.size, dtype=bool) if valid is None else valid.numpy()
             ids_kept, lengths_kept = group_ids[keep], lengths[keep]
             size = max(k, self.length_sums.size)

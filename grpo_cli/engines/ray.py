@@ -269,6 +269,10 @@ def block_group_stats(batch: pa.Table, config: ComputeConfig) -> pa.Table:
     columns[NONZERO_FIELD] = np.bincount(ids_np[valid & (combined != 0)], minlength=k)
     if config.length_col is not None and config.advantage.estimator == "opo":
         lengths = reader.column(_record_batch(batch), config.length_col).numpy()
+        if not np.all(np.isfinite(lengths) & (lengths >= 0)):
+            raise GrpoError(
+                f"--length-col {config.length_col!r} holds a value that is null, negative or not finite"
+            )
         columns[LENGTH_FIELD] = np.bincount(ids_np[valid], weights=lengths[valid], minlength=k)
         columns[WEIGHTED_FIELD] = np.bincount(ids_np[valid], weights=(lengths * combined)[valid], minlength=k)
     table = keys.key_table(batch)
