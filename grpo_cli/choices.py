@@ -42,6 +42,7 @@ Renormalize = Literal["none", "trl", "gdpo"]
 Aggregation = Literal["sum-then-normalize", "normalize-then-sum"]
 InputFormat = Literal["parquet", "jsonl"]
 Engine = Literal["local", "ray"]
+Color = Literal["auto", "always", "never"]
 Preset = Literal["trl", "verl", "openrlhf", "nemo-rl", "roll", "torchrl"]
 
 

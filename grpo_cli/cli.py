@@ -26,6 +26,7 @@ except ImportError:  # pragma: no cover - Typer on the Click package
 from grpo_cli import __version__
 from grpo_cli.choices import (
     Aggregation,
+    Color,
     Engine,
     EpsilonMode,
     Estimator,
@@ -361,6 +362,15 @@ QuietOpt = Annotated[
         "--quiet", "-q", rich_help_panel="Run", help="No summary and no progress on standard error."
     ),
 ]
+ColorOpt = Annotated[
+    Color,
+    typer.Option(
+        "--color",
+        rich_help_panel="Run",
+        help="Colour the report on standard error: auto (on a terminal, unless NO_COLOR is set), always, "
+        "never.",
+    ),
+]
 DebugOpt = Annotated[
     bool, typer.Option("--debug", rich_help_panel="Run", help="Show the traceback of unexpected errors.")
 ]
@@ -564,7 +574,14 @@ def _summary_file(summary_json: str | None) -> str | None:
     return None if summary_json == "-" else summary_json
 
 
-def _report(summary: RunSummary, *, quiet: bool, summary_json: str | None, compact: bool = False) -> None:
+def _report(
+    summary: RunSummary,
+    *,
+    quiet: bool,
+    summary_json: str | None,
+    compact: bool = False,
+    color: Color = "auto",
+) -> None:
     """JSON on stdout where asked (a file was written by the run); the report on stderr."""
     if summary_json == "-":
         sys.stdout.write(summary.to_json() + "\n")
@@ -575,10 +592,20 @@ def _report(summary: RunSummary, *, quiet: bool, summary_json: str | None, compa
 
     from grpo_cli.report import render_compact, render_plain, render_rich
 
-    console = Console(stderr=True)
+    if color == "always":
+        console = Console(stderr=True, force_terminal=True, no_color=False)
+    elif color == "never":
+        console = Console(stderr=True, no_color=True, color_system=None)
+    else:  # rich honours NO_COLOR
+        console = Console(stderr=True)
+    colored = console.is_terminal and console.color_system is not None and not console.no_color
     if compact:
-        console.print(render_compact(summary), highlight=False, markup=False, soft_wrap=True)
-    elif console.is_terminal:
+        for line in render_compact(summary).splitlines():
+            style = "green" if line.startswith("PASS") else "red" if line.startswith("FAIL") else None
+            console.print(
+                line, style=style if colored else None, highlight=False, markup=False, soft_wrap=True
+            )
+    elif console.is_terminal and color != "never":
         render_rich(summary, console)
     else:
         sys.stderr.write(render_plain(summary) + "\n")
@@ -679,6 +706,7 @@ def compute(
             show_default="input size / 256 MiB",
         ),
     ] = None,
+    color: ColorOpt = "auto",
     debug: DebugOpt = False,
 ) -> None:
     """Compute advantages and write INPUT's rows with two new columns to an augmented Parquet file.
@@ -747,7 +775,7 @@ def compute(
                     summary_json=_summary_file(summary_json),
                 )
         state.written = output
-        _report(summary, quiet=quiet, summary_json=summary_json)
+        _report(summary, quiet=quiet, summary_json=summary_json, color=color)
         return EXIT_OK
 
     _run(debug, body)
@@ -885,6 +913,7 @@ def check(
     input_format: InputFormatOpt = None,
     memory_limit_mb: MemoryLimitOpt = 1024,
     batch_rows: BatchRowsOpt = None,
+    color: ColorOpt = "auto",
     debug: DebugOpt = False,
 ) -> None:
     """Check that a rollout dataset is fit to train on; exit 1 if any check fails.
@@ -960,7 +989,7 @@ def check(
                 progress=progress,
                 summary_json=_summary_file(summary_json),
             )
-        _report(summary, quiet=quiet, summary_json=summary_json, compact=bool(summary.checks))
+        _report(summary, quiet=quiet, summary_json=summary_json, compact=bool(summary.checks), color=color)
         return EXIT_OK if all(c["passed"] for c in summary.checks) else EXIT_CHECK_FAILED
 
     _run(debug, body)

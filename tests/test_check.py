@@ -362,3 +362,13 @@ def test_one_pass_check_reports_the_advantage_range_compute_writes(cli, tmp_path
     advantage = json.loads(checked.stdout)["advantage"]
     assert (advantage["min"], advantage["max"]) == (min(written), max(written))
     assert json.loads(made.stdout)["advantage"] == advantage
+
+
+@pytest.mark.parametrize(("color", "escapes"), [("always", True), ("never", False), ("auto", False)])
+def test_pass_and_fail_are_coloured_only_when_asked_or_on_a_terminal(cli, data, color, escapes):
+    path, _ = data
+    result = cli("check", path, "--min-groups", "1", "--max-group-size", "1", "--color", color)
+    assert result.exit_code == 1
+    assert ("\x1b[31mFAIL" in result.stderr) is escapes
+    assert ("\x1b[32mPASS" in result.stderr) is escapes
+    assert "FAIL  max-group-size" in result.stderr
