@@ -167,6 +167,7 @@ RewardColOpt = Annotated[
         rich_help_panel="Input",
         envvar="GRPO_CLI_REWARD_COL",
         show_envvar=True,
+        metavar="NAME[:WEIGHT]",
         help="Reward column, optionally NAME:WEIGHT; repeat for several rewards (weighted sum).",
         show_default="reward",
     ),
@@ -179,6 +180,7 @@ GroupColOpt = Annotated[
         rich_help_panel="Input",
         envvar="GRPO_CLI_GROUP_COL",
         show_envvar=True,
+        metavar="COL",
         help="Group key column; repeat for a composite key (e.g. prompt_id and step).",
         show_default="group_id",
     ),
@@ -189,6 +191,7 @@ GroupSizeOpt = Annotated[
         "--group-size",
         min=1,
         rich_help_panel="Input",
+        metavar="N",
         help="Groups are consecutive blocks of N rows (instead of a key column).",
     ),
 ]
@@ -226,7 +229,9 @@ EstimatorOpt = Annotated[
 ]
 EpsilonOpt = Annotated[
     float | None,
-    typer.Option("--epsilon", rich_help_panel="Advantage", help="Added to the std.", show_default="1e-6"),
+    typer.Option(
+        "--epsilon", rich_help_panel="Advantage", metavar="EPS", help="Added to the std.", show_default="1e-6"
+    ),
 ]
 WhitenOpt = Annotated[
     bool,
@@ -252,6 +257,7 @@ BatchColOpt = Annotated[
     typer.Option(
         "--batch-col",
         rich_help_panel="Input",
+        metavar="COL",
         help="Training-batch column (e.g. step): --scale batch, whitening, GPG's alpha and the TRL/GDPO "
         "re-normalisation use each batch's statistics. Each group must lie in one batch.",
         show_default="the whole input is one batch",
@@ -262,6 +268,7 @@ LengthColOpt = Annotated[
     typer.Option(
         "--length-col",
         rich_help_panel="Input",
+        metavar="COL",
         help="Response length (tokens): whitening weighs each rollout by it, as the trainers whiten "
         "over tokens.",
     ),
@@ -271,6 +278,7 @@ BaselineColOpt = Annotated[
     typer.Option(
         "--baseline-col",
         rich_help_panel="Input",
+        metavar="COL",
         help="With --estimator remax: each row's baseline reward (the greedy rollout's).",
     ),
 ]
@@ -279,6 +287,7 @@ GpgFNormOpt = Annotated[
     typer.Option(
         "--gpg-f-norm",
         rich_help_panel="Advantage",
+        metavar="F",
         help="With --estimator gpg: the divisor f_norm.",
         show_default="1",
     ),
@@ -335,16 +344,23 @@ DeviceOpt = Annotated[
         rich_help_panel="Engine",
         envvar="GRPO_CLI_DEVICE",
         show_envvar=True,
+        metavar="DEVICE",
         help="auto, cpu, cuda, cuda:N or mps (auto: CUDA, then MPS, then CPU).",
     ),
 ]
 AdvantageColOpt = Annotated[
-    str, typer.Option("--advantage-col", rich_help_panel="Output", help="Name of the advantage column.")
+    str,
+    typer.Option(
+        "--advantage-col", rich_help_panel="Output", metavar="NAME", help="Name of the advantage column."
+    ),
 ]
 ActiveColOpt = Annotated[
     str,
     typer.Option(
-        "--active-col", rich_help_panel="Output", help="Name of the per-row group-is-active column."
+        "--active-col",
+        rich_help_panel="Output",
+        metavar="NAME",
+        help="Name of the per-row group-is-active column.",
     ),
 ]
 SummaryJsonOpt = Annotated[
@@ -382,6 +398,7 @@ MemoryLimitOpt = Annotated[
         rich_help_panel="Engine",
         envvar="GRPO_CLI_MEMORY_LIMIT_MB",
         show_envvar=True,
+        metavar="MB",
         help="Inputs that decode to less than this are read once and kept in memory; larger ones stream "
         "in two passes with bounded memory. 0 always streams.",
     ),
@@ -392,6 +409,7 @@ BatchRowsOpt = Annotated[
         "--batch-rows",
         min=1,
         rich_help_panel="Engine",
+        metavar="N",
         help="Rows per record batch.",
         show_default="about 64 MiB of data per batch",
     ),
@@ -623,6 +641,7 @@ def compute(
             "--output",
             "-o",
             rich_help_panel="Output",
+            metavar="PATH",
             help="Output Parquet file (.parquet), or a directory: one output shard per input shard.",
             show_default=False,
         ),
@@ -692,6 +711,7 @@ def compute(
         typer.Option(
             "--ray-address",
             rich_help_panel="Engine",
+            metavar="ADDRESS",
             help="With --engine ray: 'auto' or host:port joins a cluster.",
             show_default="start a local Ray instance",
         ),
@@ -702,6 +722,7 @@ def compute(
             "--partitions",
             min=1,
             rich_help_panel="Engine",
+            metavar="N",
             help="With --engine ray: hash partitions of the group keys.",
             show_default="input size / 256 MiB",
         ),
