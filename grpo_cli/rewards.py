@@ -120,6 +120,18 @@ class RewardReader:
             )
         return self._column(array, name, first_row).to(torch.float64)
 
+    def lengths(self, batch: pa.RecordBatch, name: str, first_row: int = 0) -> torch.Tensor:
+        """The ``--length-col`` column as float64; a null, negative or infinite length is refused."""
+        lengths = self.column(batch, name, first_row)
+        bad = ~(torch.isfinite(lengths) & (lengths >= 0))
+        if bool(bad.any()):
+            row = int(bad.nonzero()[0])
+            where = describe_row(self.shard, first_row + row)
+            raise GrpoError(
+                f"{where}: --length-col {name!r} is {float(lengths[row])}; lengths must be finite and >= 0"
+            )
+        return lengths
+
     def _column(self, array: pa.Array, name: str, first_row: int) -> torch.Tensor:
         if pa.types.is_integer(array.type) and array.type.bit_width == 64:
             limit = pa.scalar(1 << 53, array.type)

@@ -20,7 +20,6 @@ from typing import IO, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 
 from grpo_cli.errors import GrpoError
@@ -36,7 +35,7 @@ from grpo_cli.kernel import (
 )
 from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_types
 from grpo_cli.output import OutputTarget
-from grpo_cli.plan import BatchLayout, ComputeConfig, GroupOutcome, RunPlan
+from grpo_cli.plan import BatchLayout, ComputeConfig, GroupOutcome, RunPlan, batch_of_groups
 from grpo_cli.progress import NoProgress, Progress
 from grpo_cli.rewards import RewardBatch, RewardReader, new_column_arrays
 from grpo_cli.sources import (
@@ -169,6 +168,7 @@ class _StatisticsPass:
         self.bad_count = 0
         self.first_bad: tuple[Shard, int, float] | None = None
         self._pending: list[tuple[pa.RecordBatch, RewardBatch]] = []
+        self._pending_lengths: list[torch.Tensor] = []  # opo: --length-col of each pending batch
         self._pending_rows = 0
         self._pending_start = 0
         self._pending_first_global = 0
@@ -185,12 +185,21 @@ class _StatisticsPass:
     def pending_rows(self) -> int:
         return self._pending_rows
 
-    def add(self, batch: pa.RecordBatch, rewards: RewardBatch, shard: Shard, shard_row: int) -> None:
+    def add(
+        self,
+        batch: pa.RecordBatch,
+        rewards: RewardBatch,
+        shard: Shard,
+        shard_row: int,
+        lengths: torch.Tensor | None = None,
+    ) -> None:
         if not self._pending:
             self._pending_start = shard_row
             self._pending_first_global = self.rows
         self._note_bad_rewards(rewards, shard, shard_row)
         self._pending.append((batch, rewards))
+        if lengths is not None:
+            self._pending_lengths.append(lengths)
         self._pending_rows += batch.num_rows
         self.rows += batch.num_rows
 
@@ -217,6 +226,7 @@ class _StatisticsPass:
         if self.separate_summary:
             self.accumulators[-1].update(chunk.combined, ids, chunk.combined_valid)
         self._pending.clear()
+        self._pending_lengths.clear()
         self._pending_rows = 0
 
     def _row_groups(self, ids: torch.Tensor | None) -> np.ndarray:
@@ -245,21 +255,7 @@ class _StatisticsPass:
                 top = merge_top_two(_pad_top_two(self.top_two, size), _pad_top_two(top, size))
             self.top_two = top
         if self.length_sums is not None:
-            assert config.length_col is not None
-            lengths = np.concatenate(
-                [
-                    _numeric(batch.column(config.length_col), config.length_col, shard)
-                    for batch, _ in self._pending
-                ]
-            )
-            bad = ~(np.isfinite(lengths) & (lengths >= 0))
-            if bad.any():
-                row = int(np.flatnonzero(bad)[0])
-                where = describe_row(shard, self._pending_start + row)
-                raise GrpoError(
-                    f"{where}: --length-col {config.length_col!r} is {lengths[row]}; "
-                    "lengths must be finite and >= 0"
-                )
+            lengths = torch.cat(self._pending_lengths).numpy()
             keep = np.ones(group_ids.size, dtype=bool) if valid is None else valid.numpy()
             ids_kept, lengths_kept = group_ids[keep], lengths[keep]
             size = max(k, self.length_sums.size)
@@ -281,13 +277,10 @@ class _StatisticsPass:
             column = pa.chunked_array([b.column(config.batch_col) for b, _ in self._pending])
             batch_ids = self._encode(self.batch_keys, [column], shard, what="batch")
         k = int(group_ids.max()) + 1 if n else 0
-        high = np.full(k, -1, dtype=np.int64)
-        np.maximum.at(high, group_ids, batch_ids)
-        low = np.full(k, np.iinfo(np.int64).max, dtype=np.int64)
-        np.minimum.at(low, group_ids, batch_ids)
+        high, split = batch_of_groups(group_ids, batch_ids, k)
         present = high >= 0
         known = np.pad(self.batch_of_group, (0, max(0, k - self.batch_of_group.size)), constant_values=-1)
-        clash = present & ((low != high) | ((known[:k] >= 0) & (known[:k] != high)))
+        clash = split | (present & (known[:k] >= 0) & (known[:k] != high))
         if clash.any():
             group = int(np.flatnonzero(clash)[0])
             row = int(np.flatnonzero(group_ids == group)[0])
@@ -486,6 +479,7 @@ class LocalEngine:
         total_rows = self._total_rows()
         small = total_rows is not None and total_rows <= SMALL_INPUT_ROWS
         state = _StatisticsPass(self.plan, spool, exact_keys=small)
+        length_col = self.config.length_col if state.length_sums is not None else None  # opo sums them
         keep_batches = self.in_memory and self.one_pass_dtype is None
         cached: list[list[pa.RecordBatch]] | None = [] if keep_batches else None
         columns = None if keep_batches else self.plan.input_columns
@@ -501,7 +495,8 @@ class LocalEngine:
             for batch in self._batches(shard, columns):
                 if cached is not None:
                     shard_batches.append(batch)
-                state.add(batch, reader.read(batch, shard_row), shard, shard_row)
+                lengths = reader.lengths(batch, length_col, shard_row) if length_col is not None else None
+                state.add(batch, reader.read(batch, shard_row), shard, shard_row, lengths)
                 shard_row += batch.num_rows
                 self.bytes_read += batch.nbytes
                 if state.pending_rows >= KEY_CHUNK_ROWS and not self.in_memory:
@@ -673,7 +668,7 @@ class LocalEngine:
         columns = None if first.cached is not None else plan.input_columns
         self.progress.start("pass 2/3: batch moments", first.rows)
         global_row = 0
-        for index, shard in enumerate(self.inputs.shards):
+        for index in range(len(self.inputs.shards)):
             reader, batches = self._shard_batches(first, index, columns)
             shard_row = 0
             for batch in batches:
@@ -683,15 +678,9 @@ class LocalEngine:
                 _, result, batch_ids = self._row_advantages(
                     batch, reader, ids, outcome, active_device, shard_row
                 )
-                lengths = None
-                if config.length_col is not None:
-                    lengths = reader.column(batch, config.length_col, shard_row)
-                    if not bool((torch.isfinite(lengths) & (lengths >= 0)).all()):
-                        bad = int((~(torch.isfinite(lengths) & (lengths >= 0))).nonzero()[0])
-                        raise GrpoError(
-                            f"{describe_row(shard, shard_row + bad)}: --length-col {config.length_col!r} is "
-                            f"{float(lengths[bad])}; lengths must be finite and >= 0"
-                        )
+                lengths = (
+                    None if config.length_col is None else reader.lengths(batch, config.length_col, shard_row)
+                )
                 chunk = weighted_moments(result, lengths, batch_ids, outcome.batches.count)
                 total = merge_weighted_moments(total, chunk)
                 shard_row += n
@@ -707,14 +696,6 @@ def _pad_top_two(top: TopTwo, num_groups: int) -> TopTwo:
         return top
     pad = torch.full((extra,), -math.inf, dtype=torch.float64)
     return TopTwo(torch.cat([top.first, pad]), torch.cat([top.second, pad]))
-
-
-def _numeric(array: pa.ChunkedArray | pa.Array, name: str, shard: Shard) -> np.ndarray:
-    """A length column as float64; refused unless numeric."""
-    if not (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)):
-        raise GrpoError(f"{shard.display}: column {name!r} has type {array.type}; it must be numeric")
-    values: np.ndarray = pc.cast(array, pa.float64()).fill_null(float("nan")).to_numpy(zero_copy_only=False)
-    return values
 
 
 def _batch_rows_for(shard: Shard) -> int:

@@ -53,7 +53,7 @@ from grpo_cli.kernel import (
 )
 from grpo_cli.keys import GroupKeyIndex, as_tensor, check_key_types
 from grpo_cli.output import advantage_range, commit_directory, output_info
-from grpo_cli.plan import BatchLayout, ComputeConfig, GroupOutcome, RunPlan
+from grpo_cli.plan import BatchLayout, ComputeConfig, GroupOutcome, RunPlan, batch_of_groups
 from grpo_cli.rewards import RewardReader, new_column_arrays
 from grpo_cli.sources import InputSet, Shard
 from grpo_cli.summary import RunSummary, build_summary, input_info
@@ -268,11 +268,7 @@ def block_group_stats(batch: pa.Table, config: ComputeConfig) -> pa.Table:
     valid = np.isfinite(combined)
     columns[NONZERO_FIELD] = np.bincount(ids_np[valid & (combined != 0)], minlength=k)
     if config.length_col is not None and config.advantage.estimator == "opo":
-        lengths = reader.column(_record_batch(batch), config.length_col).numpy()
-        if not np.all(np.isfinite(lengths) & (lengths >= 0)):
-            raise GrpoError(
-                f"--length-col {config.length_col!r} holds a value that is null, negative or not finite"
-            )
+        lengths = reader.lengths(_record_batch(batch), config.length_col).numpy()
         columns[LENGTH_FIELD] = np.bincount(ids_np[valid], weights=lengths[valid], minlength=k)
         columns[WEIGHTED_FIELD] = np.bincount(ids_np[valid], weights=(lengths * combined)[valid], minlength=k)
     table = keys.key_table(batch)
@@ -281,13 +277,10 @@ def block_group_stats(batch: pa.Table, config: ComputeConfig) -> pa.Table:
     if config.batch_col is not None:
         batch_keys = GroupKeyIndex([config.batch_col])
         batch_ids = batch_keys.encode([batch.column(config.batch_col)])
-        high = np.full(k, -1, dtype=np.int64)
-        np.maximum.at(high, ids_np, batch_ids)
-        low = np.full(k, np.iinfo(np.int64).max, dtype=np.int64)
-        np.minimum.at(low, ids_np, batch_ids)
+        _, split = batch_of_groups(ids_np, batch_ids, k)
         _, first_rows = np.unique(ids_np, return_index=True)
         table = table.append_column(BATCH_FIELD, batch.column(config.batch_col).take(pa.array(first_rows)))
-        table = table.append_column(BATCH_CLASH_FIELD, pa.array(low != high))
+        table = table.append_column(BATCH_CLASH_FIELD, pa.array(split))
     return table
 
 
@@ -395,12 +388,9 @@ def _batch_layout(
         )
     batch_keys = GroupKeyIndex([BATCH_FIELD])
     batch_ids = batch_keys.encode([partials.column(BATCH_FIELD)]) if partials.num_rows else ids
-    high = np.full(k, -1, dtype=np.int64)
-    np.maximum.at(high, ids, batch_ids)
-    low = np.full(k, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(low, ids, batch_ids)
-    split = partials.column(BATCH_CLASH_FIELD).to_numpy(zero_copy_only=False).astype(np.float64)
-    clash = (low != high) | (np.bincount(ids, weights=split, minlength=k) > 0)
+    high, across_blocks = batch_of_groups(ids, batch_ids, k)
+    within_block = partials.column(BATCH_CLASH_FIELD).to_numpy(zero_copy_only=False).astype(np.float64)
+    clash = across_blocks | (np.bincount(ids, weights=within_block, minlength=k) > 0)
     if clash.any():
         group = int(np.flatnonzero(clash)[0])
         key = partials.select(list(plan.config.group_cols)).take(
