@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: setup demo test lint bench bench-quick mutation clean
+.PHONY: setup demo test lint snapshots bench bench-quick mutation clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,12 @@ lint: setup
 	$(BIN)/ruff check grpo_cli tests benchmarks sample_data docs
 	$(BIN)/ruff format --check grpo_cli tests benchmarks sample_data docs
 	$(BIN)/mypy
+
+# After a deliberate change to the CLI: rewrite the help snapshots and the options
+# reference (docs/cli.md, README), then review the diff.
+snapshots: setup
+	UPDATE_SNAPSHOTS=1 $(BIN)/python -m pytest -q tests/test_help_snapshots.py
+	$(BIN)/python docs/gen_cli_reference.py
 
 bench: setup
 	$(BIN)/python benchmarks/bench.py

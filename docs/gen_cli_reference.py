@@ -25,6 +25,8 @@ END = "<!-- cli-reference:end -->"
 def _values(param: Any, ctx: Any) -> str:
     if param.is_flag:
         return "flag"
+    if param.type_descriptor.is_choice:
+        return " \\| ".join(f"`{choice}`" for choice in param.type_descriptor.choices)
     if param.metavar:
         return f"`{param.metavar}`"
     shown = param.display_type(ctx).strip("<>")
@@ -43,6 +45,11 @@ def _default(param: Any) -> str:
     if default is None or default is False or default == () or param.is_flag:
         return ""
     return f"`{getattr(default, 'value', default)}`"
+
+
+def _help(param: Any) -> str:
+    """The option's help, less the list of choices the values column already shows."""
+    return (param.help or "").split(" One of: ")[0]
 
 
 def _escape(text: str) -> str:
@@ -71,7 +78,7 @@ def reference() -> str:
                 continue
             names = ", ".join(f"`{opt}`" for opt in [*param.opts, *param.secondary_opts])
             values = _values(param, ctx)
-            lines.append(f"| {names} | {values} | {_default(param)} | {_escape(param.help or '')} |")
+            lines.append(f"| {names} | {values} | {_default(param)} | {_escape(_help(param))} |")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 

@@ -6,13 +6,12 @@ and ``--version`` answer at once.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import signal
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
@@ -77,8 +76,63 @@ CHECK_EXAMPLES = """**Examples**
 """
 
 
+def _label_types(command: Any) -> None:
+    """Help labels a user can read: ``N``, ``F``, ``a|b`` or ``NAME`` plus its choices, no ``<bool>``.
+
+    Typer labels every value with its Python type (``<int range>``, ``<bool>`` for a flag,
+    ``<list[str]>``); options that set ``metavar`` keep theirs.
+    """
+    help_option = command.get_help_option
+
+    def labeled_help_option(ctx: Any) -> Any:
+        option = help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+    command.get_help_option = labeled_help_option
+    for param in command.params:
+        if param.param_type_name == "argument":
+            param.display_type_rich = lambda ctx: None  # the argument's name says it
+            continue
+        if param.metavar is not None:
+            continue
+        descriptor = param.type_descriptor
+        if getattr(param, "is_flag", False):
+            param.metavar = ""
+        elif descriptor.is_choice:
+            choices = [str(choice) for choice in descriptor.choices or ()]
+            if len("|".join(choices)) <= 30:
+                param.metavar = "|".join(choices)
+            else:
+                param.metavar = param.name.upper()
+                if not all(choice in (param.help or "") for choice in choices):
+                    param.help = f"{param.help} One of: {', '.join(choices)}."
+        elif descriptor.annotation is int:
+            param.metavar = "N"
+        elif descriptor.annotation is float:
+            param.metavar = "F"
+        else:
+            param.metavar = param.name.upper()
+
+
 class _OneLineErrors(typer.core.TyperGroup):
-    """Usage errors as one ``error:`` line on stderr and exit 2, like every other error."""
+    """Usage errors as one ``error:`` line on stderr and exit 2, like every other error.
+
+    Also gives every command's options readable type labels (:func:`_label_types`).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for command in self.commands.values():
+            _label_types(command)
+
+    def get_params(self, ctx: Any) -> Any:
+        params = super().get_params(ctx)  # Typer adds the completion options late
+        for param in params:
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+        return params
 
     def main(  # type: ignore[override]
         self,
@@ -425,15 +479,35 @@ def _fail(message: str, code: int) -> NoReturn:
 
 
 class _RunState:
-    """What a command has already put on disk, so that no message contradicts it."""
+    """What a command has already put on disk, so that no message contradicts it, and its bars."""
 
     written: str | None = None
+    progress: RichProgress | None = None
+
+    def close_progress(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
+            self.progress = None
 
 
-def _run(debug: bool, body: Callable[[_RunState], int]) -> None:
+def _progress_bars(quiet: bool) -> RichProgress | None:
+    """Rich progress bars on a terminal; none with --quiet, in CI, or when stderr is redirected.
+
+    Made before the command's slow imports, so a line is on screen at once.
+    """
+    if quiet or os.environ.get("CI") or not sys.stderr.isatty():
+        return None
+    from grpo_cli.progress import RichProgress
+
+    return RichProgress()
+
+
+def _run(debug: bool, body: Callable[[_RunState], int], *, bars: bool = False) -> None:
     """Run a command body, mapping every failure to one line on stderr and an exit code.
 
-    SIGTERM and SIGHUP stop the run like Ctrl-C: every temporary is removed.
+    With ``bars``, progress bars (``state.progress``) are drawn on a terminal from the
+    start, and put away before any message. SIGTERM and SIGHUP stop the run like Ctrl-C:
+    every temporary is removed.
     """
     state = _RunState()
     handled = [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
@@ -445,7 +519,11 @@ def _run(debug: bool, body: Callable[[_RunState], int]) -> None:
     for signum in handled:
         signal.signal(signum, on_signal)
     try:
-        code = body(state)
+        try:
+            state.progress = _progress_bars(not bars)
+            code = body(state)
+        finally:
+            state.close_progress()
     except GrpoError as exc:
         _fail(exc.message, exc.exit_code)
     except KeyboardInterrupt:
@@ -570,21 +648,6 @@ def _config(
         length_col=length_col or base.length_col,
         baseline_col=baseline_col or base.baseline_col,
     )
-
-
-@contextlib.contextmanager
-def _progress_bars(quiet: bool) -> Iterator[RichProgress | None]:
-    """Rich progress bars on a terminal; none with --quiet, in CI, or when stderr is redirected."""
-    if quiet or os.environ.get("CI") or not sys.stderr.isatty():
-        yield None
-        return
-    from grpo_cli.progress import RichProgress
-
-    progress = RichProgress()
-    try:
-        yield progress
-    finally:
-        progress.close()
 
 
 def _summary_file(summary_json: str | None) -> str | None:
@@ -786,20 +849,20 @@ def compute(
                 raise GrpoError("--ray-address and --partitions need --engine ray")
             from grpo_cli.jobs import compute_dataset
 
-            with _progress_bars(quiet) as progress:
-                summary = compute_dataset(
-                    input,
-                    output,
-                    config,
-                    force=force,
-                    progress=progress,
-                    summary_json=_summary_file(summary_json),
-                )
+            summary = compute_dataset(
+                input,
+                output,
+                config,
+                force=force,
+                progress=state.progress,
+                summary_json=_summary_file(summary_json),
+            )
+            state.close_progress()
         state.written = output
         _report(summary, quiet=quiet, summary_json=summary_json, color=color)
         return EXIT_OK
 
-    _run(debug, body)
+    _run(debug, body, bars=not quiet and engine == "local")
 
 
 @app.command(no_args_is_help=True, epilog=CHECK_EXAMPLES + EXIT_CODES_HELP)
@@ -1001,19 +1064,19 @@ def check(
             uniform_group_size=uniform_group_size,
             max_singleton_groups=max_singleton_groups,
         )
-        with _progress_bars(quiet) as progress:
-            summary = check_dataset(
-                input,
-                bounds,
-                config,
-                force=force,
-                progress=progress,
-                summary_json=_summary_file(summary_json),
-            )
+        summary = check_dataset(
+            input,
+            bounds,
+            config,
+            force=force,
+            progress=state.progress,
+            summary_json=_summary_file(summary_json),
+        )
+        state.close_progress()
         _report(summary, quiet=quiet, summary_json=summary_json, compact=bool(summary.checks), color=color)
         return EXIT_OK if all(c["passed"] for c in summary.checks) else EXIT_CHECK_FAILED
 
-    _run(debug, body)
+    _run(debug, body, bars=not quiet)
 
 
 INSPECT_EXAMPLES = """**Examples**

@@ -55,7 +55,11 @@ from grpo_cli.verify import Verifier
 
 BATCH_BYTES = 64 << 20
 MAX_BATCH_ROWS = 1 << 20
+# Keys are matched a chunk at a time; a match costs a pass over the keys seen so far, so a
+# chunk at least as large as that count keeps the total cost linear, and small chunks while
+# few keys are known keep the progress bar moving with the rows actually done.
 KEY_CHUNK_ROWS = 1 << 21
+MIN_KEY_CHUNK_ROWS = 1 << 18
 SMALL_INPUT_ROWS = 100_000  # below this, keys are matched in a dict: no polars import
 
 
@@ -150,9 +154,8 @@ class _Statistics:
 class _StatisticsPass:
     """Pass 1's running state: accumulators, the key index, the ID spool, the first bad reward.
 
-    Batches are held until :meth:`flush`: keys are matched a chunk of batches at a time
-    (a whole shard when it is in memory anyway), since each match costs a pass over the
-    keys seen so far, so few large chunks beat many small ones.
+    Batches are held until :meth:`flush`: keys are matched a chunk of batches at a time,
+    since each match costs a pass over the keys seen so far (:attr:`chunk_full` says when).
     """
 
     def __init__(self, plan: RunPlan, spool: _IdSpool, *, exact_keys: bool) -> None:
@@ -185,6 +188,12 @@ class _StatisticsPass:
     def pending_rows(self) -> int:
         return self._pending_rows
 
+    @property
+    def chunk_full(self) -> bool:
+        """Whether the pending rows are worth a key match now (see ``KEY_CHUNK_ROWS``)."""
+        known = len(self.keys) if self.keys is not None else 0
+        return self._pending_rows >= min(max(known, MIN_KEY_CHUNK_ROWS), KEY_CHUNK_ROWS)
+
     def add(
         self,
         batch: pa.RecordBatch,
@@ -203,9 +212,11 @@ class _StatisticsPass:
         self._pending_rows += batch.num_rows
         self.rows += batch.num_rows
 
-    def flush(self, shard: Shard) -> None:
+    def flush(self, shard: Shard) -> int:
+        """Match the pending rows' keys and fold them into the statistics; returns how many."""
         if not self._pending:
-            return
+            return 0
+        flushed = self._pending_rows
         ids: torch.Tensor | None = None
         if self.keys is not None:
             group_cols = self.plan.config.group_cols
@@ -228,6 +239,7 @@ class _StatisticsPass:
         self._pending.clear()
         self._pending_lengths.clear()
         self._pending_rows = 0
+        return flushed
 
     def _row_groups(self, ids: torch.Tensor | None) -> np.ndarray:
         """The pending rows' group IDs (with --group-size, from their position)."""
@@ -499,10 +511,9 @@ class LocalEngine:
                 state.add(batch, reader.read(batch, shard_row), shard, shard_row, lengths)
                 shard_row += batch.num_rows
                 self.bytes_read += batch.nbytes
-                if state.pending_rows >= KEY_CHUNK_ROWS and not self.in_memory:
-                    state.flush(shard)
-                self.progress.advance(batch.num_rows)
-            state.flush(shard)
+                if state.chunk_full:
+                    self.progress.advance(state.flush(shard))
+            self.progress.advance(state.flush(shard))
             if cached is not None:
                 cached.append(shard_batches)
         self.progress.finish()
