@@ -409,6 +409,122 @@ def bench_estimators(rows: int, group_size: int, repeats: int, data_dir: Path) -
         )
 
 
+# --------------------------------------------------------------------------- a realistic rollout dump
+
+DUMP_CHILD = r"""
+import sys
+which, src, dst = sys.argv[1], sys.argv[2], sys.argv[3]
+import polars as pl
+if which == "polars-floor":
+    pl.scan_parquet(src + "/*.parquet").with_columns(pl.lit(0.0).alias("advantage")).sink_parquet(dst)
+else:
+    r = pl.col("reward").cast(pl.Float64)
+    a = ((r - r.mean().over("uid")) / (r.std(ddof=0).over("uid") + 1e-6)).alias("advantage")
+    pl.read_parquet(src + "/*.parquet").with_columns(a, (r.max().over("uid") > r.min().over("uid"))
+        .alias("group_active")).write_parquet(dst)
+"""
+
+
+def write_rollout_dump(data_dir: Path, rows: int, shards: int, group_size: int = 8) -> Path:
+    """A rollout dump as trainers write it: group rows contiguous, text 95% of the bytes.
+
+    String ``uid``; a ~150-word ``prompt`` shared by the group; a 125-1000-word
+    ``completion``; float ``reward``; int ``response_length``; dictionary ``data_source``.
+    """
+    folder = data_dir / f"dump_{rows}_{shards}"
+    if folder.exists() and len(list(folder.glob("*.parquet"))) == shards:
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(7)
+    vocabulary = [
+        "".join(chr(97 + c) for c in rng.integers(0, 26, size=int(n))) for n in rng.integers(2, 10, size=6000)
+    ]
+    corpus = " ".join(vocabulary[i] for i in rng.integers(0, len(vocabulary), size=4_000_000)).encode()
+    per_shard = rows // shards
+
+    def texts(words: np.ndarray) -> pa.Array:
+        starts = rng.integers(0, len(corpus) - 8 * int(words.max()), size=words.size)
+        return pa.array([corpus[s : s + 6 * int(w)].decode() for s, w in zip(starts, words, strict=True)])
+
+    for s in range(shards):
+        groups = np.arange(s * per_shard, (s + 1) * per_shard) // group_size
+        unique_groups = np.unique(groups)
+        prompts = texts(np.full(unique_groups.size, 150)).take(pa.array(groups - unique_groups[0]))
+        completion_words = rng.integers(125, 1001, size=per_shard)
+        table = pa.table(
+            {
+                "uid": pa.array([f"{g:016x}" for g in groups]),
+                "prompt": prompts,
+                "completion": texts(completion_words),
+                "reward": (rng.random(per_shard) < 0.4).astype(np.float32),
+                "response_length": (completion_words * 1.3).astype(np.int64),
+                "data_source": pa.array(
+                    np.array(["gsm8k", "math", "aime"])[rng.integers(0, 3, per_shard)]
+                ).dictionary_encode(),
+            }
+        )
+        pq.write_table(table, folder / f"part-{s:05d}.parquet", row_group_size=10_000)
+    return folder
+
+
+def _seconds(command: list[str], *, env: dict[str, str] | None = None) -> float:
+    start = time.perf_counter()
+    subprocess.run(command, check=True, capture_output=True, env=env)
+    return time.perf_counter() - start
+
+
+def bench_dump(rows: int, repeats: int, data_dir: Path) -> None:
+    """Whole processes on a realistic dump: cp, the polars floor and one-liner, grpo-cli."""
+    import shutil
+
+    folder = write_rollout_dump(data_dir, rows, shards=8)
+    size = sum(p.stat().st_size for p in folder.iterdir()) / 2**30
+    out = data_dir / "dump_out"
+    python = sys.executable
+    cli = [python, "-m", "grpo_cli", "compute", str(folder), "-o", str(out), "-g", "uid", "-q", "--force"]
+
+    def clear() -> None:
+        if out.is_dir():
+            shutil.rmtree(out)
+        elif out.exists():
+            out.unlink()
+
+    def run(command: list[str]) -> Callable[[], float]:
+        def once() -> float:
+            clear()
+            return _seconds(command)
+
+        return once
+
+    def polars(which: str) -> Callable[[], float]:
+        return run([python, "-c", DUMP_CHILD, which, str(folder), str(out)])
+
+    def best(fn: Callable[[], float]) -> float:
+        return min(fn() for _ in range(repeats))
+
+    startup = best(lambda: _seconds([python, "-c", "import grpo_cli.jobs, grpo_cli.cli"]))
+    results = {
+        "cp -r": best(run(["cp", "-r", str(folder), str(out)])),
+        "polars scan + sink, one new column (floor)": best(polars("polars-floor")),
+        "polars one-liner (advantage + mask)": best(polars("polars-oneliner")),
+        "grpo-cli compute (splice)": best(run(cli)),
+        "grpo-cli compute --rewrite": best(run([*cli, "--rewrite"])),
+    }
+    clear()
+    spliced = results["grpo-cli compute (splice)"]
+    print(
+        f"\nrealistic rollout dump: {rows:,} rows in 8 shards ({size:.2f} GiB Parquet), whole processes; "
+        f"grpo-cli start-up (imports) {startup:.2f} s"
+    )
+    print(f"  {'contender':44s} {'seconds':>8s} {'vs grpo-cli':>12s}")
+    for name, seconds in results.items():
+        print(f"  {name:44s} {seconds:8.2f} {seconds / spliced:11.1f}x")
+    print(
+        f"  grpo-cli (splice) less start-up: {spliced - startup:.2f} s = "
+        f"{(spliced - startup) / results['cp -r']:.1f}x cp -r"
+    )
+
+
 def bench_imports() -> None:
     print("\nstart-up (fresh interpreter, best of 3)")
     for label, code in (
@@ -433,8 +549,11 @@ def main() -> None:
     parser.add_argument("--text-bytes", type=int, default=1024)
     parser.add_argument("--data-dir", type=Path, default=HERE / "data")
     parser.add_argument("--ray-rows", type=int, default=2_000_000)
+    parser.add_argument("--dump-rows", type=int, default=400_000)
     parser.add_argument(
-        "--only", choices=["kernel", "files", "memory", "imports", "ray", "estimators"], action="append"
+        "--only",
+        choices=["kernel", "files", "dump", "memory", "imports", "ray", "estimators"],
+        action="append",
     )
     args = parser.parse_args()
     import torch
@@ -443,11 +562,13 @@ def main() -> None:
         f"grpo-cli benchmarks: python {sys.version.split()[0]}, torch {torch.__version__}, "
         f"{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads"
     )
-    sections = args.only or ["imports", "kernel", "files", "memory", "estimators", "ray"]
+    sections = args.only or ["imports", "kernel", "dump", "files", "memory", "estimators", "ray"]
     if "imports" in sections:
         bench_imports()
     if "kernel" in sections:
         bench_kernel(args.rows, args.group_size, args.repeats)
+    if "dump" in sections:
+        bench_dump(args.dump_rows, args.repeats, args.data_dir)
     if "files" in sections:
         bench_files(args.rows, args.group_size, args.repeats, args.data_dir)
     if "memory" in sections:

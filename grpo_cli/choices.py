@@ -43,6 +43,7 @@ Aggregation = Literal["sum-then-normalize", "normalize-then-sum"]
 InputFormat = Literal["parquet", "jsonl"]
 Engine = Literal["local", "ray"]
 Color = Literal["auto", "always", "never"]
+Compression = Literal["snappy", "zstd", "gzip", "lz4", "brotli", "none"]
 Preset = Literal["trl", "verl", "openrlhf", "nemo-rl", "roll", "torchrl"]
 
 

@@ -26,6 +26,7 @@ from grpo_cli import __version__
 from grpo_cli.choices import (
     Aggregation,
     Color,
+    Compression,
     Engine,
     EpsilonMode,
     Estimator,
@@ -590,6 +591,8 @@ def _config(
     stats_cols: bool = False,
     drop_inactive: bool = False,
     keep_mean_range: tuple[float, float] | None = None,
+    rewrite: bool = False,
+    compression: Compression = "snappy",
     verify: VerifySpec | None = None,
     whiten: bool = False,
     clip_advantage: tuple[float, float] | None = None,
@@ -643,6 +646,8 @@ def _config(
         stats_cols=stats_cols,
         drop_inactive=drop_inactive,
         keep_mean_range=keep_mean_range,
+        rewrite=rewrite,
+        compression=compression,
         verify=verify,
         batch_col=batch_col or base.batch_col,
         length_col=length_col or base.length_col,
@@ -753,6 +758,23 @@ def compute(
             metavar="LO HI",
         ),
     ] = None,
+    rewrite: Annotated[
+        bool,
+        typer.Option(
+            "--rewrite",
+            rich_help_panel="Output",
+            help="Re-encode every column instead of splicing the new ones into a copy of each "
+            "Parquet input's bytes (e.g. to change --compression).",
+        ),
+    ] = False,
+    compression: Annotated[
+        Compression,
+        typer.Option(
+            "--compression",
+            rich_help_panel="Output",
+            help="Codec of the columns grpo-cli encodes: the new ones (spliced), or all (--rewrite).",
+        ),
+    ] = "snappy",
     summary_json: SummaryJsonOpt = None,
     force: Annotated[
         bool, typer.Option("--force", "-f", rich_help_panel="Output", help="Overwrite an existing output.")
@@ -823,6 +845,8 @@ def compute(
             stats_cols=stats_cols,
             drop_inactive=drop_inactive,
             keep_mean_range=keep_mean_range,
+            rewrite=rewrite,
+            compression=compression,
             whiten=whiten,
             clip_advantage=clip_advantage,
             batch_col=batch_col,

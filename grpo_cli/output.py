@@ -1,5 +1,12 @@
 """Atomic Parquet output for both engines: a single file or a directory of shards.
 
+Each output shard is written by one of two methods. *splice* (the default for Parquet
+input whose rows come out unchanged) copies the input file's bytes and appends the new
+columns' chunks and a new footer (:mod:`grpo_cli.splice`): the input's columns are
+never decoded. *rewrite* re-encodes every column with pyarrow: JSONL input, row
+filters, ``--rewrite``, several inputs into one file, or a file splice refuses
+(encrypted, an empty row group), whose reason the summary gives.
+
 The target is claimed from the :class:`~grpo_cli.guard.WriteGuard` before the run
 starts; everything is written to the claim's hidden temporary beside it and moved into
 place only when the whole run succeeded. A failure or Ctrl-C leaves no partial output
@@ -16,14 +23,15 @@ import queue
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from grpo_cli.errors import GrpoError
-from grpo_cli.guard import Claim, os_reason
+from grpo_cli.guard import PROVENANCE_KEY, Claim, os_reason
 from grpo_cli.sources import Shard
+from grpo_cli.splice import SplicedFile, SpliceRefused
 
 _T = TypeVar("_T")
 
@@ -77,7 +85,11 @@ class _WriterThread:
             self.check()
 
 
-class _ShardWriter:
+class ShardWriter:
+    """Re-encodes whole batches (input columns and new ones) on the writer thread."""
+
+    spliced = False
+
     def __init__(self, writer: pq.ParquetWriter, thread: _WriterThread, *, shared: bool) -> None:
         self._writer = writer
         self._thread = thread
@@ -91,6 +103,33 @@ class _ShardWriter:
             self._thread.submit(self._writer.close, must_run=True)
 
 
+class SplicedShardWriter:
+    """Writes the new columns only, spliced into a copy of the input file's bytes."""
+
+    spliced = True
+
+    def __init__(self, spliced: SplicedFile, handle: IO[bytes], thread: _WriterThread) -> None:
+        self._spliced = spliced
+        self._handle = handle
+        self._thread = thread
+
+    def write_new(self, arrays: list[pa.Array]) -> None:
+        self._thread.submit(lambda: self._spliced.add(arrays))
+
+    def close(self) -> None:
+        def finish() -> None:
+            try:
+                self._spliced.close()
+            finally:
+                self._handle.close()
+
+        self._thread.submit(finish, must_run=True)
+
+    def abandon(self) -> None:
+        self._spliced.abandon()
+        self._handle.close()
+
+
 class OutputTarget:
     """Where ``compute`` writes: a ``.parquet`` file, or a directory of one shard per input.
 
@@ -98,32 +137,38 @@ class OutputTarget:
     gets shards named after the input shards.
     """
 
-    def __init__(self, claim: Claim, *, force: bool) -> None:
+    def __init__(self, claim: Claim, *, force: bool, compression: str = "snappy") -> None:
         self.claim = claim
         self.path = claim.path
         self.is_directory = claim.directory
         self.force = force
+        self.compression = compression
+        self.methods: dict[str, int] = {}
+        self.rewrite_reasons: list[str] = []
+        self._spliced: list[SplicedShardWriter] = []
         self._writer: pq.ParquetWriter | None = None
         self._schema: pa.Schema | None = None
         self._first_shard: Shard | None = None
         self._names: dict[str, Shard] = {}
         self._thread = _WriterThread(str(claim.path))
 
-    def open_shard(self, shard: Shard, schema: pa.Schema, new_columns: int = 2) -> _ShardWriter:
-        """A writer for one input shard's rows; the last ``new_columns`` fields are ours."""
-        temp = self.claim.temp_path()
+    def open_shard(
+        self, shard: Shard, schema: pa.Schema, new_columns: int = 2, *, why_not: str | None = None
+    ) -> ShardWriter:
+        """A re-encoding writer for one input shard's rows; the last ``new_columns`` fields are ours.
+
+        ``why_not``: why the shard is not spliced, for the summary (``None`` after
+        :meth:`open_spliced` declined, which noted its own reason).
+        """
+        path = self._shard_path(shard)
+        if why_not is not None:
+            self._rewrite_because(f"{shard.display}: {why_not}")
+        self.methods["rewrite"] = self.methods.get("rewrite", 0) + 1
         if self.is_directory:
-            name = _shard_output_name(shard)
-            if name in self._names:
-                raise GrpoError(
-                    f"{shard.display} and {self._names[name].display} would both be written "
-                    f"to {self.path / name}"
-                )
-            self._names[name] = shard
-            writer = self._guarded(lambda: _parquet_writer(temp / name, schema, new_columns))
-            return _ShardWriter(writer, self._thread, shared=False)
+            writer = self._guarded(lambda: _parquet_writer(path, schema, new_columns, self.compression))
+            return ShardWriter(writer, self._thread, shared=False)
         if self._writer is None:
-            self._writer = self._guarded(lambda: _parquet_writer(temp, schema, new_columns))
+            self._writer = self._guarded(lambda: _parquet_writer(path, schema, new_columns, self.compression))
             self._schema, self._first_shard = schema, shard
         elif not schema.equals(self._schema, check_metadata=False):
             assert self._first_shard is not None
@@ -131,7 +176,7 @@ class OutputTarget:
                 f"{shard.display}: its columns differ from those of {self._first_shard.display}; "
                 "write to a directory to keep one output shard per input shard"
             )
-        return _ShardWriter(self._writer, self._thread, shared=True)
+        return ShardWriter(self._writer, self._thread, shared=True)
 
     def commit(self) -> dict[str, Any]:
         """Move the finished output into place; returns what was written."""
@@ -144,8 +189,57 @@ class OutputTarget:
             raise GrpoError("no output was produced")
         files = sorted(temp.iterdir()) if self.is_directory else [temp]
         info = output_info(str(self.path), files)
+        info["method"] = next(iter(self.methods)) if len(self.methods) == 1 else "mixed"
+        info["shards_by_method"] = dict(sorted(self.methods.items()))
+        if self.rewrite_reasons:
+            info["rewrite_reason"] = self.rewrite_reasons[0]
         self.claim.commit(force=self.force)
         return info
+
+    def open_spliced(
+        self, shard: Shard, schema: pa.Schema, new_columns: int = 2
+    ) -> SplicedShardWriter | None:
+        """A writer of the new columns spliced into a copy of ``shard``'s bytes.
+
+        For a Parquet shard whose rows come out unchanged, one output file per input.
+        ``None`` (the reason noted for the summary) when the file cannot be spliced: then
+        call :meth:`open_shard`.
+        """
+        path = self._shard_path(shard)
+        new_schema = pa.schema(list(schema)[len(schema) - new_columns :])
+        metadata = {k: v for k, v in (schema.metadata or {}).items() if k == PROVENANCE_KEY}
+        handle = self._guarded(lambda: open(path, "wb"))  # noqa: SIM115 (closed by the writer)
+        try:
+            spliced = self._guarded(
+                lambda: SplicedFile(shard.path, handle, new_schema, metadata, compression=self.compression)
+            )
+        except SpliceRefused as refused:
+            handle.close()
+            self._rewrite_because(f"{shard.display}: {refused}")
+            return None
+        except BaseException:
+            handle.close()
+            raise
+        self.methods["splice"] = self.methods.get("splice", 0) + 1
+        writer = SplicedShardWriter(spliced, handle, self._thread)
+        self._spliced.append(writer)
+        return writer
+
+    def _shard_path(self, shard: Shard) -> Path:
+        """Where ``shard``'s output goes: the temporary file, or its name in the temporary folder."""
+        temp = self.claim.temp_path()
+        if not self.is_directory:
+            return temp
+        name = _shard_output_name(shard)
+        if self._names.get(name, shard) is not shard:
+            raise GrpoError(
+                f"{shard.display} and {self._names[name].display} would both be written to {self.path / name}"
+            )
+        self._names[name] = shard
+        return temp / name
+
+    def _rewrite_because(self, reason: str) -> None:
+        self.rewrite_reasons.append(reason)
 
     def discard(self) -> None:
         """Remove whatever an unfinished run left (a no-op after :meth:`commit`)."""
@@ -153,6 +247,9 @@ class OutputTarget:
             return
         with contextlib.suppress(BaseException):  # the run already failed; cleanup goes on
             self._thread.finish(abandon=True)
+        for spliced in self._spliced:
+            with contextlib.suppress(Exception):  # the run already failed; cleanup goes on
+                spliced.abandon()
         if self._writer is not None:
             with contextlib.suppress(Exception):  # the run already failed; cleanup goes on
                 self._writer.close()
@@ -202,11 +299,11 @@ def advantage_range(files: list[Path], column: str) -> tuple[float, float] | Non
     return (low, high) if low <= high else None
 
 
-def _parquet_writer(path: Path, schema: pa.Schema, new_columns: int) -> pq.ParquetWriter:
+def _parquet_writer(path: Path, schema: pa.Schema, new_columns: int, compression: str) -> pq.ParquetWriter:
     # Dictionary-encoding the advantage column (mostly distinct floats) costs more than
     # the rest of the write: keep dictionaries for the input's columns only.
     input_columns = schema.names[: len(schema.names) - new_columns]
-    return pq.ParquetWriter(path, schema, use_dictionary=input_columns or False)
+    return pq.ParquetWriter(path, schema, use_dictionary=input_columns or False, compression=compression)
 
 
 def _shard_output_name(shard: Shard) -> str:

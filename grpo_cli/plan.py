@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from grpo_cli.choices import Aggregation, InputFormat, check_choice
+from grpo_cli.choices import Aggregation, Compression, InputFormat, check_choice
 from grpo_cli.errors import GrpoError
 from grpo_cli.guard import PROVENANCE_KEY
 from grpo_cli.kernel import (
@@ -63,6 +63,8 @@ class ComputeConfig:
     stats_cols: bool = False
     drop_inactive: bool = False
     keep_mean_range: tuple[float, float] | None = None
+    rewrite: bool = False  # re-encode every column even where the new ones could be spliced in
+    compression: Compression = "snappy"
     device: str = "cpu"
     batch_rows: int | None = None  # None: about 64 MiB of decoded data per batch
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET
@@ -84,6 +86,7 @@ class ComputeConfig:
         if self.group_size is None and not self.group_cols:
             raise GrpoError("give --group-col or --group-size")
         check_choice("--reward-aggregation", self.aggregation, Aggregation)
+        check_choice("--compression", self.compression, Compression)
         if self.input_format is not None:
             check_choice("--input-format", self.input_format, InputFormat)
         if self.advantage_col == self.active_col:

@@ -72,7 +72,13 @@ def test_directory_output_mirrors_shard_names(tmp_path, sharded_dir):
         assert written.num_rows == source.num_rows
         assert written.select(source.column_names).equals(source)
     assert summary.output is not None
-    assert summary.output == {"path": str(out), "shards": 4, "bytes": summary.output["bytes"]}
+    assert summary.output == {
+        "path": str(out),
+        "shards": 4,
+        "bytes": summary.output["bytes"],
+        "method": "splice",
+        "shards_by_method": {"splice": 4},
+    }
     compute_dataset(sharded_dir, tmp_path / "single.parquet", SMALL)
     assert read_column(out) == read_column(tmp_path / "single.parquet")
 

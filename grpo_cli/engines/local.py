@@ -34,7 +34,7 @@ from grpo_cli.kernel import (
     weighted_moments,
 )
 from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_types
-from grpo_cli.output import OutputTarget
+from grpo_cli.output import OutputTarget, ShardWriter, SplicedShardWriter
 from grpo_cli.plan import BatchLayout, ComputeConfig, GroupOutcome, RunPlan, batch_of_groups
 from grpo_cli.progress import NoProgress, Progress
 from grpo_cli.rewards import RewardBatch, RewardReader, new_column_arrays
@@ -77,7 +77,9 @@ def run_local(
     file's types whole and running again (nothing was written by the failed attempt).
     """
     for _ in range(len(inputs.shards) + 1):
-        target = OutputTarget(claim, force=force) if claim is not None else None
+        target = (
+            OutputTarget(claim, force=force, compression=config.compression) if claim is not None else None
+        )
         try:
             engine = LocalEngine(inputs, RunPlan(config), writes_output=target is not None, progress=progress)
             return engine.run(target)
@@ -433,8 +435,27 @@ class LocalEngine:
         budget = self.config.memory_budget_bytes
         self.in_memory = sum(estimated_memory_bytes(s) for s in inputs.shards) <= budget
         self.one_pass_dtype = self._one_pass_dtype(writes_output)
+        self.splice_refusal = self._splice_refusal() if writes_output else "no output"
         self.bytes_read = 0
         self._passk_claimed: torch.Tensor | None = None
+
+    def _splice_refusal(self) -> str | None:
+        """Why no output shard can be spliced, or ``None`` when Parquet shards may be."""
+        config = self.config
+        if config.rewrite:
+            return "--rewrite re-encodes every column"
+        if config.drop_inactive or config.keep_mean_range is not None:
+            return "rows are filtered, so every column is re-encoded"
+        if any(shard.format != "parquet" or shard.display == "<stdin>" for shard in self.inputs.shards):
+            return "only Parquet input can be spliced"
+        return None
+
+    def _shard_splice_refusal(self, shard: Shard, output: OutputTarget) -> str | None:
+        if self.splice_refusal is not None:
+            return self.splice_refusal
+        if not output.is_directory and len(self.inputs.shards) > 1:
+            return "several input shards into one file are re-encoded (write to a directory to splice)"
+        return None
 
     def run(self, output: OutputTarget | None) -> RunSummary:
         """Both passes; the output is committed only when everything succeeded."""
@@ -494,7 +515,8 @@ class LocalEngine:
         length_col = self.config.length_col if state.length_sums is not None else None  # opo sums them
         keep_batches = self.in_memory and self.one_pass_dtype is None
         cached: list[list[pa.RecordBatch]] | None = [] if keep_batches else None
-        columns = None if keep_batches else self.plan.input_columns
+        keep_all_columns = keep_batches and self.splice_refusal is not None
+        columns = None if keep_all_columns else self.plan.input_columns
         self.progress.start("statistics" if self.one_pass_dtype else "pass 1/2: statistics", total_rows)
         for shard, schema in zip(self.inputs.shards, self.schemas, strict=True):
             shard_batches: list[pa.RecordBatch] = []
@@ -580,10 +602,19 @@ class LocalEngine:
         global_row = 0
         for index, (shard, schema) in enumerate(zip(self.inputs.shards, self.schemas, strict=True)):
             out_schema = plan.output_schema(schema, provenance)
-            writer = (
-                output.open_shard(shard, out_schema, len(plan.new_columns)) if output is not None else None
-            )
-            reader, batches = self._shard_batches(first, index, None)
+            spliced: SplicedShardWriter | None = None
+            writer: ShardWriter | None = None
+            if output is not None:
+                refusal = self._shard_splice_refusal(shard, output)
+                if refusal is None:
+                    spliced = output.open_spliced(shard, out_schema, len(plan.new_columns))
+                if spliced is None:
+                    writer = output.open_shard(shard, out_schema, len(plan.new_columns), why_not=refusal)
+            if writer is not None:
+                reader, batches = self._shard_batches(first, index, None, all_columns=True)
+            else:
+                verified = [config.verify.column] if config.verify is not None else []
+                reader, batches = self._shard_batches(first, index, [*plan.input_columns, *verified])
             shard_row = 0
             for batch in batches:
                 n = batch.num_rows
@@ -594,38 +625,44 @@ class LocalEngine:
                 )
                 result = plan.finish(result, batch_ids, outcome).to(reader.output_dtype)
                 figures.observe(batch, result, rewards.combined, ids, shard, shard_row)
-                if writer is not None:
+                if writer is not None or spliced is not None:
                     arrays = new_column_arrays(
                         result, outcome.active[ids], ids.numpy(), outcome.group_columns
                     )
-                    out_batch = pa.RecordBatch.from_arrays([*batch.columns, *arrays], schema=out_schema)
-                    if outcome.kept is not None:
-                        out_batch = out_batch.filter(pa.array(outcome.kept[ids].numpy()))
-                    writer.write(out_batch)
+                    if spliced is not None:
+                        spliced.write_new(arrays)
+                    elif writer is not None:
+                        out_batch = pa.RecordBatch.from_arrays([*batch.columns, *arrays], schema=out_schema)
+                        if outcome.kept is not None:
+                            out_batch = out_batch.filter(pa.array(outcome.kept[ids].numpy()))
+                        writer.write(out_batch)
                 if first.cached is None:
                     self.bytes_read += batch.nbytes
                 shard_row += n
                 global_row += n
                 self.progress.advance(n)
-            if writer is not None:
-                writer.close()
+            for done in (writer, spliced):
+                if done is not None:
+                    done.close()
         self.progress.finish()
         return figures
 
     def _shard_batches(
-        self, first: _Statistics, index: int, columns: list[str] | None
+        self, first: _Statistics, index: int, columns: list[str] | None, *, all_columns: bool = False
     ) -> tuple[RewardReader | None, Iterator[pa.RecordBatch]]:
         """Shard ``index``'s reward reader and batches again: kept from pass 1, or read anew.
 
+        ``all_columns``: every column is needed (a re-encoded output), whatever pass 1 kept.
         An empty JSONL file (no columns) has no reader and no batches.
         """
         shard, schema = self.inputs.shards[index], self.schemas[index]
         if not len(schema):
             return None, iter(())
         reader = self._reward_reader(schema, shard)
-        if first.cached is not None:
+        cached_all = self.splice_refusal is not None
+        if first.cached is not None and (cached_all or not all_columns):
             return reader, iter(first.cached[index])
-        return reader, self._batches(shard, columns)
+        return reader, self._batches(shard, None if all_columns else columns)
 
     def _group_ids(self, global_row: int, n: int, take_ids: Callable[[int], np.ndarray]) -> torch.Tensor:
         group_size = self.config.group_size

@@ -586,7 +586,11 @@ def run_ray(
     return build_summary(
         outcome,
         input=input_info(inputs.spec, inputs.shards, stdin=False, bytes_decoded=total_bytes),
-        output=output_info(output, written),
+        output={
+            **output_info(output, written),
+            "method": "rewrite",
+            "shards_by_method": {"rewrite": len(written)},
+        },
         options=options,
         advantage_range=advantage_range(written, config.advantage_col) if written else None,
         mode="ray",
