@@ -30,9 +30,17 @@ def summary_lines(summary: RunSummary) -> list[tuple[str, str]]:
         ("input", f"{s.input['path']} ({s.input['shards']} shard(s), {_bytes(s.input['bytes'])})"),
     ]
     if s.output is not None:
-        rows.append(
-            ("output", f"{s.output['path']} ({s.output['shards']} shard(s), {_bytes(s.output['bytes'])})")
+        method = {"splice": ", new columns spliced in", "rewrite": ", re-encoded"}.get(
+            s.output.get("method", ""), ", some spliced, some re-encoded"
         )
+        rows.append(
+            (
+                "output",
+                f"{s.output['path']} ({s.output['shards']} shard(s), {_bytes(s.output['bytes'])}{method})",
+            )
+        )
+        if "rewrite_reason" in s.output and s.output.get("method") != "splice":
+            rows.append(("re-encoded because", s.output["rewrite_reason"]))
     rows += [
         ("rows", f"{s.rows:,}"),
         ("groups", f"{s.groups:,}"),
