@@ -524,9 +524,10 @@ def bench_dump(rows: int, repeats: int, data_dir: Path) -> None:
     for name, seconds in results.items():
         print(f"  {name:44s} {seconds:8.2f} {seconds / spliced:11.1f}x")
     durable = results["cp -r + sync (durable, as grpo-cli's fsync)"]
+    work = spliced - startup
     print(
-        f"  grpo-cli (splice) less start-up: {spliced - startup:.2f} s = "
-        f"{(spliced - startup) / results['cp -r']:.1f}x cp -r, {(spliced - startup) / durable:.1f}x cp -r + sync"
+        f"  grpo-cli (splice) less start-up: {work:.2f} s = "
+        f"{work / results['cp -r']:.1f}x cp -r, {work / durable:.1f}x cp -r + sync"
     )
 
 
