@@ -77,44 +77,50 @@ CHECK_EXAMPLES = """**Examples**
 """
 
 
-def _label_types(command: Any) -> None:
-    """Help labels a user can read: ``N``, ``F``, ``a|b`` or ``NAME`` plus its choices, no ``<bool>``.
+def _label(param: Any) -> None:
+    """A help label a user can read: ``N``, ``F``, ``a|b`` or ``NAME`` plus its choices, none on a flag.
 
     Typer labels every value with its Python type (``<int range>``, ``<bool>`` for a flag,
     ``<list[str]>``); options that set ``metavar`` keep theirs.
     """
+    if param.param_type_name == "argument":
+        param.display_type_rich = lambda ctx: None  # the argument's name says it
+        return
+    if param.metavar is not None:
+        return
+    if getattr(param, "is_flag", False):
+        param.metavar = ""
+        return
+    descriptor = param.type_descriptor
+    if descriptor.is_choice:
+        choices = [str(choice) for choice in descriptor.choices or ()]
+        if len("|".join(choices)) <= 30:
+            param.metavar = "|".join(choices)
+        else:
+            param.metavar = param.name.upper()
+            if not all(choice in (param.help or "") for choice in choices):
+                param.help = f"{param.help} One of: {', '.join(choices)}."
+    elif descriptor.annotation is int:
+        param.metavar = "N"
+    elif descriptor.annotation is float:
+        param.metavar = "F"
+    else:
+        param.metavar = param.name.upper()
+
+
+def _label_types(command: Any) -> None:
+    """:func:`_label` for every parameter of ``command``, its ``--help`` included."""
     help_option = command.get_help_option
 
     def labeled_help_option(ctx: Any) -> Any:
         option = help_option(ctx)
         if option is not None:
-            option.metavar = ""
+            _label(option)
         return option
 
     command.get_help_option = labeled_help_option
     for param in command.params:
-        if param.param_type_name == "argument":
-            param.display_type_rich = lambda ctx: None  # the argument's name says it
-            continue
-        if param.metavar is not None:
-            continue
-        descriptor = param.type_descriptor
-        if getattr(param, "is_flag", False):
-            param.metavar = ""
-        elif descriptor.is_choice:
-            choices = [str(choice) for choice in descriptor.choices or ()]
-            if len("|".join(choices)) <= 30:
-                param.metavar = "|".join(choices)
-            else:
-                param.metavar = param.name.upper()
-                if not all(choice in (param.help or "") for choice in choices):
-                    param.help = f"{param.help} One of: {', '.join(choices)}."
-        elif descriptor.annotation is int:
-            param.metavar = "N"
-        elif descriptor.annotation is float:
-            param.metavar = "F"
-        else:
-            param.metavar = param.name.upper()
+        _label(param)
 
 
 class _OneLineErrors(typer.core.TyperGroup):
@@ -131,8 +137,7 @@ class _OneLineErrors(typer.core.TyperGroup):
     def get_params(self, ctx: Any) -> Any:
         params = super().get_params(ctx)  # Typer adds the completion options late
         for param in params:
-            if getattr(param, "is_flag", False) and param.metavar is None:
-                param.metavar = ""
+            _label(param)
         return params
 
     def main(  # type: ignore[override]

@@ -19,6 +19,7 @@ import os
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import IO, Any
 
@@ -216,8 +217,9 @@ class Footer:
     start: int
     fields: list[Field]
 
-    @property
+    @cached_property
     def row_groups(self) -> list[list[Field]]:
+        """Each RowGroup's fields, parsed once."""
         field = _get(self.fields, FILE_ROW_GROUPS)
         return [] if field is None else [read_struct(g) for g in read_list(_raw(field))[1]]
 
@@ -285,29 +287,31 @@ def _serialize_arrow_schema(schema: pa.Schema) -> str:
 
 
 def copy_range(source: IO[bytes], target: IO[bytes], length: int) -> None:
-    """Copy ``length`` bytes from ``source``'s start to ``target``'s position, in the kernel."""
-    source.seek(0)
-    remaining, offset = length, 0
-    copy = getattr(os, "copy_file_range", None)
+    """Copy ``source``'s first ``length`` bytes to the start of ``target``, in the kernel.
+
+    Where ``os.copy_file_range`` is missing or refuses (another file system, an old
+    kernel), the rest is copied in user space. Both files are left positioned at ``length``.
+    """
     target.flush()
+    copied = 0
+    copy = getattr(os, "copy_file_range", None)
     if copy is not None:
         try:
-            while remaining:
-                done = copy(source.fileno(), target.fileno(), remaining, offset)
+            while copied < length:
+                done = copy(source.fileno(), target.fileno(), length - copied, copied, copied)
                 if done == 0:
                     break
-                remaining -= done
-                offset += done
-            target.seek(0, os.SEEK_END)
-        except OSError:  # another file system, or a kernel without it: copy in user space
-            target.seek(length - remaining if remaining != length else 0)
-    source.seek(offset)
-    while remaining:
-        chunk = source.read(min(remaining, 16 << 20))
+                copied += done
+        except OSError:
+            pass
+    source.seek(copied)
+    target.seek(copied)
+    while copied < length:
+        chunk = source.read(min(length - copied, 16 << 20))
         if not chunk:
             raise SpliceRefused("it ended before its footer while being copied")
         target.write(chunk)
-        remaining -= len(chunk)
+        copied += len(chunk)
 
 
 class SplicedFile:

@@ -287,3 +287,34 @@ def test_random_schemas_and_row_group_layouts(
     pq.write_table(pa.table(columns), source, row_group_size=row_group_size)
     spliced, rewritten = spliced_and_rewritten(tmp_path, source)
     assert_three_readers_agree(spliced, rewritten, source)
+
+
+@pytest.mark.parametrize("kernel", ["refuses", "absent", "stops-half-way"])
+def test_copy_falls_back_to_user_space(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel: str) -> None:
+    import os
+
+    from grpo_cli import splice
+
+    source = tmp_path / "in.bin"
+    source.write_bytes(bytes(range(256)) * 1000)
+    real = getattr(os, "copy_file_range", None)
+
+    def half_then_refuse(src: int, dst: int, count: int, offset_src: int, offset_dst: int) -> int:
+        if offset_src:
+            raise OSError(18, "Invalid cross-device link")
+        assert real is not None
+        return int(real(src, dst, count // 2, offset_src, offset_dst))
+
+    def refuse(*args: Any) -> int:
+        raise OSError(38, "Function not implemented")
+
+    if kernel == "absent":
+        monkeypatch.delattr(os, "copy_file_range", raising=False)
+    else:
+        monkeypatch.setattr(
+            os, "copy_file_range", refuse if kernel == "refuses" else half_then_refuse, raising=False
+        )
+    with source.open("rb") as src, (tmp_path / "out.bin").open("wb") as dst:
+        splice.copy_range(src, dst, 200_001)
+        assert dst.tell() == 200_001
+    assert (tmp_path / "out.bin").read_bytes() == source.read_bytes()[:200_001]

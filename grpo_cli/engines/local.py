@@ -439,6 +439,11 @@ class LocalEngine:
         self.bytes_read = 0
         self._passk_claimed: torch.Tensor | None = None
 
+    @property
+    def keeps_every_column(self) -> bool:
+        """Whether pass 1, when it keeps the batches, keeps every column (no shard is spliced)."""
+        return self.splice_refusal is not None
+
     def _splice_refusal(self) -> str | None:
         """Why no output shard can be spliced, or ``None`` when Parquet shards may be."""
         config = self.config
@@ -515,8 +520,7 @@ class LocalEngine:
         length_col = self.config.length_col if state.length_sums is not None else None  # opo sums them
         keep_batches = self.in_memory and self.one_pass_dtype is None
         cached: list[list[pa.RecordBatch]] | None = [] if keep_batches else None
-        keep_all_columns = keep_batches and self.splice_refusal is not None
-        columns = None if keep_all_columns else self.plan.input_columns
+        columns = None if keep_batches and self.keeps_every_column else self.plan.input_columns
         self.progress.start("statistics" if self.one_pass_dtype else "pass 1/2: statistics", total_rows)
         for shard, schema in zip(self.inputs.shards, self.schemas, strict=True):
             shard_batches: list[pa.RecordBatch] = []
@@ -659,8 +663,7 @@ class LocalEngine:
         if not len(schema):
             return None, iter(())
         reader = self._reward_reader(schema, shard)
-        cached_all = self.splice_refusal is not None
-        if first.cached is not None and (cached_all or not all_columns):
+        if first.cached is not None and (self.keeps_every_column or not all_columns):
             return reader, iter(first.cached[index])
         return reader, self._batches(shard, None if all_columns else columns)
 
