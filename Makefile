@@ -46,8 +46,10 @@ bench-quick: setup
 
 # Mutation testing of the modules whose bugs corrupt data silently (about 25 minutes on
 # 2 cores); writes docs/mutation-report.md and fails below the targets. One thread per
-# worker: torch's pools do not survive the fork mutmut makes per mutant.
+# worker: torch's pools do not survive the fork mutmut makes per mutant. It starts from a
+# clean mutants/ so that no result from an older test selection is kept.
 mutation: setup
+	rm -rf mutants
 	OMP_NUM_THREADS=1 $(BIN)/mutmut run --max-children $$(nproc) > /dev/null
 	$(BIN)/python .ci/mutation_report.py
 

@@ -205,18 +205,21 @@ def main_callback(
 
 # Shared option declarations: both commands read the same inputs and advantage options.
 InputArg = Annotated[
-    str,
+    list[str],
     typer.Argument(
-        metavar="INPUT",
-        help="A Parquet or JSONL file (.jsonl, .ndjson, .jsonl.gz), a directory of shards, "
-        "a quoted glob, or - for JSONL on standard input.",
+        metavar="INPUT...",
+        help="One or more of: a Parquet, JSON lines, JSON array, CSV or Arrow IPC file (.gz and .zst "
+        "text too), a directory of shards (a datasets save_to_disk folder too), a quoted glob, "
+        "or - for standard input.",
         show_default=False,
     ),
 ]
 InputFormatOpt = Annotated[
     InputFormat | None,
     typer.Option(
-        "--input-format", rich_help_panel="Input", help="Override the format detected from the name."
+        "--input-format",
+        rich_help_panel="Input",
+        help="Override the format detected from the name (json: an array or lines, told by content).",
     ),
 ]
 RewardColOpt = Annotated[
@@ -1052,7 +1055,8 @@ def check(
                 recorded = ComputeConfig.from_provenance(record)
             elif verify_advantage_col is None:
                 raise GrpoError(
-                    f"{input}: no grpo-cli provenance to verify against (not written by grpo-cli compute); "
+                    f"{' '.join(input)}: no grpo-cli provenance to verify against "
+                    "(not written by grpo-cli compute); "
                     "name the column with --verify-advantage-col and give the options it was made with"
                 )
         column = verify_advantage_col or (recorded.advantage_col if recorded is not None else None)

@@ -27,7 +27,7 @@ import shutil
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -439,19 +439,29 @@ def reported_after_commit(claim: Claim | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def spool(stream: IO[bytes], *, label: str) -> Iterator[Path]:
-    """Copy a stream that can be read only once (stdin, a pipe) to a private temporary file.
+def spool(
+    stream: IO[bytes] | None, *, label: str, write: Callable[[IO[bytes]], None] | None = None
+) -> Iterator[Path]:
+    """Copy a stream that can be read only once (stdin, a pipe) to a private temporary file,
+    or fill one with ``write`` (a JSON array turned into lines).
 
     The file lives in the system's temporary folder, is removed on every exit path, and
     spools that killed runs left behind (their process is gone) are removed first.
     """
+    if write is None:
+        assert stream is not None
+        source = stream
+
+        def write(out: IO[bytes]) -> None:
+            shutil.copyfileobj(source, out, 1 << 20)
+
     folder = Path(tempfile.gettempdir())
     remove_stale_spools(folder)
     path = folder / f"{_SPOOL_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with open(fd, "wb") as out:
-            shutil.copyfileobj(stream, out, 1 << 20)
+            write(out)
     except OSError as exc:
         path.unlink(missing_ok=True)
         raise GrpoError(f"{label}: cannot copy the input to a temporary file ({os_reason(exc)})") from None

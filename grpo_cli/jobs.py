@@ -28,10 +28,17 @@ from grpo_cli.sources import InputSet, read_provenance
 from grpo_cli.summary import RunSummary
 
 PathLike = str | os.PathLike[str]
+Inputs = PathLike | Sequence[PathLike]
+
+
+def _specs(input: Inputs) -> list[str]:
+    if isinstance(input, str | os.PathLike):
+        return [os.fspath(input)]
+    return [os.fspath(item) for item in input]
 
 
 def compute_dataset(
-    input: PathLike,
+    input: Inputs,
     output: PathLike | None,
     config: ComputeConfig | None = None,
     *,
@@ -41,8 +48,8 @@ def compute_dataset(
 ) -> RunSummary:
     """The same job as ``grpo-cli compute``, on this machine.
 
-    Reads ``input`` (file, directory of shards, glob, or ``-``), writes the augmented
-    Parquet ``output`` atomically (nothing is written when ``output`` is ``None``),
+    Reads ``input`` (a file, directory of shards, glob, or ``-``; or a list of them),
+    writes the augmented ``output`` atomically (nothing is written when ``output`` is ``None``),
     writes the summary as JSON to ``summary_json`` if given, and returns the run's
     :class:`~grpo_cli.summary.RunSummary`. Every path is checked by the write guard
     before any work starts.
@@ -51,7 +58,7 @@ def compute_dataset(
 
 
 def check_dataset(
-    input: PathLike,
+    input: Inputs,
     bounds: CheckBounds,
     config: ComputeConfig | None = None,
     *,
@@ -69,14 +76,15 @@ def check_dataset(
     )
 
 
-def recorded_provenance(input: PathLike) -> dict[str, Any] | None:
+def recorded_provenance(input: Inputs) -> dict[str, Any] | None:
     """The provenance entry grpo-cli wrote into ``input`` (its first shard that has one), or ``None``.
 
     Standard input is never read for it (it can be read only once).
     """
-    if os.fspath(input) == "-":
+    specs = _specs(input)
+    if "-" in specs:
         return None
-    with InputSet(str(input)) as inputs:
+    with InputSet(specs) as inputs:
         for shard in inputs.shards:
             record = read_provenance(shard)
             if record is not None:
@@ -118,7 +126,7 @@ def compute_dataset_ray(
 
 
 def _local_job(
-    input: PathLike,
+    input: Inputs,
     output: PathLike | None,
     config: ComputeConfig | None,
     *,
@@ -132,7 +140,7 @@ def _local_job(
     config = config or ComputeConfig()
     config.validate()
     directory = output_is_directory(os.fspath(output)) if output is not None else False
-    with InputSet(str(input), input_format=config.input_format) as inputs:
+    with InputSet(_specs(input), input_format=config.input_format) as inputs:
 
         def run(claim: Claim | None) -> RunSummary:
             summary = run_local(inputs, config, claim, force=force, progress=progress)

@@ -24,6 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from grpo_cli.columns import field_type
+
 
 def as_tensor(array: np.ndarray) -> torch.Tensor:
     """A zero-copy tensor view of a (possibly read-only) NumPy array.
@@ -86,6 +88,26 @@ def key_kind(data_type: pa.DataType) -> str:
     return str(data_type)
 
 
+def is_key_type(data_type: pa.DataType | None) -> bool:
+    """Whether a column of this type can be a group key: a scalar, or a list or struct of
+    them (a chat prompt as a list of messages), compared on its exact value."""
+    if data_type is None or pa.types.is_null(data_type):
+        return False
+    if pa.types.is_dictionary(data_type):
+        return is_key_type(data_type.value_type)
+    if pa.types.is_struct(data_type):
+        return data_type.num_fields > 0 and all(
+            is_key_type(data_type.field(i).type) for i in range(data_type.num_fields)
+        )
+    if (
+        pa.types.is_list(data_type)
+        or pa.types.is_large_list(data_type)
+        or pa.types.is_fixed_size_list(data_type)
+    ):
+        return is_key_type(data_type.value_type)
+    return not (pa.types.is_nested(data_type) or pa.types.is_union(data_type))
+
+
 def check_key_types(schemas: Sequence[tuple[str, pa.Schema]], columns: Sequence[str]) -> None:
     """Refuse shards whose key columns are of different kinds: casting would merge groups.
 
@@ -99,9 +121,9 @@ def check_key_types(schemas: Sequence[tuple[str, pa.Schema]], columns: Sequence[
         if len(schema) == 0:
             continue
         for column in columns:
-            if column not in schema.names:
+            data_type = field_type(schema, column)
+            if data_type is None:
                 continue
-            data_type = schema.field(column).type
             seen = first.setdefault(column, (shard, data_type))
             if key_kind(seen[1]) != key_kind(data_type):
                 raise GrpoError(
@@ -275,6 +297,10 @@ class GroupKeyIndex:
 
     def _python_keys(self, table: pa.Table) -> list[Any]:
         columns = [table.column(c).to_pylist() for c in self.columns]
+        nested = [pa.types.is_nested(table.schema.field(c).type) for c in self.columns]
+        columns = [
+            [_frozen(v) for v in values] if n else values for values, n in zip(columns, nested, strict=True)
+        ]
         return columns[0] if len(columns) == 1 else list(zip(*columns, strict=True))
 
     def _encode_exact(self, table: pa.Table) -> np.ndarray:
@@ -294,3 +320,12 @@ class GroupKeyIndex:
             self._reps = None
             self._count = len(lookup)
         return ids
+
+
+def _frozen(value: Any) -> Any:
+    """A list or struct value as nested tuples, so that it can be a dict key (exact match)."""
+    if isinstance(value, list):
+        return ("list", *(_frozen(v) for v in value))
+    if isinstance(value, dict):
+        return ("struct", *((k, _frozen(v)) for k, v in value.items()))
+    return value

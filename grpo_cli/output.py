@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from grpo_cli.errors import GrpoError
 from grpo_cli.guard import PROVENANCE_KEY, Claim, os_reason
-from grpo_cli.sources import Shard
+from grpo_cli.sources import READ_SUFFIXES, Shard
 from grpo_cli.splice import SplicedFile, SpliceRefused
 
 _T = TypeVar("_T")
@@ -309,8 +309,8 @@ def _parquet_writer(path: Path, schema: pa.Schema, new_columns: int, compression
 def _shard_output_name(shard: Shard) -> str:
     if shard.display == "<stdin>":
         return "stdin.parquet"
-    name = shard.path.name
-    for suffix in (".jsonl.gz", ".ndjson.gz", ".jsonl", ".ndjson", ".parquet", ".pq"):
+    name = Path(shard.display).name
+    for suffix in sorted(READ_SUFFIXES, key=len, reverse=True):
         if name.lower().endswith(suffix):
             name = name[: -len(suffix)]
             break

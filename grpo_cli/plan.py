@@ -21,6 +21,7 @@ import pyarrow as pa
 import torch
 
 from grpo_cli.choices import Aggregation, Compression, InputFormat, check_choice
+from grpo_cli.columns import field_type
 from grpo_cli.errors import GrpoError
 from grpo_cli.guard import PROVENANCE_KEY
 from grpo_cli.kernel import (
@@ -35,6 +36,7 @@ from grpo_cli.kernel import (
     group_std,
     whitening,
 )
+from grpo_cli.keys import is_key_type
 from grpo_cli.options import AdvantageOptions, RewardSpec
 from grpo_cli.rewards import RewardBatch, RewardReader, advantage_dtype, combined_advantages
 from grpo_cli.verify import VerifySpec
@@ -325,8 +327,8 @@ class RunPlan:
             return
         names = schema.names
         for column in self.input_columns:
-            if column not in names:
-                raise GrpoError(f"{shard.display}: no column {column!r}{self._hint(column, names)}")
+            if field_type(schema, column) is None:
+                raise GrpoError(f"{shard.display}: no column {column!r}{self._hint(column, schema)}")
         for column in self.new_columns if writes_output else ():
             if column in names:
                 option = "--active-col" if column == config.active_col else "--advantage-col"
@@ -334,22 +336,30 @@ class RunPlan:
                     f"{shard.display}: the input already has a column {column!r}; "
                     f"choose another name with {option}"
                 )
-        if config.verify is not None and config.verify.column not in names:
+        if config.verify is not None and field_type(schema, config.verify.column) is None:
             raise GrpoError(
                 f"{shard.display}: no column {config.verify.column!r} to verify; "
                 f"the columns are {', '.join(names)}"
             )
         for column in config.group_cols if config.group_size is None else ():
-            column_type = schema.field(column).type
-            if pa.types.is_nested(column_type) or pa.types.is_null(column_type):
+            column_type = field_type(schema, column)
+            if not is_key_type(column_type):
                 raise GrpoError(
-                    f"{shard.display}: group column {column!r} has type {column_type}; "
-                    "group keys must be scalars (integers, strings, ...)"
+                    f"{shard.display}: group column {column!r} has type {column_type}; group keys must be "
+                    "scalars (integers, strings, ...), lists or structs of them"
                 )
 
-    def _hint(self, column: str, names: Sequence[str]) -> str:
+    def _hint(self, column: str, schema: pa.Schema) -> str:
         """What to tell a user whose column is missing: a close name, the option, the columns."""
         config = self.config
+        names = schema.names
+        top, dot, rest = column.partition(".")
+        if dot and top in names:
+            data_type = schema.field(top).type
+            if pa.types.is_struct(data_type):
+                fields = [data_type.field(i).name for i in range(data_type.num_fields)]
+                return f" (struct {top!r} has fields {', '.join(fields)}; {rest!r} is not one of them)"
+            return f" ({top!r} is {data_type}, not a struct with fields)"
         close = difflib.get_close_matches(column, names, n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         if column in config.group_cols and column == "group_id" and not close:
@@ -612,7 +622,7 @@ class RunPlan:
         """The advantage column's dtype for a shard of ``schema``."""
         if len(schema) == 0:  # an empty JSONL file: JSON numbers read as float64
             return torch.float64
-        return advantage_dtype([schema.field(r.column).type for r in self.config.rewards])
+        return advantage_dtype([field_type(schema, r.column) for r in self.config.rewards])
 
     def output_schema(self, schema: pa.Schema, provenance: bytes) -> pa.Schema:
         """The input's schema with the new columns appended and the provenance entry set."""

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from grpo_cli.columns import column_of, field_type
 from grpo_cli.errors import GrpoError
 from grpo_cli.kernel import Normalization, apply_normalization
 from grpo_cli.keys import as_tensor
@@ -73,7 +74,8 @@ class RewardReader:
         self.per_column = per_column
         types = []
         for spec in self.specs:
-            column_type = schema.field(spec.column).type
+            column_type = field_type(schema, spec.column)
+            assert column_type is not None  # the plan checked the columns
             if not (
                 pa.types.is_integer(column_type)
                 or pa.types.is_floating(column_type)
@@ -91,7 +93,7 @@ class RewardReader:
 
     def read(self, batch: pa.RecordBatch, first_row: int = 0) -> RewardBatch:
         """The batch's rewards; ``first_row`` (its row in the shard) locates errors."""
-        values = [self._column(batch.column(spec.column), spec.column, first_row) for spec in self.specs]
+        values = [self._column(column_of(batch, spec.column), spec.column, first_row) for spec in self.specs]
         if self.native:
             tensor = values[0]
             valid = _finite(tensor)
@@ -108,7 +110,7 @@ class RewardReader:
 
     def column(self, batch: pa.RecordBatch, name: str, first_row: int = 0) -> torch.Tensor:
         """Another numeric column of the batch (a length, a baseline) as float64, nulls as NaN."""
-        array = batch.column(name)
+        array = column_of(batch, name)
         if not (
             pa.types.is_integer(array.type)
             or pa.types.is_floating(array.type)

@@ -1,7 +1,10 @@
-"""Finding and reading rollout files: Parquet and JSONL, single files, shards, globs, stdin.
+"""Finding and reading rollout files: Parquet, JSON lines, JSON arrays, CSV, Arrow IPC.
 
-Every read error becomes a :class:`~grpo_cli.errors.GrpoError` naming the file (and the
-line, for JSONL).
+An INPUT is a file, a directory of shards (a ``datasets`` ``save_to_disk`` folder too),
+a quoted glob or ``-`` (standard input); a run may name several. Every format is read
+as a stream of record batches in bounded memory: a JSON array is turned into JSON
+lines on the way in, element by element. Every read error becomes a
+:class:`~grpo_cli.errors.GrpoError` naming the file (and the line, for text formats).
 """
 
 from __future__ import annotations
@@ -9,17 +12,19 @@ from __future__ import annotations
 import contextlib
 import glob
 import gzip
+import io
 import json
 import os
 import re
 import sys
 import zlib
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 import pyarrow as pa
+import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
@@ -28,56 +33,151 @@ from grpo_cli.errors import GrpoError
 from grpo_cli.guard import OTHER_DATA_SUFFIXES, PROVENANCE_KEY, ProtectedInputs, spool
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
-JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz")
+ARROW_SUFFIXES = (".arrow", ".feather", ".ipc")
+COMPRESSION_SUFFIXES = {".gz": "gzip", ".zst": "zstd"}
+TEXT_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv"}
+JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz", ".jsonl.zst", ".ndjson.zst")
+READ_SUFFIXES = (
+    *PARQUET_SUFFIXES,
+    *ARROW_SUFFIXES,
+    *(text + comp for text in TEXT_SUFFIXES for comp in ("", *COMPRESSION_SUFFIXES)),
+)
 JSONL_BLOCK_BYTES = 8 << 20
 _GLOB_CHARS = "*?["
+_MAGIC_COMPRESSION = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd"}
 
 
 @dataclass(frozen=True)
 class Shard:
-    """One input file."""
+    """One input: a file, or (the table API) a table in memory.
+
+    ``format`` is how it is read: ``json`` input becomes ``jsonl`` (a JSON array is
+    spooled as lines, whose messages then count ``element``s instead of lines).
+    """
 
     path: Path
     display: str
-    format: InputFormat
+    format: str  # parquet, jsonl, csv, arrow or table
     size_bytes: int
-    gzipped: bool = False
+    compression: str | None = None  # gzip or zstd (text formats)
+    record_word: str = "line"
+    table: pa.Table | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def gzipped(self) -> bool:
+        return self.compression == "gzip"
 
 
 def detect_format(path: str, override: InputFormat | None) -> InputFormat | None:
+    """The format a file's name (or ``--input-format``) says; ``None`` when it says none."""
     if override:
         return override
     name = path.lower()
     if name.endswith(PARQUET_SUFFIXES):
         return "parquet"
-    if name.endswith(JSONL_SUFFIXES):
-        return "jsonl"
+    if name.endswith(ARROW_SUFFIXES):
+        return "arrow"
+    for suffix in COMPRESSION_SUFFIXES:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    for suffix, fmt in TEXT_SUFFIXES.items():
+        if name.endswith(suffix):
+            return fmt  # type: ignore[return-value]
     return None
 
 
-class InputSet:
-    """The shards an INPUT argument names; owns the spooled copies of streams.
+def _sniff(path: Path) -> tuple[str | None, str | None, bytes]:
+    """(format, compression, first bytes of the decompressed data) told by content."""
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+    compression = next((c for magic, c in _MAGIC_COMPRESSION.items() if head.startswith(magic)), None)
+    if compression is None:
+        if head.startswith(b"PAR1"):
+            return "parquet", None, head
+        if head.startswith(b"ARROW1") or head.startswith(b"\xff\xff\xff\xff"):
+            return "arrow", None, head
+    text = b""
+    with contextlib.suppress(Exception), _decompressed(path, compression) as stream:
+        text = stream.read(1 << 16).lstrip()  # a corrupt stream is reported when it is read
+    if text.startswith(b"["):
+        return "json", compression, text
+    return None, compression, text
 
-    INPUT is a file, a directory of shards, a quoted glob, or ``-`` for standard input
-    (JSONL, or Parquet told by its first bytes). A path that exists is read as that
-    file, even when its name holds glob characters. A pipe (``<(cat x.jsonl)``) is
-    copied once to a private temporary file, like standard input, since it can be read
-    only once. Use as a context manager so that those copies are removed.
+
+@contextlib.contextmanager
+def _decompressed(path: Path, compression: str | None) -> Iterator[IO[bytes]]:
+    """A buffered binary reader of the file's bytes, decompressed (lines can be iterated)."""
+    if compression == "gzip":
+        with gzip.open(path, "rb") as handle:
+            yield handle  # type: ignore[misc]
+        return
+    if compression == "zstd":
+        with pa.input_stream(str(path), compression="zstd") as native:
+            yield io.BufferedReader(_NativeRaw(native), 1 << 20)
+        return
+    with open(path, "rb") as handle:
+        yield handle
+
+
+class _NativeRaw(io.RawIOBase):
+    """A pyarrow input stream as a raw file, so that :class:`io.BufferedReader` can read lines."""
+
+    def __init__(self, native: pa.NativeFile) -> None:
+        self._native = native
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._native.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+class InputSet:
+    """The shards that INPUT arguments name; owns the spooled copies of streams.
+
+    Each INPUT is a file, a directory of shards, a quoted glob, or ``-`` for standard
+    input (format told by content). A path that exists is read as that file, even when
+    its name holds glob characters. A pipe (``<(cat x.jsonl)``) is copied once to a
+    private temporary file, like standard input, since it can be read only once; so is
+    a JSON array, as JSON lines. Use as a context manager so that those copies are
+    removed. Naming one file twice is refused: its rows would count twice.
     """
 
     def __init__(
-        self, spec: str, *, input_format: InputFormat | None = None, stdin: IO[bytes] | None = None
+        self,
+        specs: str | Sequence[str],
+        *,
+        input_format: InputFormat | None = None,
+        stdin: IO[bytes] | None = None,
     ) -> None:
         if input_format is not None:
             check_choice("--input-format", input_format, InputFormat)
-        self.spec = spec
+        self.specs = [specs] if isinstance(specs, str) else list(specs)
+        if not self.specs:
+            raise GrpoError("no INPUT given")
+        self.spec = " ".join(self.specs)
         self._spools = contextlib.ExitStack()
         self.directories: list[Path] = []
         try:
-            self.shards = self._resolve(spec, input_format, stdin)
+            if self.specs.count("-") > 1:
+                raise GrpoError("- (standard input) is named more than once; it can be read only once")
+            self.shards = [shard for spec in self.specs for shard in self._resolve(spec, input_format, stdin)]
+            self._refuse_repeats()
         except BaseException:
             self._spools.close()
             raise
+
+    @classmethod
+    def of_table(cls, table: pa.Table, label: str = "<table>") -> InputSet:
+        """A table in memory as the one shard of a run (the table API)."""
+        inputs = cls.__new__(cls)
+        inputs.specs, inputs.spec = [label], label
+        inputs._spools = contextlib.ExitStack()
+        inputs.directories = []
+        inputs.shards = [Shard(Path(label), label, "table", table.nbytes, table=table)]
+        return inputs
 
     def __enter__(self) -> InputSet:
         return self
@@ -90,7 +190,7 @@ class InputSet:
 
     @property
     def is_stdin(self) -> bool:
-        return self.spec == "-"
+        return self.specs == ["-"]
 
     @property
     def total_bytes(self) -> int:
@@ -98,8 +198,24 @@ class InputSet:
 
     def protected(self) -> ProtectedInputs:
         """What no output of this run may touch: every input file and directory named."""
-        files = [(s.path, s.display) for s in self.shards if not s.display.startswith("<")]
+        files = [
+            (s.path, s.display) for s in self.shards if not s.display.startswith("<") and s.table is None
+        ]
+        files += [(Path(s.display), s.display) for s in self.shards if s.record_word == "element"]
         return ProtectedInputs.of(files, self.directories)
+
+    def _refuse_repeats(self) -> None:
+        seen: dict[tuple[int, int], Shard] = {}
+        for shard in self.shards:
+            source = Path(shard.display) if shard.record_word == "element" else shard.path
+            if shard.display.startswith("<"):
+                continue
+            stat = source.stat()
+            first = seen.setdefault((stat.st_dev, stat.st_ino), shard)
+            if first is not shard:
+                raise GrpoError(
+                    f"{shard.display}: named twice (also as {first.display}); its rows would be read twice"
+                )
 
     def _resolve(self, spec: str, input_format: InputFormat | None, stdin: IO[bytes] | None) -> list[Shard]:
         if spec == "-":
@@ -109,28 +225,10 @@ class InputSet:
             matches = sorted(p for p in glob.glob(spec, recursive=True) if os.path.isfile(p))
             shards = self._readable(spec, [Path(m) for m in matches], input_format, "the pattern matches")
             if not shards:
-                raise GrpoError(f"{spec}: the pattern matches no Parquet or JSONL file")
+                raise GrpoError(f"{spec}: the pattern matches no file of a format grpo-cli reads")
             return shards
         if path.is_dir():
-            self.directories.append(path)
-            entries = sorted(p for p in path.iterdir() if not p.name.startswith((".", "_")))
-            nested = [p for p in entries if p.is_dir() and _holds_data(p)]
-            if nested:
-                names = ", ".join(p.name for p in nested[:3]) + (", ..." if len(nested) > 3 else "")
-                raise GrpoError(
-                    f"{spec}: holds subfolders with data files ({names}); grpo-cli reads the files of one "
-                    f"folder: pass a quoted glob such as '{path / '**' / '*.parquet'}' to read them all"
-                )
-            files = [p for p in entries if p.is_file()]
-            shards = self._readable(spec, files, input_format, "the directory holds")
-            if not shards:
-                raise GrpoError(f"{spec}: the directory holds no Parquet or JSONL file")
-            formats = {s.format for s in shards}
-            if len(formats) > 1:
-                raise GrpoError(
-                    f"{spec}: the directory mixes Parquet and JSONL shards; use a glob to pick one"
-                )
-            return shards
+            return self._directory(spec, path, input_format)
         if not path.exists():
             raise GrpoError(f"{spec}: no such file or directory")
         if not path.is_file():  # a pipe or a device: it can be read only once
@@ -144,6 +242,29 @@ class InputSet:
         assert shard is not None
         return [shard]
 
+    def _directory(self, spec: str, path: Path, input_format: InputFormat | None) -> list[Shard]:
+        self.directories.append(path)
+        saved = _saved_dataset_files(spec, path)
+        if saved is not None:
+            return [self._shard(str(file), input_format or "arrow", strict=True) for file in saved]  # type: ignore[misc]
+        entries = sorted(p for p in path.iterdir() if not p.name.startswith((".", "_")))
+        nested = [p for p in entries if p.is_dir() and _holds_data(p)]
+        if nested:
+            names = ", ".join(p.name for p in nested[:3]) + (", ..." if len(nested) > 3 else "")
+            raise GrpoError(
+                f"{spec}: holds subfolders with data files ({names}); grpo-cli reads the files of one "
+                f"folder: pass a quoted glob such as '{path / '**' / '*.parquet'}' to read them all"
+            )
+        files = [p for p in entries if p.is_file()]
+        shards = self._readable(spec, files, input_format, "the directory holds")
+        if not shards:
+            raise GrpoError(f"{spec}: the directory holds no file of a format grpo-cli reads")
+        by_format = {s.format: Path(s.display).name for s in shards}
+        if len(by_format) > 1:
+            kinds = " and ".join(f"{fmt} ({name}, ...)" for fmt, name in sorted(by_format.items()))
+            raise GrpoError(f"{spec}: the directory mixes {kinds} shards; use a glob to pick one format")
+        return shards
+
     def _readable(
         self, spec: str, files: list[Path], input_format: InputFormat | None, where: str
     ) -> list[Shard]:
@@ -155,8 +276,8 @@ class InputSet:
                 shards.append(shard)
             elif file.name.lower().endswith(OTHER_DATA_SUFFIXES):
                 raise GrpoError(
-                    f"{spec}: {where} {file.name}, a format grpo-cli does not read (Parquet and JSONL "
-                    "only); move it out or name the files to read with a glob"
+                    f"{spec}: {where} {file.name}, a format grpo-cli does not read; move it out "
+                    "or name the files to read with a glob"
                 )
         return shards
 
@@ -165,26 +286,157 @@ class InputSet:
         if fmt is None:
             if strict:
                 raise GrpoError(
-                    f"{path}: cannot tell the format from the name; expected "
-                    f"{', '.join(PARQUET_SUFFIXES + JSONL_SUFFIXES)} or --input-format parquet|jsonl"
+                    f"{path}: cannot tell the format from the name; expected one of "
+                    f"{', '.join(READ_SUFFIXES)} or --input-format"
                 )
             return None
         try:
             size = os.path.getsize(path)
             with open(path, "rb"):
                 pass
+            sniffed, compression, text = _sniff(Path(path))
         except OSError as exc:
             raise GrpoError(f"{path}: cannot read the file ({exc.strerror})") from None
-        return Shard(Path(path), path, fmt, size, gzipped=path.lower().endswith(".gz"))
+        named = next((c for suffix, c in COMPRESSION_SUFFIXES.items() if path.lower().endswith(suffix)), None)
+        if named is not None and named != compression:  # the name says compressed: it must be
+            compression, sniffed = named, "json" if fmt == "json" else sniffed
+        return self._typed(Path(path), path, fmt, size, sniffed, compression, text)
+
+    def _typed(
+        self,
+        path: Path,
+        display: str,
+        fmt: str,
+        size: int,
+        sniffed: str | None,
+        compression: str | None,
+        text: bytes,
+    ) -> Shard:
+        if fmt == "json":
+            if sniffed != "json":  # JSON lines under a .json name
+                return Shard(path, display, "jsonl", size, compression)
+            lines = self._spools.enter_context(
+                spool(
+                    None,
+                    label=display,
+                    write=lambda out: _json_array_to_lines(path, compression, display, out),
+                )
+            )
+            return Shard(lines, display, "jsonl", size, None, record_word="element")
+        if sniffed in ("parquet", "arrow") and fmt != sniffed:
+            raise GrpoError(f"{display}: its content is {sniffed.capitalize()}, not {fmt}")
+        if fmt == "arrow" and compression is not None:
+            raise GrpoError(f"{display}: a compressed Arrow file; decompress it first")
+        return Shard(path, display, fmt, size, compression if fmt in ("jsonl", "csv") else None)
 
     def _spooled(self, stream: IO[bytes], label: str, input_format: InputFormat | None) -> Shard:
         # Two passes read the data twice: keep a private copy of a stream.
         path = self._spools.enter_context(spool(stream, label=label))
-        with open(path, "rb") as handle:
-            magic = handle.read(4)
-        fmt = input_format or ("parquet" if magic == b"PAR1" else "jsonl")
-        gzipped = magic[:2] == b"\x1f\x8b"
-        return Shard(path, label, fmt, path.stat().st_size, gzipped=gzipped)
+        sniffed, compression, text = _sniff(path)
+        fmt = input_format or sniffed or "jsonl"
+        return self._typed(path, label, fmt, path.stat().st_size, sniffed, compression, text)
+
+
+def _saved_dataset_files(spec: str, folder: Path) -> list[Path] | None:
+    """The Arrow files of a ``datasets`` ``save_to_disk`` folder, in order; ``None`` if it is not one."""
+    if (folder / "dataset_dict.json").is_file():
+        splits = sorted(p.name for p in folder.iterdir() if (p / "state.json").is_file())
+        raise GrpoError(
+            f"{spec}: a saved DatasetDict with splits {', '.join(splits) or '(none)'}; name one split's "
+            f"folder, e.g. {folder / (splits[0] if splits else 'train')}"
+        )
+    state_file = folder / "state.json"
+    if not state_file.is_file() or not (folder / "dataset_info.json").is_file():
+        return None
+    try:
+        state = json.loads(state_file.read_text())
+        names = [entry["filename"] for entry in state["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise GrpoError(f"{state_file}: not a readable datasets state file") from None
+    files = [folder / name for name in names]
+    for file in files:
+        if Path(file.name) != Path(str(file.name)) or not file.is_file():
+            raise GrpoError(f"{state_file}: lists {file.name}, which is not in {spec}")
+    if not files:
+        raise GrpoError(f"{spec}: the saved dataset lists no data file")
+    return files
+
+
+def _json_array_to_lines(path: Path, compression: str | None, display: str, out: IO[bytes]) -> None:
+    """Write a JSON array's elements as JSON lines, parsing one element at a time."""
+    try:
+        _json_array_lines(path, compression, display, out)
+    except (EOFError, zlib.error, pa.ArrowException) as exc:
+        raise GrpoError(
+            f"{display}: not a readable {compression or 'JSON'} file ({_first_line(exc)})"
+        ) from None
+    except OSError as exc:
+        if compression is not None and not isinstance(exc, FileNotFoundError | PermissionError):
+            raise GrpoError(f"{display}: not a readable {compression} file ({_first_line(exc)})") from None
+        raise
+
+
+def _json_array_lines(path: Path, compression: str | None, display: str, out: IO[bytes]) -> None:
+    decoder = json.JSONDecoder()
+    with _decompressed(path, compression) as raw:
+        stream = io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape")
+        buffer, position, eof, chunk = "", 0, False, 1 << 20
+        expect = "["  # then "first", "value" (after a comma), "separator", "end"
+        elements = 0
+        line = 1  # the line `buffer` starts on, for messages
+
+        def more() -> bool:
+            nonlocal buffer, position, eof, line
+            data = stream.read(chunk)
+            if not data:
+                eof = True
+                return False
+            line += buffer.count("\n", 0, position)
+            buffer, position = buffer[position:] + data, 0
+            return True
+
+        def fail(what: str, at: int) -> GrpoError:
+            number = line + buffer.count("\n", 0, at)
+            return GrpoError(f"{display}, line {number}: malformed JSON array ({what})")
+
+        while True:
+            while position < len(buffer) and buffer[position] in " \t\r\n":
+                position += 1
+            if position >= len(buffer):
+                if more():
+                    continue
+                if expect == "end":
+                    return
+                raise fail("it ends before the closing ]", len(buffer))
+            char = buffer[position]
+            if expect == "[":
+                if char != "[":
+                    raise fail(f"expected [, got {char!r}", position)
+                expect, position = "first", position + 1
+            elif expect == "end":
+                raise fail(f"unexpected {char!r} after the closing ]", position)
+            elif char == "]" and expect in ("first", "separator"):
+                expect, position = "end", position + 1
+            elif expect == "separator":
+                if char != ",":
+                    raise fail(f"expected , or ] after element {elements}, got {char!r}", position)
+                expect, position = "value", position + 1
+            else:
+                try:
+                    value, end = decoder.raw_decode(buffer, position)
+                except json.JSONDecodeError as err:
+                    if more():  # the element may go on in the next chunk
+                        chunk = min(chunk * 2, 1 << 28)
+                        continue
+                    raise fail(err.msg, err.pos) from None
+                if end == len(buffer) and isinstance(value, int | float) and more():
+                    continue  # a number may go on in the next chunk
+                if not isinstance(value, dict):
+                    raise fail(
+                        f"element {elements + 1} is {type(value).__name__}, expected an object", position
+                    )
+                out.write(json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass") + b"\n")
+                elements, expect, position = elements + 1, "separator", end
 
 
 def _holds_data(folder: Path) -> bool:
@@ -197,12 +449,20 @@ def _holds_data(folder: Path) -> bool:
 
 
 def read_schema(shard: Shard) -> pa.Schema:
-    """The shard's schema (for JSONL: as inferred from its first block)."""
+    """The shard's schema (for JSONL and CSV: as inferred from the first block)."""
+    if shard.table is not None:
+        return shard.table.schema
     if shard.format == "parquet":
         try:
             return pq.read_schema(shard.path)
         except (pa.ArrowException, OSError) as exc:
             raise GrpoError(f"{shard.display}: not a readable Parquet file ({_first_line(exc)})") from None
+    if shard.format == "arrow":
+        with _arrow_batches(shard) as (schema, _):
+            return schema
+    if shard.format == "csv":
+        with _CsvReader(shard) as reader:
+            return reader.schema
     if jsonl_is_empty(shard):
         return pa.schema([])
     with _JsonlReader(shard) as reader:
@@ -231,17 +491,26 @@ def read_provenance(shard: Shard) -> dict[str, Any] | None:
 
 def estimated_memory_bytes(shard: Shard) -> int:
     """Roughly how much memory the shard takes once decoded."""
+    if shard.table is not None:
+        return int(shard.table.nbytes)
+    if shard.format == "arrow":
+        return shard.size_bytes
     if shard.format == "parquet":
         try:
             meta = pq.read_metadata(shard.path)
         except (pa.ArrowException, OSError) as exc:
             raise GrpoError(f"{shard.display}: not a readable Parquet file ({_first_line(exc)})") from None
         return int(sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)))
-    return shard.size_bytes * (6 if shard.gzipped else 2)
+    return shard.size_bytes * (6 if shard.compression else 2)
 
 
 def row_count(shard: Shard) -> int | None:
-    """Rows in the shard when the file says so cheaply (Parquet), else ``None``."""
+    """Rows in the shard when the file says so cheaply (Parquet, Arrow), else ``None``."""
+    if shard.table is not None:
+        return int(shard.table.num_rows)
+    if shard.format == "arrow":  # memory-mapped: only the batches' headers are read
+        with _arrow_batches(shard) as (_, batches):
+            return int(sum(batch.num_rows for batch in batches))
     if shard.format != "parquet":
         return None
     try:
@@ -252,10 +521,75 @@ def row_count(shard: Shard) -> int | None:
 
 def iter_batches(shard: Shard, columns: list[str] | None, batch_rows: int) -> Iterator[pa.RecordBatch]:
     """Record batches of the shard, optionally only some columns."""
-    if shard.format == "parquet":
+    if shard.table is not None:
+        table = shard.table if columns is None else shard.table.select(columns)
+        yield from table.to_batches(max_chunksize=batch_rows)
+    elif shard.format == "parquet":
         yield from _parquet_batches(shard, columns, batch_rows)
+    elif shard.format == "arrow":
+        with _arrow_batches(shard) as (_, batches):
+            yield from _rebatched(batches, columns, batch_rows)
+    elif shard.format == "csv":
+        yield from _csv_batches(shard, columns)
     else:
         yield from _jsonl_batches(shard, columns)
+
+
+def _rebatched(
+    batches: Iterator[pa.RecordBatch], columns: list[str] | None, batch_rows: int
+) -> Iterator[pa.RecordBatch]:
+    """Batches of about ``batch_rows`` rows from smaller ones (``datasets`` writes 1,000-row batches)."""
+    pending: list[pa.RecordBatch] = []
+    rows = 0
+    for batch in batches:
+        pending.append(batch.select(columns) if columns is not None else batch)
+        rows += batch.num_rows
+        if rows >= batch_rows:
+            yield from _combined(pending)
+            pending, rows = [], 0
+    if pending:
+        yield from _combined(pending)
+
+
+def _combined(batches: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
+    if len(batches) == 1:
+        return batches
+    combined: list[pa.RecordBatch] = pa.Table.from_batches(batches).combine_chunks().to_batches()
+    return combined
+
+
+@contextlib.contextmanager
+def _arrow_batches(shard: Shard) -> Iterator[tuple[pa.Schema, Iterator[pa.RecordBatch]]]:
+    """An Arrow IPC file or stream, memory-mapped: its schema and its batches."""
+    try:
+        with pa.memory_map(str(shard.path), "r") as source:
+            magic = source.read(6)
+            source.seek(0)
+            if magic.startswith(b"FEA1"):
+                raise GrpoError(
+                    f"{shard.display}: a Feather version 1 file; convert it to version 2 "
+                    "(pyarrow.feather.write_feather) first"
+                )
+            if magic == b"ARROW1":
+                file_reader = pa.ipc.open_file(source)
+                batches = (file_reader.get_batch(i) for i in range(file_reader.num_record_batches))
+                yield file_reader.schema, _arrow_checked(shard, batches)
+            else:
+                stream_reader = pa.ipc.open_stream(source)
+                yield stream_reader.schema, _arrow_checked(shard, iter(stream_reader))
+    except (pa.ArrowException, OSError) as exc:
+        raise GrpoError(f"{shard.display}: not a readable Arrow IPC file ({_first_line(exc)})") from None
+
+
+def _arrow_checked(shard: Shard, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except (pa.ArrowException, OSError) as exc:
+            raise GrpoError(f"{shard.display}: corrupt Arrow data ({_first_line(exc)})") from None
+        yield batch
 
 
 def read_table(shard: Shard) -> pa.Table:
@@ -291,9 +625,7 @@ class _JsonlReader:
 
     def __enter__(self) -> pa_json.JSONStreamingReader:
         try:
-            self._stream = pa.input_stream(
-                str(self.shard.path), compression="gzip" if self.shard.gzipped else None
-            )
+            self._stream = pa.input_stream(str(self.shard.path), compression=self.shard.compression)
             schema = _UNIFIED_JSONL_SCHEMAS.get(_jsonl_key(self.shard))
             return pa_json.open_json(
                 self._stream,
@@ -319,12 +651,13 @@ class _JsonlReader:
 def _open_jsonl(shard: Shard) -> Iterator[IO[bytes]]:
     """The file's bytes, decompressed; a corrupt gzip stream becomes one clear error."""
     try:
-        handle: IO[bytes]
-        with gzip.open(shard.path, "rb") if shard.gzipped else open(shard.path, "rb") as handle:  # type: ignore[assignment]
+        with _decompressed(shard.path, shard.compression) as handle:
             yield handle
-    except (OSError, EOFError, zlib.error) as exc:
-        if shard.gzipped and not isinstance(exc, FileNotFoundError | PermissionError):
-            raise GrpoError(f"{shard.display}: not a readable gzip file ({_first_line(exc)})") from None
+    except (OSError, EOFError, zlib.error, pa.ArrowException) as exc:
+        if shard.compression and not isinstance(exc, FileNotFoundError | PermissionError):
+            raise GrpoError(
+                f"{shard.display}: not a readable {shard.compression} file ({_first_line(exc)})"
+            ) from None
         raise GrpoError(f"{shard.display}: cannot read the file ({_first_line(exc)})") from None
 
 
@@ -351,16 +684,99 @@ def _jsonl_batches(shard: Shard, columns: list[str] | None) -> Iterator[pa.Recor
             yield batch.select(columns) if columns is not None else batch
 
 
-class JsonlSchemaDrift(Exception):
-    """A JSONL column changed type, or a new field appeared, after the first block.
+class SchemaDrift(Exception):
+    """A column's type, inferred from a text file's first block, does not fit a later block.
 
-    pyarrow infers a JSONL file's types from its first block; the engine catches this,
-    calls :func:`unify_jsonl_schema` and runs again with the types of the whole file.
+    The engine catches it, calls :meth:`settle` (which records the types to read the
+    file with) and runs again; nothing was written by the failed attempt.
     """
 
     def __init__(self, shard: Shard) -> None:
         super().__init__(shard.display)
         self.shard = shard
+
+    def settle(self) -> None:
+        raise NotImplementedError
+
+
+class JsonlSchemaDrift(SchemaDrift):
+    """A JSONL column changed type, or a new field appeared: the whole file's types are
+    inferred chunk by chunk and unified (:func:`unify_jsonl_schema`)."""
+
+    def settle(self) -> None:
+        unify_jsonl_schema(self.shard)
+
+
+class CsvTypeDrift(SchemaDrift):
+    """A CSV value does not parse as its column's inferred type: the column is widened
+    (integer to float64, anything else to string), one column at a time."""
+
+    def __init__(self, shard: Shard, column: str, data_type: pa.DataType) -> None:
+        super().__init__(shard)
+        self.column, self.data_type = column, data_type
+
+    def settle(self) -> None:
+        wider = pa.float64() if pa.types.is_integer(self.data_type) else pa.string()
+        _CSV_COLUMN_TYPES.setdefault(_jsonl_key(self.shard), {})[self.column] = wider
+
+
+_CSV_COLUMN_TYPES: dict[tuple[str, int, float], dict[str, pa.DataType]] = {}
+_CSV_CONVERSION = re.compile(r"In CSV column #(\d+): .*CSV conversion error to ([^:]+):")
+
+
+class _CsvReader:
+    def __init__(self, shard: Shard) -> None:
+        self.shard = shard
+        self._stream: Any = None
+
+    def __enter__(self) -> pa_csv.CSVStreamingReader:
+        try:
+            self._stream = pa.input_stream(str(self.shard.path), compression=self.shard.compression)
+            types = _CSV_COLUMN_TYPES.get(_jsonl_key(self.shard))
+            return pa_csv.open_csv(
+                self._stream,
+                read_options=pa_csv.ReadOptions(block_size=JSONL_BLOCK_BYTES),
+                convert_options=pa_csv.ConvertOptions(column_types=types) if types else None,
+            )
+        except (pa.ArrowException, OSError) as exc:
+            self.close()
+            raise _csv_error(self.shard, exc, None) from None
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+
+def _csv_batches(shard: Shard, columns: list[str] | None) -> Iterator[pa.RecordBatch]:
+    with _CsvReader(shard) as reader:
+        schema = reader.schema
+        while True:
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                return
+            except (pa.ArrowException, OSError) as exc:
+                raise _csv_error(shard, exc, schema) from None
+            yield batch.select(columns) if columns is not None else batch
+
+
+def _csv_error(shard: Shard, exc: BaseException, schema: pa.Schema | None) -> Exception:
+    text = _first_line(exc)
+    drift = _CSV_CONVERSION.search(text)
+    if drift is not None and schema is not None:
+        column = schema.field(int(drift[1]))
+        if not pa.types.is_string(column.type):
+            return CsvTypeDrift(shard, column.name, column.type)
+    if shard.compression and isinstance(exc, OSError):
+        return GrpoError(f"{shard.display}: not a readable {shard.compression} file ({text})")
+    if "Empty CSV file" in text:
+        return GrpoError(f"{shard.display}: an empty CSV file (not even a header line)")
+    text = re.sub(r"(Expected \d+ columns?, got \d+).*", r"\1", text)  # not the row's raw bytes
+    return GrpoError(f"{shard.display}: malformed CSV ({text})")
 
 
 _UNIFIED_JSONL_SCHEMAS: dict[tuple[str, int, float], pa.Schema] = {}
@@ -443,7 +859,7 @@ def _check_exact_integers(shard: Shard, schema: pa.Schema, chunk_bytes: int = 32
                     if value is not None:
                         number = line_offset + chunk.count(b"\n", 0, start) + 1
                         raise GrpoError(
-                            f"{shard.display}, line {number}: the integer {value} in column "
+                            f"{shard.display}, {shard.record_word} {number}: the integer {value} in column "
                             f"{column.name!r} cannot be kept exactly (the column is read as "
                             f"{column.type}); write it as a string"
                         )
@@ -490,9 +906,10 @@ def _jsonl_error(shard: Shard, exc: BaseException) -> GrpoError:
     location = _first_bad_jsonl_line(shard)
     if location is not None:
         line, reason = location
-        return GrpoError(f"{shard.display}, line {line}: malformed JSONL ({reason})")
-    if shard.gzipped and isinstance(exc, OSError):
-        return GrpoError(f"{shard.display}: not a readable gzip file ({_first_line(exc)})")
+        what = "JSON array" if shard.record_word == "element" else "JSONL"
+        return GrpoError(f"{shard.display}, {shard.record_word} {line}: malformed {what} ({reason})")
+    if shard.compression and isinstance(exc, OSError):
+        return GrpoError(f"{shard.display}: not a readable {shard.compression} file ({_first_line(exc)})")
     return GrpoError(f"{shard.display}: cannot read the JSONL file ({_first_line(exc)})")
 
 
@@ -548,7 +965,7 @@ def describe_row(shard: Shard, row: int) -> str:
     if shard.format == "jsonl":
         line = jsonl_line_of_record(shard, row)
         if line is not None:
-            return f"{shard.display}, line {line}"
+            return f"{shard.display}, {shard.record_word} {line}"
         return f"{shard.display}, record {row}"
     return f"{shard.display}, row {row}"
 

@@ -342,9 +342,12 @@ def test_a_data_file_of_another_format_is_refused_not_skipped(cli, tmp_path):
     folder = tmp_path / "ds"
     folder.mkdir()
     write_parquet(folder / "a.parquet", rollout_rows(n_groups=2))
-    (folder / "b.csv").write_text("group_id,reward\n1,0\n")
+    (folder / "b.tsv").write_text("group_id\treward\n1\t0\n")
     (folder / "README.md").write_text("notes")  # not data: ignored
-    one_line_error(cli("compute", folder, "-o", tmp_path / "o.parquet"), 2, "b.csv")
+    one_line_error(cli("compute", folder, "-o", tmp_path / "o.parquet"), 2, "b.tsv")
+    (folder / "b.tsv").unlink()
+    (folder / "b.csv").write_text("group_id,reward\n1,0\n")  # read, but not beside Parquet shards
+    one_line_error(cli("compute", folder, "-o", tmp_path / "o.parquet"), 2, "csv (b.csv, ...)", "parquet")
     one_line_error(cli("compute", f"{folder}/*", "-o", tmp_path / "o.parquet"), 2, "b.csv")
 
 
@@ -648,7 +651,7 @@ def test_decimal_rewards_are_accepted(cli, tmp_path):
         ["--group-size", "0"],
         ["--epsilon", "abc"],
         ["--batch-rows", "0"],
-        ["--input-format", "csv"],
+        ["--input-format", "orc"],
         ["--std", "biased"],
         ["--no-such-option"],
     ],

@@ -33,7 +33,11 @@ ROWS = [{"group_id": i // 2, "reward": float(i % 3)} for i in range(10)]
         ("A.PQ", None, "parquet"),
         ("a.jsonl", None, "jsonl"),
         ("a.ndjson.gz", None, "jsonl"),
-        ("a.json", None, None),
+        ("a.json", None, "json"),
+        ("a.csv.gz", None, "csv"),
+        ("a.jsonl.zst", None, "jsonl"),
+        ("a.feather", None, "arrow"),
+        ("a.txt", None, None),
         ("a.txt", "jsonl", "jsonl"),
     ],
 )
@@ -67,7 +71,7 @@ def test_a_glob_matches_files(tmp_path):
         write_jsonl(tmp_path / name, ROWS)
     with InputSet(str(tmp_path / "x*.jsonl")) as inputs:
         assert [s.path.name for s in inputs.shards] == ["x1.jsonl", "x2.jsonl"]
-    with pytest.raises(GrpoError, match="the pattern matches no Parquet or JSONL file"):
+    with pytest.raises(GrpoError, match="the pattern matches no file of a format grpo-cli reads"):
         InputSet(str(tmp_path / "z*.jsonl"))
 
 
@@ -76,7 +80,7 @@ def test_a_glob_matches_files(tmp_path):
     [
         (lambda d: d / "missing.parquet", "no such file or directory"),
         (lambda d: (d / "a.txt").write_text("x") and d / "a.txt", "cannot tell the format from the name"),
-        (lambda d: d, "the directory holds no Parquet or JSONL file"),
+        (lambda d: d, "the directory holds no file of a format grpo-cli reads"),
     ],
 )
 def test_unusable_inputs_are_refused_with_the_path(tmp_path, setup, message):
@@ -88,8 +92,10 @@ def test_unusable_inputs_are_refused_with_the_path(tmp_path, setup, message):
 
 def test_an_unknown_input_format_is_refused(tmp_path):
     path = write_jsonl(tmp_path / "a.jsonl", ROWS)
-    with pytest.raises(GrpoError, match="--input-format must be one of parquet, jsonl, got 'csv'"):
-        InputSet(str(path), input_format="csv")  # type: ignore[arg-type]
+    with pytest.raises(
+        GrpoError, match="--input-format must be one of parquet, jsonl, json, csv, arrow, got 'orc'"
+    ):
+        InputSet(str(path), input_format="orc")  # type: ignore[arg-type]
 
 
 def test_stdin_is_spooled_and_removed(tmp_path):

@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from grpo_cli.columns import column_of, top_level
 from grpo_cli.errors import GrpoError
 from grpo_cli.guard import Claim
 from grpo_cli.kernel import (
@@ -40,7 +41,7 @@ from grpo_cli.progress import NoProgress, Progress
 from grpo_cli.rewards import RewardBatch, RewardReader, new_column_arrays
 from grpo_cli.sources import (
     InputSet,
-    JsonlSchemaDrift,
+    SchemaDrift,
     Shard,
     describe_row,
     estimated_memory_bytes,
@@ -48,7 +49,6 @@ from grpo_cli.sources import (
     read_schema,
     read_table,
     row_count,
-    unify_jsonl_schema,
 )
 from grpo_cli.summary import RunSummary, build_summary, input_info
 from grpo_cli.verify import Verifier
@@ -60,6 +60,7 @@ MAX_BATCH_ROWS = 1 << 20
 # few keys are known keep the progress bar moving with the rows actually done.
 KEY_CHUNK_ROWS = 1 << 21
 MIN_KEY_CHUNK_ROWS = 1 << 18
+MAX_TYPE_SETTLINGS = 64  # each settling widens a column's type or unifies a file's
 SMALL_INPUT_ROWS = 100_000  # below this, keys are matched in a dict: no polars import
 
 
@@ -73,19 +74,20 @@ def run_local(
 ) -> RunSummary:
     """Run ``config`` over ``inputs``, writing to ``claim`` (``None``: write nothing).
 
-    JSONL columns whose type changes after the first block are settled by reading the
-    file's types whole and running again (nothing was written by the failed attempt).
+    Text columns whose type changes after the first block are settled (JSONL: the whole
+    file's types; CSV: the column widened) and the run starts again (nothing was written
+    by the failed attempt).
     """
-    for _ in range(len(inputs.shards) + 1):
+    for _ in range(MAX_TYPE_SETTLINGS):
         target = (
             OutputTarget(claim, force=force, compression=config.compression) if claim is not None else None
         )
         try:
             engine = LocalEngine(inputs, RunPlan(config), writes_output=target is not None, progress=progress)
             return engine.run(target)
-        except JsonlSchemaDrift as drift:
-            unify_jsonl_schema(drift.shard)
-    raise GrpoError(f"{inputs.spec}: the JSONL column types could not be settled")
+        except SchemaDrift as drift:
+            drift.settle()
+    raise GrpoError(f"{inputs.spec}: the column types could not be settled")
 
 
 # --------------------------------------------------------------------------- ID spool
@@ -222,7 +224,7 @@ class _StatisticsPass:
         ids: torch.Tensor | None = None
         if self.keys is not None:
             group_cols = self.plan.config.group_cols
-            key_columns = [pa.chunked_array([b.column(c) for b, _ in self._pending]) for c in group_cols]
+            key_columns = [pa.chunked_array([column_of(b, c) for b, _ in self._pending]) for c in group_cols]
             ids_np = self._encode(self.keys, key_columns, shard, what="group")
             self.spool.append(ids_np)
             ids = torch.from_numpy(ids_np)
@@ -288,7 +290,8 @@ class _StatisticsPass:
         if self.batch_keys is None:
             batch_ids = np.zeros(n, dtype=np.int64)
         else:
-            column = pa.chunked_array([b.column(config.batch_col) for b, _ in self._pending])
+            assert config.batch_col is not None
+            column = pa.chunked_array([column_of(b, config.batch_col) for b, _ in self._pending])
             batch_ids = self._encode(self.batch_keys, [column], shard, what="batch")
         k = int(group_ids.max()) + 1 if n else 0
         high, split = batch_of_groups(group_ids, batch_ids, k)
@@ -399,7 +402,7 @@ class _Pass2Figures:
             self.minimum = min(self.minimum, float(low))
             self.maximum = max(self.maximum, float(high))
         if self.verifier is not None:
-            column = batch.column(self.verifier.spec.column)
+            column = column_of(batch, self.verifier.spec.column)
             self.verifier.compare(column, advantages, rewards, ids, shard, shard_row)
 
     def advantage_range(self) -> tuple[float, float] | None:
@@ -425,6 +428,9 @@ class LocalEngine:
         self.config = plan.config
         self.progress: Progress = progress or NoProgress()
         self.schemas = [read_schema(shard) for shard in inputs.shards]
+        self._schema_of = {
+            id(shard): schema for shard, schema in zip(inputs.shards, self.schemas, strict=True)
+        }
         for shard, schema in zip(inputs.shards, self.schemas, strict=True):
             plan.check_columns(shard, schema, writes_output=writes_output)
         if self.config.group_size is None:
@@ -568,6 +574,8 @@ class LocalEngine:
     def _batches(self, shard: Shard, columns: list[str] | None) -> Iterator[pa.RecordBatch]:
         """Batches sized to about ``BATCH_BYTES`` unless ``batch_rows`` is set."""
         batch_rows = self.config.batch_rows or _batch_rows_for(shard)
+        if columns is not None:  # a nested field is read with its top-level struct
+            columns = top_level(self._schema_of[id(shard)], columns)
         if self.in_memory and shard.format == "parquet" and columns is None:
             # Read whole: pyarrow decodes row groups and columns in parallel.
             yield from read_table(shard).to_batches(max_chunksize=batch_rows)
@@ -759,8 +767,8 @@ def _batch_rows_for(shard: Shard) -> int:
 
 def _read_row(shard: Shard, column: str, row: int, batch_rows: int) -> pa.Scalar | None:
     seen = 0
-    for batch in iter_batches(shard, [column], batch_rows):
+    for batch in iter_batches(shard, None, batch_rows):
         if seen + batch.num_rows > row:
-            return batch.column(0)[row - seen]
+            return column_of(batch, column)[row - seen]
         seen += batch.num_rows
     return None

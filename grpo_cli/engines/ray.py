@@ -185,7 +185,7 @@ def check_ray_run(
         raise GrpoError(f"--partitions must be positive, got {partitions}")
     if config.device not in ("cpu", "auto"):
         raise GrpoError("--engine ray computes on the CPUs of the Ray workers; leave --device as cpu")
-    if input == "-":
+    if "-" in ([input] if isinstance(input, str) else input):
         raise GrpoError("--engine ray reads Parquet files, not standard input")
     if config.advantage.estimator == "grpo_passk":
         raise GrpoError(
@@ -216,7 +216,7 @@ def resolve_inputs(input: str | Sequence[str]) -> RayInputs:
                 if shard.format != "parquet":
                     raise GrpoError(
                         f"{shard.display}: --engine ray reads Parquet; "
-                        "convert JSONL with the local engine first"
+                        "read other formats with the local engine"
                     )
             shards += inputs.shards
             directories += inputs.directories
@@ -643,6 +643,12 @@ def _read_schemas(shards: list[Shard], plan: RunPlan) -> list[pa.Schema]:
         except (pa.ArrowException, OSError) as exc:
             raise GrpoError(f"{shard.display}: not a readable Parquet file ({exc})") from None
         plan.check_columns(shard, schema, writes_output=True)
+        for column in (*plan.input_columns, *([plan.config.verify.column] if plan.config.verify else [])):
+            if column not in schema.names:
+                raise GrpoError(
+                    f"{shard.display}: {column!r} is a nested field; --engine ray reads top-level columns "
+                    "(use the local engine)"
+                )
         schemas.append(schema)
     return schemas
 

@@ -1,0 +1,77 @@
+"""Column references: a top-level column, or a struct field addressed with dots.
+
+Trainer exports nest their scores (``{"reward": {"score": 1.0, "format": 0.5}}``):
+``reward.score`` names the ``score`` field of the struct column ``reward``. A top-level
+column whose own name holds a dot wins over a nested field of the same spelling, and
+the longest top-level prefix is tried first.
+
+>>> schema = pa.schema([("reward", pa.struct([("score", pa.float64())])), ("a.b", pa.int64())])
+>>> find_field(schema, "reward.score")
+('reward', ('score',))
+>>> find_field(schema, "a.b"), find_field(schema, "reward.missing")
+(('a.b', ()), None)
+>>> batch = pa.record_batch([pa.array([{"score": 0.5}, None]), pa.array([1, 2])], schema=schema)
+>>> column_of(batch, "reward.score").to_pylist()
+[0.5, None]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+def find_field(schema: pa.Schema, name: str) -> tuple[str, tuple[str, ...]] | None:
+    """``(top-level column, struct field path)`` that ``name`` addresses, or ``None``."""
+    if name in schema.names:
+        return name, ()
+    parts = name.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        top = ".".join(parts[:split])
+        if top not in schema.names:
+            continue
+        data_type = schema.field(top).type
+        path = []
+        for part in parts[split:]:
+            if not pa.types.is_struct(data_type) or data_type.get_field_index(part) < 0:
+                break
+            data_type = data_type.field(part).type
+            path.append(part)
+        else:
+            return top, tuple(path)
+    return None
+
+
+def field_type(schema: pa.Schema, name: str) -> pa.DataType | None:
+    """The type of the column or nested field ``name`` addresses, or ``None``."""
+    found = find_field(schema, name)
+    if found is None:
+        return None
+    data_type = schema.field(found[0]).type
+    for part in found[1]:
+        data_type = data_type.field(part).type
+    return data_type
+
+
+def column_of(data: pa.RecordBatch | pa.Table, name: str) -> pa.Array | pa.ChunkedArray:
+    """The values of the column or nested field ``name`` (null where a parent struct is null).
+
+    Raises :class:`KeyError` when ``name`` addresses nothing in ``data``.
+    """
+    found = find_field(data.schema, name)
+    if found is None:
+        raise KeyError(name)
+    top, path = found
+    values = data.column(top)
+    return pc.struct_field(values, list(path)) if path else values
+
+
+def top_level(schema: pa.Schema, names: Sequence[str]) -> list[str]:
+    """The top-level columns to read for ``names`` (nested fields read their struct), in order."""
+    tops = []
+    for name in names:
+        found = find_field(schema, name)
+        tops.append(found[0] if found is not None else name)
+    return list(dict.fromkeys(tops))

@@ -1,0 +1,299 @@
+"""Input formats beyond Parquet and JSONL, several INPUTs, and nested reward and key fields.
+
+Every format must give bit-for-bit the advantages of the same rows as Parquet.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
+import pytest
+
+from grpo_cli import sources
+from grpo_cli.errors import GrpoError
+from grpo_cli.sources import InputSet
+from tests.conftest import rollout_rows, write_jsonl, write_parquet
+from tests.test_safety import one_line_error
+
+ROWS = rollout_rows(n_groups=20, seed=3)
+
+
+def advantages(path):
+    return pq.read_table(path).column("advantage").to_pylist()
+
+
+@pytest.fixture
+def expected(cli, tmp_path):
+    source = write_parquet(tmp_path / "reference.parquet", ROWS)
+    result = cli("compute", source, "-o", tmp_path / "reference_out.parquet", "-q")
+    assert result.exit_code == 0, result.stderr
+    return advantages(tmp_path / "reference_out.parquet")
+
+
+def _json_array(path, rows):
+    path.write_text(json.dumps(rows, indent=2))  # pretty-printed: elements span lines
+
+
+def _json_lines(path, rows):
+    write_jsonl(path, rows)
+
+
+def _jsonl_zst(path, rows):
+    with pa.output_stream(str(path), compression="zstd") as out:
+        out.write("".join(json.dumps(r) + "\n" for r in rows).encode())
+
+
+def _json_array_gz(path, rows):
+    path.write_bytes(gzip.compress(json.dumps(rows).encode()))
+
+
+def _csv(path, rows):
+    pl.DataFrame(rows).write_csv(path)
+
+
+def _csv_gz(path, rows):
+    path.write_bytes(gzip.compress(pl.DataFrame(rows).write_csv().encode()))
+
+
+def _feather(path, rows):
+    feather.write_feather(pa.Table.from_pylist(rows), str(path))
+
+
+def _arrow_stream(path, rows):
+    table = pa.Table.from_pylist(rows)
+    with pa.ipc.new_stream(str(path), table.schema) as writer:
+        writer.write_table(table, max_chunksize=7)  # many small batches, as datasets writes
+
+
+def _save_to_disk(path, rows):
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_list(rows).save_to_disk(str(path), max_shard_size="2KB")
+
+
+WRITERS = {
+    "rollouts.json": _json_array,
+    "lines.json": _json_lines,
+    "rollouts.jsonl.zst": _jsonl_zst,
+    "rollouts.json.gz": _json_array_gz,
+    "rollouts.csv": _csv,
+    "rollouts.csv.gz": _csv_gz,
+    "rollouts.feather": _feather,
+    "rollouts.arrow": _arrow_stream,
+    "saved": _save_to_disk,
+}
+
+
+@pytest.mark.parametrize("name", sorted(WRITERS))
+def test_each_input_format_gives_the_parquet_advantages(cli, tmp_path, expected, name):
+    source = tmp_path / name
+    WRITERS[name](source, ROWS)
+    out = tmp_path / "out.parquet"
+    result = cli("compute", source, "-o", out, "-q")
+    assert result.exit_code == 0, result.stderr
+    assert advantages(out) == expected
+    assert pq.read_table(out).column("text").to_pylist() == [r["text"] for r in ROWS]
+    assert source.exists()  # never touched
+
+
+def test_a_saved_dataset_is_read_in_its_state_files_order(tmp_path):
+    _save_to_disk(tmp_path / "saved", ROWS)
+    state = json.loads((tmp_path / "saved" / "state.json").read_text())
+    with InputSet(str(tmp_path / "saved")) as inputs:
+        assert [s.path.name for s in inputs.shards] == [f["filename"] for f in state["_data_files"]]
+        assert len(inputs.shards) > 1
+        assert {s.format for s in inputs.shards} == {"arrow"}
+
+
+def test_a_saved_dataset_dict_asks_for_a_split(cli, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS)}).save_to_disk(str(tmp_path / "dd"))
+    one_line_error(
+        cli("compute", tmp_path / "dd", "-o", tmp_path / "o.parquet"), 2, "splits train", "dd/train"
+    )
+
+
+def test_a_json_array_larger_than_a_read_chunk(cli, tmp_path):
+    rows = [dict(r, text=r["text"] * 4000) for r in ROWS]  # about 6 MB: elements cross chunk ends
+    _json_array(tmp_path / "big.json", rows)
+    write_parquet(tmp_path / "big.parquet", rows)
+    for name in ("big.json", "big.parquet"):
+        assert cli("compute", tmp_path / name, "-o", tmp_path / f"{name}.out.parquet", "-q").exit_code == 0
+    assert advantages(tmp_path / "big.json.out.parquet") == advantages(tmp_path / "big.parquet.out.parquet")
+
+
+@pytest.mark.parametrize(
+    ("text", "fragments"),
+    [
+        ('[{"group_id": 1, "reward": 1},\n {"group_id": 1, "reward": }]', ["line 2", "malformed JSON array"]),
+        ('[{"group_id": 1, "reward": 1}\n {"group_id": 1}]', ["line 2", "expected , or ]"]),
+        ('[{"group_id": 1, "reward": 1}, 7]', ["element 2 is int"]),
+        ('[{"group_id": 1, "reward": 1}', ["ends before the closing ]"]),
+        ('[{"group_id": 1, "reward": 1}] x', ["after the closing ]"]),
+        ('[{"group_id": 1, "reward": 1},\n{"group_id": 1, "reward": null}]', ["element 2", "reward is null"]),
+        ("[]", ["no rows"]),
+    ],
+    ids=["bad-value", "no-comma", "not-an-object", "truncated", "trailing", "null-reward", "empty"],
+)
+def test_json_array_errors_are_one_line(cli, tmp_path, text, fragments):
+    source = tmp_path / "bad.json"
+    source.write_text(text)
+    out = tmp_path / "o.parquet"
+    one_line_error(cli("compute", source, "-o", out), 2, "bad.json", *fragments)
+    assert not out.exists()
+
+
+def test_a_json_array_on_standard_input(cli, tmp_path, expected):
+    out = tmp_path / "o.parquet"
+    result = cli("compute", "-", "-o", out, "-q", input=json.dumps(ROWS).encode())
+    assert result.exit_code == 0, result.stderr
+    assert advantages(out) == expected
+
+
+def test_csv_types_are_widened_when_a_later_block_disagrees(cli, tmp_path, monkeypatch):
+    monkeypatch.setattr(sources, "JSONL_BLOCK_BYTES", 64)  # each block infers its own types
+    lines = ["group_id,reward,note"] + [f"{i // 4},{i % 2},{i}" for i in range(40)]
+    lines += ["10,0.5,n/a", "10,1.5,x"]  # reward becomes float, note becomes text
+    (tmp_path / "drift.csv").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "o.parquet"
+    result = cli("compute", tmp_path / "drift.csv", "-o", out, "-q")
+    assert result.exit_code == 0, result.stderr
+    table = pq.read_table(out)
+    assert table.schema.field("reward").type == pa.float64()
+    assert table.schema.field("note").type == pa.string()
+    assert table.column("reward").to_pylist()[-2:] == [0.5, 1.5]
+    assert table.column("advantage").to_pylist()[-2:] == pytest.approx([-1.0, 1.0], rel=1e-5)
+
+
+def test_malformed_csv_is_one_line_without_the_raw_row(cli, tmp_path):
+    (tmp_path / "bad.csv").write_text("group_id,reward\n1,0\n1,0,\x00\x01junk\n")
+    line = one_line_error(cli("compute", tmp_path / "bad.csv", "-o", tmp_path / "o.parquet"), 2, "bad.csv")
+    assert "Expected 2 columns, got 3" in line and "junk" not in line
+
+
+def test_the_content_must_match_a_forced_format(cli, tmp_path):
+    source = write_parquet(tmp_path / "r.parquet", ROWS)
+    one_line_error(
+        cli("compute", source, "-o", tmp_path / "o.parquet", "--input-format", "csv"), 2, "content is Parquet"
+    )
+
+
+def test_a_compressed_name_must_hold_compressed_data(cli, tmp_path):
+    (tmp_path / "plain.csv.gz").write_text(pl.DataFrame(ROWS).write_csv())
+    one_line_error(cli("compute", tmp_path / "plain.csv.gz", "-o", tmp_path / "o.parquet"), 2, "gzip")
+
+
+# --------------------------------------------------------------------------- several INPUTs
+
+
+def test_several_inputs_are_one_dataset(cli, tmp_path):
+    write_parquet(tmp_path / "a.parquet", ROWS[:30])
+    write_jsonl(tmp_path / "b.jsonl", ROWS[30:])
+    write_parquet(tmp_path / "all.parquet", ROWS)
+    assert cli("compute", tmp_path / "all.parquet", "-o", tmp_path / "one.parquet", "-q").exit_code == 0
+    result = cli("compute", tmp_path / "a.parquet", tmp_path / "b.jsonl", "-o", tmp_path / "two", "-q")
+    assert result.exit_code == 0, result.stderr
+    two = pl.concat([pl.read_parquet(tmp_path / "two" / f"{n}.parquet") for n in ("a", "b")])
+    assert two["advantage"].to_list() == advantages(tmp_path / "one.parquet")  # groups span the files
+
+
+def test_an_input_named_twice_is_refused(cli, tmp_path):
+    source = write_parquet(tmp_path / "a.parquet", ROWS)
+    one_line_error(cli("compute", source, tmp_path, "-o", tmp_path / "o"), 2, "named twice", "read twice")
+    (tmp_path / "link.parquet").hardlink_to(source)
+    with pytest.raises(GrpoError, match="named twice"):
+        InputSet([str(source), str(tmp_path / "link.parquet")])
+    with pytest.raises(GrpoError, match="more than once"):
+        InputSet(["-", "-"])
+
+
+def test_output_shards_of_same_named_inputs_do_not_overwrite_each_other(cli, tmp_path):
+    for folder in ("x", "y"):
+        (tmp_path / folder).mkdir()
+        write_parquet(tmp_path / folder / "part.parquet", ROWS)
+    result = cli("compute", tmp_path / "x", tmp_path / "y" / "part.parquet", "-o", tmp_path / "out")
+    one_line_error(result, 2, "would both be written to")
+    assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------- nested fields
+
+
+def nested(rows):
+    return [
+        {
+            "prompt": [{"role": "user", "content": f"question {r['group_id']}"}],
+            "meta": {"prompt_id": r["group_id"], "split": "train"},
+            "reward": {"score": r["reward"], "format": 0.5},
+            "text": r["text"],
+        }
+        for r in rows
+    ]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_nested_reward_and_key_fields(cli, tmp_path, expected, fmt):
+    rows = nested(ROWS)
+    source = (
+        write_parquet(tmp_path / "n.parquet", rows)
+        if fmt == "parquet"
+        else write_jsonl(tmp_path / "n.jsonl", rows)
+    )
+    out = tmp_path / "o.parquet"
+    result = cli("compute", source, "-o", out, "-r", "reward.score", "-g", "meta.prompt_id", "-q")
+    assert result.exit_code == 0, result.stderr
+    assert advantages(out) == expected
+    assert pq.read_table(out).column("reward").to_pylist() == [r["reward"] for r in rows]  # kept whole
+
+
+@pytest.mark.parametrize("hashed", [False, True], ids=["exact", "hashed"])
+def test_a_chat_prompt_is_a_group_key_on_its_exact_value(cli, tmp_path, expected, monkeypatch, hashed):
+    if hashed:
+        from grpo_cli.engines import local
+
+        monkeypatch.setattr(local, "SMALL_INPUT_ROWS", 0)
+    source = write_parquet(tmp_path / "n.parquet", nested(ROWS))
+    out = tmp_path / "o.parquet"
+    result = cli("compute", source, "-o", out, "-r", "reward.score", "-g", "prompt", "-q")
+    assert result.exit_code == 0, result.stderr
+    assert advantages(out) == expected
+
+
+def test_messages_that_differ_in_one_field_are_two_groups(cli, tmp_path):
+    rows = [
+        {"prompt": [{"role": "user", "content": "q"}], "reward": 1.0},
+        {"prompt": [{"role": "user", "content": "q"}], "reward": 0.0},
+        {"prompt": [{"role": "system", "content": "q"}], "reward": 1.0},
+        {"prompt": [{"role": "system", "content": "q"}], "reward": 1.0},
+    ]
+    source = write_parquet(tmp_path / "c.parquet", rows)
+    out = tmp_path / "o.parquet"
+    assert cli("compute", source, "-o", out, "-g", "prompt", "-q").exit_code == 0
+    assert pq.read_table(out).column("group_active").to_pylist() == [True, True, False, False]
+
+
+@pytest.mark.parametrize(
+    ("option", "fragments"),
+    [
+        (["-r", "reward.scor"], ["no column 'reward.scor'", "has fields score, format"]),
+        (["-g", "text.id"], ["no column 'text.id'", "'text' is string, not a struct"]),
+        (["-r", "reward"], ["reward column 'reward'", "must be numeric"]),
+    ],
+)
+def test_a_missing_nested_field_is_one_line(cli, tmp_path, option, fragments):
+    source = write_parquet(tmp_path / "n.parquet", nested(ROWS))
+    one_line_error(
+        cli("compute", source, "-o", tmp_path / "o.parquet", "-g", "meta.prompt_id", *option), 2, *fragments
+    )
+
+
+def test_a_top_level_column_with_a_dot_wins(cli, tmp_path):
+    rows = [dict(r, **{"reward.score": r["reward"]}, reward={"score": 0.0}) for r in ROWS]
+    source = write_parquet(tmp_path / "d.parquet", rows)
+    out = tmp_path / "o.parquet"
+    assert cli("compute", source, "-o", out, "-r", "reward.score", "-q").exit_code == 0
+    assert pq.read_table(out).column("group_active").to_pylist() != [False] * len(ROWS)
