@@ -562,9 +562,9 @@ def _run(debug: bool, body: Callable[[_RunState], int], *, bars: bool = False) -
     raise typer.Exit(code)
 
 
-def _check_stdout(summary_json: str | None) -> None:
-    """``--summary-json -`` needs an open standard output: checked before any work."""
-    if summary_json != "-":
+def _check_stdout(value: str | None, option: str = "--summary-json") -> None:
+    """``--summary-json -`` and ``-o -`` need an open standard output: checked before any work."""
+    if value != "-":
         return
     try:
         if sys.stdout is None:  # Python's stand-in when file descriptor 1 is closed
@@ -573,7 +573,7 @@ def _check_stdout(summary_json: str | None) -> None:
     except io.UnsupportedOperation:
         pass  # an in-memory stream (tests): writable
     except (OSError, ValueError):
-        raise GrpoError("--summary-json -: standard output is closed") from None
+        raise GrpoError(f"{option} -: standard output is closed") from None
 
 
 def _config(
@@ -718,7 +718,8 @@ def compute(
             "-o",
             rich_help_panel="Output",
             metavar="PATH",
-            help="Output Parquet file (.parquet), or a directory: one output shard per input shard.",
+            help="Output Parquet file (.parquet); JSON lines (.jsonl, .jsonl.gz, .jsonl.zst; - for "
+            "standard output); or a directory: one Parquet shard per input shard.",
             show_default=False,
         ),
     ],
@@ -863,6 +864,9 @@ def compute(
             gpg_f_norm=gpg_f_norm,
         )
         _check_stdout(summary_json)
+        if output == "-" and summary_json == "-":
+            raise GrpoError("-o - and --summary-json - would both write to standard output")
+        _check_stdout(output, "-o")
         if engine == "ray":
             from grpo_cli.jobs import compute_dataset_ray
 

@@ -35,6 +35,7 @@ from typing import IO
 from grpo_cli.errors import GrpoError
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
+JSONL_OUTPUT_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz", ".jsonl.zst", ".ndjson.zst")
 PROVENANCE_KEY = b"grpo_cli"
 # Data formats grpo-cli does not read: refused in an input directory or glob rather than
 # skipped, so that no rows are left out silently.
@@ -234,6 +235,42 @@ class Claim:
             _remove(entry)
 
 
+class StdoutClaim(Claim):
+    """``-o -``: the rows go to a private temporary file, copied to standard output only
+    when the whole run succeeded, so that a failed run writes nothing there."""
+
+    def __init__(self, guard: WriteGuard) -> None:
+        super().__init__(guard, Path("-"), Path("-"), directory=False, what="output")
+
+    @property
+    def display(self) -> str:
+        return "standard output"
+
+    def temp_path(self) -> Path:
+        if self._temp is None:
+            self._temp = _scratch_file("-o -")
+        return self._temp
+
+    def commit(self, *, force: bool) -> None:
+        temp = self.temp_path()
+        try:
+            with open(temp, "rb") as rows:
+                shutil.copyfileobj(rows, sys.stdout.buffer, 1 << 20)
+            sys.stdout.buffer.flush()
+        finally:
+            self.committed = True  # from the first byte on, standard output was written
+            _remove(temp)
+
+    def _acquire(self) -> None:
+        pass
+
+    def _release(self) -> None:
+        self.discard()
+
+    def _remove_stale(self) -> None:
+        pass
+
+
 class WriteGuard:
     """Claims every path a run writes; release with :meth:`close` (or use ``with``).
 
@@ -297,8 +334,18 @@ class WriteGuard:
         directory: bool,
         force: bool,
     ) -> tuple[Claim | None, Claim | None]:
-        """Claim a run's data output and summary file (either may be ``None``), in that order."""
-        claim = self.claim(output, directory=directory, force=force) if output is not None else None
+        """Claim a run's data output and summary file (either may be ``None``), in that order.
+
+        An output of ``-`` is standard output (JSON lines).
+        """
+        claim: Claim | None = None
+        if output is not None and os.fspath(output) == "-":
+            if summary_json is not None and os.fspath(summary_json) == "-":
+                raise GrpoError("-o - and --summary-json - would both write to standard output")
+            claim = StdoutClaim(self)
+            self.claims.append(claim)
+        elif output is not None:
+            claim = self.claim(output, directory=directory, force=force)
         summary = (
             self.claim(summary_json, directory=False, force=force, what="summary")
             if summary_json is not None
@@ -365,23 +412,25 @@ def is_grpo_cli_shard(path: Path) -> bool:
     return PROVENANCE_KEY in metadata
 
 
-def output_is_directory(path: str) -> bool:
-    """``-o`` names one file when it ends in .parquet or .pq, else a directory of shards.
+def output_format(path: str) -> str:
+    """``jsonl`` for ``-`` (standard output) and .jsonl/.ndjson names (.gz, .zst), else ``parquet``."""
+    return "jsonl" if path == "-" or Path(path).name.lower().endswith(JSONL_OUTPUT_SUFFIXES) else "parquet"
 
-    A name grpo-cli cannot honour (standard output, another data format) is refused.
+
+def output_is_directory(path: str) -> bool:
+    """``-o`` names one file when it ends in .parquet, .pq or a JSONL suffix (or is ``-``),
+    else a directory of Parquet shards.
+
+    A name grpo-cli cannot honour (another data format) is refused.
     """
     name = Path(path).name.lower()
-    if path == "-":
-        raise GrpoError(
-            "-o -: grpo-cli writes Parquet, not standard output; name a .parquet file or a directory"
-        )
-    if name.endswith(PARQUET_SUFFIXES):
+    if path == "-" or name.endswith(PARQUET_SUFFIXES + JSONL_OUTPUT_SUFFIXES):
         return False
     for suffix in FOREIGN_SUFFIXES:
         if name.endswith(suffix):
             raise GrpoError(
-                f"{path}: grpo-cli writes Parquet; name a .parquet file, or a directory "
-                f"(without a {suffix} suffix) for one shard per input"
+                f"{path}: grpo-cli writes Parquet or JSON lines; name a .parquet or .jsonl file, or a "
+                f"directory (without a {suffix} suffix) for one Parquet shard per input"
             )
     return True
 
@@ -455,12 +504,9 @@ def spool(
         def write(out: IO[bytes]) -> None:
             shutil.copyfileobj(source, out, 1 << 20)
 
-    folder = Path(tempfile.gettempdir())
-    remove_stale_spools(folder)
-    path = folder / f"{_SPOOL_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    path = _scratch_file(label)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with open(fd, "wb") as out:
+        with open(path, "wb") as out:
             write(out)
     except OSError as exc:
         path.unlink(missing_ok=True)
@@ -472,6 +518,19 @@ def spool(
         yield path
     finally:
         path.unlink(missing_ok=True)
+
+
+def _scratch_file(label: str) -> Path:
+    """A new private file in the system's temporary folder, named so that a later run
+    removes it if this process dies (see :func:`remove_stale_spools`)."""
+    folder = Path(tempfile.gettempdir())
+    remove_stale_spools(folder)
+    path = folder / f"{_SPOOL_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as exc:
+        raise GrpoError(f"{label}: cannot create a temporary file in {folder} ({os_reason(exc)})") from None
+    return path
 
 
 def remove_stale_spools(folder: Path) -> None:
@@ -537,9 +596,11 @@ __all__ = [
     "PROVENANCE_KEY",
     "Claim",
     "ProtectedInputs",
+    "StdoutClaim",
     "WriteGuard",
     "is_grpo_cli_shard",
     "os_reason",
+    "output_format",
     "output_is_directory",
     "reported_after_commit",
     "resolve",

@@ -139,7 +139,7 @@ def _local_job(
 
     config = config or ComputeConfig()
     config.validate()
-    directory = output_is_directory(os.fspath(output)) if output is not None else False
+    directory = output_is_directory(os.fspath(output)) if output is not None else False  # "-": stdout
     with InputSet(_specs(input), input_format=config.input_format) as inputs:
 
         def run(claim: Claim | None) -> RunSummary:

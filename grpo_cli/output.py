@@ -1,11 +1,13 @@
-"""Atomic Parquet output for both engines: a single file or a directory of shards.
+"""Atomic output for both engines: a Parquet file, a directory of Parquet shards, or JSON lines.
 
 Each output shard is written by one of two methods. *splice* (the default for Parquet
 input whose rows come out unchanged) copies the input file's bytes and appends the new
 columns' chunks and a new footer (:mod:`grpo_cli.splice`): the input's columns are
 never decoded. *rewrite* re-encodes every column with pyarrow: JSONL input, row
 filters, ``--rewrite``, several inputs into one file, or a file splice refuses
-(encrypted, an empty row group), whose reason the summary gives.
+(encrypted, an empty row group), whose reason the summary gives. A ``.jsonl`` target
+(``.gz``, ``.zst``), or ``-`` for standard output, gets every row as one JSON object
+per line, encoded by polars.
 
 The target is claimed from the :class:`~grpo_cli.guard.WriteGuard` before the run
 starts; everything is written to the claim's hidden temporary beside it and moved into
@@ -18,6 +20,7 @@ the Ray engine's workers fill the claim's temporary directory and
 from __future__ import annotations
 
 import contextlib
+import io
 import math
 import queue
 import threading
@@ -29,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from grpo_cli.errors import GrpoError
-from grpo_cli.guard import PROVENANCE_KEY, Claim, os_reason
+from grpo_cli.guard import PROVENANCE_KEY, Claim, os_reason, output_format
 from grpo_cli.sources import READ_SUFFIXES, Shard
 from grpo_cli.splice import SplicedFile, SpliceRefused
 
@@ -130,11 +133,77 @@ class SplicedShardWriter:
         self._handle.close()
 
 
+class JsonlShardWriter:
+    """Appends whole batches as JSON lines to the one JSONL output, on the writer thread."""
+
+    spliced = False
+
+    def __init__(self, sink: _JsonlSink, thread: _WriterThread) -> None:
+        self._sink = sink
+        self._thread = thread
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self._thread.submit(lambda: self._sink.write(batch))
+
+    def close(self) -> None:
+        pass  # the sink is shared by every shard; the target closes it
+
+
+class _JsonlSink:
+    """The JSONL output file, compressed as its name says."""
+
+    def __init__(self, path: Path, name: str) -> None:
+        compression = "gzip" if name.endswith(".gz") else "zstd" if name.endswith(".zst") else None
+        self._handle: Any = (
+            pa.output_stream(str(path), compression=compression) if compression else open(path, "wb")  # noqa: SIM115
+        )
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        import polars as pl
+
+        frame = pl.from_arrow(batch)
+        assert isinstance(frame, pl.DataFrame)
+        lines = io.BytesIO()
+        frame.write_ndjson(lines)
+        self._handle.write(lines.getbuffer())
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+def _json_refusal(schema: pa.Schema) -> str | None:
+    """Why JSON cannot hold a column of ``schema`` (raw bytes), or ``None``."""
+
+    def binary(data_type: pa.DataType) -> bool:
+        if pa.types.is_dictionary(data_type):
+            return binary(data_type.value_type)
+        if pa.types.is_struct(data_type):
+            return any(binary(data_type.field(i).type) for i in range(data_type.num_fields))
+        if (
+            pa.types.is_list(data_type)
+            or pa.types.is_large_list(data_type)
+            or pa.types.is_fixed_size_list(data_type)
+        ):
+            return binary(data_type.value_type)
+        return bool(
+            pa.types.is_binary(data_type)
+            or pa.types.is_large_binary(data_type)
+            or pa.types.is_fixed_size_binary(data_type)
+            or pa.types.is_binary_view(data_type)
+        )
+
+    for column in schema:
+        if binary(column.type):
+            return f"column {column.name!r} holds raw bytes ({column.type}), which JSON cannot; write Parquet"
+    return None
+
+
 class OutputTarget:
     """Where ``compute`` writes: a ``.parquet`` file, or a directory of one shard per input.
 
     ``claim`` is the output path claimed from the run's write guard; a directory claim
-    gets shards named after the input shards.
+    gets shards named after the input shards. A ``.jsonl`` name or ``-`` (standard output)
+    gets JSON lines (:attr:`format` is ``jsonl``).
     """
 
     def __init__(self, claim: Claim, *, force: bool, compression: str = "snappy") -> None:
@@ -150,20 +219,29 @@ class OutputTarget:
         self._schema: pa.Schema | None = None
         self._first_shard: Shard | None = None
         self._names: dict[str, Shard] = {}
-        self._thread = _WriterThread(str(claim.path))
+        self._thread = _WriterThread(claim.display)
+        self.format = output_format(str(claim.path))
+        self._jsonl: _JsonlSink | None = None
 
     def open_shard(
         self, shard: Shard, schema: pa.Schema, new_columns: int = 2, *, why_not: str | None = None
-    ) -> ShardWriter:
+    ) -> ShardWriter | JsonlShardWriter:
         """A re-encoding writer for one input shard's rows; the last ``new_columns`` fields are ours.
 
         ``why_not``: why the shard is not spliced, for the summary (``None`` after
         :meth:`open_spliced` declined, which noted its own reason).
         """
         path = self._shard_path(shard)
-        if why_not is not None:
+        if why_not is not None and self.format != "jsonl":
             self._rewrite_because(f"{shard.display}: {why_not}")
         self.methods["rewrite"] = self.methods.get("rewrite", 0) + 1
+        if self.format == "jsonl":
+            refusal = _json_refusal(schema)
+            if refusal is not None:
+                raise GrpoError(f"{shard.display}: {refusal}")
+            if self._jsonl is None:
+                self._jsonl = self._guarded(lambda: _JsonlSink(path, str(self.path).lower()))
+            return JsonlShardWriter(self._jsonl, self._thread)
         if self.is_directory:
             writer = self._guarded(lambda: _parquet_writer(path, schema, new_columns, self.compression))
             return ShardWriter(writer, self._thread, shared=False)
@@ -185,12 +263,16 @@ class OutputTarget:
         if self._writer is not None:
             writer, self._writer = self._writer, None
             self._guarded(writer.close)
+        if self._jsonl is not None:
+            sink, self._jsonl = self._jsonl, None
+            self._guarded(sink.close)
         if not self.is_directory and not temp.exists():
             raise GrpoError("no output was produced")
         files = sorted(temp.iterdir()) if self.is_directory else [temp]
-        info = output_info(str(self.path), files)
+        info = output_info(self.claim.display, files)
         info["method"] = next(iter(self.methods)) if len(self.methods) == 1 else "mixed"
         info["shards_by_method"] = dict(sorted(self.methods.items()))
+        info["format"] = self.format
         if self.rewrite_reasons:
             info["rewrite_reason"] = self.rewrite_reasons[0]
         self.claim.commit(force=self.force)
@@ -254,6 +336,10 @@ class OutputTarget:
             with contextlib.suppress(Exception):  # the run already failed; cleanup goes on
                 self._writer.close()
             self._writer = None
+        if self._jsonl is not None:
+            with contextlib.suppress(Exception):  # the run already failed; cleanup goes on
+                self._jsonl.close()
+            self._jsonl = None
         self.claim.discard()
 
     def _guarded(self, write: Callable[[], _T]) -> _T:
@@ -262,7 +348,7 @@ class OutputTarget:
             return write()
         except OSError as exc:
             raise GrpoError(
-                f"{self.path}: cannot write the output ({os_reason(exc)}); nothing was written"
+                f"{self.claim.display}: cannot write the output ({os_reason(exc)}); nothing was written"
             ) from None
 
 

@@ -33,13 +33,15 @@ def summary_lines(summary: RunSummary) -> list[tuple[str, str]]:
         method = {"splice": ", new columns spliced in", "rewrite": ", re-encoded"}.get(
             s.output.get("method", ""), ", some spliced, some re-encoded"
         )
+        if s.output.get("format") == "jsonl":
+            method = ", JSON lines"
         rows.append(
             (
                 "output",
                 f"{s.output['path']} ({s.output['shards']} shard(s), {_bytes(s.output['bytes'])}{method})",
             )
         )
-        if "rewrite_reason" in s.output and s.output.get("method") != "splice":
+        if "rewrite_reason" in s.output and s.output.get("method") != "splice" and method != ", JSON lines":
             rows.append(("re-encoded because", s.output["rewrite_reason"]))
     rows += [
         ("rows", f"{s.rows:,}"),

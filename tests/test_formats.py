@@ -297,3 +297,82 @@ def test_a_top_level_column_with_a_dot_wins(cli, tmp_path):
     out = tmp_path / "o.parquet"
     assert cli("compute", source, "-o", out, "-r", "reward.score", "-q").exit_code == 0
     assert pq.read_table(out).column("group_active").to_pylist() != [False] * len(ROWS)
+
+
+# --------------------------------------------------------------------------- JSON lines out
+
+
+def read_jsonl_rows(data: bytes) -> list[dict[str, object]]:
+    return [json.loads(line) for line in data.decode().splitlines()]
+
+
+@pytest.mark.parametrize("name", ["out.jsonl", "out.ndjson", "out.jsonl.gz", "out.jsonl.zst"])
+def test_jsonl_output_keeps_every_column(cli, tmp_path, expected, name):
+    source = write_parquet(tmp_path / "r.parquet", ROWS)
+    out = tmp_path / name
+    result = cli("compute", source, "-o", out)
+    assert result.exit_code == 0, result.stderr
+    assert "JSON lines" in result.stderr
+    compression = {".gz": "gzip", ".zst": "zstd"}.get(out.suffix)
+    with pa.input_stream(str(out), compression=compression) as stream:
+        rows = read_jsonl_rows(stream.read())
+    assert [r["advantage"] for r in rows] == expected  # floats round-trip exactly
+    assert [{k: r[k] for k in ROWS[0]} for r in rows] == ROWS
+    assert list(rows[0]) == [*ROWS[0], "advantage", "group_active"]
+    if compression is None:  # a second reader
+        assert pl.read_ndjson(out)["advantage"].to_list() == expected
+
+
+def test_jsonl_to_standard_output_keeps_the_summary_on_stderr(cli, tmp_path, expected):
+    source = write_parquet(tmp_path / "r.parquet", ROWS)
+    result = cli("compute", source, "-o", "-")
+    assert result.exit_code == 0, result.stderr
+    rows = read_jsonl_rows(result.stdout_bytes)
+    assert [r["advantage"] for r in rows] == expected
+    assert "rows" in result.stderr and "standard output" in result.stderr
+
+
+def test_a_failed_run_writes_nothing_to_standard_output(cli, tmp_path):
+    rows = [*ROWS, {**ROWS[0], "reward": None}]
+    source = write_parquet(tmp_path / "r.parquet", rows)
+    result = cli("compute", source, "-o", "-")
+    one_line_error(result, 2, "reward is null")
+    assert result.stdout_bytes == b""
+
+
+def test_stdout_is_claimed_once(cli, tmp_path):
+    source = write_parquet(tmp_path / "r.parquet", ROWS)
+    one_line_error(
+        cli("compute", source, "-o", "-", "--summary-json", "-"), 2, "both write to standard output"
+    )
+
+
+def test_raw_bytes_cannot_go_to_json(cli, tmp_path):
+    source = write_parquet(tmp_path / "r.parquet", [dict(r, blob=b"\x00\x01") for r in ROWS])
+    out = tmp_path / "o.jsonl"
+    one_line_error(cli("compute", source, "-o", out), 2, "'blob' holds raw bytes", "write Parquet")
+    assert not out.exists() and list(tmp_path.iterdir()) == [source]
+
+
+def test_jsonl_output_of_several_inputs_with_different_columns(cli, tmp_path):
+    write_parquet(tmp_path / "a.parquet", [dict(r, extra=1) for r in ROWS[:30]])
+    write_jsonl(tmp_path / "b.jsonl", ROWS[30:])
+    out = tmp_path / "o.jsonl"
+    result = cli("compute", tmp_path / "a.parquet", tmp_path / "b.jsonl", "-o", out, "-q")
+    assert result.exit_code == 0, result.stderr
+    rows = read_jsonl_rows(out.read_bytes())
+    assert len(rows) == len(ROWS) and "extra" in rows[0] and "extra" not in rows[-1]
+
+
+def test_python_m_grpo_cli_pipes_json_lines(tmp_path, expected):
+    import subprocess
+    import sys
+
+    source = write_parquet(tmp_path / "r.parquet", ROWS)
+    done = subprocess.run(
+        [sys.executable, "-m", "grpo_cli", "compute", str(source), "-o", "-", "-q"],
+        capture_output=True,
+        check=True,
+    )
+    assert [r["advantage"] for r in read_jsonl_rows(done.stdout)] == expected
+    assert done.stderr == b""

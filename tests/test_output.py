@@ -54,6 +54,7 @@ def test_single_file_appears_only_on_commit(tmp_path, guard):
         "bytes": target_path.stat().st_size,
         "method": "rewrite",
         "shards_by_method": {"rewrite": 2},
+        "format": "parquet",
     }
     assert pq.read_table(target_path).column("reward").to_pylist() == [1.0, 2.0, 3.0]
     assert pl.read_parquet(target_path).to_dicts() == pq.read_table(target_path).to_pylist()

@@ -666,12 +666,20 @@ def test_usage_errors_are_one_line_in_a_real_process(tmp_path, parquet_file):
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("output", ["-", "out.jsonl", "out.csv", "out.json", "out.jsonl.gz"])
+@pytest.mark.parametrize("output", ["out.csv", "out.json", "out.csv.gz", "out.feather"])
 def test_output_names_grpo_cli_cannot_honour_are_refused(cli, tmp_path, parquet_file, monkeypatch, output):
     monkeypatch.chdir(tmp_path)
     before = tree(tmp_path)
-    one_line_error(cli("compute", parquet_file, "-o", output), 2, "Parquet")
+    one_line_error(cli("compute", parquet_file, "-o", output), 2, "Parquet or JSON lines")
     one_line_error(cli("compute", parquet_file, "-o", output, "--engine", "ray"), 2, "Parquet")
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("output", ["-", "out.jsonl", "out.jsonl.gz"])
+def test_the_ray_engine_refuses_json_lines_output(cli, tmp_path, parquet_file, monkeypatch, output):
+    monkeypatch.chdir(tmp_path)
+    before = tree(tmp_path)
+    one_line_error(cli("compute", parquet_file, "-o", output, "--engine", "ray"), 2, "directory")
     assert tree(tmp_path) == before
 
 

@@ -78,6 +78,7 @@ def test_directory_output_mirrors_shard_names(tmp_path, sharded_dir):
         "bytes": summary.output["bytes"],
         "method": "splice",
         "shards_by_method": {"splice": 4},
+        "format": "parquet",
     }
     compute_dataset(sharded_dir, tmp_path / "single.parquet", SMALL)
     assert read_column(out) == read_column(tmp_path / "single.parquet")

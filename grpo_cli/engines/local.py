@@ -35,7 +35,7 @@ from grpo_cli.kernel import (
     weighted_moments,
 )
 from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_types
-from grpo_cli.output import OutputTarget, ShardWriter, SplicedShardWriter
+from grpo_cli.output import JsonlShardWriter, OutputTarget, ShardWriter, SplicedShardWriter
 from grpo_cli.plan import BatchLayout, ComputeConfig, GroupOutcome, RunPlan, batch_of_groups
 from grpo_cli.progress import NoProgress, Progress
 from grpo_cli.rewards import RewardBatch, RewardReader, new_column_arrays
@@ -462,6 +462,8 @@ class LocalEngine:
         return None
 
     def _shard_splice_refusal(self, shard: Shard, output: OutputTarget) -> str | None:
+        if output.format == "jsonl":
+            return "JSON lines output"
         if self.splice_refusal is not None:
             return self.splice_refusal
         if not output.is_directory and len(self.inputs.shards) > 1:
@@ -615,7 +617,7 @@ class LocalEngine:
         for index, (shard, schema) in enumerate(zip(self.inputs.shards, self.schemas, strict=True)):
             out_schema = plan.output_schema(schema, provenance)
             spliced: SplicedShardWriter | None = None
-            writer: ShardWriter | None = None
+            writer: ShardWriter | JsonlShardWriter | None = None
             if output is not None:
                 refusal = self._shard_splice_refusal(shard, output)
                 if refusal is None:
