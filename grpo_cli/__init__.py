@@ -1,6 +1,8 @@
 """grpo-cli: exact, fast GRPO group-relative advantages over rollout datasets.
 
-The kernel is importable without the CLI's dependencies:
+Tables you hold get two columns with :func:`add_advantages` (pyarrow, polars, pandas,
+datasets); files are :func:`compute_dataset`'s. The kernel is importable without the
+CLI's dependencies:
 
 >>> import torch
 >>> from grpo_cli import group_advantages
@@ -22,12 +24,14 @@ __all__ = [
     "GrpoError",
     "__version__",
     "active_groups",
+    "add_advantages",
     "advantages_from_stats",
     "check_dataset",
     "compute_dataset",
     "group_advantages",
     "group_stats",
     "merge_group_stats",
+    "summarize",
 ]
 
 if TYPE_CHECKING:
@@ -44,6 +48,7 @@ if TYPE_CHECKING:
         merge_group_stats,
     )
     from grpo_cli.plan import ComputeConfig
+    from grpo_cli.tables import add_advantages, summarize
 
 _LAZY = {
     "group_advantages": "grpo_cli.api",
@@ -51,6 +56,8 @@ _LAZY = {
     "check_dataset": "grpo_cli.jobs",
     "ComputeConfig": "grpo_cli.plan",
     "GrpoError": "grpo_cli.errors",
+    "add_advantages": "grpo_cli.tables",
+    "summarize": "grpo_cli.tables",
 }
 
 

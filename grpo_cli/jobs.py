@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import pyarrow as pa
+
 from grpo_cli.checks import CheckBounds, evaluate_checks
 from grpo_cli.guard import (
     Claim,
@@ -34,7 +36,12 @@ Inputs = PathLike | Sequence[PathLike]
 def _specs(input: Inputs) -> list[str]:
     if isinstance(input, str | os.PathLike):
         return [os.fspath(input)]
-    return [os.fspath(item) for item in input]
+    if isinstance(input, list | tuple) and all(isinstance(item, str | os.PathLike) for item in input):
+        return [os.fspath(item) for item in input]
+    raise TypeError(
+        f"expected a path or a list of paths, got a {type(input).__module__}.{type(input).__name__}; "
+        "grpo_cli.add_advantages takes tables in memory"
+    )
 
 
 def compute_dataset(
@@ -55,6 +62,24 @@ def compute_dataset(
     before any work starts.
     """
     return _local_job(input, output, config, force=force, progress=progress, summary_json=summary_json)
+
+
+def compute_table(table: pa.Table, config: ComputeConfig) -> pa.Table:
+    """The table API's job: ``table``'s rows (kept ones) with the new columns; nothing is written."""
+    from grpo_cli.engines.local import run_in_memory
+
+    config.validate()
+    with InputSet.of_table(table) as inputs:
+        return run_in_memory(inputs, config)[1]
+
+
+def summarize_table(table: pa.Table, config: ComputeConfig) -> RunSummary:
+    """The run summary of a table in memory (``check``'s figures without checks)."""
+    from grpo_cli.engines.local import run_local
+
+    config.validate()
+    with InputSet.of_table(table) as inputs:
+        return run_local(inputs, config, None, force=False, progress=None)
 
 
 def check_dataset(

@@ -401,3 +401,44 @@ def _shard_output_name(shard: Shard) -> str:
             name = name[: -len(suffix)]
             break
     return f"{name}.parquet"
+
+
+class MemoryTarget:
+    """The table API's output: the rows kept in memory as one Arrow table.
+
+    Offers what the local engine uses of :class:`OutputTarget`; nothing touches a disk.
+    """
+
+    format = "table"
+    is_directory = False
+
+    def __init__(self) -> None:
+        self._batches: list[pa.RecordBatch] = []
+        self._schema: pa.Schema | None = None
+        self.methods = {"rewrite": 0}
+
+    def open_spliced(self, shard: Shard, schema: pa.Schema, new_columns: int = 2) -> None:
+        return None
+
+    def open_shard(
+        self, shard: Shard, schema: pa.Schema, new_columns: int = 2, *, why_not: str | None = None
+    ) -> MemoryTarget:
+        self._schema = schema
+        return self
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self._batches.append(batch)
+
+    def close(self) -> None:
+        pass
+
+    def commit(self) -> dict[str, Any]:
+        return {"path": "<memory>", "shards": 1, "bytes": self.table().nbytes, "format": "table"}
+
+    def discard(self) -> None:
+        pass
+
+    def table(self) -> pa.Table:
+        """Every row written, in order (an empty table of the output schema if none)."""
+        assert self._schema is not None, "no shard was opened"
+        return pa.Table.from_batches(self._batches, schema=self._schema)

@@ -77,6 +77,14 @@ class ComputeConfig:
     length_col: str | None = None
     baseline_col: str | None = None
 
+    def __post_init__(self) -> None:
+        # Plain names are accepted where specs are expected: ComputeConfig(rewards=("correct",)).
+        rewards = (self.rewards,) if isinstance(self.rewards, str | RewardSpec) else self.rewards
+        specs = tuple(RewardSpec(r) if isinstance(r, str) else r for r in rewards)
+        groups = (self.group_cols,) if isinstance(self.group_cols, str) else tuple(self.group_cols)
+        object.__setattr__(self, "rewards", specs)
+        object.__setattr__(self, "group_cols", groups)
+
     def validate(self) -> None:
         if not self.rewards:
             raise GrpoError("at least one --reward-col is needed")

@@ -35,7 +35,7 @@ from grpo_cli.kernel import (
     weighted_moments,
 )
 from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_types
-from grpo_cli.output import JsonlShardWriter, OutputTarget, ShardWriter, SplicedShardWriter
+from grpo_cli.output import JsonlShardWriter, MemoryTarget, OutputTarget, ShardWriter, SplicedShardWriter
 from grpo_cli.plan import BatchLayout, ComputeConfig, GroupOutcome, RunPlan, batch_of_groups
 from grpo_cli.progress import NoProgress, Progress
 from grpo_cli.rewards import RewardBatch, RewardReader, new_column_arrays
@@ -88,6 +88,13 @@ def run_local(
         except SchemaDrift as drift:
             drift.settle()
     raise GrpoError(f"{inputs.spec}: the column types could not be settled")
+
+
+def run_in_memory(inputs: InputSet, config: ComputeConfig) -> tuple[RunSummary, pa.Table]:
+    """Run ``config`` over in-memory ``inputs`` (the table API): the summary and the output rows."""
+    target = MemoryTarget()
+    summary = LocalEngine(inputs, RunPlan(config), writes_output=True).run(target)
+    return summary, target.table()
 
 
 # --------------------------------------------------------------------------- ID spool
@@ -461,7 +468,7 @@ class LocalEngine:
             return "only Parquet input can be spliced"
         return None
 
-    def _shard_splice_refusal(self, shard: Shard, output: OutputTarget) -> str | None:
+    def _shard_splice_refusal(self, shard: Shard, output: OutputTarget | MemoryTarget) -> str | None:
         if output.format == "jsonl":
             return "JSON lines output"
         if self.splice_refusal is not None:
@@ -470,7 +477,7 @@ class LocalEngine:
             return "several input shards into one file are re-encoded (write to a directory to splice)"
         return None
 
-    def run(self, output: OutputTarget | None) -> RunSummary:
+    def run(self, output: OutputTarget | MemoryTarget | None) -> RunSummary:
         """Both passes; the output is committed only when everything succeeded."""
         started = time.perf_counter()
         spool = _IdSpool(on_disk=not self.in_memory)
@@ -602,7 +609,7 @@ class LocalEngine:
         first: _Statistics,
         outcome: GroupOutcome,
         take_ids: Callable[[int], np.ndarray],
-        output: OutputTarget | None,
+        output: OutputTarget | MemoryTarget | None,
     ) -> _Pass2Figures:
         config, plan = self.config, self.plan
         verifier = None
@@ -617,7 +624,7 @@ class LocalEngine:
         for index, (shard, schema) in enumerate(zip(self.inputs.shards, self.schemas, strict=True)):
             out_schema = plan.output_schema(schema, provenance)
             spliced: SplicedShardWriter | None = None
-            writer: ShardWriter | JsonlShardWriter | None = None
+            writer: ShardWriter | JsonlShardWriter | MemoryTarget | None = None
             if output is not None:
                 refusal = self._shard_splice_refusal(shard, output)
                 if refusal is None:

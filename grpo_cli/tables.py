@@ -1,0 +1,278 @@
+"""The table API: GRPO advantages added to the table you already hold.
+
+:func:`add_advantages` takes a ``pyarrow.Table`` (or ``RecordBatch``), a
+``polars.DataFrame`` or ``LazyFrame``, a ``pandas.DataFrame`` or a ``datasets.Dataset``
+and returns the same kind of object with the advantage and activity columns appended
+(rows kept in order; filtered when ``drop_inactive`` or ``keep_mean_range`` asks). It
+runs the CLI's engine in memory: same options, same exactness, same errors
+(:class:`~grpo_cli.errors.GrpoError`, a ``ValueError``, naming the column, never
+printing the data). :func:`summarize` returns the run summary instead. polars, pandas
+and datasets are imported only when such an object is passed.
+
+>>> import pyarrow as pa
+>>> table = pa.table({"group_id": [0, 0, 1, 1], "reward": [1.0, 0.0, 1.0, 1.0]})
+>>> add_advantages(table).to_pydict()["advantage"]
+[0.999998000004, -0.999998000004, 0.0, 0.0]
+>>> summarize(table).to_dict()["active_groups"]
+1
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from grpo_cli.choices import Aggregation, Preset
+from grpo_cli.errors import GrpoError
+from grpo_cli.jobs import compute_table, summarize_table
+from grpo_cli.options import AdvantageOptions, RewardSpec
+from grpo_cli.plan import DEFAULT_MEMORY_BUDGET, ComputeConfig, RunPlan
+from grpo_cli.summary import RunSummary
+
+ROW_INDEX = "__grpo_cli_row__"  # carried through a filtering run to tell which rows were kept
+ADVANTAGE_OPTIONS = (
+    "estimator",
+    "epsilon",
+    "std",
+    "scale",
+    "baseline",
+    "epsilon_mode",
+    "singleton",
+    "nan",
+    "clip_advantage",
+    "gpg_f_norm",
+)
+RUN_OPTIONS = (
+    "reward_aggregation",
+    "stats_cols",
+    "drop_inactive",
+    "keep_mean_range",
+    "batch_col",
+    "length_col",
+    "baseline_col",
+    "device",
+    "batch_rows",
+)
+CONTAINERS = (
+    "a pyarrow.Table or RecordBatch, polars.DataFrame or LazyFrame, pandas.DataFrame or datasets.Dataset"
+)
+
+
+class UnsupportedContainer(GrpoError, TypeError):
+    """``data`` is not a kind of table grpo-cli can add columns to."""
+
+
+def add_advantages(
+    data: Any,
+    *,
+    reward_col: str | Sequence[str] | Mapping[str, float] = "reward",
+    group_col: str | Sequence[str] = "group_id",
+    group_size: int | None = None,
+    preset: Preset | None = None,
+    advantage_col: str = "advantage",
+    active_col: str = "group_active",
+    whiten: bool | str = False,
+    **options: Any,
+) -> Any:
+    """``data`` with the advantage and group-activity columns appended; the same kind of object.
+
+    ``reward_col``: a column, several (summed), or ``{column: weight}``; a struct field
+    is addressed with dots (``"reward.score"``). ``group_col``: one key column or
+    several; a list or struct column (chat messages) is grouped on its exact value.
+    ``group_size=N`` takes consecutive runs of N rows as groups instead. Every other
+    CLI option is a keyword of the same name (``estimator="rloo"``, ``std="sample"``,
+    ``drop_inactive=True``, ``keep_mean_range=(0.1, 0.9)``, ``stats_cols=True``, ...).
+    The advantage column is float64, or float32/float16 for rewards of that type.
+
+    A ``polars.LazyFrame`` stays lazy: the columns are computed when it is collected
+    (on the whole frame at once, since a group's statistics need all its rows).
+    """
+    config = _config(reward_col, group_col, group_size, preset, advantage_col, active_col, whiten, options)
+    if _kind(data) == "polars-lazy":
+        return _lazy(data, config)
+    kind, table = _to_arrow(data)
+    return _rebuild(kind, data, *_new_columns(table, config))
+
+
+def summarize(
+    data: Any,
+    *,
+    reward_col: str | Sequence[str] | Mapping[str, float] = "reward",
+    group_col: str | Sequence[str] = "group_id",
+    group_size: int | None = None,
+    preset: Preset | None = None,
+    whiten: bool | str = False,
+    **options: Any,
+) -> RunSummary:
+    """The run summary of ``data`` (a ``LazyFrame`` is collected): what ``--summary-json``
+    writes, as a :class:`~grpo_cli.summary.RunSummary` (``.to_dict()``, ``.to_json()``).
+
+    Takes the options of :func:`add_advantages`.
+    """
+    config = _config(reward_col, group_col, group_size, preset, "advantage", "group_active", whiten, options)
+    if _kind(data) == "polars-lazy":
+        data = data.collect()
+    return summarize_table(_to_arrow(data)[1], config)
+
+
+# --------------------------------------------------------------------------- options
+
+
+def _config(
+    reward_col: str | Sequence[str] | Mapping[str, float],
+    group_col: str | Sequence[str],
+    group_size: int | None,
+    preset: Preset | None,
+    advantage_col: str,
+    active_col: str,
+    whiten: bool | str,
+    options: dict[str, Any],
+) -> ComputeConfig:
+    unknown = sorted(set(options) - set(ADVANTAGE_OPTIONS) - set(RUN_OPTIONS) - {"memory_limit_mb"})
+    if unknown:
+        known = ", ".join(sorted((*ADVANTAGE_OPTIONS, *RUN_OPTIONS, "memory_limit_mb")))
+        raise TypeError(f"unexpected keyword argument {unknown[0]!r}; the options are {known}")
+    explicit = {name: options.get(name) for name in ADVANTAGE_OPTIONS}
+    advantage = AdvantageOptions.resolve(
+        preset=preset,
+        estimator=explicit.pop("estimator"),
+        clip=explicit.pop("clip_advantage"),
+        whiten=("unbiased" if whiten is True else None if whiten is False else whiten),
+        **explicit,
+    )
+    if group_size is not None and group_col != "group_id":
+        raise GrpoError("group_size and group_col cannot be used together")
+    if isinstance(group_col, str):
+        group_col = [group_col]
+    aggregation: Aggregation = options.get("reward_aggregation") or "sum-then-normalize"
+    memory_mb = options.get("memory_limit_mb")
+    return ComputeConfig(
+        rewards=_reward_specs(reward_col),
+        group_cols=() if group_size is not None else tuple(group_col),
+        group_size=group_size,
+        aggregation=aggregation,
+        advantage=advantage,
+        advantage_col=advantage_col,
+        active_col=active_col,
+        stats_cols=bool(options.get("stats_cols", False)),
+        drop_inactive=bool(options.get("drop_inactive", False)),
+        keep_mean_range=options.get("keep_mean_range"),
+        batch_col=options.get("batch_col"),
+        length_col=options.get("length_col"),
+        baseline_col=options.get("baseline_col"),
+        device=options.get("device") or "cpu",
+        batch_rows=options.get("batch_rows"),
+        memory_budget_bytes=DEFAULT_MEMORY_BUDGET if memory_mb is None else int(memory_mb) << 20,
+    )
+
+
+def _reward_specs(reward_col: str | Sequence[str] | Mapping[str, float]) -> tuple[RewardSpec, ...]:
+    if isinstance(reward_col, str):
+        return (RewardSpec(reward_col),)
+    if isinstance(reward_col, Mapping):
+        specs = []
+        for name, weight in reward_col.items():
+            if not isinstance(weight, int | float) or not math.isfinite(weight):
+                raise GrpoError(f"reward_col {name!r}: the weight must be a finite number, got {weight!r}")
+            specs.append(RewardSpec(name, float(weight)))
+        return tuple(specs)
+    return tuple(RewardSpec(name) for name in reward_col)
+
+
+# --------------------------------------------------------------------------- containers
+
+
+def _new_columns(table: pa.Table, config: ComputeConfig) -> tuple[dict[str, pa.Array], pa.Array | None]:
+    """The new columns of the rows kept, and which rows those are (``None``: all)."""
+    filtering = config.drop_inactive or config.keep_mean_range is not None
+    if filtering:
+        if ROW_INDEX in table.column_names:
+            raise GrpoError(f"the table has a column {ROW_INDEX!r}, which grpo-cli uses itself")
+        table = table.append_column(ROW_INDEX, pa.array(np.arange(table.num_rows, dtype=np.int64)))
+    result = compute_table(table, config)
+    kept = result.column(ROW_INDEX).combine_chunks() if filtering else None
+    return {name: result.column(name).combine_chunks() for name in config.new_columns}, kept
+
+
+def _kind(data: Any) -> str:
+    """Which container ``data`` is, told by its type's module (nothing optional is imported)."""
+    if isinstance(data, pa.Table):
+        return "arrow"
+    if isinstance(data, pa.RecordBatch):
+        return "arrow-batch"
+    module, name = type(data).__module__.split(".")[0], type(data).__name__
+    kinds = {
+        ("polars", "DataFrame"): "polars",
+        ("polars", "LazyFrame"): "polars-lazy",
+        ("pandas", "DataFrame"): "pandas",
+        ("datasets", "Dataset"): "datasets",
+    }
+    kind = kinds.get((module, name))
+    if kind is None:
+        if (module, name) == ("datasets", "DatasetDict"):
+            splits = ", ".join(data)
+            raise UnsupportedContainer(
+                f"a datasets.DatasetDict (splits {splits}); pass one split, e.g. data['train']"
+            )
+        raise UnsupportedContainer(f"expected {CONTAINERS}; got a {type(data).__module__}.{name}")
+    return kind
+
+
+def _to_arrow(data: Any) -> tuple[str, pa.Table]:
+    kind = _kind(data)
+    if kind == "arrow":
+        return kind, data
+    if kind == "arrow-batch":
+        return kind, pa.Table.from_batches([data])
+    if kind == "polars":
+        return kind, data.to_arrow()
+    if kind == "pandas":
+        try:
+            return kind, pa.Table.from_pandas(data, preserve_index=False)
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            message = str(exc).splitlines()[0][:200]
+            raise GrpoError(f"the pandas DataFrame cannot be read as Arrow columns ({message})") from None
+    return kind, data.with_format("arrow")[:]  # datasets: its Arrow table, in the dataset's row order
+
+
+def _rebuild(kind: str, data: Any, new: dict[str, pa.Array], kept: pa.Array | None) -> Any:
+    if kind in ("arrow", "arrow-batch"):
+        table = data if kind == "arrow" else pa.Table.from_batches([data])
+        if kept is not None:
+            table = table.take(kept)
+        for name, column in new.items():
+            table = table.append_column(name, column)
+        return table if kind == "arrow" else table.combine_chunks().to_batches()[0]
+    if kind == "polars":
+        import polars as pl
+
+        frame = data if kept is None else data[kept.to_numpy()]
+        return frame.with_columns([pl.Series(name, column) for name, column in new.items()])
+    if kind == "pandas":
+        frame = data.copy() if kept is None else data.iloc[kept.to_numpy()].copy()
+        for name, column in new.items():
+            frame[name] = column.to_numpy(zero_copy_only=False)
+        return frame
+    dataset = data if kept is None else data.select(kept.to_numpy())
+    for name, column in new.items():
+        dataset = dataset.add_column(name, column.to_numpy(zero_copy_only=False))
+    return dataset
+
+
+def _lazy(frame: Any, config: ComputeConfig) -> Any:
+    """The LazyFrame with the columns appended when it is collected."""
+    import polars as pl
+
+    empty = frame.clear().collect().to_arrow()
+    out_schema = RunPlan(config).output_schema(empty.schema, b"")
+    schema = pl.from_arrow(out_schema.empty_table()).schema  # type: ignore[union-attr]
+
+    def compute(collected: pl.DataFrame) -> pl.DataFrame:
+        rebuilt: pl.DataFrame = _rebuild("polars", collected, *_new_columns(collected.to_arrow(), config))
+        return rebuilt
+
+    return frame.map_batches(compute, schema=schema, streamable=False)
