@@ -207,7 +207,7 @@ def main_callback(
 InputArg = Annotated[
     list[str],
     typer.Argument(
-        metavar="INPUT...",
+        metavar="INPUT",
         help="One or more of: a Parquet, JSON lines, JSON array, CSV or Arrow IPC file (.gz and .zst "
         "text too), a directory of shards (a datasets save_to_disk folder too), a quoted glob, "
         "or - for standard input.",
@@ -231,7 +231,8 @@ RewardColOpt = Annotated[
         envvar="GRPO_CLI_REWARD_COL",
         show_envvar=True,
         metavar="NAME[:WEIGHT]",
-        help="Reward column, optionally NAME:WEIGHT; repeat for several rewards (weighted sum).",
+        help="Reward column or nested field (reward.score), optionally NAME:WEIGHT; repeat for "
+        "several rewards (weighted sum).",
         show_default="reward",
     ),
 ]
@@ -244,7 +245,8 @@ GroupColOpt = Annotated[
         envvar="GRPO_CLI_GROUP_COL",
         show_envvar=True,
         metavar="COL",
-        help="Group key column; repeat for a composite key (e.g. prompt_id and step).",
+        help="Group key column or nested field (meta.prompt_id); a list or struct column groups on its "
+        "exact value; repeat for a composite key (e.g. prompt_id and step).",
         show_default="group_id",
     ),
 ]
@@ -824,7 +826,7 @@ def compute(
     color: ColorOpt = "auto",
     debug: DebugOpt = False,
 ) -> None:
-    """Compute advantages and write INPUT's rows with two new columns to an augmented Parquet file.
+    """Compute advantages and write INPUT's rows with two new columns to Parquet or JSON lines.
 
     Writes the advantage column and a per-row bool column that says whether the rollout's
     group is active; every input column is kept, in order, with rows in input order. The

@@ -23,3 +23,15 @@ def test_readme_quick_start_is_two_make_commands():
     quick_start = readme.split("## Quick start", 1)[1].split("##", 1)[0]
     assert "$ make demo" in quick_start and "$ make test" in quick_start
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_readme_from_python_examples_run(monkeypatch):
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## From Python", 1)[1].split("\n## ", 1)[0]
+    blocks = [block.split("```", 1)[0] for block in section.split("```python\n")[1:]]
+    assert len(blocks) >= 4  # pyarrow, polars, pandas, datasets
+    monkeypatch.chdir(ROOT)
+    namespace: dict[str, object] = {}
+    exec(compile("\n".join(blocks), "README.md (From Python)", "exec"), namespace)  # noqa: S102
+    assert namespace["table"].column_names[-2:] == ["advantage", "group_active"]  # type: ignore[attr-defined]
+    assert namespace["lazy"].select("group_active").collect()["group_active"].sum() == 168  # type: ignore[attr-defined]
