@@ -32,6 +32,6 @@ def test_readme_from_python_examples_run(monkeypatch):
     assert len(blocks) >= 4  # pyarrow, polars, pandas, datasets
     monkeypatch.chdir(ROOT)
     namespace: dict[str, object] = {}
-    exec(compile("\n".join(blocks), "README.md (From Python)", "exec"), namespace)  # noqa: S102
+    exec(compile("\n".join(blocks), "README.md (From Python)", "exec"), namespace)
     assert namespace["table"].column_names[-2:] == ["advantage", "group_active"]  # type: ignore[attr-defined]
     assert namespace["lazy"].select("group_active").collect()["group_active"].sum() == 168  # type: ignore[attr-defined]
