@@ -443,7 +443,12 @@ def group_stats(
             raise ValueError(
                 f"num_groups ({num_groups}) must exceed the largest group ID ({layout.num_groups - 1})"
             )
-        layout = _Layout(num_groups, layout.group_ids, layout.group_size)
+        if num_groups > layout.num_groups:  # padded with empty groups: no longer one block per group
+            ids = layout.group_ids
+            if ids is None:
+                assert layout.group_size is not None
+                ids = torch.arange(flat.numel(), device=flat.device) // layout.group_size
+            layout = _Layout(num_groups, ids)
     valid_flat = None
     if valid is not None:
         if valid.shape != rewards.shape or valid.dtype != torch.bool:

@@ -1,0 +1,216 @@
+"""The kernel's pieces one at a time: the streaming split against the one-call kernel,
+merges against statistics of the concatenation, validation messages with their values.
+
+Written against the mutants `make mutation` found alive (docs/mutation-report.md).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from grpo_cli.kernel import (
+    advantages_from_stats,
+    empty_group_stats,
+    group_stats,
+    group_top_two,
+    merge_group_stats,
+    merge_top_two,
+    merge_weighted_moments,
+    normalize_in_groups,
+    weighted_moments,
+    whitening,
+)
+
+OPTIONS = [
+    {},
+    {"std": "sample"},
+    {"scale": "batch"},
+    {"scale": "none"},
+    {"baseline": "leave-one-out"},
+    {"baseline": "leave-one-out", "std": "sample"},
+    {"epsilon_mode": "clamp", "epsilon": 0.3},
+    {"epsilon_mode": "add-if-nonzero"},
+    {"singleton": "raw"},
+    {"epsilon": 0.25},
+]
+
+
+def sample_rewards() -> tuple[torch.Tensor, torch.Tensor]:
+    rewards = torch.tensor([0.1, 0.1, 0.7, 1.0, 1.0, 1.0, 3.0, 0.5, -2.0, 0.25, 0.0], dtype=torch.float64)
+    ids = torch.tensor([0, 0, 0, 1, 1, 1, 2, 3, 3, 3, 4])  # group 2 is a singleton
+    return rewards, ids
+
+
+@pytest.mark.parametrize(
+    "options", OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default"
+)
+def test_the_streaming_split_gives_the_one_call_kernel(options):
+    rewards, ids = sample_rewards()
+    expected = normalize_in_groups(rewards, ids, **options)["advantages"]
+    extremes = options.get("baseline") == "leave-one-out"
+    stats = group_stats(rewards, ids, count_extremes=extremes)
+    assert torch.equal(advantages_from_stats(rewards, ids, stats, **options), expected)
+
+
+@pytest.mark.parametrize("options", OPTIONS[:4], ids=["default", "sample", "batch", "none"])
+def test_the_split_honours_group_size(options):
+    rewards = torch.tensor([1.0, 0.0, 2.0, 2.0, 5.0, -1.0], dtype=torch.float64)
+    expected = normalize_in_groups(rewards, group_size=2, **options)["advantages"]
+    stats = group_stats(rewards, group_size=2)
+    assert torch.equal(advantages_from_stats(rewards, None, stats, group_size=2, **options), expected)
+
+
+def test_leave_one_out_of_a_singleton_is_zero_or_raw():
+    rewards, ids = torch.tensor([4.0, 1.0, 3.0]), torch.tensor([0, 1, 1])
+    zero = normalize_in_groups(rewards, ids, baseline="leave-one-out")["advantages"]
+    raw = normalize_in_groups(rewards, ids, baseline="leave-one-out", singleton="raw")["advantages"]
+    assert zero[0] == 0.0 and raw[0].item() == pytest.approx(4.0, rel=1e-5)  # no other rollout: no baseline
+
+
+def test_group_stats_do_not_count_extremes_unless_asked():
+    stats = group_stats(torch.tensor([1.0, 2.0]), torch.tensor([0, 0]))
+    assert stats.at_minimum is None and stats.at_maximum is None
+    counted = group_stats(torch.tensor([1.0, 1.0, 2.0]), torch.tensor([0, 0, 0]), count_extremes=True)
+    assert counted.at_minimum is not None and counted.at_maximum is not None
+    assert counted.at_minimum.tolist() == [2] and counted.at_maximum.tolist() == [1]
+
+
+def test_group_stats_leave_invalid_rows_out_even_when_not_finite():
+    rewards = torch.tensor([1.0, math.nan, 3.0, math.inf])
+    valid = torch.tensor([True, False, True, False])
+    stats = group_stats(rewards, torch.tensor([0, 0, 0, 0]), valid=valid)
+    assert stats.count.tolist() == [2] and stats.mean.tolist() == [2.0]
+
+
+def test_group_stats_validation_names_the_values():
+    rewards, ids = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0, 1, 2])
+    with pytest.raises(ValueError, match=r"num_groups \(2\) must exceed the largest group ID \(2\)"):
+        group_stats(rewards, ids, num_groups=2)
+    assert group_stats(rewards, ids, num_groups=3).count.tolist() == [1, 1, 1]
+    padded = group_stats(rewards, ids, num_groups=5)
+    assert padded.count.tolist() == [1, 1, 1, 0, 0]
+    with pytest.raises(
+        ValueError, match=r"valid must be a bool tensor of the rewards' shape \(3,\), got torch.int64"
+    ):
+        group_stats(rewards, ids, valid=torch.tensor([1, 1, 1]))
+    with pytest.raises(ValueError, match=r"got torch.bool of shape \(2,\)"):
+        group_stats(rewards, ids, valid=torch.tensor([True, False]))
+
+
+def test_num_groups_keeps_a_group_size_layout():
+    stats = group_stats(torch.tensor([1.0, 3.0, 5.0, 5.0]), group_size=2, num_groups=3)
+    assert stats.count.tolist() == [2, 2, 0] and stats.mean.tolist() == [2.0, 5.0, 0.0]
+
+
+# --------------------------------------------------------------------------- merges
+
+
+@pytest.mark.parametrize("count_extremes", [False, True])
+def test_empty_stats_are_the_merge_identity(count_extremes):
+    rewards, ids = sample_rewards()
+    stats = group_stats(rewards, ids, count_extremes=count_extremes)
+    empty = empty_group_stats(5, count_extremes=count_extremes)
+    assert empty.mean.dtype == torch.float64 and empty.count.dtype == torch.int64
+    assert empty.minimum.tolist() == [math.inf] * 5 and empty.maximum.tolist() == [-math.inf] * 5
+    assert (empty.at_minimum is not None) == count_extremes == (empty.at_maximum is not None)
+    assert merge_group_stats(empty, stats) == stats
+    assert merge_group_stats(stats, empty) == stats
+    assert empty_group_stats(2, dtype=torch.float32).m2.dtype == torch.float32
+
+
+def test_extreme_counts_survive_a_merge_only_when_both_sides_have_them():
+    a = group_stats(torch.tensor([1.0, 1.0]), torch.tensor([0, 0]), count_extremes=True)
+    b = group_stats(torch.tensor([1.0, 2.0]), torch.tensor([0, 0]))
+    merged = merge_group_stats(a, b)
+    assert merged.at_minimum is None and merged.at_maximum is None
+    both = merge_group_stats(
+        a, group_stats(torch.tensor([1.0, 2.0]), torch.tensor([0, 0]), count_extremes=True)
+    )
+    assert both.at_minimum is not None and both.at_maximum is not None
+    assert both.at_minimum.tolist() == [3] and both.at_maximum.tolist() == [1]
+
+
+@pytest.mark.parametrize(
+    ("left", "right"),
+    [
+        ([1e300, 3e300], [2e300, -1e300]),  # both sides need scaling
+        ([1e300, 3e300], [0.5, 0.25]),  # one side does
+        ([0.5, 0.25], [1e-300, 3e-300]),
+        ([1e-170, 0.0], [1e-170, 2e-170]),
+    ],
+)
+def test_merging_extreme_magnitudes_matches_the_whole(left, right):
+    a = torch.tensor(left, dtype=torch.float64)
+    b = torch.tensor(right, dtype=torch.float64)
+    ids = torch.zeros(2, dtype=torch.int64)
+    merged = merge_group_stats(group_stats(a, ids), group_stats(b, ids))
+    whole = group_stats(torch.cat([a, b]), torch.zeros(4, dtype=torch.int64))
+    assert merged.count.tolist() == whole.count.tolist()
+    assert merged.mean.tolist() == pytest.approx(whole.mean.tolist(), rel=1e-12)
+    assert merged.m2.tolist() == pytest.approx(whole.m2.tolist(), rel=1e-12)
+    assert (
+        merged.minimum.tolist() == whole.minimum.tolist()
+        and merged.maximum.tolist() == whole.maximum.tolist()
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    values=st.lists(st.integers(-3, 3), min_size=0, max_size=24),
+    ids=st.lists(st.integers(0, 3), min_size=24, max_size=24),
+    cut=st.integers(0, 24),
+)
+def test_top_two_of_halves_merge_into_the_top_two_of_the_whole(values, ids, cut):
+    x = torch.tensor(values, dtype=torch.float64) / 2
+    group = torch.tensor(ids[: len(values)], dtype=torch.int64)
+    cut = min(cut, len(values))
+    whole = group_top_two(x, group, 4)
+    merged = merge_top_two(group_top_two(x[:cut], group[:cut], 4), group_top_two(x[cut:], group[cut:], 4))
+    assert merged.first.tolist() == whole.first.tolist()
+    assert merged.second.tolist() == whole.second.tolist()
+    for g in range(4):  # torch.topk's answer
+        members = x[group == g]
+        top = torch.topk(members, min(2, members.numel())).values.tolist() + [-math.inf] * 2
+        assert [whole.first[g].item(), whole.second[g].item()] == top[:2]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    values=st.lists(st.floats(-4, 4, allow_nan=False), min_size=1, max_size=16),
+    weights=st.lists(st.floats(0.5, 3), min_size=16, max_size=16),
+    cut=st.integers(0, 16),
+    method=st.sampled_from(["unbiased", "population"]),
+)
+def test_whitening_moments_merge_like_the_whole(values, weights, cut, method):
+    x = torch.tensor(values, dtype=torch.float64)
+    w = torch.tensor(weights[: len(values)], dtype=torch.float64)
+    batch = torch.arange(len(values)) % 2
+    cut = min(cut, len(values))
+    whole = weighted_moments(x, w, batch, 2)
+    merged = merge_weighted_moments(
+        weighted_moments(x[:cut], w[:cut], batch[:cut], 2), weighted_moments(x[cut:], w[cut:], batch[cut:], 2)
+    )
+    a = whitening(whole, method=method).apply(x, batch)
+    b = whitening(merged, method=method).apply(x, batch)
+    assert b.tolist() == pytest.approx(a.tolist(), rel=1e-9, abs=1e-9)
+
+
+def test_whitening_against_the_formulas():
+    x = torch.tensor([1.0, 2.0, 4.0, 7.0], dtype=torch.float64)
+    w = torch.tensor([1.0, 2.0, 1.0, 3.0], dtype=torch.float64)
+    moments = weighted_moments(x, w, torch.zeros(4, dtype=torch.int64), 1)
+    mean = float((x * w).sum() / w.sum())
+    var_population = float((w * (x - mean) ** 2).sum() / w.sum())
+    var_unbiased = var_population * float(w.sum()) / (float(w.sum()) - 1)  # verl's masked_whiten
+    batch = torch.zeros(4, dtype=torch.int64)
+    population = whitening(moments, method="population").apply(x, batch)
+    unbiased = whitening(moments, method="unbiased").apply(x, batch)
+    assert population.tolist() == pytest.approx(
+        ((x - mean) / (var_population**0.5 + 1e-8)).tolist(), rel=1e-6
+    )
+    assert unbiased.tolist() == pytest.approx(((x - mean) * (var_unbiased + 1e-8) ** -0.5).tolist(), rel=1e-6)
