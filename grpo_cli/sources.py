@@ -618,25 +618,20 @@ def _parquet_batches(shard: Shard, columns: list[str] | None, batch_rows: int) -
             yield batch
 
 
-class _JsonlReader:
+class _TextReader:
+    """A streaming reader of a text shard (JSON lines, CSV); its stream is closed on exit."""
+
     def __init__(self, shard: Shard) -> None:
         self.shard = shard
         self._stream: Any = None
 
-    def __enter__(self) -> pa_json.JSONStreamingReader:
+    def __enter__(self) -> Any:
         try:
             self._stream = pa.input_stream(str(self.shard.path), compression=self.shard.compression)
-            schema = _UNIFIED_JSONL_SCHEMAS.get(_jsonl_key(self.shard))
-            return pa_json.open_json(
-                self._stream,
-                read_options=pa_json.ReadOptions(block_size=JSONL_BLOCK_BYTES),
-                parse_options=pa_json.ParseOptions(explicit_schema=schema) if schema is not None else None,
-            )
+            return self._open(self._stream)
         except (pa.ArrowException, OSError) as exc:
             self.close()
-            if _is_schema_drift(exc) and _jsonl_key(self.shard) not in _UNIFIED_JSONL_SCHEMAS:
-                raise JsonlSchemaDrift(self.shard) from None
-            raise _jsonl_error(self.shard, exc) from None
+            raise self._error(exc) from None
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -645,6 +640,35 @@ class _JsonlReader:
         if self._stream is not None:
             self._stream.close()
             self._stream = None
+
+    def _open(self, stream: pa.NativeFile) -> Any:
+        raise NotImplementedError
+
+    def _error(self, exc: BaseException) -> Exception:
+        raise NotImplementedError
+
+
+class _JsonlReader(_TextReader):
+    def __enter__(self) -> pa_json.JSONStreamingReader:
+        reader: pa_json.JSONStreamingReader = super().__enter__()
+        return reader
+
+    def _open(self, stream: pa.NativeFile) -> pa_json.JSONStreamingReader:
+        schema = _UNIFIED_JSONL_SCHEMAS.get(_file_key(self.shard))
+        return pa_json.open_json(
+            stream,
+            read_options=pa_json.ReadOptions(block_size=JSONL_BLOCK_BYTES),
+            parse_options=pa_json.ParseOptions(explicit_schema=schema) if schema is not None else None,
+        )
+
+    def _error(self, exc: BaseException) -> Exception:
+        if (
+            isinstance(exc, Exception)
+            and _is_schema_drift(exc)
+            and _file_key(self.shard) not in _UNIFIED_JSONL_SCHEMAS
+        ):
+            return JsonlSchemaDrift(self.shard)
+        return _jsonl_error(self.shard, exc)
 
 
 @contextlib.contextmanager
@@ -678,7 +702,7 @@ def _jsonl_batches(shard: Shard, columns: list[str] | None) -> Iterator[pa.Recor
             except StopIteration:
                 return
             except (pa.ArrowException, OSError) as exc:
-                if _is_schema_drift(exc) and _jsonl_key(shard) not in _UNIFIED_JSONL_SCHEMAS:
+                if _is_schema_drift(exc) and _file_key(shard) not in _UNIFIED_JSONL_SCHEMAS:
                     raise JsonlSchemaDrift(shard) from None
                 raise _jsonl_error(shard, exc) from None
             yield batch.select(columns) if columns is not None else batch
@@ -717,38 +741,28 @@ class CsvTypeDrift(SchemaDrift):
 
     def settle(self) -> None:
         wider = pa.float64() if pa.types.is_integer(self.data_type) else pa.string()
-        _CSV_COLUMN_TYPES.setdefault(_jsonl_key(self.shard), {})[self.column] = wider
+        _CSV_COLUMN_TYPES.setdefault(_file_key(self.shard), {})[self.column] = wider
 
 
 _CSV_COLUMN_TYPES: dict[tuple[str, int, float], dict[str, pa.DataType]] = {}
 _CSV_CONVERSION = re.compile(r"In CSV column #(\d+): .*CSV conversion error to ([^:]+):")
 
 
-class _CsvReader:
-    def __init__(self, shard: Shard) -> None:
-        self.shard = shard
-        self._stream: Any = None
-
+class _CsvReader(_TextReader):
     def __enter__(self) -> pa_csv.CSVStreamingReader:
-        try:
-            self._stream = pa.input_stream(str(self.shard.path), compression=self.shard.compression)
-            types = _CSV_COLUMN_TYPES.get(_jsonl_key(self.shard))
-            return pa_csv.open_csv(
-                self._stream,
-                read_options=pa_csv.ReadOptions(block_size=JSONL_BLOCK_BYTES),
-                convert_options=pa_csv.ConvertOptions(column_types=types) if types else None,
-            )
-        except (pa.ArrowException, OSError) as exc:
-            self.close()
-            raise _csv_error(self.shard, exc, None) from None
+        reader: pa_csv.CSVStreamingReader = super().__enter__()
+        return reader
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _open(self, stream: pa.NativeFile) -> pa_csv.CSVStreamingReader:
+        types = _CSV_COLUMN_TYPES.get(_file_key(self.shard))
+        return pa_csv.open_csv(
+            stream,
+            read_options=pa_csv.ReadOptions(block_size=JSONL_BLOCK_BYTES),
+            convert_options=pa_csv.ConvertOptions(column_types=types) if types else None,
+        )
 
-    def close(self) -> None:
-        if self._stream is not None:
-            self._stream.close()
-            self._stream = None
+    def _error(self, exc: BaseException) -> Exception:
+        return _csv_error(self.shard, exc, None)
 
 
 def _csv_batches(shard: Shard, columns: list[str] | None) -> Iterator[pa.RecordBatch]:
@@ -783,7 +797,7 @@ _UNIFIED_JSONL_SCHEMAS: dict[tuple[str, int, float], pa.Schema] = {}
 _EXACT_INTEGERS_CHECKED: set[tuple[tuple[str, int, float], str]] = set()
 
 
-def _jsonl_key(shard: Shard) -> tuple[str, int, float]:
+def _file_key(shard: Shard) -> tuple[str, int, float]:
     stat = shard.path.stat()
     return str(shard.path), stat.st_size, stat.st_mtime
 
@@ -819,7 +833,7 @@ def unify_jsonl_schema(shard: Shard, chunk_bytes: int = 32 << 20) -> pa.Schema:
         raise GrpoError(
             f"{shard.display}: a column holds values of incompatible types ({_first_line(exc)})"
         ) from None
-    _UNIFIED_JSONL_SCHEMAS[_jsonl_key(shard)] = schema
+    _UNIFIED_JSONL_SCHEMAS[_file_key(shard)] = schema
     return schema
 
 
@@ -834,7 +848,7 @@ def _check_exact_integers(shard: Shard, schema: pa.Schema, chunk_bytes: int = 32
     with floats. A fast scan finds the lines with long digit runs; only those are parsed.
     """
     floating = [f for f in schema if _has_floating(f.type)]
-    key = (_jsonl_key(shard), str(schema))
+    key = (_file_key(shard), str(schema))
     if not floating or key in _EXACT_INTEGERS_CHECKED:
         return
     line_offset = 0
