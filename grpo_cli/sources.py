@@ -21,7 +21,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Generic, TypeVar
 
 import pyarrow as pa
 import pyarrow.csv as pa_csv
@@ -618,14 +618,17 @@ def _parquet_batches(shard: Shard, columns: list[str] | None, batch_rows: int) -
             yield batch
 
 
-class _TextReader:
+_Reader = TypeVar("_Reader")
+
+
+class _TextReader(Generic[_Reader]):
     """A streaming reader of a text shard (JSON lines, CSV); its stream is closed on exit."""
 
     def __init__(self, shard: Shard) -> None:
         self.shard = shard
         self._stream: Any = None
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> _Reader:
         try:
             self._stream = pa.input_stream(str(self.shard.path), compression=self.shard.compression)
             return self._open(self._stream)
@@ -641,18 +644,14 @@ class _TextReader:
             self._stream.close()
             self._stream = None
 
-    def _open(self, stream: pa.NativeFile) -> Any:
+    def _open(self, stream: pa.NativeFile) -> _Reader:
         raise NotImplementedError
 
     def _error(self, exc: BaseException) -> Exception:
         raise NotImplementedError
 
 
-class _JsonlReader(_TextReader):
-    def __enter__(self) -> pa_json.JSONStreamingReader:
-        reader: pa_json.JSONStreamingReader = super().__enter__()
-        return reader
-
+class _JsonlReader(_TextReader[pa_json.JSONStreamingReader]):
     def _open(self, stream: pa.NativeFile) -> pa_json.JSONStreamingReader:
         schema = _UNIFIED_JSONL_SCHEMAS.get(_file_key(self.shard))
         return pa_json.open_json(
@@ -748,11 +747,7 @@ _CSV_COLUMN_TYPES: dict[tuple[str, int, float], dict[str, pa.DataType]] = {}
 _CSV_CONVERSION = re.compile(r"In CSV column #(\d+): .*CSV conversion error to ([^:]+):")
 
 
-class _CsvReader(_TextReader):
-    def __enter__(self) -> pa_csv.CSVStreamingReader:
-        reader: pa_csv.CSVStreamingReader = super().__enter__()
-        return reader
-
+class _CsvReader(_TextReader[pa_csv.CSVStreamingReader]):
     def _open(self, stream: pa.NativeFile) -> pa_csv.CSVStreamingReader:
         types = _CSV_COLUMN_TYPES.get(_file_key(self.shard))
         return pa_csv.open_csv(
