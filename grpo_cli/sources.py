@@ -651,7 +651,7 @@ class _TextReader(Generic[_Reader]):
         raise NotImplementedError
 
 
-class _JsonlReader(_TextReader[pa_json.JSONStreamingReader]):
+class _JsonlReader(_TextReader["pa_json.JSONStreamingReader"]):
     def _open(self, stream: pa.NativeFile) -> pa_json.JSONStreamingReader:
         schema = _UNIFIED_JSONL_SCHEMAS.get(_file_key(self.shard))
         return pa_json.open_json(
@@ -747,7 +747,7 @@ _CSV_COLUMN_TYPES: dict[tuple[str, int, float], dict[str, pa.DataType]] = {}
 _CSV_CONVERSION = re.compile(r"In CSV column #(\d+): .*CSV conversion error to ([^:]+):")
 
 
-class _CsvReader(_TextReader[pa_csv.CSVStreamingReader]):
+class _CsvReader(_TextReader["pa_csv.CSVStreamingReader"]):
     def _open(self, stream: pa.NativeFile) -> pa_csv.CSVStreamingReader:
         types = _CSV_COLUMN_TYPES.get(_file_key(self.shard))
         return pa_csv.open_csv(
