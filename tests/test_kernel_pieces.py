@@ -151,8 +151,8 @@ def test_merging_extreme_magnitudes_matches_the_whole(left, right):
     merged = merge_group_stats(group_stats(a, ids), group_stats(b, ids))
     whole = group_stats(torch.cat([a, b]), torch.zeros(4, dtype=torch.int64))
     assert merged.count.tolist() == whole.count.tolist()
-    assert merged.mean.tolist() == pytest.approx(whole.mean.tolist(), rel=1e-12)
-    assert merged.m2.tolist() == pytest.approx(whole.m2.tolist(), rel=1e-12)
+    assert merged.mean.tolist() == pytest.approx(whole.mean.tolist(), rel=1e-12, abs=0)
+    assert merged.m2.tolist() == pytest.approx(whole.m2.tolist(), rel=1e-12, abs=0)
     assert (
         merged.minimum.tolist() == whole.minimum.tolist()
         and merged.maximum.tolist() == whole.maximum.tolist()
@@ -214,3 +214,66 @@ def test_whitening_against_the_formulas():
         ((x - mean) / (var_population**0.5 + 1e-8)).tolist(), rel=1e-6
     )
     assert unbiased.tolist() == pytest.approx(((x - mean) * (var_unbiased + 1e-8) ** -0.5).tolist(), rel=1e-6)
+
+
+def test_empty_stats_fields_have_the_asked_dtype_and_no_extremes_by_default():
+    default = empty_group_stats(3)
+    assert default.at_minimum is None and default.at_maximum is None
+    for name in ("mean", "m2", "minimum", "maximum"):
+        assert getattr(default, name).dtype == torch.float64, name
+        assert getattr(empty_group_stats(3, dtype=torch.float16), name).dtype == torch.float16, name
+    counted = empty_group_stats(3, count_extremes=True)
+    assert counted.at_minimum is not None and counted.at_maximum is not None
+    assert counted.at_minimum.dtype == torch.int64 and counted.at_maximum.dtype == torch.int64
+    assert counted.count.dtype == torch.int64 and counted.count.tolist() == [0, 0, 0]
+
+
+def test_advantages_from_stats_pass_the_batch_std_on():
+    rewards, ids = torch.tensor([1.0, 3.0, 2.0, 6.0], dtype=torch.float64), torch.tensor([0, 0, 1, 1])
+    stats = group_stats(rewards, ids)
+    out = advantages_from_stats(
+        rewards, ids, stats, scale="batch", batch_std=torch.tensor(4.0, dtype=torch.float64)
+    )
+    assert out.tolist() == pytest.approx([-1 / (4 + 1e-6), 1 / (4 + 1e-6), -2 / (4 + 1e-6), 2 / (4 + 1e-6)])
+
+
+def test_merging_a_tiny_group_into_an_ordinary_one():
+    # The merged group needs no scaling, but one side was stored in units of its own scale.
+    a = torch.tensor([1e-70, 3e-70], dtype=torch.float64)
+    b = torch.tensor([1e-300, 3e-300], dtype=torch.float64)
+    ids = torch.zeros(2, dtype=torch.int64)
+    for left, right in ((a, b), (b, a)):
+        merged = merge_group_stats(group_stats(left, ids), group_stats(right, ids))
+        whole = group_stats(torch.cat([left, right]), torch.zeros(4, dtype=torch.int64))
+        assert merged.m2.tolist() == pytest.approx(whole.m2.tolist(), rel=1e-12, abs=0)
+        assert merged.mean.tolist() == pytest.approx(whole.mean.tolist(), rel=1e-12, abs=0)
+
+
+def test_whitening_divisors_for_two_rows_and_fractional_weights():
+    x = torch.tensor([1.0, 3.0], dtype=torch.float64)
+    batch = torch.zeros(2, dtype=torch.int64)
+    two = weighted_moments(x, None, batch, 1)
+    assert whitening(two, method="unbiased").apply(x, batch).tolist() == pytest.approx(
+        [-1 / math.sqrt(2 + 1e-8), 1 / math.sqrt(2 + 1e-8)]
+    )  # m2 = 2 over (2 - 1)
+    assert whitening(two, method="trl").apply(x, batch).tolist() == pytest.approx(
+        [1 / (math.sqrt(2) + 1e-4), 3 / (math.sqrt(2) + 1e-4)]
+    )  # sample std over rows - 1 = 1
+    weighted = weighted_moments(x, torch.tensor([0.5, 1.0], dtype=torch.float64), batch, 1)
+    mean = (0.5 * 1 + 3) / 1.5
+    m2 = 0.5 * (1 - mean) ** 2 + (3 - mean) ** 2
+    assert whitening(weighted, method="population").apply(x, batch).tolist() == pytest.approx(
+        [(1 - mean) / math.sqrt(m2 / 1.5), (3 - mean) / math.sqrt(m2 / 1.5)]
+    )
+
+
+def test_gdpo_whitening_of_a_constant_batch_leaves_it_centred():
+    x = torch.tensor([2.0, 2.0, 2.0], dtype=torch.float64)
+    batch = torch.zeros(3, dtype=torch.int64)
+    assert whitening(weighted_moments(x, None, batch, 1), method="gdpo").apply(x, batch).tolist() == [0.0] * 3
+
+
+def test_an_unknown_whitening_names_it():
+    moments = weighted_moments(torch.tensor([1.0]), None, torch.tensor([0]), 1)
+    with pytest.raises(ValueError, match="method must be unbiased, population, trl or gdpo, got 'zscore'"):
+        whitening(moments, method="zscore")
