@@ -340,8 +340,6 @@ class WriteGuard:
         """
         claim: Claim | None = None
         if output is not None and os.fspath(output) == "-":
-            if summary_json is not None and os.fspath(summary_json) == "-":
-                raise GrpoError("-o - and --summary-json - would both write to standard output")
             claim = StdoutClaim(self)
             self.claims.append(claim)
         elif output is not None:

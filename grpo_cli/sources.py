@@ -67,6 +67,14 @@ class Shard:
     def gzipped(self) -> bool:
         return self.compression == "gzip"
 
+    @property
+    def source(self) -> Path | None:
+        """The user's file this shard reads (a spooled JSON array's original), or ``None``
+        for standard input, a pipe or a table in memory."""
+        if self.table is not None or self.display.startswith("<"):
+            return None
+        return Path(self.display) if self.record_word == "element" else self.path
+
 
 def detect_format(path: str, override: InputFormat | None) -> InputFormat | None:
     """The format a file's name (or ``--input-format``) says; ``None`` when it says none."""
@@ -86,22 +94,23 @@ def detect_format(path: str, override: InputFormat | None) -> InputFormat | None
     return None
 
 
-def _sniff(path: Path) -> tuple[str | None, str | None, bytes]:
-    """(format, compression, first bytes of the decompressed data) told by content."""
+def _sniff(path: Path, *, json_array: bool) -> tuple[str | None, str | None]:
+    """(format, compression) told by content; ``json_array``: also look for a JSON array."""
     with open(path, "rb") as handle:
         head = handle.read(8)
     compression = next((c for magic, c in _MAGIC_COMPRESSION.items() if head.startswith(magic)), None)
     if compression is None:
         if head.startswith(b"PAR1"):
-            return "parquet", None, head
+            return "parquet", None
         if head.startswith(b"ARROW1") or head.startswith(b"\xff\xff\xff\xff"):
-            return "arrow", None, head
-    text = b""
-    with contextlib.suppress(Exception), _decompressed(path, compression) as stream:
-        text = stream.read(1 << 16).lstrip()  # a corrupt stream is reported when it is read
-    if text.startswith(b"["):
-        return "json", compression, text
-    return None, compression, text
+            return "arrow", None
+    if json_array:
+        text = b""
+        with contextlib.suppress(Exception), _decompressed(path, compression) as stream:
+            text = stream.read(1 << 16).lstrip()  # a corrupt stream is reported when it is read
+        if text.startswith(b"["):
+            return "json", compression
+    return None, compression
 
 
 @contextlib.contextmanager
@@ -198,19 +207,15 @@ class InputSet:
 
     def protected(self) -> ProtectedInputs:
         """What no output of this run may touch: every input file and directory named."""
-        files = [
-            (s.path, s.display) for s in self.shards if not s.display.startswith("<") and s.table is None
-        ]
-        files += [(Path(s.display), s.display) for s in self.shards if s.record_word == "element"]
+        files = [(s.source, s.display) for s in self.shards if s.source is not None]
         return ProtectedInputs.of(files, self.directories)
 
     def _refuse_repeats(self) -> None:
         seen: dict[tuple[int, int], Shard] = {}
         for shard in self.shards:
-            source = Path(shard.display) if shard.record_word == "element" else shard.path
-            if shard.display.startswith("<"):
+            if shard.source is None:
                 continue
-            stat = source.stat()
+            stat = shard.source.stat()
             first = seen.setdefault((stat.st_dev, stat.st_ino), shard)
             if first is not shard:
                 raise GrpoError(
@@ -292,15 +297,13 @@ class InputSet:
             return None
         try:
             size = os.path.getsize(path)
-            with open(path, "rb"):
-                pass
-            sniffed, compression, text = _sniff(Path(path))
+            sniffed, compression = _sniff(Path(path), json_array=fmt == "json")
         except OSError as exc:
             raise GrpoError(f"{path}: cannot read the file ({exc.strerror})") from None
         named = next((c for suffix, c in COMPRESSION_SUFFIXES.items() if path.lower().endswith(suffix)), None)
         if named is not None and named != compression:  # the name says compressed: it must be
             compression, sniffed = named, "json" if fmt == "json" else sniffed
-        return self._typed(Path(path), path, fmt, size, sniffed, compression, text)
+        return self._typed(Path(path), path, fmt, size, sniffed, compression)
 
     def _typed(
         self,
@@ -310,7 +313,6 @@ class InputSet:
         size: int,
         sniffed: str | None,
         compression: str | None,
-        text: bytes,
     ) -> Shard:
         if fmt == "json":
             if sniffed != "json":  # JSON lines under a .json name
@@ -332,9 +334,9 @@ class InputSet:
     def _spooled(self, stream: IO[bytes], label: str, input_format: InputFormat | None) -> Shard:
         # Two passes read the data twice: keep a private copy of a stream.
         path = self._spools.enter_context(spool(stream, label=label))
-        sniffed, compression, text = _sniff(path)
+        sniffed, compression = _sniff(path, json_array=input_format in (None, "json"))
         fmt = input_format or sniffed or "jsonl"
-        return self._typed(path, label, fmt, path.stat().st_size, sniffed, compression, text)
+        return self._typed(path, label, fmt, path.stat().st_size, sniffed, compression)
 
 
 def _saved_dataset_files(spec: str, folder: Path) -> list[Path] | None:
@@ -573,22 +575,23 @@ def _arrow_batches(shard: Shard) -> Iterator[tuple[pa.Schema, Iterator[pa.Record
             if magic == b"ARROW1":
                 file_reader = pa.ipc.open_file(source)
                 batches = (file_reader.get_batch(i) for i in range(file_reader.num_record_batches))
-                yield file_reader.schema, _arrow_checked(shard, batches)
+                yield file_reader.schema, _checked(shard, batches, "Arrow")
             else:
                 stream_reader = pa.ipc.open_stream(source)
-                yield stream_reader.schema, _arrow_checked(shard, iter(stream_reader))
+                yield stream_reader.schema, _checked(shard, iter(stream_reader), "Arrow")
     except (pa.ArrowException, OSError) as exc:
         raise GrpoError(f"{shard.display}: not a readable Arrow IPC file ({_first_line(exc)})") from None
 
 
-def _arrow_checked(shard: Shard, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def _checked(shard: Shard, batches: Iterator[pa.RecordBatch], what: str) -> Iterator[pa.RecordBatch]:
+    """``batches``, a decoding error becoming one line naming the shard."""
     while True:
         try:
             batch = next(batches)
         except StopIteration:
             return
         except (pa.ArrowException, OSError) as exc:
-            raise GrpoError(f"{shard.display}: corrupt Arrow data ({_first_line(exc)})") from None
+            raise GrpoError(f"{shard.display}: corrupt {what} data ({_first_line(exc)})") from None
         yield batch
 
 
@@ -608,14 +611,7 @@ def _parquet_batches(shard: Shard, columns: list[str] | None, batch_rows: int) -
         raise GrpoError(f"{shard.display}: not a readable Parquet file ({_first_line(exc)})") from None
     with file:
         batches = file.iter_batches(batch_size=batch_rows, columns=columns, use_threads=True)
-        while True:
-            try:
-                batch = next(batches)
-            except StopIteration:
-                return
-            except (pa.ArrowException, OSError) as exc:
-                raise GrpoError(f"{shard.display}: corrupt Parquet data ({_first_line(exc)})") from None
-            yield batch
+        yield from _checked(shard, batches, "Parquet")
 
 
 _Reader = TypeVar("_Reader")

@@ -435,9 +435,6 @@ class LocalEngine:
         self.config = plan.config
         self.progress: Progress = progress or NoProgress()
         self.schemas = [read_schema(shard) for shard in inputs.shards]
-        self._schema_of = {
-            id(shard): schema for shard, schema in zip(inputs.shards, self.schemas, strict=True)
-        }
         for shard, schema in zip(inputs.shards, self.schemas, strict=True):
             plan.check_columns(shard, schema, writes_output=writes_output)
         if self.config.group_size is None:
@@ -545,7 +542,7 @@ class LocalEngine:
                 continue
             reader = self._reward_reader(schema, shard)
             shard_row = 0
-            for batch in self._batches(shard, columns):
+            for batch in self._batches(shard, schema, columns):
                 if cached is not None:
                     shard_batches.append(batch)
                 lengths = reader.lengths(batch, length_col, shard_row) if length_col is not None else None
@@ -580,11 +577,14 @@ class LocalEngine:
     def _reward_reader(self, schema: pa.Schema, shard: Shard) -> RewardReader:
         return RewardReader(self.config.rewards, schema, shard, per_column=self.plan.per_column)
 
-    def _batches(self, shard: Shard, columns: list[str] | None) -> Iterator[pa.RecordBatch]:
-        """Batches sized to about ``BATCH_BYTES`` unless ``batch_rows`` is set."""
+    def _batches(
+        self, shard: Shard, schema: pa.Schema, columns: list[str] | None
+    ) -> Iterator[pa.RecordBatch]:
+        """Batches sized to about ``BATCH_BYTES`` unless ``batch_rows`` is set; ``columns``
+        may name nested fields, which are read with their top-level struct."""
         batch_rows = self.config.batch_rows or _batch_rows_for(shard)
-        if columns is not None:  # a nested field is read with its top-level struct
-            columns = top_level(self._schema_of[id(shard)], columns)
+        if columns is not None:
+            columns = top_level(schema, columns)
         if self.in_memory and shard.format == "parquet" and columns is None:
             # Read whole: pyarrow decodes row groups and columns in parallel.
             yield from read_table(shard).to_batches(max_chunksize=batch_rows)
@@ -596,8 +596,9 @@ class LocalEngine:
         return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
 
     def _is_null_at(self, shard: Shard, row: int) -> bool:
+        schema = self.schemas[self.inputs.shards.index(shard)]
         for spec in self.config.rewards:
-            value = _read_row(shard, spec.column, row, self.config.batch_rows or MAX_BATCH_ROWS)
+            value = _read_row(shard, schema, spec.column, row, self.config.batch_rows or MAX_BATCH_ROWS)
             if value is not None and not value.is_valid:
                 return True
         return False
@@ -682,7 +683,7 @@ class LocalEngine:
         reader = self._reward_reader(schema, shard)
         if first.cached is not None and (self.keeps_every_column or not all_columns):
             return reader, iter(first.cached[index])
-        return reader, self._batches(shard, None if all_columns else columns)
+        return reader, self._batches(shard, schema, None if all_columns else columns)
 
     def _group_ids(self, global_row: int, n: int, take_ids: Callable[[int], np.ndarray]) -> torch.Tensor:
         group_size = self.config.group_size
@@ -774,9 +775,9 @@ def _batch_rows_for(shard: Shard) -> int:
     return int(min(MAX_BATCH_ROWS, max(1024, BATCH_BYTES * rows // max(decoded, 1))))
 
 
-def _read_row(shard: Shard, column: str, row: int, batch_rows: int) -> pa.Scalar | None:
+def _read_row(shard: Shard, schema: pa.Schema, column: str, row: int, batch_rows: int) -> pa.Scalar | None:
     seen = 0
-    for batch in iter_batches(shard, None, batch_rows):
+    for batch in iter_batches(shard, top_level(schema, [column]), batch_rows):
         if seen + batch.num_rows > row:
             return column_of(batch, column)[row - seen]
         seen += batch.num_rows
