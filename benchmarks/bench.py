@@ -166,8 +166,8 @@ def pandas_job(src: Path, dst: Path) -> None:
 
 
 def grpo_job(src: Path, dst: Path, *, streaming: bool = False) -> None:
+    from grpo_cli.config import ComputeConfig
     from grpo_cli.jobs import compute_dataset
-    from grpo_cli.plan import ComputeConfig
 
     config = ComputeConfig(memory_budget_bytes=0) if streaming else ComputeConfig()
     compute_dataset(src, dst, config, force=True)
@@ -322,8 +322,8 @@ def bench_ray(rows: int, group_size: int, repeats: int, data_dir: Path) -> None:
     import shutil
     import tempfile
 
+    from grpo_cli.config import ComputeConfig
     from grpo_cli.jobs import compute_dataset
-    from grpo_cli.plan import ComputeConfig
 
     try:
         from grpo_cli.engines.ray import ray_session
@@ -358,9 +358,9 @@ def bench_ray(rows: int, group_size: int, repeats: int, data_dir: Path) -> None:
 
 def bench_estimators(rows: int, group_size: int, repeats: int, data_dir: Path) -> None:
     """What the batch-level estimators cost beside GRPO: the extra moments pass, --batch-col."""
+    from grpo_cli.config import ComputeConfig
     from grpo_cli.jobs import compute_dataset
     from grpo_cli.options import AdvantageOptions, RewardSpec
-    from grpo_cli.plan import ComputeConfig
 
     data_dir.mkdir(parents=True, exist_ok=True)
     src = data_dir / f"estimators_{rows}_{group_size}.parquet"

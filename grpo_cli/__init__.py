@@ -36,6 +36,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from grpo_cli.api import group_advantages
+    from grpo_cli.config import ComputeConfig
     from grpo_cli.errors import GrpoError
     from grpo_cli.jobs import check_dataset, compute_dataset
     from grpo_cli.kernel import (
@@ -47,14 +48,13 @@ if TYPE_CHECKING:
         group_stats,
         merge_group_stats,
     )
-    from grpo_cli.plan import ComputeConfig
     from grpo_cli.tables import add_advantages, summarize
 
 _LAZY = {
     "group_advantages": "grpo_cli.api",
     "compute_dataset": "grpo_cli.jobs",
     "check_dataset": "grpo_cli.jobs",
-    "ComputeConfig": "grpo_cli.plan",
+    "ComputeConfig": "grpo_cli.config",
     "GrpoError": "grpo_cli.errors",
     "add_advantages": "grpo_cli.tables",
     "summarize": "grpo_cli.tables",

@@ -40,10 +40,9 @@ from grpo_cli.choices import (
 from grpo_cli.errors import GrpoError
 
 if TYPE_CHECKING:
-    from grpo_cli.plan import ComputeConfig
+    from grpo_cli.config import ComputeConfig, VerifySpec
     from grpo_cli.progress import RichProgress
     from grpo_cli.summary import RunSummary
-    from grpo_cli.verify import VerifySpec
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
@@ -612,13 +611,13 @@ def _config(
     gpg_f_norm: float | None = None,
     recorded: ComputeConfig | None = None,
 ) -> ComputeConfig:
-    """The run's :class:`~grpo_cli.plan.ComputeConfig` from the options both commands share.
+    """The run's :class:`~grpo_cli.config.ComputeConfig` from the options both commands share.
 
     ``recorded``: the options an output was made with (``check`` reads them from its
     provenance); options given on the command line override them.
     """
+    from grpo_cli.config import ComputeConfig
     from grpo_cli.options import AdvantageOptions, RewardSpec
-    from grpo_cli.plan import ComputeConfig
 
     if group_size is not None and group_col:
         raise GrpoError("--group-size and --group-col cannot be used together")
@@ -1047,9 +1046,8 @@ def check(
 
     def body(state: _RunState) -> int:
         from grpo_cli.checks import CheckBounds
+        from grpo_cli.config import ComputeConfig, VerifySpec
         from grpo_cli.jobs import check_dataset, recorded_provenance
-        from grpo_cli.plan import ComputeConfig
-        from grpo_cli.verify import VerifySpec
 
         verifying = verify or verify_advantage_col is not None
         if strict and not verifying:

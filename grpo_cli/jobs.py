@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from grpo_cli.checks import CheckBounds, evaluate_checks
+from grpo_cli.config import ComputeConfig
 from grpo_cli.guard import (
     Claim,
     ProtectedInputs,
@@ -24,7 +25,7 @@ from grpo_cli.guard import (
     reported_after_commit,
     write_text,
 )
-from grpo_cli.plan import ComputeConfig
+from grpo_cli.output import open_output
 from grpo_cli.progress import Progress
 from grpo_cli.sources import InputSet, read_provenance
 from grpo_cli.summary import RunSummary
@@ -79,7 +80,7 @@ def summarize_table(table: pa.Table, config: ComputeConfig) -> RunSummary:
 
     config.validate()
     with InputSet.of_table(table) as inputs:
-        return run_local(inputs, config, None, force=False, progress=None)
+        return run_local(inputs, config, None, progress=None)
 
 
 def check_dataset(
@@ -160,15 +161,17 @@ def _local_job(
     summary_json: PathLike | None,
     finish: Callable[[RunSummary], None] | None = None,
 ) -> RunSummary:
-    from grpo_cli.engines.local import run_local
-
     config = config or ComputeConfig()
     config.validate()
     directory = output_is_directory(os.fspath(output)) if output is not None else False  # "-": stdout
     with InputSet(_specs(input), input_format=config.input_format) as inputs:
 
         def run(claim: Claim | None) -> RunSummary:
-            summary = run_local(inputs, config, claim, force=force, progress=progress)
+            # The spliced shards' bytes are copied while torch is imported (by the engine).
+            target = open_output(claim, config, inputs.shards, force=force) if claim is not None else None
+            from grpo_cli.engines.local import run_local
+
+            summary = run_local(inputs, config, target, progress=progress)
             if finish is not None:
                 finish(summary)
             return summary

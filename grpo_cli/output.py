@@ -24,9 +24,9 @@ import io
 import math
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -36,7 +36,32 @@ from grpo_cli.guard import PROVENANCE_KEY, Claim, os_reason, output_format
 from grpo_cli.sources import READ_SUFFIXES, Shard
 from grpo_cli.splice import SplicedFile, SpliceRefused
 
+if TYPE_CHECKING:
+    from grpo_cli.config import ComputeConfig
+
 _T = TypeVar("_T")
+
+
+def splice_refusal(config: ComputeConfig, shards: Sequence[Shard]) -> str | None:
+    """Why no shard of a run can be spliced, or ``None`` when its Parquet shards may be."""
+    if config.rewrite:
+        return "--rewrite re-encodes every column"
+    if config.drop_inactive or config.keep_mean_range is not None:
+        return "rows are filtered, so every column is re-encoded"
+    if any(shard.format != "parquet" or shard.display == "<stdin>" for shard in shards):
+        return "only Parquet input can be spliced"
+    return None
+
+
+def open_output(claim: Claim, config: ComputeConfig, shards: Sequence[Shard], *, force: bool) -> OutputTarget:
+    """The run's :class:`OutputTarget`, with its spliced shards' bytes already being copied."""
+    target = OutputTarget(claim, force=force, compression=config.compression)
+    try:
+        target.start_splices(shards, splice_refusal(config, shards))
+    except BaseException:
+        target.discard()
+        raise
+    return target
 
 
 class _WriterThread:
@@ -86,6 +111,37 @@ class _WriterThread:
         self._thread.join()
         if not abandon:
             self.check()
+
+
+class _PrefixCopier:
+    """Copies spliced outputs' prefixes (the input files' bytes) on its own thread, in order.
+
+    Started as the run starts, so the copy (in the kernel, without the GIL) overlaps
+    importing torch and pass 1; each :class:`~grpo_cli.splice.SplicedFile` waits for its
+    own prefix before it writes. Errors are kept by the files and raised where they write.
+    """
+
+    def __init__(self) -> None:
+        self._cancel = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, files: Sequence[SplicedFile]) -> None:
+        if not files:
+            return
+
+        def copy_all() -> None:
+            for file in files:
+                file.copy_prefix(cancelled=self._cancel.is_set)
+
+        self._thread = threading.Thread(target=copy_all, name="grpo-cli-copier", daemon=True)
+        self._thread.start()
+
+    def finish(self, *, cancel: bool = False) -> None:
+        """Wait for the copies (``cancel``: stop them at the next piece)."""
+        if cancel:
+            self._cancel.set()
+        if self._thread is not None:
+            self._thread.join()
 
 
 class ShardWriter:
@@ -222,18 +278,22 @@ class OutputTarget:
         self._thread = _WriterThread(claim.display)
         self.format = output_format(str(claim.path))
         self._jsonl: _JsonlSink | None = None
+        self._splices: dict[Shard, tuple[SplicedFile, IO[bytes]]] = {}
+        self._splices_started = False
+        self._copier = _PrefixCopier()
+        self._discarded = False
+
+    def reopened(self) -> OutputTarget:
+        """A fresh target for the same claim and options, after this one was discarded."""
+        return OutputTarget(self.claim, force=self.force, compression=self.compression)
 
     def open_shard(
-        self, shard: Shard, schema: pa.Schema, new_columns: int = 2, *, why_not: str | None = None
+        self, shard: Shard, schema: pa.Schema, new_columns: int = 2
     ) -> ShardWriter | JsonlShardWriter:
-        """A re-encoding writer for one input shard's rows; the last ``new_columns`` fields are ours.
-
-        ``why_not``: why the shard is not spliced, for the summary (``None`` after
-        :meth:`open_spliced` declined, which noted its own reason).
-        """
+        """A re-encoding writer for one input shard's rows; the last ``new_columns`` fields are ours."""
+        if shard in self._splices:
+            raise AssertionError(f"{shard.display} is being spliced; it cannot be re-encoded too")
         path = self._shard_path(shard)
-        if why_not is not None and self.format != "jsonl":
-            self._rewrite_because(f"{shard.display}: {why_not}")
         self.methods["rewrite"] = self.methods.get("rewrite", 0) + 1
         if self.format == "jsonl":
             refusal = _json_refusal(schema)
@@ -259,6 +319,10 @@ class OutputTarget:
     def commit(self) -> dict[str, Any]:
         """Move the finished output into place; returns what was written."""
         temp = self.claim.temp_path()
+        if self._splices:
+            names = ", ".join(shard.display for shard in self._splices)
+            raise AssertionError(f"{names}: spliced but never written")
+        self._guarded(self._copier.finish)
         self._guarded(self._thread.finish)
         if self._writer is not None:
             writer, self._writer = self._writer, None
@@ -278,30 +342,55 @@ class OutputTarget:
         self.claim.commit(force=self.force)
         return info
 
-    def open_spliced(
-        self, shard: Shard, schema: pa.Schema, new_columns: int = 2
-    ) -> SplicedShardWriter | None:
-        """A writer of the new columns spliced into a copy of ``shard``'s bytes.
+    def start_splices(self, shards: Sequence[Shard], refusal: str | None) -> None:
+        """Decide which of ``shards`` are spliced, and start copying their bytes at once.
 
-        For a Parquet shard whose rows come out unchanged, one output file per input.
-        ``None`` (the reason noted for the summary) when the file cannot be spliced: then
-        call :meth:`open_shard`.
+        ``refusal``: why no shard of the run can be spliced (:func:`splice_refusal`), or
+        ``None``. The copies run on their own thread while the run imports torch and reads
+        the keys; the reason each other shard is re-encoded is noted for the summary.
         """
+        if self._splices_started:
+            return
+        self._splices_started = True
+        if self.format == "jsonl":
+            return
+        if refusal is None and not self.is_directory and len(shards) > 1:
+            refusal = "several input shards into one file are re-encoded (write to a directory to splice)"
+        for shard in shards:
+            if refusal is not None:
+                self._rewrite_because(f"{shard.display}: {refusal}")
+            else:
+                self._prepare_splice(shard)
+        self._copier.start([spliced for spliced, _ in self._splices.values()])
+
+    def _prepare_splice(self, shard: Shard) -> None:
         path = self._shard_path(shard)
-        new_schema = pa.schema(list(schema)[len(schema) - new_columns :])
-        metadata = {k: v for k, v in (schema.metadata or {}).items() if k == PROVENANCE_KEY}
         handle = self._guarded(lambda: open(path, "wb"))  # noqa: SIM115 (closed by the writer)
         try:
-            spliced = self._guarded(
-                lambda: SplicedFile(shard.path, handle, new_schema, metadata, compression=self.compression)
-            )
+            spliced = self._guarded(lambda: SplicedFile(shard.path, handle))
         except SpliceRefused as refused:
             handle.close()
             self._rewrite_because(f"{shard.display}: {refused}")
-            return None
+            return
         except BaseException:
             handle.close()
             raise
+        self._splices[shard] = (spliced, handle)
+
+    def open_spliced(
+        self, shard: Shard, schema: pa.Schema, new_columns: int = 2
+    ) -> SplicedShardWriter | None:
+        """The writer of the new columns spliced into ``shard``'s copied bytes.
+
+        ``None`` when :meth:`start_splices` decided to re-encode the shard (the reason is
+        noted): then call :meth:`open_shard`.
+        """
+        if shard not in self._splices:
+            return None
+        spliced, handle = self._splices.pop(shard)
+        new_schema = pa.schema(list(schema)[len(schema) - new_columns :])
+        metadata = {k: v for k, v in (schema.metadata or {}).items() if k == PROVENANCE_KEY}
+        spliced.begin(new_schema, metadata, compression=self.compression)
         self.methods["splice"] = self.methods.get("splice", 0) + 1
         writer = SplicedShardWriter(spliced, handle, self._thread)
         self._spliced.append(writer)
@@ -309,6 +398,8 @@ class OutputTarget:
 
     def _shard_path(self, shard: Shard) -> Path:
         """Where ``shard``'s output goes: the temporary file, or its name in the temporary folder."""
+        if self._discarded:
+            raise AssertionError("this output target was discarded; make a new one (reopened())")
         temp = self.claim.temp_path()
         if not self.is_directory:
             return temp
@@ -325,13 +416,21 @@ class OutputTarget:
 
     def discard(self) -> None:
         """Remove whatever an unfinished run left (a no-op after :meth:`commit`)."""
-        if self.claim.committed:
+        if self.claim.committed or self._discarded:
             return
+        self._discarded = True
+        with contextlib.suppress(BaseException):  # the run already failed; cleanup goes on
+            self._copier.finish(cancel=True)
         with contextlib.suppress(BaseException):  # the run already failed; cleanup goes on
             self._thread.finish(abandon=True)
         for spliced in self._spliced:
             with contextlib.suppress(Exception):  # the run already failed; cleanup goes on
                 spliced.abandon()
+        for spliced_file, handle in self._splices.values():
+            with contextlib.suppress(Exception):  # the run already failed; cleanup goes on
+                spliced_file.abandon()
+                handle.close()
+        self._splices.clear()
         if self._writer is not None:
             with contextlib.suppress(Exception):  # the run already failed; cleanup goes on
                 self._writer.close()
@@ -420,9 +519,7 @@ class MemoryTarget:
     def open_spliced(self, shard: Shard, schema: pa.Schema, new_columns: int = 2) -> None:
         return None
 
-    def open_shard(
-        self, shard: Shard, schema: pa.Schema, new_columns: int = 2, *, why_not: str | None = None
-    ) -> MemoryTarget:
+    def open_shard(self, shard: Shard, schema: pa.Schema, new_columns: int = 2) -> MemoryTarget:
         self._schema = schema
         return self
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import os
 import struct
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -286,11 +287,17 @@ def _serialize_arrow_schema(schema: pa.Schema) -> str:
 # --------------------------------------------------------------------------- the splice
 
 
-def copy_range(source: IO[bytes], target: IO[bytes], length: int) -> None:
+COPY_PIECE_BYTES = 256 << 20  # a cancelled run stops copying within one piece
+
+
+def copy_range(
+    source: IO[bytes], target: IO[bytes], length: int, *, cancelled: Callable[[], bool] = lambda: False
+) -> None:
     """Copy ``source``'s first ``length`` bytes to the start of ``target``, in the kernel.
 
     Where ``os.copy_file_range`` is missing or refuses (another file system, an old
     kernel), the rest is copied in user space. Both files are left positioned at ``length``.
+    ``cancelled`` is asked between pieces; when it says so, :class:`CopyCancelled` is raised.
     """
     target.flush()
     copied = 0
@@ -298,7 +305,11 @@ def copy_range(source: IO[bytes], target: IO[bytes], length: int) -> None:
     if copy is not None:
         try:
             while copied < length:
-                done = copy(source.fileno(), target.fileno(), length - copied, copied, copied)
+                if cancelled():
+                    raise CopyCancelled
+                done = copy(
+                    source.fileno(), target.fileno(), min(length - copied, COPY_PIECE_BYTES), copied, copied
+                )
                 if done == 0:
                     break
                 copied += done
@@ -307,6 +318,8 @@ def copy_range(source: IO[bytes], target: IO[bytes], length: int) -> None:
     source.seek(copied)
     target.seek(copied)
     while copied < length:
+        if cancelled():
+            raise CopyCancelled
         chunk = source.read(min(length - copied, 16 << 20))
         if not chunk:
             raise SpliceRefused("it ended before its footer while being copied")
@@ -314,37 +327,38 @@ def copy_range(source: IO[bytes], target: IO[bytes], length: int) -> None:
         copied += len(chunk)
 
 
+class CopyCancelled(Exception):
+    """The run stopped while a spliced file's prefix was being copied."""
+
+
 class SplicedFile:
     """Writes ``target`` as ``source`` plus new columns, one input row group at a time.
 
-    Call :meth:`add` with the new columns' arrays for the next rows, in order (any
-    batch sizes), then :meth:`close`. Memory holds at most one row group of new columns.
+    Made as soon as the run starts (the footer is read and checked: :class:`SpliceRefused`
+    for a file that cannot be spliced). :meth:`copy_prefix` copies the input's bytes, on
+    any thread, while the run computes; :meth:`begin` names the new columns once they are
+    known. Then call :meth:`add` with the new columns' arrays for the next rows, in order
+    (any batch sizes; it waits for the copy), then :meth:`close`. Memory holds at most one
+    row group of new columns.
     """
 
-    def __init__(
-        self,
-        source: Path,
-        target: IO[bytes],
-        new_schema: pa.Schema,
-        metadata: dict[bytes, bytes],
-        *,
-        compression: str = "snappy",
-    ) -> None:
-        self._source = open(source, "rb")  # noqa: SIM115 (closed in close())
+    def __init__(self, source: Path, target: IO[bytes]) -> None:
+        self._source = open(source, "rb")  # noqa: SIM115 (closed in close() or abandon())
         try:
             self.footer = read_footer(self._source)
             self.row_counts = self.footer.row_counts()
             if any(count == 0 for count in self.row_counts):
                 raise SpliceRefused("it has an empty row group")
             self._arrow = arrow_schema_of(self.footer)
-            self._target = target
-            copy_range(self._source, target, self.footer.start)
         except BaseException:
             self._source.close()
             raise
-        self._new_schema = new_schema
-        self._metadata = metadata
-        self._compression = compression
+        self._target = target
+        self._copied = threading.Event()
+        self._copy_error: BaseException | None = None
+        self._new_schema = pa.schema([])
+        self._metadata: dict[bytes, bytes] = {}
+        self._compression = "snappy"
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
         self._group = 0
@@ -353,7 +367,34 @@ class SplicedFile:
         self._leaves: list[bytes] = []
         self._orders: list[bytes] | None = None
 
+    def copy_prefix(self, *, cancelled: Callable[[], bool] = lambda: False) -> None:
+        """Copy the input's bytes up to its footer, and flush them to disk.
+
+        Flushed here, while the run computes, so that the commit's fsync has only the new
+        columns and the footer left. An error is kept for :meth:`add` and :meth:`close`.
+        """
+        try:
+            copy_range(self._source, self._target, self.footer.start, cancelled=cancelled)
+            sync = getattr(os, "fdatasync", os.fsync)
+            sync(self._target.fileno())
+        except BaseException as exc:  # re-raised by the thread that writes the rest
+            self._copy_error = exc
+        finally:
+            self._copied.set()
+
+    def begin(self, new_schema: pa.Schema, metadata: dict[bytes, bytes], *, compression: str) -> None:
+        """The new columns' schema, the key-value metadata to set, and their compression."""
+        self._new_schema = new_schema
+        self._metadata = metadata
+        self._compression = compression
+
+    def _wait_for_prefix(self) -> None:
+        self._copied.wait()
+        if self._copy_error is not None:
+            raise self._copy_error
+
     def add(self, arrays: Sequence[pa.Array]) -> None:
+        self._wait_for_prefix()
         batch = pa.RecordBatch.from_arrays(list(arrays), schema=self._new_schema)
         self._pending.append(batch)
         self._pending_rows += batch.num_rows
@@ -411,6 +452,7 @@ class SplicedFile:
     def close(self) -> None:
         """Write the merged footer; the rows added must match the input's row groups."""
         try:
+            self._wait_for_prefix()
             if self._group != len(self.row_counts) or self._pending_rows:
                 added = sum(self.row_counts[: self._group]) + self._pending_rows
                 raise ValueError(f"got {added} rows of new columns for {sum(self.row_counts)} input rows")

@@ -27,10 +27,11 @@ import numpy as np
 import pyarrow as pa
 
 from grpo_cli.choices import Aggregation, Preset
+from grpo_cli.config import DEFAULT_MEMORY_BUDGET, ComputeConfig
 from grpo_cli.errors import GrpoError
 from grpo_cli.jobs import compute_table, summarize_table
 from grpo_cli.options import AdvantageOptions, RewardSpec
-from grpo_cli.plan import DEFAULT_MEMORY_BUDGET, ComputeConfig, RunPlan
+from grpo_cli.plan import RunPlan
 from grpo_cli.summary import RunSummary
 
 ROW_INDEX = "__grpo_cli_row__"  # carried through a filtering run to tell which rows were kept

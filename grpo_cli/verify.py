@@ -22,29 +22,18 @@ Residue rows are reported but do not fail the check unless ``strict``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from grpo_cli.config import VerifySpec
 from grpo_cli.errors import GrpoError
 from grpo_cli.kernel import GroupStats, group_std
 from grpo_cli.keys import GroupKeyIndex, as_tensor
 from grpo_cli.options import AdvantageOptions
 from grpo_cli.sources import Shard
-
-
-@dataclass(frozen=True)
-class VerifySpec:
-    """What to verify: the column, the tolerances, and whether residue fails the check."""
-
-    column: str
-    atol: float = 1e-6
-    rtol: float = 1e-5
-    max_examples: int = 5
-    strict: bool = False
 
 
 class Verifier:

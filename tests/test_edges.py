@@ -16,12 +16,11 @@ import torch
 
 from grpo_cli import rewards
 from grpo_cli.checks import CheckBounds, evaluate_checks
+from grpo_cli.config import ComputeConfig, VerifySpec
 from grpo_cli.errors import GrpoError
 from grpo_cli.jobs import check_dataset, compute_dataset
 from grpo_cli.kernel import GroupStatsAccumulator, apply_normalization, group_stats, normalize_in_groups
 from grpo_cli.options import AdvantageOptions
-from grpo_cli.plan import ComputeConfig
-from grpo_cli.verify import VerifySpec
 from tests.conftest import write_parquet
 from tests.reference import reference_advantages
 

@@ -21,9 +21,9 @@ from rich.console import Console
 
 import grpo_cli.engines.local as local_engine
 from grpo_cli import progress as progress_module
+from grpo_cli.config import ComputeConfig
 from grpo_cli.jobs import compute_dataset
 from grpo_cli.keys import GroupKeyIndex
-from grpo_cli.plan import ComputeConfig
 from grpo_cli.progress import RichProgress
 
 

@@ -13,10 +13,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError
 from grpo_cli.jobs import compute_dataset, compute_dataset_ray
 from grpo_cli.options import AdvantageOptions, RewardSpec
-from grpo_cli.plan import ComputeConfig
 
 if importlib.util.find_spec("ray") is None:  # not importorskip: Ray must not be imported yet
     pytest.skip("the ray extra is not installed", allow_module_level=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from thrift.Thrift import TType
 
+from grpo_cli.config import ComputeConfig
 from grpo_cli.guard import PROVENANCE_KEY
 from grpo_cli.jobs import compute_dataset
-from grpo_cli.plan import ComputeConfig
 from grpo_cli.splice import Field, read_footer, read_struct, write_struct
 
 CONFIG = ComputeConfig(group_cols=("uid",))
@@ -318,3 +319,106 @@ def test_copy_falls_back_to_user_space(tmp_path: Path, monkeypatch: pytest.Monke
         splice.copy_range(src, dst, 200_001)
         assert dst.tell() == 200_001
     assert (tmp_path / "out.bin").read_bytes() == source.read_bytes()[:200_001]
+
+
+# --------------------------------------------------------------------------- the early copy
+
+
+def test_job_modules_do_not_import_torch() -> None:
+    """The spliced bytes are copied while torch is imported: nothing before the engine may need it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, grpo_cli.jobs, grpo_cli.output, grpo_cli.config, grpo_cli.cli; "
+        "print('torch' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
+
+
+def test_the_prefix_is_copied_before_the_engine_runs(tmp_path: Path) -> None:
+    from grpo_cli.guard import WriteGuard
+    from grpo_cli.output import open_output
+    from grpo_cli.sources import InputSet
+
+    source = tmp_path / "in.parquet"
+    pq.write_table(rollouts(40), source, row_group_size=10)
+    footer_start = read_footer(source.open("rb")).start
+    with InputSet([str(source)]) as inputs, WriteGuard(inputs.protected()) as guard:
+        claim = guard.claim(tmp_path / "out.parquet", directory=False, force=False)
+        target = open_output(claim, CONFIG, inputs.shards, force=False)
+        target._copier.finish()
+        copied = claim.temp_path().read_bytes()
+        assert copied == source.read_bytes()[:footer_start]
+        target.discard()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet"]
+
+
+def test_a_failing_prefix_flush_is_one_line_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from grpo_cli.errors import GrpoError
+
+    source = tmp_path / "in.parquet"
+    pq.write_table(rollouts(40), source, row_group_size=10)
+    before = digest(source)
+
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fdatasync", full, raising=False)
+    with pytest.raises(GrpoError, match=r"out\.parquet: cannot write the output \(No space left on device\)"):
+        compute_dataset(source, tmp_path / "out.parquet", CONFIG)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet"]
+    assert digest(source) == before
+
+
+def test_bad_input_stops_the_copy_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A missing column is found after the copies started: they stop at the next piece."""
+    from grpo_cli import splice
+    from grpo_cli.errors import GrpoError
+
+    monkeypatch.setattr(splice, "COPY_PIECE_BYTES", 1024)
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for i in range(3):
+        pq.write_table(rollouts(400, seed=i), shards / f"p{i}.parquet", row_group_size=100)
+    pieces: list[int] = []
+    real = splice.copy_range
+
+    def held_at_the_second_piece(*args: Any, cancelled: Any, **kwargs: Any) -> None:
+        def asked() -> bool:
+            pieces.append(1)
+            deadline = time.monotonic() + 5
+            while len(pieces) == 2 and not cancelled() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return bool(cancelled())
+
+        real(*args, cancelled=asked, **kwargs)
+
+    monkeypatch.setattr(splice, "copy_range", held_at_the_second_piece)
+    with pytest.raises(GrpoError, match="'score'"):
+        compute_dataset(shards, tmp_path / "out", ComputeConfig(group_cols=("uid",), rewards=("score",)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shards"]
+    # Held at the second piece of the first file; then each of the other two stops at its first.
+    assert len(pieces) == 4, f"the copy went on for {len(pieces)} pieces after the run failed"
+
+
+def test_a_run_that_settles_a_type_starts_on_a_fresh_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that restarts (a JSON lines column whose type settles late) writes to a fresh target."""
+    from grpo_cli import sources
+
+    monkeypatch.setattr(sources, "JSONL_BLOCK_BYTES", 1024)
+    jsonl = tmp_path / "in.jsonl"
+    records = [{"uid": f"g{i // 2}", "reward": float(i % 2), "extra": 1} for i in range(3000)]
+    records[-1]["extra"] = 1.5
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
+    summary = compute_dataset(jsonl, tmp_path / "out.parquet", CONFIG)
+    assert summary.output is not None and summary.output["method"] == "rewrite"
+    assert pq.read_table(tmp_path / "out.parquet").column("extra")[-1].as_py() == 1.5
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.parquet"]

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from grpo_cli.config import ComputeConfig
 from grpo_cli.jobs import compute_dataset
 from grpo_cli.options import AdvantageOptions, RewardSpec
-from grpo_cli.plan import ComputeConfig
 from tests.conftest import rollout_rows, write_jsonl, write_parquet
 
 SMALL = ComputeConfig(batch_rows=7, stats_block_rows=11)  # many batches and statistics blocks

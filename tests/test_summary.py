@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from grpo_cli.config import ComputeConfig
 from grpo_cli.kernel import group_stats
-from grpo_cli.plan import ComputeConfig, GroupOutcome, RunPlan
+from grpo_cli.plan import GroupOutcome, RunPlan
 from grpo_cli.report import check_lines, render_compact, render_plain
 from grpo_cli.sources import Shard
 from grpo_cli.summary import TOP_INACTIVE_VALUES, RunSummary, build_summary, input_info

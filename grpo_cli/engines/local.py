@@ -23,8 +23,8 @@ import pyarrow as pa
 import torch
 
 from grpo_cli.columns import column_of, top_level
+from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError
-from grpo_cli.guard import Claim
 from grpo_cli.kernel import (
     GroupStats,
     TopTwo,
@@ -35,8 +35,15 @@ from grpo_cli.kernel import (
     weighted_moments,
 )
 from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_types
-from grpo_cli.output import JsonlShardWriter, MemoryTarget, OutputTarget, ShardWriter, SplicedShardWriter
-from grpo_cli.plan import BatchLayout, ComputeConfig, GroupOutcome, RunPlan, batch_of_groups
+from grpo_cli.output import (
+    JsonlShardWriter,
+    MemoryTarget,
+    OutputTarget,
+    ShardWriter,
+    SplicedShardWriter,
+    splice_refusal,
+)
+from grpo_cli.plan import BatchLayout, GroupOutcome, RunPlan, batch_of_groups
 from grpo_cli.progress import NoProgress, Progress
 from grpo_cli.rewards import RewardBatch, RewardReader, new_column_arrays
 from grpo_cli.sources import (
@@ -67,26 +74,29 @@ SMALL_INPUT_ROWS = 100_000  # below this, keys are matched in a dict: no polars 
 def run_local(
     inputs: InputSet,
     config: ComputeConfig,
-    claim: Claim | None,
+    output: OutputTarget | None,
     *,
-    force: bool,
     progress: Progress | None,
 ) -> RunSummary:
-    """Run ``config`` over ``inputs``, writing to ``claim`` (``None``: write nothing).
+    """Run ``config`` over ``inputs``, writing to ``output`` (``None``: write nothing).
 
-    Text columns whose type changes after the first block are settled (JSONL: the whole
-    file's types; CSV: the column widened) and the run starts again (nothing was written
-    by the failed attempt).
+    ``output`` comes from :func:`~grpo_cli.output.open_output`, which may already be
+    copying spliced shards' bytes; it is discarded if the run fails. Text columns whose
+    type changes after the first block are settled (JSONL: the whole file's types; CSV:
+    the column widened) and the run starts again (nothing was written by the failed attempt).
     """
     for _ in range(MAX_TYPE_SETTLINGS):
-        target = (
-            OutputTarget(claim, force=force, compression=config.compression) if claim is not None else None
-        )
         try:
-            engine = LocalEngine(inputs, RunPlan(config), writes_output=target is not None, progress=progress)
-            return engine.run(target)
+            engine = LocalEngine(inputs, RunPlan(config), writes_output=output is not None, progress=progress)
+            return engine.run(output)
         except SchemaDrift as drift:
             drift.settle()
+        finally:
+            if output is not None:
+                output.discard()  # a no-op once committed
+        if output is not None:
+            output = output.reopened()
+            output.start_splices(inputs.shards, splice_refusal(config, inputs.shards))
     raise GrpoError(f"{inputs.spec}: the column types could not be settled")
 
 
@@ -445,7 +455,7 @@ class LocalEngine:
         budget = self.config.memory_budget_bytes
         self.in_memory = sum(estimated_memory_bytes(s) for s in inputs.shards) <= budget
         self.one_pass_dtype = self._one_pass_dtype(writes_output)
-        self.splice_refusal = self._splice_refusal() if writes_output else "no output"
+        self.splice_refusal = splice_refusal(self.config, inputs.shards) if writes_output else "no output"
         self.bytes_read = 0
         self._passk_claimed: torch.Tensor | None = None
 
@@ -453,26 +463,6 @@ class LocalEngine:
     def keeps_every_column(self) -> bool:
         """Whether pass 1, when it keeps the batches, keeps every column (no shard is spliced)."""
         return self.splice_refusal is not None
-
-    def _splice_refusal(self) -> str | None:
-        """Why no output shard can be spliced, or ``None`` when Parquet shards may be."""
-        config = self.config
-        if config.rewrite:
-            return "--rewrite re-encodes every column"
-        if config.drop_inactive or config.keep_mean_range is not None:
-            return "rows are filtered, so every column is re-encoded"
-        if any(shard.format != "parquet" or shard.display == "<stdin>" for shard in self.inputs.shards):
-            return "only Parquet input can be spliced"
-        return None
-
-    def _shard_splice_refusal(self, shard: Shard, output: OutputTarget | MemoryTarget) -> str | None:
-        if output.format == "jsonl":
-            return "JSON lines output"
-        if self.splice_refusal is not None:
-            return self.splice_refusal
-        if not output.is_directory and len(self.inputs.shards) > 1:
-            return "several input shards into one file are re-encoded (write to a directory to splice)"
-        return None
 
     def run(self, output: OutputTarget | MemoryTarget | None) -> RunSummary:
         """Both passes; the output is committed only when everything succeeded."""
@@ -627,11 +617,9 @@ class LocalEngine:
             spliced: SplicedShardWriter | None = None
             writer: ShardWriter | JsonlShardWriter | MemoryTarget | None = None
             if output is not None:
-                refusal = self._shard_splice_refusal(shard, output)
-                if refusal is None:
-                    spliced = output.open_spliced(shard, out_schema, len(plan.new_columns))
+                spliced = output.open_spliced(shard, out_schema, len(plan.new_columns))
                 if spliced is None:
-                    writer = output.open_shard(shard, out_schema, len(plan.new_columns), why_not=refusal)
+                    writer = output.open_shard(shard, out_schema, len(plan.new_columns))
             if writer is not None:
                 reader, batches = self._shard_batches(first, index, None, all_columns=True)
             else:

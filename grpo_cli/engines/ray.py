@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError
 from grpo_cli.guard import PROVENANCE_KEY, Claim, ProtectedInputs, output_is_directory
 from grpo_cli.kernel import (
@@ -53,7 +54,7 @@ from grpo_cli.kernel import (
 )
 from grpo_cli.keys import GroupKeyIndex, as_tensor, check_key_types
 from grpo_cli.output import advantage_range, commit_directory, output_info
-from grpo_cli.plan import BatchLayout, ComputeConfig, GroupOutcome, RunPlan, batch_of_groups
+from grpo_cli.plan import BatchLayout, GroupOutcome, RunPlan, batch_of_groups
 from grpo_cli.rewards import RewardReader, new_column_arrays
 from grpo_cli.sources import InputSet, Shard
 from grpo_cli.summary import RunSummary, build_summary, input_info

@@ -1,0 +1,178 @@
+"""What a run was asked for: :class:`ComputeConfig` (plain data, validated).
+
+It imports neither torch nor pyarrow: the CLI builds it, and a run starts copying the
+spliced outputs' bytes, while torch is still being imported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from grpo_cli.choices import Aggregation, Compression, InputFormat, check_choice
+from grpo_cli.errors import GrpoError
+from grpo_cli.options import AdvantageOptions, RewardSpec
+
+DEFAULT_MEMORY_BUDGET = 1 << 30
+
+
+@dataclass(frozen=True)
+class VerifySpec:
+    """What to verify: the column, the tolerances, and whether residue fails the check."""
+
+    column: str
+    atol: float = 1e-6
+    rtol: float = 1e-5
+    max_examples: int = 5
+    strict: bool = False
+
+
+@dataclass(frozen=True)
+class ComputeConfig:
+    """Everything a run needs besides the input and output paths."""
+
+    rewards: tuple[RewardSpec, ...] = (RewardSpec("reward"),)
+    group_cols: tuple[str, ...] = ("group_id",)
+    group_size: int | None = None
+    aggregation: Aggregation = "sum-then-normalize"
+    advantage: AdvantageOptions = field(default_factory=AdvantageOptions)
+    advantage_col: str = "advantage"
+    active_col: str = "group_active"
+    stats_cols: bool = False
+    drop_inactive: bool = False
+    keep_mean_range: tuple[float, float] | None = None
+    rewrite: bool = False  # re-encode every column even where the new ones could be spliced in
+    compression: Compression = "snappy"
+    device: str = "cpu"
+    batch_rows: int | None = None  # None: about 64 MiB of decoded data per batch
+    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET
+    stats_block_rows: int = 1 << 22
+    input_format: InputFormat | None = None
+    verify: VerifySpec | None = None
+    batch_col: str | None = None
+    length_col: str | None = None
+    baseline_col: str | None = None
+
+    def __post_init__(self) -> None:
+        # Plain names are accepted where specs are expected: ComputeConfig(rewards=("correct",)).
+        rewards = (self.rewards,) if isinstance(self.rewards, str | RewardSpec) else self.rewards
+        specs = tuple(RewardSpec(r) if isinstance(r, str) else r for r in rewards)
+        groups = (self.group_cols,) if isinstance(self.group_cols, str) else tuple(self.group_cols)
+        object.__setattr__(self, "rewards", specs)
+        object.__setattr__(self, "group_cols", groups)
+
+    def validate(self) -> None:
+        if not self.rewards:
+            raise GrpoError("at least one --reward-col is needed")
+        names = [r.column for r in self.rewards]
+        if len(set(names)) != len(names):
+            raise GrpoError(f"--reward-col names a column twice: {', '.join(names)}")
+        if self.group_size is not None and self.group_size < 1:
+            raise GrpoError(f"--group-size must be a positive integer, got {self.group_size}")
+        if self.group_size is None and not self.group_cols:
+            raise GrpoError("give --group-col or --group-size")
+        check_choice("--reward-aggregation", self.aggregation, Aggregation)
+        check_choice("--compression", self.compression, Compression)
+        if self.input_format is not None:
+            check_choice("--input-format", self.input_format, InputFormat)
+        if self.advantage_col == self.active_col:
+            raise GrpoError(f"--advantage-col and --active-col are both {self.advantage_col!r}")
+        if self.keep_mean_range is not None:
+            low, high = self.keep_mean_range
+            if not low <= high:
+                raise GrpoError(f"--keep-mean-range needs LO <= HI, got {low} {high}")
+        if self.batch_rows is not None and self.batch_rows < 1:
+            raise GrpoError(f"batch_rows must be positive, got {self.batch_rows}")
+        self.advantage.validate()
+        if self.advantage.estimator == "remax" and self.baseline_col is None:
+            raise GrpoError("--estimator remax needs --baseline-col (each row's baseline reward)")
+        if self.baseline_col is not None and self.advantage.estimator != "remax":
+            raise GrpoError("--baseline-col is the baseline of --estimator remax; add --estimator remax")
+        per_column = self.aggregation == "normalize-then-sum" and len(self.rewards) > 1
+        if per_column and self.advantage.renormalize != "none" and self.advantage.whiten != "none":
+            raise GrpoError(
+                f"--whiten {self.advantage.whiten} and the {self.advantage.renormalize} re-normalisation of "
+                "normalize-then-sum both transform the batch; choose one"
+            )
+        if self.advantage.estimator == "opo" and self.length_col is None:
+            raise GrpoError(
+                "--estimator opo needs --length-col (its baseline is the length-weighted mean reward)"
+            )
+        if (
+            self.length_col is not None
+            and self.advantage.whiten == "none"
+            and self.advantage.estimator != "opo"
+        ):
+            raise GrpoError(
+                "--length-col weights the batch whitening by response length: it needs --whiten or an "
+                "estimator that whitens (reinforce_plus_plus_baseline, reinforce_baseline)"
+            )
+
+    @property
+    def input_columns(self) -> list[str]:
+        """The columns pass 1 reads: the rewards, the group keys, then the batch, length and
+        baseline columns (without repeats)."""
+        columns = [r.column for r in self.rewards]
+        wanted = list(self.group_cols) if self.group_size is None else []
+        wanted += [c for c in (self.batch_col, self.length_col, self.baseline_col) if c is not None]
+        return columns + [c for c in dict.fromkeys(wanted) if c not in columns]
+
+    @property
+    def new_columns(self) -> list[str]:
+        """The columns a run appends, in order."""
+        cols = [self.advantage_col, self.active_col]
+        if self.stats_cols:
+            cols += [
+                f"{self.advantage_col}_group_mean",
+                f"{self.advantage_col}_group_std",
+                f"{self.advantage_col}_group_size",
+            ]
+        return cols
+
+    @classmethod
+    def from_provenance(cls, record: dict[str, Any]) -> ComputeConfig:
+        """The configuration a grpo-cli output was made with, from its provenance entry."""
+        options = dict(record.get("options") or {})
+        try:
+            advantage_fields = {f.name for f in fields(AdvantageOptions)}
+            advantage = {k: v for k, v in options.items() if k in advantage_fields}
+            if advantage.get("clip") is not None:
+                advantage["clip"] = tuple(advantage["clip"])
+            keep = options.get("keep_mean_range")
+            return cls(
+                rewards=tuple(RewardSpec(r["column"], float(r["weight"])) for r in options["reward_cols"]),
+                group_cols=tuple(options.get("group_cols") or ()),
+                group_size=options.get("group_size"),
+                aggregation=options.get("reward_aggregation", "sum-then-normalize"),
+                advantage=AdvantageOptions(**advantage),
+                advantage_col=options.get("advantage_col", "advantage"),
+                active_col=options.get("active_col", "group_active"),
+                stats_cols=bool(options.get("stats_cols", False)),
+                drop_inactive=bool(options.get("drop_inactive", False)),
+                keep_mean_range=None if keep is None else (float(keep[0]), float(keep[1])),
+                device=options.get("device", "cpu"),
+                batch_col=options.get("batch_col"),
+                length_col=options.get("length_col"),
+                baseline_col=options.get("baseline_col"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise GrpoError(f"the recorded grpo-cli options cannot be read ({exc!r})") from None
+
+    def options_summary(self) -> dict[str, Any]:
+        """Every option in force, after the preset: the summary's ``options``."""
+        return {
+            **self.advantage.as_dict(),
+            "reward_cols": [{"column": r.column, "weight": r.weight} for r in self.rewards],
+            "reward_aggregation": self.aggregation,
+            "group_cols": list(self.group_cols) if self.group_size is None else [],
+            "group_size": self.group_size,
+            "advantage_col": self.advantage_col,
+            "active_col": self.active_col,
+            "stats_cols": self.stats_cols,
+            "drop_inactive": self.drop_inactive,
+            "keep_mean_range": list(self.keep_mean_range) if self.keep_mean_range else None,
+            "device": self.device,
+            "batch_col": self.batch_col,
+            "length_col": self.length_col,
+            "baseline_col": self.baseline_col,
+        }
