@@ -132,6 +132,45 @@ def check_key_types(schemas: Sequence[tuple[str, pa.Schema]], columns: Sequence[
                 )
 
 
+RUN_PROBE_ROWS = 4096
+
+
+def run_starts(table: pa.Table) -> np.ndarray | None:
+    """The rows where a run of equal keys starts, when runs are long enough to pay.
+
+    Rollout dumps keep a group's rows together: matching only each run's first row is
+    exact (the other rows compare equal to it, value by value) and costs one comparison
+    per row instead of a hash and a sort. ``None`` for shuffled keys (runs shorter than
+    two rows on average, judged on the first rows), a single row, or list and struct keys.
+
+    >>> run_starts(pa.table({"uid": ["a", "a", "b", "b", "b", "a"]})).tolist()
+    [0, 2, 5]
+    """
+    rows = table.num_rows
+    if rows < 2 or any(pa.types.is_nested(t) for t in table.schema.types):
+        return None
+    probe = min(rows, RUN_PROBE_ROWS)
+    if _run_start_count(table.slice(0, probe)) * 2 > probe:
+        return None
+    changed = _changed(table)
+    starts = np.flatnonzero(np.concatenate(([True], changed)))
+    return starts if starts.size * 2 <= rows else None
+
+
+def _changed(table: pa.Table) -> np.ndarray:
+    """Per row after the first: whether its key differs from the row before."""
+    rows = table.num_rows
+    changed = np.zeros(rows - 1, dtype=bool)
+    for column in table.columns:
+        differs = pc.not_equal(column.slice(1), column.slice(0, rows - 1))
+        changed |= differs.to_numpy(zero_copy_only=False)
+    return changed
+
+
+def _run_start_count(table: pa.Table) -> int:
+    return 1 + int(_changed(table).sum()) if table.num_rows > 1 else table.num_rows
+
+
 class GroupKeyIndex:
     """Maps group-key rows to dense int64 IDs ``0..K-1`` in order of first appearance.
 
@@ -180,6 +219,14 @@ class GroupKeyIndex:
         table = self._normalise(arrays)
         if table.num_rows == 0:
             return np.empty(0, dtype=np.int64)
+        starts = run_starts(table)
+        if starts is not None:
+            # Each run's rows equal its first row exactly: match the first rows only.
+            lengths = np.diff(starts, append=table.num_rows)
+            return np.repeat(self._encode_table(table.take(pa.array(starts))), lengths)
+        return self._encode_table(table)
+
+    def _encode_table(self, table: pa.Table) -> np.ndarray:
         if self._exact is not None:
             return self._encode_exact(table)
         saved = (self._sorted_hashes, self._sorted_ids, list(self._rep_chunks), self._count)

@@ -110,3 +110,72 @@ def test_exact_mode_gives_the_same_ids():
     ]
     assert exact == hashed == first_appearance_ids(rows)
     assert index.key_at(exact[-1]) == rows[-1]
+
+
+# --------------------------------------------------------------------------- runs of equal keys
+
+
+def grouped(keys, rng, *, max_run=9):
+    """Each key as a run of 1..max_run rows, runs in order, some keys coming back later."""
+    rows = []
+    for key in keys:
+        rows += [key] * rng.randint(1, max_run)
+        if rng.random() < 0.2 and rows:
+            rows += [rng.choice(rows)] * rng.randint(1, 3)  # a key seen in a second run
+    return rows
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 64, 100_000])
+@pytest.mark.parametrize(
+    ("keys", "arrow_type"),
+    [
+        ([f"uid-{i:05d}" for i in range(400)], None),
+        (list(range(-200, 200)), None),
+        ([2**64 - 1 - i for i in range(300)], pa.uint64()),
+        ([0.0, -0.0, 1.5, 0.0, 2.5, -0.0], None),
+        ([b"\x00a", b"\x00b", b""], None),
+        ([i * 10**9 + 1 for i in range(100)], pa.timestamp("ns")),
+    ],
+)
+def test_runs_of_equal_keys_are_matched_by_their_first_row(monkeypatch, keys, arrow_type, chunk):
+    from grpo_cli import keys as keys_module
+
+    rows = grouped(keys, random.Random(chunk))
+    got, index = encode_in_chunks([rows], chunk, types=[arrow_type])
+    expected = first_appearance_ids(rows)
+    assert got == expected
+    monkeypatch.setattr(keys_module, "run_starts", lambda table: None)
+    without_runs, _ = encode_in_chunks([rows], chunk, types=[arrow_type])
+    assert got == without_runs
+    assert len(index) == len(set(rows))
+
+
+def test_composite_keys_in_runs_split_where_either_column_changes():
+    a = ["p"] * 6 + ["q"] * 6 + ["p"] * 3
+    b = [0, 0, 0, 1, 1, 1] * 2 + [1, 1, 1]
+    got, index = encode_in_chunks([a, b], 1000, columns=("a", "b"))
+    assert got == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 1, 1, 1]
+    assert index.key_at(3) == ("q", 1)
+
+
+def test_a_hash_collision_between_run_heads_is_still_caught(monkeypatch):
+    def constant_hashes(self, table):
+        return torch.zeros(table.num_rows, dtype=torch.int64)
+
+    monkeypatch.setattr(GroupKeyIndex, "_row_hashes", constant_hashes)
+    rows = ["a"] * 4 + ["b"] * 4 + ["a"] * 2 + ["c"] * 4
+    got, _ = encode_in_chunks([rows], 1000)
+    assert got == first_appearance_ids(rows)
+
+
+def test_run_detection_is_skipped_where_it_does_not_pay():
+    from grpo_cli.keys import run_starts
+
+    assert run_starts(pa.table({"k": ["a", "b", "c", "a"]})) is None  # every row starts a run
+    assert run_starts(pa.table({"k": ["a"]})) is None
+    nested = pa.table({"k": pa.array([[1], [1], [2], [2]])})
+    assert run_starts(nested) is None  # list keys: matched whole
+    starts = run_starts(pa.table({"k": [1, 1, 2, 2]}))
+    assert starts is not None and starts.tolist() == [0, 2]
+    shuffled_start = pa.table({"k": [str(i) for i in range(5000)] + ["x"] * 100_000})
+    assert run_starts(shuffled_start) is None  # judged on the first rows
