@@ -15,8 +15,10 @@ import gzip
 import io
 import json
 import os
+import queue
 import re
 import sys
+import threading
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -535,6 +537,57 @@ def iter_batches(shard: Shard, columns: list[str] | None, batch_rows: int) -> It
         yield from _csv_batches(shard, columns)
     else:
         yield from _jsonl_batches(shard, columns)
+
+
+_Item = TypeVar("_Item")
+
+
+def read_ahead(items: Iterator[_Item], *, depth: int = 1) -> Iterator[_Item]:
+    """``items``, produced on a second thread up to ``depth`` items ahead of the consumer.
+
+    Decoding the next batch (pyarrow releases the GIL) overlaps the consumer's work on
+    this one. The producer's exception is raised to the consumer where the item would
+    have come; a consumer that stops early stops the producer, which closes ``items``.
+
+    >>> list(read_ahead(iter(range(5))))
+    [0, 1, 2, 3, 4]
+    """
+    slots: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def offer(entry: tuple[bool, Any]) -> bool:
+        while not stop.is_set():
+            with contextlib.suppress(queue.Full):
+                slots.put(entry, timeout=0.05)
+                return True
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not offer((False, item)):
+                    return
+            offer((True, None))
+        except BaseException as exc:  # raised again on the consumer's thread
+            offer((True, exc))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
+    thread = threading.Thread(target=produce, name="grpo-cli-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            finished, value = slots.get()
+            if finished:
+                if value is not None:
+                    raise value
+                return
+            yield value
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _rebatched(

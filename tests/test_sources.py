@@ -7,9 +7,11 @@ import io
 import json
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from grpo_cli import sources
+from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError
 from grpo_cli.sources import (
     InputSet,
@@ -160,3 +162,58 @@ def test_a_type_change_after_the_first_block_is_settled_by_reading_the_whole_fil
         assert unify_jsonl_schema(shard).field("reward").type == pa.float64()
         values = pa.Table.from_batches(list(iter_batches(shard, ["reward"], batch_rows=10)))
         assert values.column("reward").to_pylist()[-2:] == [1.0, 0.5]
+
+
+# --------------------------------------------------------------------------- read-ahead
+
+
+def test_read_ahead_keeps_order_and_raises_where_the_item_would_be():
+    from grpo_cli.sources import read_ahead
+
+    def items():
+        yield from range(3)
+        raise ValueError("corrupt at item 3")
+
+    got = []
+    with pytest.raises(ValueError, match="corrupt at item 3"):
+        for item in read_ahead(items()):
+            got.append(item)
+    assert got == [0, 1, 2]
+
+
+def test_read_ahead_stops_and_closes_the_source_when_the_consumer_stops():
+    import threading
+
+    from grpo_cli.sources import read_ahead
+
+    produced = []
+    closed = threading.Event()
+
+    def items():
+        try:
+            for i in range(1000):
+                produced.append(i)
+                yield i
+        finally:
+            closed.set()
+
+    reader = read_ahead(items(), depth=1)
+    assert next(reader) == 0
+    reader.close()
+    assert closed.is_set(), "the source was not closed"
+    assert len(produced) <= 3, f"the producer ran on to {len(produced)} items"
+
+
+def test_read_ahead_stops_the_source_when_the_consumer_fails(tmp_path):
+    """An error in pass 1 (a bad key) leaves no reader thread behind."""
+    import threading
+
+    from grpo_cli.jobs import compute_dataset
+
+    path = tmp_path / "in.parquet"
+    pq.write_table(
+        pa.table({"group_id": [None] + ["a"] * 99_999, "reward": [1.0] * 100_000}), path, row_group_size=1000
+    )
+    with pytest.raises(GrpoError, match="null"):
+        compute_dataset(path, tmp_path / "out.parquet", ComputeConfig(batch_rows=1000))
+    assert not [t for t in threading.enumerate() if t.name == "grpo-cli-reader"]

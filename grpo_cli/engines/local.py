@@ -53,6 +53,7 @@ from grpo_cli.sources import (
     describe_row,
     estimated_memory_bytes,
     iter_batches,
+    read_ahead,
     read_schema,
     read_table,
     row_count,
@@ -579,7 +580,8 @@ class LocalEngine:
             # Read whole: pyarrow decodes row groups and columns in parallel.
             yield from read_table(shard).to_batches(max_chunksize=batch_rows)
             return
-        yield from iter_batches(shard, columns, batch_rows)
+        # The next batch is decoded while this one's keys and rewards are processed.
+        yield from read_ahead(iter_batches(shard, columns, batch_rows))
 
     def _total_rows(self) -> int | None:
         counts = [row_count(s) for s in self.inputs.shards]
