@@ -174,10 +174,9 @@ def test_read_ahead_keeps_order_and_raises_where_the_item_would_be():
         yield from range(3)
         raise ValueError("corrupt at item 3")
 
-    got = []
+    got: list[int] = []
     with pytest.raises(ValueError, match="corrupt at item 3"):
-        for item in read_ahead(items()):
-            got.append(item)
+        got.extend(read_ahead(items()))
     assert got == [0, 1, 2]
 
 
