@@ -20,7 +20,7 @@ import re
 import sys
 import threading
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Generic, TypeVar
@@ -542,7 +542,7 @@ def iter_batches(shard: Shard, columns: list[str] | None, batch_rows: int) -> It
 _Item = TypeVar("_Item")
 
 
-def read_ahead(items: Iterator[_Item], *, depth: int = 1) -> Iterator[_Item]:
+def read_ahead(items: Iterator[_Item], *, depth: int = 1) -> Generator[_Item, None, None]:
     """``items``, produced on a second thread up to ``depth`` items ahead of the consumer.
 
     Decoding the next batch (pyarrow releases the GIL) overlaps the consumer's work on
