@@ -179,3 +179,17 @@ def test_run_detection_is_skipped_where_it_does_not_pay():
     assert starts is not None and starts.tolist() == [0, 2]
     shuffled_start = pa.table({"k": [str(i) for i in range(5000)] + ["x"] * 100_000})
     assert run_starts(shuffled_start) is None  # judged on the first rows
+
+
+def test_distinct_keys_stay_on_the_hashed_path():
+    """Only a real 64-bit collision switches to matching values in a dict (slower, same IDs)."""
+    rows = [f"uid-{i}" for i in range(3000)] * 2
+    random.Random(9).shuffle(rows)
+    got, index = encode_in_chunks([rows], 1000)
+    assert got == first_appearance_ids(rows)
+    assert index._exact is None, "a false collision sent the index to exact matching"
+
+
+def test_an_empty_index_has_no_key_to_show():
+    with pytest.raises(IndexError, match="no group keys seen yet"):
+        GroupKeyIndex(["k"]).key_at(0)

@@ -126,3 +126,79 @@ def test_advantage_range_is_unknown_without_statistics(tmp_path):
     empty = tmp_path / "empty.parquet"
     pq.write_table(pa.Table.from_batches([], schema=SCHEMA), empty)
     assert advantage_range([empty], "advantage") is None
+
+
+@pytest.mark.parametrize(
+    ("display", "name"),
+    [
+        ("<stdin>", "stdin.parquet"),
+        ("rollouts.ndjson", "rollouts.parquet"),  # .json is also a suffix: the longest is stripped
+        ("part-1.ndjson.zst", "part-1.parquet"),
+        ("x.csv.gz", "x.parquet"),
+        ("data.pq", "data.parquet"),
+    ],
+)
+def test_shard_output_names_strip_the_whole_input_suffix(display, name):
+    from grpo_cli.output import _shard_output_name
+
+    assert _shard_output_name(Shard(Path(display), display, "jsonl", 0)) == name
+
+
+@pytest.mark.parametrize(
+    "data_type",
+    [
+        pa.binary(),
+        pa.large_binary(),
+        pa.binary(4),
+        pa.list_(pa.binary()),
+        pa.large_list(pa.binary()),
+        pa.list_(pa.binary(), 2),
+        pa.struct([("ok", pa.int64()), ("raw", pa.binary())]),
+        pa.dictionary(pa.int32(), pa.binary()),
+    ],
+)
+def test_jsonl_output_refuses_raw_bytes_wherever_they_are(data_type):
+    from grpo_cli.output import _json_refusal
+
+    refusal = _json_refusal(pa.schema([("text", pa.string()), ("blob", data_type)]))
+    assert refusal is not None and refusal.startswith("column 'blob' holds raw bytes")
+
+
+def test_jsonl_output_accepts_text_and_nested_text():
+    from grpo_cli.output import _json_refusal
+
+    schema = pa.schema(
+        [
+            ("text", pa.string()),
+            ("messages", pa.list_(pa.struct([("role", pa.string()), ("n", pa.int64())]))),
+            ("source", pa.dictionary(pa.int32(), pa.string())),
+        ]
+    )
+    assert _json_refusal(schema) is None
+
+
+def test_advantage_range_of_one_value_is_that_value(tmp_path):
+    path = tmp_path / "x.parquet"
+    pq.write_table(pa.Table.from_batches([batch([1.0, 1.0])]), path)
+    assert advantage_range([path], "advantage") == (0.5, 0.5)
+
+
+def test_rewritten_shards_use_the_compression_asked_for(tmp_path, guard):
+    path = tmp_path / "out.parquet"
+    target = OutputTarget(guard.claim(path, directory=False, force=False), force=False, compression="zstd")
+    writer = target.open_shard(shard("a.parquet"), SCHEMA)
+    writer.write(batch([1.0, 2.0]))
+    writer.close()
+    target.commit()
+    group = pq.read_metadata(path).row_group(0)
+    assert {group.column(i).compression for i in range(3)} == {"ZSTD"}
+
+
+def test_commit_directory_with_force_replaces_a_directory_that_filled_meanwhile(tmp_path, guard):
+    out = tmp_path / "out"
+    claim = guard.claim(out, directory=True, force=True)
+    pq.write_table(pa.Table.from_batches([batch([1.0])]), claim.temp_path() / "new.parquet")
+    out.mkdir()
+    (out / "other.parquet").write_bytes(b"written by someone else while the run ran")
+    files = commit_directory(claim, force=True)
+    assert [f.name for f in files] == ["new.parquet"]

@@ -232,3 +232,23 @@ def test_checks_on_no_rows_report_none_and_fail_the_rows_check():
         {"name": "max-group-size", "value": None, "bound": "<= 1", "passed": True},
         {"name": "uniform-group-size", "value": "none", "bound": "min == max", "passed": True},
     ]
+
+
+def test_the_json_summary_keeps_its_documented_keys_and_precision():
+    """Pipelines read these keys by name (README, "JSON summary"): renaming one breaks them."""
+    outcome = outcome_of([*REWARDS, 5.0, 6.0, 8.0], [*IDS, 4, 4, 4])  # 2 active of 5: 0.4
+    summary = summarize(outcome, elapsed=1.23456789, mode="streaming", device="cuda:0")
+    summary.groups, summary.active_groups = 7, 2  # a fraction with more than six decimals
+    text = summary.to_json()
+    assert text.startswith('{\n  "rows": 11,\n  "groups": 7,'), text[:40]
+    data = json.loads(text)
+    assert list(data) == [
+        "rows", "groups", "active_groups", "inactive_groups", "active_fraction", "singleton_groups",
+        "group_size", "reward", "advantage", "inactive_by_value", "inactive_other_values",
+        "group_mean_histogram", "nan_rewards", "dropped", "input", "output", "options", "mode",
+        "device", "elapsed_seconds",
+    ]  # fmt: skip
+    assert data["active_fraction"] == 0.285714 and data["elapsed_seconds"] == 1.235
+    assert data["mode"] == "streaming" and data["device"] == "cuda:0"
+    assert data["group_size"] == {"min": 1, "median": 2, "max": 3}
+    assert data["inactive_other_values"] == 0
