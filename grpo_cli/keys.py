@@ -287,7 +287,11 @@ class GroupKeyIndex:
         # One stable sort merges the chunk's distinct hashes into the known ones: a chunk
         # hash equal to its left neighbour (a known hash) is found; the others are new.
         k = self._sorted_hashes.numel()
-        merged, order = torch.sort(torch.cat((self._sorted_hashes, uniques)), stable=True)
+        merged = torch.cat((self._sorted_hashes, uniques))
+        if k and uniques.numel() and bool(uniques[0] <= self._sorted_hashes[-1]):
+            merged, order = torch.sort(merged, stable=True)
+        else:  # every hash is past the known ones (sorted integer keys): already in order
+            order = torch.arange(merged.numel())
         from_chunk = order >= k
         known_before = torch.zeros_like(from_chunk)
         known_before[1:] = merged[1:] == merged[:-1]

@@ -305,14 +305,17 @@ class _StatisticsPass:
         """Rows and non-zero rewards per batch; each group's batch (one per group, checked)."""
         n = self._pending_rows
         config = self.plan.config
-        if self.batch_keys is None:
+        k = int(group_ids.max()) + 1 if n else 0
+        if self.batch_keys is None:  # one batch: no group can span two
             batch_ids = np.zeros(n, dtype=np.int64)
+            high = np.full(k, -1, dtype=np.int64)
+            high[group_ids] = 0
+            split = np.zeros(k, dtype=bool)
         else:
             assert config.batch_col is not None
             column = pa.chunked_array([column_of(b, config.batch_col) for b, _ in self._pending])
             batch_ids = self._encode(self.batch_keys, [column], shard, what="batch")
-        k = int(group_ids.max()) + 1 if n else 0
-        high, split = batch_of_groups(group_ids, batch_ids, k)
+            high, split = batch_of_groups(group_ids, batch_ids, k)
         present = high >= 0
         known = np.pad(self.batch_of_group, (0, max(0, k - self.batch_of_group.size)), constant_values=-1)
         clash = split | (present & (known[:k] >= 0) & (known[:k] != high))
