@@ -4,9 +4,11 @@ Keys may be one column or several, of any scalar type, and are compared on their
 values, whatever the input size: temporal keys on their integer storage (nanoseconds
 apart are two groups), floats numerically (``-0.0`` and ``0.0`` are one group). Null and
 NaN keys are refused: neither equals itself. Integer keys are matched on their values.
-Other keys are hashed to 64 bits per row (polars' vectorised row hash); then every row's
-key is compared with its group's representative key, so a hash collision is caught, never
-silently merged, and the index falls back to matching the key values themselves.
+A run of equal keys (a dump keeps a group's rows together) is matched by its first row
+only. Other keys are matched in a dict while there are few, then hashed to 64 bits per
+row (polars' vectorised row hash); then every row's key is compared with its group's
+representative key, so a hash collision is caught, never silently merged, and the index
+falls back to matching the key values themselves.
 
 Matching is sort-based and vectorised (torch): each chunk's distinct hashes are found
 with ``torch.unique`` and merged into the sorted hashes seen so far with one sort, so a
@@ -35,6 +37,52 @@ def as_tensor(array: np.ndarray) -> torch.Tensor:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         return torch.from_numpy(array)
+
+
+def arrow_of(values: np.ndarray) -> pa.Array:
+    """A NumPy array of numbers or bools as an Arrow array, without nulls.
+
+    ``pa.array`` would import pandas (pyarrow checks for pandas input), a quarter of a
+    second of every run's start-up where pandas is installed.
+
+    >>> arrow_of(np.array([True, False, True])).to_pylist(), arrow_of(np.arange(3)).type
+    ([True, False, True], DataType(int64))
+    """
+    values = np.ascontiguousarray(values)
+    if values.dtype == np.bool_:
+        bits = np.packbits(values, bitorder="little")
+        return pa.Array.from_buffers(pa.bool_(), len(values), [None, pa.py_buffer(bits)])
+    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)])
+
+
+def numpy_of(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """An Arrow array of numbers or bools without nulls as NumPy (a view where it can be).
+
+    ``to_numpy`` would import pandas, as ``pa.array`` would. Other arrays go through it.
+
+    >>> numpy_of(pa.chunked_array([[1, 2], [3]])), numpy_of(pa.array([True, False]).slice(1))
+    (array([1, 2, 3]), array([False]))
+    """
+    if isinstance(array, pa.ChunkedArray):
+        if array.num_chunks == 1:
+            return numpy_of(array.chunk(0))
+        if array.num_chunks == 0 or array.null_count:
+            return np.asarray(array.to_numpy())
+        return np.concatenate([numpy_of(chunk) for chunk in array.chunks])
+    data_type = array.type
+    if array.null_count or not (
+        pa.types.is_integer(data_type) or pa.types.is_floating(data_type) or pa.types.is_boolean(data_type)
+    ):
+        return np.asarray(array.to_numpy(zero_copy_only=False))
+    buffer = array.buffers()[1]
+    if pa.types.is_boolean(data_type):
+        bits = np.frombuffer(buffer, dtype=np.uint8)
+        return np.unpackbits(bits, bitorder="little", count=array.offset + len(array))[array.offset :].view(
+            bool
+        )
+    kind = "f" if pa.types.is_floating(data_type) else "i" if pa.types.is_signed_integer(data_type) else "u"
+    dtype = np.dtype(f"{kind}{data_type.bit_width // 8}")
+    return np.frombuffer(buffer, dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
 
 
 def _storage_type(data_type: pa.DataType) -> pa.DataType:
@@ -133,6 +181,7 @@ def check_key_types(schemas: Sequence[tuple[str, pa.Schema]], columns: Sequence[
 
 
 RUN_PROBE_ROWS = 4096
+EXACT_MAX_KEYS = 1 << 16  # fewer keys are matched in a dict: no hashing library to import
 
 
 def run_starts(table: pa.Table) -> np.ndarray | None:
@@ -163,7 +212,7 @@ def _changed(table: pa.Table) -> np.ndarray:
     changed = np.zeros(rows - 1, dtype=bool)
     for column in table.columns:
         differs = pc.not_equal(column.slice(1), column.slice(0, rows - 1))
-        changed |= differs.to_numpy(zero_copy_only=False)
+        changed |= numpy_of(differs)
     return changed
 
 
@@ -185,8 +234,9 @@ class GroupKeyIndex:
     """
 
     def __init__(self, columns: Sequence[str], *, exact: bool = False) -> None:
-        """``exact=True`` matches key values in a Python dict from the start: no hashing
-        library to import, which is faster for small inputs (a few thousand rows)."""
+        """Key values are matched in a Python dict while there are few (``EXACT_MAX_KEYS``,
+        counting each chunk's rows), then by 64-bit hashes checked against each group's
+        first key. ``exact=True`` keeps the dict whatever the size."""
         self.columns = tuple(columns)
         self._types: list[pa.DataType] | None = None
         self._sorted_hashes = torch.empty(0, dtype=torch.int64)
@@ -194,7 +244,10 @@ class GroupKeyIndex:
         self._rep_chunks: list[pa.Table] = []
         self._reps: pa.Table | None = None
         self._count = 0
-        self._exact: dict[Any, int] | None = {} if exact else None
+        # Keys are matched in a dict until there are too many for it: hashing (polars) then
+        # pays for its import. exact=True, or a hash collision, keeps the dict for good.
+        self._exact: dict[Any, int] | None = {}
+        self._stay_exact = exact
 
     def __len__(self) -> int:
         return self._count
@@ -223,10 +276,13 @@ class GroupKeyIndex:
         if starts is not None:
             # Each run's rows equal its first row exactly: match the first rows only.
             lengths = np.diff(starts, append=table.num_rows)
-            return np.repeat(self._encode_table(table.take(pa.array(starts))), lengths)
+            return np.repeat(self._encode_table(table.take(arrow_of(starts))), lengths)
         return self._encode_table(table)
 
     def _encode_table(self, table: pa.Table) -> np.ndarray:
+        grows_past_a_dict = not self._hashed or len(self._exact or ()) + table.num_rows > EXACT_MAX_KEYS
+        if self._exact is not None and not self._stay_exact and grows_past_a_dict:
+            self._start_hashing()
         if self._exact is not None:
             return self._encode_exact(table)
         saved = (self._sorted_hashes, self._sorted_ids, list(self._rep_chunks), self._count)
@@ -237,7 +293,18 @@ class GroupKeyIndex:
         self._sorted_hashes, self._sorted_ids, self._rep_chunks, self._count = saved
         self._reps = None
         self._exact = self._exact_lookup()
+        self._stay_exact = True
         return self._encode_exact(table)
+
+    def _start_hashing(self) -> None:
+        """Leave the dict for the sorted hashes of the keys seen so far (kept on a collision)."""
+        if self._count:
+            hashes, order = torch.sort(self._row_hashes(self._representatives()))
+            if bool((hashes[1:] == hashes[:-1]).any()):
+                self._stay_exact = True
+                return
+            self._sorted_hashes, self._sorted_ids = hashes, order
+        self._exact = None
 
     # ----------------------------------------------------------------- hashing
 
@@ -267,9 +334,9 @@ class GroupKeyIndex:
         if not self._hashed:
             column = table.column(0)
             if column.type == pa.uint64():
-                values = column.to_numpy().view(np.int64)  # a bijection onto int64
+                values = numpy_of(column).view(np.int64)  # a bijection onto int64
             else:
-                values = pc.cast(column, pa.int64()).to_numpy()
+                values = numpy_of(pc.cast(column, pa.int64()))
             return as_tensor(np.ascontiguousarray(values))
         import polars as pl
 
@@ -307,7 +374,7 @@ class GroupKeyIndex:
         new = new[torch.argsort(first_row[new])]  # first-appearance order
         unique_ids[new] = torch.arange(self._count, self._count + new.numel())
         if new.numel():
-            self._rep_chunks.append(table.take(pa.array(first_row[new].numpy())))
+            self._rep_chunks.append(table.take(arrow_of(first_row[new].numpy())))
             self._reps = None
             self._count += new.numel()
         keep = ~(from_chunk & known_before)
@@ -367,7 +434,7 @@ class GroupKeyIndex:
                 new_rows.append(row)
             ids[row] = gid
         if new_rows:
-            self._rep_chunks.append(table.take(pa.array(new_rows)))
+            self._rep_chunks.append(table.take(arrow_of(np.asarray(new_rows, dtype=np.int64))))
             self._reps = None
             self._count = len(lookup)
         return ids

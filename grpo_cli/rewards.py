@@ -20,7 +20,7 @@ import torch
 from grpo_cli.columns import column_of, field_type
 from grpo_cli.errors import GrpoError
 from grpo_cli.kernel import Normalization, apply_normalization
-from grpo_cli.keys import as_tensor
+from grpo_cli.keys import arrow_of, as_tensor, numpy_of
 from grpo_cli.options import RewardSpec
 from grpo_cli.sources import Shard, describe_row
 
@@ -154,7 +154,7 @@ class RewardReader:
             array = pc.cast(array, pa.float64(), safe=False)
         if array.null_count:
             array = array.fill_null(float("nan"))
-        return as_tensor(array.to_numpy(zero_copy_only=False))
+        return as_tensor(numpy_of(array))
 
 
 def _finite(values: torch.Tensor) -> torch.Tensor | None:
@@ -214,7 +214,7 @@ def new_column_arrays(
     group_columns: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
 ) -> list[pa.Array]:
     """The appended columns of one batch, in the order of ``ComputeConfig.new_columns``."""
-    arrays = [pa.array(advantages.numpy()), pa.array(row_active.numpy())]
+    arrays = [arrow_of(advantages.numpy()), arrow_of(row_active.numpy())]
     if group_columns is not None:
-        arrays += [pa.array(column[ids]) for column in group_columns]
+        arrays += [arrow_of(column[ids]) for column in group_columns]
     return arrays

@@ -253,9 +253,11 @@ def test_nested_reward_and_key_fields(cli, tmp_path, expected, fmt):
 @pytest.mark.parametrize("hashed", [False, True], ids=["exact", "hashed"])
 def test_a_chat_prompt_is_a_group_key_on_its_exact_value(cli, tmp_path, expected, monkeypatch, hashed):
     if hashed:
+        from grpo_cli import keys
         from grpo_cli.engines import local
 
         monkeypatch.setattr(local, "SMALL_INPUT_ROWS", 0)
+        monkeypatch.setattr(keys, "EXACT_MAX_KEYS", 0)
     source = write_parquet(tmp_path / "n.parquet", nested(ROWS))
     out = tmp_path / "o.parquet"
     result = cli("compute", source, "-o", out, "-r", "reward.score", "-g", "prompt", "-q")

@@ -9,7 +9,14 @@ import pyarrow as pa
 import pytest
 import torch
 
+from grpo_cli import keys as keys_module
 from grpo_cli.keys import GroupKeyIndex
+
+
+@pytest.fixture(autouse=True)
+def hashed_from_the_start(monkeypatch):
+    """These tests target the hashed path; small inputs would otherwise use the dict."""
+    monkeypatch.setattr(keys_module, "EXACT_MAX_KEYS", 0)
 
 
 def encode_in_chunks(values, chunk, columns=("k",), types=None):
@@ -138,8 +145,6 @@ def grouped(keys, rng, *, max_run=9):
     ],
 )
 def test_runs_of_equal_keys_are_matched_by_their_first_row(monkeypatch, keys, arrow_type, chunk):
-    from grpo_cli import keys as keys_module
-
     rows = grouped(keys, random.Random(chunk))
     got, index = encode_in_chunks([rows], chunk, types=[arrow_type])
     expected = first_appearance_ids(rows)
@@ -193,3 +198,34 @@ def test_distinct_keys_stay_on_the_hashed_path():
 def test_an_empty_index_has_no_key_to_show():
     with pytest.raises(IndexError, match="no group keys seen yet"):
         GroupKeyIndex(["k"]).key_at(0)
+
+
+def test_few_keys_are_matched_in_a_dict_then_hashed_when_they_grow(monkeypatch):
+    monkeypatch.setattr(keys_module, "EXACT_MAX_KEYS", 100)
+    rows = [f"uid-{i}" for i in range(150)] * 2
+    random.Random(4).shuffle(rows)
+    index = GroupKeyIndex(["k"])
+    first = index.encode([pa.array(rows[:60])]).tolist()
+    assert index._exact is not None  # 60 keys: a dict
+    rest = index.encode([pa.array(rows[60:])]).tolist()
+    assert index._exact is None  # more than 100: hashed, the dict's keys carried over
+    assert first + rest == first_appearance_ids(rows)
+
+
+def test_a_collision_among_the_dicts_keys_keeps_the_dict(monkeypatch):
+    monkeypatch.setattr(keys_module, "EXACT_MAX_KEYS", 3)
+
+    def constant_hashes(self, table):
+        return torch.zeros(table.num_rows, dtype=torch.int64)
+
+    monkeypatch.setattr(GroupKeyIndex, "_row_hashes", constant_hashes)
+    rows = ["a", "b", "a", "c", "d", "b", "e"]
+    got, index = encode_in_chunks([rows], 3)
+    assert got == first_appearance_ids(rows)
+    assert index._exact is not None
+
+
+def test_integer_keys_need_no_dict():
+    index = GroupKeyIndex(["k"])
+    assert index.encode([pa.array([5, 5, 9])]).tolist() == [0, 0, 1]
+    assert index._exact is None

@@ -337,6 +337,24 @@ def test_job_modules_do_not_import_torch() -> None:
     assert result.stdout.strip() == "False"
 
 
+def test_a_compute_run_imports_neither_pandas_nor_polars(tmp_path: Path) -> None:
+    """Each costs a quarter of a second of start-up; pyarrow's pa.array and to_numpy import
+    pandas when it is installed, and hashing keys imports polars (not needed for few keys)."""
+    import subprocess
+    import sys
+
+    source = tmp_path / "in.parquet"
+    pq.write_table(rollouts(4000), source, row_group_size=1000)
+    out = tmp_path / "out.parquet"
+    code = (
+        "import sys; from grpo_cli.jobs import compute_dataset; from grpo_cli.config import ComputeConfig; "
+        f"compute_dataset({str(source)!r}, {str(out)!r}, ComputeConfig(group_cols=('uid',))); "
+        "print(sorted(m for m in ('pandas', 'polars') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
 def test_the_prefix_is_copied_before_the_engine_runs(tmp_path: Path) -> None:
     from grpo_cli.guard import WriteGuard
     from grpo_cli.output import open_output

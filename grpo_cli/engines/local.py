@@ -34,7 +34,7 @@ from grpo_cli.kernel import (
     merge_weighted_moments,
     weighted_moments,
 )
-from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_types
+from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, arrow_of, as_tensor, check_key_types
 from grpo_cli.output import (
     JsonlShardWriter,
     MemoryTarget,
@@ -649,7 +649,7 @@ class LocalEngine:
                     elif writer is not None:
                         out_batch = pa.RecordBatch.from_arrays([*batch.columns, *arrays], schema=out_schema)
                         if outcome.kept is not None:
-                            out_batch = out_batch.filter(pa.array(outcome.kept[ids].numpy()))
+                            out_batch = out_batch.filter(arrow_of(outcome.kept[ids].numpy()))
                         writer.write(out_batch)
                 if first.cached is None:
                     self.bytes_read += batch.nbytes
