@@ -287,9 +287,7 @@ class OutputTarget:
         """A fresh target for the same claim and options, after this one was discarded."""
         return OutputTarget(self.claim, force=self.force, compression=self.compression)
 
-    def open_shard(
-        self, shard: Shard, schema: pa.Schema, new_columns: int = 2
-    ) -> ShardWriter | JsonlShardWriter:
+    def open_shard(self, shard: Shard, schema: pa.Schema, new_columns: int) -> ShardWriter | JsonlShardWriter:
         """A re-encoding writer for one input shard's rows; the last ``new_columns`` fields are ours."""
         if shard in self._splices:
             raise AssertionError(f"{shard.display} is being spliced; it cannot be re-encoded too")
@@ -377,9 +375,7 @@ class OutputTarget:
             raise
         self._splices[shard] = (spliced, handle)
 
-    def open_spliced(
-        self, shard: Shard, schema: pa.Schema, new_columns: int = 2
-    ) -> SplicedShardWriter | None:
+    def open_spliced(self, shard: Shard, schema: pa.Schema, new_columns: int) -> SplicedShardWriter | None:
         """The writer of the new columns spliced into ``shard``'s copied bytes.
 
         ``None`` when :meth:`start_splices` decided to re-encode the shard (the reason is
@@ -516,10 +512,10 @@ class MemoryTarget:
         self._schema: pa.Schema | None = None
         self.methods = {"rewrite": 0}
 
-    def open_spliced(self, shard: Shard, schema: pa.Schema, new_columns: int = 2) -> None:
+    def open_spliced(self, shard: Shard, schema: pa.Schema, new_columns: int) -> None:
         return None
 
-    def open_shard(self, shard: Shard, schema: pa.Schema, new_columns: int = 2) -> MemoryTarget:
+    def open_shard(self, shard: Shard, schema: pa.Schema, new_columns: int) -> MemoryTarget:
         self._schema = schema
         return self
 

@@ -229,3 +229,12 @@ def test_integer_keys_need_no_dict():
     index = GroupKeyIndex(["k"])
     assert index.encode([pa.array([5, 5, 9])]).tolist() == [0, 0, 1]
     assert index._exact is None
+
+
+def test_key_table_has_one_row_per_group_in_id_order():
+    template = pa.table({"k": pa.array([], pa.string()), "other": pa.array([], pa.int64())})
+    index = GroupKeyIndex(["k"])
+    empty = index.key_table(template)
+    assert empty.schema == pa.schema([("k", pa.string())]) and empty.num_rows == 0
+    index.encode([pa.array(["b", "a", "b", "c"])])
+    assert index.key_table(template).column("k").to_pylist() == ["b", "a", "c"]

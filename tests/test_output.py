@@ -41,9 +41,9 @@ def guard():
 def test_single_file_appears_only_on_commit(tmp_path, guard):
     target_path = tmp_path / "out.parquet"
     target = OutputTarget(guard.claim(target_path, directory=False, force=False), force=False)
-    writer = target.open_shard(shard("a.parquet"), SCHEMA)
+    writer = target.open_shard(shard("a.parquet"), SCHEMA, 2)
     writer.write(batch([1.0, 2.0]))
-    writer = target.open_shard(shard("b.parquet"), SCHEMA)  # same columns: appended
+    writer = target.open_shard(shard("b.parquet"), SCHEMA, 2)  # same columns: appended
     writer.write(batch([3.0]))
     writer.close()
     assert not target_path.exists()
@@ -66,7 +66,7 @@ def test_single_file_appears_only_on_commit(tmp_path, guard):
 
 def test_discard_leaves_nothing(tmp_path, guard):
     target = OutputTarget(guard.claim(tmp_path / "out.parquet", directory=False, force=False), force=False)
-    target.open_shard(shard("a.parquet"), SCHEMA).write(batch([1.0]))
+    target.open_shard(shard("a.parquet"), SCHEMA, 2).write(batch([1.0]))
     target.discard()
     guard.close()
     assert list(tmp_path.iterdir()) == []
@@ -74,10 +74,49 @@ def test_discard_leaves_nothing(tmp_path, guard):
 
 def test_single_file_refuses_shards_with_other_columns(tmp_path, guard):
     target = OutputTarget(guard.claim(tmp_path / "out.parquet", directory=False, force=False), force=False)
-    target.open_shard(shard("a.parquet"), SCHEMA)
+    target.open_shard(shard("a.parquet"), SCHEMA, 2)
     other = SCHEMA.append(pa.field("extra", pa.int64()))
-    with pytest.raises(GrpoError, match=r"b\.parquet: its columns differ from those of a\.parquet"):
-        target.open_shard(shard("b.parquet"), other)
+    with pytest.raises(
+        GrpoError,
+        match=r"b\.parquet: its columns differ from those of a\.parquet; write to a directory to keep one",
+    ):
+        target.open_shard(shard("b.parquet"), other, 2)
+    target.discard()
+
+
+def test_single_file_accepts_shards_whose_schemas_differ_only_in_metadata(tmp_path, guard):
+    path = tmp_path / "out.parquet"
+    target = OutputTarget(guard.claim(path, directory=False, force=False), force=False)
+    target.open_shard(shard("a.parquet"), SCHEMA.with_metadata({b"writer": b"a"}), 2).write(batch([1.0]))
+    writer = target.open_shard(shard("b.parquet"), SCHEMA.with_metadata({b"writer": b"b"}), 2)
+    writer.write(batch([2.0]))
+    writer.close()
+    target.commit()
+    assert pq.read_table(path).column("reward").to_pylist() == [1.0, 2.0]
+
+
+def test_a_run_that_wrote_nothing_has_no_output(tmp_path, guard):
+    target = OutputTarget(guard.claim(tmp_path / "out.parquet", directory=False, force=False), force=False)
+    with pytest.raises(GrpoError, match=r"^no output was produced$"):
+        target.commit()
+    target.discard()
+
+
+def test_a_failing_write_is_one_line_naming_the_output(tmp_path, guard, monkeypatch):
+    from grpo_cli import output
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(output, "_parquet_writer", full)
+    path = tmp_path / "out.parquet"
+    target = OutputTarget(guard.claim(path, directory=False, force=False), force=False)
+    with pytest.raises(GrpoError) as raised:
+        target.open_shard(shard("a.parquet"), SCHEMA, 2)
+    assert (
+        raised.value.message
+        == f"{path}: cannot write the output (No space left on device); nothing was written"
+    )
     target.discard()
 
 
@@ -85,20 +124,22 @@ def test_directory_names_shards_after_inputs_and_refuses_collisions(tmp_path, gu
     out = tmp_path / "out"
     target = OutputTarget(guard.claim(out, directory=True, force=False), force=False)
     for name in ("a.parquet", "b.jsonl.gz"):
-        writer = target.open_shard(shard(name), SCHEMA)
+        writer = target.open_shard(shard(name), SCHEMA, 2)
         writer.write(batch([1.0]))
         writer.close()
     with pytest.raises(GrpoError, match=r"b\.jsonl and b\.jsonl\.gz would both be written to"):
-        target.open_shard(shard("b.jsonl"), SCHEMA)
+        target.open_shard(shard("b.jsonl"), SCHEMA, 2)
     info = target.commit()
     assert sorted(p.name for p in out.iterdir()) == ["a.parquet", "b.parquet"]
     assert info["shards"] == 2 and info["bytes"] == sum(p.stat().st_size for p in out.iterdir())
+    # every shard was closed (footer written) before the commit, though a writer is still referenced
+    assert [pq.read_table(p).num_rows for p in sorted(out.iterdir())] == [1, 1]
 
 
 def test_new_columns_are_not_dictionary_encoded(tmp_path, guard):
     path = tmp_path / "out.parquet"
     target = OutputTarget(guard.claim(path, directory=False, force=False), force=False)
-    writer = target.open_shard(shard("a.parquet"), SCHEMA, new_columns=2)
+    writer = target.open_shard(shard("a.parquet"), SCHEMA, 2)
     writer.write(batch([1.0, 1.0, 1.0, 2.0]))
     writer.close()
     target.commit()
@@ -183,14 +224,17 @@ def test_advantage_range_of_one_value_is_that_value(tmp_path):
     assert advantage_range([path], "advantage") == (0.5, 0.5)
 
 
-def test_rewritten_shards_use_the_compression_asked_for(tmp_path, guard):
-    path = tmp_path / "out.parquet"
-    target = OutputTarget(guard.claim(path, directory=False, force=False), force=False, compression="zstd")
-    writer = target.open_shard(shard("a.parquet"), SCHEMA)
+@pytest.mark.parametrize("directory", [False, True], ids=["file", "directory"])
+def test_rewritten_shards_use_the_compression_asked_for(tmp_path, guard, directory):
+    path = tmp_path / ("out" if directory else "out.parquet")
+    target = OutputTarget(
+        guard.claim(path, directory=directory, force=False), force=False, compression="zstd"
+    )
+    writer = target.open_shard(shard("a.parquet"), SCHEMA, 2)
     writer.write(batch([1.0, 2.0]))
     writer.close()
     target.commit()
-    group = pq.read_metadata(path).row_group(0)
+    group = pq.read_metadata(path / "a.parquet" if directory else path).row_group(0)
     assert {group.column(i).compression for i in range(3)} == {"ZSTD"}
 
 

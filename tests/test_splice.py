@@ -436,7 +436,39 @@ def test_a_run_that_settles_a_type_starts_on_a_fresh_output(
     records = [{"uid": f"g{i // 2}", "reward": float(i % 2), "extra": 1} for i in range(3000)]
     records[-1]["extra"] = 1.5
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
-    summary = compute_dataset(jsonl, tmp_path / "out.parquet", CONFIG)
+    (tmp_path / "out.parquet").write_bytes(b"an earlier output, replaced with --force")
+    config = ComputeConfig(group_cols=("uid",), compression="zstd")
+    summary = compute_dataset(jsonl, tmp_path / "out.parquet", config, force=True)
     assert summary.output is not None and summary.output["method"] == "rewrite"
     assert pq.read_table(tmp_path / "out.parquet").column("extra")[-1].as_py() == 1.5
+    assert pq.read_metadata(tmp_path / "out.parquet").row_group(0).column(0).compression == "ZSTD"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.parquet"]
+
+
+def test_a_directory_of_spliced_and_rewritten_shards_says_mixed(tmp_path: Path) -> None:
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    table = rollouts(16)
+    pq.write_table(table.slice(0, 8), shards / "a.parquet")
+    with pq.ParquetWriter(shards / "b.parquet", table.schema) as writer:
+        writer.write_table(table.slice(8, 4))
+        writer.write_table(table.slice(12, 0))
+        writer.write_table(table.slice(12))
+    if pq.read_metadata(shards / "b.parquet").num_row_groups < 3:
+        pytest.skip("this pyarrow does not write empty row groups")
+    summary = compute_dataset(shards, tmp_path / "out", CONFIG)
+    assert summary.output is not None
+    assert summary.output["method"] == "mixed"
+    assert summary.output["shards_by_method"] == {"rewrite": 1, "splice": 1}
+
+
+def test_spliced_columns_use_the_compression_asked_for(tmp_path: Path) -> None:
+    source = tmp_path / "in.parquet"
+    pq.write_table(rollouts(40), source, compression="snappy")
+    out = tmp_path / "out.parquet"
+    summary = compute_dataset(source, out, ComputeConfig(group_cols=("uid",), compression="zstd"))
+    assert summary.output is not None and summary.output["method"] == "splice"
+    group = pq.read_metadata(out).row_group(0)
+    codecs = {group.column(i).path_in_schema: group.column(i).compression for i in range(group.num_columns)}
+    assert codecs["advantage"] == codecs["group_active"] == "ZSTD"
+    assert codecs["reward"] == "SNAPPY"  # the input's chunks, copied as they were

@@ -252,3 +252,22 @@ def test_the_json_summary_keeps_its_documented_keys_and_precision():
     assert data["mode"] == "streaming" and data["device"] == "cuda:0"
     assert data["group_size"] == {"min": 1, "median": 2, "max": 3}
     assert data["inactive_other_values"] == 0
+
+
+@pytest.mark.parametrize(
+    ("strict", "found", "bound", "passed"),
+    [
+        (False, "2 rows differ (3 more by rounding residue)", "0 rows differ", False),
+        (True, "5 rows differ", "0 rows differ (--strict)", False),
+    ],
+)
+def test_verify_check_counts_residue_only_under_strict(strict, found, bound, passed):
+    from grpo_cli.checks import CheckBounds, evaluate_checks
+
+    summary = summarize(outcome_of(REWARDS, IDS))
+    summary.verify = {"mismatched": 2, "residue": 3, "strict": strict}
+    (result,) = evaluate_checks(summary, CheckBounds())
+    assert result == {"name": "verify-advantage-col", "value": found, "bound": bound, "passed": passed}
+    summary.verify = {"mismatched": 0, "residue": 0, "strict": strict}
+    (result,) = evaluate_checks(summary, CheckBounds())
+    assert result["value"] == "0 rows differ" and result["passed"] is True
