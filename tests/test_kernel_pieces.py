@@ -277,3 +277,40 @@ def test_an_unknown_whitening_names_it():
     moments = weighted_moments(torch.tensor([1.0]), None, torch.tensor([0]), 1)
     with pytest.raises(ValueError, match="method must be unbiased, population, trl or gdpo, got 'zscore'"):
         whitening(moments, method="zscore")
+
+
+# Groups whose float64 sum / n is off by an ulp; the corrected two-pass mean is the
+# correctly rounded one (found by search against exact fractions).
+UNEVEN_MEANS = [
+    [0.7, 2.7, 4.8999999999999995],
+    [2.0999999999999996, 0.7, 0.3],
+    [0.8999999999999999, 0.3, 6.3],
+]
+
+
+def _exact_mean(values: list[float]) -> float:
+    from fractions import Fraction
+
+    return float(sum(Fraction(v) for v in values) / len(values))
+
+
+@pytest.mark.parametrize("layout", ["blocks", "scattered"])
+def test_group_means_are_correctly_rounded(layout: str) -> None:
+    groups = [g for g in UNEVEN_MEANS if len(g) == 3]
+    values = torch.tensor([v for g in groups for v in g], dtype=torch.float64)
+    ids = torch.arange(len(groups)).repeat_interleave(3)
+    if layout == "scattered":
+        order = torch.tensor([4, 0, 8, 2, 6, 1, 3, 7, 5])
+        values, ids = values[order], ids[order]
+    stats = group_stats(values, ids)
+    assert stats.mean.tolist() == [_exact_mean(g) for g in groups]
+    assert [sum(g) / 3 for g in groups] != [_exact_mean(g) for g in groups]  # the naive mean is off
+
+
+def test_weighted_batch_means_are_correctly_rounded() -> None:
+    from grpo_cli.kernel import weighted_moments
+
+    values = torch.tensor([v for g in UNEVEN_MEANS for v in g], dtype=torch.float64)
+    ids = torch.arange(len(UNEVEN_MEANS)).repeat_interleave(3)
+    moments = weighted_moments(values, None, ids, len(UNEVEN_MEANS))
+    assert moments.mean.tolist() == [_exact_mean(g) for g in UNEVEN_MEANS]
