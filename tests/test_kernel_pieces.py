@@ -314,3 +314,35 @@ def test_weighted_batch_means_are_correctly_rounded() -> None:
     ids = torch.arange(len(UNEVEN_MEANS)).repeat_interleave(3)
     moments = weighted_moments(values, None, ids, len(UNEVEN_MEANS))
     assert moments.mean.tolist() == [_exact_mean(g) for g in UNEVEN_MEANS]
+
+
+@pytest.mark.parametrize("num_groups", [2, 3])
+def test_leave_one_out_divides_each_row_by_its_groups_batch_std(num_groups: int) -> None:
+    """--batch-col with the leave-one-out baseline: a batch std per group, taken per row."""
+    from grpo_cli.kernel import apply_normalization, prepare_normalization
+
+    rewards = torch.tensor([0.0, 1.0, 3.0, 2.0, 2.0, 6.0, 5.0, 1.0, 0.0][: 3 * num_groups], dtype=torch.float64)
+    ids = torch.arange(num_groups).repeat_interleave(3)
+    batch_std = torch.tensor([2.0, 4.0, 8.0][:num_groups], dtype=torch.float64)
+    norm = prepare_normalization(
+        group_stats(rewards, ids, count_extremes=True), scale="batch", baseline="leave-one-out", batch_std=batch_std, epsilon=1e-300
+    )
+    got = apply_normalization(rewards, ids, norm)
+    expected = []
+    for i, r in enumerate(rewards.tolist()):
+        group = ids[i].item()
+        others = [rewards[j].item() for j in range(len(rewards)) if ids[j] == group and j != i]
+        expected.append((r - sum(others) / len(others)) / batch_std[group].item())
+    assert got.tolist() == pytest.approx(expected, rel=1e-12, abs=0)
+
+
+def test_leave_one_out_leaves_a_singleton_at_zero() -> None:
+    from grpo_cli.kernel import apply_normalization, prepare_normalization
+
+    rewards = torch.tensor([0.0, 1.0, 5.0], dtype=torch.float64)
+    ids = torch.tensor([0, 0, 1])
+    norm = prepare_normalization(
+        group_stats(rewards, ids, count_extremes=True), baseline="leave-one-out", singleton="zero"
+    )
+    got = apply_normalization(rewards, ids, norm)
+    assert got[2].item() == 0.0 and got[0].item() < 0 < got[1].item()
