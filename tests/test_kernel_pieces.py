@@ -321,11 +321,17 @@ def test_leave_one_out_divides_each_row_by_its_groups_batch_std(num_groups: int)
     """--batch-col with the leave-one-out baseline: a batch std per group, taken per row."""
     from grpo_cli.kernel import apply_normalization, prepare_normalization
 
-    rewards = torch.tensor([0.0, 1.0, 3.0, 2.0, 2.0, 6.0, 5.0, 1.0, 0.0][: 3 * num_groups], dtype=torch.float64)
+    rewards = torch.tensor(
+        [0.0, 1.0, 3.0, 2.0, 2.0, 6.0, 5.0, 1.0, 0.0][: 3 * num_groups], dtype=torch.float64
+    )
     ids = torch.arange(num_groups).repeat_interleave(3)
     batch_std = torch.tensor([2.0, 4.0, 8.0][:num_groups], dtype=torch.float64)
     norm = prepare_normalization(
-        group_stats(rewards, ids, count_extremes=True), scale="batch", baseline="leave-one-out", batch_std=batch_std, epsilon=1e-300
+        group_stats(rewards, ids, count_extremes=True),
+        scale="batch",
+        baseline="leave-one-out",
+        batch_std=batch_std,
+        epsilon=1e-300,
     )
     got = apply_normalization(rewards, ids, norm)
     expected = []
