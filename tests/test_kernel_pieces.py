@@ -336,7 +336,7 @@ def test_leave_one_out_divides_each_row_by_its_groups_batch_std(num_groups: int)
     got = apply_normalization(rewards, ids, norm)
     expected = []
     for i, r in enumerate(rewards.tolist()):
-        group = ids[i].item()
+        group = int(ids[i])
         others = [rewards[j].item() for j in range(len(rewards)) if ids[j] == group and j != i]
         expected.append((r - sum(others) / len(others)) / batch_std[group].item())
     assert got.tolist() == pytest.approx(expected, rel=1e-12, abs=0)
