@@ -352,3 +352,21 @@ def test_leave_one_out_leaves_a_singleton_at_zero() -> None:
     )
     got = apply_normalization(rewards, ids, norm)
     assert got[2].item() == 0.0 and got[0].item() < 0 < got[1].item()
+
+
+@pytest.mark.parametrize(
+    ("option", "allowed"),
+    [
+        ("baseline", "mean, leave-one-out"),
+        ("epsilon_mode", "add, clamp, add-if-nonzero"),
+        ("singleton", "zero, raw"),
+        ("nan", "error, ignore"),
+    ],
+)
+def test_normalize_in_groups_names_the_option_it_refuses(option: str, allowed: str) -> None:
+    from grpo_cli.errors import GrpoError
+    from grpo_cli.kernel import normalize_in_groups
+
+    with pytest.raises(GrpoError) as raised:
+        normalize_in_groups(torch.tensor([1.0, 2.0]), torch.tensor([0, 0]), **{option: "bogus"})
+    assert raised.value.message == f"{option} must be one of {allowed}, got 'bogus'"
