@@ -238,3 +238,15 @@ def test_key_table_has_one_row_per_group_in_id_order():
     assert empty.schema == pa.schema([("k", pa.string())]) and empty.num_rows == 0
     index.encode([pa.array(["b", "a", "b", "c"])])
     assert index.key_table(template).column("k").to_pylist() == ["b", "a", "c"]
+
+
+@pytest.mark.parametrize(
+    "arrow_type", [pa.date32(), pa.time32("s"), pa.date64(), pa.timestamp("ns")], ids=str
+)
+def test_temporal_keys_of_every_width_group_on_their_storage(arrow_type):
+    values = [1, 1, 2, 1, 3]
+    if arrow_type == pa.date64():
+        values = [v * 86_400_000 for v in values]
+    got, index = encode_in_chunks([values], 2, types=[arrow_type])
+    assert got == [0, 0, 1, 0, 2]
+    assert len(index) == 3
