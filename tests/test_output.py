@@ -173,7 +173,7 @@ def test_advantage_range_is_unknown_without_statistics(tmp_path):
     ("display", "name"),
     [
         ("<stdin>", "stdin.parquet"),
-        ("rollouts.ndjson", "rollouts.parquet"),  # .json is also a suffix: the longest is stripped
+        ("rollouts.ndjson", "rollouts.parquet"),
         ("part-1.ndjson.zst", "part-1.parquet"),
         ("x.csv.gz", "x.parquet"),
         ("data.pq", "data.parquet"),
@@ -246,3 +246,14 @@ def test_commit_directory_with_force_replaces_a_directory_that_filled_meanwhile(
     (out / "other.parquet").write_bytes(b"written by someone else while the run ran")
     files = commit_directory(claim, force=True)
     assert [f.name for f in files] == ["new.parquet"]
+
+
+def test_advantage_range_reads_past_an_empty_row_group(tmp_path):
+    path = tmp_path / "x.parquet"
+    with pq.ParquetWriter(path, SCHEMA) as writer:
+        writer.write_table(pa.Table.from_batches([batch([1.0])]))
+        writer.write_table(pa.Table.from_batches([], schema=SCHEMA))
+        writer.write_table(pa.Table.from_batches([batch([9.0])]))
+    if pq.read_metadata(path).num_row_groups < 3:
+        pytest.skip("this pyarrow does not write empty row groups")
+    assert advantage_range([path], "advantage") == (0.5, 8.5)
