@@ -279,13 +279,8 @@ class OutputTarget:
         self.format = output_format(str(claim.path))
         self._jsonl: _JsonlSink | None = None
         self._splices: dict[Shard, tuple[SplicedFile, IO[bytes]]] = {}
-        self._splices_started = False
         self._copier = _PrefixCopier()
         self._discarded = False
-
-    def reopened(self) -> OutputTarget:
-        """A fresh target for the same claim and options, after this one was discarded."""
-        return OutputTarget(self.claim, force=self.force, compression=self.compression)
 
     def open_shard(self, shard: Shard, schema: pa.Schema, new_columns: int) -> ShardWriter | JsonlShardWriter:
         """A re-encoding writer for one input shard's rows; the last ``new_columns`` fields are ours."""
@@ -341,15 +336,12 @@ class OutputTarget:
         return info
 
     def start_splices(self, shards: Sequence[Shard], refusal: str | None) -> None:
-        """Decide which of ``shards`` are spliced, and start copying their bytes at once.
+        """Decide which of ``shards`` are spliced, and start copying their bytes at once (once).
 
         ``refusal``: why no shard of the run can be spliced (:func:`splice_refusal`), or
         ``None``. The copies run on their own thread while the run imports torch and reads
         the keys; the reason each other shard is re-encoded is noted for the summary.
         """
-        if self._splices_started:
-            return
-        self._splices_started = True
         if self.format == "jsonl":
             return
         if refusal is None and not self.is_directory and len(shards) > 1:
@@ -395,7 +387,7 @@ class OutputTarget:
     def _shard_path(self, shard: Shard) -> Path:
         """Where ``shard``'s output goes: the temporary file, or its name in the temporary folder."""
         if self._discarded:
-            raise AssertionError("this output target was discarded; make a new one (reopened())")
+            raise AssertionError("this output target was discarded; make a new one (open_output())")
         temp = self.claim.temp_path()
         if not self.is_directory:
             return temp

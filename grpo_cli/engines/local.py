@@ -41,6 +41,7 @@ from grpo_cli.output import (
     OutputTarget,
     ShardWriter,
     SplicedShardWriter,
+    open_output,
     splice_refusal,
 )
 from grpo_cli.plan import BatchLayout, GroupOutcome, RunPlan, batch_of_groups
@@ -96,8 +97,7 @@ def run_local(
             if output is not None:
                 output.discard()  # a no-op once committed
         if output is not None:
-            output = output.reopened()
-            output.start_splices(inputs.shards, splice_refusal(config, inputs.shards))
+            output = open_output(output.claim, config, inputs.shards, force=output.force)
     raise GrpoError(f"{inputs.spec}: the column types could not be settled")
 
 
