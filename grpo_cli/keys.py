@@ -77,9 +77,8 @@ def numpy_of(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
     buffer = array.buffers()[1]
     if pa.types.is_boolean(data_type):
         bits = np.frombuffer(buffer, dtype=np.uint8)
-        return np.unpackbits(bits, bitorder="little", count=array.offset + len(array))[array.offset :].view(
-            bool
-        )
+        unpacked = np.unpackbits(bits, bitorder="little", count=array.offset + len(array))
+        return unpacked[array.offset :].view(bool)
     kind = "f" if pa.types.is_floating(data_type) else "i" if pa.types.is_signed_integer(data_type) else "u"
     dtype = np.dtype(f"{kind}{data_type.bit_width // 8}")
     return np.frombuffer(buffer, dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
