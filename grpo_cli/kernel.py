@@ -1290,13 +1290,10 @@ def group_top_two(values: Tensor, group_ids: Tensor, num_groups: int) -> TopTwo:
 def merge_top_two(a: TopTwo, b: TopTwo) -> TopTwo:
     """The top two of the union of two sets of rows, per group."""
     first = torch.maximum(a.first, b.first)
+    # on a tie of the two firsts, the second is that same value (-inf when both sides are empty)
     second = torch.where(
         a.first > b.first,
         torch.maximum(a.second, b.first),
         torch.where(b.first > a.first, torch.maximum(b.second, a.first), a.first),
-    )
-    # a tie of the two firsts: the second is that same value, unless both sides are empty
-    second = torch.where(
-        (a.first == b.first) & torch.isinf(a.first), torch.maximum(a.second, b.second), second
     )
     return TopTwo(first, second)

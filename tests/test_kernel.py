@@ -414,7 +414,9 @@ def test_group_stats_column_form_round_trips_and_places():
     assert sorted(columns) == sorted(f"p_{name}" for name in GroupStats.FIELDS)
     assert GroupStats.from_columns(columns, "p_") == stats
     assert GroupStats.from_columns(stats.without_extremes().to_columns()) == stats.without_extremes()
-    assert stats.without_extremes().at_minimum is None and not stats.without_extremes().counts_extremes
+    plain = stats.without_extremes()
+    assert plain.at_minimum is None and plain.at_maximum is None and not plain.counts_extremes
+    assert plain == group_stats(r, ids)
     placed = stats.select(torch.tensor([2, 0])).placed(torch.tensor([3, 1]), 4)
     assert placed.count.tolist() == [0, 2, 0, 1]
     assert placed.mean.tolist() == [0.0, 2.0, 0.0, 9.0]

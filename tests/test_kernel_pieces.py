@@ -179,6 +179,24 @@ def test_top_two_of_halves_merge_into_the_top_two_of_the_whole(values, ids, cut)
         assert [whole.first[g].item(), whole.second[g].item()] == top[:2]
 
 
+def test_top_two_of_float32_rewards_are_those_of_their_float64_values():
+    x = torch.tensor([0.1, 0.7, 0.7, 0.3], dtype=torch.float32)
+    group = torch.tensor([0, 0, 1, 1])
+    top = group_top_two(x, group, 2)
+    exact = group_top_two(x.to(torch.float64), group, 2)
+    assert top.first.dtype == torch.float64
+    assert top.first.tolist() == exact.first.tolist() and top.second.tolist() == exact.second.tolist()
+
+
+def test_merging_the_moments_of_two_empty_batches_leaves_them_empty():
+    nothing = torch.zeros(0, dtype=torch.float64)
+    empty = weighted_moments(nothing, nothing, torch.zeros(0, dtype=torch.int64), 2)
+    merged = merge_weighted_moments(empty, empty)
+    assert merged.weight.tolist() == [0.0, 0.0]
+    assert merged.mean.tolist() == empty.mean.tolist() == [0.0, 0.0]
+    assert merged.m2.tolist() == [0.0, 0.0]
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     values=st.lists(st.floats(-4, 4, allow_nan=False), min_size=1, max_size=16),
