@@ -71,7 +71,7 @@ def compute_table(table: pa.Table, config: ComputeConfig) -> pa.Table:
 
     config.validate()
     with InputSet.of_table(table) as inputs:
-        return run_in_memory(inputs, config)[1]
+        return run_in_memory(inputs, config)
 
 
 def summarize_table(table: pa.Table, config: ComputeConfig) -> RunSummary:

@@ -101,11 +101,11 @@ def run_local(
     raise GrpoError(f"{inputs.spec}: the column types could not be settled")
 
 
-def run_in_memory(inputs: InputSet, config: ComputeConfig) -> tuple[RunSummary, pa.Table]:
-    """Run ``config`` over in-memory ``inputs`` (the table API): the summary and the output rows."""
+def run_in_memory(inputs: InputSet, config: ComputeConfig) -> pa.Table:
+    """Run ``config`` over in-memory ``inputs`` (the table API): the output rows."""
     target = MemoryTarget()
-    summary = LocalEngine(inputs, RunPlan(config), writes_output=True).run(target)
-    return summary, target.table()
+    LocalEngine(inputs, RunPlan(config), writes_output=True).run(target)
+    return target.table()
 
 
 # --------------------------------------------------------------------------- ID spool
