@@ -129,7 +129,7 @@ def build_summary(
     maximum = cpu.maximum.numpy()
     active_np = outcome.active.numpy().astype(bool)
     groups = int(count.size)
-    sizes = rows_per_group if rows_per_group.size == groups else count
+    sizes = rows_per_group  # rows, a null or NaN reward's included
     singleton = int((sizes == 1).sum())
 
     n_all, mean_all, _ = batch_moments(cpu)

@@ -188,6 +188,14 @@ def test_top_two_of_float32_rewards_are_those_of_their_float64_values():
     assert top.first.tolist() == exact.first.tolist() and top.second.tolist() == exact.second.tolist()
 
 
+def test_sample_std_of_two_rollouts_divides_by_one():
+    from grpo_cli.kernel import batch_std, group_stats
+
+    stats = group_stats(torch.tensor([0.0, 2.0], dtype=torch.float64), torch.tensor([0, 1]))
+    assert float(batch_std(stats, ddof=1)) == 2**0.5
+    assert float(batch_std(stats)) == 1.0
+
+
 def test_merging_the_moments_of_two_empty_batches_leaves_them_empty():
     nothing = torch.zeros(0, dtype=torch.float64)
     empty = weighted_moments(nothing, nothing, torch.zeros(0, dtype=torch.int64), 2)

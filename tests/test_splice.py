@@ -373,6 +373,25 @@ def test_the_prefix_is_copied_before_the_engine_runs(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet"]
 
 
+def test_discarding_a_target_closes_its_opened_splices(tmp_path: Path) -> None:
+    from grpo_cli.guard import WriteGuard
+    from grpo_cli.output import open_output
+    from grpo_cli.sources import InputSet
+
+    source = tmp_path / "in.parquet"
+    pq.write_table(rollouts(40), source, row_group_size=10)
+    schema = pq.read_schema(source).append(pa.field("advantage", pa.float64()))
+    schema = schema.append(pa.field("group_active", pa.bool_()))
+    with InputSet([str(source)]) as inputs, WriteGuard(inputs.protected()) as guard:
+        claim = guard.claim(tmp_path / "out.parquet", directory=False, force=False)
+        target = open_output(claim, CONFIG, inputs.shards, force=False)
+        writer = target.open_spliced(inputs.shards[0], schema, 2)
+        assert writer is not None
+        target.discard()  # the run failed before the writer was closed
+        assert writer._handle.closed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet"]
+
+
 def test_a_failing_prefix_flush_is_one_line_and_leaves_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
@@ -72,6 +73,15 @@ def test_group_figures_match_a_direct_count():
         ([0.5, 0.5, 0.2, 0.8], [0, 0, 1, 1], "single", [2]),
         # beyond [0, 1]: from the lowest to the highest mean
         ([-3.0, 5.0, 10.0, 10.0], [0, 0, 1, 1], "range", [1, 0, 0, 0, 0, 0, 0, 0, 0, 1]),
+        # a 1e-8 among 0s and 1s is not a binary reward, though its spread nearly is one's
+        ([0.0, 1.0, 1e-8, 1.0, 1.0, 0.0], [0] * 3 + [1] * 3, "unit", [0, 0, 0, 1, 0, 0, 1, 0, 0, 0]),
+        # a spread exactly a binary group's, from values that are not all 0 or 1
+        (
+            [0.0, 0.5, (1 + 2**0.5) / 2, 0.0, 0.0, 1.0],
+            [0] * 3 + [1] * 3,
+            "unit",
+            [0, 0, 0, 1, 0, 1, 0, 0, 0, 0],
+        ),
     ],
 )
 def test_histogram_bins_read_at_a_glance(rewards, ids, kind, counts):
@@ -85,6 +95,29 @@ def test_histogram_bins_read_at_a_glance(rewards, ids, kind, counts):
         assert histogram["labels"] == ["0/4", "1/4", "2/4", "3/4", "4/4"]
     else:
         assert "group mean reward histogram" in text and "solve rate" not in text
+
+
+def test_a_group_with_no_valid_reward_is_left_out_of_the_histogram():
+    from grpo_cli.summary import group_mean_histogram
+
+    histogram = group_mean_histogram(
+        np.array([0.5, 0.0]),
+        np.array([2, 0]),
+        np.array([0.0, math.inf]),
+        np.array([1.0, -math.inf]),
+        np.array([0.5, 0.0]),
+        np.array([2, 2]),
+    )
+    assert (histogram["kind"], histogram["counts"]) == ("solve_rate", [0, 1, 0])
+
+
+def test_group_sizes_count_rows_whose_reward_is_left_out():
+    from grpo_cli.tables import summarize as summarize_table
+
+    table = pa.table({"group_id": [0, 0, 0, 1, 1, 1], "reward": [1.0, None, 0.0, 1.0, 0.0, float("nan")]})
+    summary = summarize_table(table, nan="ignore")
+    assert summary.group_size == {"min": 3, "median": 3.0, "max": 3}
+    assert summary.nan_rewards == 2 and summary.singleton_groups == 0
 
 
 def test_inactive_values_are_ranked_by_count_and_the_rest_counted():
