@@ -345,6 +345,16 @@ class GroupKeyIndex:
 
     def _encode_hashed(self, table: pa.Table) -> torch.Tensor:
         hashes = self._row_hashes(table)
+        if not self._hashed and self._all_new_in_order(hashes):
+            # Sorted integer keys (or their run heads): every key is new and comes in
+            # order, so the IDs follow on and the sorted keys grow at the end.
+            ids = torch.arange(self._count, self._count + hashes.numel())
+            self._sorted_hashes = torch.cat((self._sorted_hashes, hashes))
+            self._sorted_ids = torch.cat((self._sorted_ids, ids))
+            self._rep_chunks.append(table)
+            self._reps = None
+            self._count += hashes.numel()
+            return ids
         n = hashes.numel()
         uniques, inverse = torch.unique(hashes, sorted=True, return_inverse=True)
         first_row = torch.full((uniques.numel(),), n, dtype=torch.int64).scatter_reduce_(
@@ -381,6 +391,13 @@ class GroupKeyIndex:
         merged_ids[from_chunk] = unique_ids[chunk_pos]
         self._sorted_ids = merged_ids[keep]
         return unique_ids[inverse]
+
+    def _all_new_in_order(self, values: torch.Tensor) -> bool:
+        """Whether ``values`` (one chunk's, never empty) rise strictly, from above every
+        value already known."""
+        known = self._sorted_hashes
+        rising = bool((values[1:] > values[:-1]).all())
+        return rising and (not known.numel() or bool(values[0] > known[-1]))
 
     def _representatives(self) -> pa.Table:
         if self._reps is None:

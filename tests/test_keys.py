@@ -54,6 +54,24 @@ def test_ids_are_first_appearance_and_chunk_independent(values, arrow_type, chun
     assert index.key_at(got[0]) == values[0]
 
 
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        [[1, 2, 5], [6, 9], [10]],  # each chunk rising, each past the last: IDs follow on
+        [[1, 2, 5], [5, 6], [0, 7]],  # rising chunks that start at or below a known key
+        [[3, 4], [8, 6, 7], [9, 10]],  # a chunk that does not rise
+        [[1, 1, 2], [2, 3]],  # a repeat in a chunk too short for runs
+        [[-(2**63), -1, 0, 2**63 - 1], [-5, 2**63 - 1]],
+    ],
+)
+def test_rising_integer_chunks_get_first_appearance_ids(chunks):
+    index = GroupKeyIndex(["k"])
+    got = [index.encode([pa.array(chunk, pa.int64())]).tolist() for chunk in chunks]
+    flat = [v for chunk in chunks for v in chunk]
+    assert [i for ids in got for i in ids] == first_appearance_ids(flat)
+    assert [index.key_at(i) for i in range(len(index))] == list(dict.fromkeys(flat))
+
+
 def test_composite_keys():
     rng = random.Random(2)
     a = [rng.choice(["x", "y", "z"]) for _ in range(500)]
