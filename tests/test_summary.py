@@ -73,6 +73,14 @@ def test_group_figures_match_a_direct_count():
         ([0.5, 0.5, 0.2, 0.8], [0, 0, 1, 1], "single", [2]),
         # beyond [0, 1]: from the lowest to the highest mean
         ([-3.0, 5.0, 10.0, 10.0], [0, 0, 1, 1], "range", [1, 0, 0, 0, 0, 0, 0, 0, 0, 1]),
+        # binary, groups of one: a bar for 0/1 and one for 1/1
+        ([1, 0, 1], [0, 1, 2], "solve_rate", [1, 2]),
+        # binary, but groups of two sizes: no single k/G scale
+        ([1, 0, 1, 0, 0], [0, 0, 1, 1, 1], "unit", [0, 0, 0, 1, 0, 1, 0, 0, 0, 0]),
+        # means of exactly 0 and 1 (not binary rewards): still the unit bins
+        ([0.0, 0.0, 0.5, 1.5], [0, 0, 1, 1], "unit", [1, 0, 0, 0, 0, 0, 0, 0, 0, 1]),
+        # a mean above 1, though none below 0: the range
+        ([0.0, 0.0, 1.5, 2.5], [0, 0, 1, 1], "range", [1, 0, 0, 0, 0, 0, 0, 0, 0, 1]),
         # a 1e-8 among 0s and 1s is not a binary reward, though its spread nearly is one's
         ([0.0, 1.0, 1e-8, 1.0, 1.0, 0.0], [0] * 3 + [1] * 3, "unit", [0, 0, 0, 1, 0, 0, 1, 0, 0, 0]),
         # a spread exactly a binary group's, from values that are not all 0 or 1
@@ -91,10 +99,38 @@ def test_histogram_bins_read_at_a_glance(rewards, ids, kind, counts):
     assert len(histogram["edges"]) == len(counts) + 1
     text = render_plain(summary)
     if kind == "solve_rate":
-        assert "group solve rate histogram" in text and "  2/4  1  " in text
-        assert histogram["labels"] == ["0/4", "1/4", "2/4", "3/4", "4/4"]
+        size = len(counts) - 1
+        assert histogram["labels"] == [f"{k}/{size}" for k in range(size + 1)]
+        assert "group solve rate histogram" in text
+        assert all(
+            f"  {label}  {n}  " in text for label, n in zip(histogram["labels"], counts, strict=True) if n
+        )
     else:
         assert "group mean reward histogram" in text and "solve rate" not in text
+
+
+def test_solve_rate_bars_are_centred_on_k_over_g():
+    summary = summarize(outcome_of([1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0], [0] * 4 + [1] * 4))
+    assert summary.group_mean_histogram["edges"] == [0.0, 0.125, 0.375, 0.625, 0.875, 1.0]
+
+
+@pytest.mark.parametrize(("size", "kind"), [(64, "solve_rate"), (65, "single")])
+def test_solve_rates_are_binned_for_groups_of_up_to_64(size, kind):
+    from grpo_cli.summary import group_mean_histogram
+
+    solved = size // 2
+    p = solved / size
+    histogram = group_mean_histogram(
+        np.array([p]),
+        np.array([size]),
+        np.array([0.0]),
+        np.array([1.0]),
+        np.array([size * p * (1 - p)]),
+        np.array([size]),
+    )
+    assert histogram["kind"] == kind
+    if kind == "solve_rate":
+        assert len(histogram["counts"]) == size + 1 and histogram["counts"][solved] == 1
 
 
 def test_a_group_with_no_valid_reward_is_left_out_of_the_histogram():
