@@ -188,6 +188,17 @@ def test_top_two_of_float32_rewards_are_those_of_their_float64_values():
     assert top.first.tolist() == exact.first.tolist() and top.second.tolist() == exact.second.tolist()
 
 
+@pytest.mark.parametrize("unit", [1e-150, 1e150])
+def test_batch_moments_of_rewards_far_from_one_are_in_reward_units(unit):
+    from grpo_cli.kernel import batch_moments, group_stats
+
+    x = torch.tensor([1.0, 3.0, 2.0], dtype=torch.float64) * unit
+    n, mean, m2 = batch_moments(group_stats(x, torch.tensor([0, 0, 1])))
+    assert n == 3
+    assert float(mean) == pytest.approx(2 * unit, rel=1e-15, abs=0)
+    assert float(m2) == pytest.approx(2 * unit * unit, rel=1e-12, abs=0)
+
+
 def test_sample_std_of_two_rollouts_divides_by_one():
     from grpo_cli.kernel import batch_std, group_stats
 
