@@ -11,6 +11,7 @@ the same, so both paths give bitwise identical results.
 
 from __future__ import annotations
 
+import collections
 import math
 import tempfile
 import time
@@ -137,14 +138,21 @@ class _IdSpool:
                 return np.frombuffer(file.read(n * 8), dtype=np.int64)
 
             return take_from_file
-        flat = np.concatenate(self._chunks) if self._chunks else np.empty(0, dtype=np.int64)
-        position = 0
+        chunks = collections.deque(self._chunks)
 
         def take_from_memory(n: int) -> np.ndarray:
-            nonlocal position
-            out = flat[position : position + n]
-            position += n
-            return out
+            # pass 2's batches need not line up with pass 1's chunks: take across them
+            parts = []
+            while n and chunks:
+                head = chunks.popleft()
+                if head.size > n:
+                    chunks.appendleft(head[n:])
+                    head = head[:n]
+                parts.append(head)
+                n -= head.size
+            if len(parts) == 1:
+                return parts[0]
+            return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
         return take_from_memory
 
@@ -305,17 +313,17 @@ class _StatisticsPass:
         """Rows and non-zero rewards per batch; each group's batch (one per group, checked)."""
         n = self._pending_rows
         config = self.plan.config
+        combined = chunk.combined.numpy()
+        nonzero = np.isfinite(combined) & (combined != 0)
+        if self.batch_keys is None:  # one batch: no group can span two, and each group's is 0
+            self.batch_rows[0] += n
+            self.batch_nonzero[0] += int(np.count_nonzero(nonzero))
+            return
         k = int(group_ids.max()) + 1 if n else 0
-        if self.batch_keys is None:  # one batch: no group can span two
-            batch_ids = np.zeros(n, dtype=np.int64)
-            high = np.full(k, -1, dtype=np.int64)
-            high[group_ids] = 0
-            split = np.zeros(k, dtype=bool)
-        else:
-            assert config.batch_col is not None
-            column = pa.chunked_array([column_of(b, config.batch_col) for b, _ in self._pending])
-            batch_ids = self._encode(self.batch_keys, [column], shard, what="batch")
-            high, split = batch_of_groups(group_ids, batch_ids, k)
+        assert config.batch_col is not None
+        column = pa.chunked_array([column_of(b, config.batch_col) for b, _ in self._pending])
+        batch_ids = self._encode(self.batch_keys, [column], shard, what="batch")
+        high, split = batch_of_groups(group_ids, batch_ids, k)
         present = high >= 0
         known = np.pad(self.batch_of_group, (0, max(0, k - self.batch_of_group.size)), constant_values=-1)
         clash = split | (present & (known[:k] >= 0) & (known[:k] != high))
@@ -334,8 +342,6 @@ class _StatisticsPass:
             self.batch_rows = np.pad(self.batch_rows, (0, grow))
             self.batch_nonzero = np.pad(self.batch_nonzero, (0, grow))
         self.batch_rows += np.bincount(batch_ids, minlength=self.batch_rows.size)
-        combined = chunk.combined.numpy()
-        nonzero = np.isfinite(combined) & (combined != 0)
         self.batch_nonzero += np.bincount(batch_ids[nonzero], minlength=self.batch_rows.size)
 
     def batch_layout(self, num_groups: int) -> BatchLayout:
