@@ -199,6 +199,24 @@ def test_batch_moments_of_rewards_far_from_one_are_in_reward_units(unit):
     assert float(m2) == pytest.approx(2 * unit * unit, rel=1e-12, abs=0)
 
 
+def test_batch_moments_of_ordinary_and_tiny_groups_together():
+    """The batch is of ordinary magnitude, one group's rewards are near 1e-80: its m2 is
+    kept in that group's own scale and must be brought back before it is added."""
+    from fractions import Fraction
+
+    from grpo_cli.kernel import batch_moments, group_stats
+
+    values = [1.0, 3.0, 1e-80, 3e-80]
+    n, mean, m2 = batch_moments(
+        group_stats(torch.tensor(values, dtype=torch.float64), torch.tensor([0, 0, 1, 1]))
+    )
+    exact = [Fraction(v) for v in values]
+    exact_mean = sum(exact) / len(exact)
+    assert n == 4
+    assert float(mean) == pytest.approx(float(exact_mean), rel=1e-15, abs=0)
+    assert float(m2) == pytest.approx(float(sum((v - exact_mean) ** 2 for v in exact)), rel=1e-15, abs=0)
+
+
 def test_sample_std_of_two_rollouts_divides_by_one():
     from grpo_cli.kernel import batch_std, group_stats
 
