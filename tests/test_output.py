@@ -72,6 +72,80 @@ def test_discard_leaves_nothing(tmp_path, guard):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_discarded_target_closes_its_files_and_takes_no_more_shards(tmp_path, guard):
+    target = OutputTarget(guard.claim(tmp_path / "out.parquet", directory=False, force=False), force=False)
+    writer = target.open_shard(shard("a.parquet"), SCHEMA, 2)
+    writer.write(batch([1.0]))
+    parquet = writer._writer
+    target.discard()
+    assert not parquet.is_open
+    # a write after discard() would leave a file where the temporary was removed
+    with pytest.raises(AssertionError, match="discarded"):
+        target.open_shard(shard("b.parquet"), SCHEMA, 2)
+    guard.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_discarded_jsonl_target_closes_its_file(tmp_path, guard):
+    target = OutputTarget(guard.claim(tmp_path / "out.jsonl", directory=False, force=False), force=False)
+    target.open_shard(shard("a.parquet"), SCHEMA, 2).write(batch([1.0]))
+    sink = target._jsonl
+    assert sink is not None
+    target.discard()
+    assert sink._handle.closed
+    guard.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("failing", "output_name", "spliced"),
+    [
+        ("grpo_cli.output._PrefixCopier.finish", "out.parquet", True),
+        ("grpo_cli.splice.SplicedFile.abandon", "out.parquet", True),
+        ("grpo_cli.output.SplicedShardWriter.abandon", "out.parquet", True),
+        ("grpo_cli.output._WriterThread.finish", "out.parquet", False),
+        ("pyarrow.parquet.ParquetWriter.close", "out.parquet", False),
+        ("grpo_cli.output._JsonlSink.close", "out.jsonl", False),
+    ],
+)
+def test_discard_goes_on_when_a_cleanup_step_fails(
+    tmp_path, guard, monkeypatch, failing, output_name, spliced
+):
+    """discard() runs after a failure: an error in one cleanup step must neither replace
+    the run's error nor stop the other steps (the temporary is still removed)."""
+    from grpo_cli.sources import InputSet
+
+    source = tmp_path / "in" / "a.parquet"
+    source.parent.mkdir()
+    pq.write_table(pa.table({"reward": [1.0, 2.0]}), source)
+    with InputSet([str(source)]) as inputs:
+        target = OutputTarget(guard.claim(tmp_path / output_name, directory=False, force=False), force=False)
+        target.start_splices(inputs.shards, None if spliced else "re-encoded in this test")
+        if failing.endswith("SplicedShardWriter.abandon"):
+            assert target.open_spliced(inputs.shards[0], SCHEMA, 2) is not None
+        elif not spliced:
+            target.open_shard(inputs.shards[0], SCHEMA, 2).write(batch([1.0]))
+        closed_for_real = failing.endswith(".close")
+        real_method = _attribute(failing)
+
+        def fail(*args, **kwargs):
+            if closed_for_real:
+                real_method(*args, **kwargs)
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(failing, fail)
+        target.discard()
+    guard.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+
+
+def _attribute(dotted: str):
+    import importlib
+
+    module, owner, name = dotted.rsplit(".", 2)
+    return getattr(getattr(importlib.import_module(module), owner), name)
+
+
 def test_single_file_refuses_shards_with_other_columns(tmp_path, guard):
     target = OutputTarget(guard.claim(tmp_path / "out.parquet", directory=False, force=False), force=False)
     target.open_shard(shard("a.parquet"), SCHEMA, 2)

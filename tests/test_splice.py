@@ -200,7 +200,11 @@ def test_jsonl_input_and_several_shards_into_one_file_are_rewritten(tmp_path: Pa
     for i in range(2):
         pq.write_table(rollouts(8, seed=i), shards / f"p{i}.parquet")
     summary = compute_dataset(shards, tmp_path / "one.parquet", CONFIG)
-    assert summary.output is not None and "several input shards" in summary.output["rewrite_reason"]
+    assert summary.output is not None
+    assert summary.output["rewrite_reason"] == (
+        f"{shards / 'p0.parquet'}: several input shards into one file are re-encoded "
+        "(write to a directory to splice)"
+    )
 
 
 def test_empty_row_group_falls_back_to_rewrite(tmp_path: Path) -> None:
