@@ -345,9 +345,9 @@ class GroupKeyIndex:
 
     def _encode_hashed(self, table: pa.Table) -> torch.Tensor:
         hashes = self._row_hashes(table)
-        if not self._hashed and self._all_new_in_order(hashes):
+        if self._all_new_in_order(hashes):
             # Sorted integer keys (or their run heads): every key is new and comes in
-            # order, so the IDs follow on and the sorted keys grow at the end.
+            # order, so the IDs follow on and the sorted hashes grow at the end.
             ids = torch.arange(self._count, self._count + hashes.numel())
             self._sorted_hashes = torch.cat((self._sorted_hashes, hashes))
             self._sorted_ids = torch.cat((self._sorted_ids, ids))

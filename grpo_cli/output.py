@@ -48,7 +48,9 @@ def splice_refusal(config: ComputeConfig, shards: Sequence[Shard]) -> str | None
         return "--rewrite re-encodes every column"
     if config.drop_inactive or config.keep_mean_range is not None:
         return "rows are filtered, so every column is re-encoded"
-    if any(shard.format != "parquet" or shard.display == "<stdin>" for shard in shards):
+    if any(shard.display == "<stdin>" for shard in shards):
+        return "standard input is re-encoded (only Parquet files are spliced)"
+    if any(shard.format != "parquet" for shard in shards):
         return "only Parquet input can be spliced"
     return None
 

@@ -217,6 +217,18 @@ def test_batch_moments_of_ordinary_and_tiny_groups_together():
     assert float(m2) == pytest.approx(float(sum((v - exact_mean) ** 2 for v in exact)), rel=1e-15, abs=0)
 
 
+def test_streamed_chunks_with_and_without_a_validity_mask_merge_into_one_block():
+    from grpo_cli.kernel import GroupStatsAccumulator, group_stats
+
+    rewards = torch.tensor([1.0, 2.0, 5.0, 9.0, 4.0], dtype=torch.float64)
+    ids = torch.tensor([0, 1, 0, 1, 0])
+    valid = torch.tensor([True, True, True, False, True])
+    acc = GroupStatsAccumulator(block_rows=100)
+    acc.update(rewards[:2], ids[:2])  # no mask: every reward valid
+    acc.update(rewards[2:], ids[2:], valid[2:])
+    assert acc.compute() == group_stats(rewards[valid], ids[valid])
+
+
 def test_sample_std_of_two_rollouts_divides_by_one():
     from grpo_cli.kernel import batch_std, group_stats
 

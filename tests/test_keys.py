@@ -61,6 +61,7 @@ def test_ids_are_first_appearance_and_chunk_independent(values, arrow_type, chun
         [[1, 2, 5], [5, 6], [0, 7]],  # rising chunks that start at or below a known key
         [[3, 4], [8, 6, 7], [9, 10]],  # a chunk that does not rise
         [[1, 1, 2], [2, 3]],  # a repeat in a chunk too short for runs
+        [[1, 5, 3, 5]],  # above its first key, but not rising
         [[-(2**63), -1, 0, 2**63 - 1], [-5, 2**63 - 1]],
     ],
 )
@@ -70,6 +71,26 @@ def test_rising_integer_chunks_get_first_appearance_ids(chunks):
     flat = [v for chunk in chunks for v in chunk]
     assert [i for ids in got for i in ids] == first_appearance_ids(flat)
     assert [index.key_at(i) for i in range(len(index))] == list(dict.fromkeys(flat))
+
+
+def test_rising_integer_keys_need_no_sort(monkeypatch):
+    def no_sort(*args, **kwargs):
+        raise AssertionError("rising keys were sorted")
+
+    index = GroupKeyIndex(["k"])
+    monkeypatch.setattr(torch, "unique", no_sort)
+    monkeypatch.setattr(torch, "sort", no_sort)
+    chunks = ([1, 1, 2, 2], [3, 3, 7, 7], [9])  # runs of equal keys, and a single row
+    got = [index.encode([pa.array(chunk, pa.int64())]).tolist() for chunk in chunks]
+    assert got == [[0, 0, 1, 1], [2, 2, 3, 3], [4]]
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_composite_keys_differ_in_any_column(exact):
+    index = GroupKeyIndex(["a", "b"], exact=exact)
+    a, b = ["x", "x", "y", "x"], [1, 2, 1, 1]
+    assert index.encode([pa.array(a), pa.array(b)]).tolist() == [0, 1, 2, 0]
+    assert [index.key_at(i) for i in range(3)] == [("x", 1), ("x", 2), ("y", 1)]
 
 
 def test_composite_keys():

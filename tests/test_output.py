@@ -146,6 +146,26 @@ def _attribute(dotted: str):
     return getattr(getattr(importlib.import_module(module), owner), name)
 
 
+def test_the_writer_thread_runs_nothing_after_a_failed_write():
+    import threading
+
+    from grpo_cli.output import _WriterThread
+
+    thread = _WriterThread("out.parquet")
+    release, ran = threading.Event(), []
+
+    def full() -> None:
+        raise OSError(28, "No space left on device")
+
+    thread.submit(release.wait)  # holds the thread while the next two are queued
+    thread.submit(full)
+    thread.submit(lambda: ran.append("written after the failure"))
+    release.set()
+    with pytest.raises(GrpoError, match=r"^out\.parquet: cannot write the output \(No space left"):
+        thread.finish()
+    assert ran == []
+
+
 def test_single_file_refuses_shards_with_other_columns(tmp_path, guard):
     target = OutputTarget(guard.claim(tmp_path / "out.parquet", directory=False, force=False), force=False)
     target.open_shard(shard("a.parquet"), SCHEMA, 2)

@@ -175,9 +175,9 @@ def test_a_directory_of_shards_gives_a_directory_of_spliced_shards(tmp_path: Pat
 @pytest.mark.parametrize(
     ("setting", "reason"),
     [
-        ({"drop_inactive": True}, "rows are filtered"),
-        ({"keep_mean_range": (0.1, 0.9)}, "rows are filtered"),
-        ({"rewrite": True}, "--rewrite"),
+        ({"drop_inactive": True}, "rows are filtered, so every column is re-encoded"),
+        ({"keep_mean_range": (0.1, 0.9)}, "rows are filtered, so every column is re-encoded"),
+        ({"rewrite": True}, "--rewrite re-encodes every column"),
     ],
 )
 def test_row_filters_and_rewrite_take_the_rewrite_path(
@@ -187,14 +187,15 @@ def test_row_filters_and_rewrite_take_the_rewrite_path(
     pq.write_table(rollouts(40), source)
     summary = compute_dataset(source, tmp_path / "o.parquet", ComputeConfig(**{**CONFIG.__dict__, **setting}))
     assert summary.output is not None and summary.output["method"] == "rewrite"
-    assert reason in summary.output["rewrite_reason"]
+    assert summary.output["rewrite_reason"] == f"{source}: {reason}"
 
 
 def test_jsonl_input_and_several_shards_into_one_file_are_rewritten(tmp_path: Path) -> None:
     jsonl = tmp_path / "in.jsonl"
     jsonl.write_text("".join(json.dumps({"uid": "a", "reward": r}) + "\n" for r in (0.0, 1.0)))
     summary = compute_dataset(jsonl, tmp_path / "j.parquet", CONFIG)
-    assert summary.output is not None and "only Parquet input" in summary.output["rewrite_reason"]
+    assert summary.output is not None
+    assert summary.output["rewrite_reason"] == f"{jsonl}: only Parquet input can be spliced"
     shards = tmp_path / "shards"
     shards.mkdir()
     for i in range(2):
@@ -204,6 +205,21 @@ def test_jsonl_input_and_several_shards_into_one_file_are_rewritten(tmp_path: Pa
     assert summary.output["rewrite_reason"] == (
         f"{shards / 'p0.parquet'}: several input shards into one file are re-encoded "
         "(write to a directory to splice)"
+    )
+
+
+def test_parquet_on_standard_input_is_rewritten(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+    import sys
+
+    data = io.BytesIO()
+    pq.write_table(rollouts(8), data)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data.getvalue())))
+    summary = compute_dataset("-", tmp_path / "o.parquet", CONFIG)
+    assert summary.output is not None and summary.output["method"] == "rewrite"
+    assert (
+        summary.output["rewrite_reason"]
+        == "<stdin>: standard input is re-encoded (only Parquet files are spliced)"
     )
 
 
