@@ -898,7 +898,8 @@ def _apply(flat: Tensor, layout: _Layout, norm: Normalization, valid: Tensor | N
 def _row_group_ids(layout: _Layout, device: torch.device) -> Tensor:
     if layout.group_ids is not None:
         return layout.group_ids
-    return torch.arange(layout.num_groups, device=device).repeat_interleave(layout.group_size or 1)
+    assert layout.group_size is not None  # a layout has IDs or a group size
+    return torch.arange(layout.num_groups, device=device).repeat_interleave(layout.group_size)
 
 
 def _leave_one_out(x: Tensor, ids: Tensor, norm: Normalization) -> Tensor:

@@ -9,11 +9,14 @@ import torch
 
 from grpo_cli.kernel import (
     GroupStats,
+    GroupStatsAccumulator,
     active_groups,
     advantages_from_stats,
+    apply_normalization,
     group_stats,
     merge_group_stats,
     normalize_in_groups,
+    prepare_normalization,
 )
 from tests.reference import reference_advantages
 
@@ -326,6 +329,24 @@ def test_result_on_input_device():
             "scale must be.*'row'",
         ),
         (lambda: normalize_in_groups([1.0, 2.0], torch.zeros(2, dtype=torch.long)), "torch.Tensor, got list"),  # type: ignore[arg-type]
+        (
+            lambda: apply_normalization(
+                torch.ones(3),
+                torch.tensor([0, 1, 2]),
+                prepare_normalization(group_stats(torch.ones(2), torch.tensor([0, 1]))),
+            ),
+            r"^group IDs reach 2 but stats describe 2 groups$",
+        ),
+        (
+            lambda: GroupStatsAccumulator().update(torch.ones(2)),
+            "^pass group_ids exactly when the accumulator has no group_size$",
+        ),
+        (
+            lambda: GroupStatsAccumulator(group_size=2).update(
+                torch.ones(2), torch.zeros(2, dtype=torch.long)
+            ),
+            "^pass group_ids exactly when the accumulator has no group_size$",
+        ),
     ],
 )
 def test_bad_calls_raise_value_error_naming_the_value(call, message):

@@ -217,16 +217,49 @@ def test_batch_moments_of_ordinary_and_tiny_groups_together():
     assert float(m2) == pytest.approx(float(sum((v - exact_mean) ** 2 for v in exact)), rel=1e-15, abs=0)
 
 
-def test_streamed_chunks_with_and_without_a_validity_mask_merge_into_one_block():
+@pytest.mark.parametrize("block_rows", [100, 4, 3])
+@pytest.mark.parametrize("group_size", [None, 1])
+def test_streamed_chunks_with_and_without_a_validity_mask(block_rows, group_size):
+    """Masked and unmasked chunks in one block; with small blocks, a mask cut across two."""
     from grpo_cli.kernel import GroupStatsAccumulator, group_stats
 
-    rewards = torch.tensor([1.0, 2.0, 5.0, 9.0, 4.0], dtype=torch.float64)
-    ids = torch.tensor([0, 1, 0, 1, 0])
-    valid = torch.tensor([True, True, True, False, True])
-    acc = GroupStatsAccumulator(block_rows=100)
-    acc.update(rewards[:2], ids[:2])  # no mask: every reward valid
-    acc.update(rewards[2:], ids[2:], valid[2:])
-    assert acc.compute() == group_stats(rewards[valid], ids[valid])
+    rewards = torch.tensor([1.0, 2.0, 5.0, 9.0, 4.0, 7.0], dtype=torch.float64)
+    ids = torch.tensor([0, 1, 0, 1, 0, 1]) if group_size is None else torch.arange(6)
+    valid = torch.tensor([True, True, True, False, True, False])
+    acc = GroupStatsAccumulator(block_rows=block_rows, group_size=group_size)
+    acc.update(rewards[:2], None if group_size else ids[:2])  # no mask: every reward valid
+    acc.update(rewards[2:], None if group_size else ids[2:], valid[2:])
+    got = acc.compute()
+    expected = group_stats(rewards[valid], ids[valid], num_groups=int(ids.max()) + 1)
+    for exact in ("count", "minimum", "maximum"):  # merged blocks round the others differently
+        assert torch.equal(getattr(got, exact), getattr(expected, exact))
+    assert torch.allclose(got.mean, expected.mean, rtol=1e-15, atol=0)
+    assert torch.allclose(got.m2, expected.m2, rtol=1e-14, atol=0)
+
+
+def test_accumulated_group_ids_may_be_any_integer_type():
+    from grpo_cli.kernel import GroupStatsAccumulator, group_stats
+
+    rewards = torch.tensor([1.0, 2.0, 5.0], dtype=torch.float64)
+    acc = GroupStatsAccumulator()
+    acc.update(rewards, torch.tensor([0, 1, 0], dtype=torch.int32))
+    assert acc.compute() == group_stats(rewards, torch.tensor([0, 1, 0]))
+
+
+def test_an_accumulator_that_saw_no_rows_still_counts_extremes():
+    from grpo_cli.kernel import GroupStatsAccumulator
+
+    stats = GroupStatsAccumulator(count_extremes=True).compute()
+    assert stats.num_groups == 0 and stats.counts_extremes
+
+
+def test_rows_not_divisible_by_the_group_size_are_counted_across_blocks():
+    from grpo_cli.kernel import GroupStatsAccumulator
+
+    acc = GroupStatsAccumulator(group_size=2, block_rows=2)
+    acc.update(torch.ones(5))  # two blocks of two are folded in before the last row
+    with pytest.raises(ValueError, match=r"^the number of rows \(5\) is not divisible by group_size \(2\)$"):
+        acc.compute()
 
 
 def test_sample_std_of_two_rollouts_divides_by_one():
