@@ -44,7 +44,7 @@ bench: setup
 bench-quick: setup
 	$(BIN)/python benchmarks/bench.py --rows 1000000
 
-# Mutation testing of the modules whose bugs corrupt data silently (about 25 minutes on
+# Mutation testing of the modules whose bugs corrupt data silently (over 2 hours on
 # 2 cores); writes docs/mutation-report.md and fails below the targets. One thread per
 # worker: torch's pools do not survive the fork mutmut makes per mutant. It starts from a
 # clean mutants/ so that no result from an older test selection is kept.
