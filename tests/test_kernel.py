@@ -268,6 +268,12 @@ def test_result_on_input_device():
 # --------------------------------------------------------------------------- errors
 
 
+def _accumulated(rewards: torch.Tensor, ids: torch.Tensor) -> GroupStatsAccumulator:
+    acc = GroupStatsAccumulator()
+    acc.update(rewards, ids)
+    return acc
+
+
 @pytest.mark.parametrize(
     ("call", "message"),
     [
@@ -336,6 +342,12 @@ def test_result_on_input_device():
                 prepare_normalization(group_stats(torch.ones(2), torch.tensor([0, 1]))),
             ),
             r"^group IDs reach 2 but stats describe 2 groups$",
+        ),
+        (lambda: GroupStatsAccumulator(block_rows=0), "^block_rows must be positive, got 0$"),
+        (lambda: GroupStatsAccumulator(group_size=0), "^group_size must be a positive integer, got 0$"),
+        (
+            lambda: _accumulated(torch.ones(2), torch.tensor([0, 1])).compute(num_groups=1),
+            r"^num_groups \(1\) is below the groups seen \(2\)$",
         ),
         (
             lambda: GroupStatsAccumulator().update(torch.ones(2)),

@@ -251,6 +251,7 @@ def test_an_accumulator_that_saw_no_rows_still_counts_extremes():
 
     stats = GroupStatsAccumulator(count_extremes=True).compute()
     assert stats.num_groups == 0 and stats.counts_extremes
+    assert not GroupStatsAccumulator().compute().counts_extremes  # only when asked
 
 
 def test_rows_not_divisible_by_the_group_size_are_counted_across_blocks():

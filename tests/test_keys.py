@@ -289,3 +289,81 @@ def test_temporal_keys_of_every_width_group_on_their_storage(arrow_type):
     got, index = encode_in_chunks([values], 2, types=[arrow_type])
     assert got == [0, 0, 1, 0, 2]
     assert len(index) == 3
+
+
+@pytest.mark.parametrize(
+    ("data_type", "is_key"),
+    [
+        (None, False),  # no such column
+        (pa.null(), False),
+        (pa.int32(), True),
+        (pa.dictionary(pa.int32(), pa.string()), True),
+        (pa.struct([]), False),
+        (pa.struct([("role", pa.string())]), True),
+        (pa.struct([("role", pa.string()), ("content", pa.null())]), False),
+        (pa.list_(pa.string()), True),
+        (pa.large_list(pa.string()), True),
+        (pa.list_(pa.int64(), 2), True),  # fixed size
+        (pa.large_list(pa.null()), False),
+        (pa.map_(pa.string(), pa.int32()), False),
+        (pa.sparse_union([pa.field("a", pa.int32())]), False),
+    ],
+)
+def test_which_types_can_be_group_keys(data_type, is_key):
+    from grpo_cli.keys import is_key_type
+
+    assert is_key_type(data_type) is is_key
+
+
+def schemas_of(*types):
+    return [(f"{i}.parquet", pa.schema([("k", t), ("reward", pa.float64())])) for i, t in enumerate(types)]
+
+
+@pytest.mark.parametrize(
+    "types",
+    [
+        (pa.int32(), pa.int64(), pa.uint8()),
+        (pa.float32(), pa.float64()),
+        (pa.string(), pa.large_string(), pa.string_view(), pa.dictionary(pa.int32(), pa.string())),
+        (pa.binary(), pa.large_binary(), pa.binary_view()),
+    ],
+)
+def test_key_types_of_one_kind_may_mix_across_shards(types):
+    from grpo_cli.keys import check_key_types
+
+    check_key_types(schemas_of(*types), ["k"])
+
+
+@pytest.mark.parametrize(
+    "types",
+    [
+        (pa.int64(), pa.string()),
+        (pa.int64(), pa.float64()),
+        (pa.string(), pa.binary()),
+        (pa.date32(), pa.timestamp("s")),
+    ],
+)
+def test_key_types_of_different_kinds_are_refused(types):
+    from grpo_cli.errors import GrpoError
+    from grpo_cli.keys import check_key_types
+
+    with pytest.raises(GrpoError) as raised:
+        check_key_types(schemas_of(*types), ["k"])
+    assert raised.value.message == (
+        f"group column 'k' is {types[0]} in 0.parquet but {types[1]} in 1.parquet; "
+        "keys of different types would be cast and merged: make them one type"
+    )
+
+
+def test_key_types_are_checked_past_empty_and_narrow_schemas_and_per_column():
+    from grpo_cli.errors import GrpoError
+    from grpo_cli.keys import check_key_types
+
+    composite = pa.schema([("a", pa.int64()), ("b", pa.string())])
+    check_key_types([("0.parquet", composite), ("1.parquet", composite)], ["a", "b"])
+    empty = ("empty.jsonl", pa.schema([]))
+    only_key = [(f"{i}.parquet", pa.schema([("k", t)])) for i, t in enumerate((pa.int64(), pa.string()))]
+    with pytest.raises(GrpoError, match="would be cast and merged"):
+        check_key_types([empty, *only_key], ["k"])
+    with pytest.raises(GrpoError, match="would be cast and merged"):
+        check_key_types(schemas_of(pa.int64(), pa.string()), ["absent", "k"])
