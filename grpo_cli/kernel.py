@@ -394,10 +394,9 @@ def _fast_layout(flat_ids: Tensor, num_groups: int) -> _Layout:
     if num_groups and n % num_groups == 0:
         size = n // num_groups
         expected_first_ids = flat_ids[::size]
-        if (
-            bool((flat_ids[1:] >= flat_ids[:-1]).all())
-            and bool((expected_first_ids == torch.arange(num_groups, device=flat_ids.device)).all())
-            and bool((flat_ids.view(num_groups, size) == expected_first_ids[:, None]).all())
+        # each block's first ID is its index (K values), then every ID equals its block's
+        if bool((expected_first_ids == torch.arange(num_groups, device=flat_ids.device)).all()) and bool(
+            (flat_ids.view(num_groups, size) == expected_first_ids[:, None]).all()
         ):
             return _Layout(num_groups, group_size=size)
     return _Layout(num_groups, group_ids=flat_ids)

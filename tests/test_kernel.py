@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -266,6 +267,46 @@ def test_result_on_input_device():
 
 
 # --------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: normalize_in_groups([1.0, 2.0], torch.zeros(2, dtype=torch.long)),
+            "rewards must be a torch.Tensor, got list",
+        ),  # type: ignore[arg-type]
+        (lambda: normalize_in_groups(torch.ones(2), [0, 0]), "group_ids must be a torch.Tensor, got list"),  # type: ignore[arg-type]
+        (
+            lambda: normalize_in_groups(torch.ones(4), torch.zeros(4, dtype=torch.long), group_size=2),
+            "pass either group_ids or group_size, not both",
+        ),
+        (
+            lambda: normalize_in_groups(torch.ones(4), group_size=True),
+            "group_size must be a positive integer, got True",
+        ),
+        (
+            lambda: normalize_in_groups(torch.ones(4), group_size=2.0),
+            "group_size must be a positive integer, got 2.0",
+        ),  # type: ignore[arg-type]
+        (
+            lambda: normalize_in_groups(torch.ones(2, 2), group_size=2),
+            "group_size needs 1-D rewards, got shape (2, 2); 2-D rewards are already grouped by row",
+        ),
+        (
+            lambda: normalize_in_groups(torch.ones(2, 0)),
+            "2-D rewards need at least one column, got shape (2, 0)",
+        ),
+        (
+            lambda: normalize_in_groups(torch.ones(2, 2, 2)),
+            "rewards of shape (2, 2, 2) need group_ids or group_size; "
+            "only 2-D rewards of shape (num_prompts, group_size) are grouped by row",
+        ),
+    ],
+)
+def test_call_form_errors_say_exactly_what_is_wrong(call, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        call()
 
 
 def _accumulated(rewards: torch.Tensor, ids: torch.Tensor) -> GroupStatsAccumulator:

@@ -263,6 +263,47 @@ def test_rows_not_divisible_by_the_group_size_are_counted_across_blocks():
         acc.compute()
 
 
+def test_ids_in_equal_contiguous_blocks_give_the_group_size_result_bit_for_bit():
+    g = torch.Generator().manual_seed(0)
+    rewards = torch.rand(64 * 50, generator=g, dtype=torch.float64) * 3.7 + 1e3
+    ids = torch.arange(50).repeat_interleave(64)
+    by_ids = normalize_in_groups(rewards, ids)["advantages"]
+    assert torch.equal(by_ids, normalize_in_groups(rewards, group_size=64)["advantages"])
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.uint8])
+def test_group_ids_of_any_integer_type_give_the_int64_result(dtype):
+    rewards = torch.tensor([1.0, 2.0, 4.0, 8.0, 3.0])
+    ids = torch.tensor([0, 1, 0, 1, 1])
+    expected = normalize_in_groups(rewards, ids)["advantages"]
+    assert torch.equal(normalize_in_groups(rewards, ids.to(dtype))["advantages"], expected)
+
+
+def test_float32_advantages_are_the_float64_ones_rounded_once():
+    g = torch.Generator().manual_seed(1)
+    rewards = torch.rand(4000, generator=g) * 10
+    ids = torch.randint(0, 300, (4000,), generator=g)
+    wide = normalize_in_groups(rewards.double(), ids)["advantages"]
+    assert torch.equal(normalize_in_groups(rewards, ids)["advantages"], wide.float())
+
+
+@pytest.mark.parametrize(("scale", "divisor"), [("none", 1.0), ("group", 1 + 1e-6)])
+def test_a_raw_singleton_under_leave_one_out_keeps_its_reward(scale, divisor):
+    rewards = torch.tensor([1.0, 3.0, 0.7], dtype=torch.float64)
+    out = normalize_in_groups(
+        rewards, torch.tensor([0, 0, 1]), baseline="leave-one-out", singleton="raw", scale=scale
+    )["advantages"]
+    assert out[2].item() == 0.7 / divisor
+
+
+def test_left_out_rewards_get_zero_with_a_group_size():
+    out = normalize_in_groups(torch.tensor([1.0, math.nan, 3.0, 5.0]), group_size=2, nan="ignore")[
+        "advantages"
+    ]
+    assert out[1].item() == 0.0 and out[0].item() == 0.0  # a group of one valid reward
+    assert out[2:].tolist() == pytest.approx([-1.0, 1.0], rel=1e-5)
+
+
 def test_sample_std_of_two_rollouts_divides_by_one():
     from grpo_cli.kernel import batch_std, group_stats
 
