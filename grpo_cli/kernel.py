@@ -460,7 +460,7 @@ def group_stats(
 
 
 def _group_stats(
-    flat: Tensor, layout: _Layout, valid: Tensor | None, *, count_extremes: bool = False
+    flat: Tensor, layout: _Layout, valid: Tensor | None, *, count_extremes: bool
 ) -> GroupStats:
     acc = accumulator_dtype(flat.device)
     x = flat.to(acc)

@@ -369,11 +369,11 @@ def _accumulated(rewards: torch.Tensor, ids: torch.Tensor) -> GroupStatsAccumula
         ),
         (
             lambda: normalize_in_groups(torch.ones(2), torch.zeros(2, dtype=torch.long), std="biased"),
-            "std must be.*'biased'",
+            "^std must be one of population, sample, got 'biased'$",
         ),
         (
             lambda: normalize_in_groups(torch.ones(2), torch.zeros(2, dtype=torch.long), scale="row"),
-            "scale must be.*'row'",
+            "^scale must be one of group, batch, none, got 'row'$",
         ),
         (lambda: normalize_in_groups([1.0, 2.0], torch.zeros(2, dtype=torch.long)), "torch.Tensor, got list"),  # type: ignore[arg-type]
         (
@@ -383,6 +383,22 @@ def _accumulated(rewards: torch.Tensor, ids: torch.Tensor) -> GroupStatsAccumula
                 prepare_normalization(group_stats(torch.ones(2), torch.tensor([0, 1]))),
             ),
             r"^group IDs reach 2 but stats describe 2 groups$",
+        ),
+        (
+            lambda: prepare_normalization(
+                group_stats(torch.ones(2), torch.zeros(2, dtype=torch.long)), std="n"
+            ),
+            "^std must be one of population, sample, got 'n'$",
+        ),
+        (
+            lambda: active_groups(
+                group_stats(torch.ones(2), torch.zeros(2, dtype=torch.long)), singleton="one"
+            ),
+            "^singleton must be one of zero, raw, got 'one'$",
+        ),
+        (
+            lambda: normalize_in_groups(torch.tensor([math.nan]), torch.zeros(1, dtype=torch.long)),
+            "NaN or infinite value.*first is nan at index 0",
         ),
         (lambda: GroupStatsAccumulator(block_rows=0), "^block_rows must be positive, got 0$"),
         (lambda: GroupStatsAccumulator(group_size=0), "^group_size must be a positive integer, got 0$"),

@@ -279,6 +279,29 @@ def test_group_ids_of_any_integer_type_give_the_int64_result(dtype):
     assert torch.equal(normalize_in_groups(rewards, ids.to(dtype))["advantages"], expected)
 
 
+def test_the_default_epsilon_is_trls():
+    from grpo_cli.kernel import group_stats, prepare_normalization
+
+    stats = group_stats(torch.tensor([1.0, 3.0]), torch.tensor([0, 0]))
+    assert prepare_normalization(stats).divisor.epsilon == 1e-6
+
+
+@pytest.mark.parametrize("unit", [1e-80, 1.0, 1e80])
+def test_batch_scale_of_rewards_of_any_magnitude(unit):
+    """scale='batch' divides by the std over all rollouts, in reward units, whatever
+    scale each group's statistics are kept in."""
+    values = [1.0, 3.0, 2.0, 5.0, 4.0]
+    ids = [0, 0, 1, 1, 1]
+    rewards = torch.tensor(values, dtype=torch.float64) * unit
+    got = normalize_in_groups(rewards, torch.tensor(ids), scale="batch", epsilon=1e-300)["advantages"]
+    x = [v * unit for v in values]
+    overall = sum(x) / len(x)
+    batch_std = (sum((v - overall) ** 2 for v in x) / len(x)) ** 0.5
+    means = {g: sum(v for v, i in zip(x, ids, strict=True) if i == g) / ids.count(g) for g in set(ids)}
+    expected = [(v - means[i]) / (batch_std + 1e-300) for v, i in zip(x, ids, strict=True)]
+    assert got.tolist() == pytest.approx(expected, rel=1e-12, abs=0)
+
+
 def test_float32_advantages_are_the_float64_ones_rounded_once():
     g = torch.Generator().manual_seed(1)
     rewards = torch.rand(4000, generator=g) * 10
