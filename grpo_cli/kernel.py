@@ -459,9 +459,7 @@ def group_stats(
     return _group_stats(flat, layout, valid_flat, count_extremes=count_extremes)
 
 
-def _group_stats(
-    flat: Tensor, layout: _Layout, valid: Tensor | None, *, count_extremes: bool
-) -> GroupStats:
+def _group_stats(flat: Tensor, layout: _Layout, valid: Tensor | None, *, count_extremes: bool) -> GroupStats:
     acc = accumulator_dtype(flat.device)
     x = flat.to(acc)
     k = layout.num_groups
