@@ -886,7 +886,10 @@ def _apply(flat: Tensor, layout: _Layout, norm: Normalization, valid: Tensor | N
         if norm.singleton == "raw":
             lone = torch.take(stats.count, ids) == 1
             divisor = norm.divisor
-            out = torch.where(lone, x / (1.0 if divisor.scale == "none" else 1 + divisor.epsilon), out)
+            # x + 0.0 is +0.0 for both signed zeros, as under the mean baseline
+            out = torch.where(
+                lone, (x + 0.0) / (1.0 if divisor.scale == "none" else 1 + divisor.epsilon), out
+            )
     if valid is not None:
         out = torch.where(valid, out, torch.zeros_like(out))
     return out

@@ -279,6 +279,47 @@ def test_group_ids_of_any_integer_type_give_the_int64_result(dtype):
     assert torch.equal(normalize_in_groups(rewards, ids.to(dtype))["advantages"], expected)
 
 
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"std": "n"}, "std must be one of population, sample, got 'n'"),
+        ({"scale": "row"}, "scale must be one of group, batch, none, got 'row'"),
+        ({"baseline": "median"}, "baseline must be one of mean, leave-one-out, got 'median'"),
+        ({"epsilon_mode": "max"}, "epsilon_mode must be one of add, clamp, add-if-nonzero, got 'max'"),
+        ({"singleton": "one"}, "singleton must be one of zero, raw, got 'one'"),
+        ({"epsilon": True}, "epsilon must be a positive finite number, got True"),
+        ({"epsilon": "1e-6"}, "epsilon must be a positive finite number, got '1e-6'"),
+        (
+            {"baseline": "leave-one-out"},
+            "baseline='leave-one-out' needs stats computed with count_extremes=True",
+        ),
+    ],
+)
+def test_prepare_normalization_names_the_option_it_refuses(option, message):
+    import re
+
+    from grpo_cli.kernel import group_stats, prepare_normalization
+
+    stats = group_stats(torch.tensor([1.0, 3.0]), torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        prepare_normalization(stats, **option)
+
+
+@pytest.mark.parametrize(
+    ("baseline", "singleton"), [("mean", "zero"), ("mean", "raw"), ("leave-one-out", "raw")]
+)
+def test_zero_rewards_of_either_sign_give_positive_zero_advantages(baseline, singleton):
+    rewards = torch.tensor([-0.0, -0.0, -0.0, 1.0, 2.0], dtype=torch.float64)
+    out = normalize_in_groups(rewards, torch.tensor([0, 0, 1, 2, 2]), baseline=baseline, singleton=singleton)
+    assert [math.copysign(1.0, a) for a in out["advantages"][:3].tolist()] == [1.0, 1.0, 1.0]
+
+
+def test_a_raw_singleton_of_a_tiny_reward_keeps_it():
+    rewards = torch.tensor([1e-80, 1.0, 3.0], dtype=torch.float64)
+    out = normalize_in_groups(rewards, torch.tensor([0, 1, 1]), singleton="raw")["advantages"]
+    assert out[0].item() == pytest.approx(1e-80 / (1 + 1e-6), rel=1e-15, abs=0)
+
+
 def test_the_default_epsilon_is_trls():
     from grpo_cli.kernel import group_stats, prepare_normalization
 
