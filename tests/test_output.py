@@ -11,7 +11,7 @@ import pytest
 
 from grpo_cli.errors import GrpoError
 from grpo_cli.guard import ProtectedInputs, WriteGuard
-from grpo_cli.output import OutputTarget, advantage_range, commit_directory, output_info
+from grpo_cli.output import OutputTarget, ShardWriter, advantage_range, commit_directory, output_info
 from grpo_cli.sources import Shard
 
 SCHEMA = pa.schema([("reward", pa.float64()), ("advantage", pa.float32()), ("group_active", pa.bool_())])
@@ -76,6 +76,7 @@ def test_a_discarded_target_closes_its_files_and_takes_no_more_shards(tmp_path, 
     target = OutputTarget(guard.claim(tmp_path / "out.parquet", directory=False, force=False), force=False)
     writer = target.open_shard(shard("a.parquet"), SCHEMA, 2)
     writer.write(batch([1.0]))
+    assert isinstance(writer, ShardWriter)
     parquet = writer._writer
     target.discard()
     assert not parquet.is_open
