@@ -7,14 +7,20 @@ Written against the mutants `make mutation` found alive (docs/mutation-report.md
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from grpo_cli.errors import GrpoError
 from grpo_cli.kernel import (
+    GroupStatsAccumulator,
     advantages_from_stats,
+    apply_normalization,
+    batch_moments,
+    batch_std,
     empty_group_stats,
     group_stats,
     group_top_two,
@@ -22,6 +28,7 @@ from grpo_cli.kernel import (
     merge_top_two,
     merge_weighted_moments,
     normalize_in_groups,
+    prepare_normalization,
     weighted_moments,
     whitening,
 )
@@ -190,7 +197,6 @@ def test_top_two_of_float32_rewards_are_those_of_their_float64_values():
 
 @pytest.mark.parametrize("unit", [1e-150, 1e150])
 def test_batch_moments_of_rewards_far_from_one_are_in_reward_units(unit):
-    from grpo_cli.kernel import batch_moments, group_stats
 
     x = torch.tensor([1.0, 3.0, 2.0], dtype=torch.float64) * unit
     n, mean, m2 = batch_moments(group_stats(x, torch.tensor([0, 0, 1])))
@@ -203,8 +209,6 @@ def test_batch_moments_of_ordinary_and_tiny_groups_together():
     """The batch is of ordinary magnitude, one group's rewards are near 1e-80: its m2 is
     kept in that group's own scale and must be brought back before it is added."""
     from fractions import Fraction
-
-    from grpo_cli.kernel import batch_moments, group_stats
 
     values = [1.0, 3.0, 1e-80, 3e-80]
     n, mean, m2 = batch_moments(
@@ -221,7 +225,6 @@ def test_batch_moments_of_ordinary_and_tiny_groups_together():
 @pytest.mark.parametrize("group_size", [None, 1])
 def test_streamed_chunks_with_and_without_a_validity_mask(block_rows, group_size):
     """Masked and unmasked chunks in one block; with small blocks, a mask cut across two."""
-    from grpo_cli.kernel import GroupStatsAccumulator, group_stats
 
     rewards = torch.tensor([1.0, 2.0, 5.0, 9.0, 4.0, 7.0], dtype=torch.float64)
     ids = torch.tensor([0, 1, 0, 1, 0, 1]) if group_size is None else torch.arange(6)
@@ -238,7 +241,6 @@ def test_streamed_chunks_with_and_without_a_validity_mask(block_rows, group_size
 
 
 def test_accumulated_group_ids_may_be_any_integer_type():
-    from grpo_cli.kernel import GroupStatsAccumulator, group_stats
 
     rewards = torch.tensor([1.0, 2.0, 5.0], dtype=torch.float64)
     acc = GroupStatsAccumulator()
@@ -247,7 +249,6 @@ def test_accumulated_group_ids_may_be_any_integer_type():
 
 
 def test_an_accumulator_that_saw_no_rows_still_counts_extremes():
-    from grpo_cli.kernel import GroupStatsAccumulator
 
     stats = GroupStatsAccumulator(count_extremes=True).compute()
     assert stats.num_groups == 0 and stats.counts_extremes
@@ -255,7 +256,6 @@ def test_an_accumulator_that_saw_no_rows_still_counts_extremes():
 
 
 def test_rows_not_divisible_by_the_group_size_are_counted_across_blocks():
-    from grpo_cli.kernel import GroupStatsAccumulator
 
     acc = GroupStatsAccumulator(group_size=2, block_rows=2)
     acc.update(torch.ones(5))  # two blocks of two are folded in before the last row
@@ -296,9 +296,6 @@ def test_group_ids_of_any_integer_type_give_the_int64_result(dtype):
     ],
 )
 def test_prepare_normalization_names_the_option_it_refuses(option, message):
-    import re
-
-    from grpo_cli.kernel import group_stats, prepare_normalization
 
     stats = group_stats(torch.tensor([1.0, 3.0]), torch.tensor([0, 0]))
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
@@ -321,7 +318,6 @@ def test_a_raw_singleton_of_a_tiny_reward_keeps_it():
 
 
 def test_the_default_epsilon_is_trls():
-    from grpo_cli.kernel import group_stats, prepare_normalization
 
     stats = group_stats(torch.tensor([1.0, 3.0]), torch.tensor([0, 0]))
     assert prepare_normalization(stats).divisor.epsilon == 1e-6
@@ -369,7 +365,6 @@ def test_left_out_rewards_get_zero_with_a_group_size():
 
 
 def test_sample_std_of_two_rollouts_divides_by_one():
-    from grpo_cli.kernel import batch_std, group_stats
 
     stats = group_stats(torch.tensor([0.0, 2.0], dtype=torch.float64), torch.tensor([0, 1]))
     assert float(batch_std(stats, ddof=1)) == 2**0.5
@@ -514,7 +509,6 @@ def test_group_means_are_correctly_rounded(layout: str) -> None:
 
 
 def test_weighted_batch_means_are_correctly_rounded() -> None:
-    from grpo_cli.kernel import weighted_moments
 
     values = torch.tensor([v for g in UNEVEN_MEANS for v in g], dtype=torch.float64)
     ids = torch.arange(len(UNEVEN_MEANS)).repeat_interleave(3)
@@ -525,7 +519,6 @@ def test_weighted_batch_means_are_correctly_rounded() -> None:
 @pytest.mark.parametrize("num_groups", [2, 3])
 def test_leave_one_out_divides_each_row_by_its_groups_batch_std(num_groups: int) -> None:
     """--batch-col with the leave-one-out baseline: a batch std per group, taken per row."""
-    from grpo_cli.kernel import apply_normalization, prepare_normalization
 
     rewards = torch.tensor(
         [0.0, 1.0, 3.0, 2.0, 2.0, 6.0, 5.0, 1.0, 0.0][: 3 * num_groups], dtype=torch.float64
@@ -549,7 +542,6 @@ def test_leave_one_out_divides_each_row_by_its_groups_batch_std(num_groups: int)
 
 
 def test_leave_one_out_leaves_a_singleton_at_zero() -> None:
-    from grpo_cli.kernel import apply_normalization, prepare_normalization
 
     rewards = torch.tensor([0.0, 1.0, 5.0], dtype=torch.float64)
     ids = torch.tensor([0, 0, 1])
@@ -570,8 +562,6 @@ def test_leave_one_out_leaves_a_singleton_at_zero() -> None:
     ],
 )
 def test_normalize_in_groups_names_the_option_it_refuses(option: str, allowed: str) -> None:
-    from grpo_cli.errors import GrpoError
-    from grpo_cli.kernel import normalize_in_groups
 
     with pytest.raises(GrpoError) as raised:
         normalize_in_groups(torch.tensor([1.0, 2.0]), torch.tensor([0, 0]), **{option: "bogus"})

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from grpo_cli import keys as keys_module
-from grpo_cli.keys import GroupKeyIndex
+from grpo_cli.errors import GrpoError
+from grpo_cli.keys import GroupKeyIndex, check_key_types, is_key_type, run_starts
 
 
 @pytest.fixture(autouse=True)
@@ -213,7 +214,6 @@ def test_a_hash_collision_between_run_heads_is_still_caught(monkeypatch):
 
 
 def test_run_detection_is_skipped_where_it_does_not_pay():
-    from grpo_cli.keys import run_starts
 
     assert run_starts(pa.table({"k": ["a", "b", "c", "a"]})) is None  # every row starts a run
     assert run_starts(pa.table({"k": ["a"]})) is None
@@ -310,7 +310,6 @@ def test_temporal_keys_of_every_width_group_on_their_storage(arrow_type):
     ],
 )
 def test_which_types_can_be_group_keys(data_type, is_key):
-    from grpo_cli.keys import is_key_type
 
     assert is_key_type(data_type) is is_key
 
@@ -329,7 +328,6 @@ def schemas_of(*types):
     ],
 )
 def test_key_types_of_one_kind_may_mix_across_shards(types):
-    from grpo_cli.keys import check_key_types
 
     check_key_types(schemas_of(*types), ["k"])
 
@@ -344,8 +342,6 @@ def test_key_types_of_one_kind_may_mix_across_shards(types):
     ],
 )
 def test_key_types_of_different_kinds_are_refused(types):
-    from grpo_cli.errors import GrpoError
-    from grpo_cli.keys import check_key_types
 
     with pytest.raises(GrpoError) as raised:
         check_key_types(schemas_of(*types), ["k"])
@@ -356,8 +352,6 @@ def test_key_types_of_different_kinds_are_refused(types):
 
 
 def test_key_types_are_checked_past_empty_and_narrow_schemas_and_per_column():
-    from grpo_cli.errors import GrpoError
-    from grpo_cli.keys import check_key_types
 
     composite = pa.schema([("a", pa.int64()), ("b", pa.string())])
     check_key_types([("0.parquet", composite), ("1.parquet", composite)], ["a", "b"])
