@@ -351,9 +351,7 @@ class GroupKeyIndex:
             ids = torch.arange(self._count, self._count + hashes.numel())
             self._sorted_hashes = torch.cat((self._sorted_hashes, hashes))
             self._sorted_ids = torch.cat((self._sorted_ids, ids))
-            self._rep_chunks.append(table)
-            self._reps = None
-            self._count += hashes.numel()
+            self._add_groups(table)
             return ids
         n = hashes.numel()
         uniques, inverse = torch.unique(hashes, sorted=True, return_inverse=True)
@@ -383,9 +381,7 @@ class GroupKeyIndex:
         new = new[torch.argsort(first_row[new])]  # first-appearance order
         unique_ids[new] = torch.arange(self._count, self._count + new.numel())
         if new.numel():
-            self._rep_chunks.append(table.take(arrow_of(first_row[new].numpy())))
-            self._reps = None
-            self._count += new.numel()
+            self._add_groups(table.take(arrow_of(first_row[new].numpy())))
         keep = ~(from_chunk & known_before)
         self._sorted_hashes = merged[keep]
         merged_ids[from_chunk] = unique_ids[chunk_pos]
@@ -398,6 +394,12 @@ class GroupKeyIndex:
         known = self._sorted_hashes
         rising = bool((values[1:] > values[:-1]).all())
         return rising and (not known.numel() or bool(values[0] > known[-1]))
+
+    def _add_groups(self, keys: pa.Table) -> None:
+        """New groups, one row of ``keys`` each, take the next IDs."""
+        self._rep_chunks.append(keys)
+        self._reps = None
+        self._count += keys.num_rows
 
     def _representatives(self) -> pa.Table:
         if self._reps is None:
@@ -450,9 +452,7 @@ class GroupKeyIndex:
                 new_rows.append(row)
             ids[row] = gid
         if new_rows:
-            self._rep_chunks.append(table.take(arrow_of(np.asarray(new_rows, dtype=np.int64))))
-            self._reps = None
-            self._count = len(lookup)
+            self._add_groups(table.take(arrow_of(np.asarray(new_rows, dtype=np.int64))))
         return ids
 
 
