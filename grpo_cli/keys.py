@@ -3,7 +3,8 @@
 Keys may be one column or several, of any scalar type, and are compared on their exact
 values, whatever the input size: temporal keys on their integer storage (nanoseconds
 apart are two groups), floats numerically (``-0.0`` and ``0.0`` are one group). Null and
-NaN keys are refused: neither equals itself. Integer keys are matched on their values.
+NaN keys are refused, and so are list or struct keys with a NaN anywhere inside: NaN never
+equals itself. Integer keys are matched on their values.
 A run of equal keys (a dump keeps a group's rows together) is matched by its first row
 only. Other keys are matched in a dict while there are few, then hashed to 64 bits per
 row (polars' vectorised row hash); then every row's key is compared with its group's
@@ -89,17 +90,20 @@ def _storage_type(data_type: pa.DataType) -> pa.DataType:
 
 
 class InvalidKeyError(ValueError):
-    """A null or NaN group key: neither equals itself, so it cannot name a group."""
+    """A null or NaN group key, or a list or struct key with a NaN inside: NaN never equals
+    itself, so such a key cannot name a group."""
 
     def __init__(self, column: str, row: int, what: str, count: int) -> None:
-        super().__init__(f"group key {column!r} is {what} at row {row} of the chunk")
         self.column, self.row, self.what, self.count = column, row, what, count
+        self.description = "holds a NaN" if what == "NaN-holding" else f"is {what}"
+        super().__init__(f"group key {column!r} {self.description} at row {row} of the chunk")
 
 
 def first_invalid_key(
     names: Sequence[str], arrays: Sequence[pa.Array | pa.ChunkedArray]
 ) -> tuple[str, int, str, int] | None:
-    """The first null or NaN key: (column, row in the chunk, ``"null"``/``"NaN"``, how many)."""
+    """The first null or NaN key: (column, row in the chunk, what, how many), where what is
+    ``"null"``, ``"NaN"``, or ``"NaN-holding"`` (a list or struct key with a NaN inside)."""
     for name, array in zip(names, arrays, strict=True):
         if array.null_count:
             return name, int(pc.index(array.is_null(), True).as_py()), "null", array.null_count
@@ -109,7 +113,45 @@ def first_invalid_key(
             count = pc.sum(nan).as_py() or 0
             if count:
                 return name, int(pc.index(nan, True).as_py()), "NaN", int(count)
+        elif pa.types.is_nested(value_type) and _holds_floats(value_type):
+            chunks = array.chunks if isinstance(array, pa.ChunkedArray) else [array]
+            holding = np.concatenate([_rows_holding_nan(chunk) for chunk in chunks] or [np.zeros(0, bool)])
+            if holding.any():
+                return name, int(holding.argmax()), "NaN-holding", int(holding.sum())
     return None
+
+
+def _holds_floats(data_type: pa.DataType) -> bool:
+    if pa.types.is_dictionary(data_type):
+        return _holds_floats(data_type.value_type)
+    if pa.types.is_struct(data_type):
+        return any(_holds_floats(data_type.field(i).type) for i in range(data_type.num_fields))
+    if (
+        pa.types.is_list(data_type)
+        or pa.types.is_large_list(data_type)
+        or pa.types.is_fixed_size_list(data_type)
+    ):
+        return _holds_floats(data_type.value_type)
+    return pa.types.is_floating(data_type)
+
+
+def _rows_holding_nan(array: pa.Array) -> np.ndarray:
+    """One bool per row of a list, struct or float array: whether a NaN lies anywhere in it."""
+    if isinstance(array, pa.DictionaryArray):
+        array = array.dictionary_decode()
+    data_type = array.type
+    if pa.types.is_floating(data_type):
+        return np.asarray(pc.fill_null(pc.is_nan(array), False).to_numpy(zero_copy_only=False), dtype=bool)
+    holding = np.zeros(len(array), dtype=bool)
+    if pa.types.is_struct(data_type):
+        for i in range(data_type.num_fields):
+            if _holds_floats(data_type.field(i).type):
+                holding |= _rows_holding_nan(pc.struct_field(array, [i]))
+    elif _holds_floats(data_type):  # a list: its values, traced back to their rows
+        inner = _rows_holding_nan(pc.list_flatten(array))
+        parents = np.asarray(pc.list_parent_indices(array).to_numpy(zero_copy_only=False))
+        holding[parents[inner]] = True
+    return holding
 
 
 def key_kind(data_type: pa.DataType) -> str:

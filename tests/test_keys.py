@@ -361,3 +361,58 @@ def test_key_types_are_checked_past_empty_and_narrow_schemas_and_per_column():
         check_key_types([empty, *only_key], ["k"])
     with pytest.raises(GrpoError, match="would be cast and merged"):
         check_key_types(schemas_of(pa.int64(), pa.string()), ["absent", "k"])
+
+
+NAN = float("nan")
+
+
+@pytest.mark.parametrize(
+    ("arrays", "expected"),
+    [
+        ([pa.array([1, 2, 3])], None),
+        ([pa.array(["a", None, None])], ("k", 1, "null", 2)),
+        ([pa.array([1.0, NAN, 2.0, NAN])], ("k", 1, "NaN", 2)),
+        ([pa.array([0.5, 0.5, NAN]).dictionary_encode()], ("k", 2, "NaN", 1)),
+        ([pa.chunked_array([[1.0], [2.0, NAN]])], ("k", 2, "NaN", 1)),
+        # a NaN anywhere inside a list or struct key
+        ([pa.array([[1.0], [2.0, NAN], [NAN]])], ("k", 1, "NaN-holding", 2)),
+        ([pa.array([{"x": 1.0}, {"x": 2.0}, {"x": NAN}])], ("k", 2, "NaN-holding", 1)),
+        (
+            [pa.array([{"role": "a", "w": [[1.0], [NAN]]}, {"role": "b", "w": [[2.0]]}])],
+            ("k", 0, "NaN-holding", 1),
+        ),
+        ([pa.array([[1.0], [NAN]], pa.list_(pa.float32(), 1))], ("k", 1, "NaN-holding", 1)),
+        ([pa.array([[NAN], [1.0], [NAN]]).slice(1)], ("k", 1, "NaN-holding", 1)),
+        ([pa.chunked_array([[[1.0]], [[2.0], [NAN]]])], ("k", 2, "NaN-holding", 1)),
+        ([pa.array([[1.0], []]), pa.array([[NAN], []])], ("j", 0, "NaN-holding", 1)),
+        # nulls inside a list are values like any other; strings hold no NaN
+        ([pa.array([[None], [1.0]], pa.list_(pa.float64()))], None),
+        ([pa.array([["nan"], ["a"]])], None),
+    ],
+)
+def test_the_first_invalid_key_names_its_column_row_and_count(arrays, expected):
+    names = ["k", "j"][: len(arrays)]
+    assert keys_module.first_invalid_key(names, arrays) == expected
+
+
+def test_the_first_invalid_key_is_in_the_first_column_that_has_one():
+    arrays = [pa.array([1.0, 2.0, 3.0]), pa.array([None, 1, 2]), pa.array([NAN, 1.0, 2.0])]
+    assert keys_module.first_invalid_key(["a", "b", "c"], arrays) == ("b", 0, "null", 1)
+
+
+@pytest.mark.parametrize("exact", [False, True])
+@pytest.mark.parametrize(
+    ("array", "message"),
+    [
+        (pa.array([1.0, None]), "group key 'k' is null at row 1 of the chunk"),
+        (pa.array([NAN, 1.0]), "group key 'k' is NaN at row 0 of the chunk"),
+        (pa.array([[1.0], [1.0], [NAN]]), "group key 'k' holds a NaN at row 2 of the chunk"),
+    ],
+)
+def test_invalid_keys_are_refused_on_every_path(exact, array, message):
+    """A NaN inside a list never equals itself in Python: the dict would split its group."""
+    index = GroupKeyIndex(["k"], exact=exact)
+    with pytest.raises(keys_module.InvalidKeyError) as raised:
+        index.encode([array])
+    assert str(raised.value) == message
+    assert len(index) == 0

@@ -254,6 +254,20 @@ def test_nan_keys_are_refused_at_every_size(cli, tmp_path, key_path):
     one_line_error(cli("compute", source, "-o", tmp_path / "o.parquet"), 2, "row 0", "is NaN")
 
 
+def test_list_keys_holding_a_nan_are_refused_at_every_size(cli, tmp_path, key_path):
+    """Python's NaN never equals itself: matched in a dict, each such row was a group of its own."""
+    output = tmp_path / "o.parquet"
+    prompts = [[{"role": "user", "weight": 1.0}], [{"role": "user", "weight": float("nan")}]]
+    source = write_parquet(
+        tmp_path / "in.parquet", [{"prompt": prompts[i // 4 % 2], "reward": float(i % 2)} for i in range(12)]
+    )
+    line = one_line_error(cli("compute", source, "-o", output, "--group-col", "prompt"), 2, "row 4")
+    assert line.endswith(
+        "key 'prompt' holds a NaN (4 NaN-holding key(s) in this chunk); NaN-holding keys cannot be grouped"
+    )
+    assert not output.exists()
+
+
 @pytest.mark.parametrize(
     "make",
     [

@@ -365,8 +365,9 @@ class _StatisticsPass:
             return keys.encode(arrays)
         except InvalidKeyError as bad:
             raise GrpoError(
-                f"{describe_row(shard, self._pending_start + bad.row)}: {what} key {bad.column!r} is "
-                f"{bad.what} ({bad.count} {bad.what} key(s) in this chunk); {bad.what} keys cannot be grouped"
+                f"{describe_row(shard, self._pending_start + bad.row)}: {what} key {bad.column!r} "
+                f"{bad.description} ({bad.count} {bad.what} key(s) in this chunk); "
+                f"{bad.what} keys cannot be grouped"
             ) from None
         except (TypeError, pa.ArrowException) as exc:
             raise GrpoError(
