@@ -232,3 +232,44 @@ def test_missing_ray_extra_says_how_to_install(monkeypatch, cli, sharded, tmp_pa
 
     with pytest.raises(GrpoError, match=r"pip install 'grpo-cli\[ray\]'"):
         import_ray()
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "options", "message"),
+    [
+        ("uid", None, [], "group key 'uid' is null in 2 row(s); null keys cannot be grouped"),
+        (
+            "uid",
+            [float("nan")],
+            [],
+            "group key 'uid' holds a NaN in 2 row(s); NaN-holding keys cannot be grouped",
+        ),
+        (
+            "step",
+            float("nan"),
+            ["--batch-col", "step"],
+            "batch key 'step' is NaN in 2 row(s); NaN keys cannot",
+        ),
+    ],
+)
+def test_ray_refuses_null_and_nan_keys_in_one_line(
+    ray_instance, cli, tmp_path, column, value, options, message
+):
+    """A key that cannot name a group is bad input, not an internal error with Ray's tracebacks."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    ok = [1.0] if column == "uid" and isinstance(value, list) else "p"
+    for part in range(2):
+        rows = [
+            {"uid": ok if column == "uid" else "p", "step": 1.0, "reward": float(i % 2)} for i in range(6)
+        ]
+        rows[part + 1][column] = value
+        pq.write_table(pa.Table.from_pylist(rows), folder / f"part-{part}.parquet")
+    out = tmp_path / "out"
+    result = cli("compute", folder, "-o", out, "--engine", "ray", "-g", "uid", "-q", *options)
+    assert result.exit_code == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "(the local engine names the first row)" in lines[0], (
+        lines
+    )
+    assert not out.exists()

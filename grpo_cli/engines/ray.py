@@ -52,7 +52,7 @@ from grpo_cli.kernel import (
     merge_weighted_moments,
     weighted_moments,
 )
-from grpo_cli.keys import GroupKeyIndex, as_tensor, check_key_types
+from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_types
 from grpo_cli.output import advantage_range, commit_directory, output_info
 from grpo_cli.plan import BatchLayout, GroupOutcome, RunPlan, batch_of_groups
 from grpo_cli.rewards import RewardReader, new_column_arrays
@@ -67,6 +67,15 @@ BATCH_FIELD = "__grpo_batch"  # the --batch-col value of the group's first row i
 BATCH_CLASH_FIELD = "__grpo_batch_clash"  # the group spans two batch values in this block
 LENGTH_FIELD = "__grpo_length"  # opo: sum of lengths over the group's valid rows
 WEIGHTED_FIELD = "__grpo_weighted"  # opo: sum of length * reward
+# A block with a null or NaN key returns one row of these instead of its statistics
+# (an exception in a Ray task prints its traceback): the role ("group" or "batch"), the
+# column, what is wrong with it and in how many of the block's rows.
+REFUSED_FIELDS = (
+    "__grpo_refused_role",
+    "__grpo_refused_column",
+    "__grpo_refused_what",
+    "__grpo_refused_rows",
+)
 
 
 def import_ray() -> Any:
@@ -244,7 +253,20 @@ def block_group_stats(batch: pa.Table, config: ComputeConfig) -> pa.Table:
     plan = RunPlan(config, device=_CPU)
     reader = RewardReader(config.rewards, batch.schema, _BLOCK, per_column=plan.per_column)
     keys = GroupKeyIndex(config.group_cols)
-    ids_np = keys.encode([batch.column(c) for c in config.group_cols])
+    batch_keys = GroupKeyIndex([config.batch_col]) if config.batch_col is not None else None
+    role = "group"
+    try:
+        ids_np = keys.encode([batch.column(c) for c in config.group_cols])
+        role = "batch"
+        batch_ids = (
+            batch_keys.encode([batch.column(c) for c in batch_keys.columns])
+            if batch_keys is not None
+            else None
+        )
+    except InvalidKeyError as bad:
+        return pa.table(
+            dict(zip(REFUSED_FIELDS, [[role], [bad.column], [bad.what], [bad.count]], strict=True))
+        )
     k = len(keys)
     ids = as_tensor(ids_np)
     rewards = reader.read(_record_batch(batch))
@@ -276,8 +298,7 @@ def block_group_stats(batch: pa.Table, config: ComputeConfig) -> pa.Table:
     for name, value in columns.items():
         table = table.append_column(name, pa.array(value))
     if config.batch_col is not None:
-        batch_keys = GroupKeyIndex([config.batch_col])
-        batch_ids = batch_keys.encode([batch.column(config.batch_col)])
+        assert batch_ids is not None
         _, split = batch_of_groups(ids_np, batch_ids, k)
         _, first_rows = np.unique(ids_np, return_index=True)
         table = table.append_column(BATCH_FIELD, batch.column(config.batch_col).take(pa.array(first_rows)))
@@ -538,7 +559,7 @@ def run_ray(
     with contextlib.redirect_stdout(sys.stderr), ray_session(address, quiet=quiet) as ray:
         ray_startup = time.perf_counter() - ray_start
         ds = ray.data.read_parquet(inputs.paths)
-        merged = _statistics(ray, ds, plan, partition_count)
+        merged = _statistics(ray, ds, plan, partition_count, inputs.spec)
         if int(merged.rows_per_group.sum()) == 0:
             raise GrpoError(f"{inputs.spec}: no rows; there is nothing to compute advantages for")
         if merged.nan_rewards and config.advantage.nan == "error":
@@ -600,7 +621,7 @@ def run_ray(
     )
 
 
-def _statistics(ray: Any, ds: Any, plan: RunPlan, partition_count: int) -> MergedStatistics:
+def _statistics(ray: Any, ds: Any, plan: RunPlan, partition_count: int, spec: str) -> MergedStatistics:
     """Job 1: hash-partition the reward and key columns by group, reduce each block, merge."""
     stats_ds = ds.select_columns(plan.input_columns).repartition(
         partition_count, keys=list(plan.config.group_cols)
@@ -609,8 +630,31 @@ def _statistics(ray: Any, ds: Any, plan: RunPlan, partition_count: int) -> Merge
         block_group_stats, batch_size=None, batch_format="pyarrow", fn_kwargs={"config": plan.config}
     )
     tables = [t for t in ray.get(partial_ds.to_arrow_refs()) if t.num_rows]
+    refused = [t.to_pylist()[0] for t in tables if REFUSED_FIELDS[0] in t.column_names]
+    if refused:
+        raise _refused_keys_error(spec, refused)
     partials = pa.concat_tables(tables, promote_options="default") if tables else _empty_partials(plan)
     return merge_partials(partials, plan)
+
+
+def _refused_keys_error(spec: str, refused: list[dict[str, Any]]) -> GrpoError:
+    """One line for the blocks that held null or NaN keys: the first block's column and
+    kind, with the rows of that kind over every block."""
+    role_field, column_field, what_field, rows_field = REFUSED_FIELDS
+    first = refused[0]
+    same = [
+        r
+        for r in refused
+        if (r[role_field], r[column_field], r[what_field])
+        == (first[role_field], first[column_field], first[what_field])
+    ]
+    what = first[what_field]
+    described = InvalidKeyError(first[column_field], 0, what, 0).description
+    return GrpoError(
+        f"{spec}: {first[role_field]} key {first[column_field]!r} {described} in "
+        f"{sum(r[rows_field] for r in same)} row(s); {what} keys cannot be grouped "
+        "(the local engine names the first row)"
+    )
 
 
 def _moments(ray: Any, ds: Any, plan: RunPlan, payload: dict[str, Any]) -> WeightedMoments:
