@@ -6,6 +6,7 @@ import builtins
 import importlib.util
 import json
 import random
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -176,23 +177,27 @@ def test_ray_refuses_grpo_passk(cli, sharded, tmp_path):
 
 def test_ray_filters_and_cli(ray_instance, sharded, tmp_path, cli):
     out = tmp_path / "ray_cli"
-    result = cli(
-        "compute",
-        sharded,
-        "-o",
-        out,
-        "--engine",
-        "ray",
-        "-g",
-        "uid",
-        "-r",
-        "correct",
-        "--drop-inactive",
-        "--summary-json",
-        "-",
-        "-q",
-    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = cli(
+            "compute",
+            sharded,
+            "-o",
+            out,
+            "--engine",
+            "ray",
+            "-g",
+            "uid",
+            "-r",
+            "correct",
+            "--drop-inactive",
+            "--summary-json",
+            "-",
+            "-q",
+        )
     assert result.exit_code == 0, result.stderr
+    # a warning from grpo-cli's own code would reach the user's terminal under -q
+    assert [str(w.message) for w in caught if "grpo_cli" in w.filename] == []
     assert result.stdout.lstrip().startswith("{"), result.stdout
     summary = json.loads(result.stdout)
     assert summary["mode"] == "ray" and summary["options"]["engine"] == "ray"

@@ -316,7 +316,7 @@ def _record_batch(table: pa.Table) -> pa.RecordBatch:
 
 def _stats_from_table(table: pa.Table, prefix: str) -> GroupStats:
     columns = {
-        name: torch.from_numpy(np.ascontiguousarray(table.column(name).to_numpy()))
+        name: torch.from_numpy(table.column(name).to_numpy().copy())
         for name in table.column_names
         if name.startswith(prefix)
     }
