@@ -17,7 +17,7 @@ the longest top-level prefix is tried first.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -75,3 +75,23 @@ def top_level(schema: pa.Schema, names: Sequence[str]) -> list[str]:
         found = find_field(schema, name)
         tops.append(found[0] if found is not None else name)
     return list(dict.fromkeys(tops))
+
+
+def holds_type(data_type: pa.DataType, leaf: Callable[[pa.DataType], bool]) -> bool:
+    """Whether ``leaf`` holds for ``data_type`` or for any type inside it (the values of
+    a dictionary or list, the fields of a struct).
+
+    >>> holds_type(pa.list_(pa.struct([("w", pa.float32())])), pa.types.is_floating)
+    True
+    """
+    if pa.types.is_dictionary(data_type):
+        return holds_type(data_type.value_type, leaf)
+    if pa.types.is_struct(data_type):
+        return any(holds_type(data_type.field(i).type, leaf) for i in range(data_type.num_fields))
+    if (
+        pa.types.is_list(data_type)
+        or pa.types.is_large_list(data_type)
+        or pa.types.is_fixed_size_list(data_type)
+    ):
+        return holds_type(data_type.value_type, leaf)
+    return leaf(data_type)

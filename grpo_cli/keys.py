@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from grpo_cli.columns import field_type
+from grpo_cli.columns import field_type, holds_type
 
 
 def as_tensor(array: np.ndarray) -> torch.Tensor:
@@ -113,26 +113,12 @@ def first_invalid_key(
             count = pc.sum(nan).as_py() or 0
             if count:
                 return name, int(pc.index(nan, True).as_py()), "NaN", int(count)
-        elif pa.types.is_nested(value_type) and _holds_floats(value_type):
+        elif pa.types.is_nested(value_type) and holds_type(value_type, pa.types.is_floating):
             chunks = array.chunks if isinstance(array, pa.ChunkedArray) else [array]
             holding = np.concatenate([_rows_holding_nan(chunk) for chunk in chunks] or [np.zeros(0, bool)])
             if holding.any():
                 return name, int(holding.argmax()), "NaN-holding", int(holding.sum())
     return None
-
-
-def _holds_floats(data_type: pa.DataType) -> bool:
-    if pa.types.is_dictionary(data_type):
-        return _holds_floats(data_type.value_type)
-    if pa.types.is_struct(data_type):
-        return any(_holds_floats(data_type.field(i).type) for i in range(data_type.num_fields))
-    if (
-        pa.types.is_list(data_type)
-        or pa.types.is_large_list(data_type)
-        or pa.types.is_fixed_size_list(data_type)
-    ):
-        return _holds_floats(data_type.value_type)
-    return pa.types.is_floating(data_type)
 
 
 def _rows_holding_nan(array: pa.Array) -> np.ndarray:
@@ -145,9 +131,9 @@ def _rows_holding_nan(array: pa.Array) -> np.ndarray:
     holding = np.zeros(len(array), dtype=bool)
     if pa.types.is_struct(data_type):
         for i in range(data_type.num_fields):
-            if _holds_floats(data_type.field(i).type):
+            if holds_type(data_type.field(i).type, pa.types.is_floating):
                 holding |= _rows_holding_nan(pc.struct_field(array, [i]))
-    elif _holds_floats(data_type):  # a list: its values, traced back to their rows
+    elif holds_type(data_type, pa.types.is_floating):  # a list: its values, traced back to their rows
         inner = _rows_holding_nan(pc.list_flatten(array))
         parents = np.asarray(pc.list_parent_indices(array).to_numpy(zero_copy_only=False))
         holding[parents[inner]] = True

@@ -31,6 +31,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from grpo_cli.columns import holds_type
 from grpo_cli.errors import GrpoError
 from grpo_cli.guard import PROVENANCE_KEY, Claim, os_reason, output_format
 from grpo_cli.sources import READ_SUFFIXES, Shard
@@ -231,16 +232,6 @@ def _json_refusal(schema: pa.Schema) -> str | None:
     """Why JSON cannot hold a column of ``schema`` (raw bytes), or ``None``."""
 
     def binary(data_type: pa.DataType) -> bool:
-        if pa.types.is_dictionary(data_type):
-            return binary(data_type.value_type)
-        if pa.types.is_struct(data_type):
-            return any(binary(data_type.field(i).type) for i in range(data_type.num_fields))
-        if (
-            pa.types.is_list(data_type)
-            or pa.types.is_large_list(data_type)
-            or pa.types.is_fixed_size_list(data_type)
-        ):
-            return binary(data_type.value_type)
         return bool(
             pa.types.is_binary(data_type)
             or pa.types.is_large_binary(data_type)
@@ -249,7 +240,7 @@ def _json_refusal(schema: pa.Schema) -> str | None:
         )
 
     for column in schema:
-        if binary(column.type):
+        if holds_type(column.type, binary):
             return f"column {column.name!r} holds raw bytes ({column.type}), which JSON cannot; write Parquet"
     return None
 
