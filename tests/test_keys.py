@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import numpy as np
@@ -416,3 +417,66 @@ def test_invalid_keys_are_refused_on_every_path(exact, array, message):
         index.encode([array])
     assert str(raised.value) == message
     assert len(index) == 0
+
+
+NUMERIC_ARRAYS = [
+    pa.array([1, -2, 3], pa.int8()),
+    pa.array([0, 255, 7], pa.uint8()),
+    pa.array([2**63 + 5, 1], pa.uint64()),
+    pa.array([-(2**62), 2**62], pa.int64()),
+    pa.array([0.5, -1.5, 2.25], pa.float32()),
+    pa.array([1e300, -0.0], pa.float64()),
+    pa.array([True, False, True, True, False, False, True, False, True]),
+    pa.array([10, 20, 30, 40], pa.int16()).slice(1, 2),
+    pa.array([True, False, True, True, False, False, True, False, True]).slice(3, 5),
+    pa.array([1.0, 2.0, 3.0]).slice(2),
+]
+
+
+@pytest.mark.parametrize("array", NUMERIC_ARRAYS, ids=lambda a: f"{a.type}[{a.offset}:{a.offset + len(a)}]")
+@pytest.mark.parametrize("chunks", [None, 1, 2, 3])
+def test_numpy_of_gives_the_values_and_dtype_of_any_numeric_array(array, chunks):
+    expected = np.array(array.to_pylist(), dtype=array.type.to_pandas_dtype())
+    if chunks is not None:  # the same values over `chunks` chunks, the last ones possibly empty
+        cuts = [len(array) * i // chunks for i in range(chunks + 1)]
+        array = pa.chunked_array([array.slice(a, b - a) for a, b in itertools.pairwise(cuts)], array.type)
+    values = keys_module.numpy_of(array)
+    assert values.dtype == expected.dtype and values.tolist() == expected.tolist()
+
+
+def test_numpy_of_views_one_chunk_in_place():
+    backing = np.arange(10, dtype=np.int64)
+    array = pa.array(backing).slice(3, 4)
+    for view in (keys_module.numpy_of(array), keys_module.numpy_of(pa.chunked_array([array]))):
+        assert view.tolist() == [3, 4, 5, 6] and np.shares_memory(view, backing)
+
+
+@pytest.mark.parametrize(
+    ("array", "expected"),
+    [
+        (pa.array([1, None, 3]), [1.0, None, 3.0]),  # nulls: through to_numpy, as NaN
+        (pa.chunked_array([[1, 2], [None]]), [1.0, 2.0, None]),
+        (pa.chunked_array([], pa.int64()), []),
+        (pa.array(["a", "b"]), ["a", "b"]),
+        (pa.chunked_array([["a"], ["b", "c"]]), ["a", "b", "c"]),
+    ],
+)
+def test_numpy_of_takes_other_arrays_through_arrow(array, expected):
+    values = keys_module.numpy_of(array)
+    assert [None if isinstance(v, float) and np.isnan(v) else v for v in values.tolist()] == expected
+
+
+def test_numpy_of_numeric_arrays_leaves_pandas_unimported():
+    """pyarrow's to_numpy imports pandas when it is installed: a quarter of a second of start-up."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np, pyarrow as pa; from grpo_cli.keys import arrow_of, numpy_of; "
+        "arrays = [arrow_of(np.array(v)) for v in ([1, 2], [1.5], [True, False], np.array([1], np.uint8))]; "
+        "arrays += [a.slice(1) for a in arrays] + [pa.chunked_array([a, a]) for a in arrays]; "
+        "[numpy_of(a) for a in arrays]; "
+        "print('pandas' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
