@@ -226,7 +226,7 @@ def run_starts(table: pa.Table) -> np.ndarray | None:
     if rows < 2 or any(pa.types.is_nested(t) for t in table.schema.types):
         return None
     probe = min(rows, RUN_PROBE_ROWS)
-    if _run_start_count(table.slice(0, probe)) * 2 > probe:
+    if (1 + int(_changed(table.slice(0, probe)).sum())) * 2 > probe:
         return None
     changed = _changed(table)
     starts = np.flatnonzero(np.concatenate(([True], changed)))
@@ -241,10 +241,6 @@ def _changed(table: pa.Table) -> np.ndarray:
         differs = pc.not_equal(column.slice(1), column.slice(0, rows - 1))
         changed |= numpy_of(differs)
     return changed
-
-
-def _run_start_count(table: pa.Table) -> int:
-    return 1 + int(_changed(table).sum()) if table.num_rows > 1 else table.num_rows
 
 
 class GroupKeyIndex:

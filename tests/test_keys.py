@@ -226,6 +226,43 @@ def test_run_detection_is_skipped_where_it_does_not_pay():
     assert run_starts(shuffled_start) is None  # judged on the first rows
 
 
+def test_run_detection_is_judged_on_the_first_rows_then_on_all():
+    probe = keys_module.RUN_PROBE_ROWS
+    assert run_starts(pa.table({"k": ["a", "a"]})).tolist() == [0]  # two rows, one run
+    # the first rows in one run, then too many short runs for the whole to pay
+    runs_then_shuffled = pa.table({"k": ["x"] * probe + [str(i) for i in range(10_000)]})
+    assert run_starts(runs_then_shuffled) is None
+    # ... but enough rows after the first ones to pay: the first rows alone decide
+    runs_then_some = pa.table({"k": ["x"] * probe + [str(i) for i in range(3_000)]})
+    assert run_starts(runs_then_some).tolist() == [0, *range(probe, probe + 3_000)]
+    # one row more than half of the first rows start a run: judged on exactly those rows
+    pairs = ["u"] + [f"p{i // 2}" for i in range(probe)] + ["z"] * 20_000
+    assert run_starts(pa.table({"k": pairs})) is None
+
+
+def test_runs_are_matched_by_their_first_rows_only(monkeypatch):
+    seen = []
+    encode_table = GroupKeyIndex._encode_table
+
+    def spy(self, table):
+        seen.append(table.column("k").to_pylist())
+        return encode_table(self, table)
+
+    monkeypatch.setattr(GroupKeyIndex, "_encode_table", spy)
+    index = GroupKeyIndex(["k"])
+    assert index.encode([pa.array(["a"] * 5 + ["b"] * 3 + ["a"] * 2)]).tolist() == [0] * 5 + [1] * 3 + [0] * 2
+    assert seen == [["a", "b", "a"]]
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_an_empty_chunk_gives_no_ids_and_no_groups(exact):
+    index = GroupKeyIndex(["k"], exact=exact)
+    ids = index.encode([pa.array([], pa.string())])
+    assert ids.dtype == np.int64 and ids.shape == (0,) and len(index) == 0
+    assert index.encode([pa.array(["b", "a", "b"])]).tolist() == [0, 1, 0]
+    assert index.encode([pa.array([], pa.string())]).shape == (0,) and len(index) == 2
+
+
 def test_distinct_keys_stay_on_the_hashed_path():
     """Only a real 64-bit collision switches to matching values in a dict (slower, same IDs)."""
     rows = [f"uid-{i}" for i in range(3000)] * 2
