@@ -337,11 +337,7 @@ class GroupKeyIndex:
         return not (len(self._types) == 1 and pa.types.is_integer(self._types[0]))
 
     def _normalise(self, arrays: Sequence[pa.Array | pa.ChunkedArray]) -> pa.Table:
-        columns = [
-            a.dictionary_decode() if isinstance(a, pa.Array) and pa.types.is_dictionary(a.type) else a
-            for a in arrays
-        ]
-        columns = [c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c for c in columns]
+        columns = [a.cast(a.type.value_type) if pa.types.is_dictionary(a.type) else a for a in arrays]
         # compare temporal keys on their integer storage: Python objects drop nanoseconds
         columns = [c.cast(_storage_type(c.type)) if pa.types.is_temporal(c.type) else c for c in columns]
         if self._types is None:

@@ -517,3 +517,45 @@ def test_numpy_of_numeric_arrays_leaves_pandas_unimported():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_a_dict_holds_exactly_its_limit_before_hashing(monkeypatch):
+    monkeypatch.setattr(keys_module, "EXACT_MAX_KEYS", 4)
+    index = GroupKeyIndex(["k"])
+    assert index.encode([pa.array(["a", "b", "c", "d"])]).tolist() == [0, 1, 2, 3]
+    assert index._exact is not None  # four keys: still the dict
+    assert index.encode([pa.array(["d", "e"])]).tolist() == [3, 4]
+    assert index._exact is None
+
+
+def test_exact_mode_never_hashes(monkeypatch):
+    def no_hashing(self, table):
+        raise AssertionError("exact=True hashed a key")
+
+    monkeypatch.setattr(GroupKeyIndex, "_row_hashes", no_hashing)
+    rows = [f"uid-{i % 7}" for i in range(50)]
+    got: list[int] = []
+    index = GroupKeyIndex(["k"], exact=True)
+    for start in range(0, len(rows), 9):
+        got += index.encode([pa.array(rows[start : start + 9])]).tolist()
+    assert got == first_appearance_ids(rows)
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_dictionary_keys_match_on_their_values_whatever_each_chunks_dictionary(exact):
+    """Each chunk (and each Arrow chunk within one) may carry its own dictionary."""
+    chunks = [
+        pa.chunked_array(
+            [
+                pa.DictionaryArray.from_arrays(pa.array([0, 1, 0], pa.int32()), pa.array(["a", "b"])),
+                pa.DictionaryArray.from_arrays(pa.array([1, 0], pa.int32()), pa.array(["a", "c"])),
+            ]
+        ),
+        pa.DictionaryArray.from_arrays(pa.array([0, 1, 2], pa.int32()), pa.array(["c", "b", "a"])),
+        pa.array(["d", "a"]),
+    ]
+    index = GroupKeyIndex(["k"], exact=exact)
+    got = [index.encode([chunk]).tolist() for chunk in chunks]
+    assert got == [[0, 1, 0, 2, 0], [2, 1, 0], [3, 0]]
+    assert [index.key_at(i) for i in range(len(index))] == ["a", "b", "c", "d"]
+    assert index.key_table(pa.table({"k": chunks[2]})).schema.field("k").type == pa.string()
