@@ -134,13 +134,12 @@ def build_summary(
 
     n_all, mean_all, _ = batch_moments(cpu)
     reward: dict[str, float | None] = {"mean": None, "std": None, "min": None, "max": None}
-    if n_all:
-        seen = count > 0
+    if n_all:  # a group with no reward holds the identities, +inf and -inf: no mask needed
         reward = {
             "mean": float(mean_all),
             "std": float(batch_std(cpu)),
-            "min": float(minimum[seen].min()),
-            "max": float(maximum[seen].max()),
+            "min": float(minimum.min()),
+            "max": float(maximum.max()),
         }
 
     constant = (~active_np) & (count >= 2) & (minimum == maximum)

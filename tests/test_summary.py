@@ -147,6 +147,20 @@ def test_a_group_with_no_valid_reward_is_left_out_of_the_histogram():
     assert (histogram["kind"], histogram["counts"]) == ("solve_rate", [0, 1, 0])
 
 
+def test_reward_figures_skip_a_group_whose_rewards_are_all_left_out():
+    from grpo_cli.tables import summarize as summarize_table
+
+    table = pa.table({"group_id": [0, 0, 1, 1, 2, 2], "reward": [None, None, -2.0, 1.0, 3.0, 0.5]})
+    summary = summarize_table(table, nan="ignore")
+    assert summary.reward == {
+        "mean": 0.625,
+        "std": pytest.approx(math.sqrt(12.6875 / 4)),
+        "min": -2.0,
+        "max": 3.0,
+    }
+    assert summary.groups == 3 and summary.nan_rewards == 2
+
+
 def test_group_sizes_count_rows_whose_reward_is_left_out():
     from grpo_cli.tables import summarize as summarize_table
 
