@@ -167,6 +167,27 @@ def test_the_writer_thread_runs_nothing_after_a_failed_write():
     assert ran == []
 
 
+def test_abandoning_the_writer_thread_skips_queued_writes_but_runs_cleanups():
+    import threading
+
+    from grpo_cli.output import _WriterThread
+
+    thread = _WriterThread("out.parquet")
+    release, ran = threading.Event(), []
+    thread.submit(release.wait)  # holds the thread while the next two are queued
+    thread.submit(lambda: ran.append("a write"))
+    thread.submit(lambda: ran.append("a cleanup"), must_run=True)
+    put = thread._queue.put
+
+    def release_once_abandoning(item, *args, **kwargs):  # finish() has decided to abandon by now
+        release.set()
+        put(item, *args, **kwargs)
+
+    thread._queue.put = release_once_abandoning
+    thread.finish(abandon=True)
+    assert ran == ["a cleanup"]
+
+
 def test_single_file_refuses_shards_with_other_columns(tmp_path, guard):
     target = OutputTarget(guard.claim(tmp_path / "out.parquet", directory=False, force=False), force=False)
     target.open_shard(shard("a.parquet"), SCHEMA, 2)
