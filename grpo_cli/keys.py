@@ -114,29 +114,27 @@ def first_invalid_key(
             if count:
                 return name, int(pc.index(nan, True).as_py()), "NaN", int(count)
         elif pa.types.is_nested(value_type) and holds_type(value_type, pa.types.is_floating):
-            chunks = array.chunks if isinstance(array, pa.ChunkedArray) else [array]
-            holding = np.concatenate([_rows_holding_nan(chunk) for chunk in chunks] or [np.zeros(0, bool)])
+            holding = _rows_holding_nan(array)
             if holding.any():
                 return name, int(holding.argmax()), "NaN-holding", int(holding.sum())
     return None
 
 
-def _rows_holding_nan(array: pa.Array) -> np.ndarray:
-    """One bool per row of a list, struct or float array: whether a NaN lies anywhere in it."""
-    if isinstance(array, pa.DictionaryArray):
-        array = array.dictionary_decode()
+def _rows_holding_nan(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """One bool per row of a float, list or struct array: whether a NaN lies anywhere in it."""
+    if pa.types.is_dictionary(array.type):
+        array = array.cast(array.type.value_type)
     data_type = array.type
     if pa.types.is_floating(data_type):
-        return np.asarray(pc.fill_null(pc.is_nan(array), False).to_numpy(zero_copy_only=False), dtype=bool)
+        return numpy_of(pc.fill_null(pc.is_nan(array), False))
     holding = np.zeros(len(array), dtype=bool)
     if pa.types.is_struct(data_type):
         for i in range(data_type.num_fields):
             if holds_type(data_type.field(i).type, pa.types.is_floating):
                 holding |= _rows_holding_nan(pc.struct_field(array, [i]))
     elif holds_type(data_type, pa.types.is_floating):  # a list: its values, traced back to their rows
-        inner = _rows_holding_nan(pc.list_flatten(array))
-        parents = np.asarray(pc.list_parent_indices(array).to_numpy(zero_copy_only=False))
-        holding[parents[inner]] = True
+        values_holding = _rows_holding_nan(pc.list_flatten(array))
+        holding[numpy_of(pc.list_parent_indices(array))[values_holding]] = True
     return holding
 
 

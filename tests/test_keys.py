@@ -415,6 +415,15 @@ NAN = float("nan")
         # a NaN anywhere inside a list or struct key
         ([pa.array([[1.0], [2.0, NAN], [NAN]])], ("k", 1, "NaN-holding", 2)),
         ([pa.array([{"x": 1.0}, {"x": 2.0}, {"x": NAN}])], ("k", 2, "NaN-holding", 1)),
+        ([pa.array([{"x": NAN, "y": 1.0}, {"x": 2.0, "y": 3.0}])], ("k", 0, "NaN-holding", 1)),
+        (
+            [pa.array([[0.5], [NAN, 0.5]], pa.list_(pa.dictionary(pa.int8(), pa.float64())))],
+            ("k", 1, "NaN-holding", 1),
+        ),
+        (
+            [pa.chunked_array([pa.array([[{"x": 1.0}]]), pa.array([[{"x": 2.0}], [{"x": NAN}]])])],
+            ("k", 2, "NaN-holding", 1),
+        ),
         (
             [pa.array([{"role": "a", "w": [[1.0], [NAN]]}, {"role": "b", "w": [[2.0]]}])],
             ("k", 0, "NaN-holding", 1),
