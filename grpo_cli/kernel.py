@@ -244,8 +244,9 @@ def _scales(minimum: Tensor, maximum: Tensor) -> Tensor | None:
 def group_scale(stats: GroupStats) -> Tensor:
     """The power of two per group that ``stats.m2`` is expressed in (``m2 / scale**2``).
 
-    1 for rewards of ordinary magnitude; for a group of rewards near 1e300 or 1e-300 it
-    brings the largest magnitude into [1, 2).
+    1 for rewards of ordinary magnitude (the largest in [2**-256, 2**256) in float64);
+    for a group of rewards near 1e300 or 1e-300 it brings the largest magnitude into
+    [1, 2). It is never below 2**-896 (float64), so that its reciprocal stays finite.
 
     >>> rewards = torch.tensor([1.0, 2.0, 1e300, 3e300], dtype=torch.float64)
     >>> group_scale(group_stats(rewards, torch.tensor([0, 0, 1, 1])))

@@ -7,6 +7,7 @@ root (``decimal``), so it neither overflows nor underflows.
 from __future__ import annotations
 
 import decimal
+import math
 from fractions import Fraction
 
 import pytest
@@ -134,3 +135,26 @@ def test_ordinary_magnitudes_are_not_rescaled():
     out = normalize_in_groups(rewards, ids, 1e-6)["advantages"]
     expected, _ = reference_advantages(rewards.tolist(), ids.tolist(), epsilon=1e-6)
     torch.testing.assert_close(out, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("largest", "scale"),
+    [
+        (2.0**-256, 1.0),  # the ordinary range's ends: [2**-256, 2**256)
+        (math.nextafter(2.0**256, 0.0), 1.0),
+        (1.5 * 2.0**-257, 2.0**-257),  # just outside it: brought into [1, 2)
+        (2.0**256, 2.0**256),
+        (1.75 * 2.0**-600, 2.0**-600),
+        (1.5 * 2.0**1023, 2.0**1023),  # the largest binade
+        (2.0**-896, 2.0**-896),
+        (2.0**-1000, 2.0**-896),  # never below 2**-896: 1 / scale stays finite
+        (5e-324, 2.0**-896),
+        (0.0, 1.0),
+    ],
+)
+def test_group_scale_at_the_edges_of_the_ordinary_range(largest, scale):
+    from grpo_cli.kernel import group_scale, group_stats
+
+    rewards = torch.tensor([largest, -largest / 2, 1.0, 1.5], dtype=torch.float64)
+    got = group_scale(group_stats(rewards, torch.tensor([0, 0, 1, 1])))
+    assert got.tolist() == [scale, 1.0]
