@@ -511,3 +511,22 @@ def test_spliced_columns_use_the_compression_asked_for(tmp_path: Path) -> None:
     codecs = {group.column(i).path_in_schema: group.column(i).compression for i in range(group.num_columns)}
     assert codecs["advantage"] == codecs["group_active"] == "ZSTD"
     assert codecs["reward"] == "SNAPPY"  # the input's chunks, copied as they were
+
+
+def test_a_slow_prefix_copy_is_waited_for_at_commit_not_cancelled(tmp_path: Path, monkeypatch) -> None:
+    """The commit waits for every copy: the writes that need a prefix may still be queued."""
+    from grpo_cli.splice import SplicedFile
+
+    source = tmp_path / "in.parquet"
+    pq.write_table(rollouts(40), source, row_group_size=40)
+    compute_dataset(str(source), str(tmp_path / "expected.parquet"), CONFIG)
+    copy_prefix = SplicedFile.copy_prefix
+
+    def slow_copy_prefix(self, **kwargs):
+        time.sleep(0.5)  # the run reaches its commit before the copy begins
+        copy_prefix(self, **kwargs)
+
+    monkeypatch.setattr(SplicedFile, "copy_prefix", slow_copy_prefix)
+    summary = compute_dataset(str(source), str(tmp_path / "out.parquet"), CONFIG)
+    assert summary.output["method"] == "splice"
+    assert pq.read_table(tmp_path / "out.parquet").equals(pq.read_table(tmp_path / "expected.parquet"))
