@@ -183,7 +183,7 @@ def test_abandoning_the_writer_thread_skips_queued_writes_but_runs_cleanups():
         release.set()
         put(item, *args, **kwargs)
 
-    thread._queue.put = release_once_abandoning
+    thread._queue.put = release_once_abandoning  # type: ignore[method-assign]
     thread.finish(abandon=True)
     assert ran == ["a cleanup"]
 

@@ -528,5 +528,5 @@ def test_a_slow_prefix_copy_is_waited_for_at_commit_not_cancelled(tmp_path: Path
 
     monkeypatch.setattr(SplicedFile, "copy_prefix", slow_copy_prefix)
     summary = compute_dataset(str(source), str(tmp_path / "out.parquet"), CONFIG)
-    assert summary.output["method"] == "splice"
+    assert summary.output is not None and summary.output["method"] == "splice"
     assert pq.read_table(tmp_path / "out.parquet").equals(pq.read_table(tmp_path / "expected.parquet"))
