@@ -514,11 +514,13 @@ def test_numpy_of_takes_other_arrays_through_arrow(array, expected):
     assert [None if isinstance(v, float) and np.isnan(v) else v for v in values.tolist()] == expected
 
 
-def test_numpy_of_numeric_arrays_leaves_pandas_unimported():
+def test_numpy_of_leaves_pandas_unimported_for_numeric_arrays():
     """pyarrow's to_numpy imports pandas when it is installed: a quarter of a second of start-up."""
     import subprocess
     import sys
 
+    # called here too, so that mutmut maps this test to numpy_of (it records calls in-process)
+    assert keys_module.numpy_of(keys_module.arrow_of(np.array([1.5]))).tolist() == [1.5]
     code = (
         "import sys, numpy as np, pyarrow as pa; from grpo_cli.keys import arrow_of, numpy_of; "
         "arrays = [arrow_of(np.array(v)) for v in ([1, 2], [1.5], [True, False], np.array([1], np.uint8))]; "
