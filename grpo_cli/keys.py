@@ -1,10 +1,10 @@
 """Group keys to dense group IDs, exactly, in order of first appearance.
 
-Keys may be one column or several, of any scalar type, and are compared on their exact
-values, whatever the input size: temporal keys on their integer storage (nanoseconds
-apart are two groups), floats numerically (``-0.0`` and ``0.0`` are one group). Null and
-NaN keys are refused, and so are list or struct keys with a NaN anywhere inside: NaN never
-equals itself. Integer keys are matched on their values.
+Keys may be one column or several, of any scalar type or lists and structs of them, and
+are compared on their exact values, whatever the input size: temporal keys on their
+integer storage (nanoseconds apart are two groups), floats numerically (``-0.0`` and
+``0.0`` are one group). Null and NaN keys are refused, and so are list or struct keys with
+a NaN anywhere inside: NaN never equals itself. Integer keys are matched on their values.
 A run of equal keys (a dump keeps a group's rows together) is matched by its first row
 only. Other keys are matched in a dict while there are few, then hashed to 64 bits per
 row (polars' vectorised row hash); then every row's key is compared with its group's
