@@ -69,11 +69,12 @@ LENGTH_FIELD = "__grpo_length"  # opo: sum of lengths over the group's valid row
 WEIGHTED_FIELD = "__grpo_weighted"  # opo: sum of length * reward
 # A block with a null or NaN key returns one row of these instead of its statistics
 # (an exception in a Ray task prints its traceback): the role ("group" or "batch"), the
-# column, what is wrong with it and in how many of the block's rows.
+# column, what is wrong with it, how the error words it and in how many of the block's rows.
 REFUSED_FIELDS = (
     "__grpo_refused_role",
     "__grpo_refused_column",
     "__grpo_refused_what",
+    "__grpo_refused_description",
     "__grpo_refused_rows",
 )
 
@@ -265,7 +266,13 @@ def block_group_stats(batch: pa.Table, config: ComputeConfig) -> pa.Table:
         )
     except InvalidKeyError as bad:
         return pa.table(
-            dict(zip(REFUSED_FIELDS, [[role], [bad.column], [bad.what], [bad.count]], strict=True))
+            dict(
+                zip(
+                    REFUSED_FIELDS,
+                    [[role], [bad.column], [bad.what], [bad.description], [bad.count]],
+                    strict=True,
+                )
+            )
         )
     k = len(keys)
     ids = as_tensor(ids_np)
@@ -640,19 +647,12 @@ def _statistics(ray: Any, ds: Any, plan: RunPlan, partition_count: int, spec: st
 def _refused_keys_error(spec: str, refused: list[dict[str, Any]]) -> GrpoError:
     """One line for the blocks that held null or NaN keys: the first block's column and
     kind, with the rows of that kind over every block."""
-    role_field, column_field, what_field, rows_field = REFUSED_FIELDS
-    first = refused[0]
-    same = [
-        r
-        for r in refused
-        if (r[role_field], r[column_field], r[what_field])
-        == (first[role_field], first[column_field], first[what_field])
-    ]
-    what = first[what_field]
-    described = InvalidKeyError(first[column_field], 0, what, 0).description
+    role, column, what, description, _ = (refused[0][field] for field in REFUSED_FIELDS)
+    rows = sum(
+        r[REFUSED_FIELDS[-1]] for r in refused if [r[f] for f in REFUSED_FIELDS[:3]] == [role, column, what]
+    )
     return GrpoError(
-        f"{spec}: {first[role_field]} key {first[column_field]!r} {described} in "
-        f"{sum(r[rows_field] for r in same)} row(s); {what} keys cannot be grouped "
+        f"{spec}: {role} key {column!r} {description} in {rows} row(s); {what} keys cannot be grouped "
         "(the local engine names the first row)"
     )
 
