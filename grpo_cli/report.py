@@ -152,9 +152,25 @@ def check_lines(summary: RunSummary) -> list[str]:
     return lines
 
 
+KEY_TEXT_LIMIT = 60
+"""Characters of a group key shown in an example line: a prompt can be kilobytes long."""
+
+
+def short_key(key: Any) -> str:
+    """A group key as one short piece of text (the JSON summary keeps it whole).
+
+    >>> short_key(["What is 2 + 2? " * 10, 3])
+    "['What is 2 + 2? What is 2 + 2? What is 2 + 2? What is 2 + …"
+    >>> short_key(7)
+    '7'
+    """
+    text = str(key)
+    return text if len(text) <= KEY_TEXT_LIMIT else f"{text[: KEY_TEXT_LIMIT - 1]}…"
+
+
 def _example_lines(examples: list[dict[str, Any]]) -> list[str]:
     return [
-        f"  {ex['file']} row {ex['row']} group {ex['group']}: "
+        f"  {ex['file']} row {ex['row']} group {short_key(ex['group'])}: "
         f"expected {ex['expected']:.8g}, found {ex['actual']:.8g}"
         for ex in examples
     ]

@@ -7,6 +7,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from tests.conftest import rollout_rows, write_jsonl, write_parquet
 from tests.test_cli import assert_one_line_error
@@ -261,7 +262,6 @@ def test_verify_tells_a_trainers_rounding_residue_from_a_mismatch(cli, tmp_path)
     groups = [[0.1] * 8, [0.7804687] * 13, [1e6, 1e6 + 0.0625], [0.0, 1.0, 1.0, 0.0], [0.2, 0.9, 0.4]]
     advantages = verl_float32(groups)
     assert any(a != 0 for a in advantages[0])  # verl's float32 residue in a constant group
-    advantages[1] = [-119.2] * 13  # what OpenRLHF exported for it: far beyond a rounding bound
     path = _exported(tmp_path, groups, advantages)
     args = ["--verify-advantage-col", "trainer_advantage", "--preset", "verl", "--summary-json", "-"]
     result = cli("check", path, *args)
@@ -274,6 +274,25 @@ def test_verify_tells_a_trainers_rounding_residue_from_a_mismatch(cli, tmp_path)
     strict = cli("check", path, *args, "--strict")
     assert strict.exit_code == 1
     assert json.loads(strict.stdout)["checks"][-1]["bound"] == "0 rows differ (--strict)"
+
+
+def test_a_constant_groups_residue_is_bounded_by_the_trainers_epsilon(cli, tmp_path):
+    """-119.2 for 13 rewards of 0.7804687 is what OpenRLHF (eps 1e-9) exported; verl's eps
+    1e-6 bounds its residue there to 8 (n + 2) ulp32 / eps, about 7."""
+    from tests.trainers import verl_float32
+
+    groups = [[0.7804687] * 13, [0.0, 1.0, 1.0, 0.0]]
+    advantages = verl_float32(groups)
+    advantages[0] = [-119.2] * 13
+    path = _exported(tmp_path, groups, advantages)
+    args = ["--verify-advantage-col", "trainer_advantage", "--summary-json", "-"]
+    openrlhf = json.loads(cli("check", path, *args, "--preset", "openrlhf").stdout)["verify"]
+    assert (openrlhf["mismatched"], openrlhf["residue"]) == (0, 13)
+    result = cli("check", path, *args, "--preset", "verl")
+    assert result.exit_code == 1
+    verl = json.loads(result.stdout)["verify"]
+    assert (verl["mismatched"], verl["residue"]) == (13, 0)
+    assert [(e["row"], e["group"]) for e in verl["examples"]] == [(0, 0)]  # one example per group
 
 
 def test_verify_residue_of_identical_other_rollouts_under_leave_one_out(cli, tmp_path):
@@ -372,3 +391,131 @@ def test_pass_and_fail_are_coloured_only_when_asked_or_on_a_terminal(cli, data, 
     assert ("\x1b[31mFAIL" in result.stderr) is escapes
     assert ("\x1b[32mPASS" in result.stderr) is escapes
     assert "FAIL  max-group-size" in result.stderr
+
+
+# --------------------------------------------------------------------------- residue has a shape
+
+
+def _corrupted(tmp_path, cli, changes, *, name="bad.parquet"):
+    """The issue's 12 rows (group 1 constant at 1.0), computed by grpo-cli, then ``changes``
+    ({row: value}) written over the advantage column."""
+    table = pa.table(
+        {
+            "group_id": [0, 0, 0, 0, 1, 1, 1, 1, 2, 3, 3, 3],
+            "reward": pa.array([1, 0, 1, 0, 1, 1, 1, 1, 0, 0, 1, 1], pa.float32()),
+        }
+    )
+    source, out = tmp_path / "in.parquet", tmp_path / "out.parquet"
+    pq.write_table(table, source)
+    assert cli("compute", source, "-o", out, "-q", "-f").exit_code == 0
+    written = pq.read_table(out)
+    advantages = written.column("advantage").to_pylist()
+    for row, value in changes.items():
+        advantages[row] = value
+    index = written.schema.get_field_index("advantage")
+    bad = written.set_column(index, "advantage", pa.array(advantages, pa.float32()))
+    pq.write_table(bad.replace_schema_metadata(written.schema.metadata), tmp_path / name)
+    return tmp_path / name
+
+
+@pytest.mark.parametrize("value", [0.75, 1e6, -1e-3])
+@pytest.mark.parametrize("how", [["--verify"], ["--verify-advantage-col", "advantage"]])
+def test_a_corrupted_row_of_a_constant_group_is_a_mismatch(cli, tmp_path, value, how):
+    bad = _corrupted(tmp_path, cli, {5: value})
+    result = cli("check", bad, *how, "--summary-json", "-")
+    assert result.exit_code == 1, result.stderr
+    verify = json.loads(result.stdout)["verify"]
+    assert (verify["mismatched"], verify["residue"]) == (1, 0)
+    assert [(e["row"], e["group"]) for e in verify["examples"]] == [(5, 1)]
+    assert "bad.parquet row 5 group 1: expected 0, found" in result.stderr
+
+
+def test_a_whole_constant_group_changed_alike_is_a_mismatch_where_its_mean_is_exact(cli, tmp_path):
+    """Four rewards of 1.0 have an exact float32 mean, so every trainer gives exactly 0: one
+    value on every row is no residue either."""
+    bad = _corrupted(tmp_path, cli, {4: 0.5, 5: 0.5, 6: 0.5, 7: 0.5})
+    verify = json.loads(cli("check", bad, "--verify", "--summary-json", "-").stdout)["verify"]
+    assert (verify["mismatched"], verify["residue"]) == (4, 0)
+
+
+@pytest.mark.parametrize("batch_rows", ["1", "3", "1000"])
+@pytest.mark.parametrize("row", [0, 3, 7])
+def test_a_constant_groups_residue_is_one_value_on_every_row(cli, tmp_path, batch_rows, row):
+    """verl's float32 residue on eight rewards of 0.1 is residue; the same group with one row
+    changed by less than the residue bound is a mismatch, wherever that row falls among the
+    batches (the group is settled once every row has been read)."""
+    from tests.trainers import verl_float32
+
+    groups = [[0.1] * 8, [0.0, 1.0, 1.0, 0.0]]
+    advantages = verl_float32(groups)
+    args = ["--verify-advantage-col", "trainer_advantage", "--preset", "verl", "--summary-json", "-"]
+    args += ["--batch-rows", batch_rows]
+    verify = json.loads(cli("check", _exported(tmp_path, groups, advantages), *args).stdout)["verify"]
+    assert (verify["mismatched"], verify["residue"]) == (0, 8)
+    advantages[0][row] = advantages[0][row] * 2  # within 8 (n + 2) ulp32 / eps, but not the others' value
+    result = cli("check", _exported(tmp_path, groups, advantages, name="changed.parquet"), *args)
+    assert result.exit_code == 1
+    verify = json.loads(result.stdout)["verify"]
+    assert (verify["mismatched"], verify["residue"]) == (8, 0)
+    assert verify["examples"][0]["group"] == 0
+
+
+def test_leave_one_out_residue_needs_the_sign_the_bound_and_inexact_others(cli, tmp_path):
+    from tests.trainers import nemo_rl_float32
+
+    groups = [[0.9, 0.9, 0.9, 1.0], [0.0, 0.0, 0.0, 1.0], [0.1, 0.5, 0.8]]
+    args = ["--verify-advantage-col", "trainer_advantage", "--preset", "nemo-rl", "--summary-json", "-"]
+
+    def verify(advantages, name):
+        return json.loads(cli("check", _exported(tmp_path, groups, advantages, name=name), *args).stdout)[
+            "verify"
+        ]
+
+    own = nemo_rl_float32(groups)
+    assert (verify(own, "own.parquet")["mismatched"], verify(own, "own.parquet")["residue"]) == (0, 1)
+    for name, change in (("sign", -own[0][3]), ("bound", 0.1 / 1e-6 * 2)):
+        changed = [list(g) for g in own]
+        changed[0][3] = change
+        assert verify(changed, f"{name}.parquet")["mismatched"] == 1, name
+    # others of 0.0: their squares are exact, NeMo-RL's std is exactly 0, no residue possible
+    changed = [list(g) for g in own]
+    changed[1][3] = own[1][3] * 100
+    assert verify(changed, "exact.parquet")["mismatched"] == 1
+
+
+def _float32_groups(seed, count, sizes=(4, 8, 16)):
+    g = torch.Generator().manual_seed(seed)
+    groups = []
+    for i in range(count):
+        size = sizes[i % len(sizes)]
+        kind = i % 3
+        if kind == 0:
+            values = torch.rand(size, generator=g)
+        elif kind == 1:
+            values = torch.randint(0, 2, (size,), generator=g).float()
+        else:
+            values = torch.randint(0, 11, (size,), generator=g).float() / 10
+        groups.append(values.tolist())
+    return groups
+
+
+@pytest.mark.parametrize(("preset", "oracle"), [("nemo-rl", "nemo_rl_float32"), ("verl", "verl_float32")])
+def test_a_trainers_own_float32_values_pass_its_preset(cli, tmp_path, preset, oracle):
+    """NeMo-RL's E[x^2] - E[x]^2 std in float32 is 1.9e-5 off in relative terms: a fixed atol
+    rejected 3 of 2,048 of its own rows. With a preset, the bound follows its arithmetic; a
+    change of 1e-3 in an active group is still caught."""
+    from tests import trainers
+
+    groups = _float32_groups(11, 200)
+    advantages = getattr(trainers, oracle)(groups)
+    args = ["--verify-advantage-col", "trainer_advantage", "--preset", preset, "--summary-json", "-"]
+    result = cli("check", _exported(tmp_path, groups, advantages), *args)
+    verify = json.loads(result.stdout)["verify"]
+    assert verify["mismatched"] == 0 and verify["trainer_rounding"], verify["examples"]
+    assert result.exit_code == 0
+    changed = [list(g) for g in advantages]
+    changed[0][1] += 1e-3
+    verify = json.loads(cli("check", _exported(tmp_path, groups, changed, name="c.parquet"), *args).stdout)[
+        "verify"
+    ]
+    assert verify["mismatched"] == 1 and verify["examples"][0]["row"] == 1
