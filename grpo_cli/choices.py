@@ -40,6 +40,7 @@ Estimator = Literal[
 Whiten = Literal["none", "unbiased", "population"]
 Renormalize = Literal["none", "trl", "gdpo"]
 Aggregation = Literal["sum-then-normalize", "normalize-then-sum"]
+RewardSum = Literal["sum", "nansum"]
 InputFormat = Literal["parquet", "jsonl", "json", "csv", "arrow"]
 Engine = Literal["local", "ray"]
 Color = Literal["auto", "always", "never"]

@@ -1171,14 +1171,28 @@ class WeightedMoments:
 
 
 def weighted_moments(
-    values: Tensor, weights: Tensor | None, batch_ids: Tensor, num_batches: int
+    values: Tensor,
+    weights: Tensor | None,
+    batch_ids: Tensor,
+    num_batches: int,
+    *,
+    valid: Tensor | None = None,
 ) -> WeightedMoments:
     """Weighted moments of ``values`` per batch (corrected two-pass), in float64.
+
+    ``valid`` (bool, the rows' shape; ``None``: all): rows whose reward was left out of the
+    statistics are left out here too, as TRL's ``nanstd`` leaves out unscorable rows.
 
     >>> m = weighted_moments(torch.tensor([1.0, 3.0, 10.0]), None, torch.tensor([0, 0, 1]), 2)
     >>> m.weight.tolist(), m.mean.tolist(), m.m2.tolist()
     ([2.0, 1.0], [2.0, 10.0], [2.0, 0.0])
+    >>> weighted_moments(torch.tensor([1.0, 3.0, 0.0]), None, torch.tensor([0, 0, 0]), 1,
+    ...                  valid=torch.tensor([True, True, False])).count.tolist()
+    [2]
     """
+    if valid is not None:
+        values, batch_ids = values[valid], batch_ids[valid]
+        weights = None if weights is None else weights[valid]
     x = values.to(torch.float64)
     w = torch.ones_like(x) if weights is None else weights.to(torch.float64)
     ids = batch_ids.to(torch.int64)

@@ -17,6 +17,7 @@ from grpo_cli.choices import (
     NanPolicy,
     Preset,
     Renormalize,
+    RewardSum,
     Scale,
     Singleton,
     Std,
@@ -53,6 +54,7 @@ class AdvantageOptions:
     renormalize: Renormalize = "none"
     clip: tuple[float, float] | None = None
     gpg_f_norm: float = 1.0
+    reward_sum: RewardSum = "sum"
     preset: Preset | None = None
 
     @classmethod
@@ -96,6 +98,7 @@ class AdvantageOptions:
             ("--nan", self.nan, NanPolicy),
             ("--whiten", self.whiten, Whiten),
             ("renormalize", self.renormalize, Renormalize),
+            ("reward_sum", self.reward_sum, RewardSum),
         ):
             check_choice(option, value, vocabulary)
         if self.clip is not None:
@@ -171,10 +174,18 @@ class TrainerPreset:
 
 PRESETS: dict[str, TrainerPreset] = {
     "trl": TrainerPreset(
-        {"std": "sample", "epsilon": 1e-4, "epsilon_mode": "add", "nan": "ignore", "renormalize": "trl"},
+        {
+            "std": "sample",
+            "epsilon": 1e-4,
+            "epsilon_mode": "add",
+            "nan": "ignore",
+            "renormalize": "trl",
+            "reward_sum": "nansum",
+        },
         "trl/trainer/grpo_trainer.py, GRPOTrainer._generate_and_score_completions (TRL 0.2x)",
         "(r - mean) / (std + 1e-4), torch.std (Bessel); scale_rewards group|batch|none = --scale; "
-        "NaN rewards left out of the statistics",
+        "several reward columns are summed with nansum (a null counts as 0; a row is left out of "
+        "the statistics only when every column is null)",
     ),
     "verl": TrainerPreset(
         {"std": "sample", "epsilon": 1e-6, "epsilon_mode": "add", "singleton": "raw"},

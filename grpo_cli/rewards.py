@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from grpo_cli.choices import RewardSum
 from grpo_cli.columns import column_of, field_type
 from grpo_cli.errors import GrpoError
 from grpo_cli.kernel import Normalization, apply_normalization
@@ -67,11 +68,18 @@ class RewardReader:
     """Turns a shard's reward columns into tensors: one channel, or one per column."""
 
     def __init__(
-        self, specs: Sequence[RewardSpec], schema: pa.Schema, shard: Shard, *, per_column: bool
+        self,
+        specs: Sequence[RewardSpec],
+        schema: pa.Schema,
+        shard: Shard,
+        *,
+        per_column: bool,
+        reward_sum: RewardSum = "sum",
     ) -> None:
         self.specs = tuple(specs)
         self.shard = shard
         self.per_column = per_column
+        self.nansum = reward_sum == "nansum" and len(self.specs) > 1
         types = []
         for spec in self.specs:
             column_type = field_type(schema, spec.column)
@@ -99,9 +107,7 @@ class RewardReader:
             valid = _finite(tensor)
             return RewardBatch([tensor], [valid], tensor, valid)
         weighted = [v.to(torch.float64) * spec.weight for v, spec in zip(values, self.specs, strict=True)]
-        combined = weighted[0]
-        for extra in weighted[1:]:
-            combined = combined + extra
+        combined = _weighted_sum(weighted, nansum=self.nansum)
         combined_valid = _finite(combined)
         if self.per_column:
             scaled = [v.to(torch.float64) for v in values]
@@ -155,6 +161,28 @@ class RewardReader:
         if array.null_count:
             array = array.fill_null(float("nan"))
         return as_tensor(numpy_of(array))
+
+
+def _weighted_sum(weighted: Sequence[torch.Tensor], *, nansum: bool) -> torch.Tensor:
+    """The combined reward: the plain sum (a NaN anywhere makes the row NaN), or TRL's
+    ``nansum`` (a NaN counts as 0; the row is NaN only where every term is NaN).
+
+    >>> nan = float("nan")
+    >>> terms = [torch.tensor([1.0, nan, nan]), torch.tensor([0.5, 0.5, nan])]
+    >>> _weighted_sum(terms, nansum=False).tolist()
+    [1.5, nan, nan]
+    >>> _weighted_sum(terms, nansum=True).tolist()
+    [1.5, 0.5, nan]
+    """
+    if not nansum:
+        combined = weighted[0]
+        for extra in weighted[1:]:
+            combined = combined + extra
+        return combined
+    terms = torch.stack(list(weighted))
+    missing = torch.isnan(terms)
+    total = torch.where(missing, torch.zeros_like(terms), terms).sum(dim=0)
+    return torch.where(missing.all(dim=0), torch.full_like(total, float("nan")), total)
 
 
 def _finite(values: torch.Tensor) -> torch.Tensor | None:

@@ -57,6 +57,8 @@ def sharded(tmp_path_factory):
                     "length": rng.randint(1, 40),
                     "greedy": rng.uniform(0, 1),
                     "fmt": float(kind == 1 or rng.random() < 0.7),
+                    # a reward function that returned None now and then (TRL sums with nansum)
+                    "fmt_null": None if (g + i) % 7 == 0 else float(i % 3) / 2,
                 }
             )
     rng.shuffle(rows)
@@ -149,6 +151,13 @@ def test_ray_matches_local(ray_instance, sharded, tmp_path, reward, options):
             {"batch_col": "step"},
         ),
         (("correct", "fmt"), "normalize-then-sum", AdvantageOptions.resolve(preset="nemo-rl"), {}),
+        (("correct", "fmt_null"), None, AdvantageOptions.resolve(preset="trl"), {}),
+        (
+            ("correct", "fmt_null"),
+            "normalize-then-sum",
+            AdvantageOptions.resolve(preset="trl"),
+            {"batch_col": "step"},
+        ),
     ],
 )
 def test_ray_matches_local_for_every_estimator(

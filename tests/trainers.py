@@ -294,3 +294,55 @@ def verl_grpo_passk(scores: list[float], index: list[int], *, norm: bool = True)
             advantage = advantage / (rewards.std() + 1e-6)
         out[rows[int(top_index[0])]] = advantage
     return out.tolist()
+
+
+def trl_multi_reward(
+    per_func: list[list[float]],
+    weights: list[float],
+    num_generations: int,
+    *,
+    aggregation: str = "sum_then_normalize",
+    scale: str = "group",
+    dtype: torch.dtype = torch.float64,
+) -> list[float]:
+    """TRL's _generate_and_score_completions with several reward functions (grpo_trainer.py at
+    f2cd5771): ``nansum`` of the weighted rewards (a None counts as 0), a row is NaN (left out
+    of nanmean/nanstd) only when every function returned None, its advantage then 0.
+    ``per_func`` is rows x functions; rows are consecutive groups of ``num_generations``."""
+    table = torch.tensor(per_func, dtype=dtype)
+    w = torch.tensor(weights, dtype=dtype)
+    unscorable = torch.isnan(table).all(dim=1)
+
+    def nanstd(t: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+        keep = dim is not None
+        mean = torch.nanmean(t, dim=dim, keepdim=True) if keep else torch.nanmean(t)
+        count = (~torch.isnan(t)).sum(dim=dim, keepdim=True) if keep else (~torch.isnan(t)).sum()
+        variance = (
+            torch.nanmean((t - mean) ** 2, dim=dim, keepdim=True) if keep else torch.nanmean((t - mean) ** 2)
+        )
+        # TRL divides the integer counts, which gives float32: in float64, the exact correction
+        correction = count.to(dtype) / (count - 1).to(dtype)
+        variance = variance * torch.where(count > 1, correction, torch.full_like(variance, float("nan")))
+        return variance.sqrt()
+
+    if aggregation == "sum_then_normalize":
+        rewards = (table * w).nansum(dim=1)
+        rewards[unscorable] = float("nan")
+        grouped = rewards.view(-1, num_generations)
+        mean = torch.nanmean(grouped, dim=1).repeat_interleave(num_generations)
+        if scale == "batch":
+            std = nanstd(rewards).expand_as(rewards)
+        else:
+            std = nanstd(grouped, dim=1).squeeze(1).repeat_interleave(num_generations)
+        advantages = rewards - mean
+        if scale != "none":
+            advantages = advantages / (std + 1e-4)
+    else:
+        grouped = table.view(-1, num_generations, len(weights))
+        mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+        std_k = nanstd(grouped, dim=1)
+        reward_k = ((grouped - mean_k) / (std_k + 1e-4)).view(-1, len(weights))
+        rewards = (reward_k * w).nansum(dim=1)
+        rewards[unscorable] = float("nan")
+        advantages = (rewards - torch.nanmean(rewards)) / (nanstd(rewards) + 1e-4)
+    return torch.nan_to_num(advantages, nan=0.0).tolist()

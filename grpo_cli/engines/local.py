@@ -576,7 +576,13 @@ class LocalEngine:
         return dtypes.pop() if len(dtypes) == 1 else None
 
     def _reward_reader(self, schema: pa.Schema, shard: Shard) -> RewardReader:
-        return RewardReader(self.config.rewards, schema, shard, per_column=self.plan.per_column)
+        return RewardReader(
+            self.config.rewards,
+            schema,
+            shard,
+            per_column=self.plan.per_column,
+            reward_sum=self.config.advantage.reward_sum,
+        )
 
     def _batches(
         self, shard: Shard, schema: pa.Schema, columns: list[str] | None
@@ -744,13 +750,15 @@ class LocalEngine:
                 n = batch.num_rows
                 ids = self._group_ids(global_row, n, take_ids)
                 assert reader is not None
-                _, result, batch_ids = self._row_advantages(
+                rewards, result, batch_ids = self._row_advantages(
                     batch, reader, ids, outcome, active_device, shard_row
                 )
                 lengths = (
                     None if config.length_col is None else reader.lengths(batch, config.length_col, shard_row)
                 )
-                chunk = weighted_moments(result, lengths, batch_ids, outcome.batches.count)
+                chunk = weighted_moments(
+                    result, lengths, batch_ids, outcome.batches.count, valid=rewards.combined_valid
+                )
                 total = merge_weighted_moments(total, chunk)
                 shard_row += n
                 global_row += n

@@ -55,7 +55,7 @@ from grpo_cli.kernel import (
 from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_types
 from grpo_cli.output import advantage_range, commit_directory, output_info
 from grpo_cli.plan import BatchLayout, GroupOutcome, RunPlan, batch_of_groups
-from grpo_cli.rewards import RewardReader, new_column_arrays
+from grpo_cli.rewards import RewardBatch, RewardReader, new_column_arrays
 from grpo_cli.sources import InputSet, Shard
 from grpo_cli.summary import RunSummary, build_summary, input_info
 
@@ -252,7 +252,13 @@ _SUMMARY_PREFIX = "__grpo_summary_"
 def block_group_stats(batch: pa.Table, config: ComputeConfig) -> pa.Table:
     """One row per group of the block: its key columns and sufficient statistics."""
     plan = RunPlan(config, device=_CPU)
-    reader = RewardReader(config.rewards, batch.schema, _BLOCK, per_column=plan.per_column)
+    reader = RewardReader(
+        config.rewards,
+        batch.schema,
+        _BLOCK,
+        per_column=plan.per_column,
+        reward_sum=config.advantage.reward_sum,
+    )
     keys = GroupKeyIndex(config.group_cols)
     batch_keys = GroupKeyIndex([config.batch_col]) if config.batch_col is not None else None
     role = "group"
@@ -481,10 +487,17 @@ def _worker_state(
 
 def _block_rows(
     batch: pa.Table, plan: RunPlan, index: GroupKeyIndex, outcome: GroupOutcome
-) -> tuple[RewardReader, pa.RecordBatch, np.ndarray, torch.Tensor, torch.Tensor]:
-    """A block's reader, record batch, group IDs, advantages before any batch transform, batch IDs."""
+) -> tuple[RewardReader, pa.RecordBatch, np.ndarray, RewardBatch, torch.Tensor, torch.Tensor]:
+    """A block's reader, record batch, group IDs, rewards, advantages before any batch transform,
+    batch IDs."""
     config = plan.config
-    reader = RewardReader(config.rewards, batch.schema, _BLOCK, per_column=plan.per_column)
+    reader = RewardReader(
+        config.rewards,
+        batch.schema,
+        _BLOCK,
+        per_column=plan.per_column,
+        reward_sum=config.advantage.reward_sum,
+    )
     ids_np = (
         index.encode([batch.column(c) for c in config.group_cols])
         if batch.num_rows
@@ -493,19 +506,21 @@ def _block_rows(
     if ids_np.size and int(ids_np.max()) >= len(index):
         raise RuntimeError("a group key appeared in pass 2 that pass 1 did not see")
     record = _record_batch(batch)
-    _, result, batch_ids = plan.row_advantages(
+    rewards, result, batch_ids = plan.row_advantages(
         record, reader, as_tensor(ids_np), outcome, active_device=outcome.active
     )
-    return reader, record, ids_np, result, batch_ids
+    return reader, record, ids_np, rewards, result, batch_ids
 
 
 def block_moments(batch: pa.Table, payload: Any, token: str, config: ComputeConfig) -> pa.Table:
     """One block's weighted moments of the advantages per batch (for whitening)."""
     plan, index, outcome = _worker_state(payload, token, config)
     assert outcome.batches is not None
-    reader, record, _, result, batch_ids = _block_rows(batch, plan, index, outcome)
+    reader, record, _, rewards, result, batch_ids = _block_rows(batch, plan, index, outcome)
     lengths = None if config.length_col is None else reader.column(record, config.length_col)
-    moments = weighted_moments(result, lengths, batch_ids, outcome.batches.count)
+    moments = weighted_moments(
+        result, lengths, batch_ids, outcome.batches.count, valid=rewards.combined_valid
+    )
     return pa.table(
         {
             "weight": moments.weight.numpy(),
@@ -525,7 +540,7 @@ def block_advantages(
     object-store reference to them) is read once per worker process.
     """
     plan, index, outcome = _worker_state(payload, token, config)
-    reader, _, ids_np, result, batch_ids = _block_rows(batch, plan, index, outcome)
+    reader, _, ids_np, _, result, batch_ids = _block_rows(batch, plan, index, outcome)
     advantages = plan.finish(result, batch_ids, outcome).to(reader.output_dtype)
     ids = torch.from_numpy(ids_np)
     arrays = new_column_arrays(advantages, outcome.active[ids], ids_np, outcome.group_columns)

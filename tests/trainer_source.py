@@ -1,0 +1,90 @@
+"""A trainer's own code, read from a fetched copy of its repository at a recorded commit.
+
+The trainers' code is not copied into this repository: a test that runs it reads it from a
+local mirror (``GRPO_TRAINER_MIRRORS``, default ``/work/.mirror``, laid out as the search
+tool's ``fetch`` lays it: ``owner+name/repo`` bare git directories) and skips when the mirror
+is absent. The independent re-implementations in :mod:`tests.trainers` are checked against
+it there, and the suite everywhere else runs on those.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import textwrap
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+TRL = ("huggingface/trl", "f2cd57710ae345ea6428ae95363267fcf38a3dc8")
+
+
+def source(repo: tuple[str, str], path: str) -> str:
+    """The file at ``path`` in ``repo`` (name, commit), or skip the test when no mirror holds it."""
+    name, commit = repo
+    git_dir = Path(os.environ.get("GRPO_TRAINER_MIRRORS", "/work/.mirror")) / name.replace("/", "+") / "repo"
+    if not git_dir.is_dir():
+        pytest.skip(f"no local mirror of {name} at {git_dir}")
+    shown = subprocess.run(
+        ["git", "--git-dir", str(git_dir), "show", f"{commit}:{path}"], capture_output=True, text=True
+    )
+    if shown.returncode != 0:
+        pytest.skip(f"{name} mirror lacks {commit[:8]}:{path}")
+    return shown.stdout
+
+
+def _cut(text: str, first: str, last: str, *, before: int = 0) -> str:
+    """The lines of ``text`` from the one holding ``first`` (``before`` lines earlier) to the one
+    holding ``last``, dedented: a block of a trainer's function, verbatim."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if first in line) - before
+    end = next(i for i in range(start, len(lines)) if last in lines[i]) + 1
+    return textwrap.dedent("\n".join(lines[start:end]))
+
+
+def _function(text: str, name: str) -> str:
+    """The top-level function ``name`` of ``text``, verbatim: its ``def`` to the next top-level line."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"def {name}("))
+    end = next(
+        (i for i in range(start + 1, len(lines)) if lines[i] and not lines[i][0].isspace()), len(lines)
+    )
+    return "\n".join(lines[start:end])
+
+
+def trl_advantages(
+    rewards_per_func: torch.Tensor,
+    weights: list[float],
+    num_generations: int,
+    *,
+    scale_rewards: str = "group",
+    aggregation: str = "sum_then_normalize",
+) -> torch.Tensor:
+    """TRL's advantage block of ``GRPOTrainer._generate_and_score_completions``, verbatim (from
+    ``unscorable_mask`` to ``nan_to_num``, trl/trainer/grpo_trainer.py), with its ``nanstd``
+    (trl/trainer/utils.py), run on ``rewards_per_func`` (rows x functions, float32)."""
+    trainer = source(TRL, "trl/trainer/grpo_trainer.py")
+    utils = source(TRL, "trl/trainer/utils.py")
+    block = _cut(
+        trainer,
+        "unscorable_mask = torch.isnan(rewards_per_func).all(dim=1)",
+        "advantages = torch.nan_to_num(advantages, nan=0.0)",
+        before=3,
+    )
+    namespace: dict[str, Any] = {"torch": torch}
+    exec(_function(utils, "nanstd"), namespace)
+    body = textwrap.indent(block, "    ")
+    exec(f"def block(self, rewards_per_func, device):\n{body}\n    return advantages\n", namespace)
+    trainer_self = types.SimpleNamespace(
+        scale_rewards=scale_rewards,
+        multi_objective_aggregation=aggregation,
+        reward_weights=torch.tensor(weights, dtype=torch.float32),
+        reward_funcs=[None] * len(weights),
+    )
+    namespace["num_generations"] = num_generations
+    # the block reads num_generations as a local of the enclosing method: give it as a global
+    result: torch.Tensor = namespace["block"](trainer_self, rewards_per_func, "cpu")
+    return result
