@@ -150,7 +150,10 @@ class _OneLineErrors(typer.core.TyperGroup):
         try:
             result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click_exceptions.NoArgsIsHelpError as exc:
-            typer.echo(exc.ctx.get_help() if exc.ctx is not None else exc.format_message())
+            # building the error rendered the help; with rich, it is already on the screen
+            help_text = exc.format_message()
+            if help_text.strip():
+                typer.echo(help_text)
             result = exc.exit_code
         except click_exceptions.UsageError as exc:
             command = exc.ctx.command_path if exc.ctx is not None else "grpo-cli"

@@ -548,3 +548,10 @@ def test_help_is_grouped_with_examples_and_exit_codes(cli, command):
 
 def test_shell_completion_is_offered(cli):
     assert "--install-completion" in cli("--help").stdout
+
+
+@pytest.mark.parametrize("command", [[], ["compute"], ["check"], ["inspect"]])
+def test_no_arguments_print_the_help_once(cli, command):
+    result = cli(*command)
+    assert result.exit_code == 2
+    assert result.output.count("Usage:") == 1, result.output
