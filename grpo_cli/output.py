@@ -51,8 +51,14 @@ def splice_refusal(config: ComputeConfig, shards: Sequence[Shard]) -> str | None
         return "rows are filtered, so every column is re-encoded"
     if any(shard.display == "<stdin>" for shard in shards):
         return "standard input is re-encoded (only Parquet files are spliced)"
-    if any(shard.format != "parquet" for shard in shards):
+    others = [shard for shard in shards if shard.format != "parquet"]
+    if len(others) == len(shards):
         return "only Parquet input can be spliced"
+    if others:
+        return (
+            f"{others[0].display} is {others[0].format} input, and a run is spliced only when "
+            "every input is Parquet"
+        )
     return None
 
 

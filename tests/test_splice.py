@@ -196,6 +196,16 @@ def test_jsonl_input_and_several_shards_into_one_file_are_rewritten(tmp_path: Pa
     summary = compute_dataset(jsonl, tmp_path / "j.parquet", CONFIG)
     assert summary.output is not None
     assert summary.output["rewrite_reason"] == f"{jsonl}: only Parquet input can be spliced"
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    pq.write_table(rollouts(8), mixed / "day1.parquet")
+    (mixed / "day2.jsonl").write_text(jsonl.read_text())
+    summary = compute_dataset([mixed / "day1.parquet", mixed / "day2.jsonl"], tmp_path / "mixed_out", CONFIG)
+    assert summary.output is not None
+    assert summary.output["rewrite_reason"] == (
+        f"{mixed / 'day1.parquet'}: {mixed / 'day2.jsonl'} is jsonl input, and a run is spliced only when "
+        "every input is Parquet"
+    )
     shards = tmp_path / "shards"
     shards.mkdir()
     for i in range(2):
