@@ -553,17 +553,26 @@ def _run(debug: bool, body: Callable[[_RunState], int], *, bars: bool = False) -
     except (typer.Exit, typer.Abort):
         raise
     except Exception as exc:
-        if debug:
-            traceback.print_exc()
-        first = (str(exc).strip().splitlines() or [""])[0]
-        _fail(
-            f"internal error: {type(exc).__name__}: {first} (rerun with --debug for the traceback)",
-            EXIT_INTERNAL,
-        )
+        _internal_error(exc, debug)
+    except BaseException as exc:
+        # pyo3's PanicException (a Rust panic inside polars) is a BaseException
+        if type(exc).__name__ != "PanicException":
+            raise
+        _internal_error(exc, debug)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     raise typer.Exit(code)
+
+
+def _internal_error(exc: BaseException, debug: bool) -> NoReturn:
+    if debug:
+        traceback.print_exc()
+    first = (str(exc).strip().splitlines() or [""])[0]
+    _fail(
+        f"internal error: {type(exc).__name__}: {first} (rerun with --debug for the traceback)",
+        EXIT_INTERNAL,
+    )
 
 
 def _check_stdout(value: str | None, option: str = "--summary-json") -> None:

@@ -79,19 +79,37 @@ def top_level(schema: pa.Schema, names: Sequence[str]) -> list[str]:
 
 def holds_type(data_type: pa.DataType, leaf: Callable[[pa.DataType], bool]) -> bool:
     """Whether ``leaf`` holds for ``data_type`` or for any type inside it (the values of
-    a dictionary or list, the fields of a struct).
+    a dictionary, list, list view or run-end encoding, the fields of a struct or union, the
+    keys and items of a map, the storage of an extension type).
 
     >>> holds_type(pa.list_(pa.struct([("w", pa.float32())])), pa.types.is_floating)
     True
+    >>> holds_type(pa.map_(pa.string(), pa.list_view(pa.binary())), pa.types.is_binary)
+    True
     """
+    if leaf(data_type):
+        return True
+    return any(holds_type(inner, leaf) for inner in inner_types(data_type))
+
+
+def inner_types(data_type: pa.DataType) -> list[pa.DataType]:
+    """The types directly inside a nested ``data_type`` (none for a flat one)."""
+    if isinstance(data_type, pa.BaseExtensionType):
+        return [data_type.storage_type]
     if pa.types.is_dictionary(data_type):
-        return holds_type(data_type.value_type, leaf)
-    if pa.types.is_struct(data_type):
-        return any(holds_type(data_type.field(i).type, leaf) for i in range(data_type.num_fields))
+        return [data_type.value_type]
+    if pa.types.is_map(data_type):
+        return [data_type.key_type, data_type.item_type]
+    if pa.types.is_struct(data_type) or pa.types.is_union(data_type):
+        return [data_type.field(i).type for i in range(data_type.num_fields)]
+    if pa.types.is_run_end_encoded(data_type):
+        return [data_type.value_type]
     if (
         pa.types.is_list(data_type)
         or pa.types.is_large_list(data_type)
         or pa.types.is_fixed_size_list(data_type)
+        or pa.types.is_list_view(data_type)
+        or pa.types.is_large_list_view(data_type)
     ):
-        return holds_type(data_type.value_type, leaf)
-    return leaf(data_type)
+        return [data_type.value_type]
+    return []

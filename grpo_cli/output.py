@@ -224,7 +224,9 @@ class _JsonlSink:
     def write(self, batch: pa.RecordBatch) -> None:
         import polars as pl
 
-        frame = pl.from_arrow(batch)
+        # JSON lines carry no schema metadata, and polars panics on keys that are not UTF-8
+        plain = pa.schema([field.remove_metadata() for field in batch.schema])
+        frame = pl.from_arrow(pa.RecordBatch.from_arrays(batch.columns, schema=plain))
         assert isinstance(frame, pl.DataFrame)
         lines = io.BytesIO()
         frame.write_ndjson(lines)
@@ -234,21 +236,71 @@ class _JsonlSink:
         self._handle.close()
 
 
+def _is_raw_bytes(data_type: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_binary(data_type)
+        or pa.types.is_large_binary(data_type)
+        or pa.types.is_fixed_size_binary(data_type)
+        or pa.types.is_binary_view(data_type)
+    )
+
+
+def _json_cannot_hold(data_type: pa.DataType) -> bool:
+    """Types polars' JSON writer has no form for (it panics or refuses on them)."""
+    return bool(
+        pa.types.is_union(data_type)
+        or pa.types.is_interval(data_type)
+        or pa.types.is_list_view(data_type)
+        or pa.types.is_large_list_view(data_type)
+        or pa.types.is_run_end_encoded(data_type)
+        or pa.types.is_decimal256(data_type)
+        or isinstance(data_type, pa.BaseExtensionType)
+    )
+
+
 def _json_refusal(schema: pa.Schema) -> str | None:
-    """Why JSON cannot hold a column of ``schema`` (raw bytes), or ``None``."""
-
-    def binary(data_type: pa.DataType) -> bool:
-        return bool(
-            pa.types.is_binary(data_type)
-            or pa.types.is_large_binary(data_type)
-            or pa.types.is_fixed_size_binary(data_type)
-            or pa.types.is_binary_view(data_type)
-        )
-
+    """Why JSON lines cannot hold a column of ``schema``, or ``None``."""
     for column in schema:
-        if holds_type(column.type, binary):
+        if holds_type(column.type, _is_raw_bytes):
             return f"column {column.name!r} holds raw bytes ({column.type}), which JSON cannot; write Parquet"
+        if holds_type(column.type, _json_cannot_hold):
+            return (
+                f"column {column.name!r} has type {column.type}, which grpo-cli cannot write as JSON; "
+                "write Parquet"
+            )
     return None
+
+
+def _parquet_refusal(schema: pa.Schema) -> str | None:
+    """Why Parquet cannot hold a column of ``schema`` (Arrow's own schema conversion says), or ``None``."""
+
+    def refusal(part: pa.Schema) -> str | None:
+        try:
+            pq.ParquetWriter(io.BytesIO(), part).close()
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            return str(exc).strip().splitlines()[0].rstrip(".")
+        return None
+
+    if refusal(schema) is None:
+        return None
+    for column in schema:
+        why = refusal(pa.schema([column]))
+        if why is not None:
+            other = "" if _json_refusal(pa.schema([column])) else "; write JSON lines (-o FILE.jsonl)"
+            return f"column {column.name!r} has type {column.type}, which Parquet cannot hold ({why}){other}"
+    return refusal(schema)
+
+
+def output_refusal(schema: pa.Schema, output_format: str) -> str | None:
+    """Why an output of ``output_format`` (``parquet`` or ``jsonl``) cannot hold ``schema``'s
+    columns, or ``None``: asked before any work, so that nothing is read in vain.
+
+    >>> output_refusal(pa.schema([("meta", pa.struct([]))]), "parquet")  # doctest: +ELLIPSIS
+    "column 'meta' has type struct<>, which Parquet cannot hold (Cannot write struct type 'meta' ...)..."
+    >>> output_refusal(pa.schema([("meta", pa.struct([]))]), "jsonl") is None
+    True
+    """
+    return _json_refusal(schema) if output_format == "jsonl" else _parquet_refusal(schema)
 
 
 class OutputTarget:
@@ -279,6 +331,12 @@ class OutputTarget:
         self._copier = _PrefixCopier()
         self._discarded = False
 
+    def refuse_unwritable(self, shard: Shard, schema: pa.Schema) -> None:
+        """Refuse, in one line, a shard whose columns this output's format cannot hold."""
+        refusal = output_refusal(schema, self.format)
+        if refusal is not None:
+            raise GrpoError(f"{shard.display}: {refusal}")
+
     def open_shard(self, shard: Shard, schema: pa.Schema, new_columns: int) -> ShardWriter | JsonlShardWriter:
         """A re-encoding writer for one input shard's rows; the last ``new_columns`` fields are ours."""
         if shard in self._splices:
@@ -286,9 +344,7 @@ class OutputTarget:
         path = self._shard_path(shard)
         self.methods["rewrite"] = self.methods.get("rewrite", 0) + 1
         if self.format == "jsonl":
-            refusal = _json_refusal(schema)
-            if refusal is not None:
-                raise GrpoError(f"{shard.display}: {refusal}")
+            self.refuse_unwritable(shard, schema)
             if self._jsonl is None:
                 self._jsonl = self._guarded(lambda: _JsonlSink(path, str(self.path).lower()))
             return JsonlShardWriter(self._jsonl, self._thread)

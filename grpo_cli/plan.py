@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -179,6 +180,12 @@ class RunPlan:
         if len(schema) == 0:  # an empty JSONL file: no records, no columns
             return
         names = schema.names
+        repeated = [name for name, count in Counter(names).items() if count > 1]
+        if repeated:
+            raise GrpoError(
+                f"{shard.display}: the input has {names.count(repeated[0])} columns named {repeated[0]!r}; "
+                "column names must be unique (rename or drop the copies)"
+            )
         for column in self.input_columns:
             if field_type(schema, column) is None:
                 raise GrpoError(f"{shard.display}: no column {column!r}{self._hint(column, schema)}")

@@ -495,7 +495,11 @@ class SplicedFile:
             merged = write_list(order_type, [*existing, *self._orders])
             fields = _replace(fields, Field(FILE_COLUMN_ORDERS, TType.LIST, merged))
 
-        pairs = [(key, pair) for key, pair in _key_values(fields) if key.encode() not in self._metadata]
+        pairs = [
+            (key, pair)
+            for key, pair in _key_values(fields)
+            if key.encode("utf-8", "surrogateescape") not in self._metadata
+        ]
         if self._arrow is not None:
             arrow = self._arrow
             for field in self._new_schema:

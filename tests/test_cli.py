@@ -445,6 +445,28 @@ def test_internal_error_is_one_line(cli, tmp_path, parquet_file, monkeypatch):
     assert list(tmp_path.iterdir()) == [parquet_file]
 
 
+def test_a_panic_inside_a_rust_library_is_one_line_too(cli, tmp_path, parquet_file, monkeypatch):
+    """pyo3's PanicException derives from BaseException: ``except Exception`` let it through
+    with a traceback."""
+    from grpo_cli import rewards
+
+    class PanicException(BaseException):
+        pass
+
+    def boom(*args, **kwargs):
+        raise PanicException("called `Result::unwrap()` on an `Err` value: Utf8Error")
+
+    monkeypatch.setattr(rewards, "apply_normalization", boom)
+    out = tmp_path / "o.parquet"
+    result = cli("compute", parquet_file, "-o", out)
+    assert result.exit_code == 70
+    assert result.stderr.strip().splitlines() == [
+        "error: internal error: PanicException: called `Result::unwrap()` on an `Err` value: Utf8Error "
+        "(rerun with --debug for the traceback)"
+    ]
+    assert list(tmp_path.iterdir()) == [parquet_file]
+
+
 def test_failed_run_leaves_no_output_and_untouched_input(cli, tmp_path, rows):
     rows = [dict(r) for r in rows]
     rows[-1]["reward"] = float("nan")

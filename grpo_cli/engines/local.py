@@ -478,6 +478,9 @@ class LocalEngine:
     def run(self, output: OutputTarget | MemoryTarget | None) -> RunSummary:
         """Both passes; the output is committed only when everything succeeded."""
         started = time.perf_counter()
+        if isinstance(output, OutputTarget):
+            for shard, schema in zip(self.inputs.shards, self.schemas, strict=True):
+                output.refuse_unwritable(shard, schema)
         spool = _IdSpool(on_disk=not self.in_memory)
         try:
             first = self._statistics(spool)
