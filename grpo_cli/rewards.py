@@ -84,12 +84,7 @@ class RewardReader:
         for spec in self.specs:
             column_type = field_type(schema, spec.column)
             assert column_type is not None  # the plan checked the columns
-            if not (
-                pa.types.is_integer(column_type)
-                or pa.types.is_floating(column_type)
-                or pa.types.is_boolean(column_type)
-                or pa.types.is_decimal(column_type)
-            ):
+            if not self._numeric(column_type):
                 raise GrpoError(
                     f"{shard.display}: reward column {spec.column!r} has type {column_type}; "
                     "it must be numeric"
@@ -117,12 +112,7 @@ class RewardReader:
     def column(self, batch: pa.RecordBatch, name: str, first_row: int = 0) -> torch.Tensor:
         """Another numeric column of the batch (a length, a baseline) as float64, nulls as NaN."""
         array = column_of(batch, name)
-        if not (
-            pa.types.is_integer(array.type)
-            or pa.types.is_floating(array.type)
-            or pa.types.is_boolean(array.type)
-            or pa.types.is_decimal(array.type)
-        ):
+        if not self._numeric(array.type):
             raise GrpoError(
                 f"{self.shard.display}: column {name!r} has type {array.type}; it must be numeric"
             )
@@ -140,7 +130,19 @@ class RewardReader:
             )
         return lengths
 
+    def _numeric(self, data_type: pa.DataType) -> bool:
+        """Whether a column of ``data_type`` holds numbers: a CSV column is text, parsed here."""
+        return bool(
+            pa.types.is_integer(data_type)
+            or pa.types.is_floating(data_type)
+            or pa.types.is_boolean(data_type)
+            or pa.types.is_decimal(data_type)
+            or (self.shard.format == "csv" and pa.types.is_string(data_type))
+        )
+
     def _column(self, array: pa.Array, name: str, first_row: int) -> torch.Tensor:
+        if pa.types.is_string(array.type):
+            array = numbers_from_text(array, name, self.shard, first_row)
         if pa.types.is_integer(array.type) and array.type.bit_width == 64:
             limit = pa.scalar(1 << 53, array.type)
             too_large = pc.greater(array, limit)
@@ -185,6 +187,50 @@ def _weighted_sum(weighted: Sequence[torch.Tensor], *, nansum: bool) -> torch.Te
     return torch.where(missing.all(dim=0), torch.full_like(total, float("nan")), total)
 
 
+_NUMBER = r"^[+-]?((\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?|nan|inf|infinity)$"
+_INTEGER = r"^[+-]?\d+$"
+_BOOLEAN = r"^(true|false)$"
+
+
+def numbers_from_text(array: pa.Array, name: str, shard: Shard, first_row: int = 0) -> pa.Array:
+    """A CSV column's text as float64, each value correctly rounded; nulls stay null.
+
+    Decimal and scientific notation, ``nan`` and ``inf``; a column of only ``true`` and
+    ``false`` (any case) is 1 and 0. An integer beyond 2**53 that float64 cannot hold
+    exactly, and text that is no number, are refused with the row.
+
+    >>> from pathlib import Path
+    >>> shard = Shard(Path("r.csv"), "r.csv", "csv", 0)
+    >>> numbers_from_text(pa.array(["1", "0.5", "-1e-3", None, "NaN"]), "r", shard).to_pylist()
+    [1.0, 0.5, -0.001, None, nan]
+    >>> numbers_from_text(pa.array(["True", "false"]), "r", shard).to_pylist()
+    [1.0, 0.0]
+    >>> numbers_from_text(pa.array(["1", "9007199254740993"]), "r", shard)
+    Traceback (most recent call last):
+    ...
+    grpo_cli.errors.GrpoError: r.csv, row 1: column 'r' holds the integer 9007199254740993, which float64 cannot hold exactly
+    """
+    is_number = pc.match_substring_regex(array, _NUMBER, ignore_case=True)
+    if not pc.all(is_number).as_py():
+        if pc.all(pc.match_substring_regex(array, _BOOLEAN, ignore_case=True)).as_py():
+            return pc.cast(pc.equal(pc.utf8_lower(array), "true"), pa.float64())
+        bad = int(pc.index(pc.fill_null(is_number, True), False).as_py())
+        raise GrpoError(
+            f"{describe_row(shard, first_row + bad)}: column {name!r} holds {array[bad].as_py()!r}, "
+            "which is not a number"
+        )
+    values = pc.cast(array, pa.float64())
+    integer = pc.and_(pc.match_substring_regex(array, _INTEGER), pc.greater_equal(pc.abs(values), float(1 << 53)))
+    for index in pc.indices_nonzero(pc.fill_null(integer, False)).to_pylist():
+        text = array[index].as_py()
+        if float(int(text)) != int(text):
+            raise GrpoError(
+                f"{describe_row(shard, first_row + index)}: column {name!r} holds the integer {text}, "
+                "which float64 cannot hold exactly"
+            )
+    return values
+
+
 def _finite(values: torch.Tensor) -> torch.Tensor | None:
     """Validity mask, or ``None`` when every value is finite (the common case)."""
     finite = torch.isfinite(values)
@@ -197,7 +243,7 @@ def advantage_dtype(types: Sequence[pa.DataType]) -> torch.dtype:
     One floating column keeps its width; anything combined or converted is float32,
     or float64 when a float64 or decimal column is involved.
     """
-    if any(pa.types.is_decimal(t) for t in types):
+    if any(pa.types.is_decimal(t) or pa.types.is_string(t) for t in types):
         return torch.float64
     floats = [t for t in types if pa.types.is_floating(t)]
     if len(types) == 1 and floats:

@@ -779,30 +779,25 @@ class JsonlSchemaDrift(SchemaDrift):
         unify_jsonl_schema(self.shard)
 
 
-class CsvTypeDrift(SchemaDrift):
-    """A CSV value does not parse as its column's inferred type: the column is widened
-    (integer to float64, anything else to string), one column at a time."""
-
-    def __init__(self, shard: Shard, column: str, data_type: pa.DataType) -> None:
-        super().__init__(shard)
-        self.column, self.data_type = column, data_type
-
-    def settle(self) -> None:
-        wider = pa.float64() if pa.types.is_integer(self.data_type) else pa.string()
-        _CSV_COLUMN_TYPES.setdefault(_file_key(self.shard), {})[self.column] = wider
-
-
-_CSV_COLUMN_TYPES: dict[tuple[str, int, float], dict[str, pa.DataType]] = {}
-_CSV_CONVERSION = re.compile(r"In CSV column #(\d+): .*CSV conversion error to ([^:]+):")
-
-
 class _CsvReader(_TextReader["pa_csv.CSVStreamingReader"]):
+    """Every CSV column is read as its text: type inference would merge the keys ``007``,
+    ``07`` and ``7``, turn ``N/A`` into a null and ``001`` into ``1.0``. An unquoted empty
+    cell is a null (a quoted ``""`` is the empty string); the columns grpo-cli computes
+    from are parsed as numbers where they are read (:func:`~grpo_cli.rewards.numbers_from_text`)."""
+
     def _open(self, stream: pa.NativeFile) -> pa_csv.CSVStreamingReader:
-        types = _CSV_COLUMN_TYPES.get(_file_key(self.shard))
+        read_options = pa_csv.ReadOptions(block_size=JSONL_BLOCK_BYTES)
+        with pa.input_stream(str(self.shard.path), compression=self.shard.compression) as header:
+            names = pa_csv.open_csv(header, read_options=read_options).schema.names
         return pa_csv.open_csv(
             stream,
-            read_options=pa_csv.ReadOptions(block_size=JSONL_BLOCK_BYTES),
-            convert_options=pa_csv.ConvertOptions(column_types=types) if types else None,
+            read_options=read_options,
+            convert_options=pa_csv.ConvertOptions(
+                column_types={name: pa.string() for name in names},
+                null_values=[""],
+                strings_can_be_null=True,
+                quoted_strings_can_be_null=False,
+            ),
         )
 
     def _error(self, exc: BaseException) -> Exception:
@@ -824,11 +819,6 @@ def _csv_batches(shard: Shard, columns: list[str] | None) -> Iterator[pa.RecordB
 
 def _csv_error(shard: Shard, exc: BaseException, schema: pa.Schema | None) -> Exception:
     text = _first_line(exc)
-    drift = _CSV_CONVERSION.search(text)
-    if drift is not None and schema is not None:
-        column = schema.field(int(drift[1]))
-        if not pa.types.is_string(column.type):
-            return CsvTypeDrift(shard, column.name, column.type)
     if shard.compression and isinstance(exc, OSError):
         return GrpoError(f"{shard.display}: not a readable {shard.compression} file ({text})")
     if "Empty CSV file" in text:

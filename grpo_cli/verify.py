@@ -44,6 +44,7 @@ from grpo_cli.errors import GrpoError
 from grpo_cli.kernel import GroupStats, group_std
 from grpo_cli.keys import GroupKeyIndex, as_tensor
 from grpo_cli.options import AdvantageOptions
+from grpo_cli.rewards import numbers_from_text
 from grpo_cli.sources import Shard
 
 FLOAT32_BITS = 24
@@ -108,6 +109,8 @@ class Verifier:
     ) -> None:
         """One batch: ``column`` as given, the recomputed advantages, the combined rewards, group IDs."""
         spec = self.spec
+        if shard.format == "csv" and pa.types.is_string(column.type):
+            column = numbers_from_text(column, spec.column, shard, shard_row)
         if not (pa.types.is_floating(column.type) or pa.types.is_integer(column.type)):
             raise GrpoError(
                 f"{shard.display}: column {spec.column!r} has type {column.type}; "

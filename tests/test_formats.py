@@ -154,19 +154,55 @@ def test_a_json_array_on_standard_input(cli, tmp_path, expected):
     assert advantages(out) == expected
 
 
-def test_csv_types_are_widened_when_a_later_block_disagrees(cli, tmp_path, monkeypatch):
-    monkeypatch.setattr(sources, "JSONL_BLOCK_BYTES", 64)  # each block infers its own types
-    lines = ["group_id,reward,note"] + [f"{i // 4},{i % 2},{i}" for i in range(40)]
-    lines += ["10,0.5,n/a", "10,1.5,x"]  # reward becomes float, note becomes text
-    (tmp_path / "drift.csv").write_text("\n".join(lines) + "\n")
+def test_csv_columns_come_out_as_the_text_that_went_in(cli, tmp_path, monkeypatch):
+    """Type inference merged the keys 007, 07 and 7 (and True/TRUE/1, 1/1.0/1e0, 2**53 and
+    2**53 + 1 once a 1.5 widened the column), turned N/A into a null and 001 into 1.0."""
+    monkeypatch.setattr(sources, "JSONL_BLOCK_BYTES", 64)  # many blocks: no later block can differ
+    keys = ["007", "07", "7", "True", "TRUE", "1", "1.0", "1e0", "9007199254740993", "9007199254740992"]
+    lines = ["group_id,reward,note"]
+    for k, key in enumerate(keys):
+        lines += [f"{key},0,N/A", f"{key},{1 if k % 2 else 0.5},001"]
+    lines += ["1.5,0,NA", "1.5,1,null"]
+    (tmp_path / "ids.csv").write_text("\n".join(lines) + "\n")
     out = tmp_path / "o.parquet"
-    result = cli("compute", tmp_path / "drift.csv", "-o", out, "-q")
+    result = cli("compute", tmp_path / "ids.csv", "-o", out, "-q")
     assert result.exit_code == 0, result.stderr
     table = pq.read_table(out)
-    assert table.schema.field("reward").type == pa.float64()
-    assert table.schema.field("note").type == pa.string()
-    assert table.column("reward").to_pylist()[-2:] == [0.5, 1.5]
-    assert table.column("advantage").to_pylist()[-2:] == pytest.approx([-1.0, 1.0], rel=1e-5)
+    assert table.schema.field("group_id").type == pa.string()
+    assert table.column("group_id").to_pylist() == [key for key in keys for _ in "ab"] + ["1.5", "1.5"]
+    assert table.column("note").to_pylist() == ["N/A", "001"] * len(keys) + ["NA", "null"]
+    assert table.column("reward").to_pylist()[:4] == ["0", "0.5", "0", "1"]
+    assert table.column("advantage").to_pylist() == pytest.approx([-1.0, 1.0] * (len(keys) + 1), rel=1e-5)
+    summary = json.loads(cli("check", tmp_path / "ids.csv", "--summary-json", "-", "-q").stdout)
+    assert summary["groups"] == len(keys) + 1
+
+
+@pytest.mark.parametrize(
+    ("cell", "fragment"),
+    [
+        ("abc", "row 1: column 'reward' holds 'abc', which is not a number"),
+        ("0x10", "holds '0x10', which is not a number"),
+        ("9007199254740993", "the integer 9007199254740993, which float64 cannot hold exactly"),
+    ],
+)
+def test_a_csv_reward_that_is_no_exact_number_is_refused(cli, tmp_path, cell, fragment):
+    (tmp_path / "r.csv").write_text(f"group_id,reward\n1,0\n1,{cell}\n")
+    one_line_error(cli("compute", tmp_path / "r.csv", "-o", tmp_path / "o.parquet"), 2, fragment)
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_csv_empty_key_cells_are_null_keys_and_a_header_alone_is_no_rows(cli, tmp_path):
+    """An unquoted empty cell is a null, refused as a key as a JSONL null is; a quoted "" is
+    the empty string. A header-only file has no rows (check: exit 1), not a null-typed key."""
+    (tmp_path / "e.csv").write_text("group_id,reward\n,0\n,1\n")
+    one_line_error(cli("check", tmp_path / "e.csv"), 2, "group key 'group_id' is null")
+    (tmp_path / "q.csv").write_text('group_id,reward\n"",0\n"",1\n')
+    summary = json.loads(cli("check", tmp_path / "q.csv", "--summary-json", "-", "-q").stdout)
+    assert (summary["groups"], summary["active_groups"]) == (1, 1)
+    (tmp_path / "h.csv").write_text("group_id,reward\n")
+    result = cli("check", tmp_path / "h.csv", "--summary-json", "-", "-q")
+    assert result.exit_code == 1
+    assert json.loads(result.stdout)["rows"] == 0
 
 
 def test_malformed_csv_is_one_line_without_the_raw_row(cli, tmp_path):
