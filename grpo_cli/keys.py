@@ -450,7 +450,11 @@ class GroupKeyIndex:
         return {key: gid for gid, key in enumerate(self._python_keys(reps))}
 
     def _python_keys(self, table: pa.Table) -> list[Any]:
-        columns = [table.column(c).to_pylist() for c in self.columns]
+        columns = []
+        for c in self.columns:
+            values = table.column(c)
+            storage = integer_storage(values.type)
+            columns.append((values if storage.equals(values.type) else values.cast(storage)).to_pylist())
         nested = [pa.types.is_nested(table.schema.field(c).type) for c in self.columns]
         columns = [
             [_frozen(v) for v in values] if n else values for values, n in zip(columns, nested, strict=True)
@@ -472,6 +476,34 @@ class GroupKeyIndex:
         if new_rows:
             self._add_groups(table.take(arrow_of(np.asarray(new_rows, dtype=np.int64))))
         return ids
+
+
+def integer_storage(data_type: pa.DataType) -> pa.DataType:
+    """``data_type`` with every temporal type inside replaced by its integer storage: Python's
+    ``datetime``, ``time`` and ``timedelta`` hold microseconds, so two keys a nanosecond apart
+    would be one dict key.
+
+    >>> integer_storage(pa.struct([("t", pa.time64("ns")), ("d", pa.date32()), ("s", pa.string())]))
+    StructType(struct<t: int64, d: int32, s: string>)
+    """
+    if pa.types.is_temporal(data_type):
+        return pa.int32() if data_type.bit_width == 32 else pa.int64()
+    if pa.types.is_struct(data_type):
+        return pa.struct(
+            [
+                data_type.field(i).with_type(integer_storage(data_type.field(i).type))
+                for i in range(data_type.num_fields)
+            ]
+        )
+    if pa.types.is_fixed_size_list(data_type):
+        return pa.list_(
+            data_type.value_field.with_type(integer_storage(data_type.value_type)), data_type.list_size
+        )
+    if pa.types.is_large_list(data_type):
+        return pa.large_list(data_type.value_field.with_type(integer_storage(data_type.value_type)))
+    if pa.types.is_list(data_type):
+        return pa.list_(data_type.value_field.with_type(integer_storage(data_type.value_type)))
+    return data_type
 
 
 def _frozen(value: Any) -> Any:

@@ -572,3 +572,50 @@ def test_dictionary_keys_match_on_their_values_whatever_each_chunks_dictionary(e
     assert got == [[0, 1, 0, 2, 0], [2, 1, 0], [3, 0]]
     assert [index.key_at(i) for i in range(len(index))] == ["a", "b", "c", "d"]
     assert index.key_table(pa.table({"k": chunks[2]})).schema.field("k").type == pa.string()
+
+
+def _near_duplicates() -> list[pa.Array]:
+    """Columns whose values differ by the smallest step their type has, with repeats."""
+    import datetime
+    import decimal
+
+    ns = pa.time64("ns")
+    return [
+        pa.array([1, 2, 1, 3], pa.time64("ns")),
+        pa.array([1, 2, 1, 2], pa.timestamp("ns", "UTC")),
+        pa.array([1, 2, 1, 2], pa.duration("ns")),
+        pa.array([1, 2, 1, 2], pa.date64()),
+        pa.array(
+            [{"t": 1, "s": "a"}, {"t": 2, "s": "a"}, {"t": 1, "s": "a"}],
+            pa.struct([("t", ns), ("s", pa.string())]),
+        ),
+        pa.array([[1], [2], [1], [1, 2]], pa.list_(pa.timestamp("ns"))),
+        pa.array([[{"d": 1}], [{"d": 2}], [{"d": 1}]], pa.list_(pa.struct([("d", pa.duration("us"))]))),
+        pa.array([[1, 2], [1, 3], [1, 2]], pa.list_(pa.time32("ms"), 2)),
+        pa.array([0.1, 0.1 + 2**-56, 0.1, -0.0, 0.0]),
+        pa.array([{"x": 0.0}, {"x": -0.0}, {"x": 1e-300}]),
+        pa.array(
+            [decimal.Decimal("1.01"), decimal.Decimal("1.02"), decimal.Decimal("1.01")], pa.decimal128(5, 2)
+        ),
+        pa.array(["a", "a ", "a", "A"]),
+        pa.array([b"\x00", b"\x00\x00", b"\x00"]),
+        pa.array(["x", "y", "x"]).dictionary_encode(),
+        pa.array([[datetime.date(2026, 1, 1)], [datetime.date(2026, 1, 2)], [datetime.date(2026, 1, 1)]]),
+        pa.array([True, False, True]),
+        pa.array([2**63, 2**63 + 1, 2**63], pa.uint64()),
+    ]
+
+
+@pytest.mark.parametrize("column", _near_duplicates(), ids=lambda a: str(a.type))
+def test_the_dict_path_and_the_hashed_path_agree_on_every_key_type(column):
+    """Python's datetime holds microseconds: the dict path merged struct keys of time64[ns] a
+    nanosecond apart that the hashed path kept apart."""
+    hashed = GroupKeyIndex(["k"]).encode([column]).tolist()
+    exact = GroupKeyIndex(["k"], exact=True).encode([column]).tolist()
+    assert exact == hashed
+
+
+def test_nested_temporal_keys_a_nanosecond_apart_are_two_groups():
+    key = pa.struct([("t", pa.time64("ns")), ("s", pa.string())])
+    column = pa.array([{"t": 1, "s": "a"}, {"t": 2, "s": "a"}, {"t": 1, "s": "a"}], key)
+    assert GroupKeyIndex(["k"], exact=True).encode([column]).tolist() == [0, 1, 0]
