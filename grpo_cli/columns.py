@@ -87,9 +87,31 @@ def holds_type(data_type: pa.DataType, leaf: Callable[[pa.DataType], bool]) -> b
     >>> holds_type(pa.map_(pa.string(), pa.list_view(pa.binary())), pa.types.is_binary)
     True
     """
-    if leaf(data_type):
-        return True
-    return any(holds_type(inner, leaf) for inner in inner_types(data_type))
+    stack = [data_type]
+    while stack:  # a loop, not recursion: a JSON value may nest thousands of levels deep
+        current = stack.pop()
+        if leaf(current):
+            return True
+        stack.extend(inner_types(current))
+    return False
+
+
+MAX_NESTING = 64
+"""The deepest a column's type may nest: deeper JSON is refused before any recursion meets it."""
+
+
+def nesting_depth(data_type: pa.DataType) -> int:
+    """How many types deep ``data_type`` goes (1 for a flat type).
+
+    >>> nesting_depth(pa.int64()), nesting_depth(pa.list_(pa.struct([("a", pa.list_(pa.int8()))]))
+    (1, 4)
+    """
+    deepest, stack = 0, [(data_type, 1)]
+    while stack:
+        current, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((inner, depth + 1) for inner in inner_types(current))
+    return deepest
 
 
 def inner_types(data_type: pa.DataType) -> list[pa.DataType]:

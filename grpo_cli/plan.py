@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from grpo_cli.columns import field_type
+from grpo_cli.columns import MAX_NESTING, field_type, nesting_depth
 from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError
 from grpo_cli.guard import PROVENANCE_KEY
@@ -180,6 +180,13 @@ class RunPlan:
         if len(schema) == 0:  # an empty JSONL file: no records, no columns
             return
         names = schema.names
+        for column in schema:
+            depth = nesting_depth(column.type)
+            if depth > MAX_NESTING:
+                raise GrpoError(
+                    f"{shard.display}: column {column.name!r} nests {depth} levels deep; grpo-cli reads "
+                    f"at most {MAX_NESTING}"
+                )
         repeated = [name for name, count in Counter(names).items() if count > 1]
         if repeated:
             raise GrpoError(

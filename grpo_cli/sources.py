@@ -31,6 +31,7 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from grpo_cli.choices import InputFormat, check_choice
+from grpo_cli.columns import holds_type
 from grpo_cli.errors import GrpoError
 from grpo_cli.guard import OTHER_DATA_SUFFIXES, PROVENANCE_KEY, ProtectedInputs, spool
 
@@ -380,8 +381,22 @@ def _json_array_to_lines(path: Path, compression: str | None, display: str, out:
         raise
 
 
+class _RepeatedKey(ValueError):
+    pass
+
+
+def _refuse_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's fields; a name given twice is refused (a dict would keep the last silently)."""
+    value: dict[str, Any] = {}
+    for key, item in pairs:
+        if key in value:
+            raise _RepeatedKey(key)
+        value[key] = item
+    return value
+
+
 def _json_array_lines(path: Path, compression: str | None, display: str, out: IO[bytes]) -> None:
-    decoder = json.JSONDecoder()
+    decoder = json.JSONDecoder(object_pairs_hook=_refuse_repeated_keys)
     with _decompressed(path, compression) as raw:
         stream = io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape")
         buffer, position, eof, chunk = "", 0, False, 1 << 20
@@ -428,6 +443,10 @@ def _json_array_lines(path: Path, compression: str | None, display: str, out: IO
             else:
                 try:
                     value, end = decoder.raw_decode(buffer, position)
+                except _RepeatedKey as repeated:
+                    raise fail(f"element {elements + 1} gives the field {repeated} twice", position) from None
+                except RecursionError:
+                    raise fail(f"element {elements + 1} is nested too deeply to parse", position) from None
                 except json.JSONDecodeError as err:
                     if more():  # the element may go on in the next chunk
                         chunk = min(chunk * 2, 1 << 28)
@@ -881,7 +900,7 @@ def _check_exact_integers(shard: Shard, schema: pa.Schema, chunk_bytes: int = 32
     pyarrow reads a JSON integer as float64 when it exceeds int64 or shares its column
     with floats. A fast scan finds the lines with long digit runs; only those are parsed.
     """
-    floating = [f for f in schema if _has_floating(f.type)]
+    floating = [f for f in schema if holds_type(f.type, pa.types.is_floating)]
     key = (_file_key(shard), str(schema))
     if not floating or key in _EXACT_INTEGERS_CHECKED:
         return
@@ -913,16 +932,6 @@ def _check_exact_integers(shard: Shard, schema: pa.Schema, chunk_bytes: int = 32
                         )
             line_offset += chunk.count(b"\n")
     _EXACT_INTEGERS_CHECKED.add(key)
-
-
-def _has_floating(data_type: pa.DataType) -> bool:
-    if pa.types.is_floating(data_type):
-        return True
-    if pa.types.is_struct(data_type):
-        return any(_has_floating(data_type.field(i).type) for i in range(data_type.num_fields))
-    if pa.types.is_list(data_type) or pa.types.is_large_list(data_type):
-        return _has_floating(data_type.value_type)
-    return False
 
 
 def _inexact_integer(value: Any, data_type: pa.DataType) -> int | None:

@@ -414,3 +414,38 @@ def test_python_m_grpo_cli_pipes_json_lines(tmp_path, expected):
     )
     assert [r["advantage"] for r in read_jsonl_rows(done.stdout)] == expected
     assert done.stderr == b""
+
+
+def test_a_json_array_element_that_repeats_a_field_is_refused(cli, tmp_path):
+    """Python's dict kept the last value silently; JSON lines (pyarrow) refuse it already."""
+    (tmp_path / "rep.json").write_text(
+        '[{"group_id":1,"reward":0.0},{"group_id":1,"reward":1.0,"reward":0.0}]'
+    )
+    one_line_error(
+        cli("compute", tmp_path / "rep.json", "-o", tmp_path / "o.parquet"),
+        2,
+        "element 2 gives the field reward twice",
+    )
+    (tmp_path / "rep.jsonl").write_text('{"group_id":1,"reward":1.0,"reward":0.0}\n')
+    one_line_error(cli("compute", tmp_path / "rep.jsonl", "-o", tmp_path / "o.parquet"), 2, "twice")
+    assert not (tmp_path / "o.parquet").exists()
+
+
+@pytest.mark.parametrize("depth", [65, 1000, 5000])
+@pytest.mark.parametrize("name", ["deep.jsonl", "deep.json"])
+def test_json_nested_deeper_than_grpo_cli_reads_is_one_line(cli, tmp_path, name, depth):
+    """1,000 and 5,000 levels were RecursionErrors (exit 70) in the array reader and in the
+    long-integer scan."""
+    record = '{"group_id":1,"reward":1.0,"x":' + "[" * depth + "]" * depth + "}"
+    (tmp_path / name).write_text(f"[{record}]" if name.endswith(".json") else record + "\n")
+    for command in ("compute", "check"):
+        args = ["-o", tmp_path / "o.parquet"] if command == "compute" else []
+        result = cli(command, tmp_path / name, *args)
+        assert result.exit_code == 2 and "Traceback" not in result.stderr
+        assert "nest" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_json_nested_64_deep_is_read(cli, tmp_path):
+    record = '{"group_id":1,"reward":1.0,"x":' + "[" * 63 + "]" * 63 + "}"
+    (tmp_path / "ok.jsonl").write_text(record + "\n" + record.replace("1.0", "0.0") + "\n")
+    assert cli("compute", tmp_path / "ok.jsonl", "-o", tmp_path / "o.parquet", "-q").exit_code == 0
