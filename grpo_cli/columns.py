@@ -103,7 +103,7 @@ MAX_NESTING = 64
 def nesting_depth(data_type: pa.DataType) -> int:
     """How many types deep ``data_type`` goes (1 for a flat type).
 
-    >>> nesting_depth(pa.int64()), nesting_depth(pa.list_(pa.struct([("a", pa.list_(pa.int8()))]))
+    >>> nesting_depth(pa.int64()), nesting_depth(pa.list_(pa.struct([("a", pa.list_(pa.int8()))])))
     (1, 4)
     """
     deepest, stack = 0, [(data_type, 1)]
