@@ -1069,6 +1069,8 @@ def check(
             record = recorded_provenance(input)
             if record is not None:
                 recorded = ComputeConfig.from_provenance(record)
+                if verify_advantage_col is None:
+                    recorded.check_recomputable(" ".join(input))
             elif verify_advantage_col is None:
                 raise GrpoError(
                     f"{' '.join(input)}: no grpo-cli provenance to verify against "

@@ -94,6 +94,11 @@ class ComputeConfig:
                 f"--whiten {self.advantage.whiten} and the {self.advantage.renormalize} re-normalisation of "
                 "normalize-then-sum both transform the batch; choose one"
             )
+        if self.verify is not None and self.verify.column in self.input_columns:
+            raise GrpoError(
+                f"the column to verify, {self.verify.column!r}, is also read to compute the advantages; "
+                "it cannot be both"
+            )
         if self.advantage.estimator == "opo" and self.length_col is None:
             raise GrpoError(
                 "--estimator opo needs --length-col (its baseline is the length-weighted mean reward)"
@@ -107,6 +112,40 @@ class ComputeConfig:
                 "--length-col weights the batch whitening by response length: it needs --whiten or an "
                 "estimator that whitens (reinforce_plus_plus_baseline, reinforce_baseline)"
             )
+
+    def check_recomputable(self, output: str) -> None:
+        """Refuse to verify an ``output`` made with these options when its advantages cannot be
+        recomputed from its own rows: a row filter after a step over the whole batch."""
+        steps = self.batch_wide_steps()
+        if steps and (self.drop_inactive or self.keep_mean_range is not None):
+            row_filter = "--drop-inactive" if self.drop_inactive else "--keep-mean-range"
+            raise GrpoError(
+                f"{output} was filtered ({row_filter}) after a step over the whole batch ({steps[0]}): "
+                "its advantages depend on rows it no longer holds and cannot be recomputed from it; "
+                "verify the unfiltered output, or check the input with --verify-advantage-col"
+            )
+
+    def batch_wide_steps(self) -> list[str]:
+        """The options whose advantages depend on every row of a batch, not only the group's."""
+        options = self.advantage
+        steps = []
+        if options.whiten != "none":
+            steps.append(
+                f"--whiten {options.whiten}"
+                if options.estimator in ("grpo", "dr_grpo")
+                else f"--estimator {options.estimator}"
+            )
+        if options.scale == "batch":
+            steps.append("--scale batch")
+        if options.estimator == "gpg":
+            steps.append("--estimator gpg")
+        if (
+            self.aggregation == "normalize-then-sum"
+            and len(self.rewards) > 1
+            and options.renormalize != "none"
+        ):
+            steps.append(f"the {options.renormalize} re-normalisation of normalize-then-sum")
+        return steps
 
     @property
     def input_columns(self) -> list[str]:

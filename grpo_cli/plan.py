@@ -197,10 +197,11 @@ class RunPlan:
             if field_type(schema, column) is None:
                 raise GrpoError(f"{shard.display}: no column {column!r}{self._hint(column, schema)}")
         for column in self.new_columns if writes_output else ():
-            if column in names:
+            if field_type(schema, column) is not None:
                 option = "--active-col" if column == config.active_col else "--advantage-col"
+                what = "column" if column in names else "nested field"
                 raise GrpoError(
-                    f"{shard.display}: the input already has a column {column!r}; "
+                    f"{shard.display}: the input already has a {what} {column!r}; "
                     f"choose another name with {option}"
                 )
         if config.verify is not None and field_type(schema, config.verify.column) is None:

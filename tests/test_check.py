@@ -519,3 +519,55 @@ def test_a_trainers_own_float32_values_pass_its_preset(cli, tmp_path, preset, or
         "verify"
     ]
     assert verify["mismatched"] == 1 and verify["examples"][0]["row"] == 1
+
+
+# --------------------------------------------------------------------------- the gate's own false alarms
+
+
+def _rollouts_with_meta(tmp_path):
+    rows = [
+        {"group_id": g, "reward": float((g * 7 + i) % 3 == 0), "meta": {"score": float((g + i) % 2)}}
+        for g in range(12)
+        for i in range(4)
+    ]
+    path = tmp_path / "rs.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        (["--whiten", "--drop-inactive"], "filtered (--drop-inactive) after a step over the whole batch"),
+        (["--scale", "batch", "--keep-mean-range", "0", "0.6"], "(--keep-mean-range) after a step"),
+        (["--estimator", "gpg", "--drop-inactive"], "(--estimator gpg)"),
+    ],
+)
+def test_verify_refuses_a_filtered_output_of_a_batch_wide_step(cli, tmp_path, options, fragment):
+    """Its advantages were computed with rows the output no longer holds: --verify failed
+    every row of an untouched output (48 of 48)."""
+    out = tmp_path / "out.parquet"
+    assert cli("compute", _rollouts_with_meta(tmp_path), "-o", out, "-q", *options).exit_code == 0
+    assert_one_line_error(cli("check", out, "--verify"), fragment, "cannot be recomputed from it")
+
+
+@pytest.mark.parametrize("options", [["--drop-inactive"], ["--keep-mean-range", "0", "0.6"], ["--whiten"]])
+def test_verify_passes_an_untouched_output_a_group_step_filtered(cli, tmp_path, options):
+    out = tmp_path / "out.parquet"
+    assert cli("compute", _rollouts_with_meta(tmp_path), "-o", out, "-q", *options).exit_code == 0
+    result = cli("check", out, "--verify")
+    assert result.exit_code == 0, result.stderr
+
+
+def test_an_output_name_that_shadows_an_input_field_is_refused(cli, tmp_path):
+    """A top-level 'meta.score' column beside the struct field meta.score shadowed it: --verify
+    then recomputed from the advantages and passed a tampered reward."""
+    source = _rollouts_with_meta(tmp_path)
+    out = tmp_path / "o.parquet"
+    for option in ("--advantage-col", "--active-col"):
+        result = cli("compute", source, "-o", out, "-r", "meta.score", option, "meta.score")
+        assert_one_line_error(result, "the input already has a nested field 'meta.score'", option)
+    assert not out.exists()
+    assert_one_line_error(
+        cli("check", source, "--verify-advantage-col", "reward"), "'reward', is also read to compute"
+    )
