@@ -691,8 +691,20 @@ def _report(
 ) -> None:
     """JSON on stdout where asked (a file was written by the run); the report on stderr."""
     if summary_json == "-":
-        sys.stdout.write(summary.to_json() + "\n")
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(summary.to_json() + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            from grpo_cli.guard import os_reason
+
+            written = summary.output is not None
+            raise GrpoError(
+                f"--summary-json -: cannot write to standard output ({os_reason(exc)})"
+                + ("; the output was written" if written else ""),
+                exit_code=EXIT_WRITTEN_THEN_FAILED if written else EXIT_USAGE,
+            ) from None
     if quiet:
         return
     from rich.console import Console

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from grpo_cli import __version__
 from grpo_cli.choices import Aggregation, Compression, InputFormat, check_choice
 from grpo_cli.errors import GrpoError
 from grpo_cli.options import AdvantageOptions, RewardSpec
@@ -171,14 +172,24 @@ class ComputeConfig:
     @classmethod
     def from_provenance(cls, record: dict[str, Any]) -> ComputeConfig:
         """The configuration a grpo-cli output was made with, from its provenance entry."""
-        options = dict(record.get("options") or {})
         try:
+            options = record.get("options") or {}
+            if not isinstance(options, dict):
+                raise TypeError(f"options is {type(options).__name__}, not an object")
+            known = set(cls().options_summary())
+            unknown = sorted(set(options) - known)
+            if unknown:
+                raise GrpoError(
+                    f"the recorded grpo-cli options hold {', '.join(unknown)}, which this grpo-cli "
+                    f"({__version__}) does not know (recorded by grpo-cli {record.get('version')}); "
+                    "verify with the grpo-cli that wrote it"
+                )
             advantage_fields = {f.name for f in fields(AdvantageOptions)}
             advantage = {k: v for k, v in options.items() if k in advantage_fields}
             if advantage.get("clip") is not None:
                 advantage["clip"] = tuple(advantage["clip"])
             keep = options.get("keep_mean_range")
-            return cls(
+            config = cls(
                 rewards=tuple(RewardSpec(r["column"], float(r["weight"])) for r in options["reward_cols"]),
                 group_cols=tuple(options.get("group_cols") or ()),
                 group_size=options.get("group_size"),
@@ -194,7 +205,13 @@ class ComputeConfig:
                 length_col=options.get("length_col"),
                 baseline_col=options.get("baseline_col"),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+            config.validate()
+            return config
+        except GrpoError as exc:
+            if exc.message.startswith("the recorded grpo-cli options"):
+                raise
+            raise GrpoError(f"the recorded grpo-cli options cannot be used ({exc.message})") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise GrpoError(f"the recorded grpo-cli options cannot be read ({exc!r})") from None
 
     def options_summary(self) -> dict[str, Any]:

@@ -257,6 +257,13 @@ class StdoutClaim(Claim):
             with open(temp, "rb") as rows:
                 shutil.copyfileobj(rows, sys.stdout.buffer, 1 << 20)
             sys.stdout.buffer.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise GrpoError(
+                f"standard output: cannot write the rows ({os_reason(exc)}); what reached it is incomplete",
+                exit_code=3,
+            ) from None
         finally:
             self.committed = True  # from the first byte on, standard output was written
             _remove(temp)

@@ -74,6 +74,15 @@ def compute_table(table: pa.Table, config: ComputeConfig) -> pa.Table:
         return run_in_memory(inputs, config)
 
 
+def check_table(table: pa.Table, config: ComputeConfig) -> None:
+    """Refuse ``table`` as :func:`compute_table` would, without computing (a lazy frame's schema)."""
+    from grpo_cli.engines.local import check_inputs
+
+    config.validate()
+    with InputSet.of_table(table) as inputs:
+        check_inputs(inputs, config)
+
+
 def summarize_table(table: pa.Table, config: ComputeConfig) -> RunSummary:
     """The run summary of a table in memory (``check``'s figures without checks)."""
     from grpo_cli.engines.local import run_local

@@ -87,7 +87,7 @@ class AdvantageOptions:
         return options
 
     def validate(self) -> None:
-        if isinstance(self.epsilon, bool) or not (math.isfinite(self.epsilon) and self.epsilon > 0):
+        if not _is_number(self.epsilon) or not (math.isfinite(self.epsilon) and self.epsilon > 0):
             raise GrpoError(f"--epsilon must be a positive finite number, got {self.epsilon!r}")
         for option, value, vocabulary in (
             ("--std", self.std, Std),
@@ -102,10 +102,12 @@ class AdvantageOptions:
         ):
             check_choice(option, value, vocabulary)
         if self.clip is not None:
+            if len(self.clip) != 2 or not all(_is_number(v) for v in self.clip):
+                raise GrpoError(f"--clip-advantage needs two numbers LO HI, got {self.clip!r}")
             low, high = self.clip
             if not (math.isfinite(low) and math.isfinite(high) and low <= high):
                 raise GrpoError(f"--clip-advantage needs finite LO <= HI, got {low} {high}")
-        if not (math.isfinite(self.gpg_f_norm) and self.gpg_f_norm > 0):
+        if not _is_number(self.gpg_f_norm) or not (math.isfinite(self.gpg_f_norm) and self.gpg_f_norm > 0):
             raise GrpoError(f"--gpg-f-norm must be a positive finite number, got {self.gpg_f_norm!r}")
         if self.estimator in ROW_BASELINE_ESTIMATORS and self.baseline != "mean":
             raise GrpoError(
@@ -133,6 +135,10 @@ class AdvantageOptions:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 ESTIMATORS: dict[str, dict[str, Any]] = {

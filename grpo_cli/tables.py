@@ -29,7 +29,7 @@ import pyarrow as pa
 from grpo_cli.choices import Aggregation, Preset
 from grpo_cli.config import DEFAULT_MEMORY_BUDGET, ComputeConfig
 from grpo_cli.errors import GrpoError
-from grpo_cli.jobs import compute_table, summarize_table
+from grpo_cli.jobs import check_table, compute_table, summarize_table
 from grpo_cli.options import AdvantageOptions, RewardSpec
 from grpo_cli.plan import RunPlan
 from grpo_cli.summary import RunSummary
@@ -247,7 +247,10 @@ def _rebuild(kind: str, data: Any, new: dict[str, pa.Array], kept: pa.Array | No
             table = table.take(kept)
         for name, column in new.items():
             table = table.append_column(name, column)
-        return table if kind == "arrow" else table.combine_chunks().to_batches()[0]
+        if kind == "arrow":
+            return table
+        batches = table.combine_chunks().to_batches()
+        return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
     if kind == "polars":
         import polars as pl
 
@@ -269,6 +272,7 @@ def _lazy(frame: Any, config: ComputeConfig) -> Any:
     import polars as pl
 
     empty = frame.clear().collect().to_arrow()
+    check_table(empty, config)  # its columns are checked now, not when it is collected
     out_schema = RunPlan(config).output_schema(empty.schema, b"")
     schema = pl.from_arrow(out_schema.empty_table()).schema  # type: ignore[union-attr]
 

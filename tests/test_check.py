@@ -571,3 +571,34 @@ def test_an_output_name_that_shadows_an_input_field_is_refused(cli, tmp_path):
     assert_one_line_error(
         cli("check", source, "--verify-advantage-col", "reward"), "'reward', is also read to compute"
     )
+
+
+@pytest.mark.parametrize(
+    ("edit", "fragment"),
+    [
+        (lambda m: m["options"].__setitem__("epsilon", "abc"), "--epsilon must be a positive finite number"),
+        (lambda m: m["options"].__setitem__("epsilon", None), "got None"),
+        (lambda m: m.__setitem__("options", [1, 2]), "options is list, not an object"),
+        (lambda m: m["options"].__setitem__("clip", [1]), "--clip-advantage needs two numbers"),
+        (lambda m: m["options"].__setitem__("reward_cols", [{"column": "reward"}]), "cannot be read"),
+        (
+            lambda m: (
+                m["options"].__setitem__("reward_transform", "overlong"),
+                m.__setitem__("version", "9.0"),
+            ),
+            "hold reward_transform, which this grpo-cli",
+        ),
+    ],
+)
+def test_an_edited_provenance_record_is_one_line(cli, tmp_path, data, edit, fragment):
+    """Each was an internal error (exit 70), or (an option this version does not know) a
+    verification that silently ignored it."""
+    path, _ = data
+    out = tmp_path / "out.parquet"
+    assert cli("compute", path, "-o", out, "-r", "correct", "-q").exit_code == 0
+    table = pq.read_table(out)
+    record = json.loads(table.schema.metadata[b"grpo_cli"])
+    edit(record)
+    edited = tmp_path / "edited.parquet"
+    pq.write_table(table.replace_schema_metadata({b"grpo_cli": json.dumps(record).encode()}), edited)
+    assert_one_line_error(cli("check", edited, "--verify"), "the recorded grpo-cli options", fragment)

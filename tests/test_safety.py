@@ -811,3 +811,36 @@ def test_decimal_rewards_convert_with_correct_rounding():
     shard = Shard(Path("x.parquet"), "x.parquet", "parquet", 0)
     reader = RewardReader([RewardSpec("reward")], batch.schema, shard, per_column=False)
     assert reader.read(batch).combined.tolist() == [float(t) for t in texts]
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize(
+    ("args", "code", "fragment"),
+    [
+        (["compute", "{src}", "-o", "-", "-q"], 3, "standard output: cannot write the rows (No space left"),
+        (
+            ["check", "{src}", "--summary-json", "-", "-q"],
+            2,
+            "--summary-json -: cannot write to standard output",
+        ),
+        (
+            ["compute", "{src}", "-o", "{out}", "--summary-json", "-", "-q"],
+            3,
+            "(No space left on device); the output was written",
+        ),
+    ],
+)
+def test_a_full_standard_output_is_one_line(tmp_path, args, code, fragment):
+    """Each was an internal error (exit 70)."""
+    source = write_parquet(tmp_path / "in.parquet", rollout_rows())
+    argv = [a.format(src=source, out=tmp_path / "o.parquet") for a in args]
+    with open("/dev/full", "wb") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "grpo_cli", *argv],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == code, done.stderr
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()] and fragment in done.stderr

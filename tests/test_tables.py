@@ -205,3 +205,23 @@ def test_the_file_jobs_refuse_a_table_in_one_line():
 def test_compute_config_takes_plain_names():
     config = grpo_cli.ComputeConfig(rewards=("correct",), group_cols="group_id")  # type: ignore[arg-type]
     assert [r.column for r in config.rewards] == ["correct"] and config.group_cols == ("group_id",)
+
+
+def test_a_record_batch_with_every_group_dropped_is_an_empty_batch():
+    """It raised IndexError (no batch to return)."""
+    import grpo_cli
+
+    batch = pa.record_batch({"group_id": [0, 0], "reward": [1.0, 1.0]})
+    out = grpo_cli.add_advantages(batch, drop_inactive=True)
+    assert isinstance(out, pa.RecordBatch)
+    assert out.num_rows == 0 and out.schema.names == ["group_id", "reward", "advantage", "group_active"]
+
+
+def test_a_lazy_frame_without_the_reward_column_is_refused_at_once():
+    """It raised AttributeError while building the output schema."""
+    import polars as pl
+
+    import grpo_cli
+
+    with pytest.raises(GrpoError, match="no column 'reward' \\(the columns are group_id, x\\)"):
+        grpo_cli.add_advantages(pl.LazyFrame({"group_id": [0, 0], "x": [1.0, 1.0]}))

@@ -88,7 +88,7 @@ def test_every_type_is_written_or_refused_in_one_line(cli, tmp_path, name, outpu
         assert written.column("extra").to_pylist() == table.column("extra").to_pylist()
         if name not in POLARS_CANNOT_READ:
             assert pl.read_parquet(target).height == 2
-        assert duckdb.sql(f"select count(*) from '{target}'").fetchall() == [(2,)]
+        assert duckdb.execute(f"select count(*) from '{target}'").fetchall() == [(2,)]
     else:
         lines = [json.loads(line) for line in target.read_text().splitlines()]
         assert [line["advantage"] for line in lines] == pytest.approx([1.0, -1.0], abs=1e-5)
@@ -156,7 +156,7 @@ def test_key_value_metadata_that_is_not_utf8(cli, tmp_path):
     spliced = tmp_path / "spliced.parquet"
     assert cli("compute", source, "-o", spliced, "-q").exit_code == 0
     assert pq.read_metadata(spliced).metadata[b"\xff\xfek"] == b"v\xff"
-    assert duckdb.sql(f"select count(*) from '{spliced}'").fetchall() == [(2,)]
+    assert duckdb.execute(f"select count(*) from '{spliced}'").fetchall() == [(2,)]
     lines = tmp_path / "out.jsonl"
     result = cli("compute", source, "-o", lines, "-q")
     assert result.exit_code == 0, result.stderr

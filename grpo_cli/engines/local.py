@@ -109,6 +109,11 @@ def run_in_memory(inputs: InputSet, config: ComputeConfig) -> pa.Table:
     return target.table()
 
 
+def check_inputs(inputs: InputSet, config: ComputeConfig) -> None:
+    """Refuse ``inputs`` as a run of ``config`` would, before reading any row (a LazyFrame's schema)."""
+    LocalEngine(inputs, RunPlan(config), writes_output=True)
+
+
 # --------------------------------------------------------------------------- ID spool
 
 
