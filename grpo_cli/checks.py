@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_cli.summary import RunSummary
+from grpo_cli.summary import RunSummary, short_key
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,10 @@ def evaluate_checks(summary: RunSummary, bounds: CheckBounds) -> list[dict[str, 
     """
     results: list[dict[str, Any]] = []
 
-    def add(name: str, value: Any, bound: str, passed: bool) -> None:
+    def add(name: str, value: Any, bound: str, passed: bool, detail: str | None = None) -> None:
         results.append({"name": name, "value": value, "bound": bound, "passed": bool(passed)})
+        if detail is not None:
+            results[-1]["detail"] = detail
 
     if summary.rows == 0:
         add("rows", 0, ">= 1", False)
@@ -72,7 +74,16 @@ def evaluate_checks(summary: RunSummary, bounds: CheckBounds) -> list[dict[str, 
     if bounds.uniform_group_size:
         smallest, largest = sizes["min"], sizes["max"]
         spread = "none" if smallest is None else f"{smallest}..{largest}"
-        add("uniform-group-size", spread, "min == max", smallest == largest)
+        off = summary.off_size_groups
+        detail = None
+        if off:
+            named = ", ".join(f"group {short_key(e['group'])} ({e['rows']} rows)" for e in off["examples"])
+            rest = off["groups"] - len(off["examples"])
+            more = f", and {rest:,} more" if rest else ""
+            detail = (
+                f"{off['groups']:,} groups are not of the common size {off['common_size']}: {named}{more}"
+            )
+        add("uniform-group-size", spread, "min == max", smallest == largest, detail)
     if bounds.max_singleton_groups is not None:
         add(
             "max-singleton-groups",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_cli.summary import RunSummary
+from grpo_cli.summary import RunSummary, short_key
 
 
 def _fmt(value: float | None, digits: int = 4) -> str:
@@ -131,10 +131,11 @@ def render_plain(summary: RunSummary) -> str:
 
 
 def check_lines(summary: RunSummary) -> list[str]:
-    lines = []
+    lines = [f"warning: {warning}" for warning in summary.warnings]
     for check in summary.checks:
         status = "PASS" if check["passed"] else "FAIL"
-        lines.append(f"{status}  {check['name']}: {check['value']} (bound {check['bound']})")
+        detail = f": {check['detail']}" if check.get("detail") else ""
+        lines.append(f"{status}  {check['name']}: {check['value']} (bound {check['bound']}){detail}")
     if summary.verify is not None:
         v = summary.verify
         lines.append(
@@ -150,22 +151,6 @@ def check_lines(summary: RunSummary) -> list[str]:
             )
             lines += _example_lines(v.get("residue_examples", []))
     return lines
-
-
-KEY_TEXT_LIMIT = 60
-"""Characters of a group key shown in an example line: a prompt can be kilobytes long."""
-
-
-def short_key(key: Any) -> str:
-    """A group key as one short piece of text (the JSON summary keeps it whole).
-
-    >>> short_key(["What is 2 + 2? " * 10, 3])
-    "['What is 2 + 2? What is 2 + 2? What is 2 + 2? What is 2 + …"
-    >>> short_key(7)
-    '7'
-    """
-    text = str(key)
-    return text if len(text) <= KEY_TEXT_LIMIT else f"{text[: KEY_TEXT_LIMIT - 1]}…"
 
 
 def _example_lines(examples: list[dict[str, Any]]) -> list[str]:
@@ -196,7 +181,15 @@ def render_rich(summary: RunSummary, console: Any) -> None:
         for line in hist:
             console.print(line, highlight=False)
     for line in check_lines(summary):
-        style = "green" if line.startswith("PASS") else "red" if line.startswith("FAIL") else ""
+        style = (
+            "green"
+            if line.startswith("PASS")
+            else "red"
+            if line.startswith("FAIL")
+            else "yellow"
+            if line.startswith("warning:")
+            else ""
+        )
         console.print(f"[{style}]{line}[/{style}]" if style else line, highlight=False)
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from grpo_cli.plan import GroupOutcome
     from grpo_cli.sources import Shard
@@ -48,6 +48,8 @@ class RunSummary:
     elapsed_seconds: float
     verify: dict[str, Any] | None = None
     checks: list[dict[str, Any]] = field(default_factory=list)
+    off_size_groups: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def active_fraction(self) -> float:
@@ -80,6 +82,9 @@ class RunSummary:
             "device": self.device,
             "elapsed_seconds": round(self.elapsed_seconds, 3),
         }
+        if self.off_size_groups:
+            out["off_size_groups"] = self.off_size_groups
+        out["warnings"] = self.warnings
         if self.verify is not None:
             out["verify"] = self.verify
         if self.checks:
@@ -113,11 +118,15 @@ def build_summary(
     device: str,
     elapsed: float,
     verify: dict[str, Any] | None = None,
+    key_at: Callable[[int], Any] | None = None,
+    warnings: Sequence[str] = (),
 ) -> RunSummary:
     """The figures of a run from its per-group ``outcome`` and how it ran.
 
     ``input`` and ``output`` are the summary's ``input`` and ``output`` objects
-    (:func:`input_info` makes the first).
+    (:func:`input_info` makes the first). ``key_at`` gives a group's key from its ID, to name
+    the groups off the common size; ``warnings`` are the engine's own (the summary adds those
+    its figures show: see :func:`grouping_warnings`).
     """
     from grpo_cli.kernel import batch_moments, batch_std
 
@@ -151,6 +160,7 @@ def build_summary(
     other = int(sum(int(value_counts[i]) for i in order[TOP_INACTIVE_VALUES:]))
 
     histogram = group_mean_histogram(mean, count, minimum, maximum, cpu.m2.numpy(), sizes)
+    off_size = off_size_groups(sizes, key_at)
 
     return RunSummary(
         rows=outcome.rows,
@@ -186,7 +196,94 @@ def build_summary(
         device=device,
         elapsed_seconds=elapsed,
         verify=verify,
+        off_size_groups=off_size,
+        warnings=[*warnings, *grouping_warnings(sizes, options)],
     )
+
+
+KEY_TEXT_LIMIT = 60
+"""Characters of a group key shown in an example line: a prompt can be kilobytes long."""
+
+
+def short_key(key: Any) -> str:
+    """A group key as one short piece of text (the JSON summary keeps it whole).
+
+    >>> short_key(["What is 2 + 2? " * 10, 3])
+    "['What is 2 + 2? What is 2 + 2? What is 2 + 2? What is 2 + …"
+    >>> short_key(7), short_key("prompt 3")
+    ('7', "'prompt 3'")
+    """
+    text = repr(key) if isinstance(key, str) else str(key)
+    return text if len(text) <= KEY_TEXT_LIMIT else f"{text[: KEY_TEXT_LIMIT - 1]}…"
+
+
+OFF_SIZE_EXAMPLES = 5
+
+
+def off_size_groups(sizes: np.ndarray, key_at: Callable[[int], Any] | None) -> dict[str, Any]:
+    """The groups whose size is not the most common one: how many, and the first few.
+
+    >>> off_size_groups(np.array([8, 8, 16, 8, 3]), None)
+    {'common_size': 8, 'groups': 2, 'examples': [{'group': 2, 'rows': 16}, {'group': 4, 'rows': 3}]}
+    >>> off_size_groups(np.array([4, 4]), None)
+    {}
+    """
+    if not sizes.size:
+        return {}
+    values, counts = np.unique(sizes, return_counts=True)
+    common = int(values[np.argmax(counts)])  # the smallest of the most common sizes on a tie
+    off = np.flatnonzero(sizes != common)
+    if not off.size:
+        return {}
+    examples = [
+        {"group": _plain(key_at(int(g))) if key_at is not None else int(g), "rows": int(sizes[g])}
+        for g in off[:OFF_SIZE_EXAMPLES]
+    ]
+    return {"common_size": common, "groups": int(off.size), "examples": examples}
+
+
+def _plain(key: Any) -> Any:
+    if isinstance(key, tuple):
+        return [_plain(k) for k in key]
+    if isinstance(key, str | int | float | bool) or key is None:
+        return key
+    return str(key)
+
+
+def grouping_warnings(sizes: np.ndarray, options: dict[str, Any]) -> list[str]:
+    """What the group sizes say about the grouping itself, as one line each.
+
+    Trainers sample a fixed number G of rollouts per prompt: most groups of one size and some
+    of two or more times it means groups were merged (a prompt repeated within a step, or a
+    prompt key without the step); mostly singletons means the key names rollouts, not prompts.
+
+    >>> grouping_warnings(np.array([8] * 10 + [16, 24]), {"group_cols": ["input"]})[0][:60]
+    '2 of 12 groups have 2 or more times the 8 rows most groups h'
+    >>> grouping_warnings(np.array([1, 1, 1, 2]), {"group_cols": ["uid"]})[0][:48]
+    '3 of 4 groups are singletons: the group key uid '
+    """
+    out: list[str] = []
+    groups = int(sizes.size)
+    if groups < 2:
+        return out
+    keys = ", ".join(options.get("group_cols") or []) or f"--group-size {options.get('group_size')}"
+    singletons = int((sizes == 1).sum())
+    if singletons * 2 > groups:
+        out.append(
+            f"{singletons:,} of {groups:,} groups are singletons: the group key {keys} seems to name "
+            "rollouts, not prompts (a uid per rollout, a path or a timestamp in the prompt?)"
+        )
+        return out
+    values, counts = np.unique(sizes, return_counts=True)
+    common = int(values[np.argmax(counts)])
+    multiples = int(((sizes > common) & (sizes % common == 0)).sum()) if common > 1 else 0
+    if multiples and counts.max() * 2 > groups:
+        out.append(
+            f"{multiples:,} of {groups:,} groups have 2 or more times the {common} rows most groups have: "
+            f"groups sharing a key were merged (a prompt repeated in a step, or a prompt key {keys} "
+            "without the step: add the step column with -g)"
+        )
+    return out
 
 
 def group_mean_histogram(

@@ -602,3 +602,73 @@ def test_an_edited_provenance_record_is_one_line(cli, tmp_path, data, edit, frag
     edited = tmp_path / "edited.parquet"
     pq.write_table(table.replace_schema_metadata({b"grpo_cli": json.dumps(record).encode()}), edited)
     assert_one_line_error(cli("check", edited, "--verify"), "the recorded grpo-cli options", fragment)
+
+
+def _grouped(tmp_path, sizes, name="g.parquet", key="input"):
+    rows = [
+        {key: f"prompt {p}", "score": float(i % 2), "step": 1} for p, n in enumerate(sizes) for i in range(n)
+    ]
+    path = tmp_path / name
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_uniform_group_size_names_the_groups_off_the_common_size(cli, tmp_path):
+    sizes = [8] * 20
+    sizes[3] = sizes[7] = 16
+    sizes[9] = 5
+    path = _grouped(tmp_path, sizes)
+    result = cli("check", path, "-g", "input", "-r", "score", "--uniform-group-size")
+    assert result.exit_code == 1
+    assert (
+        "FAIL  uniform-group-size: 5..16 (bound min == max): 3 groups are not of the common size 8: "
+        "group 'prompt 3' (16 rows), group 'prompt 7' (16 rows), group 'prompt 9' (5 rows)"
+    ) in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("sizes", "key", "warning"),
+    [
+        ([8] * 20 + [16, 24], "input", "2 of 22 groups have 2 or more times the 8 rows most groups have"),
+        ([1] * 6 + [2] * 4, "uid", "6 of 10 groups are singletons: the group key uid seems to name rollouts"),
+    ],
+)
+def test_the_summary_warns_of_grouping_mistakes(cli, tmp_path, sizes, key, warning):
+    """Found by nothing before: -g input without -g step merges one prompt's steps (sizes 8/16/40),
+    and a per-rollout uid makes every group a singleton."""
+    path = _grouped(tmp_path, sizes, key=key)
+    result = cli("check", path, "-g", key, "-r", "score", "--summary-json", "-")
+    assert result.exit_code == 0
+    assert [w[: len(warning)] for w in json.loads(result.stdout)["warnings"]] == [warning]
+    assert f"warning: {warning}" in result.stderr
+
+
+def test_no_warning_for_groups_of_one_size(cli, tmp_path):
+    path = _grouped(tmp_path, [8] * 20 + [5])
+    assert (
+        json.loads(cli("check", path, "-g", "input", "-r", "score", "--summary-json", "-").stdout)["warnings"]
+        == []
+    )
+
+
+def test_group_size_blocks_that_mix_prompts_are_warned_of(cli, tmp_path):
+    """verl dumps after balancing its batch: --group-size 8 then reported 510 of 511 groups
+    active where 199 were."""
+    import random
+
+    rows = [{"input": f"prompt {p}", "score": float(p % 3 == 0)} for p in range(64) for _ in range(8)]
+    random.Random(0).shuffle(rows)
+    path = tmp_path / "verl.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    result = cli("check", path, "--group-size", "8", "-r", "score", "--summary-json", "-")
+    warnings = json.loads(result.stdout)["warnings"]
+    assert len(warnings) == 1 and warnings[0].startswith("64 of the first 64 --group-size 8 blocks hold more")
+    assert "-g input" in warnings[0]
+    rows.sort(key=lambda r: r["input"])
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    assert (
+        json.loads(cli("check", path, "--group-size", "8", "-r", "score", "--summary-json", "-").stdout)[
+            "warnings"
+        ]
+        == []
+    )

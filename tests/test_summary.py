@@ -292,7 +292,13 @@ def test_every_check_reports_its_measured_value_and_bound():
         {"name": "min-groups", "value": 5, "bound": ">= 6", "passed": False},
         {"name": "min-group-size", "value": 1, "bound": ">= 2", "passed": False},
         {"name": "max-group-size", "value": 3, "bound": "<= 3", "passed": True},
-        {"name": "uniform-group-size", "value": "1..3", "bound": "min == max", "passed": False},
+        {
+            "name": "uniform-group-size",
+            "value": "1..3",
+            "bound": "min == max",
+            "passed": False,
+            "detail": "3 groups are not of the common size 1: group 0 (2 rows), group 1 (2 rows), group 3 (3 rows)",
+        },
         {"name": "max-singleton-groups", "value": 2, "bound": "<= 1", "passed": False},
         {"name": "verify-advantage-col", "value": "2 rows differ", "bound": "0 rows differ", "passed": False},
     ]
@@ -329,7 +335,7 @@ def test_the_json_summary_keeps_its_documented_keys_and_precision():
         "rows", "groups", "active_groups", "inactive_groups", "active_fraction", "singleton_groups",
         "group_size", "reward", "advantage", "inactive_by_value", "inactive_other_values",
         "group_mean_histogram", "nan_rewards", "dropped", "input", "output", "options", "mode",
-        "device", "elapsed_seconds",
+        "device", "elapsed_seconds", "off_size_groups", "warnings",
     ]  # fmt: skip
     assert data["active_fraction"] == 0.285714 and data["elapsed_seconds"] == 1.235
     assert data["mode"] == "streaming" and data["device"] == "cuda:0"

@@ -35,7 +35,7 @@ from grpo_cli.kernel import (
     merge_weighted_moments,
     weighted_moments,
 )
-from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, arrow_of, as_tensor, check_key_types
+from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, arrow_of, as_tensor, check_key_types, is_key_type
 from grpo_cli.output import (
     JsonlShardWriter,
     MemoryTarget,
@@ -112,6 +112,12 @@ def run_in_memory(inputs: InputSet, config: ComputeConfig) -> pa.Table:
 def check_inputs(inputs: InputSet, config: ComputeConfig) -> None:
     """Refuse ``inputs`` as a run of ``config`` would, before reading any row (a LazyFrame's schema)."""
     LocalEngine(inputs, RunPlan(config), writes_output=True)
+
+
+PROMPT_COLUMNS = ("prompt", "input", "question", "query", "problem", "input_prompt", "instruction")
+"""Columns that hold a rollout's prompt in the trainers' dumps, checked in this order."""
+BLOCK_PROBE_ROWS = 1 << 16
+"""Rows read to check that ``--group-size`` blocks hold one prompt each."""
 
 
 # --------------------------------------------------------------------------- ID spool
@@ -530,7 +536,45 @@ class LocalEngine:
             device=str(self.plan.device),
             elapsed=time.perf_counter() - started,
             verify=verify_result,
+            key_at=first.keys.key_at if first.keys is not None else None,
+            warnings=self._block_warnings(),
         )
+
+    def _block_warnings(self) -> list[str]:
+        """With ``--group-size``: do the first blocks each hold one prompt (where a prompt-like
+        column says)? A trainer that reorders its batch before it dumps (verl balances it)
+        leaves a prompt's rows apart, and consecutive blocks then mix prompts."""
+        size = self.config.group_size
+        if size is None or size < 2 or not self.inputs.shards or not len(self.schemas[0]):
+            return []
+        shard, schema = self.inputs.shards[0], self.schemas[0]
+        column = next(
+            (c for c in PROMPT_COLUMNS if c in schema.names and is_key_type(schema.field(c).type)), None
+        )
+        if column is None:
+            return []
+        parts, rows = [], 0
+        for batch in self._batches(shard, schema, [column]):
+            parts.append(batch.column(0))
+            rows += batch.num_rows
+            if rows >= BLOCK_PROBE_ROWS:
+                break
+        blocks = min(rows, BLOCK_PROBE_ROWS) // size
+        if blocks == 0:
+            return []
+        values = pa.chunked_array(parts).slice(0, blocks * size)
+        try:
+            ids = GroupKeyIndex([column], exact=True).encode([values]).reshape(blocks, size)
+        except (GrpoError, InvalidKeyError):
+            return []  # a null or NaN prompt: not the place to refuse it
+        mixed = int((ids != ids[:, :1]).any(axis=1).sum())
+        if not mixed:
+            return []
+        return [
+            f"{mixed:,} of the first {blocks:,} --group-size {size} blocks hold more than one {column!r}: "
+            f"the rows of a group are not consecutive (verl dumps after balancing its batch); group by "
+            f"the prompt instead (-g {column}, with -g step if the file holds several steps)"
+        ]
 
     # ----------------------------------------------------------------- pass 1
 

@@ -640,7 +640,14 @@ def run_ray(
         mode="ray",
         device="cpu",
         elapsed=time.perf_counter() - started,
+        key_at=lambda group: _key_at(merged.keys, group),
     )
+
+
+def _key_at(keys: pa.Table, group: int) -> Any:
+    """Group ``group``'s key from the merged key table: one value, or a tuple of several."""
+    values = tuple(keys.column(c)[group].as_py() for c in keys.column_names)
+    return values[0] if len(values) == 1 else values
 
 
 def _statistics(ray: Any, ds: Any, plan: RunPlan, partition_count: int, spec: str) -> MergedStatistics:
