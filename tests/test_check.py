@@ -664,7 +664,7 @@ def test_group_size_blocks_that_mix_prompts_are_warned_of(cli, tmp_path):
     warnings = json.loads(result.stdout)["warnings"]
     assert len(warnings) == 1 and warnings[0].startswith("64 of the first 64 --group-size 8 blocks hold more")
     assert "-g input" in warnings[0]
-    rows.sort(key=lambda r: r["input"])
+    rows.sort(key=lambda r: str(r["input"]))
     pq.write_table(pa.Table.from_pylist(rows), path)
     assert (
         json.loads(cli("check", path, "--group-size", "8", "-r", "score", "--summary-json", "-").stdout)[
