@@ -12,6 +12,10 @@ the CLI.
 Traceback (most recent call last):
 ...
 grpo_cli.errors.GrpoError: --std must be one of population, sample, got 'bessel'
+>>> check_choice("--std", "smaple", Std)
+Traceback (most recent call last):
+...
+grpo_cli.errors.GrpoError: --std must be one of population, sample, got 'smaple'; did you mean 'sample'?
 """
 
 from __future__ import annotations
@@ -57,4 +61,10 @@ def check_choice(option: str, value: object, vocabulary: Any) -> None:
     """Raise :class:`~grpo_cli.errors.GrpoError` unless ``value`` is one of ``vocabulary``."""
     allowed = choices_of(vocabulary)
     if value not in allowed:
-        raise GrpoError(f"{option} must be one of {', '.join(allowed)}, got {value!r}")
+        import difflib
+
+        close = (
+            difflib.get_close_matches(str(value), allowed, n=1, cutoff=0.6) if isinstance(value, str) else []
+        )
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise GrpoError(f"{option} must be one of {', '.join(allowed)}, got {value!r}{hint}")

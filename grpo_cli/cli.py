@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import signal
 import sys
 import traceback
@@ -148,7 +149,11 @@ class _OneLineErrors(typer.core.TyperGroup):
         **extra: Any,
     ) -> Any:
         try:
-            result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            argv = list(sys.argv[1:] if args is None else args)
+            if _completion_for_named_shell(argv):
+                result = EXIT_OK
+            else:
+                result = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
         except click_exceptions.NoArgsIsHelpError as exc:
             # building the error rendered the help; with rich, it is already on the screen
             help_text = exc.format_message()
@@ -157,7 +162,7 @@ class _OneLineErrors(typer.core.TyperGroup):
             result = exc.exit_code
         except click_exceptions.UsageError as exc:
             command = exc.ctx.command_path if exc.ctx is not None else "grpo-cli"
-            message = " ".join(exc.format_message().split())
+            message = _with_suggestion(" ".join(exc.format_message().split()))
             typer.echo(f"error: {message} (see '{command} --help')", err=True)
             result = exc.exit_code
         except click_exceptions.ClickException as exc:
@@ -169,6 +174,45 @@ class _OneLineErrors(typer.core.TyperGroup):
         if not standalone_mode:
             return result
         sys.exit(result if isinstance(result, int) else EXIT_OK)
+
+
+SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")
+
+
+def _completion_for_named_shell(argv: list[str]) -> bool:
+    """``--install-completion zsh`` / ``--show-completion fish``: for the shell named, not the
+    one detected (Typer takes these as flags and would install the bash completion)."""
+    if len(argv) != 2 or argv[0] not in ("--install-completion", "--show-completion") or argv[1] not in SHELLS:
+        return False
+    from typer._completion_shared import get_completion_script, install
+
+    complete_var = "_GRPO_CLI_COMPLETE"
+    if argv[0] == "--show-completion":
+        typer.echo(get_completion_script(prog_name="grpo-cli", complete_var=complete_var, shell=argv[1]))
+        return True
+    shell, path = install(shell=argv[1], prog_name="grpo-cli", complete_var=complete_var)
+    typer.echo(f"{shell} completion installed in {path}")
+    typer.echo("Completion will take effect once you restart the terminal")
+    return True
+
+
+_NOT_ONE_OF = re.compile(r"'([^']*)' is not one of ((?:'[^']*'(?:, )?)+)")
+
+
+def _with_suggestion(message: str) -> str:
+    """A choice's usage error, with the closest choice when the value looks like a typo of one.
+
+    >>> _with_suggestion("Invalid value for '--preset': 'trll' is not one of 'trl', 'verl'.")
+    "Invalid value for '--preset': 'trll' is not one of 'trl', 'verl'; did you mean 'trl'?"
+    """
+    import difflib
+
+    found = _NOT_ONE_OF.search(message)
+    if found is None:
+        return message
+    choices = re.findall(r"'([^']*)'", found[2])
+    close = difflib.get_close_matches(found[1], choices, n=1, cutoff=0.6)
+    return f"{message.rstrip('.')}; did you mean {close[0]!r}?" if close else message
 
 
 app = typer.Typer(

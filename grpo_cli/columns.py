@@ -68,6 +68,25 @@ def column_of(data: pa.RecordBatch | pa.Table, name: str) -> pa.Array | pa.Chunk
     return pc.struct_field(values, list(path)) if path else values
 
 
+def leaf_fields(schema: pa.Schema) -> dict[str, pa.DataType]:
+    """Every column, and every field of a struct column addressed with dots, with its type.
+
+    >>> leaf_fields(pa.schema([("meta", pa.struct([("score", pa.float64())])), ("uid", pa.string())]))
+    {'meta': StructType(struct<score: double>), 'meta.score': DataType(double), 'uid': DataType(string)}
+    """
+    out: dict[str, pa.DataType] = {}
+    stack = [(field.name, field.type) for field in reversed(list(schema))]
+    while stack:
+        name, data_type = stack.pop()
+        out[name] = data_type
+        if pa.types.is_struct(data_type) and name.count(".") < MAX_NESTING:
+            stack.extend(
+                (f"{name}.{data_type.field(i).name}", data_type.field(i).type)
+                for i in reversed(range(data_type.num_fields))
+            )
+    return out
+
+
 def top_level(schema: pa.Schema, names: Sequence[str]) -> list[str]:
     """The top-level columns to read for ``names`` (nested fields read their struct), in order."""
     tops = []

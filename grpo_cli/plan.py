@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from grpo_cli.columns import MAX_NESTING, field_type, nesting_depth
+from grpo_cli.columns import MAX_NESTING, field_type, leaf_fields, nesting_depth
 from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError
 from grpo_cli.guard import PROVENANCE_KEY
@@ -228,8 +228,22 @@ class RunPlan:
                 fields = [data_type.field(i).name for i in range(data_type.num_fields)]
                 return f" (struct {top!r} has fields {', '.join(fields)}; {rest!r} is not one of them)"
             return f" ({top!r} is {data_type}, not a struct with fields)"
-        close = difflib.get_close_matches(column, names, n=1, cutoff=0.6)
+        fields = leaf_fields(schema)
+        close = difflib.get_close_matches(column, fields, n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]!r}?" if close else ""
+        is_reward = column in {spec.column for spec in config.rewards}
+        if is_reward and not (close and _is_number_type(fields[close[0]])):
+            numeric = [name for name, data_type in fields.items() if _is_number_type(data_type)]
+            by_name = difflib.get_close_matches(column, numeric, n=1, cutoff=0.6)
+            by_role = sorted(
+                (name for name in numeric if any(word in name.lower() for word in REWARD_WORDS)),
+                key=lambda name: -difflib.SequenceMatcher(None, column, name).ratio(),
+            )
+            if by_name or by_role:
+                suggestion = (by_name or by_role)[0]
+                hint = (
+                    f"; did you mean {suggestion!r} (a numeric column named like a reward)? pass it with -r"
+                )
         if column in config.group_cols and column == "group_id" and not close:
             hint = "; name the group column with -g/--group-col, or use --group-size N for consecutive groups"
         weight = column.rpartition(":")
@@ -534,3 +548,16 @@ class RunPlan:
                 rows_written=outcome.rows - outcome.dropped_rows,
             )
         return json.dumps(record, sort_keys=True).encode()
+
+
+REWARD_WORDS = ("reward", "score", "correct", "acc", "pass", "success")
+"""Words in a column name that say it holds a reward (verl's ``score``, TRL's ``accuracy_reward``)."""
+
+
+def _is_number_type(data_type: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_integer(data_type)
+        or pa.types.is_floating(data_type)
+        or pa.types.is_boolean(data_type)
+        or pa.types.is_decimal(data_type)
+    )

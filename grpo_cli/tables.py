@@ -19,8 +19,10 @@ and datasets are imported only when such an object is passed.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -92,11 +94,14 @@ def add_advantages(
     A ``polars.LazyFrame`` stays lazy: the columns are computed when it is collected
     (on the whole frame at once, since a group's statistics need all its rows).
     """
-    config = _config(reward_col, group_col, group_size, preset, advantage_col, active_col, whiten, options)
-    if _kind(data) == "polars-lazy":
-        return _lazy(data, config)
-    kind, table = _to_arrow(data)
-    return _rebuild(kind, data, *_new_columns(table, config))
+    with _in_keyword_words():
+        config = _config(
+            reward_col, group_col, group_size, preset, advantage_col, active_col, whiten, options
+        )
+        if _kind(data) == "polars-lazy":
+            return _lazy(data, config)
+        kind, table = _to_arrow(data)
+        return _rebuild(kind, data, *_new_columns(table, config))
 
 
 def summarize(
@@ -114,10 +119,46 @@ def summarize(
 
     Takes the options of :func:`add_advantages`.
     """
-    config = _config(reward_col, group_col, group_size, preset, "advantage", "group_active", whiten, options)
-    if _kind(data) == "polars-lazy":
-        data = data.collect()
-    return summarize_table(_to_arrow(data)[1], config)
+    with _in_keyword_words():
+        config = _config(
+            reward_col, group_col, group_size, preset, "advantage", "group_active", whiten, options
+        )
+        if _kind(data) == "polars-lazy":
+            data = data.collect()
+        return summarize_table(_to_arrow(data)[1], config)
+
+
+_KEYWORDS = frozenset(
+    {
+        "reward_col",
+        "group_col",
+        "group_size",
+        "preset",
+        "advantage_col",
+        "active_col",
+        "whiten",
+        "memory_limit_mb",
+    }
+)
+_FLAG = re.compile(r"--([a-z][a-z0-9-]*)")
+
+
+@contextlib.contextmanager
+def _in_keyword_words() -> Iterator[None]:
+    """Errors name the keyword the caller wrote (``advantage_col=``), not the CLI's flag."""
+    try:
+        yield
+    except GrpoError as exc:
+        known = _KEYWORDS | set(ADVANTAGE_OPTIONS) | set(RUN_OPTIONS)
+
+        def keyword(match: re.Match[str]) -> str:
+            name = match[1].replace("-", "_")
+            return f"{name}=" if name in known else match[0]
+
+        message = _FLAG.sub(keyword, exc.message)
+        if message == exc.message:
+            raise
+        raise GrpoError(message, exit_code=exc.exit_code) from None
 
 
 # --------------------------------------------------------------------------- options

@@ -577,3 +577,54 @@ def test_no_arguments_print_the_help_once(cli, command):
     result = cli(*command)
     assert result.exit_code == 2
     assert result.output.count("Usage:") == 1, result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (
+            ["--preset", "trll"],
+            "is not one of 'trl', 'verl', 'openrlhf', 'nemo-rl', 'roll', 'torchrl'; did you mean 'trl'?",
+        ),
+        (["--estimator", "grpo_pass"], "did you mean 'grpo_passk'?"),
+    ],
+)
+def test_a_typo_in_a_choice_gets_a_did_you_mean(cli, parquet_file, args, fragment):
+    assert_one_line_error(cli("check", parquet_file, *args), fragment)
+
+
+def test_a_missing_reward_column_is_suggested_by_its_role(cli, tmp_path):
+    """verl dumps its reward as 'score': 'reward' is closest to 'pred' by spelling alone."""
+    source = tmp_path / "verl.parquet"
+    pq.write_table(pa.table({"input": ["a", "a"], "pred": ["1", "2"], "score": [1.0, 0.0]}), source)
+    assert_one_line_error(
+        cli("check", source, "-g", "input"),
+        "no column 'reward'; did you mean 'score' (a numeric column named like a reward)?",
+    )
+    nested = tmp_path / "nested.parquet"
+    pq.write_table(pa.table({"group_id": [0, 0], "out": [{"score": 1.0}, {"score": 0.0}]}), nested)
+    assert_one_line_error(cli("check", nested, "-r", "score"), "no column 'score'; did you mean 'out.score'?")
+
+
+def test_api_errors_name_the_keyword_the_caller_wrote():
+    from grpo_cli import GrpoError, add_advantages
+
+    table = pa.table({"group_id": [0, 0], "reward": [1.0, 0.0], "advantage": [0.0, 0.0]})
+    with pytest.raises(GrpoError, match="choose another name with advantage_col=$"):
+        add_advantages(table)
+    with pytest.raises(GrpoError, match="^epsilon= must be a positive finite number"):
+        add_advantages(table, epsilon=-1.0, advantage_col="a")
+    with pytest.raises(GrpoError, match="^advantage_col= and active_col= are both 'x'"):
+        add_advantages(table, advantage_col="x", active_col="x")
+
+
+@pytest.mark.parametrize(
+    ("shell", "written"), [("zsh", ".zfunc/_grpo-cli"), ("fish", ".config/fish/completions/grpo-cli.fish")]
+)
+def test_install_completion_for_the_shell_named(cli, tmp_path, monkeypatch, shell, written):
+    """--install-completion zsh installed the bash completion (Typer took it as a flag)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    result = cli("--install-completion", shell)
+    assert result.exit_code == 0, result.output
+    assert f"{shell} completion installed in {tmp_path / written}" in result.output
+    assert (tmp_path / written).is_file() and not (tmp_path / ".bashrc").exists()
