@@ -182,7 +182,8 @@ SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")
 def _completion_for_named_shell(argv: list[str]) -> bool:
     """``--install-completion zsh`` / ``--show-completion fish``: for the shell named, not the
     one detected (Typer takes these as flags and would install the bash completion)."""
-    if len(argv) != 2 or argv[0] not in ("--install-completion", "--show-completion") or argv[1] not in SHELLS:
+    options = ("--install-completion", "--show-completion")
+    if len(argv) != 2 or argv[0] not in options or argv[1] not in SHELLS:
         return False
     from typer._completion_shared import get_completion_script, install
 

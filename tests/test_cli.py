@@ -610,11 +610,11 @@ def test_api_errors_name_the_keyword_the_caller_wrote():
     from grpo_cli import GrpoError, add_advantages
 
     table = pa.table({"group_id": [0, 0], "reward": [1.0, 0.0], "advantage": [0.0, 0.0]})
-    with pytest.raises(GrpoError, match="choose another name with advantage_col=$"):
+    with pytest.raises(GrpoError, match=r"choose another name with advantage_col=$"):
         add_advantages(table)
-    with pytest.raises(GrpoError, match="^epsilon= must be a positive finite number"):
+    with pytest.raises(GrpoError, match=r"^epsilon= must be a positive finite number"):
         add_advantages(table, epsilon=-1.0, advantage_col="a")
-    with pytest.raises(GrpoError, match="^advantage_col= and active_col= are both 'x'"):
+    with pytest.raises(GrpoError, match=r"^advantage_col= and active_col= are both 'x'"):
         add_advantages(table, advantage_col="x", active_col="x")
 
 

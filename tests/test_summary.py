@@ -297,7 +297,8 @@ def test_every_check_reports_its_measured_value_and_bound():
             "value": "1..3",
             "bound": "min == max",
             "passed": False,
-            "detail": "3 groups are not of the common size 1: group 0 (2 rows), group 1 (2 rows), group 3 (3 rows)",
+            "detail": "3 groups are not of the common size 1: group 0 (2 rows), group 1 (2 rows), "
+            "group 3 (3 rows)",
         },
         {"name": "max-singleton-groups", "value": 2, "bound": "<= 1", "passed": False},
         {"name": "verify-advantage-col", "value": "2 rows differ", "bound": "0 rows differ", "passed": False},
