@@ -225,8 +225,8 @@ class RunPlan:
         if dot and top in names:
             data_type = schema.field(top).type
             if pa.types.is_struct(data_type):
-                fields = [data_type.field(i).name for i in range(data_type.num_fields)]
-                return f" (struct {top!r} has fields {', '.join(fields)}; {rest!r} is not one of them)"
+                inner = [data_type.field(i).name for i in range(data_type.num_fields)]
+                return f" (struct {top!r} has fields {', '.join(inner)}; {rest!r} is not one of them)"
             return f" ({top!r} is {data_type}, not a struct with fields)"
         fields = leaf_fields(schema)
         close = difflib.get_close_matches(column, fields, n=1, cutoff=0.6)
