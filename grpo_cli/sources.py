@@ -110,10 +110,22 @@ def _sniff(path: Path, *, json_array: bool) -> tuple[str | None, str | None]:
     if json_array:
         text = b""
         with contextlib.suppress(Exception), _decompressed(path, compression) as stream:
-            text = stream.read(1 << 16).lstrip()  # a corrupt stream is reported when it is read
+            # a corrupt stream is reported when it is read
+            text = stream.read(1 << 16).removeprefix(UTF8_BOM).lstrip()
         if text.startswith(b"["):
             return "json", compression
     return None, compression
+
+
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def _looks_like_csv(path: Path, compression: str | None) -> bool:
+    """Text on standard input that is no JSON: a first line with a comma, not ``{`` or ``[``."""
+    first = b""
+    with contextlib.suppress(Exception), _decompressed(path, compression) as stream:
+        first = stream.readline(1 << 16).removeprefix(UTF8_BOM).strip()
+    return bool(first) and first[:1] not in (b"{", b"[") and b"," in first
 
 
 @contextlib.contextmanager
@@ -338,6 +350,8 @@ class InputSet:
         # Two passes read the data twice: keep a private copy of a stream.
         path = self._spools.enter_context(spool(stream, label=label))
         sniffed, compression = _sniff(path, json_array=input_format in (None, "json"))
+        if sniffed is None and input_format is None and _looks_like_csv(path, compression):
+            sniffed = "csv"
         fmt = input_format or sniffed or "jsonl"
         return self._typed(path, label, fmt, path.stat().st_size, sniffed, compression)
 
@@ -398,7 +412,7 @@ def _refuse_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def _json_array_lines(path: Path, compression: str | None, display: str, out: IO[bytes]) -> None:
     decoder = json.JSONDecoder(object_pairs_hook=_refuse_repeated_keys)
     with _decompressed(path, compression) as raw:
-        stream = io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape")
+        stream = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="surrogateescape")
         buffer, position, eof, chunk = "", 0, False, 1 << 20
         expect = "["  # then "first", "value" (after a comma), "separator", "end"
         elements = 0
@@ -806,11 +820,16 @@ class _CsvReader(_TextReader["pa_csv.CSVStreamingReader"]):
 
     def _open(self, stream: pa.NativeFile) -> pa_csv.CSVStreamingReader:
         read_options = pa_csv.ReadOptions(block_size=JSONL_BLOCK_BYTES)
+        # a quoted cell may hold newlines: a block may not be cut at one of them
+        parse_options = pa_csv.ParseOptions(newlines_in_values=True)
         with pa.input_stream(str(self.shard.path), compression=self.shard.compression) as header:
-            names = pa_csv.open_csv(header, read_options=read_options).schema.names
+            names = pa_csv.open_csv(
+                header, read_options=read_options, parse_options=parse_options
+            ).schema.names
         return pa_csv.open_csv(
             stream,
             read_options=read_options,
+            parse_options=parse_options,
             convert_options=pa_csv.ConvertOptions(
                 column_types={name: pa.string() for name in names},
                 null_values=[""],

@@ -449,3 +449,38 @@ def test_json_nested_64_deep_is_read(cli, tmp_path):
     record = '{"group_id":1,"reward":1.0,"x":' + "[" * 63 + "]" * 63 + "}"
     (tmp_path / "ok.jsonl").write_text(record + "\n" + record.replace("1.0", "0.0") + "\n")
     assert cli("compute", tmp_path / "ok.jsonl", "-o", tmp_path / "o.parquet", "-q").exit_code == 0
+
+
+def test_csv_cells_with_newlines_across_read_blocks(cli, tmp_path, monkeypatch):
+    """A valid CSV whose quoted cells hold newlines was 'malformed' past one 8 MiB block."""
+    monkeypatch.setattr(sources, "JSONL_BLOCK_BYTES", 64)
+    lines = ["group_id,reward,text"] + [f'{i // 2},{i % 2},"first line\nsecond line {i}"' for i in range(40)]
+    (tmp_path / "n.csv").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "o.parquet"
+    result = cli("compute", tmp_path / "n.csv", "-o", out, "-q")
+    assert result.exit_code == 0, result.stderr
+    assert pq.read_table(out).column("text").to_pylist()[3] == "first line\nsecond line 3"
+
+
+def test_csv_on_standard_input_needs_no_input_format(cli, tmp_path):
+    result = cli("compute", "-", "-o", "-", "-q", input=b"group_id,reward\n1,0\n1,1\n")
+    assert result.exit_code == 0, result.stderr
+    assert [json.loads(x)["advantage"] for x in result.stdout.splitlines()] == pytest.approx(
+        [-1, 1], abs=1e-5
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("bom.json", '[{"group_id":1,"reward":0.0},{"group_id":1,"reward":1.0}]'),
+        ("bom.csv", "group_id,reward\n1,0\n1,1\n"),
+        ("bom.jsonl", '{"group_id":1,"reward":0.0}\n{"group_id":1,"reward":1.0}\n'),
+    ],
+)
+def test_a_byte_order_mark_is_read_past(cli, tmp_path, name, text):
+    """A JSON array with a BOM was refused where JSON lines with one were read."""
+    (tmp_path / name).write_bytes(b"\xef\xbb\xbf" + text.encode())
+    result = cli("compute", tmp_path / name, "-o", "-", "-q")
+    assert result.exit_code == 0, result.stderr
+    assert [json.loads(x)["group_id"] for x in result.stdout.splitlines()] in ([1, 1], ["1", "1"])
