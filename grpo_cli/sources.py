@@ -31,7 +31,7 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from grpo_cli.choices import InputFormat, check_choice
-from grpo_cli.columns import holds_type
+from grpo_cli.columns import MAX_NESTING, holds_type
 from grpo_cli.errors import GrpoError
 from grpo_cli.guard import OTHER_DATA_SUFFIXES, PROVENANCE_KEY, ProtectedInputs, spool
 
@@ -476,6 +476,61 @@ def _json_array_lines(path: Path, compression: str | None, display: str, out: IO
                 elements, expect, position = elements + 1, "separator", end
 
 
+def _check_jsonl_nesting(shard: Shard, chunk_bytes: int = 32 << 20) -> None:
+    """Refuse a JSON line nested deeper than :data:`~grpo_cli.columns.MAX_NESTING` before
+    pyarrow's parser sees it: about 20,000 levels overflow its stack (a segfault).
+
+    A line cannot nest deeper than it has ``[`` and ``{``: a vectorised count per line finds
+    the few lines with more, and only those are scanned, strings skipped.
+    """
+    import numpy as np
+
+    opening = np.zeros(256, dtype=np.int64)
+    opening[[ord("["), ord("{")]] = 1
+    line_offset = 0
+    with _open_jsonl(shard) as handle:
+        while True:
+            chunk = handle.read(chunk_bytes)
+            if not chunk:
+                return
+            chunk += handle.readline()
+            data = np.frombuffer(chunk, dtype=np.uint8)
+            ends = np.flatnonzero(data == ord("\n"))
+            starts = np.concatenate(([0], ends + 1))
+            counts = np.add.reduceat(opening[data], starts[starts < data.size]) if data.size else data
+            for line in np.flatnonzero(counts > MAX_NESTING).tolist():
+                end = int(ends[line]) if line < ends.size else data.size
+                depth = _json_depth(chunk[int(starts[line]) : end])
+                if depth > MAX_NESTING:
+                    raise GrpoError(
+                        f"{shard.display}, {shard.record_word} {line_offset + line + 1}: a value nests {depth:,} "
+                        f"levels deep; grpo-cli reads at most {MAX_NESTING}"
+                    )
+            line_offset += int(ends.size)
+
+
+def _json_depth(line: bytes) -> int:
+    """The deepest ``[``/``{`` nesting of one JSON text, brackets inside strings not counted."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in line:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
 def _holds_data(folder: Path) -> bool:
     """Whether a folder holds, at any depth, a file that looks like data."""
     suffixes = PARQUET_SUFFIXES + JSONL_SUFFIXES + OTHER_DATA_SUFFIXES
@@ -502,6 +557,7 @@ def read_schema(shard: Shard) -> pa.Schema:
             return reader.schema
     if jsonl_is_empty(shard):
         return pa.schema([])
+    _check_jsonl_nesting(shard)
     with _JsonlReader(shard) as reader:
         return reader.schema
 
@@ -677,6 +733,11 @@ def _checked(shard: Shard, batches: Iterator[pa.RecordBatch], what: str) -> Iter
         except StopIteration:
             return
         except (pa.ArrowException, OSError) as exc:
+            raise GrpoError(f"{shard.display}: corrupt {what} data ({_first_line(exc)})") from None
+        try:
+            # memory-mapped bytes from another writer: a bad offset would be read as an address
+            batch.validate(full=True)
+        except (pa.ArrowException, ValueError) as exc:
             raise GrpoError(f"{shard.display}: corrupt {what} data ({_first_line(exc)})") from None
         yield batch
 

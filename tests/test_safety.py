@@ -844,3 +844,68 @@ def test_a_full_standard_output_is_one_line(tmp_path, args, code, fragment):
         )
     assert done.returncode == code, done.stderr
     assert done.stderr.strip().splitlines() == [done.stderr.strip()] and fragment in done.stderr
+
+
+def _corrupt_arrow(tmp_path):
+    import struct
+
+    import pyarrow.feather as feather
+
+    table = pa.table(
+        {"group_id": [0, 0, 1, 1], "reward": [1.0, 0.0, 1.0, 1.0], "text": ["aaaa", "bbbb", "cccc", "dddd"]}
+    )
+    good = tmp_path / "good.arrow"
+    feather.write_feather(table, good, compression="uncompressed")
+    data = bytearray(good.read_bytes())
+    at = data.find(struct.pack("<5i", 0, 4, 8, 12, 16))  # the text column's offsets
+    data[at + 8 : at + 12] = struct.pack("<i", 1 << 30)
+    bad = tmp_path / "bad.arrow"
+    bad.write_bytes(bytes(data))
+    return bad
+
+
+@pytest.mark.parametrize("command", ["compute", "check"])
+def test_a_corrupt_offset_in_an_arrow_file_is_one_line_not_a_bus_error(tmp_path, command):
+    """The file is memory-mapped: one bad string offset ended the process with SIGBUS,
+    leaving a temporary and a lock file beside the output."""
+    bad = _corrupt_arrow(tmp_path)
+    out = tmp_path / "out" / "o.parquet"
+    out.parent.mkdir()
+    args = [command, str(bad)] + (["-o", str(out)] if command == "compute" else [])
+    done = subprocess.run(
+        [sys.executable, "-m", "grpo_cli", *args], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2, done.stderr
+    assert "bad.arrow: corrupt Arrow data" in done.stderr and "Offset invariant failure" in done.stderr
+    assert list(out.parent.iterdir()) == []
+
+
+def test_json_lines_too_deep_for_pyarrows_parser_are_refused_first(tmp_path):
+    """20,000 levels overflowed the stack of pyarrow's JSON parser: a segfault, files left behind."""
+    source = tmp_path / "deep.jsonl"
+    source.write_text(
+        '{"group_id":1,"reward":0.0}\n{"group_id":1,"reward":1.0,"x":' + "[" * 20000 + "]" * 20000 + "}\n"
+    )
+    out = tmp_path / "out" / "o.parquet"
+    out.parent.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "grpo_cli", "compute", str(source), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert (
+        done.stderr.strip()
+        == f"error: {source}, line 2: a value nests 20,001 levels deep; grpo-cli reads at most 64"
+    )
+    assert list(out.parent.iterdir()) == []
+
+
+def test_brackets_inside_json_strings_are_not_nesting(cli, tmp_path):
+    source = tmp_path / "b.jsonl"
+    source.write_text(
+        '{"group_id":1,"reward":1.0,"t":"' + "[{" * 500 + '"}\n{"group_id":1,"reward":0.0,"t":"\\\\\\"[["}\n'
+    )
+    result = cli("compute", source, "-o", tmp_path / "o.parquet", "-q")
+    assert result.exit_code == 0, result.stderr
