@@ -742,11 +742,9 @@ def _report(
         except BrokenPipeError:
             raise
         except OSError as exc:
-            from grpo_cli.guard import os_reason
-
             written = summary.output is not None
             raise GrpoError(
-                f"--summary-json -: cannot write to standard output ({os_reason(exc)})"
+                f"--summary-json -: cannot write to standard output ({exc.strerror or exc})"
                 + ("; the output was written" if written else ""),
                 exit_code=EXIT_WRITTEN_THEN_FAILED if written else EXIT_USAGE,
             ) from None

@@ -503,8 +503,8 @@ def _check_jsonl_nesting(shard: Shard, chunk_bytes: int = 32 << 20) -> None:
                 depth = _json_depth(chunk[int(starts[line]) : end])
                 if depth > MAX_NESTING:
                     raise GrpoError(
-                        f"{shard.display}, {shard.record_word} {line_offset + line + 1}: a value nests {depth:,} "
-                        f"levels deep; grpo-cli reads at most {MAX_NESTING}"
+                        f"{shard.display}, {shard.record_word} {line_offset + line + 1}: a value nests "
+                        f"{depth:,} levels deep; grpo-cli reads at most {MAX_NESTING}"
                     )
             line_offset += int(ends.size)
 
