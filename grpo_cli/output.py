@@ -23,6 +23,7 @@ import contextlib
 import io
 import math
 import queue
+import re
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -330,10 +331,26 @@ class OutputTarget:
         self._splices: dict[Shard, tuple[SplicedFile, IO[bytes]]] = {}
         self._copier = _PrefixCopier()
         self._discarded = False
+        self._int96: bool | None = None
+        self._int96_of: dict[Shard, bool] = {}
 
     def refuse_unwritable(self, shard: Shard, schema: pa.Schema) -> None:
-        """Refuse, in one line, a shard whose columns this output's format cannot hold."""
+        """Refuse, in one line, a shard whose columns this output's format cannot hold, or
+        (re-encoded Parquet) whose Parquet types re-encoding would change."""
         refusal = output_refusal(schema, self.format)
+        if (
+            refusal is None
+            and self.format == "parquet"
+            and shard.format == "parquet"
+            and shard not in self._splices
+        ):
+            refusal, int96 = reencoding_refusal(shard)
+            if refusal is None and self._int96 is not None and int96 != self._int96 and not self.is_directory:
+                refusal = (
+                    "its timestamps are INT96 in some inputs and INT64 in others; one file keeps one kind"
+                )
+            self._int96 = int96 if self._int96 is None else self._int96
+            self._int96_of[shard] = int96
         if refusal is not None:
             raise GrpoError(f"{shard.display}: {refusal}")
 
@@ -348,11 +365,16 @@ class OutputTarget:
             if self._jsonl is None:
                 self._jsonl = self._guarded(lambda: _JsonlSink(path, str(self.path).lower()))
             return JsonlShardWriter(self._jsonl, self._thread)
+        int96 = self._int96_of.get(shard, False)
         if self.is_directory:
-            writer = self._guarded(lambda: _parquet_writer(path, schema, new_columns, self.compression))
+            writer = self._guarded(
+                lambda: _parquet_writer(path, schema, new_columns, self.compression, int96)
+            )
             return ShardWriter(writer, self._thread, shared=False)
         if self._writer is None:
-            self._writer = self._guarded(lambda: _parquet_writer(path, schema, new_columns, self.compression))
+            self._writer = self._guarded(
+                lambda: _parquet_writer(path, schema, new_columns, self.compression, int96)
+            )
             self._schema, self._first_shard = schema, shard
         elif not schema.equals(self._schema, check_metadata=False):
             assert self._first_shard is not None
@@ -525,11 +547,58 @@ def advantage_range(files: list[Path], column: str) -> tuple[float, float] | Non
     return (low, high) if low <= high else None
 
 
-def _parquet_writer(path: Path, schema: pa.Schema, new_columns: int, compression: str) -> pq.ParquetWriter:
+def _parquet_writer(
+    path: Path, schema: pa.Schema, new_columns: int, compression: str, int96: bool = False
+) -> pq.ParquetWriter:
     # Dictionary-encoding the advantage column (mostly distinct floats) costs more than
     # the rest of the write: keep dictionaries for the input's columns only.
     input_columns = schema.names[: len(schema.names) - new_columns]
-    return pq.ParquetWriter(path, schema, use_dictionary=input_columns or False, compression=compression)
+    return pq.ParquetWriter(
+        path,
+        schema,
+        use_dictionary=input_columns or False,
+        compression=compression,
+        use_deprecated_int96_timestamps=int96,
+    )
+
+
+_PARQUET_NODE = re.compile(
+    r"^\s*(?:required|optional|repeated) (\w+) field_id=\S+ ([^ ;{]+)(?: \(([A-Za-z]+))?"
+)
+_KEPT_ONLY_BY_SPLICING = {"Geometry": "GEOMETRY", "Geography": "GEOGRAPHY", "Variant": "VARIANT"}
+
+
+def reencoding_refusal(shard: Shard) -> tuple[str | None, bool]:
+    """Why re-encoding a Parquet ``shard`` would change a column's Parquet type, or ``None``;
+    and whether its timestamps are INT96 (Impala's and Spark's), which re-encoding keeps.
+
+    pyarrow reads GEOMETRY, GEOGRAPHY and VARIANT columns as plain binary and structs, and
+    would write them back without their logical type; splicing copies their bytes as they are.
+    """
+    try:
+        text = str(pq.read_metadata(shard.path).schema)
+    except (pa.ArrowException, OSError):
+        return None, False  # the reader reports an unreadable file with its own words
+    int96 = other_timestamps = False
+    for line in text.splitlines()[1:]:
+        found = _PARQUET_NODE.match(line)
+        if found is None:
+            continue
+        physical, name, annotation = found.groups()
+        if annotation in _KEPT_ONLY_BY_SPLICING:
+            return (
+                f"column {name!r} has the Parquet type {_KEPT_ONLY_BY_SPLICING[annotation]}, which "
+                "re-encoding would drop (pyarrow reads it as plain data); leave out --rewrite and row "
+                "filters, and write one output shard per input, so that its bytes are spliced as they are"
+            ), False
+        int96 |= physical == "int96"
+        other_timestamps |= annotation == "Timestamp"
+    if int96 and other_timestamps:
+        return (
+            "it holds INT96 and INT64 timestamps, and re-encoding keeps only one kind; leave out --rewrite "
+            "and row filters, so that its bytes are spliced as they are"
+        ), False
+    return None, int96
 
 
 def _shard_output_name(shard: Shard) -> str:

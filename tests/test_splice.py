@@ -540,3 +540,92 @@ def test_a_slow_prefix_copy_is_waited_for_at_commit_not_cancelled(tmp_path: Path
     summary = compute_dataset(str(source), str(tmp_path / "out.parquet"), CONFIG)
     assert summary.output is not None and summary.output["method"] == "splice"
     assert pq.read_table(tmp_path / "out.parquet").equals(pq.read_table(tmp_path / "expected.parquet"))
+
+
+def test_rewrite_keeps_int96_timestamps(cli: Any, tmp_path: Path) -> None:
+    """Impala's and Spark's INT96 timestamps came back as INT64 nanosecond timestamps
+    (duckdb: TIMESTAMP became TIMESTAMP_NS)."""
+    import datetime
+
+    table = pa.table(
+        {
+            "group_id": [0, 0, 1, 1],
+            "reward": [1.0, 0.0, 1.0, 1.0],
+            "ts": pa.array([datetime.datetime(2026, 1, 1, 12, 30)] * 4, pa.timestamp("ns")),
+        }
+    )
+    source = tmp_path / "int96.parquet"
+    pq.write_table(table, source, use_deprecated_int96_timestamps=True)
+    for args in (["--rewrite"], ["--drop-inactive"]):
+        out = tmp_path / f"out{len(args[0])}.parquet"
+        assert cli("compute", source, "-o", out, "-q", *args).exit_code == 0
+        physical = {c.name: c.physical_type for c in pq.read_metadata(out).schema}
+        assert physical["ts"] == "INT96"
+        assert duckdb_rows(f"describe select ts from '{out}'")[0][1] == "TIMESTAMP"
+        assert pq.read_table(out).column("ts").to_pylist()[0] == datetime.datetime(2026, 1, 1, 12, 30)
+
+
+PARQUET_TESTING = ("apache/parquet-testing", "1a2a75127be06fc0123f03ebd36c966f7beda27d")
+
+
+REENCODED_DIFFERENTLY = {
+    # its embedded Arrow schema gives the timestamps a time zone that its Parquet types do not
+    # (isAdjustedToUTC=false); pyarrow reads, and so writes, what the Arrow schema says
+    "data/nested_structs.rust.parquet",
+}
+
+
+def _duckdb_types(path: Path) -> list[Any] | None:
+    try:
+        return [row[:2] for row in duckdb_rows(f"describe select * from '{path}'")]
+    except duckdb.Error:
+        return None  # a file duckdb does not read: nothing to compare
+
+
+def test_reencoding_keeps_or_refuses_every_parquet_type_of_other_writers(tmp_path: Path) -> None:
+    """Over apache/parquet-testing's files (parquet-mr, Impala, Spark, arrow-rs), read from a local
+    mirror (skips without one): a file is refused for re-encoding exactly when it holds a
+    GEOMETRY, GEOGRAPHY or VARIANT column, and one re-encoded keeps every column's type as pyarrow
+    and duckdb see it (INT96 timestamps included; a decimal's physical storage and a list's inner
+    names may differ, as they do between writers)."""
+    import subprocess
+
+    from grpo_cli.output import _parquet_writer, reencoding_refusal
+    from grpo_cli.sources import Shard
+    from tests.trainer_source import source
+
+    source(PARQUET_TESTING, "README.md")  # skips where no mirror is present
+    git = ["git", "--git-dir", "/work/.mirror/apache+parquet-testing/repo"]
+    names = subprocess.run(
+        [*git, "ls-tree", "-r", "--name-only", PARQUET_TESTING[1]], capture_output=True, text=True
+    )
+    checked = refused = 0
+    for name in names.stdout.split():
+        if not name.endswith(".parquet"):
+            continue
+        data = subprocess.run([*git, "show", f"{PARQUET_TESTING[1]}:{name}"], capture_output=True).stdout
+        path = tmp_path / name.replace("/", "_")
+        path.write_bytes(data)
+        try:
+            table = pq.read_table(path)
+            before = str(pq.read_metadata(path).schema)
+        except Exception:
+            continue  # encrypted, corrupt on purpose, or a type pyarrow does not read
+        refusal, int96 = reencoding_refusal(Shard(path, name, "parquet", len(data)))
+        special = any(f"({kind}" in before for kind in ("Geometry", "Geography", "Variant"))
+        assert (refusal is not None) == special, (name, refusal)
+        if refusal is not None:
+            refused += 1
+            continue
+        out = tmp_path / "out.parquet"
+        writer = _parquet_writer(out, table.schema, 0, "snappy", int96)
+        writer.write_table(table)
+        writer.close()
+        seen_before = _duckdb_types(path)
+        same = pq.read_schema(out).equals(pq.read_schema(path), check_metadata=False) and (
+            seen_before is None or _duckdb_types(out) == seen_before
+        )
+        assert same or name in REENCODED_DIFFERENTLY, name
+        assert not same or name not in REENCODED_DIFFERENTLY, f"{name} is re-encoded alike now"
+        checked += 1
+    assert checked > 20 and refused >= 3
