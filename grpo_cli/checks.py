@@ -19,10 +19,15 @@ class CheckBounds:
     max_group_size: int | None = None
     uniform_group_size: bool = False
     max_singleton_groups: int | None = None
+    validate_pages: bool = False
 
 
-def evaluate_checks(summary: RunSummary, bounds: CheckBounds) -> list[dict[str, Any]]:
+def evaluate_checks(
+    summary: RunSummary, bounds: CheckBounds, *, pages: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """Results in a fixed order, as dicts with name, value, bound and passed.
+
+    ``pages``: with ``validate_pages``, what :func:`~grpo_cli.sources.validate_pages` found.
 
     A dataset with no rows always fails: the ``rows`` check is added, failed, in front
     (a CI gate must never pass on nothing). Group-size checks then pass vacuously.
@@ -91,6 +96,9 @@ def evaluate_checks(summary: RunSummary, bounds: CheckBounds) -> list[dict[str, 
             f"<= {bounds.max_singleton_groups}",
             summary.singleton_groups <= bounds.max_singleton_groups,
         )
+    if bounds.validate_pages and pages is not None:
+        decoded = f"{pages['column_chunks']:,} column chunks in {pages['row_groups']:,} row groups decoded"
+        add("validate-pages", pages["error"] or decoded, "every page decodes", pages["error"] is None)
     if summary.verify is not None:
         v = summary.verify
         residue = v.get("residue", 0)

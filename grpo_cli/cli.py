@@ -1032,6 +1032,16 @@ def check(
             help="Fail if more than N groups have one rollout.",
         ),
     ] = None,
+    validate_pages: Annotated[
+        bool,
+        typer.Option(
+            "--validate-pages",
+            rich_help_panel="Checks",
+            help="Decode every page of every Parquet input, verifying page checksums where the writer "
+            "wrote them; fail on the first that does not decode (compute's splicing copies the bytes of "
+            "columns it does not read without decoding them).",
+        ),
+    ] = False,
     verify_advantage_col: Annotated[
         str | None,
         typer.Option(
@@ -1169,6 +1179,7 @@ def check(
             max_group_size=max_group_size,
             uniform_group_size=uniform_group_size,
             max_singleton_groups=max_singleton_groups,
+            validate_pages=validate_pages,
         )
         summary = check_dataset(
             input,

@@ -27,7 +27,7 @@ from grpo_cli.guard import (
 )
 from grpo_cli.output import open_output
 from grpo_cli.progress import Progress
-from grpo_cli.sources import InputSet, read_provenance
+from grpo_cli.sources import InputSet, read_provenance, validate_pages
 from grpo_cli.summary import RunSummary
 
 PathLike = str | os.PathLike[str]
@@ -103,8 +103,9 @@ def check_dataset(
 ) -> RunSummary:
     """The same job as ``grpo-cli check``; ``summary.checks`` holds the results."""
 
-    def add_checks(summary: RunSummary) -> None:
-        summary.checks = evaluate_checks(summary, bounds)
+    def add_checks(summary: RunSummary, inputs: InputSet) -> None:
+        pages = validate_pages(inputs.shards) if bounds.validate_pages else None
+        summary.checks = evaluate_checks(summary, bounds, pages=pages)
 
     return _local_job(
         input, None, config, force=force, progress=progress, summary_json=summary_json, finish=add_checks
@@ -168,7 +169,7 @@ def _local_job(
     force: bool,
     progress: Progress | None,
     summary_json: PathLike | None,
-    finish: Callable[[RunSummary], None] | None = None,
+    finish: Callable[[RunSummary, InputSet], None] | None = None,
 ) -> RunSummary:
     config = config or ComputeConfig()
     config.validate()
@@ -182,7 +183,7 @@ def _local_job(
 
             summary = run_local(inputs, config, target, progress=progress)
             if finish is not None:
-                finish(summary)
+                finish(summary, inputs)
             return summary
 
         return _guarded(inputs.protected(), output, summary_json, directory=directory, force=force, run=run)

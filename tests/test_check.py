@@ -672,3 +672,61 @@ def test_group_size_blocks_that_mix_prompts_are_warned_of(cli, tmp_path):
         ]
         == []
     )
+
+
+def _checksummed_with_a_flipped_byte(tmp_path, needle: bytes, *, occurrence: int = 0):
+    """A Parquet file with page CRCs, one byte of ``needle``'s ``occurrence`` flipped (a text
+    value appears in its page header's statistics first, then in the page)."""
+    table = pa.table(
+        {
+            "group_id": [0, 0, 1, 1],
+            "reward": [1.0, 0.0, 0.5, 0.25],
+            "text": ["alpha-unique-text", "b", "c", "d"],
+        }
+    )
+    path = tmp_path / "crc.parquet"
+    pq.write_table(table, path, write_page_checksum=True, compression="none", use_dictionary=False)
+    data = bytearray(path.read_bytes())
+    at = -1
+    for _ in range(occurrence + 1):
+        at = data.find(needle, at + 1)
+    assert at > 0
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_validate_pages_finds_a_corrupt_page_splicing_copies(cli, tmp_path):
+    """Splice copies the bytes of columns it does not read; --validate-pages decodes them all."""
+    path = _checksummed_with_a_flipped_byte(tmp_path, b"alpha-unique-text", occurrence=1)
+    out = tmp_path / "out.parquet"
+    assert cli("compute", path, "-o", out, "-q").exit_code == 0  # spliced: the text column is not read
+    result = cli("check", path, "--validate-pages", "--summary-json", "-")
+    assert result.exit_code == 1
+    check = json.loads(result.stdout)["checks"][-1]
+    assert check["name"] == "validate-pages" and not check["passed"]
+    assert "row group 0, column 'text': does not decode (could not verify page integrity" in check["value"]
+    fine = tmp_path / "fine.parquet"
+    pq.write_table(
+        pq.read_table(out).drop_columns(["advantage", "group_active"]), fine, write_page_checksum=True
+    )
+    passed = json.loads(cli("check", fine, "--validate-pages", "--summary-json", "-").stdout)["checks"][-1]
+    assert passed == {
+        "name": "validate-pages",
+        "value": "3 column chunks in 1 row groups decoded",
+        "bound": "every page decodes",
+        "passed": True,
+    }
+
+
+def test_a_page_that_fails_its_checksum_in_a_column_read_is_refused(cli, tmp_path):
+    """The run decoded a reward page whose CRC did not match: the rewards could be anything."""
+    import struct
+
+    path = _checksummed_with_a_flipped_byte(tmp_path, struct.pack("<d", 0.25))
+    for command in ("compute", "check"):
+        args = ["-o", tmp_path / "o.parquet"] if command == "compute" else []
+        assert_one_line_error(
+            cli(command, path, *args), "crc.parquet: corrupt Parquet data (could not verify page"
+        )
+    assert not (tmp_path / "o.parquet").exists()
