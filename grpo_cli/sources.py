@@ -65,6 +65,8 @@ class Shard:
     compression: str | None = None  # gzip or zstd (text formats)
     record_word: str = "line"
     table: pa.Table | None = field(default=None, compare=False, repr=False)
+    # what reading it once found (JSON lines: the longest line), for this run's later reads
+    found: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def gzipped(self) -> bool:
@@ -478,7 +480,8 @@ def _json_array_lines(path: Path, compression: str | None, display: str, out: IO
 
 def _check_jsonl_nesting(shard: Shard, chunk_bytes: int = 32 << 20) -> None:
     """Refuse a JSON line nested deeper than :data:`~grpo_cli.columns.MAX_NESTING` before
-    pyarrow's parser sees it: about 20,000 levels overflow its stack (a segfault).
+    pyarrow's parser sees it: about 20,000 levels overflow its stack (a segfault). Notes the
+    longest line in ``shard.found``: pyarrow's read block must hold a whole line.
 
     A line cannot nest deeper than it has ``[`` and ``{``: a vectorised count per line finds
     the few lines with more, and only those are scanned, strings skipped.
@@ -487,15 +490,19 @@ def _check_jsonl_nesting(shard: Shard, chunk_bytes: int = 32 << 20) -> None:
 
     opening = np.zeros(256, dtype=np.int64)
     opening[[ord("["), ord("{")]] = 1
-    line_offset = 0
+    line_offset = longest = 0
     with _open_jsonl(shard) as handle:
         while True:
             chunk = handle.read(chunk_bytes)
             if not chunk:
+                shard.found["longest_line"] = longest
                 return
             chunk += handle.readline()
             data = np.frombuffer(chunk, dtype=np.uint8)
             ends = np.flatnonzero(data == ord("\n"))
+            if data.size:
+                bounds = np.concatenate(([-1], ends, [data.size]))
+                longest = max(longest, int(np.diff(bounds).max()))
             starts = np.concatenate(([0], ends + 1))
             counts = np.add.reduceat(opening[data], starts[starts < data.size]) if data.size else data
             for line in np.flatnonzero(counts > MAX_NESTING).tolist():
@@ -836,12 +843,31 @@ class _TextReader(Generic[_Reader]):
         raise NotImplementedError
 
 
+def jsonl_block_bytes(shard: Shard) -> int:
+    """pyarrow's read block for a JSON lines shard: 8 MiB, or a power of two that holds its
+    longest line (a longer line is refused by pyarrow as a 'straddling object').
+
+    >>> from pathlib import Path
+    >>> shard = Shard(Path("r.jsonl"), "r.jsonl", "jsonl", 0)
+    >>> jsonl_block_bytes(shard) == JSONL_BLOCK_BYTES
+    True
+    >>> shard.found["longest_line"] = 20 << 20
+    >>> jsonl_block_bytes(shard) >> 20
+    32
+    """
+    longest = shard.found.get("longest_line", 0)
+    block = JSONL_BLOCK_BYTES
+    while block <= longest:
+        block *= 2
+    return block
+
+
 class _JsonlReader(_TextReader["pa_json.JSONStreamingReader"]):
     def _open(self, stream: pa.NativeFile) -> pa_json.JSONStreamingReader:
         schema = _UNIFIED_JSONL_SCHEMAS.get(_file_key(self.shard))
         return pa_json.open_json(
             stream,
-            read_options=pa_json.ReadOptions(block_size=JSONL_BLOCK_BYTES),
+            read_options=pa_json.ReadOptions(block_size=jsonl_block_bytes(self.shard)),
             parse_options=pa_json.ParseOptions(explicit_schema=schema) if schema is not None else None,
         )
 

@@ -484,3 +484,14 @@ def test_a_byte_order_mark_is_read_past(cli, tmp_path, name, text):
     result = cli("compute", tmp_path / name, "-o", "-", "-q")
     assert result.exit_code == 0, result.stderr
     assert [json.loads(x)["group_id"] for x in result.stdout.splitlines()] in ([1, 1], ["1", "1"])
+
+
+def test_a_json_line_longer_than_a_read_block_is_read(cli, tmp_path, monkeypatch):
+    """A row over the 8 MiB block failed with pyarrow's 'straddling object' and no way out."""
+    monkeypatch.setattr(sources, "JSONL_BLOCK_BYTES", 1024)
+    rows = [{"group_id": 1, "reward": 1.0, "text": "x" * 5000}, {"group_id": 1, "reward": 0.0, "text": "y"}]
+    write_jsonl(tmp_path / "long.jsonl", rows * 3)
+    out = tmp_path / "o.parquet"
+    result = cli("compute", tmp_path / "long.jsonl", "-o", out, "-q")
+    assert result.exit_code == 0, result.stderr
+    assert pq.read_table(out).column("text").to_pylist()[4] == "x" * 5000
