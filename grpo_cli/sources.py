@@ -991,7 +991,42 @@ def _csv_error(shard: Shard, exc: BaseException, schema: pa.Schema | None) -> Ex
     if "Empty CSV file" in text:
         return GrpoError(f"{shard.display}: an empty CSV file (not even a header line)")
     text = re.sub(r"(Expected \d+ columns?, got \d+).*", r"\1", text)  # not the row's raw bytes
-    return GrpoError(f"{shard.display}: malformed CSV ({text})")
+    line = _csv_line_of_bad_record(shard) if "Expected" in text else None
+    where = f", line {line}" if line is not None else ""
+    return GrpoError(f"{shard.display}{where}: malformed CSV ({text})")
+
+
+def _csv_records(shard: Shard) -> Iterator[tuple[int, list[str]]]:
+    """Each CSV record (the header first) with the line it ends on, as Python's csv reads it."""
+    import csv
+
+    with _open_jsonl(shard) as handle:
+        text = io.TextIOWrapper(handle, encoding="utf-8-sig", errors="replace", newline="")
+        reader = csv.reader(text)
+        with contextlib.suppress(csv.Error):
+            for record in reader:
+                yield reader.line_num, record
+
+
+def _csv_line_of_bad_record(shard: Shard) -> int | None:
+    """The line of the first record whose field count differs from the header's."""
+    width = None
+    for line, record in _csv_records(shard):
+        if width is None:
+            width = len(record)
+        elif record and len(record) != width:
+            return line
+    return None
+
+
+def csv_line_of_record(shard: Shard, record: int) -> int | None:
+    """The line the 0-based data ``record`` starts on (a quoted cell may hold newlines)."""
+    previous_end = None
+    for index, (line, _) in enumerate(_csv_records(shard)):
+        if index == record + 1:
+            return (previous_end or 0) + 1
+        previous_end = line
+    return None
 
 
 _UNIFIED_JSONL_SCHEMAS: dict[tuple[str, int, float], pa.Schema] = {}
@@ -1166,12 +1201,17 @@ def jsonl_line_of_record(shard: Shard, record: int) -> int | None:
 
 
 def describe_row(shard: Shard, row: int) -> str:
-    """``data.parquet, row 17`` or ``data.jsonl, line 18`` for error messages."""
+    """``data.parquet, row 17``, or ``data.jsonl, line 18`` and ``data.csv, line 19`` (the text
+    formats name the line, 1-based, an editor shows) for error messages."""
     if shard.format == "jsonl":
         line = jsonl_line_of_record(shard, row)
         if line is not None:
             return f"{shard.display}, {shard.record_word} {line}"
         return f"{shard.display}, record {row}"
+    if shard.format == "csv" and shard.path.is_file():
+        line = csv_line_of_record(shard, row)
+        if line is not None:
+            return f"{shard.display}, line {line}"
     return f"{shard.display}, row {row}"
 
 

@@ -180,7 +180,7 @@ def test_csv_columns_come_out_as_the_text_that_went_in(cli, tmp_path, monkeypatc
 @pytest.mark.parametrize(
     ("cell", "fragment"),
     [
-        ("abc", "row 1: column 'reward' holds 'abc', which is not a number"),
+        ("abc", "r.csv, line 3: column 'reward' holds 'abc', which is not a number"),
         ("0x10", "holds '0x10', which is not a number"),
         ("9007199254740993", "the integer 9007199254740993, which float64 cannot hold exactly"),
     ],
@@ -495,3 +495,13 @@ def test_a_json_line_longer_than_a_read_block_is_read(cli, tmp_path, monkeypatch
     result = cli("compute", tmp_path / "long.jsonl", "-o", out, "-q")
     assert result.exit_code == 0, result.stderr
     assert pq.read_table(out).column("text").to_pylist()[4] == "x" * 5000
+
+
+def test_csv_errors_name_the_line_an_editor_shows(cli, tmp_path):
+    """They named no line (a malformed record) or a 0-based row (a bad value)."""
+    (tmp_path / "m.csv").write_text("group_id,reward\n1,0\n1,0,junk\n")
+    one_line_error(
+        cli("check", tmp_path / "m.csv"), 2, "m.csv, line 3: malformed CSV (CSV parse error: Expected 2"
+    )
+    (tmp_path / "v.csv").write_text('group_id,reward,t\n1,0,"a\nb"\n1,abc,x\n')
+    one_line_error(cli("check", tmp_path / "v.csv"), 2, "v.csv, line 4: column 'reward' holds 'abc'")
