@@ -204,12 +204,13 @@ class JsonlShardWriter:
 
     spliced = False
 
-    def __init__(self, sink: _JsonlSink, thread: _WriterThread) -> None:
+    def __init__(self, sink: _JsonlSink, thread: _WriterThread, label: str = "") -> None:
         self._sink = sink
         self._thread = thread
+        self._label = label
 
     def write(self, batch: pa.RecordBatch) -> None:
-        self._thread.submit(lambda: self._sink.write(batch))
+        self._thread.submit(lambda: self._sink.write(batch, self._label))
 
     def close(self) -> None:
         pass  # the sink is shared by every shard; the target closes it
@@ -222,9 +223,12 @@ class _JsonlSink:
         compression = "gzip" if name.endswith(".gz") else "zstd" if name.endswith(".zst") else None
         self._handle = pa.output_stream(str(path), compression=compression)
 
-    def write(self, batch: pa.RecordBatch) -> None:
+    def write(self, batch: pa.RecordBatch, label: str = "") -> None:
         import polars as pl
 
+        for index, field in enumerate(batch.schema):
+            if pa.types.is_map(field.type):
+                _refuse_repeated_map_keys(batch.column(index), field.name, label)
         # JSON lines carry no schema metadata, and polars panics on keys that are not UTF-8
         plain = pa.schema([field.remove_metadata() for field in batch.schema])
         frame = pl.from_arrow(pa.RecordBatch.from_arrays(batch.columns, schema=plain))
@@ -235,6 +239,28 @@ class _JsonlSink:
 
     def close(self) -> None:
         self._handle.close()
+
+
+def _refuse_repeated_map_keys(column: pa.Array, name: str, label: str) -> None:
+    """A map with a key twice in one row would become a JSON object that gives a field twice:
+    readers keep one of the values (grpo-cli refuses such JSON)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    offsets = column.offsets.to_numpy(zero_copy_only=False)
+    if not len(column) or offsets[-1] == offsets[0]:
+        return
+    rows = np.repeat(np.arange(len(column)), np.diff(offsets))
+    keys = column.keys.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    pairs = pa.table({"row": rows, "key": keys})
+    counts = pairs.group_by(["row", "key"]).aggregate([([], "count_all")])
+    repeated = pc.greater(counts.column("count_all"), 1)
+    if pc.any(repeated).as_py():
+        at = counts.filter(repeated)
+        raise GrpoError(
+            f"{label}: column {name!r} holds a map with the key {at.column('key')[0].as_py()!r} twice in "
+            "a row, which a JSON object cannot hold; write Parquet"
+        )
 
 
 def _is_raw_bytes(data_type: pa.DataType) -> bool:
@@ -364,7 +390,7 @@ class OutputTarget:
             self.refuse_unwritable(shard, schema)
             if self._jsonl is None:
                 self._jsonl = self._guarded(lambda: _JsonlSink(path, str(self.path).lower()))
-            return JsonlShardWriter(self._jsonl, self._thread)
+            return JsonlShardWriter(self._jsonl, self._thread, shard.display)
         int96 = self._int96_of.get(shard, False)
         if self.is_directory:
             writer = self._guarded(

@@ -161,3 +161,16 @@ def test_key_value_metadata_that_is_not_utf8(cli, tmp_path):
     result = cli("compute", source, "-o", lines, "-q")
     assert result.exit_code == 0, result.stderr
     assert len(lines.read_text().splitlines()) == 2
+
+
+def test_a_map_with_a_repeated_key_is_not_written_as_a_json_object(cli, tmp_path):
+    """{"k": 1, "k": 2} cannot be read back (grpo-cli and pyarrow refuse it; others keep one value)."""
+    repeated = pa.array([[("j", 0)], [("k", 1), ("k", 2)]], pa.map_(pa.string(), pa.int64()))
+    source = tmp_path / "map.arrow"
+    feather.write_feather(pa.table({"group_id": [0, 0], "reward": [1.0, 0.0], "m": repeated}), source)
+    result = cli("compute", source, "-o", tmp_path / "o.jsonl")
+    assert_one_line_error(result, "map.arrow: column 'm' holds a map with the key 'k' twice in a row")
+    assert not (tmp_path / "o.jsonl").exists()
+    parquet = tmp_path / "o.parquet"
+    assert cli("compute", source, "-o", parquet, "-q").exit_code == 0  # Parquet keeps it as it is
+    assert pq.read_table(parquet).column("m").to_pylist()[1] == [("k", 1), ("k", 2)]
