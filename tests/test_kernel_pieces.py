@@ -284,7 +284,10 @@ def test_group_ids_of_any_integer_type_give_the_int64_result(dtype):
     [
         ({"std": "n"}, "std must be one of population, sample, got 'n'"),
         ({"scale": "row"}, "scale must be one of group, batch, none, got 'row'"),
-        ({"baseline": "median"}, "baseline must be one of mean, leave-one-out, got 'median'"),
+        (
+            {"baseline": "median"},
+            "baseline must be one of mean, leave-one-out, got 'median'; did you mean 'mean'?",
+        ),
         ({"epsilon_mode": "max"}, "epsilon_mode must be one of add, clamp, add-if-nonzero, got 'max'"),
         ({"singleton": "one"}, "singleton must be one of zero, raw, got 'one'"),
         ({"epsilon": True}, "epsilon must be a positive finite number, got True"),
