@@ -12,7 +12,8 @@ from torch import Tensor
 
 from grpo_cli import kernel
 from grpo_cli.choices import Baseline, EpsilonMode, Estimator, NanPolicy, Preset, Scale, Singleton, Std
-from grpo_cli.options import AdvantageOptions
+from grpo_cli.errors import GrpoError
+from grpo_cli.options import ESTIMATOR_NEEDS, AdvantageOptions
 
 
 def group_advantages(
@@ -34,7 +35,9 @@ def group_advantages(
 
     Same call forms, shapes, dtypes and result as :func:`grpo_cli.kernel.normalize_in_groups`;
     ``epsilon`` defaults to 1e-6, or to the preset's. ``estimator`` is ``"grpo"``,
-    ``"dr_grpo"`` (no division) or ``"rloo"`` (leave-one-out baseline, no division).
+    ``"dr_grpo"`` (no division) or ``"rloo"`` (leave-one-out baseline, no division); the
+    others need more than rewards and groups (a batch whitening, lengths, a baseline column)
+    and are refused here with what they need: :func:`grpo_cli.add_advantages` computes them.
     Options given explicitly override the preset and the estimator.
 
     >>> import torch
@@ -43,7 +46,16 @@ def group_advantages(
     tensor([[ 1.0000, -0.5773, -0.5773, -0.5773]])
     >>> group_advantages(r, estimator="rloo")["advantages"]
     tensor([[ 1.0000, -0.3333, -0.3333, -0.3333]])
+    >>> group_advantages(r, estimator="opo")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    grpo_cli.errors.GrpoError: estimator='opo' needs each row's response length (length_col=), ...
     """
+    if estimator is not None and estimator in ESTIMATOR_NEEDS:
+        raise GrpoError(
+            f"estimator={estimator!r} needs {ESTIMATOR_NEEDS[estimator]}, which group_advantages does not "
+            "take; use grpo_cli.add_advantages"
+        )
     options = AdvantageOptions.resolve(
         preset=preset,
         estimator=estimator,

@@ -165,6 +165,17 @@ ESTIMATORS: dict[str, dict[str, Any]] = {
 }
 """What each estimator sets; options given explicitly override it."""
 
+ESTIMATOR_NEEDS: dict[str, str] = {
+    "reinforce_plus_plus_baseline": "a whitening over the whole batch (weighted by length_col=)",
+    "reinforce_baseline": "a whitening over the whole batch (weighted by length_col=)",
+    "gpg": "the batch's count of non-zero rewards for its alpha (per batch_col=)",
+    "remax": "each row's baseline reward (baseline_col=)",
+    "opo": "each row's response length (length_col=)",
+    "grpo_passk": "each group's first best rollout, in row order",
+}
+"""What an estimator needs beyond a reward and a group per row: the tensor API takes neither,
+so it refuses these (``add_advantages`` and the CLI compute them)."""
+
 ROW_BASELINE_ESTIMATORS = ("remax", "opo", "grpo_passk")
 """Estimators whose baseline is a per-row column rather than the group's rewards."""
 

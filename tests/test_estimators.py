@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError
@@ -436,3 +437,24 @@ def test_a_bad_length_is_one_line_naming_the_row(cli, tmp_path, estimator):
         f"error: {path}, row 5: --length-col 'length' is nan; lengths must be finite and >= 0"
     ]
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "estimator", ["reinforce_plus_plus_baseline", "reinforce_baseline", "gpg", "remax", "opo", "grpo_passk"]
+)
+def test_the_tensor_api_refuses_an_estimator_it_cannot_compute(estimator):
+    """It returned r - mean for each of these (or plain GRPO for grpo_passk), silently."""
+    from grpo_cli import GrpoError, group_advantages
+
+    with pytest.raises(GrpoError, match=rf"^estimator='{estimator}' needs .+ use grpo_cli.add_advantages$"):
+        group_advantages(torch.tensor([[1.0, 0.0, 0.5, 0.0]]), estimator=estimator)
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo"])
+def test_the_tensor_api_matches_the_table_api_where_it_computes(estimator):
+    from grpo_cli import add_advantages, group_advantages
+
+    rewards = [1.0, 0.0, 0.5, 0.0, 0.25, 0.75, 0.75, 0.0]
+    tensor = group_advantages(torch.tensor([rewards[:4], rewards[4:]], dtype=torch.float64), estimator=estimator)
+    table = add_advantages(pa.table({"group_id": [0] * 4 + [1] * 4, "reward": rewards}), estimator=estimator)
+    assert tensor["advantages"].flatten().tolist() == table.column("advantage").to_pylist()
