@@ -455,6 +455,7 @@ def test_the_tensor_api_matches_the_table_api_where_it_computes(estimator):
     from grpo_cli import add_advantages, group_advantages
 
     rewards = [1.0, 0.0, 0.5, 0.0, 0.25, 0.75, 0.75, 0.0]
-    tensor = group_advantages(torch.tensor([rewards[:4], rewards[4:]], dtype=torch.float64), estimator=estimator)
+    grouped = torch.tensor([rewards[:4], rewards[4:]], dtype=torch.float64)
+    tensor = group_advantages(grouped, estimator=estimator)
     table = add_advantages(pa.table({"group_id": [0] * 4 + [1] * 4, "reward": rewards}), estimator=estimator)
     assert tensor["advantages"].flatten().tolist() == table.column("advantage").to_pylist()
