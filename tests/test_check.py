@@ -730,3 +730,25 @@ def test_a_page_that_fails_its_checksum_in_a_column_read_is_refused(cli, tmp_pat
             cli(command, path, *args), "crc.parquet: corrupt Parquet data (could not verify page"
         )
     assert not (tmp_path / "o.parquet").exists()
+
+
+def test_nemo_rls_own_values_pass_its_preset(cli, tmp_path):
+    """NeMo-RL's GRPOAdvantageEstimator, run from a mirror of its source (skips without one), on
+    2,048 float32 rollouts: a fixed atol rejected its own values where an offset makes its
+    E[x^2] - E[x]^2 std lose digits; the re-implementation in tests/trainers.py gives its values
+    bit for bit."""
+    from tests import trainers
+    from tests.trainer_source import nemo_rl_advantages
+
+    g = torch.Generator().manual_seed(0)
+    offset = (5 + torch.rand(1024, generator=g)).tolist()  # rewards in [5, 6): 1,180 of 2,048 failed
+    groups = [offset[i : i + 16] for i in range(0, 1024, 16)] + _float32_groups(5, 64, sizes=(16,))
+    rewards = torch.tensor([r for g in groups for r in g], dtype=torch.float32)
+    prompts = torch.tensor([g for g, group in enumerate(groups) for _ in group])
+    own = nemo_rl_advantages(rewards, prompts)
+    assert own.tolist() == [a for g in trainers.nemo_rl_float32(groups) for a in g]
+    per_group = own.reshape(len(groups), -1).tolist()
+    args = ["--verify-advantage-col", "trainer_advantage", "--preset", "nemo-rl", "--summary-json", "-"]
+    result = cli("check", _exported(tmp_path, groups, per_group), *args)
+    verify = json.loads(result.stdout)["verify"]
+    assert result.exit_code == 0 and verify["mismatched"] == 0, verify["examples"]

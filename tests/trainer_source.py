@@ -50,7 +50,8 @@ def _function(text: str, name: str) -> str:
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(f"def {name}("))
     end = next(
-        (i for i in range(start + 1, len(lines)) if lines[i] and not lines[i][0].isspace()), len(lines)
+        (i for i in range(start + 1, len(lines)) if lines[i] and lines[i][0] not in " \t)"),
+        len(lines),
     )
     return "\n".join(lines[start:end])
 
@@ -88,3 +89,40 @@ def trl_advantages(
     # the block reads num_generations as a local of the enclosing method: give it as a global
     result: torch.Tensor = namespace["block"](trainer_self, rewards_per_func, "cpu")
     return result
+
+
+NEMO_RL = ("NVIDIA-NeMo/RL", "7ea279abfbeb698b092856d0dab61e7cf39bc909")
+
+
+def _method(text: str, class_name: str, name: str) -> str:
+    """Method ``name`` of class ``class_name`` in ``text``, verbatim and dedented to top level."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"class {class_name}"))
+    begin = next(i for i in range(start, len(lines)) if lines[i].strip().startswith(f"def {name}("))
+    indent = len(lines[begin]) - len(lines[begin].lstrip())
+    end = next(
+        (
+            i
+            for i in range(begin + 1, len(lines))
+            if lines[i].strip() and len(lines[i]) - len(lines[i].lstrip()) <= indent
+        ),
+        len(lines),
+    )
+    return textwrap.dedent("\n".join(lines[begin:end]))
+
+
+def nemo_rl_advantages(rewards: torch.Tensor, prompt_ids: torch.Tensor) -> torch.Tensor:
+    """NeMo-RL's ``GRPOAdvantageEstimator.compute_advantage`` (leave-one-out baseline, rewards
+    normalised), with ``calculate_baseline_and_std_per_prompt``, both verbatim from
+    nemo_rl/algorithms/advantage_estimator.py and utils.py; one advantage per row."""
+    utils = source(NEMO_RL, "nemo_rl/algorithms/utils.py")
+    estimator = source(NEMO_RL, "nemo_rl/algorithms/advantage_estimator.py")
+    namespace: dict[str, Any] = {"torch": torch}
+    exec(_function(utils, "calculate_baseline_and_std_per_prompt"), namespace)
+    exec(_method(estimator, "GRPOAdvantageEstimator", "compute_advantage"), namespace)
+    trainer_self = types.SimpleNamespace(use_leave_one_out_baseline=True, normalize_rewards=True)
+    mask = torch.ones(rewards.shape[0], 1)
+    advantages: torch.Tensor = namespace["compute_advantage"](
+        trainer_self, prompt_ids.reshape(-1, 1), rewards, mask
+    )
+    return advantages[:, 0]
