@@ -96,6 +96,17 @@ def top_level(schema: pa.Schema, names: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(tops))
 
 
+def is_numeric_type(data_type: pa.DataType) -> bool:
+    """Whether a column of ``data_type`` holds numbers a reward can be: integers, floats,
+    booleans or decimals."""
+    return bool(
+        pa.types.is_integer(data_type)
+        or pa.types.is_floating(data_type)
+        or pa.types.is_boolean(data_type)
+        or pa.types.is_decimal(data_type)
+    )
+
+
 def holds_type(data_type: pa.DataType, leaf: Callable[[pa.DataType], bool]) -> bool:
     """Whether ``leaf`` holds for ``data_type`` or for any type inside it (the values of
     a dictionary, list, list view or run-end encoding, the fields of a struct or union, the

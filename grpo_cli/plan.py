@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from grpo_cli.columns import MAX_NESTING, field_type, leaf_fields, nesting_depth
+from grpo_cli.columns import MAX_NESTING, field_type, is_numeric_type, leaf_fields, nesting_depth
 from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError
 from grpo_cli.guard import PROVENANCE_KEY
@@ -232,8 +232,8 @@ class RunPlan:
         close = difflib.get_close_matches(column, fields, n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         is_reward = column in {spec.column for spec in config.rewards}
-        if is_reward and not (close and _is_number_type(fields[close[0]])):
-            numeric = [name for name, data_type in fields.items() if _is_number_type(data_type)]
+        if is_reward and not (close and is_numeric_type(fields[close[0]])):
+            numeric = [name for name, data_type in fields.items() if is_numeric_type(data_type)]
             by_name = difflib.get_close_matches(column, numeric, n=1, cutoff=0.6)
             by_role = sorted(
                 (name for name in numeric if any(word in name.lower() for word in REWARD_WORDS)),
@@ -344,6 +344,16 @@ class RunPlan:
             )
             out.append(per_batch[of_group].to(stats.mean.device))
         return out
+
+    def reward_reader(self, schema: pa.Schema, shard: Shard) -> RewardReader:
+        """The reader of ``shard``'s reward columns under this run's options (both engines)."""
+        return RewardReader(
+            self.config.rewards,
+            schema,
+            shard,
+            per_column=self.per_column,
+            reward_sum=self.config.advantage.reward_sum,
+        )
 
     @property
     def needs_moments_pass(self) -> bool:
@@ -552,12 +562,3 @@ class RunPlan:
 
 REWARD_WORDS = ("reward", "score", "correct", "acc", "pass", "success")
 """Words in a column name that say it holds a reward (verl's ``score``, TRL's ``accuracy_reward``)."""
-
-
-def _is_number_type(data_type: pa.DataType) -> bool:
-    return bool(
-        pa.types.is_integer(data_type)
-        or pa.types.is_floating(data_type)
-        or pa.types.is_boolean(data_type)
-        or pa.types.is_decimal(data_type)
-    )

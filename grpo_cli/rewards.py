@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import torch
 
 from grpo_cli.choices import RewardSum
-from grpo_cli.columns import column_of, field_type
+from grpo_cli.columns import column_of, field_type, is_numeric_type
 from grpo_cli.errors import GrpoError
 from grpo_cli.kernel import Normalization, apply_normalization
 from grpo_cli.keys import arrow_of, as_tensor, numpy_of
@@ -132,13 +132,7 @@ class RewardReader:
 
     def _numeric(self, data_type: pa.DataType) -> bool:
         """Whether a column of ``data_type`` holds numbers: a CSV column is text, parsed here."""
-        return bool(
-            pa.types.is_integer(data_type)
-            or pa.types.is_floating(data_type)
-            or pa.types.is_boolean(data_type)
-            or pa.types.is_decimal(data_type)
-            or (self.shard.format == "csv" and pa.types.is_string(data_type))
-        )
+        return is_numeric_type(data_type) or (self.shard.format == "csv" and pa.types.is_string(data_type))
 
     def _column(self, array: pa.Array, name: str, first_row: int) -> torch.Tensor:
         if pa.types.is_string(array.type):

@@ -628,13 +628,7 @@ class LocalEngine:
         return dtypes.pop() if len(dtypes) == 1 else None
 
     def _reward_reader(self, schema: pa.Schema, shard: Shard) -> RewardReader:
-        return RewardReader(
-            self.config.rewards,
-            schema,
-            shard,
-            per_column=self.plan.per_column,
-            reward_sum=self.config.advantage.reward_sum,
-        )
+        return self.plan.reward_reader(schema, shard)
 
     def _batches(
         self, shard: Shard, schema: pa.Schema, columns: list[str] | None

@@ -252,13 +252,7 @@ _SUMMARY_PREFIX = "__grpo_summary_"
 def block_group_stats(batch: pa.Table, config: ComputeConfig) -> pa.Table:
     """One row per group of the block: its key columns and sufficient statistics."""
     plan = RunPlan(config, device=_CPU)
-    reader = RewardReader(
-        config.rewards,
-        batch.schema,
-        _BLOCK,
-        per_column=plan.per_column,
-        reward_sum=config.advantage.reward_sum,
-    )
+    reader = plan.reward_reader(batch.schema, _BLOCK)
     keys = GroupKeyIndex(config.group_cols)
     batch_keys = GroupKeyIndex([config.batch_col]) if config.batch_col is not None else None
     role = "group"
@@ -491,13 +485,7 @@ def _block_rows(
     """A block's reader, record batch, group IDs, rewards, advantages before any batch transform,
     batch IDs."""
     config = plan.config
-    reader = RewardReader(
-        config.rewards,
-        batch.schema,
-        _BLOCK,
-        per_column=plan.per_column,
-        reward_sum=config.advantage.reward_sum,
-    )
+    reader = plan.reward_reader(batch.schema, _BLOCK)
     ids_np = (
         index.encode([batch.column(c) for c in config.group_cols])
         if batch.num_rows
