@@ -991,6 +991,7 @@ def _csv_error(shard: Shard, exc: BaseException, schema: pa.Schema | None) -> Ex
     if "Empty CSV file" in text:
         return GrpoError(f"{shard.display}: an empty CSV file (not even a header line)")
     text = re.sub(r"(Expected \d+ columns?, got \d+).*", r"\1", text)  # not the row's raw bytes
+    text = re.sub(r"Row #\d+: ", "", text)  # pyarrow numbers rows only when it parses serially
     line = _csv_line_of_bad_record(shard) if "Expected" in text else None
     where = f", line {line}" if line is not None else ""
     return GrpoError(f"{shard.display}{where}: malformed CSV ({text})")
