@@ -59,11 +59,18 @@ class Verifier:
     """
 
     def __init__(
-        self, spec: VerifySpec, stats: GroupStats, options: AdvantageOptions, keys: GroupKeyIndex | None
+        self,
+        spec: VerifySpec,
+        stats: GroupStats,
+        options: AdvantageOptions,
+        keys: GroupKeyIndex | None,
+        *,
+        batch_transform: bool = False,
     ) -> None:
         self.spec = spec
         self.keys = keys
         self.options = options
+        self.batch_transform = batch_transform  # whitening or a re-normalisation follows the groups
         cpu = stats.to("cpu")
         self._stats = cpu
         self._constant = (cpu.count >= 2) & (cpu.minimum == cpu.maximum)
@@ -248,7 +255,7 @@ class Verifier:
             centred = centred * count / (count - 1).clamp_min(1)
         size = expected.abs()
         divisor = self._divisor[ids]
-        if options.whiten == "none" and options.renormalize == "none" and options.scale != "none":
+        if not self.batch_transform and options.scale != "none":
             derived = centred.abs() / size
             divisor = torch.where((size > 0) & torch.isfinite(derived) & (derived > 0), derived, divisor)
         deviation = (divisor - options.epsilon).clamp_min(0) if options.scale != "none" else divisor
@@ -322,7 +329,8 @@ def _finite_or_zero(values: torch.Tensor) -> torch.Tensor:
 def _ulp32(magnitude: torch.Tensor) -> torch.Tensor:
     """float32's unit in the last place at ``magnitude`` (float64)."""
     _, exponent = torch.frexp(magnitude)
-    return torch.ldexp(torch.ones_like(magnitude), (exponent - FLOAT32_BITS).clamp_min(-149))
+    ulp = torch.ldexp(torch.ones_like(magnitude), (exponent - FLOAT32_BITS).clamp_min(-149))
+    return torch.where(magnitude > 0, ulp, 2.0**-149)  # 0: the smallest step float32 has
 
 
 def _significand_bits(values: torch.Tensor) -> torch.Tensor:

@@ -669,7 +669,13 @@ class LocalEngine:
         config, plan = self.config, self.plan
         verifier = None
         if config.verify is not None:
-            verifier = Verifier(config.verify, outcome.stats, config.advantage, first.keys)
+            verifier = Verifier(
+                config.verify,
+                outcome.stats,
+                config.advantage,
+                first.keys,
+                batch_transform=self.plan.needs_moments_pass,
+            )
         figures = _Pass2Figures(verifier)
         provenance = plan.provenance([shard.display for shard in self.inputs.shards], outcome)
         active_device = outcome.active.to(plan.device)

@@ -1,0 +1,232 @@
+"""The verifier's pieces against their documented arithmetic, value by value.
+
+The CLI tests (test_check.py) show what a user sees; these pin the bounds and bit counts
+that decide residue from mismatch, so that no constant in them can drift unnoticed.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import torch
+
+from grpo_cli.config import VerifySpec
+from grpo_cli.errors import GrpoError
+from grpo_cli.kernel import group_stats
+from grpo_cli.options import AdvantageOptions
+from grpo_cli.sources import Shard
+from grpo_cli.verify import Verifier, _bit_length, _group_divisor, _significand_bits, _ulp32
+
+U = 2.0**-24
+SHARD = Shard(Path("x.parquet"), "x.parquet", "parquet", 0)
+
+
+def stats_of(groups: list[list[float]]):
+    rewards = torch.tensor([r for g in groups for r in g], dtype=torch.float64)
+    ids = torch.tensor([i for i, g in enumerate(groups) for _ in g])
+    return rewards, ids, group_stats(rewards, ids, count_extremes=True)
+
+
+def test_bit_length_of_counts():
+    counts = torch.tensor([0, 1, 2, 3, 4, 7, 8, 1 << 20, (1 << 20) + 1])
+    bits = _bit_length(counts)
+    assert bits.tolist() == [0, 1, 2, 2, 3, 3, 4, 21, 21]
+    assert bits.dtype == torch.int64
+
+
+def test_significand_bits_of_values_rounded_to_float32():
+    values = torch.tensor(
+        [0.0, 1.0, 0.75, 0.1, -0.5, 3.0, 2.0**-10, 1 + 2.0**-23, 1 + 2.0**-30, math.inf, math.nan, 5.0, 7.0],
+        dtype=torch.float64,
+    )
+    bits = _significand_bits(values)
+    # 1 + 2**-30 rounds to 1.0 in float32; infinities and NaN count as 0
+    assert bits.tolist() == [0, 1, 2, 24, 1, 2, 1, 24, 1, 0, 0, 3, 3]
+    assert bits.dtype == torch.int64
+
+
+def test_ulp32():
+    values = torch.tensor([1.0, 1.5, 2.0, 0.75, 0.0, 1e-45], dtype=torch.float64)
+    assert _ulp32(values).tolist() == [2.0**-23, 2.0**-23, 2.0**-22, 2.0**-24, 2.0**-149, 2.0**-149]
+    assert _ulp32(values).dtype == torch.float64
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"scale": "none"}, [1.0, 1.0, 1.0]),
+        ({"std": "population", "epsilon": 1e-3}, [1.0 + 1e-3, 0.0 + 1e-3, 0.0 + 1e-3]),
+        ({"std": "sample", "epsilon": 1e-3}, [math.sqrt(2.0) + 1e-3, 1e-3, 1e-3]),
+        ({"std": "sample", "epsilon": 0.5, "epsilon_mode": "clamp"}, [math.sqrt(2.0), 0.5, 0.5]),
+    ],
+)
+def test_group_divisor(options, expected):
+    _, _, stats = stats_of([[1.0, 3.0], [2.0, 2.0], [5.0]])
+    divisor = _group_divisor(stats, AdvantageOptions.resolve(**options))
+    assert divisor.dtype == torch.float64
+    assert divisor.tolist() == pytest.approx(expected, rel=1e-15, abs=0)
+
+
+def _verifier(groups, **options):
+    rewards, ids, stats = stats_of(groups)
+    verifier = Verifier(VerifySpec("a", atol=0.0, rtol=0.0), stats, AdvantageOptions.resolve(**options), None)
+    return verifier, rewards, ids, None
+
+
+def _bound(verifier, rewards, ids, expected):
+    return verifier._trainer_rounding(rewards, ids, expected).tolist()
+
+
+def test_trainer_rounding_of_a_two_pass_std_is_its_documented_bound():
+    groups = [[0.0, 1.0, 1.0, 0.0], [0.25, 0.75, 0.5], [2.0]]
+    verifier, rewards, ids, _ = _verifier(groups, preset="verl")
+    expected = torch.tensor([-0.8660, 0.8660, 0.8660, -0.8660, -1.0, 1.0, 0.0, 2.0], dtype=torch.float64)
+    got = _bound(verifier, rewards, ids, expected)
+    want = []
+    for row, (r, g) in enumerate(zip(rewards.tolist(), ids.tolist(), strict=True)):
+        group = groups[g]
+        n, m = len(group), max(abs(v) for v in group)
+        size = abs(float(expected[row]))
+        if n == 1:
+            want.append(8 * U * size)
+            continue
+        mean = sum(group) / n
+        std = math.sqrt(sum((v - mean) ** 2 for v in group) / (n - 1))
+        divisor = abs(r - mean) / size if size > 0 and r != mean else std + 1e-6
+        want.append(8 * ((n + 2) * U * m / divisor + size * ((n + 3) * U + 2 * U)))
+    assert got == pytest.approx(want, rel=1e-12, abs=0)
+
+
+def test_trainer_rounding_of_nemo_rls_leave_one_out_std_is_its_documented_bound():
+    groups = [[0.0, 1.0, 1.0, 0.5, 0.25]]
+    verifier, rewards, ids, _ = _verifier(groups, preset="nemo-rl")
+    expected = torch.tensor([-1.2, 0.9, 0.9, -0.1, -0.6], dtype=torch.float64)
+    got = _bound(verifier, rewards, ids, expected)
+    group = groups[0]
+    n, m, mean = len(group), 1.0, sum(group) / len(group)
+    want = []
+    for r, e in zip(group, expected.tolist(), strict=True):
+        centred = (r - mean) * n / (n - 1)
+        divisor = abs(centred) / abs(e)
+        deviation = divisor - 1e-6
+        relative = 3 * (n - 1 + 3) * U * m**2 / (2 * deviation**2)
+        want.append(8 * ((n - 1 + 2) * U * m / divisor + abs(e) * (relative + 2 * U)))
+    assert got == pytest.approx(want, rel=1e-12, abs=0)
+
+
+def test_trainer_rounding_without_a_division_has_no_std_term():
+    groups = [[0.0, 1.0, 3.0]]
+    verifier, rewards, ids, _ = _verifier(groups, preset="verl", scale="none")
+    expected = rewards - rewards.mean()
+    got = _bound(verifier, rewards, ids, expected)
+    want = [8 * (5 * U * 3.0 / 1.0 + abs(float(e)) * 2 * U) for e in expected]
+    assert got == pytest.approx(want, rel=1e-12, abs=0)
+
+
+def test_trainer_rounding_is_finite_and_zero_where_undefined():
+    groups = [[1.0, 2.0]]
+    verifier, rewards, ids, _ = _verifier(groups, preset="verl")
+    expected = torch.tensor([math.nan, math.inf], dtype=torch.float64)
+    assert _bound(verifier, rewards, ids, expected) == [0.0, 0.0]
+
+
+def _compare(verifier, given, expected, rewards, ids, shard=SHARD, row=0):
+    verifier.compare(
+        pa.array(given, pa.float32()), torch.tensor(expected, dtype=torch.float64), rewards, ids, shard, row
+    )
+
+
+def test_the_float32_rounding_applies_with_a_preset_or_a_float32_column_only():
+    groups = [[0.0, 1.0, 1.0, 0.0]]
+    exact = [-0.8660254037844386, 0.8660254037844386, 0.8660254037844386, -0.8660254037844386]
+    nudged = [v + 4e-7 for v in exact]
+    rewards, ids, stats = stats_of(groups)
+    for options, column, differs in (
+        ({"preset": "verl"}, pa.float64(), 0),
+        ({"std": "sample"}, pa.float32(), 0),
+        ({"std": "sample"}, pa.float64(), 4),
+    ):
+        verifier = Verifier(
+            VerifySpec("a", atol=0.0, rtol=0.0), stats, AdvantageOptions.resolve(**options), None
+        )
+        verifier.compare(
+            pa.array(nudged, column), torch.tensor(exact, dtype=torch.float64), rewards, ids, SHARD, 0
+        )
+        assert verifier.mismatched + verifier.residue == differs, (options, column)
+        assert verifier.result()["trainer_rounding"] is (differs == 0)
+
+
+def test_compare_counts_the_largest_difference_and_an_infinite_one():
+    verifier, rewards, ids, _ = _verifier([[0.0, 1.0], [2.0, 5.0]])
+    _compare(verifier, [-1.0, 1.5, -1.0, 1.0], [-1.0, 1.0, -1.0, 1.0], rewards, ids)
+    assert verifier.max_abs_diff == 0.5 and verifier.compared == 4 and verifier.mismatched == 1
+    _compare(verifier, [math.inf, 1.0, -1.0, math.nan], [-1.0, 1.0, -1.0, 1.0], rewards, ids, row=4)
+    assert verifier.max_abs_diff == math.inf and verifier.compared == 8 and verifier.mismatched == 3
+    result = verifier.result()
+    assert [(e["file"], e["row"], e["group"]) for e in result["examples"]] == [
+        ("x.parquet", 1, 0),
+        ("x.parquet", 4, 0),
+        ("x.parquet", 7, 1),
+    ]
+    assert result["examples"][0] == {
+        "file": "x.parquet",
+        "row": 1,
+        "group": 0,
+        "expected": 1.0,
+        "actual": 1.5,
+    }
+
+
+def test_compare_refuses_a_column_that_is_not_numeric():
+    verifier, rewards, ids, _ = _verifier([[0.0, 1.0]])
+    with pytest.raises(
+        GrpoError, match=r"^x.parquet: column 'a' has type string; it must be numeric to verify$"
+    ):
+        verifier.compare(pa.array(["a", "b"]), torch.zeros(2, dtype=torch.float64), rewards, ids, SHARD, 0)
+
+
+def test_examples_are_the_first_rows_in_row_order_up_to_the_limit():
+    groups = [[1.0] * 4, [0.0, 1.0], [1.0] * 4, [0.0, 1.0], [1.0] * 4]
+    rewards, ids, stats = stats_of(groups)
+    spec = VerifySpec("a", atol=0.0, rtol=0.0, max_examples=2)
+    verifier = Verifier(spec, stats, AdvantageOptions(), None)
+    given = [0.5, 0, 0, 0, 9.0, -1.0, 0.5, 0, 0, 0, 9.0, -1.0, 0.5, 0, 0, 0]
+    expected = [0.0] * 4 + [1.0, -1.0] + [0.0] * 4 + [1.0, -1.0] + [0.0] * 4
+    _compare(verifier, given, expected, rewards, ids)
+    result = verifier.result()
+    assert result["mismatched"] == 5  # three constant groups (one example each) and two active rows
+    assert [(e["row"], e["group"]) for e in result["examples"]] == [(0, 0), (4, 1)]
+
+
+def test_a_constant_group_is_residue_only_within_its_bound_and_one_value():
+    groups = [[0.1] * 8]
+    rewards, ids, stats = stats_of(groups)
+    n, m = 8, 0.1
+    bound = 8 * (n + 2) * float(_ulp32(torch.tensor([m], dtype=torch.float64))[0]) / 1e-6
+    for value, residue in ((bound * 0.999, 8), (bound * 1.001, 0), (-bound * 0.999, 8)):
+        verifier = Verifier(VerifySpec("a"), stats, AdvantageOptions.resolve(preset="verl"), None)
+        _compare(verifier, [value] * 8, [0.0] * 8, rewards, ids)
+        result = verifier.result()
+        assert (result["residue"], result["mismatched"]) == (residue, 8 - residue), value
+    exact = VerifySpec("a", atol=0.0, rtol=0.0)
+    for value, residue in ((bound * 1e-6 * 0.999, 8), (bound * 1e-6 * 1.001, 0)):
+        # no division: 1, not eps, is the floor
+        verifier = Verifier(exact, stats, AdvantageOptions.resolve(preset="verl", scale="none"), None)
+        _compare(verifier, [value] * 8, [0.0] * 8, rewards, ids)
+        assert verifier.result()["residue"] == residue
+    verifier = Verifier(VerifySpec("a"), stats, AdvantageOptions.resolve(preset="verl"), None)
+    _compare(verifier, [1e-3] * 7 + [math.nan], [0.0] * 8, rewards, ids)
+    assert verifier.result()["mismatched"] == 8  # a NaN breaks the one value
+
+
+def test_a_lone_leave_one_out_row_is_residue_only_with_the_sign_and_within_size_over_eps():
+    groups = [[0.9, 0.9, 0.9, 1.0]]
+    rewards, ids, stats = stats_of(groups)
+    exact = [-0.0333, -0.0333, -0.0333, 0.1]
+    for value, residue in ((235.9, 1), (0.1 / 1e-6 * 0.999, 1), (0.1 / 1e-6 * 1.01, 0), (-235.9, 0)):
+        verifier = Verifier(VerifySpec("a"), stats, AdvantageOptions.resolve(preset="nemo-rl"), None)
+        _compare(verifier, [*exact[:3], value], exact, rewards, ids)
+        assert verifier.result()["residue"] == residue, value
