@@ -162,7 +162,8 @@ class Verifier:
         self.residue += int(residue.sum())
         self.mismatched += int(mismatch.sum())
         for rows, examples in ((mismatch, self.examples), (residue, self.residue_examples)):
-            for index in rows.nonzero().flatten().tolist()[: spec.max_examples]:
+            room = max(0, spec.max_examples - len(examples))
+            for index in rows.nonzero().flatten()[:room].tolist():
                 examples.append(
                     self._example(
                         first_global + index, int(ids[index]), float(expected[index]), float(given[index])

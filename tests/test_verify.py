@@ -230,3 +230,13 @@ def test_a_lone_leave_one_out_row_is_residue_only_with_the_sign_and_within_size_
         verifier = Verifier(VerifySpec("a"), stats, AdvantageOptions.resolve(preset="nemo-rl"), None)
         _compare(verifier, [*exact[:3], value], exact, rewards, ids)
         assert verifier.result()["residue"] == residue, value
+
+
+def test_examples_stay_within_the_limit_over_many_batches():
+    """Each batch added up to the limit: a long input with many mismatches kept them all."""
+    verifier, rewards, ids, _ = _verifier([[0.0, 1.0]])
+    for batch in range(10):
+        _compare(verifier, [5.0, 5.0], [-1.0, 1.0], rewards, ids, row=2 * batch)
+    result = verifier.result()
+    assert result["mismatched"] == 20
+    assert [e["row"] for e in result["examples"]] == [0, 1, 2, 3, 4]
