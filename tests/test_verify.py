@@ -240,3 +240,105 @@ def test_examples_stay_within_the_limit_over_many_batches():
     result = verifier.result()
     assert result["mismatched"] == 20
     assert [e["row"] for e in result["examples"]] == [0, 1, 2, 3, 4]
+
+
+def test_a_csv_column_to_verify_is_parsed_from_its_text():
+    verifier, rewards, ids, _ = _verifier([[0.0, 1.0]])
+    csv = Shard(Path("nowhere/x.csv"), "x.csv", "csv", 0)
+    verifier.compare(
+        pa.array(["-1", "1.5"]), torch.tensor([-1.0, 1.0], dtype=torch.float64), rewards, ids, csv, 3
+    )
+    assert (verifier.compared, verifier.mismatched, verifier.max_abs_diff) == (2, 1, 0.5)
+    with pytest.raises(GrpoError, match=r"^x.csv, row 4: column 'a' holds 'x', which is not a number$"):
+        verifier.compare(pa.array(["1", "x"]), torch.zeros(2, dtype=torch.float64), rewards, ids, csv, 3)
+    with pytest.raises(GrpoError, match="has type string; it must be numeric"):
+        verifier.compare(pa.array(["1", "2"]), torch.zeros(2, dtype=torch.float64), rewards, ids, SHARD, 0)
+
+
+def test_a_null_given_value_is_a_mismatch():
+    verifier, rewards, ids, _ = _verifier([[0.0, 1.0]])
+    verifier.compare(
+        pa.array([None, 1.0], pa.float64()),
+        torch.tensor([-1.0, 1.0], dtype=torch.float64),
+        rewards,
+        ids,
+        SHARD,
+        0,
+    )
+    assert verifier.mismatched == 1 and verifier.max_abs_diff == math.inf
+
+
+def test_float16_columns_get_float16s_rounding_and_float64_columns_none():
+    groups = [[0.0, 1.0, 1.0, 0.0]]
+    rewards, ids, stats = stats_of(groups)
+    exact = torch.tensor([-1.0, 1.0, 1.0, -1.0], dtype=torch.float64)
+    for column, nudge, differs in ((pa.float16(), 1e-3, 0), (pa.float32(), 1e-3, 4), (pa.float64(), 1e-7, 4)):
+        spec = VerifySpec("a", atol=0.0, rtol=0.0)
+        verifier = Verifier(spec, stats, AdvantageOptions.resolve(std="population"), None)
+        given = pa.array((exact + nudge).tolist(), pa.float64()).cast(column, safe=False)
+        verifier.compare(given, exact, rewards, ids, SHARD, 0)
+        assert verifier.mismatched == differs, column
+
+
+def test_examples_name_each_shard_and_its_own_rows():
+    verifier, rewards, ids, _ = _verifier([[0.0, 1.0]])
+    other = Shard(Path("y.parquet"), "y.parquet", "parquet", 0)
+    for shard, start in ((SHARD, 0), (SHARD, 2), (other, 0), (other, 2)):
+        _compare(verifier, [5.0, 1.0], [-1.0, 1.0], rewards, ids, shard=shard, row=start)
+    assert [(e["file"], e["row"]) for e in verifier.result()["examples"]] == [
+        ("x.parquet", 0),
+        ("x.parquet", 2),
+        ("y.parquet", 0),
+        ("y.parquet", 2),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("group", "row", "given", "residue"),
+    [
+        ([0.9, 0.9, 0.9, 1.0], 3, 235.9, 1),  # the lone maximum
+        ([0.1, 0.6, 0.6, 0.6], 0, -235.9, 1),  # the lone minimum
+        ([0.6, 0.6, 0.1], 2, -235.9, 1),  # two others: enough
+        ([0.6, 0.1], 1, -235.9, 0),  # one other: its std is undefined, not a residue
+        ([0.9, 0.9, 0.9, 1.0, 1.0], 3, 235.9, 0),  # two at the maximum: no lone row
+        ([0.5, 0.5, 0.5, 1.0], 3, 235.9, 0),  # the others' squares are exact
+    ],
+)
+def test_the_lone_row_rule_of_leave_one_out(group, row, given, residue):
+    rewards, ids, stats = stats_of([group])
+    options = AdvantageOptions.resolve(preset="nemo-rl")
+    exact = torch.tensor([float(v) for v in torch.zeros(len(group))], dtype=torch.float64)
+    others = [v for i, v in enumerate(group) if i != row]
+    exact[row] = group[row] - sum(others) / len(others)
+    values = exact.tolist()
+    values[row] = given
+    verifier = Verifier(VerifySpec("a", atol=0.0, rtol=0.0), stats, options, None)
+    verifier.compare(pa.array(values, pa.float64()), exact, rewards, ids, SHARD, 0)
+    assert verifier.residue == residue and verifier.mismatched == 1 - residue
+
+
+def test_the_lone_row_bound_is_size_over_eps_within_2_to_the_minus_10():
+    group = [0.9, 0.9, 0.9, 1.0]
+    rewards, ids, stats = stats_of([group])
+    exact = torch.tensor([0.0, 0.0, 0.0, 1.0 - 0.9], dtype=torch.float64)
+    limit = float(exact[3]) / 1e-6 * (1 + 2.0**-10)
+    for given, residue in ((limit * (1 - 2.0**-20), 1), (limit * (1 + 2.0**-20), 0)):
+        verifier = Verifier(
+            VerifySpec("a", atol=0.0, rtol=0.0), stats, AdvantageOptions.resolve(preset="nemo-rl"), None
+        )
+        verifier.compare(pa.array([0.0, 0.0, 0.0, given], pa.float64()), exact, rewards, ids, SHARD, 0)
+        assert verifier.residue == residue, given
+
+
+def test_an_offset_groups_residue_bound_is_inclusive():
+    group = [1e6, 1e6 + 0.0625]
+    rewards, ids, stats = stats_of([group])
+    verifier = Verifier(
+        VerifySpec("a", atol=0.0, rtol=0.0), stats, AdvantageOptions.resolve(preset="verl"), None
+    )
+    bound = float(verifier._residue_bound[0])
+    exact = torch.tensor([-0.7071, 0.7071], dtype=torch.float64)
+    verifier.compare(
+        pa.array([-0.7071 + bound, 0.7071 + bound * 1.001], pa.float64()), exact, rewards, ids, SHARD, 0
+    )
+    assert (verifier.residue, verifier.mismatched) == (1, 1)
