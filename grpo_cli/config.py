@@ -89,8 +89,7 @@ class ComputeConfig:
             raise GrpoError("--estimator remax needs --baseline-col (each row's baseline reward)")
         if self.baseline_col is not None and self.advantage.estimator != "remax":
             raise GrpoError("--baseline-col is the baseline of --estimator remax; add --estimator remax")
-        per_column = self.aggregation == "normalize-then-sum" and len(self.rewards) > 1
-        if per_column and self.advantage.renormalize != "none" and self.advantage.whiten != "none":
+        if self.per_column and self.advantage.renormalize != "none" and self.advantage.whiten != "none":
             raise GrpoError(
                 f"--whiten {self.advantage.whiten} and the {self.advantage.renormalize} re-normalisation of "
                 "normalize-then-sum both transform the batch; choose one"
@@ -126,6 +125,11 @@ class ComputeConfig:
                 "verify the unfiltered output, or check the input with --verify-advantage-col"
             )
 
+    @property
+    def per_column(self) -> bool:
+        """Whether each reward column is normalised on its own (normalize-then-sum, several columns)."""
+        return self.aggregation == "normalize-then-sum" and len(self.rewards) > 1
+
     def batch_wide_steps(self) -> list[str]:
         """The options whose advantages depend on every row of a batch, not only the group's."""
         options = self.advantage
@@ -140,11 +144,7 @@ class ComputeConfig:
             steps.append("--scale batch")
         if options.estimator == "gpg":
             steps.append("--estimator gpg")
-        if (
-            self.aggregation == "normalize-then-sum"
-            and len(self.rewards) > 1
-            and options.renormalize != "none"
-        ):
+        if self.per_column and options.renormalize != "none":
             steps.append(f"the {options.renormalize} re-normalisation of normalize-then-sum")
         return steps
 

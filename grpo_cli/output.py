@@ -386,8 +386,7 @@ class OutputTarget:
             raise AssertionError(f"{shard.display} is being spliced; it cannot be re-encoded too")
         path = self._shard_path(shard)
         self.methods["rewrite"] = self.methods.get("rewrite", 0) + 1
-        if self.format == "jsonl":
-            self.refuse_unwritable(shard, schema)
+        if self.format == "jsonl":  # the engine refused what JSON cannot hold before any work
             if self._jsonl is None:
                 self._jsonl = self._guarded(lambda: _JsonlSink(path, str(self.path).lower()))
             return JsonlShardWriter(self._jsonl, self._thread, shard.display)

@@ -144,7 +144,7 @@ class RunPlan:
         config.validate()
         self.config = config
         self.device = device if device is not None else resolve_device(config.device)
-        self.per_column = config.aggregation == "normalize-then-sum" and len(config.rewards) > 1
+        self.per_column = config.per_column
         """Each reward column is normalised on its own (GDPO), then the advantages summed."""
         self.channels = len(config.rewards) if self.per_column else 1
         self.count_extremes = config.advantage.baseline == "leave-one-out"

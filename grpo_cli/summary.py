@@ -220,6 +220,17 @@ def short_key(key: Any) -> str:
 OFF_SIZE_EXAMPLES = 5
 
 
+def common_size(sizes: np.ndarray) -> tuple[int, int]:
+    """The most common group size (the smallest of them on a tie) and how many groups have it.
+
+    >>> common_size(np.array([8, 8, 16, 3, 3]))
+    (3, 2)
+    """
+    values, counts = np.unique(sizes, return_counts=True)
+    most = int(np.argmax(counts))
+    return int(values[most]), int(counts[most])
+
+
 def off_size_groups(sizes: np.ndarray, key_at: Callable[[int], Any] | None) -> dict[str, Any]:
     """The groups whose size is not the most common one: how many, and the first few.
 
@@ -230,8 +241,7 @@ def off_size_groups(sizes: np.ndarray, key_at: Callable[[int], Any] | None) -> d
     """
     if not sizes.size:
         return {}
-    values, counts = np.unique(sizes, return_counts=True)
-    common = int(values[np.argmax(counts)])  # the smallest of the most common sizes on a tie
+    common, _ = common_size(sizes)
     off = np.flatnonzero(sizes != common)
     if not off.size:
         return {}
@@ -274,10 +284,9 @@ def grouping_warnings(sizes: np.ndarray, options: dict[str, Any]) -> list[str]:
             "rollouts, not prompts (a uid per rollout, a path or a timestamp in the prompt?)"
         )
         return out
-    values, counts = np.unique(sizes, return_counts=True)
-    common = int(values[np.argmax(counts)])
+    common, groups_of_common = common_size(sizes)
     multiples = int(((sizes > common) & (sizes % common == 0)).sum()) if common > 1 else 0
-    if multiples and counts.max() * 2 > groups:
+    if multiples and groups_of_common * 2 > groups:
         out.append(
             f"{multiples:,} of {groups:,} groups have 2 or more times the {common} rows most groups have: "
             f"groups sharing a key were merged (a prompt repeated in a step, or a prompt key {keys} "
