@@ -6,6 +6,7 @@ and ``--version`` answer at once.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import re
@@ -13,6 +14,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Callable
+from inspect import Parameter, Signature, signature
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
@@ -24,21 +26,9 @@ except ImportError:  # pragma: no cover - Typer on the Click package
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
 from grpo_cli import __version__
-from grpo_cli.choices import (
-    Aggregation,
-    Color,
-    Compression,
-    Engine,
-    EpsilonMode,
-    Estimator,
-    InputFormat,
-    NanPolicy,
-    Preset,
-    Scale,
-    Singleton,
-    Std,
-)
+from grpo_cli.choices import Color
 from grpo_cli.errors import GrpoError
+from grpo_cli.option_table import Option, offered
 
 if TYPE_CHECKING:
     from grpo_cli.config import ComputeConfig, VerifySpec
@@ -261,271 +251,50 @@ InputArg = Annotated[
         show_default=False,
     ),
 ]
-InputFormatOpt = Annotated[
-    InputFormat | None,
-    typer.Option(
-        "--input-format",
-        rich_help_panel="Input",
-        help="Override the format detected from the name (json: an array or lines, told by content).",
-    ),
-]
-RewardColOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--reward-col",
-        "-r",
-        rich_help_panel="Input",
-        envvar="GRPO_CLI_REWARD_COL",
-        show_envvar=True,
-        metavar="NAME[:WEIGHT]",
-        help="Reward column or nested field (reward.score), optionally NAME:WEIGHT; repeat for "
-        "several rewards (weighted sum).",
-        show_default="reward",
-    ),
-]
-GroupColOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--group-col",
-        "-g",
-        rich_help_panel="Input",
-        envvar="GRPO_CLI_GROUP_COL",
-        show_envvar=True,
-        metavar="COL",
-        help="Group key column or nested field (meta.prompt_id); a list or struct column groups on its "
-        "exact value; repeat for a composite key (e.g. prompt_id and step).",
-        show_default="group_id",
-    ),
-]
-GroupSizeOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--group-size",
-        min=1,
-        rich_help_panel="Input",
-        metavar="N",
-        help="Groups are consecutive blocks of N rows (instead of a key column).",
-    ),
-]
-AggregationOpt = Annotated[
-    Aggregation | None,
-    typer.Option(
-        "--reward-aggregation",
-        rich_help_panel="Input",
-        help="With several rewards: normalise their weighted sum, or normalise each in its group and "
-        "then sum (GDPO).",
-        show_default="sum-then-normalize",
-    ),
-]
-PresetOpt = Annotated[
-    Preset | None,
-    typer.Option(
-        "--preset",
-        rich_help_panel="Advantage",
-        envvar="GRPO_CLI_PRESET",
-        show_envvar=True,
-        help="Reproduce a trainer's GRPO convention; explicit options override it.",
-    ),
-]
-EstimatorOpt = Annotated[
-    Estimator | None,
-    typer.Option(
-        "--estimator",
-        rich_help_panel="Advantage",
-        help="grpo: (r - mean) / std; dr_grpo: r - mean; rloo: r - mean of the others; "
-        "reinforce_plus_plus_baseline (verl), reinforce_baseline (OpenRLHF): r - mean, whitened over the "
-        "batch; gpg (verl): alpha (r - mean); remax (verl): r - --baseline-col; opo (verl): r - "
-        "length-weighted mean; grpo_passk (verl): the best rollout only. See the README's table.",
-        show_default="grpo",
-    ),
-]
-EpsilonOpt = Annotated[
-    float | None,
-    typer.Option(
-        "--epsilon", rich_help_panel="Advantage", metavar="EPS", help="Added to the std.", show_default="1e-6"
-    ),
-]
-WhitenOpt = Annotated[
-    bool,
-    typer.Option(
-        "--whiten",
-        rich_help_panel="Advantage",
-        help="Whiten the advantages over each batch as verl's masked_whiten and ROLL do: "
-        "(A - mean) * rsqrt(unbiased var + 1e-8).",
-    ),
-]
-ClipOpt = Annotated[
-    tuple[float, float] | None,
-    typer.Option(
-        "--clip-advantage",
-        rich_help_panel="Advantage",
-        help="Clamp the final advantages to [LO, HI] (ROLL's advantage_clip, NeMo-RL's "
-        "advantage_clip_low/high).",
-        metavar="LO HI",
-    ),
-]
-BatchColOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--batch-col",
-        rich_help_panel="Input",
-        metavar="COL",
-        help="Training-batch column (e.g. step): --scale batch, whitening, GPG's alpha and the TRL/GDPO "
-        "re-normalisation use each batch's statistics. Each group must lie in one batch.",
-        show_default="the whole input is one batch",
-    ),
-]
-LengthColOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--length-col",
-        rich_help_panel="Input",
-        metavar="COL",
-        help="Response length (tokens): whitening weighs each rollout by it, as the trainers whiten "
-        "over tokens.",
-    ),
-]
-BaselineColOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--baseline-col",
-        rich_help_panel="Input",
-        metavar="COL",
-        help="With --estimator remax: each row's baseline reward (the greedy rollout's).",
-    ),
-]
-GpgFNormOpt = Annotated[
-    float | None,
-    typer.Option(
-        "--gpg-f-norm",
-        rich_help_panel="Advantage",
-        metavar="F",
-        help="With --estimator gpg: the divisor f_norm.",
-        show_default="1",
-    ),
-]
-StdOpt = Annotated[
-    Std | None,
-    typer.Option(
-        "--std",
-        rich_help_panel="Advantage",
-        help="population (divide by n) or sample (n - 1).",
-        show_default="population",
-    ),
-]
-ScaleOpt = Annotated[
-    Scale | None,
-    typer.Option(
-        "--scale",
-        rich_help_panel="Advantage",
-        help="Divide by the group std, the batch std, or nothing.",
-        show_default="group",
-    ),
-]
-EpsilonModeOpt = Annotated[
-    EpsilonMode | None,
-    typer.Option(
-        "--epsilon-mode",
-        rich_help_panel="Advantage",
-        help="add: std + eps; clamp: max(std, eps); add-if-nonzero: divide only where std > 0.",
-        show_default="add",
-    ),
-]
-SingletonOpt = Annotated[
-    Singleton | None,
-    typer.Option(
-        "--singleton",
-        rich_help_panel="Advantage",
-        help="One-rollout groups: zero, or raw (r / (1 + eps), verl).",
-        show_default="zero",
-    ),
-]
-NanOpt = Annotated[
-    NanPolicy | None,
-    typer.Option(
-        "--nan",
-        rich_help_panel="Advantage",
-        help="Null, NaN or infinite rewards: error, or ignore (left out of the statistics, advantage 0).",
-        show_default="error",
-    ),
-]
-DeviceOpt = Annotated[
-    str,
-    typer.Option(
-        "--device",
-        rich_help_panel="Engine",
-        envvar="GRPO_CLI_DEVICE",
-        show_envvar=True,
-        metavar="DEVICE",
-        help="auto, cpu, cuda, cuda:N or mps (auto: CUDA, then MPS, then CPU).",
-    ),
-]
-AdvantageColOpt = Annotated[
-    str,
-    typer.Option(
-        "--advantage-col", rich_help_panel="Output", metavar="NAME", help="Name of the advantage column."
-    ),
-]
-ActiveColOpt = Annotated[
-    str,
-    typer.Option(
-        "--active-col",
-        rich_help_panel="Output",
-        metavar="NAME",
-        help="Name of the per-row group-is-active column.",
-    ),
-]
-SummaryJsonOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--summary-json",
-        rich_help_panel="Output",
-        help="Write the summary as JSON to PATH, or - for standard output.",
-        metavar="PATH",
-    ),
-]
-QuietOpt = Annotated[
-    bool,
-    typer.Option(
-        "--quiet", "-q", rich_help_panel="Run", help="No summary and no progress on standard error."
-    ),
-]
-ColorOpt = Annotated[
-    Color,
-    typer.Option(
-        "--color",
-        rich_help_panel="Run",
-        help="Colour the report on standard error: auto (on a terminal, unless NO_COLOR is set), always, "
-        "never.",
-    ),
-]
-DebugOpt = Annotated[
-    bool, typer.Option("--debug", rich_help_panel="Run", help="Show the traceback of unexpected errors.")
-]
-MemoryLimitOpt = Annotated[
-    int,
-    typer.Option(
-        "--memory-limit-mb",
-        min=0,
-        rich_help_panel="Engine",
-        envvar="GRPO_CLI_MEMORY_LIMIT_MB",
-        show_envvar=True,
-        metavar="MB",
-        help="Inputs that decode to less than this are read once and kept in memory; larger ones stream "
-        "in two passes with bounded memory. 0 always streams.",
-    ),
-]
-BatchRowsOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--batch-rows",
-        min=1,
-        rich_help_panel="Engine",
-        metavar="N",
-        help="Rows per record batch.",
-        show_default="about 64 MiB of data per batch",
-    ),
-]
+
+
+def _typer_option(row: Option, command: str) -> Any:
+    """The ``Annotated`` type Typer reads for ``row`` in ``command``."""
+    settings: dict[str, Any] = {"rich_help_panel": row.panel, "help": row.help_for(command)}
+    if row.metavar is not None:
+        settings["metavar"] = row.metavar
+    if row.envvar is not None:
+        settings.update(envvar=row.envvar, show_envvar=True)
+    if row.show_default is not True:
+        settings["show_default"] = row.show_default
+    if row.min is not None:
+        settings["min"] = row.min
+    if row.max is not None:
+        settings["max"] = row.max
+    return Annotated[row.kind, typer.Option(*row.flags, **settings)]
+
+
+def _options_of(command: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give a command ``def name(ARGUMENTS, **values)`` the options the table offers it, in
+    help order: Typer reads the signature this builds, and the command gets every value by name."""
+
+    def decorate(func: Callable[..., None]) -> Callable[..., None]:
+        own = [p for p in signature(func, eval_str=True).parameters.values() if p.kind != p.VAR_KEYWORD]
+        options = [
+            Parameter(
+                row.name,
+                Parameter.KEYWORD_ONLY,
+                default=Parameter.empty if row.default is ... else row.default,
+                annotation=_typer_option(row, command),
+            )
+            for row in offered(command)
+        ]
+
+        @functools.wraps(func)
+        def command_function(**values: Any) -> None:
+            func(**values)
+
+        parameters = own + options
+        command_function.__signature__ = Signature(parameters)  # type: ignore[attr-defined]
+        command_function.__annotations__ = {p.name: p.annotation for p in parameters}
+        return command_function
+
+    return decorate
 
 
 # --------------------------------------------------------------------------- running a command
@@ -634,93 +403,6 @@ def _check_stdout(value: str | None, option: str = "--summary-json") -> None:
         raise GrpoError(f"{option} -: standard output is closed") from None
 
 
-def _config(
-    *,
-    reward_col: list[str] | None,
-    group_col: list[str] | None,
-    group_size: int | None,
-    reward_aggregation: Aggregation | None,
-    preset: Preset | None,
-    estimator: Estimator | None,
-    epsilon: float | None,
-    std: Std | None,
-    scale: Scale | None,
-    epsilon_mode: EpsilonMode | None,
-    singleton: Singleton | None,
-    nan: NanPolicy | None,
-    device: str,
-    input_format: InputFormat | None,
-    memory_limit_mb: int,
-    batch_rows: int | None,
-    advantage_col: str = "advantage",
-    active_col: str = "group_active",
-    stats_cols: bool = False,
-    drop_inactive: bool = False,
-    keep_mean_range: tuple[float, float] | None = None,
-    rewrite: bool = False,
-    compression: Compression = "snappy",
-    verify: VerifySpec | None = None,
-    whiten: bool = False,
-    clip_advantage: tuple[float, float] | None = None,
-    batch_col: str | None = None,
-    length_col: str | None = None,
-    baseline_col: str | None = None,
-    gpg_f_norm: float | None = None,
-    recorded: ComputeConfig | None = None,
-) -> ComputeConfig:
-    """The run's :class:`~grpo_cli.config.ComputeConfig` from the options both commands share.
-
-    ``recorded``: the options an output was made with (``check`` reads them from its
-    provenance); options given on the command line override them.
-    """
-    from grpo_cli.config import ComputeConfig
-    from grpo_cli.options import AdvantageOptions, RewardSpec
-
-    if group_size is not None and group_col:
-        raise GrpoError("--group-size and --group-col cannot be used together")
-    base = recorded or ComputeConfig()
-    if recorded is not None and not reward_col:
-        reward_col = [f"{r.column}:{r.weight!r}" for r in recorded.rewards]
-    if recorded is not None and not group_col and group_size is None:
-        group_col, group_size = list(recorded.group_cols), recorded.group_size
-    advantage = AdvantageOptions.resolve(
-        base=None if recorded is None else recorded.advantage,
-        preset=preset,
-        estimator=estimator,
-        epsilon=epsilon,
-        std=std,
-        scale=scale,
-        epsilon_mode=epsilon_mode,
-        singleton=singleton,
-        nan=nan,
-        whiten="unbiased" if whiten else None,
-        clip=clip_advantage,
-        gpg_f_norm=gpg_f_norm,
-    )
-    return ComputeConfig(
-        rewards=tuple(RewardSpec.parse(text) for text in (reward_col or ["reward"])),
-        group_cols=tuple(group_col or (() if group_size is not None else ("group_id",))),
-        group_size=group_size,
-        aggregation=reward_aggregation or base.aggregation,
-        advantage=advantage,
-        device=device,
-        input_format=input_format,
-        memory_budget_bytes=memory_limit_mb << 20,
-        batch_rows=batch_rows,
-        advantage_col=advantage_col,
-        active_col=active_col,
-        stats_cols=stats_cols,
-        drop_inactive=drop_inactive,
-        keep_mean_range=keep_mean_range,
-        rewrite=rewrite,
-        compression=compression,
-        verify=verify,
-        batch_col=batch_col or base.batch_col,
-        length_col=length_col or base.length_col,
-        baseline_col=baseline_col or base.baseline_col,
-    )
-
-
 def _summary_file(summary_json: str | None) -> str | None:
     """The file the run writes the summary to (``-``, standard output, is the CLI's)."""
     return None if summary_json == "-" else summary_json
@@ -777,160 +459,20 @@ def _report(
 
 
 @app.command(no_args_is_help=True, epilog=COMPUTE_EXAMPLES + EXIT_CODES_HELP)
-def compute(
-    input: InputArg,
-    output: Annotated[
-        str,
-        typer.Option(
-            "--output",
-            "-o",
-            rich_help_panel="Output",
-            metavar="PATH",
-            help="Output Parquet file (.parquet); JSON lines (.jsonl, .jsonl.gz, .jsonl.zst; - for "
-            "standard output); or a directory: one Parquet shard per input shard.",
-            show_default=False,
-        ),
-    ],
-    reward_col: RewardColOpt = None,
-    group_col: GroupColOpt = None,
-    group_size: GroupSizeOpt = None,
-    reward_aggregation: AggregationOpt = None,
-    preset: PresetOpt = None,
-    estimator: EstimatorOpt = None,
-    epsilon: EpsilonOpt = None,
-    std: StdOpt = None,
-    scale: ScaleOpt = None,
-    epsilon_mode: EpsilonModeOpt = None,
-    singleton: SingletonOpt = None,
-    nan: NanOpt = None,
-    whiten: WhitenOpt = False,
-    clip_advantage: ClipOpt = None,
-    batch_col: BatchColOpt = None,
-    length_col: LengthColOpt = None,
-    baseline_col: BaselineColOpt = None,
-    gpg_f_norm: GpgFNormOpt = None,
-    device: DeviceOpt = "cpu",
-    advantage_col: AdvantageColOpt = "advantage",
-    active_col: ActiveColOpt = "group_active",
-    stats_cols: Annotated[
-        bool,
-        typer.Option(
-            "--stats-cols", rich_help_panel="Output", help="Also write each row's group mean, std and size."
-        ),
-    ] = False,
-    drop_inactive: Annotated[
-        bool,
-        typer.Option(
-            "--drop-inactive",
-            rich_help_panel="Output",
-            help="Leave out rollouts of inactive groups (DAPO dynamic sampling).",
-        ),
-    ] = False,
-    keep_mean_range: Annotated[
-        tuple[float, float] | None,
-        typer.Option(
-            "--keep-mean-range",
-            rich_help_panel="Output",
-            help="Keep only groups whose mean reward lies in [LO, HI] (difficulty filter).",
-            metavar="LO HI",
-        ),
-    ] = None,
-    rewrite: Annotated[
-        bool,
-        typer.Option(
-            "--rewrite",
-            rich_help_panel="Output",
-            help="Re-encode every column instead of splicing the new ones into a copy of each "
-            "Parquet input's bytes (e.g. to change --compression).",
-        ),
-    ] = False,
-    compression: Annotated[
-        Compression,
-        typer.Option(
-            "--compression",
-            rich_help_panel="Output",
-            help="Codec of the columns grpo-cli encodes: the new ones (spliced), or all (--rewrite).",
-        ),
-    ] = "snappy",
-    summary_json: SummaryJsonOpt = None,
-    force: Annotated[
-        bool, typer.Option("--force", "-f", rich_help_panel="Output", help="Overwrite an existing output.")
-    ] = False,
-    quiet: QuietOpt = False,
-    input_format: InputFormatOpt = None,
-    memory_limit_mb: MemoryLimitOpt = 1024,
-    batch_rows: BatchRowsOpt = None,
-    engine: Annotated[
-        Engine,
-        typer.Option(
-            "--engine",
-            rich_help_panel="Engine",
-            help="local: this machine, streaming; ray: a Ray cluster with Ray Data.",
-        ),
-    ] = "local",
-    ray_address: Annotated[
-        str | None,
-        typer.Option(
-            "--ray-address",
-            rich_help_panel="Engine",
-            metavar="ADDRESS",
-            help="With --engine ray: 'auto' or host:port joins a cluster.",
-            show_default="start a local Ray instance",
-        ),
-    ] = None,
-    partitions: Annotated[
-        int | None,
-        typer.Option(
-            "--partitions",
-            min=1,
-            rich_help_panel="Engine",
-            metavar="N",
-            help="With --engine ray: hash partitions of the group keys.",
-            show_default="input size / 256 MiB",
-        ),
-    ] = None,
-    color: ColorOpt = "auto",
-    debug: DebugOpt = False,
-) -> None:
+@_options_of("compute")
+def compute(input: InputArg, **values: Any) -> None:
     """Compute advantages and write INPUT's rows with two new columns to Parquet or JSON lines.
 
     Writes the advantage column and a per-row bool column that says whether the rollout's
     group is active; every input column is kept, in order, with rows in input order. The
     summary goes to standard error.
     """
+    output, summary_json, engine = values["output"], values["summary_json"], values["engine"]
 
     def body(state: _RunState) -> int:
-        config = _config(
-            reward_col=reward_col,
-            group_col=group_col,
-            group_size=group_size,
-            reward_aggregation=reward_aggregation,
-            preset=preset,
-            estimator=estimator,
-            epsilon=epsilon,
-            std=std,
-            scale=scale,
-            epsilon_mode=epsilon_mode,
-            singleton=singleton,
-            nan=nan,
-            device=device,
-            input_format=input_format,
-            memory_limit_mb=memory_limit_mb,
-            batch_rows=batch_rows,
-            advantage_col=advantage_col,
-            active_col=active_col,
-            stats_cols=stats_cols,
-            drop_inactive=drop_inactive,
-            keep_mean_range=keep_mean_range,
-            rewrite=rewrite,
-            compression=compression,
-            whiten=whiten,
-            clip_advantage=clip_advantage,
-            batch_col=batch_col,
-            length_col=length_col,
-            baseline_col=baseline_col,
-            gpg_f_norm=gpg_f_norm,
-        )
+        from grpo_cli.config import resolve_config
+
+        config = resolve_config(values)
         _check_stdout(summary_json)
         if output == "-" and summary_json == "-":
             raise GrpoError("-o - and --summary-json - would both write to standard output")
@@ -942,14 +484,14 @@ def compute(
                 input,
                 output,
                 config,
-                address=ray_address,
-                partitions=partitions,
-                force=force,
-                quiet=quiet,
+                address=values["ray_address"],
+                partitions=values["partitions"],
+                force=values["force"],
+                quiet=values["quiet"],
                 summary_json=_summary_file(summary_json),
             )
         else:
-            if ray_address is not None or partitions is not None:
+            if values["ray_address"] is not None or values["partitions"] is not None:
                 raise GrpoError("--ray-address and --partitions need --engine ray")
             from grpo_cli.jobs import compute_dataset
 
@@ -957,243 +499,89 @@ def compute(
                 input,
                 output,
                 config,
-                force=force,
+                force=values["force"],
                 progress=state.progress,
                 summary_json=_summary_file(summary_json),
             )
             state.close_progress()
         state.written = output
-        _report(summary, quiet=quiet, summary_json=summary_json, color=color)
+        _report(summary, quiet=values["quiet"], summary_json=summary_json, color=values["color"])
         return EXIT_OK
 
-    _run(debug, body, bars=not quiet and engine == "local")
+    _run(values["debug"], body, bars=not values["quiet"] and engine == "local")
 
 
 @app.command(no_args_is_help=True, epilog=CHECK_EXAMPLES + EXIT_CODES_HELP)
-def check(
-    input: InputArg,
-    max_inactive_fraction: Annotated[
-        float | None,
-        typer.Option(
-            "--max-inactive-fraction",
-            min=0.0,
-            max=1.0,
-            rich_help_panel="Checks",
-            help="Fail if more than F of the groups are inactive.",
-        ),
-    ] = None,
-    min_active_groups: Annotated[
-        int | None,
-        typer.Option(
-            "--min-active-groups",
-            min=0,
-            rich_help_panel="Checks",
-            help="Fail if fewer than N groups are active.",
-        ),
-    ] = None,
-    min_groups: Annotated[
-        int | None,
-        typer.Option(
-            "--min-groups", min=0, rich_help_panel="Checks", help="Fail if there are fewer than N groups."
-        ),
-    ] = None,
-    min_group_size: Annotated[
-        int | None,
-        typer.Option(
-            "--min-group-size",
-            min=1,
-            rich_help_panel="Checks",
-            help="Fail if any group has fewer than N rollouts.",
-        ),
-    ] = None,
-    max_group_size: Annotated[
-        int | None,
-        typer.Option(
-            "--max-group-size",
-            min=1,
-            rich_help_panel="Checks",
-            help="Fail if any group has more than N rollouts.",
-        ),
-    ] = None,
-    uniform_group_size: Annotated[
-        bool,
-        typer.Option(
-            "--uniform-group-size",
-            rich_help_panel="Checks",
-            help="Fail unless every group has the same size.",
-        ),
-    ] = False,
-    max_singleton_groups: Annotated[
-        int | None,
-        typer.Option(
-            "--max-singleton-groups",
-            min=0,
-            rich_help_panel="Checks",
-            help="Fail if more than N groups have one rollout.",
-        ),
-    ] = None,
-    validate_pages: Annotated[
-        bool,
-        typer.Option(
-            "--validate-pages",
-            rich_help_panel="Checks",
-            help="Decode every page of every Parquet input, verifying page checksums where the writer "
-            "wrote them; fail on the first that does not decode (compute's splicing copies the bytes of "
-            "columns it does not read without decoding them).",
-        ),
-    ] = False,
-    verify_advantage_col: Annotated[
-        str | None,
-        typer.Option(
-            "--verify-advantage-col",
-            rich_help_panel="Checks",
-            help="Recompute advantages with the chosen options or preset and compare them with this column.",
-            metavar="NAME",
-        ),
-    ] = None,
-    atol: Annotated[
-        float,
-        typer.Option(
-            "--atol", min=0.0, rich_help_panel="Checks", help="Absolute tolerance for --verify-advantage-col."
-        ),
-    ] = 1e-6,
-    rtol: Annotated[
-        float,
-        typer.Option(
-            "--rtol", min=0.0, rich_help_panel="Checks", help="Relative tolerance for --verify-advantage-col."
-        ),
-    ] = 1e-5,
-    verify: Annotated[
-        bool,
-        typer.Option(
-            "--verify",
-            rich_help_panel="Checks",
-            help="Recompute the advantage column a grpo-cli output records, with the options it records "
-            "(its provenance); options given beside it override them.",
-        ),
-    ] = False,
-    strict: Annotated[
-        bool,
-        typer.Option(
-            "--strict",
-            rich_help_panel="Checks",
-            help="With --verify-advantage-col: rows that differ only by a trainer's float rounding residue "
-            "(constant groups, identical other rollouts, float32 offsets) fail the check too.",
-        ),
-    ] = False,
-    reward_col: RewardColOpt = None,
-    group_col: GroupColOpt = None,
-    group_size: GroupSizeOpt = None,
-    reward_aggregation: AggregationOpt = None,
-    preset: PresetOpt = None,
-    estimator: EstimatorOpt = None,
-    epsilon: EpsilonOpt = None,
-    std: StdOpt = None,
-    scale: ScaleOpt = None,
-    epsilon_mode: EpsilonModeOpt = None,
-    singleton: SingletonOpt = None,
-    nan: NanOpt = None,
-    whiten: WhitenOpt = False,
-    clip_advantage: ClipOpt = None,
-    batch_col: BatchColOpt = None,
-    length_col: LengthColOpt = None,
-    baseline_col: BaselineColOpt = None,
-    gpg_f_norm: GpgFNormOpt = None,
-    device: DeviceOpt = "cpu",
-    summary_json: SummaryJsonOpt = None,
-    force: Annotated[
-        bool,
-        typer.Option(
-            "--force", "-f", rich_help_panel="Output", help="Overwrite an existing --summary-json file."
-        ),
-    ] = False,
-    quiet: QuietOpt = False,
-    input_format: InputFormatOpt = None,
-    memory_limit_mb: MemoryLimitOpt = 1024,
-    batch_rows: BatchRowsOpt = None,
-    color: ColorOpt = "auto",
-    debug: DebugOpt = False,
-) -> None:
+@_options_of("check")
+def check(input: InputArg, **values: Any) -> None:
     """Check that a rollout dataset is fit to train on; exit 1 if any check fails.
 
     Reads INPUT like compute, writes no data, prints one line per check (name, measured
     value, bound, PASS or FAIL) on standard error. With no check options it prints the
     summary and exits 0.
     """
+    summary_json = values["summary_json"]
 
     def body(state: _RunState) -> int:
         from grpo_cli.checks import CheckBounds
-        from grpo_cli.config import ComputeConfig, VerifySpec
-        from grpo_cli.jobs import check_dataset, recorded_provenance
+        from grpo_cli.config import resolve_config
+        from grpo_cli.jobs import check_dataset
 
-        verifying = verify or verify_advantage_col is not None
-        if strict and not verifying:
-            raise GrpoError("--strict needs --verify or --verify-advantage-col")
-        recorded = None
-        if verifying:
-            record = recorded_provenance(input)
-            if record is not None:
-                recorded = ComputeConfig.from_provenance(record)
-                if verify_advantage_col is None:
-                    recorded.check_recomputable(" ".join(input))
-            elif verify_advantage_col is None:
-                raise GrpoError(
-                    f"{' '.join(input)}: no grpo-cli provenance to verify against "
-                    "(not written by grpo-cli compute); "
-                    "name the column with --verify-advantage-col and give the options it was made with"
-                )
-        column = verify_advantage_col or (recorded.advantage_col if recorded is not None else None)
-        verify_spec = VerifySpec(column, atol=atol, rtol=rtol, strict=strict) if column is not None else None
-        config = _config(
-            reward_col=reward_col,
-            group_col=group_col,
-            group_size=group_size,
-            reward_aggregation=reward_aggregation,
-            preset=preset,
-            estimator=estimator,
-            epsilon=epsilon,
-            std=std,
-            scale=scale,
-            epsilon_mode=epsilon_mode,
-            singleton=singleton,
-            nan=nan,
-            device=device,
-            input_format=input_format,
-            memory_limit_mb=memory_limit_mb,
-            batch_rows=batch_rows,
-            verify=verify_spec,
-            whiten=whiten,
-            clip_advantage=clip_advantage,
-            batch_col=batch_col,
-            length_col=length_col,
-            baseline_col=baseline_col,
-            gpg_f_norm=gpg_f_norm,
-            recorded=recorded,
-        )
+        recorded, verify = _verification(input, values)
+        config = resolve_config(values, recorded=recorded, verify=verify)
         _check_stdout(summary_json)
-        bounds = CheckBounds(
-            max_inactive_fraction=max_inactive_fraction,
-            min_active_groups=min_active_groups,
-            min_groups=min_groups,
-            min_group_size=min_group_size,
-            max_group_size=max_group_size,
-            uniform_group_size=uniform_group_size,
-            max_singleton_groups=max_singleton_groups,
-            validate_pages=validate_pages,
-        )
+        bounds = CheckBounds(**_targeted(values, "check", "bounds"))
         summary = check_dataset(
             input,
             bounds,
             config,
-            force=force,
+            force=values["force"],
             progress=state.progress,
             summary_json=_summary_file(summary_json),
         )
         state.close_progress()
-        _report(summary, quiet=quiet, summary_json=summary_json, compact=bool(summary.checks), color=color)
+        _report(
+            summary,
+            quiet=values["quiet"],
+            summary_json=summary_json,
+            compact=bool(summary.checks),
+            color=values["color"],
+        )
         return EXIT_OK if all(c["passed"] for c in summary.checks) else EXIT_CHECK_FAILED
 
-    _run(debug, body, bars=not quiet)
+    _run(values["debug"], body, bars=not values["quiet"])
+
+
+def _targeted(values: dict[str, Any], command: str, target: str) -> dict[str, Any]:
+    """The values of ``command``'s options that set ``target``'s fields, by field."""
+    return {row.setting: values[row.name] for row in offered(command) if row.target == target}
+
+
+def _verification(input: list[str], values: dict[str, Any]) -> tuple[ComputeConfig | None, VerifySpec | None]:
+    """``check``'s verification: the options an output recorded (``--verify``) and what to verify."""
+    from grpo_cli.config import ComputeConfig, VerifySpec
+    from grpo_cli.jobs import recorded_provenance
+
+    column = values["verify_advantage_col"]
+    verifying = values["verify"] or column is not None
+    if values["strict"] and not verifying:
+        raise GrpoError("--strict needs --verify or --verify-advantage-col")
+    recorded = None
+    if verifying:
+        record = recorded_provenance(input)
+        if record is not None:
+            recorded = ComputeConfig.from_provenance(record)
+            if column is None:
+                recorded.check_recomputable(" ".join(input))
+        elif column is None:
+            raise GrpoError(
+                f"{' '.join(input)}: no grpo-cli provenance to verify against "
+                "(not written by grpo-cli compute); "
+                "name the column with --verify-advantage-col and give the options it was made with"
+            )
+    column = column or (recorded.advantage_col if recorded is not None else None)
+    verify = None if column is None else VerifySpec(column, **_targeted(values, "check", "verify"))
+    return recorded, verify
 
 
 INSPECT_EXAMPLES = """**Examples**
@@ -1206,6 +594,7 @@ INSPECT_EXAMPLES = """**Examples**
 
 
 @app.command(no_args_is_help=True, epilog=INSPECT_EXAMPLES + EXIT_CODES_HELP)
+@_options_of("inspect")
 def inspect(
     input: Annotated[
         str,
@@ -1215,7 +604,7 @@ def inspect(
             show_default=False,
         ),
     ],
-    debug: DebugOpt = False,
+    **values: Any,
 ) -> None:
     """Print how a grpo-cli output was made: its provenance entry, as JSON on standard output.
 
@@ -1238,7 +627,7 @@ def inspect(
         sys.stdout.flush()
         return EXIT_OK
 
-    _run(debug, body)
+    _run(values["debug"], body)
 
 
 def main() -> None:

@@ -6,12 +6,14 @@ spliced outputs' bytes, while torch is still being imported.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from grpo_cli import __version__
 from grpo_cli.choices import Aggregation, Compression, InputFormat, check_choice
 from grpo_cli.errors import GrpoError
+from grpo_cli.option_table import ADVANTAGE_FIELDS, OPTIONS, WHITEN_FLAG
 from grpo_cli.options import AdvantageOptions, RewardSpec
 
 DEFAULT_MEMORY_BUDGET = 1 << 30
@@ -176,34 +178,25 @@ class ComputeConfig:
             options = record.get("options") or {}
             if not isinstance(options, dict):
                 raise TypeError(f"options is {type(options).__name__}, not an object")
-            known = set(cls().options_summary())
-            unknown = sorted(set(options) - known)
+            unknown = sorted(set(options) - set(ADVANTAGE_FIELDS) - set(_RECORDED))
             if unknown:
                 raise GrpoError(
                     f"the recorded grpo-cli options hold {', '.join(unknown)}, which this grpo-cli "
                     f"({__version__}) does not know (recorded by grpo-cli {record.get('version')}); "
                     "verify with the grpo-cli that wrote it"
                 )
-            advantage_fields = {f.name for f in fields(AdvantageOptions)}
-            advantage = {k: v for k, v in options.items() if k in advantage_fields}
+            advantage = {k: v for k, v in options.items() if k in ADVANTAGE_FIELDS}
             if advantage.get("clip") is not None:
                 advantage["clip"] = tuple(advantage["clip"])
-            keep = options.get("keep_mean_range")
-            config = cls(
-                rewards=tuple(RewardSpec(r["column"], float(r["weight"])) for r in options["reward_cols"]),
+            values = {
+                row.name: _from_record(row.name, options[key])
+                for key, row in _RECORDED.items()
+                if key in options
+            }
+            config = replace(
+                resolve_config(values, advantage=AdvantageOptions(**advantage)),
                 group_cols=tuple(options.get("group_cols") or ()),
                 group_size=options.get("group_size"),
-                aggregation=options.get("reward_aggregation", "sum-then-normalize"),
-                advantage=AdvantageOptions(**advantage),
-                advantage_col=options.get("advantage_col", "advantage"),
-                active_col=options.get("active_col", "group_active"),
-                stats_cols=bool(options.get("stats_cols", False)),
-                drop_inactive=bool(options.get("drop_inactive", False)),
-                keep_mean_range=None if keep is None else (float(keep[0]), float(keep[1])),
-                device=options.get("device", "cpu"),
-                batch_col=options.get("batch_col"),
-                length_col=options.get("length_col"),
-                baseline_col=options.get("baseline_col"),
             )
             config.validate()
             return config
@@ -215,20 +208,107 @@ class ComputeConfig:
             raise GrpoError(f"the recorded grpo-cli options cannot be read ({exc!r})") from None
 
     def options_summary(self) -> dict[str, Any]:
-        """Every option in force, after the preset: the summary's ``options``."""
-        return {
+        """Every option in force, after the preset: the summary's ``options`` and the provenance
+        record (the advantage options by field, then each recorded row of the option table)."""
+        summary = {
             **self.advantage.as_dict(),
-            "reward_cols": [{"column": r.column, "weight": r.weight} for r in self.rewards],
-            "reward_aggregation": self.aggregation,
-            "group_cols": list(self.group_cols) if self.group_size is None else [],
-            "group_size": self.group_size,
-            "advantage_col": self.advantage_col,
-            "active_col": self.active_col,
-            "stats_cols": self.stats_cols,
-            "drop_inactive": self.drop_inactive,
-            "keep_mean_range": list(self.keep_mean_range) if self.keep_mean_range else None,
-            "device": self.device,
-            "batch_col": self.batch_col,
-            "length_col": self.length_col,
-            "baseline_col": self.baseline_col,
+            **{key: _to_record(row.name, getattr(self, row.setting)) for key, row in _RECORDED.items()},
         }
+        if self.group_size is not None:
+            summary["group_cols"] = []  # the groups are blocks of rows, whatever the key columns say
+        return summary
+
+
+_RECORDED = {row.record: row for row in OPTIONS.values() if row.record is not None}
+"""The option-table rows a provenance record holds, by their key in it."""
+
+
+def _to_record(name: str, value: Any) -> Any:
+    if name == "reward_col":
+        return [{"column": r.column, "weight": r.weight} for r in value]
+    if name == "group_col":
+        return list(value)
+    if name == "keep_mean_range":
+        return list(value) if value else None
+    return value
+
+
+def _from_record(name: str, value: Any) -> Any:
+    if name == "reward_col":
+        return [RewardSpec(r["column"], float(r["weight"])) for r in value]
+    if name == "keep_mean_range" and value is not None:
+        return (float(value[0]), float(value[1]))
+    if name == "stats_cols" or name == "drop_inactive":
+        return bool(value)
+    return value
+
+
+def _given(value: Any) -> bool:
+    """Whether an option was given (Typer passes ``None`` for an option not on the command line)."""
+    return value is not None
+
+
+def resolve_config(
+    values: Mapping[str, Any],
+    *,
+    recorded: ComputeConfig | None = None,
+    verify: VerifySpec | None = None,
+    advantage: AdvantageOptions | None = None,
+) -> ComputeConfig:
+    """The one translation of option values into a :class:`ComputeConfig`; the CLI, the table
+    API and the provenance record all come through it.
+
+    ``values``: by :mod:`grpo_cli.option_table` name; ``None`` (or absent) means not given.
+    Precedence, lowest first: the configuration's defaults, the options ``recorded`` in an
+    output's provenance (``check --verify``: the rows marked ``from_provenance``), then
+    ``preset``, ``estimator`` and each value given. ``reward_col``: ``NAME[:WEIGHT]`` texts or
+    :class:`~grpo_cli.options.RewardSpec` objects. ``advantage``: options already resolved
+    (a provenance record's), used as they are.
+
+    >>> resolve_config({"reward_col": ["correct:0.5"], "group_size": 4, "std": "sample"}).rewards
+    (RewardSpec(column='correct', weight=0.5),)
+    >>> resolve_config({"group_size": 4, "group_col": ["prompt"]})
+    Traceback (most recent call last):
+    ...
+    grpo_cli.errors.GrpoError: --group-size and --group-col cannot be used together
+    """
+    given = {name: value for name, value in values.items() if _given(value)}
+    if given.get("group_size") is not None and given.get("group_col"):
+        raise GrpoError("--group-size and --group-col cannot be used together")
+    if recorded is not None:
+        inherited = {
+            row.name: getattr(recorded, row.setting) for row in OPTIONS.values() if row.from_provenance
+        }
+        if "group_col" in given or "group_size" in given:
+            del inherited["group_col"], inherited["group_size"]
+        given = {**{k: v for k, v in inherited.items() if _given(v)}, **given}
+    if advantage is None:
+        explicit = {
+            row.setting: given.get(row.name)
+            for row in OPTIONS.values()
+            if row.target == "advantage" and row.name not in ("preset", "estimator")
+        }
+        whiten = explicit.pop("whiten")
+        advantage = AdvantageOptions.resolve(
+            base=None if recorded is None else recorded.advantage,
+            preset=given.get("preset"),
+            estimator=given.get("estimator"),
+            whiten=WHITEN_FLAG[whiten] if isinstance(whiten, bool) else whiten,
+            **explicit,
+        )
+    settings = {
+        row.setting: given[row.name]
+        for row in OPTIONS.values()
+        if row.target == "config" and row.name in given
+    }
+    if "rewards" in settings:
+        rewards = settings["rewards"]
+        settings["rewards"] = tuple(
+            RewardSpec.parse(r) if isinstance(r, str) else r
+            for r in ((rewards,) if isinstance(rewards, str | RewardSpec) else rewards)
+        )
+    if "group_size" in settings:
+        settings["group_cols"] = ()
+    if "memory_budget_bytes" in settings:
+        settings["memory_budget_bytes"] = int(settings["memory_budget_bytes"]) << 20
+    return ComputeConfig(**settings, advantage=advantage, verify=verify)

@@ -25,6 +25,7 @@ from grpo_cli.choices import (
     check_choice,
 )
 from grpo_cli.errors import GrpoError
+from grpo_cli.option_table import ADVANTAGE_FIELDS
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -87,28 +88,21 @@ class AdvantageOptions:
         return options
 
     def validate(self) -> None:
-        if not _is_number(self.epsilon) or not (math.isfinite(self.epsilon) and self.epsilon > 0):
-            raise GrpoError(f"--epsilon must be a positive finite number, got {self.epsilon!r}")
-        for option, value, vocabulary in (
-            ("--std", self.std, Std),
-            ("--scale", self.scale, Scale),
-            ("--baseline", self.baseline, Baseline),
-            ("--epsilon-mode", self.epsilon_mode, EpsilonMode),
-            ("--singleton", self.singleton, Singleton),
-            ("--nan", self.nan, NanPolicy),
-            ("--whiten", self.whiten, Whiten),
-            ("renormalize", self.renormalize, Renormalize),
-            ("reward_sum", self.reward_sum, RewardSum),
-        ):
-            check_choice(option, value, vocabulary)
+        """Each field against its row in :mod:`grpo_cli.option_table`, then the rules between them."""
+        for field in fields(self):
+            row, value = ADVANTAGE_FIELDS[field.name], getattr(self, field.name)
+            if value is None and field.default is None:
+                continue
+            if row.vocabulary is not None:
+                check_choice(row.label, value, row.vocabulary)
+            if row.positive_finite and not (_is_number(value) and math.isfinite(value) and value > 0):
+                raise GrpoError(f"{row.label} must be a positive finite number, got {value!r}")
         if self.clip is not None:
             if len(self.clip) != 2 or not all(_is_number(v) for v in self.clip):
                 raise GrpoError(f"--clip-advantage needs two numbers LO HI, got {self.clip!r}")
             low, high = self.clip
             if not (math.isfinite(low) and math.isfinite(high) and low <= high):
                 raise GrpoError(f"--clip-advantage needs finite LO <= HI, got {low} {high}")
-        if not _is_number(self.gpg_f_norm) or not (math.isfinite(self.gpg_f_norm) and self.gpg_f_norm > 0):
-            raise GrpoError(f"--gpg-f-norm must be a positive finite number, got {self.gpg_f_norm!r}")
         if self.estimator in ROW_BASELINE_ESTIMATORS and self.baseline != "mean":
             raise GrpoError(
                 f"--estimator {self.estimator} subtracts its own baseline; leave --baseline as mean"

@@ -28,38 +28,16 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from grpo_cli.choices import Aggregation, Preset
-from grpo_cli.config import DEFAULT_MEMORY_BUDGET, ComputeConfig
+from grpo_cli.choices import Preset
+from grpo_cli.config import ComputeConfig, resolve_config
 from grpo_cli.errors import GrpoError
 from grpo_cli.jobs import check_table, compute_table, summarize_table
-from grpo_cli.options import AdvantageOptions, RewardSpec
+from grpo_cli.option_table import keyword_of, keywords
+from grpo_cli.options import RewardSpec
 from grpo_cli.plan import RunPlan
 from grpo_cli.summary import RunSummary
 
 ROW_INDEX = "__grpo_cli_row__"  # carried through a filtering run to tell which rows were kept
-ADVANTAGE_OPTIONS = (
-    "estimator",
-    "epsilon",
-    "std",
-    "scale",
-    "baseline",
-    "epsilon_mode",
-    "singleton",
-    "nan",
-    "clip_advantage",
-    "gpg_f_norm",
-)
-RUN_OPTIONS = (
-    "reward_aggregation",
-    "stats_cols",
-    "drop_inactive",
-    "keep_mean_range",
-    "batch_col",
-    "length_col",
-    "baseline_col",
-    "device",
-    "batch_rows",
-)
 CONTAINERS = (
     "a pyarrow.Table or RecordBatch, polars.DataFrame or LazyFrame, pandas.DataFrame or datasets.Dataset"
 )
@@ -128,18 +106,6 @@ def summarize(
         return summarize_table(_to_arrow(data)[1], config)
 
 
-_KEYWORDS = frozenset(
-    {
-        "reward_col",
-        "group_col",
-        "group_size",
-        "preset",
-        "advantage_col",
-        "active_col",
-        "whiten",
-        "memory_limit_mb",
-    }
-)
 _FLAG = re.compile(r"--([a-z][a-z0-9-]*)")
 
 
@@ -149,11 +115,10 @@ def _in_keyword_words() -> Iterator[None]:
     try:
         yield
     except GrpoError as exc:
-        known = _KEYWORDS | set(ADVANTAGE_OPTIONS) | set(RUN_OPTIONS)
 
         def keyword(match: re.Match[str]) -> str:
-            name = match[1].replace("-", "_")
-            return f"{name}=" if name in known else match[0]
+            name = keyword_of(match[0])
+            return match[0] if name is None else f"{name}="
 
         message = _FLAG.sub(keyword, exc.message)
         if message == exc.message:
@@ -174,41 +139,24 @@ def _config(
     whiten: bool | str,
     options: dict[str, Any],
 ) -> ComputeConfig:
-    unknown = sorted(set(options) - set(ADVANTAGE_OPTIONS) - set(RUN_OPTIONS) - {"memory_limit_mb"})
+    signature = {"reward_col", "group_col", "group_size", "preset", "advantage_col", "active_col", "whiten"}
+    others = [name for name in keywords() if name not in signature]
+    unknown = sorted(set(options) - set(others))
     if unknown:
-        known = ", ".join(sorted((*ADVANTAGE_OPTIONS, *RUN_OPTIONS, "memory_limit_mb")))
-        raise TypeError(f"unexpected keyword argument {unknown[0]!r}; the options are {known}")
-    explicit = {name: options.get(name) for name in ADVANTAGE_OPTIONS}
-    advantage = AdvantageOptions.resolve(
-        preset=preset,
-        estimator=explicit.pop("estimator"),
-        clip=explicit.pop("clip_advantage"),
-        whiten=("unbiased" if whiten is True else None if whiten is False else whiten),
-        **explicit,
-    )
-    if group_size is not None and group_col != "group_id":
-        raise GrpoError("group_size and group_col cannot be used together")
-    if isinstance(group_col, str):
-        group_col = [group_col]
-    aggregation: Aggregation = options.get("reward_aggregation") or "sum-then-normalize"
-    memory_mb = options.get("memory_limit_mb")
-    return ComputeConfig(
-        rewards=_reward_specs(reward_col),
-        group_cols=() if group_size is not None else tuple(group_col),
-        group_size=group_size,
-        aggregation=aggregation,
-        advantage=advantage,
-        advantage_col=advantage_col,
-        active_col=active_col,
-        stats_cols=bool(options.get("stats_cols", False)),
-        drop_inactive=bool(options.get("drop_inactive", False)),
-        keep_mean_range=options.get("keep_mean_range"),
-        batch_col=options.get("batch_col"),
-        length_col=options.get("length_col"),
-        baseline_col=options.get("baseline_col"),
-        device=options.get("device") or "cpu",
-        batch_rows=options.get("batch_rows"),
-        memory_budget_bytes=DEFAULT_MEMORY_BUDGET if memory_mb is None else int(memory_mb) << 20,
+        raise TypeError(
+            f"unexpected keyword argument {unknown[0]!r}; the options are {', '.join(sorted(others))}"
+        )
+    return resolve_config(
+        {
+            **options,
+            "reward_col": _reward_specs(reward_col),
+            "group_col": None if group_col == "group_id" else group_col,
+            "group_size": group_size,
+            "preset": preset,
+            "advantage_col": advantage_col,
+            "active_col": active_col,
+            "whiten": whiten,
+        }
     )
 
 

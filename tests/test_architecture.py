@@ -56,6 +56,12 @@ def test_module_imports_only_what_the_map_allows(module):
     assert not extra, f"{module} imports {sorted(extra)}, which docs/architecture.md does not allow"
 
 
+@pytest.mark.parametrize("module", sorted(project_modules()))
+def test_every_allowance_on_the_map_is_used(module):
+    unused = documented_map()[module] - imported(project_modules()[module])
+    assert not unused, f"docs/architecture.md lets {module} import {sorted(unused)}, which it does not"
+
+
 def test_engines_are_siblings_and_only_jobs_runs_them():
     engines = {"engines.local", "engines.ray"}
     importers = {module: imported(path) & engines for module, path in project_modules().items()}

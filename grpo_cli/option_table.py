@@ -1,0 +1,726 @@
+"""Every option, declared once: its name, flags, help, type, default, what it sets, who takes it.
+
+The CLI's parameters (:mod:`grpo_cli.cli` builds each command's signature from these rows),
+the table API's keywords and their error wording (:mod:`grpo_cli.tables`), the translation
+into a :class:`~grpo_cli.config.ComputeConfig` (:func:`grpo_cli.config.resolve_config`), the
+validation of advantage options and the provenance record all read this table. Adding an
+option is one row here plus the code that uses its value.
+
+Plain data (standard library only): ``--help`` reads it without importing torch or pyarrow.
+
+>>> OPTIONS["gpg_f_norm"].flags
+('--gpg-f-norm',)
+>>> OPTIONS["gpg_f_norm"].target, OPTIONS["clip_advantage"].setting
+('advantage', 'clip')
+>>> [row.name for row in offered("inspect")]
+['debug']
+>>> keyword_of("--clip-advantage")
+'clip_advantage'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, get_args, get_origin
+
+from grpo_cli.choices import (
+    Aggregation,
+    Baseline,
+    Color,
+    Compression,
+    Engine,
+    EpsilonMode,
+    Estimator,
+    InputFormat,
+    NanPolicy,
+    Preset,
+    Renormalize,
+    RewardSum,
+    Scale,
+    Singleton,
+    Std,
+    Whiten,
+)
+
+Target = Literal["advantage", "config", "bounds", "verify", "run"]
+"""Where a value goes: an :class:`~grpo_cli.options.AdvantageOptions` field, a
+:class:`~grpo_cli.config.ComputeConfig` field, a :class:`~grpo_cli.checks.CheckBounds` field,
+a :class:`~grpo_cli.config.VerifySpec` field, or the command itself (how it runs and reports)."""
+
+SHARED = ("compute", "check")
+EVERY = ("compute", "check", "inspect")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option. ``default=None`` means "not given": the preset's, the recorded or the
+    configuration's default applies. ``flags=()``: no CLI flag (a preset or an estimator sets
+    it, or only the Python APIs take it). ``record``: its key in the provenance record (advantage
+    options are recorded by field); ``from_provenance``: ``check --verify`` takes it from the
+    record unless it is given. ``values``: the vocabulary of the field it sets, where the CLI
+    takes another type (``--whiten`` is a flag)."""
+
+    name: str
+    flags: tuple[str, ...]
+    help: str | Mapping[str, str]
+    kind: Any
+    default: Any = None
+    target: Target = "config"
+    field: str | None = None
+    panel: str | None = None
+    commands: tuple[str, ...] = SHARED
+    keyword: bool = True
+    positive_finite: bool = False
+    values: Any = None
+    record: str | None = None
+    from_provenance: bool = False
+    metavar: str | None = None
+    envvar: str | None = None
+    show_default: bool | str = True
+    min: float | None = None
+    max: float | None = None
+
+    @property
+    def label(self) -> str:
+        """How messages name the option: its long flag, or its name where it has none."""
+        return self.flags[0] if self.flags else self.name
+
+    @property
+    def setting(self) -> str:
+        """The field it sets in its target."""
+        return self.field or self.name
+
+    @property
+    def vocabulary(self) -> Any:
+        """The ``Literal`` of the values it takes where it is a choice (``None`` where not)."""
+        if self.values is not None:
+            return self.values
+        for part in (self.kind, *get_args(self.kind)):
+            if get_origin(part) is Literal:
+                return part
+        return None
+
+    def help_for(self, command: str) -> str:
+        return self.help if isinstance(self.help, str) else self.help[command]
+
+
+_ROWS = (
+    # ----------------------------------------------------------------- check's checks
+    Option(
+        "max_inactive_fraction",
+        ("--max-inactive-fraction",),
+        "Fail if more than F of the groups are inactive.",
+        float | None,
+        target="bounds",
+        panel="Checks",
+        commands=("check",),
+        keyword=False,
+        min=0.0,
+        max=1.0,
+    ),
+    Option(
+        "min_active_groups",
+        ("--min-active-groups",),
+        "Fail if fewer than N groups are active.",
+        int | None,
+        target="bounds",
+        panel="Checks",
+        commands=("check",),
+        keyword=False,
+        min=0,
+    ),
+    Option(
+        "min_groups",
+        ("--min-groups",),
+        "Fail if there are fewer than N groups.",
+        int | None,
+        target="bounds",
+        panel="Checks",
+        commands=("check",),
+        keyword=False,
+        min=0,
+    ),
+    Option(
+        "min_group_size",
+        ("--min-group-size",),
+        "Fail if any group has fewer than N rollouts.",
+        int | None,
+        target="bounds",
+        panel="Checks",
+        commands=("check",),
+        keyword=False,
+        min=1,
+    ),
+    Option(
+        "max_group_size",
+        ("--max-group-size",),
+        "Fail if any group has more than N rollouts.",
+        int | None,
+        target="bounds",
+        panel="Checks",
+        commands=("check",),
+        keyword=False,
+        min=1,
+    ),
+    Option(
+        "uniform_group_size",
+        ("--uniform-group-size",),
+        "Fail unless every group has the same size.",
+        bool,
+        False,
+        target="bounds",
+        panel="Checks",
+        commands=("check",),
+        keyword=False,
+    ),
+    Option(
+        "max_singleton_groups",
+        ("--max-singleton-groups",),
+        "Fail if more than N groups have one rollout.",
+        int | None,
+        target="bounds",
+        panel="Checks",
+        commands=("check",),
+        keyword=False,
+        min=0,
+    ),
+    Option(
+        "validate_pages",
+        ("--validate-pages",),
+        "Decode every page of every Parquet input, verifying page checksums where the writer wrote them; "
+        "fail on the first that does not decode (compute's splicing copies the bytes of columns it does "
+        "not read without decoding them).",
+        bool,
+        False,
+        target="bounds",
+        panel="Checks",
+        commands=("check",),
+        keyword=False,
+    ),
+    Option(
+        "verify_advantage_col",
+        ("--verify-advantage-col",),
+        "Recompute advantages with the chosen options or preset and compare them with this column.",
+        str | None,
+        target="run",
+        panel="Checks",
+        commands=("check",),
+        keyword=False,
+        metavar="NAME",
+    ),
+    Option(
+        "atol",
+        ("--atol",),
+        "Absolute tolerance for --verify-advantage-col.",
+        float,
+        1e-6,
+        target="verify",
+        panel="Checks",
+        commands=("check",),
+        keyword=False,
+        min=0.0,
+    ),
+    Option(
+        "rtol",
+        ("--rtol",),
+        "Relative tolerance for --verify-advantage-col.",
+        float,
+        1e-5,
+        target="verify",
+        panel="Checks",
+        commands=("check",),
+        keyword=False,
+        min=0.0,
+    ),
+    Option(
+        "verify",
+        ("--verify",),
+        "Recompute the advantage column a grpo-cli output records, with the options it records (its "
+        "provenance); options given beside it override them.",
+        bool,
+        False,
+        target="run",
+        panel="Checks",
+        commands=("check",),
+        keyword=False,
+    ),
+    Option(
+        "strict",
+        ("--strict",),
+        "With --verify-advantage-col: rows that differ only by a trainer's float rounding residue "
+        "(constant groups, identical other rollouts, float32 offsets) fail the check too.",
+        bool,
+        False,
+        target="verify",
+        panel="Checks",
+        commands=("check",),
+        keyword=False,
+    ),
+    # ----------------------------------------------------------------- compute's output path
+    Option(
+        "output",
+        ("--output", "-o"),
+        "Output Parquet file (.parquet); JSON lines (.jsonl, .jsonl.gz, .jsonl.zst; - for standard "
+        "output); or a directory: one Parquet shard per input shard.",
+        str,
+        ...,
+        target="run",
+        panel="Output",
+        commands=("compute",),
+        keyword=False,
+        metavar="PATH",
+        show_default=False,
+    ),
+    # ----------------------------------------------------------------- what is read
+    Option(
+        "reward_col",
+        ("--reward-col", "-r"),
+        "Reward column or nested field (reward.score), optionally NAME:WEIGHT; repeat for several rewards "
+        "(weighted sum).",
+        list[str] | None,
+        field="rewards",
+        panel="Input",
+        metavar="NAME[:WEIGHT]",
+        envvar="GRPO_CLI_REWARD_COL",
+        show_default="reward",
+        record="reward_cols",
+        from_provenance=True,
+    ),
+    Option(
+        "group_col",
+        ("--group-col", "-g"),
+        "Group key column or nested field (meta.prompt_id); a list or struct column groups on its exact "
+        "value; repeat for a composite key (e.g. prompt_id and step).",
+        list[str] | None,
+        field="group_cols",
+        panel="Input",
+        metavar="COL",
+        envvar="GRPO_CLI_GROUP_COL",
+        show_default="group_id",
+        record="group_cols",
+        from_provenance=True,
+    ),
+    Option(
+        "group_size",
+        ("--group-size",),
+        "Groups are consecutive blocks of N rows (instead of a key column).",
+        int | None,
+        panel="Input",
+        metavar="N",
+        min=1,
+        record="group_size",
+        from_provenance=True,
+    ),
+    Option(
+        "reward_aggregation",
+        ("--reward-aggregation",),
+        "With several rewards: normalise their weighted sum, or normalise each in its group and then sum "
+        "(GDPO).",
+        Aggregation | None,
+        field="aggregation",
+        panel="Input",
+        show_default="sum-then-normalize",
+        record="reward_aggregation",
+        from_provenance=True,
+    ),
+    # ----------------------------------------------------------------- how advantages are computed
+    Option(
+        "preset",
+        ("--preset",),
+        "Reproduce a trainer's GRPO convention; explicit options override it.",
+        Preset | None,
+        target="advantage",
+        panel="Advantage",
+        envvar="GRPO_CLI_PRESET",
+    ),
+    Option(
+        "estimator",
+        ("--estimator",),
+        "grpo: (r - mean) / std; dr_grpo: r - mean; rloo: r - mean of the others; "
+        "reinforce_plus_plus_baseline (verl), reinforce_baseline (OpenRLHF): r - mean, whitened over the "
+        "batch; gpg (verl): alpha (r - mean); remax (verl): r - --baseline-col; opo (verl): r - "
+        "length-weighted mean; grpo_passk (verl): the best rollout only. See the README's table.",
+        Estimator | None,
+        target="advantage",
+        panel="Advantage",
+        show_default="grpo",
+    ),
+    Option(
+        "epsilon",
+        ("--epsilon",),
+        "Added to the std.",
+        float | None,
+        target="advantage",
+        panel="Advantage",
+        positive_finite=True,
+        metavar="EPS",
+        show_default="1e-6",
+    ),
+    Option(
+        "std",
+        ("--std",),
+        "population (divide by n) or sample (n - 1).",
+        Std | None,
+        target="advantage",
+        panel="Advantage",
+        show_default="population",
+    ),
+    Option(
+        "scale",
+        ("--scale",),
+        "Divide by the group std, the batch std, or nothing.",
+        Scale | None,
+        target="advantage",
+        panel="Advantage",
+        show_default="group",
+    ),
+    Option(
+        "baseline",
+        (),
+        "mean: the group's mean; leave-one-out: the mean of the group's other rollouts.",
+        Baseline | None,
+        target="advantage",
+        commands=(),
+    ),
+    Option(
+        "epsilon_mode",
+        ("--epsilon-mode",),
+        "add: std + eps; clamp: max(std, eps); add-if-nonzero: divide only where std > 0.",
+        EpsilonMode | None,
+        target="advantage",
+        panel="Advantage",
+        show_default="add",
+    ),
+    Option(
+        "singleton",
+        ("--singleton",),
+        "One-rollout groups: zero, or raw (r / (1 + eps), verl).",
+        Singleton | None,
+        target="advantage",
+        panel="Advantage",
+        show_default="zero",
+    ),
+    Option(
+        "nan",
+        ("--nan",),
+        "Null, NaN or infinite rewards: error, or ignore (left out of the statistics, advantage 0).",
+        NanPolicy | None,
+        target="advantage",
+        panel="Advantage",
+        show_default="error",
+    ),
+    Option(
+        "whiten",
+        ("--whiten",),
+        "Whiten the advantages over each batch as verl's masked_whiten and ROLL do: "
+        "(A - mean) * rsqrt(unbiased var + 1e-8).",
+        bool,
+        False,
+        target="advantage",
+        panel="Advantage",
+        values=Whiten,
+    ),
+    Option(
+        "clip_advantage",
+        ("--clip-advantage",),
+        "Clamp the final advantages to [LO, HI] (ROLL's advantage_clip, NeMo-RL's advantage_clip_low/high).",
+        tuple[float, float] | None,
+        target="advantage",
+        field="clip",
+        panel="Advantage",
+        metavar="LO HI",
+    ),
+    Option(
+        "renormalize",
+        (),
+        "The batch re-normalisation of normalize-then-sum (set by the trl and nemo-rl presets).",
+        Renormalize | None,
+        target="advantage",
+        commands=(),
+        keyword=False,
+    ),
+    Option(
+        "reward_sum",
+        (),
+        "How several reward columns are added up (set by the trl preset: nansum).",
+        RewardSum | None,
+        target="advantage",
+        commands=(),
+        keyword=False,
+    ),
+    Option(
+        "batch_col",
+        ("--batch-col",),
+        "Training-batch column (e.g. step): --scale batch, whitening, GPG's alpha and the TRL/GDPO "
+        "re-normalisation use each batch's statistics. Each group must lie in one batch.",
+        str | None,
+        panel="Input",
+        metavar="COL",
+        show_default="the whole input is one batch",
+        record="batch_col",
+        from_provenance=True,
+    ),
+    Option(
+        "length_col",
+        ("--length-col",),
+        "Response length (tokens): whitening weighs each rollout by it, as the trainers whiten over tokens.",
+        str | None,
+        panel="Input",
+        metavar="COL",
+        record="length_col",
+        from_provenance=True,
+    ),
+    Option(
+        "baseline_col",
+        ("--baseline-col",),
+        "With --estimator remax: each row's baseline reward (the greedy rollout's).",
+        str | None,
+        panel="Input",
+        metavar="COL",
+        record="baseline_col",
+        from_provenance=True,
+    ),
+    Option(
+        "gpg_f_norm",
+        ("--gpg-f-norm",),
+        "With --estimator gpg: the divisor f_norm.",
+        float | None,
+        target="advantage",
+        panel="Advantage",
+        positive_finite=True,
+        metavar="F",
+        show_default="1",
+    ),
+    Option(
+        "device",
+        ("--device",),
+        "auto, cpu, cuda, cuda:N or mps (auto: CUDA, then MPS, then CPU).",
+        str,
+        "cpu",
+        panel="Engine",
+        metavar="DEVICE",
+        envvar="GRPO_CLI_DEVICE",
+        record="device",
+    ),
+    # ----------------------------------------------------------------- what is written
+    Option(
+        "advantage_col",
+        ("--advantage-col",),
+        "Name of the advantage column.",
+        str,
+        "advantage",
+        panel="Output",
+        commands=("compute",),
+        metavar="NAME",
+        record="advantage_col",
+    ),
+    Option(
+        "active_col",
+        ("--active-col",),
+        "Name of the per-row group-is-active column.",
+        str,
+        "group_active",
+        panel="Output",
+        commands=("compute",),
+        metavar="NAME",
+        record="active_col",
+    ),
+    Option(
+        "stats_cols",
+        ("--stats-cols",),
+        "Also write each row's group mean, std and size.",
+        bool,
+        False,
+        panel="Output",
+        commands=("compute",),
+        record="stats_cols",
+    ),
+    Option(
+        "drop_inactive",
+        ("--drop-inactive",),
+        "Leave out rollouts of inactive groups (DAPO dynamic sampling).",
+        bool,
+        False,
+        panel="Output",
+        commands=("compute",),
+        record="drop_inactive",
+    ),
+    Option(
+        "keep_mean_range",
+        ("--keep-mean-range",),
+        "Keep only groups whose mean reward lies in [LO, HI] (difficulty filter).",
+        tuple[float, float] | None,
+        panel="Output",
+        commands=("compute",),
+        metavar="LO HI",
+        record="keep_mean_range",
+    ),
+    Option(
+        "rewrite",
+        ("--rewrite",),
+        "Re-encode every column instead of splicing the new ones into a copy of each Parquet input's "
+        "bytes (e.g. to change --compression).",
+        bool,
+        False,
+        panel="Output",
+        commands=("compute",),
+        keyword=False,
+    ),
+    Option(
+        "compression",
+        ("--compression",),
+        "Codec of the columns grpo-cli encodes: the new ones (spliced), or all (--rewrite).",
+        Compression,
+        "snappy",
+        panel="Output",
+        commands=("compute",),
+        keyword=False,
+    ),
+    Option(
+        "summary_json",
+        ("--summary-json",),
+        "Write the summary as JSON to PATH, or - for standard output.",
+        str | None,
+        target="run",
+        panel="Output",
+        keyword=False,
+        metavar="PATH",
+    ),
+    Option(
+        "force",
+        ("--force", "-f"),
+        {"compute": "Overwrite an existing output.", "check": "Overwrite an existing --summary-json file."},
+        bool,
+        False,
+        target="run",
+        panel="Output",
+        keyword=False,
+    ),
+    Option(
+        "quiet",
+        ("--quiet", "-q"),
+        "No summary and no progress on standard error.",
+        bool,
+        False,
+        target="run",
+        panel="Run",
+        keyword=False,
+    ),
+    Option(
+        "input_format",
+        ("--input-format",),
+        "Override the format detected from the name (json: an array or lines, told by content).",
+        InputFormat | None,
+        panel="Input",
+        keyword=False,
+    ),
+    # ----------------------------------------------------------------- how the run goes
+    Option(
+        "memory_limit_mb",
+        ("--memory-limit-mb",),
+        "Inputs that decode to less than this are read once and kept in memory; larger ones stream in two "
+        "passes with bounded memory. 0 always streams.",
+        int,
+        1024,
+        field="memory_budget_bytes",
+        panel="Engine",
+        metavar="MB",
+        envvar="GRPO_CLI_MEMORY_LIMIT_MB",
+        min=0,
+    ),
+    Option(
+        "batch_rows",
+        ("--batch-rows",),
+        "Rows per record batch.",
+        int | None,
+        panel="Engine",
+        metavar="N",
+        show_default="about 64 MiB of data per batch",
+        min=1,
+    ),
+    Option(
+        "engine",
+        ("--engine",),
+        "local: this machine, streaming; ray: a Ray cluster with Ray Data.",
+        Engine,
+        "local",
+        target="run",
+        panel="Engine",
+        commands=("compute",),
+        keyword=False,
+    ),
+    Option(
+        "ray_address",
+        ("--ray-address",),
+        "With --engine ray: 'auto' or host:port joins a cluster.",
+        str | None,
+        target="run",
+        panel="Engine",
+        commands=("compute",),
+        keyword=False,
+        metavar="ADDRESS",
+        show_default="start a local Ray instance",
+    ),
+    Option(
+        "partitions",
+        ("--partitions",),
+        "With --engine ray: hash partitions of the group keys.",
+        int | None,
+        target="run",
+        panel="Engine",
+        commands=("compute",),
+        keyword=False,
+        metavar="N",
+        show_default="input size / 256 MiB",
+        min=1,
+    ),
+    Option(
+        "color",
+        ("--color",),
+        "Colour the report on standard error: auto (on a terminal, unless NO_COLOR is set), always, never.",
+        Color,
+        "auto",
+        target="run",
+        panel="Run",
+        keyword=False,
+    ),
+    Option(
+        "debug",
+        ("--debug",),
+        "Show the traceback of unexpected errors.",
+        bool,
+        False,
+        target="run",
+        panel="Run",
+        commands=EVERY,
+        keyword=False,
+    ),
+)
+
+OPTIONS: dict[str, Option] = {row.name: row for row in _ROWS}
+"""Every option by name, in the order the CLI's help lists them."""
+
+ADVANTAGE_FIELDS = {row.setting: row for row in _ROWS if row.target == "advantage"}
+"""The rows of :class:`~grpo_cli.options.AdvantageOptions`, by field (``clip``, not ``clip_advantage``)."""
+
+WHITEN_FLAG: dict[bool, Whiten | None] = {True: "unbiased", False: None}
+"""``--whiten`` is a flag: verl's and ROLL's unbiased whitening, or none given."""
+
+
+def offered(command: str) -> list[Option]:
+    """The rows ``command`` takes (``compute``, ``check``, ``inspect``), in help order."""
+    return [row for row in _ROWS if command in row.commands]
+
+
+def keywords() -> list[str]:
+    """The keywords of :func:`~grpo_cli.tables.add_advantages` and ``summarize``."""
+    return [row.name for row in _ROWS if row.keyword]
+
+
+def keyword_of(flag: str) -> str | None:
+    """The table API's keyword for a CLI flag (``--clip-advantage`` -> ``clip_advantage``)."""
+    for row in _ROWS:
+        if flag in row.flags and row.keyword:
+            return row.name
+    return None
