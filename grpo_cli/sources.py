@@ -50,6 +50,16 @@ _GLOB_CHARS = "*?["
 _MAGIC_COMPRESSION = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd"}
 
 
+@dataclass
+class ShardFindings:
+    """What reading a shard once settled, for this run's later reads of it (never kept past
+    the run: each run resolves its inputs into new shards)."""
+
+    longest_line: int = 0  # JSON lines: pyarrow's read block must hold a whole line
+    schema: pa.Schema | None = None  # JSON lines: the whole file's unified types, after a drift
+    exact_integers: set[str] = field(default_factory=set)  # schemas whose floats were scanned
+
+
 @dataclass(frozen=True)
 class Shard:
     """One input: a file, or (the table API) a table in memory.
@@ -65,8 +75,7 @@ class Shard:
     compression: str | None = None  # gzip or zstd (text formats)
     record_word: str = "line"
     table: pa.Table | None = field(default=None, compare=False, repr=False)
-    # what reading it once found (JSON lines: the longest line), for this run's later reads
-    found: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+    found: ShardFindings = field(default_factory=lambda: ShardFindings(), compare=False, repr=False)
 
     @property
     def gzipped(self) -> bool:
@@ -495,7 +504,7 @@ def _check_jsonl_nesting(shard: Shard, chunk_bytes: int = 32 << 20) -> None:
         while True:
             chunk = handle.read(chunk_bytes)
             if not chunk:
-                shard.found["longest_line"] = longest
+                shard.found.longest_line = longest
                 return
             chunk += handle.readline()
             data = np.frombuffer(chunk, dtype=np.uint8)
@@ -851,11 +860,11 @@ def jsonl_block_bytes(shard: Shard) -> int:
     >>> shard = Shard(Path("r.jsonl"), "r.jsonl", "jsonl", 0)
     >>> jsonl_block_bytes(shard) == JSONL_BLOCK_BYTES
     True
-    >>> shard.found["longest_line"] = 20 << 20
+    >>> shard.found.longest_line = 20 << 20
     >>> jsonl_block_bytes(shard) >> 20
     32
     """
-    longest = shard.found.get("longest_line", 0)
+    longest = shard.found.longest_line
     block = JSONL_BLOCK_BYTES
     while block <= longest:
         block *= 2
@@ -864,7 +873,7 @@ def jsonl_block_bytes(shard: Shard) -> int:
 
 class _JsonlReader(_TextReader["pa_json.JSONStreamingReader"]):
     def _open(self, stream: pa.NativeFile) -> pa_json.JSONStreamingReader:
-        schema = _UNIFIED_JSONL_SCHEMAS.get(_file_key(self.shard))
+        schema = self.shard.found.schema
         return pa_json.open_json(
             stream,
             read_options=pa_json.ReadOptions(block_size=jsonl_block_bytes(self.shard)),
@@ -872,11 +881,7 @@ class _JsonlReader(_TextReader["pa_json.JSONStreamingReader"]):
         )
 
     def _error(self, exc: BaseException) -> Exception:
-        if (
-            isinstance(exc, Exception)
-            and _is_schema_drift(exc)
-            and _file_key(self.shard) not in _UNIFIED_JSONL_SCHEMAS
-        ):
+        if isinstance(exc, Exception) and _is_schema_drift(exc) and self.shard.found.schema is None:
             return JsonlSchemaDrift(self.shard)
         return _jsonl_error(self.shard, exc)
 
@@ -912,7 +917,7 @@ def _jsonl_batches(shard: Shard, columns: list[str] | None) -> Iterator[pa.Recor
             except StopIteration:
                 return
             except (pa.ArrowException, OSError) as exc:
-                if _is_schema_drift(exc) and _file_key(shard) not in _UNIFIED_JSONL_SCHEMAS:
+                if _is_schema_drift(exc) and shard.found.schema is None:
                     raise JsonlSchemaDrift(shard) from None
                 raise _jsonl_error(shard, exc) from None
             yield batch.select(columns) if columns is not None else batch
@@ -1030,15 +1035,6 @@ def csv_line_of_record(shard: Shard, record: int) -> int | None:
     return None
 
 
-_UNIFIED_JSONL_SCHEMAS: dict[tuple[str, int, float], pa.Schema] = {}
-_EXACT_INTEGERS_CHECKED: set[tuple[tuple[str, int, float], str]] = set()
-
-
-def _file_key(shard: Shard) -> tuple[str, int, float]:
-    stat = shard.path.stat()
-    return str(shard.path), stat.st_size, stat.st_mtime
-
-
 def _is_schema_drift(exc: Exception) -> bool:
     text = str(exc)
     return (
@@ -1050,7 +1046,8 @@ def _is_schema_drift(exc: Exception) -> bool:
 
 
 def unify_jsonl_schema(shard: Shard, chunk_bytes: int = 32 << 20) -> pa.Schema:
-    """The types and fields of the whole file: each line-aligned chunk inferred, then unified."""
+    """The types and fields of the whole file: each line-aligned chunk inferred, then unified;
+    recorded on the shard (``shard.found.schema``) for the run's next attempt."""
     schemas = []
     with _open_jsonl(shard) as handle:
         while True:
@@ -1070,7 +1067,7 @@ def unify_jsonl_schema(shard: Shard, chunk_bytes: int = 32 << 20) -> pa.Schema:
         raise GrpoError(
             f"{shard.display}: a column holds values of incompatible types ({_first_line(exc)})"
         ) from None
-    _UNIFIED_JSONL_SCHEMAS[_file_key(shard)] = schema
+    shard.found.schema = schema
     return schema
 
 
@@ -1085,8 +1082,8 @@ def _check_exact_integers(shard: Shard, schema: pa.Schema, chunk_bytes: int = 32
     with floats. A fast scan finds the lines with long digit runs; only those are parsed.
     """
     floating = [f for f in schema if holds_type(f.type, pa.types.is_floating)]
-    key = (_file_key(shard), str(schema))
-    if not floating or key in _EXACT_INTEGERS_CHECKED:
+    key = str(schema)
+    if not floating or key in shard.found.exact_integers:
         return
     line_offset = 0
     with _open_jsonl(shard) as handle:
@@ -1115,7 +1112,7 @@ def _check_exact_integers(shard: Shard, schema: pa.Schema, chunk_bytes: int = 32
                             f"{column.type}); write it as a string"
                         )
             line_offset += chunk.count(b"\n")
-    _EXACT_INTEGERS_CHECKED.add(key)
+    shard.found.exact_integers.add(key)
 
 
 def _inexact_integer(value: Any, data_type: pa.DataType) -> int | None:

@@ -164,6 +164,38 @@ def test_a_type_change_after_the_first_block_is_settled_by_reading_the_whole_fil
         assert values.column("reward").to_pylist()[-2:] == [1.0, 0.5]
 
 
+def _module_state() -> dict[str, int]:
+    """The size of every mutable container held at module level by a grpo_cli module."""
+    import sys
+
+    state = {}
+    for name, module in list(sys.modules.items()):
+        if name.startswith("grpo_cli"):
+            for attribute, value in vars(module).items():
+                if isinstance(value, dict | set | list) and not attribute.startswith("__"):
+                    state[f"{name}.{attribute}"] = len(value)
+    return state
+
+
+def test_a_run_leaves_no_state_behind_for_the_next(tmp_path, monkeypatch):
+    """What a run settles (a drifting file's types, its scanned integers, its longest line)
+    lives on the run's shards: a later run in the same process reads the file afresh."""
+    from grpo_cli.jobs import compute_dataset
+
+    monkeypatch.setattr(sources, "JSONL_BLOCK_BYTES", 1024)
+    rows = [{"group_id": i // 2, "reward": 1} for i in range(200)] + [{"group_id": 100, "reward": 0.5}]
+    warm = write_jsonl(tmp_path / "warm.jsonl", rows)
+    path = write_jsonl(tmp_path / "drift.jsonl", rows)
+    config = ComputeConfig(rewards=("reward",))
+    compute_dataset(warm, tmp_path / "warm.parquet", config, force=True)  # imports every module used
+    before = _module_state()
+    compute_dataset(path, tmp_path / "a.parquet", config, force=True)
+    assert _module_state() == before
+    with InputSet(str(path)) as inputs:
+        (shard,) = inputs.shards
+        assert shard.found.schema is None and not shard.found.exact_integers
+
+
 # --------------------------------------------------------------------------- read-ahead
 
 

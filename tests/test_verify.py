@@ -342,3 +342,57 @@ def test_an_offset_groups_residue_bound_is_inclusive():
         pa.array([-0.7071 + bound, 0.7071 + bound * 1.001], pa.float64()), exact, rewards, ids, SHARD, 0
     )
     assert (verifier.residue, verifier.mismatched) == (1, 1)
+
+
+def _documented_bound(verifier, groups, expected, options):
+    """The bound ``Verifier._trainer_rounding`` documents, row by row in float64 Python."""
+    leave_one_out = options.baseline == "leave-one-out"
+    divisors = verifier._divisor.tolist()
+    out, row = [], 0
+    for g, group in enumerate(groups):
+        n, m, mean = len(group), max(abs(v) for v in group), sum(group) / len(group)
+        terms = n - 1 if leave_one_out else n
+        for r in group:
+            size = abs(expected[row])
+            row += 1
+            if n <= 1:
+                out.append(8 * U * size)
+                continue
+            centred = (r - mean) * (n / max(n - 1, 1) if leave_one_out else 1)
+            divisor = divisors[g]
+            if options.scale != "none" and size > 0 and centred != 0:
+                divisor = abs(centred) / size
+            deviation = max(divisor - options.epsilon, 0.0) if options.scale != "none" else divisor
+            if options.scale == "none":
+                relative = 0.0
+            elif options.epsilon_mode == "add-if-nonzero" or leave_one_out:
+                relative = 3 * (terms + 3) * U * m**2 / (2 * deviation**2)
+            else:
+                relative = (terms + 3) * U
+            out.append(8 * ((terms + 2) * U * m / divisor + size * (relative + 2 * U)))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("options", "groups"),
+    [
+        ({"preset": "verl"}, [[0.0, 1.0], [0.0, 1.0, 2.0]]),  # two rows; a row on the mean
+        ({"preset": "nemo-rl"}, [[0.0, 1.0], [1000.0, 1001.0, 1003.0]]),  # leave-one-out of two; large |r|
+        ({"preset": "nemo-rl", "scale": "none"}, [[0.0, 1.0, 4.0]]),
+        ({"std": "population", "epsilon_mode": "add-if-nonzero"}, [[300.0, 301.0, 302.5, 300.0]]),
+        ({"preset": "verl", "scale": "none"}, [[0.0, 1.0, 4.0], [2.0, 2.5]]),
+    ],
+)
+def test_trainer_rounding_is_its_documented_bound_on_every_branch(options, groups):
+    resolved = AdvantageOptions.resolve(**options)
+    verifier, rewards, ids, _ = _verifier(groups, **options)
+    from grpo_cli.api import group_advantages
+
+    expected = torch.cat(
+        [group_advantages(torch.tensor([g], dtype=torch.float64), **options)["advantages"][0] for g in groups]
+    )
+    got = _bound(verifier, rewards, ids, expected)
+    assert got == pytest.approx(
+        _documented_bound(verifier, groups, expected.tolist(), resolved), rel=1e-12, abs=0
+    )
+    assert all(b > 0 for b in got)
