@@ -27,21 +27,22 @@ except ImportError:  # pragma: no cover - Typer on the Click package
 
 from grpo_cli import __version__
 from grpo_cli.choices import Color
-from grpo_cli.errors import GrpoError
+from grpo_cli.errors import (
+    EXIT_BROKEN_PIPE,
+    EXIT_CHECK_FAILED,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    EXIT_WRITTEN_THEN_FAILED,
+    GrpoError,
+)
 from grpo_cli.option_table import Option, offered
 
 if TYPE_CHECKING:
     from grpo_cli.config import ComputeConfig, VerifySpec
     from grpo_cli.progress import RichProgress
     from grpo_cli.summary import RunSummary
-
-EXIT_OK = 0
-EXIT_CHECK_FAILED = 1
-EXIT_USAGE = 2
-EXIT_WRITTEN_THEN_FAILED = 3
-EXIT_INTERNAL = 70
-EXIT_INTERRUPTED = 130
-EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a Unix tool killed by a closed pipe
 
 EXIT_CODES_HELP = (
     "**Exit codes:** 0 success, 1 a check failed, 2 usage or input error (nothing written), "

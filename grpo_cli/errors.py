@@ -1,6 +1,14 @@
-"""The project's one exception type."""
+"""The project's one exception type, and the exit codes it maps to."""
 
 from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_USAGE = 2
+EXIT_WRITTEN_THEN_FAILED = 3
+EXIT_INTERNAL = 70
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a Unix tool killed by a closed pipe
 
 
 class GrpoError(ValueError):
@@ -13,7 +21,12 @@ class GrpoError(ValueError):
     I/O layer's bad-input errors alike.
     """
 
-    def __init__(self, message: str, *, exit_code: int = 2) -> None:
+    def __init__(self, message: str, *, exit_code: int = EXIT_USAGE) -> None:
         super().__init__(message)
         self.message = message
         self.exit_code = exit_code
+
+
+def os_reason(exc: OSError) -> str:
+    """``No space left on device`` and the like, for one-line messages."""
+    return exc.strerror or str(exc)

@@ -25,39 +25,17 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from grpo_cli.errors import GrpoError
+from grpo_cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, EXIT_WRITTEN_THEN_FAILED, GrpoError, os_reason
+from grpo_cli.file_names import PARQUET_SUFFIXES, PROVENANCE_KEY
+from grpo_cli.scratch import scratch_file
 
-PARQUET_SUFFIXES = (".parquet", ".pq")
-JSONL_OUTPUT_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz", ".jsonl.zst", ".ndjson.zst")
-PROVENANCE_KEY = b"grpo_cli"
-# Data formats grpo-cli does not read: refused in an input directory or glob rather than
-# skipped, so that no rows are left out silently.
-OTHER_DATA_SUFFIXES = (
-    ".json",
-    ".csv",
-    ".tsv",
-    ".arrow",
-    ".feather",
-    ".ipc",
-    ".gz",
-    ".zst",
-    ".bz2",
-    ".xz",
-    ".orc",
-    ".avro",
-)
-# Names grpo-cli cannot honour as a Parquet output: a data format of another kind.
-FOREIGN_SUFFIXES = (".jsonl", ".ndjson", ".txt", ".zip", *OTHER_DATA_SUFFIXES)
 _TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<token>[0-9a-f]{12})\.(?P<kind>tmp|old)$")
-_SPOOL_PREFIX = "grpo-cli-spool-"
-_SPOOL_NAME = re.compile(r"^grpo-cli-spool-(?P<pid>\d+)-[0-9a-f]{12}$")
 
 
 def resolve(path: str | os.PathLike[str]) -> Path:
@@ -248,7 +226,7 @@ class StdoutClaim(Claim):
 
     def temp_path(self) -> Path:
         if self._temp is None:
-            self._temp = _scratch_file("-o -")
+            self._temp = scratch_file("-o -")
         return self._temp
 
     def commit(self, *, force: bool) -> None:
@@ -262,7 +240,7 @@ class StdoutClaim(Claim):
         except OSError as exc:
             raise GrpoError(
                 f"standard output: cannot write the rows ({os_reason(exc)}); what reached it is incomplete",
-                exit_code=3,
+                exit_code=EXIT_WRITTEN_THEN_FAILED,
             ) from None
         finally:
             self.committed = True  # from the first byte on, standard output was written
@@ -417,29 +395,6 @@ def is_grpo_cli_shard(path: Path) -> bool:
     return PROVENANCE_KEY in metadata
 
 
-def output_format(path: str) -> str:
-    """``jsonl`` for ``-`` (standard output) and .jsonl/.ndjson names (.gz, .zst), else ``parquet``."""
-    return "jsonl" if path == "-" or Path(path).name.lower().endswith(JSONL_OUTPUT_SUFFIXES) else "parquet"
-
-
-def output_is_directory(path: str) -> bool:
-    """``-o`` names one file when it ends in .parquet, .pq or a JSONL suffix (or is ``-``),
-    else a directory of Parquet shards.
-
-    A name grpo-cli cannot honour (another data format) is refused.
-    """
-    name = Path(path).name.lower()
-    if path == "-" or name.endswith(PARQUET_SUFFIXES + JSONL_OUTPUT_SUFFIXES):
-        return False
-    for suffix in FOREIGN_SUFFIXES:
-        if name.endswith(suffix):
-            raise GrpoError(
-                f"{path}: grpo-cli writes Parquet or JSON lines; name a .parquet or .jsonl file, or a "
-                f"directory (without a {suffix} suffix) for one Parquet shard per input"
-            )
-    return True
-
-
 def fsync_path(path: Path, *, directory: bool = False) -> None:
     flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0)
     try:
@@ -478,86 +433,17 @@ def reported_after_commit(claim: Claim | None) -> Iterator[None]:
     try:
         yield
     except GrpoError as exc:
-        if claim is not None and claim.committed and exc.exit_code == 2:
-            raise GrpoError(f"{exc.message}; the output {claim.display} was written", exit_code=3) from None
+        if claim is not None and claim.committed and exc.exit_code == EXIT_USAGE:
+            raise GrpoError(
+                f"{exc.message}; the output {claim.display} was written", exit_code=EXIT_WRITTEN_THEN_FAILED
+            ) from None
         raise
     except KeyboardInterrupt:
         if claim is not None and claim.committed:
             raise GrpoError(
-                f"interrupted after the output {claim.display} was written", exit_code=130
+                f"interrupted after the output {claim.display} was written", exit_code=EXIT_INTERRUPTED
             ) from None
         raise
-
-
-# --------------------------------------------------------------------------- spooled input
-
-
-@contextlib.contextmanager
-def spool(
-    stream: IO[bytes] | None, *, label: str, write: Callable[[IO[bytes]], None] | None = None
-) -> Iterator[Path]:
-    """Copy a stream that can be read only once (stdin, a pipe) to a private temporary file,
-    or fill one with ``write`` (a JSON array turned into lines).
-
-    The file lives in the system's temporary folder, is removed on every exit path, and
-    spools that killed runs left behind (their process is gone) are removed first.
-    """
-    if write is None:
-        assert stream is not None
-        source = stream
-
-        def write(out: IO[bytes]) -> None:
-            shutil.copyfileobj(source, out, 1 << 20)
-
-    path = _scratch_file(label)
-    try:
-        with open(path, "wb") as out:
-            write(out)
-    except OSError as exc:
-        path.unlink(missing_ok=True)
-        raise GrpoError(f"{label}: cannot copy the input to a temporary file ({os_reason(exc)})") from None
-    except BaseException:
-        path.unlink(missing_ok=True)
-        raise
-    try:
-        yield path
-    finally:
-        path.unlink(missing_ok=True)
-
-
-def _scratch_file(label: str) -> Path:
-    """A new private file in the system's temporary folder, named so that a later run
-    removes it if this process dies (see :func:`remove_stale_spools`)."""
-    folder = Path(tempfile.gettempdir())
-    remove_stale_spools(folder)
-    path = folder / f"{_SPOOL_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    try:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    except OSError as exc:
-        raise GrpoError(f"{label}: cannot create a temporary file in {folder} ({os_reason(exc)})") from None
-    return path
-
-
-def remove_stale_spools(folder: Path) -> None:
-    try:
-        entries = list(folder.iterdir())
-    except OSError:
-        return
-    for entry in entries:
-        match = _SPOOL_NAME.match(entry.name)
-        if match is not None and not _process_alive(int(match["pid"])):
-            with contextlib.suppress(OSError):
-                entry.unlink()
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # --------------------------------------------------------------------------- helpers
@@ -589,26 +475,3 @@ def _remove(path: Path) -> None:
     else:
         with contextlib.suppress(OSError):
             path.unlink()
-
-
-def os_reason(exc: OSError) -> str:
-    """``No space left on device`` and the like, for one-line messages."""
-    return exc.strerror or str(exc)
-
-
-__all__ = [
-    "OTHER_DATA_SUFFIXES",
-    "PROVENANCE_KEY",
-    "Claim",
-    "ProtectedInputs",
-    "StdoutClaim",
-    "WriteGuard",
-    "is_grpo_cli_shard",
-    "os_reason",
-    "output_format",
-    "output_is_directory",
-    "reported_after_commit",
-    "resolve",
-    "spool",
-    "write_text",
-]

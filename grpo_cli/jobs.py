@@ -17,11 +17,11 @@ import pyarrow as pa
 
 from grpo_cli.checks import CheckBounds, evaluate_checks
 from grpo_cli.config import ComputeConfig
+from grpo_cli.file_names import output_is_directory
 from grpo_cli.guard import (
     Claim,
     ProtectedInputs,
     WriteGuard,
-    output_is_directory,
     reported_after_commit,
     write_text,
 )

@@ -33,9 +33,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from grpo_cli.columns import holds_type
-from grpo_cli.errors import GrpoError
-from grpo_cli.guard import PROVENANCE_KEY, Claim, os_reason, output_format
-from grpo_cli.sources import READ_SUFFIXES, Shard
+from grpo_cli.errors import GrpoError, os_reason
+from grpo_cli.file_names import PROVENANCE_KEY, READ_SUFFIXES, output_format
+from grpo_cli.guard import Claim
+from grpo_cli.sources import Shard
 from grpo_cli.splice import SplicedFile, SpliceRefused
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ import torch
 from grpo_cli.columns import MAX_NESTING, field_type, is_numeric_type, leaf_fields, nesting_depth
 from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError
-from grpo_cli.guard import PROVENANCE_KEY
+from grpo_cli.file_names import PROVENANCE_KEY
 from grpo_cli.kernel import (
     BatchTransform,
     GroupStats,

@@ -33,18 +33,19 @@ import pyarrow.parquet as pq
 from grpo_cli.choices import InputFormat, check_choice
 from grpo_cli.columns import MAX_NESTING, holds_type
 from grpo_cli.errors import GrpoError
-from grpo_cli.guard import OTHER_DATA_SUFFIXES, PROVENANCE_KEY, ProtectedInputs, spool
-
-PARQUET_SUFFIXES = (".parquet", ".pq")
-ARROW_SUFFIXES = (".arrow", ".feather", ".ipc")
-COMPRESSION_SUFFIXES = {".gz": "gzip", ".zst": "zstd"}
-TEXT_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv"}
-JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz", ".jsonl.zst", ".ndjson.zst")
-READ_SUFFIXES = (
-    *PARQUET_SUFFIXES,
-    *ARROW_SUFFIXES,
-    *(text + comp for text in TEXT_SUFFIXES for comp in ("", *COMPRESSION_SUFFIXES)),
+from grpo_cli.file_names import (
+    ARROW_SUFFIXES,
+    COMPRESSION_SUFFIXES,
+    JSONL_SUFFIXES,
+    OTHER_DATA_SUFFIXES,
+    PARQUET_SUFFIXES,
+    PROVENANCE_KEY,
+    READ_SUFFIXES,
+    TEXT_SUFFIXES,
 )
+from grpo_cli.guard import ProtectedInputs
+from grpo_cli.scratch import spool
+
 JSONL_BLOCK_BYTES = 8 << 20
 _GLOB_CHARS = "*?["
 _MAGIC_COMPRESSION = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd"}

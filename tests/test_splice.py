@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from thrift.Thrift import TType
 
 from grpo_cli.config import ComputeConfig
-from grpo_cli.guard import PROVENANCE_KEY
+from grpo_cli.file_names import PROVENANCE_KEY
 from grpo_cli.jobs import compute_dataset
 from grpo_cli.splice import Field, read_footer, read_struct, write_struct
 

@@ -43,7 +43,8 @@ import torch
 
 from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError
-from grpo_cli.guard import PROVENANCE_KEY, Claim, ProtectedInputs, output_is_directory
+from grpo_cli.file_names import PROVENANCE_KEY, output_is_directory
+from grpo_cli.guard import Claim, ProtectedInputs
 from grpo_cli.kernel import (
     GroupStats,
     WeightedMoments,
