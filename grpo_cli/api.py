@@ -1,19 +1,36 @@
-"""The tensor-level front door: :func:`group_advantages` with trainer presets.
+"""The tensor-level front door: :func:`group_advantages` with trainer presets and every estimator.
 
 It resolves ``preset=`` and ``estimator=`` into the kernel's options (defaults, then the
-preset, then the estimator, then explicit keywords) and calls
-:func:`grpo_cli.kernel.normalize_in_groups`, which stays pure torch. Jobs over files
-(``compute_dataset``, ``check_dataset``) are in :mod:`grpo_cli.jobs`.
+preset, then the estimator, then explicit keywords). An estimator that the group
+normalisation alone computes (grpo, dr_grpo, rloo) goes straight to
+:func:`grpo_cli.kernel.normalize_in_groups`, on the tensors' device. The others need a step
+over the whole batch, a per-row input or the rows' order: they run through the CLI's own
+in-memory engine (the table API's path), so that every entry point computes each estimator
+exactly as ``grpo-cli compute`` does. Jobs over files are in :mod:`grpo_cli.jobs`.
 """
 
 from __future__ import annotations
 
+import re
+from typing import TYPE_CHECKING
+
+import torch
 from torch import Tensor
 
 from grpo_cli import kernel
 from grpo_cli.choices import Baseline, EpsilonMode, Estimator, NanPolicy, Preset, Scale, Singleton, Std
 from grpo_cli.errors import GrpoError
-from grpo_cli.options import ESTIMATOR_NEEDS, AdvantageOptions
+from grpo_cli.option_table import keyword_of
+from grpo_cli.options import ESTIMATOR_SPECS, AdvantageOptions
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from grpo_cli.config import ComputeConfig
+
+PER_ROW = {"lengths": "--length-col", "baselines": "--baseline-col", "batch_ids": "--batch-col"}
+"""The tensor API's per-row inputs and the CLI options whose columns they stand for."""
+_COLUMNS = {"lengths": "length", "baselines": "baseline", "batch_ids": "batch"}
 
 
 def group_advantages(
@@ -30,32 +47,38 @@ def group_advantages(
     epsilon_mode: EpsilonMode | None = None,
     singleton: Singleton | None = None,
     nan: NanPolicy | None = None,
+    lengths: Tensor | None = None,
+    baselines: Tensor | None = None,
+    batch_ids: Tensor | None = None,
 ) -> kernel.GroupAdvantages:
-    """GRPO advantages, optionally in a trainer's convention (``preset="trl"``, ...).
+    """GRPO-family advantages, optionally in a trainer's convention (``preset="trl"``, ...).
 
     Same call forms, shapes, dtypes and result as :func:`grpo_cli.kernel.normalize_in_groups`;
-    ``epsilon`` defaults to 1e-6, or to the preset's. ``estimator`` is ``"grpo"``,
-    ``"dr_grpo"`` (no division) or ``"rloo"`` (leave-one-out baseline, no division); the
-    others need more than rewards and groups (a batch whitening, lengths, a baseline column)
-    and are refused here with what they need: :func:`grpo_cli.add_advantages` computes them.
-    Options given explicitly override the preset and the estimator.
+    ``epsilon`` defaults to 1e-6, or to the preset's. Options given explicitly override the
+    preset and the estimator. Every ``--estimator`` is computed as the CLI computes it:
 
-    >>> import torch
+    * ``lengths``: each rollout's response length, the rewards' shape: OPO's baseline (required
+      for ``estimator="opo"``), or the weights of a whitening estimator's batch statistics;
+    * ``baselines``: each rollout's baseline reward (required for ``estimator="remax"``);
+    * ``batch_ids``: each rollout's training batch (integers; default: one batch), for a batch
+      whitening, GPG's alpha and ``scale="batch"``. Each group must lie in one batch.
+
+    ``grpo_passk`` gives its advantage to each group's first best rollout in row order (row-major
+    for 2-D rewards). The advantages are float64 on the CPU inside, then the rewards' dtype and
+    device, as for every other estimator.
+
     >>> r = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
     >>> group_advantages(r, preset="nemo-rl")["advantages"]  # the others of row 0 are constant
     tensor([[ 1.0000, -0.5773, -0.5773, -0.5773]])
     >>> group_advantages(r, estimator="rloo")["advantages"]
     tensor([[ 1.0000, -0.3333, -0.3333, -0.3333]])
+    >>> group_advantages(r, estimator="opo", lengths=torch.tensor([[3.0, 1.0, 1.0, 1.0]]))["advantages"]
+    tensor([[ 0.5000, -0.5000, -0.5000, -0.5000]])
     >>> group_advantages(r, estimator="opo")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    grpo_cli.errors.GrpoError: estimator='opo' needs each row's response length (length_col=), ...
+    grpo_cli.errors.GrpoError: estimator='opo' needs lengths= (its baseline is the length-weighted ...
     """
-    if estimator is not None and estimator in ESTIMATOR_NEEDS:
-        raise GrpoError(
-            f"estimator={estimator!r} needs {ESTIMATOR_NEEDS[estimator]}, which group_advantages does not "
-            "take; use grpo_cli.add_advantages"
-        )
     options = AdvantageOptions.resolve(
         preset=preset,
         estimator=estimator,
@@ -67,15 +90,126 @@ def group_advantages(
         singleton=singleton,
         nan=nan,
     )
-    return kernel.normalize_in_groups(
-        rewards,
-        group_ids,
-        options.epsilon,
-        group_size=group_size,
-        std=options.std,
-        scale=options.scale,
-        baseline=options.baseline,
-        epsilon_mode=options.epsilon_mode,
-        singleton=options.singleton,
-        nan=options.nan,
+    per_row = {"lengths": lengths, "baselines": baselines, "batch_ids": batch_ids}
+    spec = ESTIMATOR_SPECS[options.estimator]
+    for name, needed in (("lengths", "row_lengths"), ("baselines", "row_baselines")):
+        if needed in spec.needs and per_row[name] is None:
+            raise GrpoError(
+                f"estimator={options.estimator!r} needs {name}= ({spec.row_input}, shape of rewards)"
+            )
+    if spec.group_only and all(value is None for value in per_row.values()):
+        return kernel.normalize_in_groups(
+            rewards,
+            group_ids,
+            options.epsilon,
+            group_size=group_size,
+            std=options.std,
+            scale=options.scale,
+            baseline=options.baseline,
+            epsilon_mode=options.epsilon_mode,
+            singleton=options.singleton,
+            nan=options.nan,
+        )
+    return _through_the_engine(rewards, group_ids, group_size, options, per_row)
+
+
+def _through_the_engine(
+    rewards: Tensor,
+    group_ids: Tensor | None,
+    group_size: int | None,
+    options: AdvantageOptions,
+    per_row: dict[str, Tensor | None],
+) -> kernel.GroupAdvantages:
+    """The CLI's in-memory engine over a table of these tensors, its result as tensors."""
+    import numpy as np
+    import pyarrow as pa
+
+    from grpo_cli.jobs import compute_table
+
+    flat, ids, num_groups = kernel.flat_groups(rewards, group_ids, group_size=group_size)
+    columns: dict[str, pa.Array] = {
+        "reward": _arrow_floats(flat),
+        "group_id": pa.array(ids.cpu().numpy()),
+    }
+    for name, values in per_row.items():
+        if values is not None:
+            columns[_COLUMNS[name]] = _per_row_column(name, values, rewards)
+    try:
+        config = _engine_config(options, per_row, str(rewards.device))
+        result = compute_table(pa.table(columns), config)
+    except GrpoError as exc:
+        raise GrpoError(_in_tensor_words(exc.message), exit_code=exc.exit_code) from None
+    advantages = torch.from_numpy(np.array(result.column("advantage").to_numpy(), dtype=np.float64))
+    active_rows = torch.from_numpy(result.column("group_active").to_numpy(zero_copy_only=False).copy())
+    mask = torch.zeros(num_groups, dtype=torch.bool)
+    mask[ids.cpu()[active_rows]] = True
+    mask = mask.to(rewards.device)
+    return kernel.GroupAdvantages(
+        advantages=advantages.to(rewards.device, rewards.dtype).view(rewards.shape),
+        active_group_mask=mask,
+        active_group_count=int(mask.sum()),
     )
+
+
+def _engine_config(
+    options: AdvantageOptions, per_row: dict[str, Tensor | None], device: str
+) -> ComputeConfig:
+    from grpo_cli.config import ComputeConfig
+    from grpo_cli.options import RewardSpec
+
+    given = {name: _COLUMNS[name] for name, values in per_row.items() if values is not None}
+    return ComputeConfig(
+        rewards=(RewardSpec("reward"),),
+        group_cols=("group_id",),
+        advantage=options,
+        device=device,
+        length_col=given.get("lengths"),
+        baseline_col=given.get("baselines"),
+        batch_col=given.get("batch_ids"),
+    )
+
+
+def _arrow_floats(values: Tensor) -> pa.Array:
+    """A float column of the same values: bfloat16, which Arrow lacks, as float64 (exact)."""
+    import pyarrow as pa
+
+    if values.dtype == torch.bfloat16:
+        values = values.to(torch.float64)
+    return pa.array(values.detach().cpu().numpy())
+
+
+def _per_row_column(name: str, values: Tensor, rewards: Tensor) -> pa.Array:
+    import pyarrow as pa
+
+    if not isinstance(values, Tensor):
+        raise GrpoError(f"{name}= must be a torch.Tensor, got {type(values).__name__}")
+    if values.shape != rewards.shape:
+        raise GrpoError(
+            f"{name}= must have the rewards' shape {tuple(rewards.shape)}, got {tuple(values.shape)}"
+        )
+    flat = values.reshape(-1)
+    if name == "batch_ids":
+        if values.dtype.is_floating_point or values.dtype.is_complex:
+            raise GrpoError(f"batch_ids= must be an integer tensor, got dtype {values.dtype}")
+        return pa.array(flat.detach().cpu().to(torch.int64).numpy())
+    if not (values.dtype.is_floating_point or values.dtype in _INTEGERS):
+        raise GrpoError(f"{name}= must be a numeric tensor, got dtype {values.dtype}")
+    return _arrow_floats(flat) if values.dtype.is_floating_point else pa.array(flat.detach().cpu().numpy())
+
+
+_INTEGERS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+_FLAG = re.compile(r"--[a-z][a-z0-9-]*")
+
+
+def _in_tensor_words(message: str) -> str:
+    """The engine's messages in the tensor API's words: ``lengths=`` for ``--length-col``, the
+    keyword for a flag; a row is a flat index."""
+    by_flag = {flag: name for name, flag in PER_ROW.items()}
+
+    def keyword(match: re.Match[str]) -> str:
+        name = by_flag.get(match[0]) or keyword_of(match[0])
+        return match[0] if name is None else f"{name}="
+
+    message = re.sub(r"--[a-z-]+-col '(length|baseline|batch)'", lambda m: f"--{m[1]}-col", message)
+    message = _FLAG.sub(keyword, message)
+    return re.sub(r"^<table>, row (\d+): ", r"rewards index \1: ", message)

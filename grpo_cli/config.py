@@ -14,7 +14,7 @@ from grpo_cli import __version__
 from grpo_cli.choices import Aggregation, Compression, InputFormat, check_choice
 from grpo_cli.errors import GrpoError
 from grpo_cli.option_table import ADVANTAGE_FIELDS, OPTIONS, WHITEN_FLAG
-from grpo_cli.options import AdvantageOptions, RewardSpec
+from grpo_cli.options import ESTIMATOR_SPECS, AdvantageOptions, RewardSpec
 
 DEFAULT_MEMORY_BUDGET = 1 << 30
 
@@ -87,10 +87,19 @@ class ComputeConfig:
         if self.batch_rows is not None and self.batch_rows < 1:
             raise GrpoError(f"batch_rows must be positive, got {self.batch_rows}")
         self.advantage.validate()
-        if self.advantage.estimator == "remax" and self.baseline_col is None:
-            raise GrpoError("--estimator remax needs --baseline-col (each row's baseline reward)")
-        if self.baseline_col is not None and self.advantage.estimator != "remax":
-            raise GrpoError("--baseline-col is the baseline of --estimator remax; add --estimator remax")
+        estimator = self.advantage.estimator
+        spec = ESTIMATOR_SPECS[estimator]
+        for need, option, given in (
+            ("row_baselines", "--baseline-col", self.baseline_col),
+            ("row_lengths", "--length-col", self.length_col),
+        ):
+            if need in spec.needs and given is None:
+                raise GrpoError(f"--estimator {estimator} needs {option} ({spec.row_input})")
+        if self.baseline_col is not None and "row_baselines" not in spec.needs:
+            takers = [name for name, other in ESTIMATOR_SPECS.items() if "row_baselines" in other.needs]
+            raise GrpoError(
+                f"--baseline-col is the baseline of --estimator {takers[0]}; add --estimator {takers[0]}"
+            )
         if self.per_column and self.advantage.renormalize != "none" and self.advantage.whiten != "none":
             raise GrpoError(
                 f"--whiten {self.advantage.whiten} and the {self.advantage.renormalize} re-normalisation of "
@@ -101,14 +110,10 @@ class ComputeConfig:
                 f"the column to verify, {self.verify.column!r}, is also read to compute the advantages; "
                 "it cannot be both"
             )
-        if self.advantage.estimator == "opo" and self.length_col is None:
-            raise GrpoError(
-                "--estimator opo needs --length-col (its baseline is the length-weighted mean reward)"
-            )
         if (
             self.length_col is not None
             and self.advantage.whiten == "none"
-            and self.advantage.estimator != "opo"
+            and "row_lengths" not in spec.needs
         ):
             raise GrpoError(
                 "--length-col weights the batch whitening by response length: it needs --whiten or an "
@@ -144,8 +149,8 @@ class ComputeConfig:
             )
         if options.scale == "batch":
             steps.append("--scale batch")
-        if options.estimator == "gpg":
-            steps.append("--estimator gpg")
+        if "batch_nonzero" in ESTIMATOR_SPECS[options.estimator].needs:  # GPG's alpha
+            steps.append(f"--estimator {options.estimator}")
         if self.per_column and options.renormalize != "none":
             steps.append(f"the {options.renormalize} re-normalisation of normalize-then-sum")
         return steps

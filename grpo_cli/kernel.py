@@ -52,6 +52,7 @@ __all__ = [
     "Std",
     "TopTwo",
     "WeightedMoments",
+    "WeightedMomentsAccumulator",
     "accumulator_dtype",
     "active_groups",
     "advantages_from_stats",
@@ -59,15 +60,21 @@ __all__ = [
     "batch_moments",
     "batch_std",
     "empty_group_stats",
+    "flat_groups",
+    "gpg_row_scale",
     "group_scale",
     "group_stats",
     "group_std",
     "group_top_two",
+    "length_weighted_baseline",
     "merge_group_stats",
     "merge_top_two",
     "merge_weighted_moments",
     "normalize_in_groups",
+    "passk_advantages",
+    "passk_best_advantage",
     "prepare_normalization",
+    "row_baseline_advantages",
     "weighted_moments",
     "whitening",
 ]
@@ -401,6 +408,22 @@ def _fast_layout(flat_ids: Tensor, num_groups: int) -> _Layout:
         ):
             return _Layout(num_groups, group_size=size)
     return _Layout(num_groups, group_ids=flat_ids)
+
+
+def flat_groups(
+    rewards: Tensor, group_ids: Tensor | None = None, *, group_size: int | None = None
+) -> tuple[Tensor, Tensor, int]:
+    """A call form of :func:`normalize_in_groups`, validated, as flat rows: the rewards ``(N,)``,
+    each row's group ID ``(N,)`` int64 (on the rewards' device) and the number of groups ``K``.
+
+    >>> flat_groups(torch.tensor([[1.0, 0.0], [0.5, 0.5]]))
+    (tensor([1.0000, 0.0000, 0.5000, 0.5000]), tensor([0, 0, 1, 1]), 2)
+    >>> flat_groups(torch.tensor([1.0, 0.0, 2.0]), torch.tensor([2, 0, 2]))[1:]
+    (tensor([2, 0, 2]), 3)
+    """
+    _check_rewards(rewards, allow_nonfinite=True)
+    flat, layout = _layout(rewards, group_ids, group_size)
+    return flat, _row_group_ids(layout, flat.device), layout.num_groups
 
 
 # --------------------------------------------------------------------------- update / merge / compute
@@ -1220,6 +1243,58 @@ def merge_weighted_moments(a: WeightedMoments, b: WeightedMoments) -> WeightedMo
     return WeightedMoments(weight, mean, m2, a.count + b.count)
 
 
+class WeightedMomentsAccumulator:
+    """:func:`weighted_moments` over chunks fed in row order, cut into blocks at fixed global row
+    positions (multiples of ``block_rows``) as :class:`GroupStatsAccumulator` cuts them: the
+    moments, and so the whitened advantages, depend only on the rows and their order, not on the
+    sizes of the record batches they were read in.
+
+    >>> acc = WeightedMomentsAccumulator(num_batches=1, block_rows=4)
+    >>> acc.update(torch.tensor([1.0, 3.0]), None, torch.tensor([0, 0]))
+    >>> acc.update(torch.tensor([5.0]), None, torch.tensor([0]))
+    >>> m = acc.compute()
+    >>> m.mean.tolist(), m.m2.tolist(), m.count.tolist()
+    ([3.0], [8.0], [3])
+    """
+
+    def __init__(self, *, num_batches: int, block_rows: int = 1 << 22) -> None:
+        if block_rows < 1:
+            raise ValueError(f"block_rows must be positive, got {block_rows}")
+        self.num_batches = num_batches
+        self.block_rows = block_rows
+        self._pending: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
+        self._pending_rows = 0
+        self._total = weighted_moments(torch.zeros(0), None, torch.zeros(0, dtype=torch.int64), num_batches)
+
+    def update(
+        self, values: Tensor, weights: Tensor | None, batch_ids: Tensor, *, valid: Tensor | None = None
+    ) -> None:
+        """Add a chunk: values ``(n,)``, weights ``(n,)`` or ``None``, batch IDs ``(n,)`` int,
+        ``valid`` bool ``(n,)`` or ``None`` (see :func:`weighted_moments`)."""
+        n = values.numel()
+        if n == 0:
+            return
+        x = values.reshape(-1).to(torch.float64)
+        w = torch.ones_like(x) if weights is None else weights.reshape(-1).to(torch.float64)
+        keep = torch.ones_like(x, dtype=torch.bool) if valid is None else valid.reshape(-1)
+        self._pending.append((x, w, batch_ids.reshape(-1).to(torch.int64), keep))
+        self._pending_rows += n
+        while self._pending_rows >= self.block_rows:
+            self._flush(self.block_rows)
+
+    def compute(self) -> WeightedMoments:
+        if self._pending_rows:
+            self._flush(self._pending_rows)
+        return self._total
+
+    def _flush(self, rows: int) -> None:
+        x, w, ids, keep = (torch.cat([p[i] for p in self._pending]) for i in range(4))
+        self._pending = [(x[rows:], w[rows:], ids[rows:], keep[rows:])] if x.numel() > rows else []
+        self._pending_rows = x.numel() - rows
+        block = weighted_moments(x[:rows], w[:rows], ids[:rows], self.num_batches, valid=keep[:rows])
+        self._total = merge_weighted_moments(self._total, block)
+
+
 @dataclass(frozen=True)
 class BatchTransform:
     """``A = (A0 - shift[b]) * factor[b]`` for a row of batch ``b``; float64 ``(num_batches,)``."""
@@ -1313,3 +1388,95 @@ def merge_top_two(a: TopTwo, b: TopTwo) -> TopTwo:
         torch.where(b.first > a.first, torch.maximum(b.second, a.first), a.first),
     )
     return TopTwo(first, second)
+
+
+def passk_best_advantage(
+    stats: GroupStats,
+    top: TopTwo,
+    active: Tensor,
+    *,
+    epsilon: float,
+    std: Std = "sample",
+    scale: Scale = "group",
+) -> Tensor:
+    """verl's Pass@k advantage of each group's best rollout: ``(r_max - r_second) / (std + eps)``.
+
+    Shapes ``(K,)``; float64; 0 for an inactive group or one with fewer than two rollouts,
+    and no division with ``scale="none"``. The other rollouts get 0 (:func:`passk_advantages`).
+
+    >>> r, g = torch.tensor([1.0, 0.0, 0.5, 2.0]), torch.tensor([0, 0, 0, 1])
+    >>> stats = group_stats(r, g)
+    >>> best = passk_best_advantage(stats, group_top_two(r, g, 2), active_groups(stats), epsilon=1e-6)
+    >>> best.tolist()
+    [0.999998000004, 0.0]
+    """
+    count = stats.count.to(top.first.device)
+    gap = torch.where(count >= 2, top.first - top.second, torch.zeros_like(top.first))
+    if scale != "none":
+        gap = gap / (group_std(stats.to(str(top.first.device)), ddof=1 if std == "sample" else 0) + epsilon)
+    return torch.where(active.to(gap.device), gap, torch.zeros_like(gap))
+
+
+def passk_advantages(
+    rewards: Tensor, group_ids: Tensor, top_first: Tensor, best: Tensor, claimed: Tensor
+) -> Tensor:
+    """Pass@k row advantages: ``best[g]`` on the first row of each group ``g`` (in row order)
+    whose reward equals ``top_first[g]``, 0 elsewhere; float64, shape of ``rewards`` ``(N,)``.
+
+    ``claimed`` (bool, ``(K,)``) marks the groups whose best row an earlier chunk held; it is
+    updated in place, so that chunks of one run can be passed in order.
+
+    >>> claimed = torch.zeros(1, dtype=torch.bool)
+    >>> ids, top, best = torch.tensor([0, 0, 0]), torch.tensor([1.0]), torch.tensor([0.5])
+    >>> passk_advantages(torch.tensor([0.0, 1.0, 1.0]), ids, top, best, claimed)
+    tensor([0.0000, 0.5000, 0.0000], dtype=torch.float64)
+    >>> passk_advantages(torch.tensor([1.0]), ids[:1], top, best, claimed)  # a later chunk
+    tensor([0.], dtype=torch.float64)
+    """
+    ids = group_ids.to(torch.int64)
+    at_best = (rewards.to(torch.float64) == top_first[ids]) & ~claimed[ids]
+    rows = at_best.nonzero().flatten()
+    result = torch.zeros(ids.numel(), dtype=torch.float64, device=rewards.device)
+    if rows.numel():
+        groups, inverse = torch.unique(ids[rows], return_inverse=True)
+        first_row = torch.full((groups.numel(),), ids.numel(), dtype=torch.int64, device=rows.device)
+        first_row = first_row.scatter_reduce_(0, inverse, rows, "amin")
+        result[first_row] = best[groups].to(torch.float64)
+        claimed[groups] = True
+    return result
+
+
+def gpg_row_scale(batch_rows: Tensor, batch_nonzero: Tensor, *, f_norm: float = 1.0) -> Tensor:
+    """verl's GPG factor of each training batch: ``alpha / f_norm``, with ``alpha`` the batch's
+    rows over its rows with a non-zero reward (at least 1); float64, shape ``(B,)``.
+
+    >>> gpg_row_scale(torch.tensor([8, 4]), torch.tensor([2, 0]))
+    tensor([4., 4.], dtype=torch.float64)
+    """
+    alpha = batch_rows.to(torch.float64) / batch_nonzero.clamp_min(1).to(torch.float64)
+    return alpha / f_norm
+
+
+def length_weighted_baseline(count: Tensor, length_sums: Tensor, weighted_sums: Tensor) -> Tensor:
+    """verl's OPO baseline of each group: ``sum(length * r) / sum(length)`` over its valid rows;
+    0 for a one-rollout group or one whose lengths sum to 0. Shapes ``(K,)``; float64.
+
+    >>> length_weighted_baseline(torch.tensor([2, 1]), torch.tensor([3.0, 5.0]), torch.tensor([2.0, 5.0]))
+    tensor([0.6667, 0.0000], dtype=torch.float64)
+    """
+    lengths = length_sums.to(torch.float64)
+    safe = torch.where(lengths > 0, lengths, torch.ones_like(lengths))
+    baseline = weighted_sums.to(torch.float64) / safe
+    return torch.where((count.to(lengths.device) > 1) & (lengths > 0), baseline, torch.zeros_like(baseline))
+
+
+def row_baseline_advantages(rewards: Tensor, baseline: Tensor, valid: Tensor) -> Tensor:
+    """``r - baseline`` per row where ``valid``, else 0 (ReMax's greedy baseline, OPO's group
+    baseline gathered per row); float64, shape ``(N,)``.
+
+    >>> valid = torch.tensor([True, False])
+    >>> row_baseline_advantages(torch.tensor([1.0, 0.0]), torch.tensor([0.25, 0.5]), valid)
+    tensor([0.7500, 0.0000], dtype=torch.float64)
+    """
+    difference = rewards.to(torch.float64) - baseline.to(torch.float64)
+    return torch.where(valid, difference, torch.zeros_like(difference))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from grpo_cli.choices import (
     Baseline,
@@ -103,7 +103,7 @@ class AdvantageOptions:
             low, high = self.clip
             if not (math.isfinite(low) and math.isfinite(high) and low <= high):
                 raise GrpoError(f"--clip-advantage needs finite LO <= HI, got {low} {high}")
-        if self.estimator in ROW_BASELINE_ESTIMATORS and self.baseline != "mean":
+        if ESTIMATOR_SPECS[self.estimator].own_baseline and self.baseline != "mean":
             raise GrpoError(
                 f"--estimator {self.estimator} subtracts its own baseline; leave --baseline as mean"
             )
@@ -135,43 +135,80 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-ESTIMATORS: dict[str, dict[str, Any]] = {
-    "grpo": {"baseline": "mean"},
-    "dr_grpo": {"baseline": "mean", "scale": "none"},
-    "rloo": {"baseline": "leave-one-out", "scale": "none"},
-    # verl: r - group mean (a singleton's mean is 0), then masked_whiten over the batch
-    "reinforce_plus_plus_baseline": {
-        "baseline": "mean",
-        "scale": "none",
-        "singleton": "raw",
-        "whiten": "unbiased",
-    },
-    # OpenRLHF: r - group mean, then its advantage whitening over the batch (population)
-    "reinforce_baseline": {"baseline": "mean", "scale": "none", "singleton": "zero", "whiten": "population"},
-    # verl: alpha * (r - group mean) / f_norm, alpha = batch rows / rows with a non-zero reward
-    "gpg": {"baseline": "mean", "scale": "none", "singleton": "raw"},
-    # verl: r - the row's own baseline (--baseline-col, the greedy rollout's reward)
-    "remax": {"baseline": "mean", "scale": "none"},
-    # verl: r - the length-weighted mean reward of the group (--length-col); a singleton's is 0
-    "opo": {"baseline": "mean", "scale": "none", "singleton": "raw"},
-    # verl Pass@k: only a group's best rollout gets (r_max - r_second) / (sample std + eps)
-    "grpo_passk": {"baseline": "mean", "std": "sample"},
+Need = Literal["row_lengths", "row_baselines", "length_sums", "batch_nonzero", "top_two", "row_order"]
+"""What an estimator needs from pass 1 beyond a reward and a group per row: each row's length
+(``--length-col``) or baseline reward (``--baseline-col``), the groups' length sums, each batch's
+count of non-zero rewards, each group's top two rewards, the rows in input order."""
+
+
+@dataclass(frozen=True)
+class EstimatorSpec:
+    """One estimator: the options it sets, what it needs, where it runs, where it comes from.
+
+    Its math is in :mod:`grpo_cli.kernel` (normalisation, whitening, :func:`~grpo_cli.kernel.gpg_row_scale`,
+    :func:`~grpo_cli.kernel.length_weighted_baseline`, :func:`~grpo_cli.kernel.passk_advantages`,
+    :func:`~grpo_cli.kernel.row_baseline_advantages`). ``own_baseline``: it subtracts a baseline of
+    its own, not the group mean of ``--baseline``. ``ray``: ``None`` where ``--engine ray``
+    computes it, else why not.
+    """
+
+    settings: dict[str, Any]
+    source: str
+    needs: tuple[Need, ...] = ()
+    own_baseline: bool = False
+    row_input: str = ""  # what its per-row column is, where it needs one
+    ray: str | None = None
+
+    @property
+    def group_only(self) -> bool:
+        """Whether the kernel's group normalisation alone computes it (no batch-wide step, no
+        per-row input): the tensor API's direct path."""
+        return not self.needs and self.settings.get("whiten", "none") == "none"
+
+
+ESTIMATOR_SPECS: dict[str, EstimatorSpec] = {
+    "grpo": EstimatorSpec({"baseline": "mean"}, "(r - mean) / (std + eps)"),
+    "dr_grpo": EstimatorSpec({"baseline": "mean", "scale": "none"}, "Dr. GRPO: r - mean"),
+    "rloo": EstimatorSpec({"baseline": "leave-one-out", "scale": "none"}, "RLOO: r - the mean of the others"),
+    "reinforce_plus_plus_baseline": EstimatorSpec(
+        {"baseline": "mean", "scale": "none", "singleton": "raw", "whiten": "unbiased"},
+        "verl: r - group mean (a singleton's mean is 0), then masked_whiten over the batch",
+    ),
+    "reinforce_baseline": EstimatorSpec(
+        {"baseline": "mean", "scale": "none", "singleton": "zero", "whiten": "population"},
+        "OpenRLHF: r - group mean, then its advantage whitening over the batch (population)",
+    ),
+    "gpg": EstimatorSpec(
+        {"baseline": "mean", "scale": "none", "singleton": "raw"},
+        "verl: alpha * (r - group mean) / f_norm, alpha = batch rows / rows with a non-zero reward",
+        needs=("batch_nonzero",),
+    ),
+    "remax": EstimatorSpec(
+        {"baseline": "mean", "scale": "none"},
+        "verl: r - the row's own baseline (--baseline-col, the greedy rollout's reward)",
+        needs=("row_baselines",),
+        own_baseline=True,
+        row_input="each row's baseline reward",
+    ),
+    "opo": EstimatorSpec(
+        {"baseline": "mean", "scale": "none", "singleton": "raw"},
+        "verl: r - the length-weighted mean reward of the group (--length-col); a singleton's is 0",
+        needs=("row_lengths", "length_sums"),
+        own_baseline=True,
+        row_input="its baseline is the length-weighted mean reward",
+    ),
+    "grpo_passk": EstimatorSpec(
+        {"baseline": "mean", "std": "sample"},
+        "verl Pass@k: only a group's best rollout gets (r_max - r_second) / (sample std + eps)",
+        needs=("top_two", "row_order"),
+        own_baseline=True,
+        ray="its best row is the first in input order, which Ray's parallel blocks do not keep",
+    ),
 }
+"""Every estimator, by name (the ``--estimator`` choices, in their documented order)."""
+
+ESTIMATORS: dict[str, dict[str, Any]] = {name: spec.settings for name, spec in ESTIMATOR_SPECS.items()}
 """What each estimator sets; options given explicitly override it."""
-
-ESTIMATOR_NEEDS: dict[str, str] = {
-    "reinforce_plus_plus_baseline": "a whitening over the whole batch (weighted by length_col=)",
-    "reinforce_baseline": "a whitening over the whole batch (weighted by length_col=)",
-    "gpg": "the batch's count of non-zero rewards for its alpha (per batch_col=)",
-    "remax": "each row's baseline reward (baseline_col=)",
-    "opo": "each row's response length (length_col=)",
-    "grpo_passk": "each group's first best rollout, in row order",
-}
-"""What an estimator needs beyond a reward and a group per row: the tensor API takes neither,
-so it refuses these (``add_advantages`` and the CLI compute them)."""
-
-ROW_BASELINE_ESTIMATORS = ("remax", "opo", "grpo_passk")
-"""Estimators whose baseline is a per-row column rather than the group's rewards."""
 
 
 @dataclass(frozen=True)

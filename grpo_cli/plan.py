@@ -34,10 +34,15 @@ from grpo_cli.kernel import (
     WeightedMoments,
     apply_normalization,
     batch_std,
+    gpg_row_scale,
     group_std,
+    length_weighted_baseline,
+    passk_best_advantage,
+    row_baseline_advantages,
     whitening,
 )
 from grpo_cli.keys import is_key_type
+from grpo_cli.options import ESTIMATOR_SPECS
 from grpo_cli.rewards import RewardBatch, RewardReader, advantage_dtype, combined_advantages
 
 if TYPE_CHECKING:
@@ -150,6 +155,8 @@ class RunPlan:
         self.count_extremes = config.advantage.baseline == "leave-one-out"
         self.input_columns = config.input_columns
         self.new_columns = config.new_columns
+        self.needs = ESTIMATOR_SPECS[config.advantage.estimator].needs
+        """What the estimator needs from pass 1 (:data:`~grpo_cli.options.Need`)."""
 
     # ----------------------------------------------------------------- pass 1
 
@@ -290,31 +297,32 @@ class RunPlan:
             batch_std = self._batch_std(channel_stats, batches)
         norms, active = self.normalize(channel_stats, batch_std=batch_std)
         active_cpu = active.cpu()
-        row_scale = None
-        if self.config.advantage.estimator == "gpg":
+        options, needs = self.config.advantage, self.needs
+        row_scale = group_baseline = best_advantage = None
+        if "batch_nonzero" in needs:
             assert batches is not None
-            alpha = torch.from_numpy(batches.rows / np.maximum(batches.nonzero_rewards, 1))
-            row_scale = alpha.to(torch.float64) / self.config.advantage.gpg_f_norm
-        group_baseline = best_advantage = None
-        options = self.config.advantage
-        if options.estimator == "opo":
+            row_scale = gpg_row_scale(
+                torch.from_numpy(batches.rows),
+                torch.from_numpy(batches.nonzero_rewards),
+                f_norm=options.gpg_f_norm,
+            )
+        if "length_sums" in needs:
             assert length_sums is not None and weighted_reward_sums is not None
-            count = summary_stats.count.cpu().numpy()
-            baseline = np.where(
-                (count > 1) & (length_sums > 0),
-                weighted_reward_sums / np.where(length_sums > 0, length_sums, 1),
-                0.0,
+            group_baseline = length_weighted_baseline(
+                summary_stats.count.cpu(),
+                torch.from_numpy(length_sums),
+                torch.from_numpy(weighted_reward_sums),
             )
-            group_baseline = torch.from_numpy(baseline)
-        if options.estimator == "grpo_passk":
+        if "top_two" in needs:
             assert top_two is not None
-            stats = summary_stats.to("cpu")
-            gap = torch.where(
-                stats.count >= 2, top_two.first - top_two.second, torch.zeros_like(top_two.first)
+            best_advantage = passk_best_advantage(
+                summary_stats.to("cpu"),
+                top_two,
+                active_cpu,
+                epsilon=options.epsilon,
+                std=options.std,
+                scale=options.scale,
             )
-            if options.scale != "none":
-                gap = gap / (group_std(stats, ddof=1 if options.std == "sample" else 0) + options.epsilon)
-            best_advantage = torch.where(active_cpu, gap, torch.zeros_like(gap))
         return GroupOutcome(
             norms=norms,
             active=active_cpu,
@@ -453,14 +461,12 @@ class RunPlan:
         if outcome.row_scale is not None:  # gpg: alpha / f_norm of the row's batch
             result = result.to(torch.float64) * outcome.row_scale[batch_ids]
         if outcome.group_baseline is not None:  # opo: the group's length-weighted mean reward
-            difference = rewards.combined.to(torch.float64) - outcome.group_baseline[ids]
             valid = torch.isfinite(rewards.combined) & outcome.active[ids]
-            result = torch.where(valid, difference, torch.zeros_like(difference))
+            result = row_baseline_advantages(rewards.combined, outcome.group_baseline[ids], valid)
         if config.baseline_col is not None:  # remax: the row's own baseline
             baseline = reader.column(batch, config.baseline_col, first_row)
             valid = torch.isfinite(rewards.combined) & torch.isfinite(baseline)
-            difference = rewards.combined.to(torch.float64) - baseline
-            result = torch.where(valid, difference, torch.zeros_like(difference))
+            result = row_baseline_advantages(rewards.combined, baseline, valid)
         return rewards, result, batch_ids
 
     @property

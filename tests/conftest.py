@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from collections.abc import Callable, Sequence
@@ -48,6 +49,32 @@ def rollout_rows(
     return rows
 
 
+def digest(path: Path) -> str:
+    """The SHA-256 of a file's bytes: that an input was not touched, that two outputs are equal."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def assert_one_line_error(result: Result, *fragments: str) -> None:
+    """Exit 2 and one ``error:`` line on standard error holding each fragment, no traceback."""
+    assert result.exit_code == 2, (result.exit_code, result.stderr, result.stdout)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+
+
+def one_line_error(result: Result, code: int = 2, *fragments: str) -> str:
+    """Exit ``code`` and one ``error:`` line holding each fragment; the line."""
+    assert result.exit_code == code, (result.exit_code, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
 def write_parquet(path: Path, rows: Sequence[dict[str, Any]], **kwargs: Any) -> Path:
     pq.write_table(pa.Table.from_pylist(list(rows)), path, **kwargs)
     return path
@@ -81,3 +108,124 @@ def cli() -> Callable[..., Result]:
         return runner.invoke(app, [str(a) for a in args], input=input)
 
     return invoke
+
+
+# --------------------------------------------------------------------------- entry-point parity
+
+PARITY_ESTIMATORS = (
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "reinforce_plus_plus_baseline",
+    "reinforce_baseline",
+    "gpg",
+    "remax",
+    "opo",
+    "grpo_passk",
+)
+PARITY_PRESETS = (None, "trl", "verl", "openrlhf", "nemo-rl", "roll", "torchrl")
+
+
+def parity_case(seed: int, *, estimator: str, preset: str | None) -> dict[str, Any]:
+    """Random rollouts for one estimator and preset, as every entry point takes them.
+
+    The seed draws the size, the dtype, the layout (explicit IDs, consecutive blocks of
+    ``group_size``, or 2-D rows), singletons and constant groups, NaN rewards (when the preset
+    or a coin ignores them), training batches and the reader's record batch size. Returns the
+    ``table`` (columns reward, group_id, and length, baseline, batch where used), the tensor
+    API's ``tensor_args``, and the options of each API (``keywords``, ``flags``).
+    """
+    import numpy as np
+    import torch
+
+    from grpo_cli.options import PRESETS
+
+    rng = np.random.default_rng(seed)
+    layout = ("ids", "size", "2d")[seed % 3]
+    dtype = (np.float64, np.float32)[(seed // 3) % 2]
+    size = int(rng.integers(2, 6))
+    groups = int(rng.integers(3, 12))
+    if layout == "ids":
+        sizes = rng.integers(1, 7, groups)
+        ids = np.repeat(rng.permutation(groups), sizes)
+        ids = ids[rng.permutation(ids.size)]
+    else:
+        ids = np.repeat(np.arange(groups), size)
+    n = ids.size
+    kind = rng.integers(0, 4, groups)  # 0: constant group, 1: binary, 2: continuous, 3: a few values
+    values = np.where(
+        kind[ids] == 0,
+        0.5,
+        np.where(
+            kind[ids] == 1,
+            rng.integers(0, 2, n),
+            np.where(kind[ids] == 2, rng.normal(0, 1, n), rng.integers(0, 3, n) / 4),
+        ),
+    ).astype(dtype)
+    settings = dict(PRESETS[preset].settings) if preset else {}
+    nan = settings.get("nan", "error")
+    if nan == "error" and rng.random() < 0.3:
+        nan = "ignore"
+    if nan == "ignore":
+        values[rng.random(n) < 0.1] = np.nan
+    batches = int(rng.integers(1, 4))
+    keywords: dict[str, Any] = {"estimator": estimator, "preset": preset, "nan": nan}
+    flags = ["--estimator", estimator, "--nan", nan] + (["--preset", preset] if preset else [])
+    columns: dict[str, Any] = {"reward": values, "group_id": ids.astype(np.int64)}
+    tensor_extra: dict[str, Any] = {}
+    whitens = estimator in ("reinforce_plus_plus_baseline", "reinforce_baseline")
+    if estimator == "opo" or (whitens and seed % 2):
+        columns["length"] = rng.integers(1, 50, n).astype(np.int64)
+        keywords["length_col"], tensor_extra["lengths"] = "length", torch.from_numpy(columns["length"])
+        flags += ["--length-col", "length"]
+    if estimator == "remax":
+        columns["baseline"] = (rng.integers(0, 3, n) / 2).astype(dtype)
+        keywords["baseline_col"], tensor_extra["baselines"] = (
+            "baseline",
+            torch.from_numpy(columns["baseline"]),
+        )
+        flags += ["--baseline-col", "baseline"]
+    if batches > 1 and (whitens or estimator == "gpg" or seed % 4 == 0):
+        columns["batch"] = (ids % batches).astype(np.int64)
+        keywords["batch_col"], tensor_extra["batch_ids"] = "batch", torch.from_numpy(columns["batch"])
+        flags += ["--batch-col", "batch"]
+        if estimator in ("grpo", "dr_grpo") and seed % 8 == 0:
+            keywords["scale"] = "batch"
+            flags += ["--scale", "batch"]
+    batch_rows = int(rng.integers(1, n + 1)) if seed % 2 else None
+    rewards = torch.from_numpy(values)
+    tensor_args: dict[str, Any] = {"group_ids": torch.from_numpy(ids.astype(np.int64))}
+    if layout == "size":
+        tensor_args = {"group_size": size}
+        keywords["group_size"] = size
+        flags += ["--group-size", str(size)]
+    else:
+        flags += ["-g", "group_id"]
+    if layout == "2d":
+        rewards = rewards.view(groups, size)
+        tensor_args = {}
+        tensor_extra = {name: value.view(groups, size) for name, value in tensor_extra.items()}
+    if batch_rows is not None:
+        keywords["batch_rows"] = batch_rows
+        flags += ["--batch-rows", str(batch_rows)]
+    return {
+        "table": pa.table(columns),
+        "rewards": rewards,
+        "row_ids": ids,
+        "tensor_args": {
+            **tensor_args,
+            **tensor_extra,
+            **{k: v for k, v in keywords.items() if k in ("estimator", "preset", "nan", "scale")},
+        },
+        "keywords": keywords,
+        "flags": flags,
+        "layout": layout,
+    }
+
+
+def bits(values: Any) -> Any:
+    """Float values as their bit patterns (``-0.0`` and ``+0.0`` differ, NaNs compare)."""
+    import numpy as np
+
+    array = np.asarray(values)
+    return array.view({8: np.uint64, 4: np.uint32, 2: np.uint16}[array.dtype.itemsize])

@@ -9,8 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from tests.conftest import rollout_rows, write_jsonl, write_parquet
-from tests.test_cli import assert_one_line_error
+from tests.conftest import assert_one_line_error, rollout_rows, write_jsonl, write_parquet
 
 # rollout_rows(): 12 groups of 4 (kinds 0..3 cycle: all wrong, all right, mixed, mixed)
 # plus one singleton. With -r correct: 13 groups, 3 + 3 constant groups + the singleton

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -16,7 +14,7 @@ import torch
 
 import grpo_cli
 from grpo_cli.cli import app
-from tests.conftest import rollout_rows, write_jsonl, write_parquet
+from tests.conftest import assert_one_line_error, digest, rollout_rows, write_jsonl, write_parquet
 from tests.reference import reference_advantages
 
 SUMMARY_KEYS = {
@@ -40,10 +38,6 @@ def expected_for(rows, reward="reward", keys=("group_id",), **options):
     key_of = [tuple(r[k] for k in keys) for r in rows]
     dense = {k: i for i, k in enumerate(dict.fromkeys(key_of))}
     return reference_advantages([float(r[reward]) for r in rows], [dense[k] for k in key_of], **options)[0]
-
-
-def digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 # --------------------------------------------------------------------------- happy paths
@@ -279,16 +273,6 @@ def test_output_naming_the_input_is_refused(cli, parquet_file):
 
 
 # --------------------------------------------------------------------------- bad input: one line, exit 2
-
-
-def assert_one_line_error(result, *fragments):
-    assert result.exit_code == 2, (result.exit_code, result.stderr, result.stdout)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: ")
-    assert "Traceback" not in result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
 
 
 def test_missing_file(cli, tmp_path):

@@ -8,6 +8,7 @@ import json
 import random
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -440,14 +441,33 @@ def test_a_bad_length_is_one_line_naming_the_row(cli, tmp_path, estimator):
 
 
 @pytest.mark.parametrize(
-    "estimator", ["reinforce_plus_plus_baseline", "reinforce_baseline", "gpg", "remax", "opo", "grpo_passk"]
+    ("estimator", "extra"),
+    [
+        ("reinforce_plus_plus_baseline", {}),
+        ("reinforce_baseline", {}),
+        ("gpg", {}),
+        ("remax", {"baselines": [[0.5, 0.0, 0.5, 1.0]]}),
+        ("opo", {"lengths": [[3.0, 1.0, 2.0, 2.0]]}),
+        ("grpo_passk", {}),
+    ],
 )
-def test_the_tensor_api_refuses_an_estimator_it_cannot_compute(estimator):
-    """It returned r - mean for each of these (or plain GRPO for grpo_passk), silently."""
-    from grpo_cli import GrpoError, group_advantages
+def test_the_tensor_api_computes_the_estimators_it_once_got_wrong(estimator, extra):
+    """It returned r - mean for each of these (plain GRPO for grpo_passk), silently; then it
+    refused them; now it computes each as the table API (the CLI's engine) does."""
+    from grpo_cli import add_advantages, group_advantages
 
-    with pytest.raises(GrpoError, match=rf"^estimator='{estimator}' needs .+ use grpo_cli.add_advantages$"):
-        group_advantages(torch.tensor([[1.0, 0.0, 0.5, 0.0]]), estimator=estimator)
+    rewards = [1.0, 0.0, 0.5, 0.0]
+    tensors = {name: torch.tensor(values, dtype=torch.float64) for name, values in extra.items()}
+    got = group_advantages(torch.tensor([rewards], dtype=torch.float64), estimator=estimator, **tensors)
+    columns = {"group_id": [0] * 4, "reward": rewards}
+    keywords = {}
+    for name, column in (("baselines", "baseline"), ("lengths", "length")):
+        if name in extra:
+            columns[column] = extra[name][0]
+            keywords[f"{column}_col"] = column
+    table = add_advantages(pa.table(columns), estimator=estimator, **keywords)
+    assert got["advantages"][0].tolist() == table.column("advantage").to_pylist()
+    assert got["advantages"][0].tolist() != [0.625, -0.375, 0.125, -0.375]  # r - mean
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo"])
@@ -459,3 +479,27 @@ def test_the_tensor_api_matches_the_table_api_where_it_computes(estimator):
     tensor = group_advantages(grouped, estimator=estimator)
     table = add_advantages(pa.table({"group_id": [0] * 4 + [1] * 4, "reward": rewards}), estimator=estimator)
     assert tensor["advantages"].flatten().tolist() == table.column("advantage").to_pylist()
+
+
+@pytest.mark.parametrize("estimator", ["reinforce_plus_plus_baseline", "reinforce_baseline"])
+def test_whitened_advantages_do_not_depend_on_the_record_batch_size(estimator):
+    """The batch moments were merged per record batch: --batch-rows moved the last bit."""
+    from grpo_cli import add_advantages
+
+    rng = np.random.default_rng(5)
+    table = pa.table(
+        {
+            "group_id": np.repeat(np.arange(40), 5),
+            "reward": rng.normal(0, 1, 200),
+            "length": rng.integers(1, 60, 200),
+        }
+    )
+    results = [
+        add_advantages(table, estimator=estimator, length_col="length", batch_rows=rows)
+        .column("advantage")
+        .to_numpy()
+        .view(np.uint64)
+        for rows in (None, 1, 7, 64)
+    ]
+    for other in results[1:]:
+        assert np.array_equal(other, results[0])

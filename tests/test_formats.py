@@ -17,8 +17,7 @@ import pytest
 from grpo_cli import sources
 from grpo_cli.errors import GrpoError
 from grpo_cli.sources import InputSet
-from tests.conftest import rollout_rows, write_jsonl, write_parquet
-from tests.test_safety import one_line_error
+from tests.conftest import one_line_error, rollout_rows, write_jsonl, write_parquet
 
 ROWS = rollout_rows(n_groups=20, seed=3)
 

@@ -27,7 +27,7 @@ from grpo_cli import jobs
 from grpo_cli.engines import local as local_engine
 from grpo_cli.guard import ProtectedInputs, WriteGuard
 from grpo_cli.options import RewardSpec
-from tests.conftest import rollout_rows, write_jsonl, write_parquet
+from tests.conftest import one_line_error, rollout_rows, write_jsonl, write_parquet
 
 GRPO_CLI = [sys.executable, "-m", "grpo_cli"]
 
@@ -41,15 +41,6 @@ def tree(folder: Path) -> dict[str, str]:
             rel = str(path.relative_to(folder))
             found[rel] = "link" if path.is_symlink() else hashlib.sha256(path.read_bytes()).hexdigest()
     return found
-
-
-def one_line_error(result, code=2, *fragments):
-    assert result.exit_code == code, (result.exit_code, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.fixture

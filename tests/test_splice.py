@@ -7,7 +7,6 @@ output of the same run. The input file is never modified.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from pathlib import Path
@@ -27,12 +26,9 @@ from grpo_cli.config import ComputeConfig
 from grpo_cli.file_names import PROVENANCE_KEY
 from grpo_cli.jobs import compute_dataset
 from grpo_cli.splice import Field, read_footer, read_struct, write_struct
+from tests.conftest import digest
 
 CONFIG = ComputeConfig(group_cols=("uid",))
-
-
-def digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def rollouts(rows: int, *, seed: int = 0, group_size: int = 4) -> pa.Table:

@@ -15,7 +15,7 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
 
-from tests.test_cli import assert_one_line_error
+from tests.conftest import assert_one_line_error
 
 VALUES: dict[str, pa.Array] = {
     "int8": pa.array([1, -2], pa.int8()),

@@ -30,10 +30,10 @@ from grpo_cli.kernel import (
     GroupStats,
     TopTwo,
     WeightedMoments,
+    WeightedMomentsAccumulator,
     group_top_two,
     merge_top_two,
-    merge_weighted_moments,
-    weighted_moments,
+    passk_advantages,
 )
 from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, arrow_of, as_tensor, check_key_types, is_key_type
 from grpo_cli.output import (
@@ -220,9 +220,8 @@ class _StatisticsPass:
         self.batch_of_group = np.zeros(0, dtype=np.int64)
         self.batch_rows = np.zeros(1, dtype=np.int64)
         self.batch_nonzero = np.zeros(1, dtype=np.int64)
-        estimator = config.advantage.estimator
         self.top_two: TopTwo | None = None  # grpo_passk
-        self.length_sums: np.ndarray | None = np.zeros(0) if estimator == "opo" else None
+        self.length_sums: np.ndarray | None = np.zeros(0) if "length_sums" in plan.needs else None
         self.weighted_reward_sums = np.zeros(0)  # opo: sum of length * reward per group
 
     @property
@@ -293,11 +292,10 @@ class _StatisticsPass:
 
     def _estimator_sums(self, chunk: RewardBatch, group_ids: np.ndarray, shard: Shard) -> None:
         """What grpo_passk (each group's top two rewards) and opo (length sums) need."""
-        config = self.plan.config
         k = int(group_ids.max()) + 1 if group_ids.size else 0
         valid = chunk.combined_valid
         rewards = chunk.combined.to(torch.float64)
-        if config.advantage.estimator == "grpo_passk":
+        if "top_two" in self.plan.needs:
             rows = torch.from_numpy(group_ids)
             values = rewards
             if valid is not None:
@@ -772,15 +770,7 @@ class LocalEngine:
         claimed = self._passk_claimed
         if claimed is None or claimed.numel() != outcome.active.numel():
             claimed = self._passk_claimed = torch.zeros(outcome.active.numel(), dtype=torch.bool)
-        at_best = (rewards.to(torch.float64) == outcome.top_two.first[ids]) & ~claimed[ids]
-        rows = at_best.nonzero().flatten()
-        result = torch.zeros(ids.numel(), dtype=torch.float64)
-        if rows.numel():
-            groups, first_index = np.unique(ids[rows].numpy(), return_index=True)
-            winners = rows[torch.from_numpy(first_index)]
-            result[winners] = outcome.best_advantage[torch.from_numpy(groups)]
-            claimed[torch.from_numpy(groups)] = True
-        return result
+        return passk_advantages(rewards, ids, outcome.top_two.first, outcome.best_advantage, claimed)
 
     def _moments(self, first: _Statistics, outcome: GroupOutcome, spool: _IdSpool) -> WeightedMoments:
         """The extra pass of a batch transform: weighted moments of the advantages per batch."""
@@ -789,8 +779,8 @@ class LocalEngine:
         take_ids = spool.reader()
         self._passk_claimed = None
         active_device = outcome.active.to(plan.device)
-        total = weighted_moments(
-            torch.zeros(0), None, torch.zeros(0, dtype=torch.int64), outcome.batches.count
+        total = WeightedMomentsAccumulator(
+            num_batches=outcome.batches.count, block_rows=config.stats_block_rows
         )
         columns = None if first.cached is not None else plan.input_columns
         self.progress.start("pass 2/3: batch moments", first.rows)
@@ -808,15 +798,12 @@ class LocalEngine:
                 lengths = (
                     None if config.length_col is None else reader.lengths(batch, config.length_col, shard_row)
                 )
-                chunk = weighted_moments(
-                    result, lengths, batch_ids, outcome.batches.count, valid=rewards.combined_valid
-                )
-                total = merge_weighted_moments(total, chunk)
+                total.update(result, lengths, batch_ids, valid=rewards.combined_valid)
                 shard_row += n
                 global_row += n
                 self.progress.advance(n)
         self.progress.finish()
-        return total
+        return total.compute()
 
 
 def _pad_top_two(top: TopTwo, num_groups: int) -> TopTwo:

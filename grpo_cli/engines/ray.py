@@ -54,6 +54,7 @@ from grpo_cli.kernel import (
     weighted_moments,
 )
 from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_types
+from grpo_cli.options import ESTIMATOR_SPECS
 from grpo_cli.output import advantage_range, commit_directory, output_info
 from grpo_cli.plan import BatchLayout, GroupOutcome, RunPlan, batch_of_groups
 from grpo_cli.rewards import RewardBatch, RewardReader, new_column_arrays
@@ -199,10 +200,11 @@ def check_ray_run(
         raise GrpoError("--engine ray computes on the CPUs of the Ray workers; leave --device as cpu")
     if "-" in ([input] if isinstance(input, str) else input):
         raise GrpoError("--engine ray reads Parquet files, not standard input")
-    if config.advantage.estimator == "grpo_passk":
+    estimator = config.advantage.estimator
+    refusal = ESTIMATOR_SPECS[estimator].ray
+    if refusal is not None:
         raise GrpoError(
-            "--engine ray does not compute --estimator grpo_passk: its best row is the first in input "
-            "order, which Ray's parallel blocks do not keep; use the local engine"
+            f"--engine ray does not compute --estimator {estimator}: {refusal}; use the local engine"
         )
     if not is_remote(output) and not output_is_directory(output):
         raise GrpoError(f"{output}: --engine ray writes a directory of Parquet files; name a directory")
@@ -298,7 +300,8 @@ def block_group_stats(batch: pa.Table, config: ComputeConfig) -> pa.Table:
     combined = rewards.combined.to(torch.float64).numpy()
     valid = np.isfinite(combined)
     columns[NONZERO_FIELD] = np.bincount(ids_np[valid & (combined != 0)], minlength=k)
-    if config.length_col is not None and config.advantage.estimator == "opo":
+    if "length_sums" in plan.needs:
+        assert config.length_col is not None  # ComputeConfig.validate: opo needs --length-col
         lengths = reader.lengths(_record_batch(batch), config.length_col).numpy()
         columns[LENGTH_FIELD] = np.bincount(ids_np[valid], weights=lengths[valid], minlength=k)
         columns[WEIGHTED_FIELD] = np.bincount(ids_np[valid], weights=(lengths * combined)[valid], minlength=k)
@@ -449,7 +452,7 @@ def _empty_partials(plan: RunPlan) -> pa.Table:
     columns[ROWS_FIELD] = pa.array([], pa.int64())
     columns[NAN_FIELD] = pa.array([], pa.int64())
     columns[NONZERO_FIELD] = pa.array([], pa.int64())
-    if plan.config.advantage.estimator == "opo":
+    if "length_sums" in plan.needs:
         columns[LENGTH_FIELD] = pa.array([], pa.float64())
         columns[WEIGHTED_FIELD] = pa.array([], pa.float64())
     if plan.config.batch_col is not None:

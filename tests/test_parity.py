@@ -1,0 +1,103 @@
+"""Every entry point computes every estimator, under every preset, as the CLI's local engine does.
+
+The tensor API (``group_advantages``), the table API (``add_advantages``) and ``grpo-cli
+compute`` on the local engine get the same random rollouts (sizes, dtypes, group layouts, NaN
+policies, training batches, record batch sizes): their advantages must agree bit for bit and
+their active masks exactly, or each must refuse in one line. The Ray engine's half of the
+comparison is in test_ray.py (one Ray instance per session).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from grpo_cli import GrpoError, add_advantages, group_advantages
+from tests.conftest import PARITY_ESTIMATORS, PARITY_PRESETS, bits, parity_case
+
+CASES = [
+    (estimator, preset, seed)
+    for e, estimator in enumerate(PARITY_ESTIMATORS)
+    for p, preset in enumerate(PARITY_PRESETS)
+    for seed in (7 * e + 3 * p, 7 * e + 3 * p + 100)
+]
+
+
+def _entry_points(case, cli, tmp_path):
+    """Each entry point's (advantages, per-row active mask), or the GrpoError message it raised."""
+    out: dict[str, object] = {}
+    try:
+        result = group_advantages(case["rewards"], **case["tensor_args"])
+        mask = result["active_group_mask"].reshape(-1)[torch.from_numpy(case["row_ids"])]
+        out["tensor"] = (result["advantages"].reshape(-1).numpy(), mask.numpy())
+    except GrpoError as exc:
+        out["tensor"] = str(exc)
+    try:
+        table = add_advantages(case["table"], **case["keywords"])
+        out["table"] = (table.column("advantage").to_numpy(), table.column("group_active").to_numpy())
+    except GrpoError as exc:
+        out["table"] = str(exc)
+    source, target = tmp_path / "in.parquet", tmp_path / "out.parquet"
+    pq.write_table(case["table"], source)
+    run = cli("compute", source, "-o", target, "-r", "reward", "-q", "--force", *case["flags"])
+    if run.exit_code == 0:
+        written = pq.read_table(target)
+        out["cli"] = (written.column("advantage").to_numpy(), written.column("group_active").to_numpy())
+    else:
+        assert run.exit_code == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+        out["cli"] = run.stderr.strip()
+    return out
+
+
+@pytest.mark.parametrize(("estimator", "preset", "seed"), CASES)
+def test_every_entry_point_computes_each_estimator_as_the_cli_does(estimator, preset, seed, cli, tmp_path):
+    case = parity_case(seed, estimator=estimator, preset=preset)
+    results = _entry_points(case, cli, tmp_path)
+    reference = results["cli"]
+    for name, got in results.items():
+        if isinstance(reference, str) or isinstance(got, str):
+            # a refusal everywhere, each in one line (their words differ: flags, keywords)
+            assert isinstance(got, str) and isinstance(reference, str), (name, got, reference)
+            continue
+        advantages, active = got
+        assert advantages.dtype == reference[0].dtype, name
+        assert np.array_equal(bits(advantages), bits(reference[0])), (name, advantages, reference[0])
+        assert np.array_equal(active, reference[1]), name
+
+
+def test_the_cases_reach_every_layout_dtype_and_option():
+    cases = [parity_case(seed, estimator=e, preset=p) for e, p, seed in CASES]
+    assert {c["layout"] for c in cases} == {"ids", "size", "2d"}
+    assert {c["rewards"].dtype for c in cases} == {torch.float32, torch.float64}
+    used = {k for c in cases for k in c["keywords"]}
+    assert {"length_col", "baseline_col", "batch_col", "batch_rows", "group_size", "scale"} <= used
+    assert any(np.isnan(c["table"].column("reward").to_numpy()).any() for c in cases)
+
+
+@pytest.mark.parametrize(
+    ("estimator", "missing"), [("opo", "lengths= (its baseline is"), ("remax", "baselines= (each row's")]
+)
+def test_the_tensor_api_names_the_input_an_estimator_needs(estimator, missing):
+    with pytest.raises(GrpoError, match=rf"^estimator='{estimator}' needs {re.escape(missing)}"):
+        group_advantages(torch.tensor([[1.0, 0.0, 0.5, 0.0]]), estimator=estimator)
+
+
+def test_the_tensor_api_refuses_a_group_across_two_batches_in_its_own_words():
+    with pytest.raises(GrpoError, match=r"^rewards index 0: a group spans two values of batch_ids="):
+        group_advantages(
+            torch.tensor([1.0, 0.0, 0.5, 0.0]),
+            torch.tensor([0, 0, 1, 1]),
+            estimator="gpg",
+            batch_ids=torch.tensor([0, 1, 1, 1]),
+        )
+
+
+def test_the_tensor_api_keeps_the_device_dtype_and_shape_on_the_engine_path():
+    rewards = torch.tensor([[1.0, 0.0, 0.5], [2.0, 2.0, 2.0]], dtype=torch.bfloat16)
+    out = group_advantages(rewards, estimator="reinforce_baseline")
+    assert out["advantages"].dtype == torch.bfloat16 and out["advantages"].shape == (2, 3)
+    assert out["active_group_mask"].tolist() == [True, False] and out["active_group_count"] == 1
