@@ -30,3 +30,9 @@ class GrpoError(ValueError):
 def os_reason(exc: OSError) -> str:
     """``No space left on device`` and the like, for one-line messages."""
     return exc.strerror or str(exc)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none)."""
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]

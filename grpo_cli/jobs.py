@@ -27,7 +27,8 @@ from grpo_cli.guard import (
 )
 from grpo_cli.output import open_output
 from grpo_cli.progress import Progress
-from grpo_cli.sources import InputSet, read_provenance, validate_pages
+from grpo_cli.readers import read_provenance, validate_pages
+from grpo_cli.sources import InputSet
 from grpo_cli.summary import RunSummary
 
 PathLike = str | os.PathLike[str]

@@ -23,7 +23,8 @@ from grpo_cli.errors import GrpoError
 from grpo_cli.kernel import Normalization, apply_normalization
 from grpo_cli.keys import arrow_of, as_tensor, numpy_of
 from grpo_cli.options import RewardSpec
-from grpo_cli.sources import Shard, describe_row
+from grpo_cli.readers import describe_row
+from grpo_cli.sources import Shard
 
 
 @dataclass

@@ -618,9 +618,9 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
 
 
 def test_jsonl_field_first_seen_after_the_first_block_is_read(cli, tmp_path, monkeypatch):
-    from grpo_cli import sources
+    from grpo_cli import readers
 
-    monkeypatch.setattr(sources, "JSONL_BLOCK_BYTES", 4096)
+    monkeypatch.setattr(readers, "JSONL_BLOCK_BYTES", 4096)
     rows = rollout_rows(n_groups=60, shuffle=False)
     rows[-1]["late"] = "here"
     source = write_jsonl(tmp_path / "in.jsonl", rows)

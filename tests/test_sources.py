@@ -10,19 +10,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from grpo_cli import sources
+from grpo_cli import readers
 from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError
-from grpo_cli.sources import (
-    InputSet,
+from grpo_cli.readers import (
     describe_row,
-    detect_format,
     estimated_memory_bytes,
     iter_batches,
     read_schema,
     row_count,
     unify_jsonl_schema,
 )
+from grpo_cli.sources import InputSet, detect_format
 from tests.conftest import write_jsonl, write_parquet
 
 ROWS = [{"group_id": i // 2, "reward": float(i % 3)} for i in range(10)]
@@ -152,12 +151,12 @@ def test_rows_are_described_as_rows_or_lines(tmp_path):
 
 
 def test_a_type_change_after_the_first_block_is_settled_by_reading_the_whole_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(sources, "JSONL_BLOCK_BYTES", 1024)
+    monkeypatch.setattr(readers, "JSONL_BLOCK_BYTES", 1024)
     rows = [{"group_id": i, "reward": 1} for i in range(200)] + [{"group_id": 200, "reward": 0.5}]
     path = write_jsonl(tmp_path / "drift.jsonl", rows)
     with InputSet(str(path)) as inputs:
         (shard,) = inputs.shards
-        with pytest.raises(sources.JsonlSchemaDrift):
+        with pytest.raises(readers.JsonlSchemaDrift):
             list(iter_batches(shard, None, batch_rows=10))
         assert unify_jsonl_schema(shard).field("reward").type == pa.float64()
         values = pa.Table.from_batches(list(iter_batches(shard, ["reward"], batch_rows=10)))
@@ -182,7 +181,7 @@ def test_a_run_leaves_no_state_behind_for_the_next(tmp_path, monkeypatch):
     lives on the run's shards: a later run in the same process reads the file afresh."""
     from grpo_cli.jobs import compute_dataset
 
-    monkeypatch.setattr(sources, "JSONL_BLOCK_BYTES", 1024)
+    monkeypatch.setattr(readers, "JSONL_BLOCK_BYTES", 1024)
     rows = [{"group_id": i // 2, "reward": 1} for i in range(200)] + [{"group_id": 100, "reward": 0.5}]
     warm = write_jsonl(tmp_path / "warm.jsonl", rows)
     path = write_jsonl(tmp_path / "drift.jsonl", rows)
@@ -200,7 +199,7 @@ def test_a_run_leaves_no_state_behind_for_the_next(tmp_path, monkeypatch):
 
 
 def test_read_ahead_keeps_order_and_raises_where_the_item_would_be():
-    from grpo_cli.sources import read_ahead
+    from grpo_cli.readers import read_ahead
 
     def items():
         yield from range(3)
@@ -215,7 +214,7 @@ def test_read_ahead_keeps_order_and_raises_where_the_item_would_be():
 def test_read_ahead_stops_and_closes_the_source_when_the_consumer_stops():
     import threading
 
-    from grpo_cli.sources import read_ahead
+    from grpo_cli.readers import read_ahead
 
     produced = []
     closed = threading.Event()

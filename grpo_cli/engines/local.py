@@ -47,11 +47,8 @@ from grpo_cli.output import (
 )
 from grpo_cli.plan import BatchLayout, GroupOutcome, RunPlan, batch_of_groups
 from grpo_cli.progress import NoProgress, Progress
-from grpo_cli.rewards import RewardBatch, RewardReader, new_column_arrays
-from grpo_cli.sources import (
-    InputSet,
+from grpo_cli.readers import (
     SchemaDrift,
-    Shard,
     describe_row,
     estimated_memory_bytes,
     iter_batches,
@@ -60,6 +57,8 @@ from grpo_cli.sources import (
     read_table,
     row_count,
 )
+from grpo_cli.rewards import RewardBatch, RewardReader, new_column_arrays
+from grpo_cli.sources import InputSet, Shard
 from grpo_cli.summary import RunSummary, build_summary, input_info
 from grpo_cli.verify import Verifier
 

@@ -1,0 +1,861 @@
+"""Reading shards: one reader per format behind one protocol, and the text formats' hardening.
+
+:func:`reader_of` gives a shard's :class:`FormatReader` (Parquet, Arrow IPC, JSON lines, CSV,
+or a table in memory); :func:`read_schema`, :func:`iter_batches`, :func:`describe_row` and the
+other functions here ask it. Every read error becomes a :class:`~grpo_cli.errors.GrpoError`
+naming the file (and the line, for text formats). The JSON-lines and CSV readers harden what
+pyarrow's readers pass through or trip on: nesting deep enough to overflow its parser, integers
+a float column would round, invalid UTF-8, a column whose type changes after the first block,
+and the line (not the record) an error is on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import queue
+import re
+import threading
+import zlib
+from collections.abc import Generator, Iterator, Sequence
+from typing import IO, Any, Generic, Protocol, TypeVar
+
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.json as pa_json
+import pyarrow.parquet as pq
+
+from grpo_cli.columns import MAX_NESTING, holds_type
+from grpo_cli.errors import GrpoError, first_line
+from grpo_cli.file_names import PROVENANCE_KEY
+from grpo_cli.sources import Shard, decompressed
+
+JSONL_BLOCK_BYTES = 8 << 20
+
+
+# --------------------------------------------------------------------------- schema and batches
+
+
+class FormatReader(Protocol):
+    """What grpo-cli asks of a format: each method takes the shard it reads."""
+
+    def schema(self, shard: Shard) -> pa.Schema:
+        """The columns (text formats: as inferred from the first block)."""
+
+    def provenance(self, shard: Shard) -> dict[str, Any] | None:
+        """grpo-cli's provenance entry, where the format can hold one."""
+
+    def memory_bytes(self, shard: Shard) -> int:
+        """Roughly how much memory the shard takes once decoded."""
+
+    def rows(self, shard: Shard) -> int | None:
+        """The row count, where the file says so cheaply."""
+
+    def batches(self, shard: Shard, columns: list[str] | None, batch_rows: int) -> Iterator[pa.RecordBatch]:
+        """Record batches of about ``batch_rows`` rows (text formats: one block each)."""
+
+    def where(self, shard: Shard, row: int) -> str:
+        """Where the 0-based data ``row`` is, as error messages name it."""
+
+
+class _Rows:
+    """Rows named by their index, no provenance: the base of every reader but the text ones' ``where``."""
+
+    def provenance(self, shard: Shard) -> dict[str, Any] | None:
+        return None
+
+    def rows(self, shard: Shard) -> int | None:
+        return None
+
+    def where(self, shard: Shard, row: int) -> str:
+        return f"{shard.display}, row {row}"
+
+
+class TableReader(_Rows):
+    """A table in memory (the table API)."""
+
+    def schema(self, shard: Shard) -> pa.Schema:
+        assert shard.table is not None
+        return shard.table.schema
+
+    def memory_bytes(self, shard: Shard) -> int:
+        assert shard.table is not None
+        return int(shard.table.nbytes)
+
+    def rows(self, shard: Shard) -> int | None:
+        assert shard.table is not None
+        return int(shard.table.num_rows)
+
+    def batches(self, shard: Shard, columns: list[str] | None, batch_rows: int) -> Iterator[pa.RecordBatch]:
+        assert shard.table is not None
+        table = shard.table if columns is None else shard.table.select(columns)
+        yield from table.to_batches(max_chunksize=batch_rows)
+
+
+class ParquetReader(_Rows):
+    """Parquet, every page's CRC verified where the writer stored one."""
+
+    def schema(self, shard: Shard) -> pa.Schema:
+        try:
+            return pq.read_schema(shard.path)
+        except (pa.ArrowException, OSError) as exc:
+            raise read_error(shard, exc, "not a readable Parquet file") from None
+
+    def provenance(self, shard: Shard) -> dict[str, Any] | None:
+        raw = self._metadata(shard).metadata or {}
+        entry = raw.get(PROVENANCE_KEY)
+        if entry is None:
+            return None
+        try:
+            record = json.loads(entry)
+        except ValueError:
+            raise GrpoError(f"{shard.display}: its grpo-cli provenance entry is not valid JSON") from None
+        if not isinstance(record, dict):
+            raise GrpoError(f"{shard.display}: its grpo-cli provenance entry is not a JSON object")
+        return record
+
+    def memory_bytes(self, shard: Shard) -> int:
+        meta = self._metadata(shard)
+        return int(sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)))
+
+    def rows(self, shard: Shard) -> int | None:
+        try:
+            return int(pq.read_metadata(shard.path).num_rows)
+        except (pa.ArrowException, OSError):
+            return None
+
+    def batches(self, shard: Shard, columns: list[str] | None, batch_rows: int) -> Iterator[pa.RecordBatch]:
+        yield from _parquet_batches(shard, columns, batch_rows)
+
+    @staticmethod
+    def _metadata(shard: Shard) -> pq.FileMetaData:
+        try:
+            return pq.read_metadata(shard.path)
+        except (pa.ArrowException, OSError) as exc:
+            raise read_error(shard, exc, "not a readable Parquet file") from None
+
+
+class ArrowReader(_Rows):
+    """An Arrow IPC file or stream, memory-mapped, every batch validated."""
+
+    def schema(self, shard: Shard) -> pa.Schema:
+        with _arrow_batches(shard) as (schema, _):
+            return schema
+
+    def memory_bytes(self, shard: Shard) -> int:
+        return shard.size_bytes
+
+    def rows(self, shard: Shard) -> int | None:
+        with _arrow_batches(shard) as (_, batches):  # memory-mapped: only the batches' headers are read
+            return int(sum(batch.num_rows for batch in batches))
+
+    def batches(self, shard: Shard, columns: list[str] | None, batch_rows: int) -> Iterator[pa.RecordBatch]:
+        with _arrow_batches(shard) as (_, batches):
+            yield from _rebatched(batches, columns, batch_rows)
+
+
+class _Text(_Rows):
+    def memory_bytes(self, shard: Shard) -> int:
+        return shard.size_bytes * (6 if shard.compression else 2)
+
+
+class JsonlReader(_Text):
+    """JSON lines (and JSON arrays, spooled as lines): nesting scanned, integers kept exact,
+    types settled over the whole file when they drift, errors on the line."""
+
+    def schema(self, shard: Shard) -> pa.Schema:
+        if jsonl_is_empty(shard):
+            return pa.schema([])
+        _check_jsonl_nesting(shard)
+        with _JsonlReader(shard) as reader:
+            return reader.schema
+
+    def batches(self, shard: Shard, columns: list[str] | None, batch_rows: int) -> Iterator[pa.RecordBatch]:
+        yield from _jsonl_batches(shard, columns)
+
+    def where(self, shard: Shard, row: int) -> str:
+        line = jsonl_line_of_record(shard, row)
+        if line is not None:
+            return f"{shard.display}, {shard.record_word} {line}"
+        return f"{shard.display}, record {row}"
+
+
+class CsvReader(_Text):
+    """CSV, every column read as its text; errors on the line an editor shows."""
+
+    def schema(self, shard: Shard) -> pa.Schema:
+        with _CsvReader(shard) as reader:
+            return reader.schema
+
+    def batches(self, shard: Shard, columns: list[str] | None, batch_rows: int) -> Iterator[pa.RecordBatch]:
+        yield from _csv_batches(shard, columns)
+
+    def where(self, shard: Shard, row: int) -> str:
+        line = csv_line_of_record(shard, row) if shard.path.is_file() else None
+        return f"{shard.display}, line {line}" if line is not None else super().where(shard, row)
+
+
+READERS: dict[str, FormatReader] = {
+    "table": TableReader(),
+    "parquet": ParquetReader(),
+    "arrow": ArrowReader(),
+    "jsonl": JsonlReader(),
+    "csv": CsvReader(),
+}
+"""One reader per :attr:`Shard.format <grpo_cli.sources.Shard.format>`."""
+
+
+def reader_of(shard: Shard) -> FormatReader:
+    """The reader of ``shard``'s format (a table in memory has its own).
+
+    >>> from pathlib import Path
+    >>> type(reader_of(Shard(Path("a.csv"), "a.csv", "csv", 0))).__name__
+    'CsvReader'
+    """
+    return READERS["table" if shard.table is not None else shard.format]
+
+
+def read_schema(shard: Shard) -> pa.Schema:
+    """The shard's schema (for JSONL and CSV: as inferred from the first block)."""
+    return reader_of(shard).schema(shard)
+
+
+def read_provenance(shard: Shard) -> dict[str, Any] | None:
+    """The ``grpo_cli`` provenance entry of a Parquet shard grpo-cli wrote, or ``None``."""
+    return reader_of(shard).provenance(shard)
+
+
+def estimated_memory_bytes(shard: Shard) -> int:
+    """Roughly how much memory the shard takes once decoded."""
+    return reader_of(shard).memory_bytes(shard)
+
+
+def row_count(shard: Shard) -> int | None:
+    """Rows in the shard when the file says so cheaply (Parquet, Arrow, a table), else ``None``."""
+    return reader_of(shard).rows(shard)
+
+
+def iter_batches(shard: Shard, columns: list[str] | None, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """Record batches of the shard, optionally only some columns."""
+    return reader_of(shard).batches(shard, columns, batch_rows)
+
+
+def describe_row(shard: Shard, row: int) -> str:
+    """``data.parquet, row 17``, or ``data.jsonl, line 18`` and ``data.csv, line 19`` (the text
+    formats name the line, 1-based, an editor shows) for error messages."""
+    return reader_of(shard).where(shard, row)
+
+
+_Item = TypeVar("_Item")
+
+
+def read_ahead(items: Iterator[_Item], *, depth: int = 1) -> Generator[_Item, None, None]:
+    """``items``, produced on a second thread up to ``depth`` items ahead of the consumer.
+
+    Decoding the next batch (pyarrow releases the GIL) overlaps the consumer's work on
+    this one. The producer's exception is raised to the consumer where the item would
+    have come; a consumer that stops early stops the producer, which closes ``items``.
+
+    >>> list(read_ahead(iter(range(5))))
+    [0, 1, 2, 3, 4]
+    """
+    slots: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def offer(entry: tuple[bool, Any]) -> bool:
+        while not stop.is_set():
+            with contextlib.suppress(queue.Full):
+                slots.put(entry, timeout=0.05)
+                return True
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not offer((False, item)):
+                    return
+            offer((True, None))
+        except BaseException as exc:  # raised again on the consumer's thread
+            offer((True, exc))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
+    thread = threading.Thread(target=produce, name="grpo-cli-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            finished, value = slots.get()
+            if finished:
+                if value is not None:
+                    raise value
+                return
+            yield value
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _rebatched(
+    batches: Iterator[pa.RecordBatch], columns: list[str] | None, batch_rows: int
+) -> Iterator[pa.RecordBatch]:
+    """Batches of about ``batch_rows`` rows from smaller ones (``datasets`` writes 1,000-row batches)."""
+    pending: list[pa.RecordBatch] = []
+    rows = 0
+    for batch in batches:
+        pending.append(batch.select(columns) if columns is not None else batch)
+        rows += batch.num_rows
+        if rows >= batch_rows:
+            yield from _combined(pending)
+            pending, rows = [], 0
+    if pending:
+        yield from _combined(pending)
+
+
+def _combined(batches: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
+    if len(batches) == 1:
+        return batches
+    combined: list[pa.RecordBatch] = pa.Table.from_batches(batches).combine_chunks().to_batches()
+    return combined
+
+
+@contextlib.contextmanager
+def _arrow_batches(shard: Shard) -> Iterator[tuple[pa.Schema, Iterator[pa.RecordBatch]]]:
+    """An Arrow IPC file or stream, memory-mapped: its schema and its batches."""
+    try:
+        with pa.memory_map(str(shard.path), "r") as source:
+            magic = source.read(6)
+            source.seek(0)
+            if magic.startswith(b"FEA1"):
+                raise GrpoError(
+                    f"{shard.display}: a Feather version 1 file; convert it to version 2 "
+                    "(pyarrow.feather.write_feather) first"
+                )
+            if magic == b"ARROW1":
+                file_reader = pa.ipc.open_file(source)
+                batches = (file_reader.get_batch(i) for i in range(file_reader.num_record_batches))
+                yield file_reader.schema, _checked(shard, batches, "Arrow")
+            else:
+                stream_reader = pa.ipc.open_stream(source)
+                yield stream_reader.schema, _checked(shard, iter(stream_reader), "Arrow")
+    except (pa.ArrowException, OSError) as exc:
+        raise GrpoError(f"{shard.display}: not a readable Arrow IPC file ({first_line(exc)})") from None
+
+
+def _checked(shard: Shard, batches: Iterator[pa.RecordBatch], what: str) -> Iterator[pa.RecordBatch]:
+    """``batches``, a decoding error becoming one line naming the shard."""
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except (pa.ArrowException, OSError) as exc:
+            raise read_error(shard, exc, f"corrupt {what} data") from None
+        try:
+            # memory-mapped bytes from another writer: a bad offset would be read as an address
+            batch.validate(full=True)
+        except (pa.ArrowException, ValueError) as exc:
+            raise GrpoError(f"{shard.display}: corrupt {what} data ({first_line(exc)})") from None
+        yield batch
+
+
+def read_error(shard: Shard, exc: BaseException, what: str) -> GrpoError:
+    """A read error as one line; an encrypted file says so, whichever part of it failed."""
+    text = first_line(exc)
+    if "crypt" in text.lower():
+        return GrpoError(
+            f"{shard.display}: an encrypted Parquet file; grpo-cli reads no encrypted data (decrypt it first)"
+        )
+    return GrpoError(f"{shard.display}: {what} ({text})")
+
+
+def validate_pages(shards: Sequence[Shard]) -> dict[str, Any]:
+    """Decode every page of every Parquet shard, verifying each page's CRC where the writer
+    stored one: ``row_groups`` and ``column_chunks`` decoded, and ``error`` (the first failure,
+    naming its file, row group and column) or ``None``. Other formats were decoded whole by the run.
+    """
+    row_groups = chunks = 0
+    for shard in shards:
+        if shard.format != "parquet":
+            continue
+        try:
+            file = pq.ParquetFile(shard.path, page_checksum_verification=True, pre_buffer=False)
+        except (pa.ArrowException, OSError) as exc:
+            return {
+                "row_groups": row_groups,
+                "column_chunks": chunks,
+                "error": read_error(shard, exc, "unreadable").message,
+            }
+        with file:
+            names = file.schema_arrow.names
+            for group in range(file.num_row_groups):
+                for name in names:
+                    try:
+                        file.read_row_group(group, columns=[name], use_threads=False)
+                    except (pa.ArrowException, OSError) as exc:
+                        where = f"row group {group}, column {name!r}"
+                        error = read_error(shard, exc, f"{where}: does not decode").message
+                        return {"row_groups": row_groups, "column_chunks": chunks, "error": error}
+                    chunks += 1
+                row_groups += 1
+    return {"row_groups": row_groups, "column_chunks": chunks, "error": None}
+
+
+def read_table(shard: Shard) -> pa.Table:
+    """A whole Parquet shard, decoded in parallel."""
+    try:
+        return pq.read_table(shard.path, page_checksum_verification=True)
+    except (pa.ArrowException, OSError) as exc:
+        raise read_error(shard, exc, "corrupt Parquet data") from None
+
+
+def _parquet_batches(shard: Shard, columns: list[str] | None, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    try:
+        # pre_buffer would read the whole file ahead: memory must stay bounded by a batch.
+        file = pq.ParquetFile(shard.path, pre_buffer=False, page_checksum_verification=True)
+    except (pa.ArrowException, OSError) as exc:
+        raise read_error(shard, exc, "not a readable Parquet file") from None
+    with file:
+        batches = file.iter_batches(batch_size=batch_rows, columns=columns, use_threads=True)
+        yield from _checked(shard, batches, "Parquet")
+
+
+_Reader = TypeVar("_Reader")
+
+
+class _TextReader(Generic[_Reader]):
+    """A streaming reader of a text shard (JSON lines, CSV); its stream is closed on exit."""
+
+    def __init__(self, shard: Shard) -> None:
+        self.shard = shard
+        self._stream: Any = None
+
+    def __enter__(self) -> _Reader:
+        try:
+            self._stream = pa.input_stream(str(self.shard.path), compression=self.shard.compression)
+            return self._open(self._stream)
+        except (pa.ArrowException, OSError) as exc:
+            self.close()
+            raise self._error(exc) from None
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+    def _open(self, stream: pa.NativeFile) -> _Reader:
+        raise NotImplementedError
+
+    def _error(self, exc: BaseException) -> Exception:
+        raise NotImplementedError
+
+
+def jsonl_block_bytes(shard: Shard) -> int:
+    """pyarrow's read block for a JSON lines shard: 8 MiB, or a power of two that holds its
+    longest line (a longer line is refused by pyarrow as a 'straddling object').
+
+    >>> from pathlib import Path
+    >>> shard = Shard(Path("r.jsonl"), "r.jsonl", "jsonl", 0)
+    >>> jsonl_block_bytes(shard) == JSONL_BLOCK_BYTES
+    True
+    >>> shard.found.longest_line = 20 << 20
+    >>> jsonl_block_bytes(shard) >> 20
+    32
+    """
+    longest = shard.found.longest_line
+    block = JSONL_BLOCK_BYTES
+    while block <= longest:
+        block *= 2
+    return block
+
+
+class _JsonlReader(_TextReader["pa_json.JSONStreamingReader"]):
+    def _open(self, stream: pa.NativeFile) -> pa_json.JSONStreamingReader:
+        schema = self.shard.found.schema
+        return pa_json.open_json(
+            stream,
+            read_options=pa_json.ReadOptions(block_size=jsonl_block_bytes(self.shard)),
+            parse_options=pa_json.ParseOptions(explicit_schema=schema) if schema is not None else None,
+        )
+
+    def _error(self, exc: BaseException) -> Exception:
+        if isinstance(exc, Exception) and _is_schema_drift(exc) and self.shard.found.schema is None:
+            return JsonlSchemaDrift(self.shard)
+        return _jsonl_error(self.shard, exc)
+
+
+@contextlib.contextmanager
+def _open_jsonl(shard: Shard) -> Iterator[IO[bytes]]:
+    """The file's bytes, decompressed; a corrupt gzip stream becomes one clear error."""
+    try:
+        with decompressed(shard.path, shard.compression) as handle:
+            yield handle
+    except (OSError, EOFError, zlib.error, pa.ArrowException) as exc:
+        if shard.compression and not isinstance(exc, FileNotFoundError | PermissionError):
+            raise GrpoError(
+                f"{shard.display}: not a readable {shard.compression} file ({first_line(exc)})"
+            ) from None
+        raise GrpoError(f"{shard.display}: cannot read the file ({first_line(exc)})") from None
+
+
+def jsonl_is_empty(shard: Shard) -> bool:
+    with _open_jsonl(shard) as handle:
+        return all(not line.strip() for line in handle)
+
+
+def _jsonl_batches(shard: Shard, columns: list[str] | None) -> Iterator[pa.RecordBatch]:
+    if jsonl_is_empty(shard):
+        return
+    with _JsonlReader(shard) as reader:
+        _check_exact_integers(shard, reader.schema)
+        while True:
+            try:
+                batch = reader.read_next_batch()
+                batch.validate(full=True)  # the JSON reader passes invalid UTF-8 through
+            except StopIteration:
+                return
+            except (pa.ArrowException, OSError) as exc:
+                if _is_schema_drift(exc) and shard.found.schema is None:
+                    raise JsonlSchemaDrift(shard) from None
+                raise _jsonl_error(shard, exc) from None
+            yield batch.select(columns) if columns is not None else batch
+
+
+class SchemaDrift(Exception):
+    """A column's type, inferred from a text file's first block, does not fit a later block.
+
+    The engine catches it, calls :meth:`settle` (which records the types to read the
+    file with) and runs again; nothing was written by the failed attempt.
+    """
+
+    def __init__(self, shard: Shard) -> None:
+        super().__init__(shard.display)
+        self.shard = shard
+
+    def settle(self) -> None:
+        raise NotImplementedError
+
+
+class JsonlSchemaDrift(SchemaDrift):
+    """A JSONL column changed type, or a new field appeared: the whole file's types are
+    inferred chunk by chunk and unified (:func:`unify_jsonl_schema`)."""
+
+    def settle(self) -> None:
+        unify_jsonl_schema(self.shard)
+
+
+class _CsvReader(_TextReader["pa_csv.CSVStreamingReader"]):
+    """Every CSV column is read as its text: type inference would merge the keys ``007``,
+    ``07`` and ``7``, turn ``N/A`` into a null and ``001`` into ``1.0``. An unquoted empty
+    cell is a null (a quoted ``""`` is the empty string); the columns grpo-cli computes
+    from are parsed as numbers where they are read (:func:`~grpo_cli.rewards.numbers_from_text`)."""
+
+    def _open(self, stream: pa.NativeFile) -> pa_csv.CSVStreamingReader:
+        read_options = pa_csv.ReadOptions(block_size=JSONL_BLOCK_BYTES)
+        # a quoted cell may hold newlines: a block may not be cut at one of them
+        parse_options = pa_csv.ParseOptions(newlines_in_values=True)
+        with pa.input_stream(str(self.shard.path), compression=self.shard.compression) as header:
+            names = pa_csv.open_csv(
+                header, read_options=read_options, parse_options=parse_options
+            ).schema.names
+        return pa_csv.open_csv(
+            stream,
+            read_options=read_options,
+            parse_options=parse_options,
+            convert_options=pa_csv.ConvertOptions(
+                column_types={name: pa.string() for name in names},
+                null_values=[""],
+                strings_can_be_null=True,
+                quoted_strings_can_be_null=False,
+            ),
+        )
+
+    def _error(self, exc: BaseException) -> Exception:
+        return _csv_error(self.shard, exc, None)
+
+
+def _csv_batches(shard: Shard, columns: list[str] | None) -> Iterator[pa.RecordBatch]:
+    with _CsvReader(shard) as reader:
+        schema = reader.schema
+        while True:
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                return
+            except (pa.ArrowException, OSError) as exc:
+                raise _csv_error(shard, exc, schema) from None
+            yield batch.select(columns) if columns is not None else batch
+
+
+def _csv_error(shard: Shard, exc: BaseException, schema: pa.Schema | None) -> Exception:
+    text = first_line(exc)
+    if shard.compression and isinstance(exc, OSError):
+        return GrpoError(f"{shard.display}: not a readable {shard.compression} file ({text})")
+    if "Empty CSV file" in text:
+        return GrpoError(f"{shard.display}: an empty CSV file (not even a header line)")
+    text = re.sub(r"(Expected \d+ columns?, got \d+).*", r"\1", text)  # not the row's raw bytes
+    text = re.sub(r"Row #\d+: ", "", text)  # pyarrow numbers rows only when it parses serially
+    line = _csv_line_of_bad_record(shard) if "Expected" in text else None
+    where = f", line {line}" if line is not None else ""
+    return GrpoError(f"{shard.display}{where}: malformed CSV ({text})")
+
+
+def _csv_records(shard: Shard) -> Iterator[tuple[int, list[str]]]:
+    """Each CSV record (the header first) with the line it ends on, as Python's csv reads it."""
+    import csv
+
+    with _open_jsonl(shard) as handle:
+        text = io.TextIOWrapper(handle, encoding="utf-8-sig", errors="replace", newline="")
+        reader = csv.reader(text)
+        with contextlib.suppress(csv.Error):
+            for record in reader:
+                yield reader.line_num, record
+
+
+def _csv_line_of_bad_record(shard: Shard) -> int | None:
+    """The line of the first record whose field count differs from the header's."""
+    width = None
+    for line, record in _csv_records(shard):
+        if width is None:
+            width = len(record)
+        elif record and len(record) != width:
+            return line
+    return None
+
+
+def csv_line_of_record(shard: Shard, record: int) -> int | None:
+    """The line the 0-based data ``record`` starts on (a quoted cell may hold newlines)."""
+    previous_end = None
+    for index, (line, _) in enumerate(_csv_records(shard)):
+        if index == record + 1:
+            return (previous_end or 0) + 1
+        previous_end = line
+    return None
+
+
+def _is_schema_drift(exc: Exception) -> bool:
+    text = str(exc)
+    return (
+        "Failed to convert JSON" in text
+        or "changed from" in text
+        or "Column(" in text
+        or "unexpected field" in text
+    )
+
+
+def unify_jsonl_schema(shard: Shard, chunk_bytes: int = 32 << 20) -> pa.Schema:
+    """The types and fields of the whole file: each line-aligned chunk inferred, then unified;
+    recorded on the shard (``shard.found.schema``) for the run's next attempt."""
+    schemas = []
+    with _open_jsonl(shard) as handle:
+        while True:
+            chunk = handle.read(chunk_bytes)
+            if not chunk:
+                break
+            chunk += handle.readline()  # finish the last line
+            if not chunk.strip():
+                continue
+            try:
+                schemas.append(pa_json.read_json(pa.BufferReader(chunk)).schema)
+            except pa.ArrowException as exc:
+                raise _jsonl_error(shard, exc) from None
+    try:
+        schema = pa.unify_schemas(schemas, promote_options="permissive")
+    except (pa.ArrowException, TypeError) as exc:
+        raise GrpoError(
+            f"{shard.display}: a column holds values of incompatible types ({first_line(exc)})"
+        ) from None
+    shard.found.schema = schema
+    return schema
+
+
+# Integer literals of 16 digits or more may exceed 2**53, beyond which float64 rounds.
+_LONG_INTEGER = re.compile(rb"\d{16,}")
+
+
+def _check_exact_integers(shard: Shard, schema: pa.Schema, chunk_bytes: int = 32 << 20) -> None:
+    """Refuse an integer that a floating-point column would round (IDs past 2**53 or 2**63).
+
+    pyarrow reads a JSON integer as float64 when it exceeds int64 or shares its column
+    with floats. A fast scan finds the lines with long digit runs; only those are parsed.
+    """
+    floating = [f for f in schema if holds_type(f.type, pa.types.is_floating)]
+    key = str(schema)
+    if not floating or key in shard.found.exact_integers:
+        return
+    line_offset = 0
+    with _open_jsonl(shard) as handle:
+        while True:
+            chunk = handle.read(chunk_bytes)
+            if not chunk:
+                break
+            chunk += handle.readline()
+            for match in _LONG_INTEGER.finditer(chunk):
+                start = chunk.rfind(b"\n", 0, match.start()) + 1
+                end = chunk.find(b"\n", match.end())
+                line = chunk[start : end if end >= 0 else len(chunk)]
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue  # pyarrow reports malformed lines with their number
+                if not isinstance(record, dict):
+                    continue
+                for column in floating:
+                    value = _inexact_integer(record.get(column.name), column.type)
+                    if value is not None:
+                        number = line_offset + chunk.count(b"\n", 0, start) + 1
+                        raise GrpoError(
+                            f"{shard.display}, {shard.record_word} {number}: the integer {value} in column "
+                            f"{column.name!r} cannot be kept exactly (the column is read as "
+                            f"{column.type}); write it as a string"
+                        )
+            line_offset += chunk.count(b"\n")
+    shard.found.exact_integers.add(key)
+
+
+def _inexact_integer(value: Any, data_type: pa.DataType) -> int | None:
+    """An integer inside ``value`` that ``data_type`` (floating somewhere) would round,
+    or that pyarrow made a float because it exceeds int64."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        beyond_int64 = not -(1 << 63) <= value < (1 << 63)
+        if pa.types.is_floating(data_type) and (beyond_int64 or int(float(value)) != value):
+            return value
+        return None
+    if isinstance(value, dict) and pa.types.is_struct(data_type):
+        for i in range(data_type.num_fields):
+            child = data_type.field(i)
+            found = _inexact_integer(value.get(child.name), child.type)
+            if found is not None:
+                return found
+    if isinstance(value, list) and (pa.types.is_list(data_type) or pa.types.is_large_list(data_type)):
+        for item in value:
+            found = _inexact_integer(item, data_type.value_type)
+            if found is not None:
+                return found
+    return None
+
+
+def _jsonl_error(shard: Shard, exc: BaseException) -> GrpoError:
+    """Find the offending line with the standard library: pyarrow only counts records."""
+    location = _first_bad_jsonl_line(shard)
+    if location is not None:
+        line, reason = location
+        what = "JSON array" if shard.record_word == "element" else "JSONL"
+        return GrpoError(f"{shard.display}, {shard.record_word} {line}: malformed {what} ({reason})")
+    if shard.compression and isinstance(exc, OSError):
+        return GrpoError(f"{shard.display}: not a readable {shard.compression} file ({first_line(exc)})")
+    return GrpoError(f"{shard.display}: cannot read the JSONL file ({first_line(exc)})")
+
+
+def _first_bad_jsonl_line(shard: Shard) -> tuple[int, str] | None:
+    with _open_jsonl(shard) as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                return number, f"invalid UTF-8 at byte {err.start + 1} of the line"
+            if not text.strip():
+                continue
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as err:
+                return number, f"{err.msg} at column {err.colno}"
+            if not isinstance(value, dict):
+                return number, f"expected a JSON object, got {type(value).__name__}"
+            if not _encodable(value):
+                return number, "a string escapes a lone UTF-16 surrogate (not valid Unicode)"
+    return None
+
+
+def _encodable(value: Any) -> bool:
+    """Whether every string in a parsed JSON value is valid Unicode (no lone surrogates)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    if isinstance(value, dict):
+        return all(_encodable(k) and _encodable(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_encodable(v) for v in value)
+    return True
+
+
+def jsonl_line_of_record(shard: Shard, record: int) -> int | None:
+    """The 1-based line of the 0-based ``record`` (blank lines do not count as records)."""
+    seen = -1
+    with _open_jsonl(shard) as handle:
+        for number, text in enumerate(handle, start=1):
+            if text.strip():
+                seen += 1
+                if seen == record:
+                    return number
+    return None
+
+
+def _check_jsonl_nesting(shard: Shard, chunk_bytes: int = 32 << 20) -> None:
+    """Refuse a JSON line nested deeper than :data:`~grpo_cli.columns.MAX_NESTING` before
+    pyarrow's parser sees it: about 20,000 levels overflow its stack (a segfault). Notes the
+    longest line in ``shard.found``: pyarrow's read block must hold a whole line.
+
+    A line cannot nest deeper than it has ``[`` and ``{``: a vectorised count per line finds
+    the few lines with more, and only those are scanned, strings skipped.
+    """
+    import numpy as np
+
+    opening = np.zeros(256, dtype=np.int64)
+    opening[[ord("["), ord("{")]] = 1
+    line_offset = longest = 0
+    with _open_jsonl(shard) as handle:
+        while True:
+            chunk = handle.read(chunk_bytes)
+            if not chunk:
+                shard.found.longest_line = longest
+                return
+            chunk += handle.readline()
+            data = np.frombuffer(chunk, dtype=np.uint8)
+            ends = np.flatnonzero(data == ord("\n"))
+            if data.size:
+                bounds = np.concatenate(([-1], ends, [data.size]))
+                longest = max(longest, int(np.diff(bounds).max()))
+            starts = np.concatenate(([0], ends + 1))
+            counts = np.add.reduceat(opening[data], starts[starts < data.size]) if data.size else data
+            for line in np.flatnonzero(counts > MAX_NESTING).tolist():
+                end = int(ends[line]) if line < ends.size else data.size
+                depth = _json_depth(chunk[int(starts[line]) : end])
+                if depth > MAX_NESTING:
+                    raise GrpoError(
+                        f"{shard.display}, {shard.record_word} {line_offset + line + 1}: a value nests "
+                        f"{depth:,} levels deep; grpo-cli reads at most {MAX_NESTING}"
+                    )
+            line_offset += int(ends.size)
+
+
+def _json_depth(line: bytes) -> int:
+    """The deepest ``[``/``{`` nesting of one JSON text, brackets inside strings not counted."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in line:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
