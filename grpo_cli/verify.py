@@ -83,7 +83,9 @@ class Verifier:
         floor = 1.0 if options.scale == "none" else min(options.epsilon, 1.0)
         self._constant_bound = 8 * self._rounding / floor
         self._divisor = _group_divisor(cpu, options)
-        self._lost_offset = self._rounding > (cpu.maximum - cpu.minimum) * 2.0**-10
+        # an offset that swallows the spread: a group with no spread (one rollout) has none to swallow
+        spread = cpu.maximum - cpu.minimum
+        self._lost_offset = (cpu.count >= 2) & (spread > 0) & (self._rounding > spread * 2.0**-10)
         self._residue_bound = 8 * self._rounding / self._divisor
         self._float32: bool | None = None
         self._unit_roundoff = 2.0**-FLOAT32_BITS

@@ -396,3 +396,134 @@ def test_trainer_rounding_is_its_documented_bound_on_every_branch(options, group
         _documented_bound(verifier, groups, expected.tolist(), resolved), rel=1e-12, abs=0
     )
     assert all(b > 0 for b in got)
+
+
+def test_residue_adds_up_over_batches_and_over_constant_groups():
+    """Each batch's residue and the constant groups' were assigned, not added, in a mutant."""
+    groups = [[0.9, 0.9, 0.9, 1.0], [0.1] * 8]
+    rewards, ids, stats = stats_of(groups)
+    exact = [-0.0333, -0.0333, -0.0333, 0.1] + [0.0] * 8
+    given = [-0.0333, -0.0333, -0.0333, 235.9] + [1e-3] * 8  # one lone-row residue, eight constant
+    verifier = Verifier(VerifySpec("a"), stats, AdvantageOptions.resolve(preset="nemo-rl"), None)
+    for start in (0, 4, 8):  # three batches of four rows
+        chunk = slice(start, start + 4)
+        _compare(verifier, given[chunk], exact[chunk], rewards[chunk], ids[chunk], row=start)
+    assert verifier.passed  # settles the constant group
+    first = verifier.result()
+    assert (first["residue"], first["mismatched"]) == (9, 0)
+    assert verifier.result() == first  # settling twice counts nothing twice
+
+
+def test_a_constant_groups_example_is_its_first_differing_row_across_batches():
+    groups = [[0.5] * 6]
+    rewards, ids, stats = stats_of(groups)
+    spec = VerifySpec("a", atol=0.0, rtol=0.0)
+    verifier = Verifier(spec, stats, AdvantageOptions.resolve(std="sample"), None)
+    given = [0.25, 0.0, 0.0, 0.0, 0.75, 0.0]  # differing rows 0 and 4, in different batches
+    for start in (0, 3):
+        _compare(verifier, given[start : start + 3], [0.0] * 3, rewards[:3], ids[:3], row=start)
+    result = verifier.result()
+    assert result["mismatched"] == 2
+    assert [(e["row"], e["actual"]) for e in result["examples"]] == [(0, 0.25)]
+    verifier = Verifier(spec, stats, AdvantageOptions.resolve(std="sample"), None)
+    given = [0.0, 0.0, 0.0, 0.0, 0.75, 0.5]  # the first differing row is in the second batch
+    for start in (0, 3):
+        _compare(verifier, given[start : start + 3], [0.0] * 3, rewards[:3], ids[:3], row=start)
+    assert [(e["row"], e["actual"]) for e in verifier.result()["examples"]] == [(4, 0.75)]
+
+
+def test_a_whitened_constant_group_is_residue_around_its_own_nonzero_value():
+    """Whitening gives a constant group a non-zero advantage: the residue is measured from it."""
+    groups = [[0.1] * 8]
+    rewards, ids, stats = stats_of(groups)
+    options = AdvantageOptions.resolve(preset="verl", whiten="unbiased")
+    verifier = Verifier(VerifySpec("a"), stats, options, None, batch_transform=True)
+    expected = [-0.75] * 8
+    _compare(verifier, [-0.75 + 1e-3] * 8, expected, rewards, ids)
+    result = verifier.result()
+    assert (result["residue"], result["mismatched"]) == (8, 0)
+
+
+def test_an_offset_rule_applies_to_offset_groups_only():
+    """An active group whose offset swallows nothing is held to the float32 rounding bound."""
+    groups = [[0.0, 1.0, 1.0, 0.0]]
+    rewards, ids, stats = stats_of(groups)
+    verifier = Verifier(
+        VerifySpec("a", atol=0.0, rtol=0.0), stats, AdvantageOptions.resolve(preset="verl"), None
+    )
+    exact = [-0.8660254037844386, 0.8660254037844386, 0.8660254037844386, -0.8660254037844386]
+    _compare(verifier, [v + 4e-7 for v in exact], exact, rewards, ids)
+    assert (verifier.mismatched, verifier.residue) == (0, 0)
+
+
+def test_float16_rounding_is_float16s_unit_roundoff():
+    groups = [[0.0, 1.0, 1.0, 0.0]]
+    rewards, ids, stats = stats_of(groups)
+    exact = torch.tensor([-1.0, 1.0, 1.0, -1.0], dtype=torch.float64)
+    spec = VerifySpec("a", atol=0.0, rtol=0.0)
+    for nudge, differs in ((4.5e-2, 0), (2e-1, 4)):  # the bound is about 0.058
+        verifier = Verifier(spec, stats, AdvantageOptions.resolve(std="population"), None)
+        given = pa.array((exact + nudge).tolist(), pa.float64()).cast(pa.float16(), safe=False)
+        verifier.compare(given, exact, rewards, ids, SHARD, 0)
+        assert verifier.mismatched == differs, nudge
+
+
+def test_a_constant_group_with_an_exact_mean_gets_no_rounding_allowance():
+    """Its rows are held to the constant rule, not to the active groups' rounding bound."""
+    rewards, ids, stats = stats_of([[0.5] * 4])
+    verifier = Verifier(
+        VerifySpec("a", atol=0.0, rtol=0.0), stats, AdvantageOptions.resolve(preset="verl"), None
+    )
+    _compare(verifier, [1e-9] * 4, [0.0] * 4, rewards, ids)
+    assert (verifier.result()["mismatched"], verifier.residue) == (4, 0)
+
+
+def test_a_one_rollout_groups_value_is_held_to_float32_rounding_not_to_the_offset_rule():
+    """A singleton has no spread, so the offset rule (an offset that swallows the spread) took
+    it: any value within 8 (n + 2) ulp / eps of verl's r / (1 + eps), 2.9 for r = 1, was residue."""
+    rewards, ids, stats = stats_of([[0.0, 1.0], [1.0]])
+    expected = [-0.7071063, 0.7071063, 1.0 / (1 + 1e-6)]
+    for given, mismatched in ((1.5, 1), (expected[2] + 2.0**-23, 0)):
+        verifier = Verifier(VerifySpec("a"), stats, AdvantageOptions.resolve(preset="verl"), None)
+        _compare(verifier, [*expected[:2], given], expected, rewards, ids)
+        result = verifier.result()
+        assert (result["mismatched"], result["residue"]) == (mismatched, 0), given
+
+
+def test_a_two_rollout_constant_group_takes_the_constant_rule():
+    rewards, ids, stats = stats_of([[0.1, 0.1]])
+    verifier = Verifier(VerifySpec("a"), stats, AdvantageOptions.resolve(preset="verl"), None)
+    _compare(verifier, [1e-3, 1e-3], [0.0, 0.0], rewards, ids)
+    assert verifier.result()["residue"] == 2
+
+
+def test_a_mean_whose_bits_fit_exactly_in_float32_cannot_round():
+    value = 1 + 2.0**-21  # 22 significand bits, plus 2 for a count of 2: 24, a float32's
+    rewards, ids, stats = stats_of([[value, value]])
+    verifier = Verifier(VerifySpec("a"), stats, AdvantageOptions.resolve(preset="verl"), None)
+    _compare(verifier, [1e-3, 1e-3], [0.0, 0.0], rewards, ids)
+    assert (verifier.result()["mismatched"], verifier.residue) == (2, 0)
+
+
+def test_the_constant_rules_floor_is_eps_up_to_one():
+    rewards, ids, stats = stats_of([[0.1] * 8])
+    bound = 8 * 10 * float(_ulp32(torch.tensor([0.1], dtype=torch.float64))[0]) / 1.0
+    for value, residue in ((bound * 0.99, 8), (bound * 1.01, 0)):
+        options = AdvantageOptions.resolve(preset="verl", epsilon=1.5)
+        verifier = Verifier(VerifySpec("a", atol=0.0, rtol=0.0), stats, options, None)
+        _compare(verifier, [value] * 8, [0.0] * 8, rewards, ids)
+        assert verifier.result()["residue"] == residue, value
+
+
+def test_an_offset_that_swallows_the_spread_is_residue_within_its_bound_only():
+    group = [1000.0, 1000.125]
+    rewards, ids, stats = stats_of([group])
+    std = 0.125 / math.sqrt(2)
+    bound = 8 * 4 * float(_ulp32(torch.tensor([1000.125], dtype=torch.float64))[0]) / (std + 1e-6)
+    exact = [-0.7071067811865476 * std / (std + 1e-6), 0.7071067811865476 * std / (std + 1e-6)]
+    for factor, residue in ((0.99, 2), (1.05, 1)):  # row 0 is given in float32: residue too
+        verifier = Verifier(
+            VerifySpec("a", atol=0.0, rtol=0.0), stats, AdvantageOptions.resolve(preset="verl"), None
+        )
+        _compare(verifier, [exact[0], exact[1] + factor * bound], exact, rewards, ids)
+        assert (verifier.residue, verifier.mismatched) == (residue, 2 - residue), factor
