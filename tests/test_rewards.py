@@ -96,3 +96,110 @@ def test_weighted_sum_keeps_infinities_under_nansum():
     assert got[:2] == [math.inf, 1.0] and math.isnan(got[2])
     plain = _weighted_sum(terms, nansum=False).tolist()
     assert all(math.isnan(v) for v in plain)
+
+
+# --------------------------------------------------------------------------- the reader, value by value
+
+PARQUET = Shard(Path("r.parquet"), "r.parquet", "parquet", 0)
+
+
+def _reader(batch, specs, shard=PARQUET, **options):
+    from grpo_cli.options import RewardSpec
+    from grpo_cli.rewards import RewardReader
+
+    specs = [s if isinstance(s, RewardSpec) else RewardSpec(*s) for s in specs]
+    return RewardReader(specs, batch.schema, shard, per_column=options.pop("per_column", False), **options)
+
+
+def test_weighted_float32_columns_are_summed_in_float64():
+    batch = pa.record_batch(
+        {"a": pa.array([0.1, 0.7], pa.float32()), "b": pa.array([0.2, 0.1], pa.float32())}
+    )
+    got = _reader(batch, [("a", 1.0), ("b", 1.0)]).read(batch).combined
+    a = torch.tensor([0.1, 0.7], dtype=torch.float32).to(torch.float64)
+    b = torch.tensor([0.2, 0.1], dtype=torch.float32).to(torch.float64)
+    assert got.dtype == torch.float64 and got.tolist() == (a + b).tolist()
+    channels = _reader(batch, [("a", 1.0), ("b", 1.0)], per_column=True).read(batch).channels
+    assert [c.dtype for c in channels] == [torch.float64, torch.float64]
+
+
+@pytest.mark.parametrize("weight", [0.5, 2.0])
+def test_a_single_weighted_column_is_weighted(weight):
+    batch = pa.record_batch({"a": pa.array([1.0, 0.25], pa.float32())})
+    assert _reader(batch, [("a", weight)]).read(batch).combined.tolist() == [weight, weight * 0.25]
+    assert _reader(batch, [("a", 1.0)]).read(batch).combined.dtype == torch.float32  # kept as it is
+
+
+def test_the_reader_refuses_a_text_reward_outside_csv_naming_it():
+    batch = pa.record_batch({"a": pa.array(["1", "0"])})
+    with pytest.raises(
+        GrpoError, match=r"^r.parquet: reward column 'a' has type string; it must be numeric$"
+    ):
+        _reader(batch, [("a", 1.0)])
+    reader = _reader(pa.record_batch({"r": pa.array([1.0])}), [("r", 1.0)])
+    with pytest.raises(GrpoError, match=r"^r.parquet: column 'a' has type string; it must be numeric$"):
+        reader.column(batch, "a")
+
+
+def test_errors_name_the_row_in_the_shard_by_default_and_with_an_offset():
+    batch = pa.record_batch({"r": pa.array(["x", "1"]), "n": pa.array(["1", "y"])})
+    reader = _reader(batch, [("r", 1.0)], shard=CSV)
+    with pytest.raises(GrpoError, match=r"^r.csv, row 0: column 'r' holds 'x'"):
+        reader.read(batch)
+    with pytest.raises(GrpoError, match=r"^r.csv, row 10: column 'r' holds 'x'"):
+        reader.read(batch, 10)
+    with pytest.raises(GrpoError, match=r"^r.csv, row 1: column 'n' holds 'y'"):
+        reader.lengths(batch, "n")
+    with pytest.raises(GrpoError, match=r"^r.csv, row 11: column 'n' holds 'y'"):
+        reader.lengths(batch, "n", 10)
+    with pytest.raises(GrpoError, match=r"^r.csv, row 0: column 'r' holds 'x'"):
+        numbers_from_text(batch.column(0), "r", CSV)
+
+
+def test_lengths_may_be_zero_but_not_negative():
+    batch = pa.record_batch({"r": pa.array([1.0, 0.0]), "n": pa.array([0, 7])})
+    reader = _reader(batch, [("r", 1.0)])
+    assert reader.lengths(batch, "n").tolist() == [0.0, 7.0]
+    bad = pa.record_batch({"r": pa.array([1.0, 0.0]), "n": pa.array([3, -1])})
+    with pytest.raises(
+        GrpoError, match=r"^r.parquet, row 1: --length-col 'n' is -1.0; lengths must be finite"
+    ):
+        reader.lengths(bad, "n")
+
+
+@pytest.mark.parametrize(
+    ("value", "refused"), [(-5, False), (-(2**53), False), (-(2**53) - 1, True), (2**53 + 1, True)]
+)
+def test_int64_rewards_within_2_53_either_side_are_kept(value, refused):
+    batch = pa.record_batch({"r": pa.array([value, 0], pa.int64())})
+    reader = _reader(batch, [("r", 1.0)])
+    if refused:
+        with pytest.raises(GrpoError, match=r"is an integer beyond 2\*\*53"):
+            reader.read(batch)
+    else:
+        assert reader.read(batch).combined.tolist() == [float(value), 0.0]
+
+
+def test_advantage_dtype_of_one_float_column_is_its_width_and_of_several_the_widest():
+    from grpo_cli.rewards import advantage_dtype
+
+    assert advantage_dtype([pa.float16()]) == torch.float16
+    assert advantage_dtype([pa.float32()]) == torch.float32
+    assert advantage_dtype([pa.float32(), pa.float64()]) == torch.float64
+    assert advantage_dtype([pa.float16(), pa.float16()]) == torch.float32
+
+
+def test_combined_advantages_weigh_channels_but_not_a_single_combined_reward():
+    from grpo_cli.kernel import group_stats, prepare_normalization
+    from grpo_cli.rewards import combined_advantages
+
+    r = torch.tensor([1.0, 0.0, 3.0, 1.0], dtype=torch.float64)
+    ids = torch.tensor([0, 0, 1, 1])
+    norm = prepare_normalization(group_stats(r, ids), epsilon=1e-6, scale="none")
+    one = RewardBatch([r], [None], r, None)
+    active = torch.ones(2, dtype=torch.bool)
+    single = combined_advantages(one, ids, [norm], active, weights=[0.5, 0.5], device=torch.device("cpu"))
+    assert single.tolist() == [0.5, -0.5, 1.0, -1.0]  # one channel: the weights are in the reward
+    two = RewardBatch([r, r], [None, None], r, None)
+    both = combined_advantages(two, ids, [norm, norm], active, weights=[1.0, 0.5], device=torch.device("cpu"))
+    assert both.tolist() == [0.75, -0.75, 1.5, -1.5]
