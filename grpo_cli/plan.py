@@ -90,6 +90,20 @@ class BatchLayout:
     def count(self) -> int:
         return int(self.rows.size)
 
+    @classmethod
+    def of_groups(cls, of_group: np.ndarray, figures: dict[str, np.ndarray], keys: list[Any]) -> BatchLayout:
+        """Each batch's rows and non-zero rewards, from each group's batch and per-group figures.
+
+        >>> figures = {"rows": np.array([2, 3, 4]), "nonzero_rewards": np.array([1, 0, 4])}
+        >>> layout = BatchLayout.of_groups(np.array([0, 1, 0]), figures, ["a", "b"])
+        >>> layout.rows.tolist(), layout.nonzero_rewards.tolist()
+        ([6, 3], [5, 0])
+        """
+        count = len(keys)
+        rows = np.bincount(of_group, weights=figures["rows"], minlength=count).astype(np.int64)
+        nonzero = np.bincount(of_group, weights=figures["nonzero_rewards"], minlength=count).astype(np.int64)
+        return cls(of_group, rows, nonzero, keys)
+
 
 def batch_of_groups(
     group_ids: np.ndarray, batch_ids: np.ndarray, num_groups: int

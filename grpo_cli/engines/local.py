@@ -26,6 +26,7 @@ import torch
 from grpo_cli.columns import column_of, top_level
 from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError
+from grpo_cli.figures import RowInputs, fold, of_chunk, padded, wanted
 from grpo_cli.kernel import (
     GroupStats,
     TopTwo,
@@ -180,15 +181,17 @@ class _Statistics:
 
     channel_stats: list[GroupStats]
     summary_stats: GroupStats  # the combined reward
-    rows_per_group: np.ndarray
+    figures: dict[str, np.ndarray]  # per group, each of figures.FIGURES the run wants
     rows: int
     nan_rewards: int
     keys: GroupKeyIndex | None
     cached: list[list[pa.RecordBatch]] | None  # every shard's batches, when in memory
     batches: BatchLayout
     top_two: TopTwo | None
-    length_sums: np.ndarray | None
-    weighted_reward_sums: np.ndarray
+
+    @property
+    def rows_per_group(self) -> np.ndarray:
+        return self.figures["rows"]
 
 
 class _StatisticsPass:
@@ -206,7 +209,8 @@ class _StatisticsPass:
             None if config.group_size is not None else GroupKeyIndex(config.group_cols, exact=exact_keys)
         )
         self.accumulators, self.separate_summary = plan.accumulators()
-        self.rows_per_group = np.zeros(0, dtype=np.int64)
+        self.figures = wanted(plan.needs)
+        self.totals: dict[str, np.ndarray] = {}  # each figure's running per-group totals
         self.rows = 0
         self.bad_count = 0
         self.first_bad: tuple[Shard, int, float] | None = None
@@ -217,11 +221,7 @@ class _StatisticsPass:
         self._pending_first_global = 0
         self.batch_keys = GroupKeyIndex([config.batch_col], exact=exact_keys) if config.batch_col else None
         self.batch_of_group = np.zeros(0, dtype=np.int64)
-        self.batch_rows = np.zeros(1, dtype=np.int64)
-        self.batch_nonzero = np.zeros(1, dtype=np.int64)
         self.top_two: TopTwo | None = None  # grpo_passk
-        self.length_sums: np.ndarray | None = np.zeros(0) if "length_sums" in plan.needs else None
-        self.weighted_reward_sums = np.zeros(0)  # opo: sum of length * reward per group
 
     @property
     def pending_rows(self) -> int:
@@ -263,13 +263,14 @@ class _StatisticsPass:
             ids_np = self._encode(self.keys, key_columns, shard, what="group")
             self.spool.append(ids_np)
             ids = torch.from_numpy(ids_np)
-            counts = np.bincount(ids_np, minlength=len(self.keys))
-            grown = np.pad(self.rows_per_group, (0, len(counts) - len(self.rows_per_group)))
-            self.rows_per_group = grown + counts
         chunk = RewardBatch.concat([r for _, r in self._pending])
         group_ids = self._row_groups(ids)
-        self._count_batches(chunk, group_ids, shard)
-        self._estimator_sums(chunk, group_ids, shard)
+        self._check_batches(group_ids, shard)
+        k = int(group_ids.max()) + 1 if group_ids.size else 0
+        lengths = torch.cat(self._pending_lengths).numpy() if self._pending_lengths else None
+        rows = RowInputs.of(chunk, lengths)
+        self.totals = fold(self.figures, self.totals, of_chunk(self.figures, group_ids, k, rows))
+        self._top_two(chunk, group_ids)
         channels = self.accumulators[: self.plan.channels]
         for acc, values, valid in zip(channels, chunk.channels, chunk.channel_valid, strict=True):
             acc.update(values, ids, valid)
@@ -289,44 +290,26 @@ class _StatisticsPass:
         first = self._pending_first_global
         return np.arange(first, first + self._pending_rows) // group_size
 
-    def _estimator_sums(self, chunk: RewardBatch, group_ids: np.ndarray, shard: Shard) -> None:
-        """What grpo_passk (each group's top two rewards) and opo (length sums) need."""
+    def _top_two(self, chunk: RewardBatch, group_ids: np.ndarray) -> None:
+        """grpo_passk: each group's top two rewards."""
+        if "top_two" not in self.plan.needs:
+            return
         k = int(group_ids.max()) + 1 if group_ids.size else 0
-        valid = chunk.combined_valid
-        rewards = chunk.combined.to(torch.float64)
-        if "top_two" in self.plan.needs:
-            rows = torch.from_numpy(group_ids)
-            values = rewards
-            if valid is not None:
-                values, rows = rewards[valid], rows[valid]
-            top = group_top_two(values, rows, k)
-            if self.top_two is not None:
-                size = max(k, self.top_two.first.numel())
-                top = merge_top_two(_pad_top_two(self.top_two, size), _pad_top_two(top, size))
-            self.top_two = top
-        if self.length_sums is not None:
-            lengths = torch.cat(self._pending_lengths).numpy()
-            keep = np.ones(group_ids.size, dtype=bool) if valid is None else valid.numpy()
-            ids_kept, lengths_kept = group_ids[keep], lengths[keep]
-            size = max(k, self.length_sums.size)
-            self.length_sums = np.pad(self.length_sums, (0, size - self.length_sums.size)) + np.bincount(
-                ids_kept, weights=lengths_kept, minlength=size
-            )
-            weighted = lengths_kept * rewards.numpy()[keep]
-            self.weighted_reward_sums = np.pad(
-                self.weighted_reward_sums, (0, size - self.weighted_reward_sums.size)
-            ) + np.bincount(ids_kept, weights=weighted, minlength=size)
+        rows, values = torch.from_numpy(group_ids), chunk.combined.to(torch.float64)
+        if chunk.combined_valid is not None:
+            values, rows = values[chunk.combined_valid], rows[chunk.combined_valid]
+        top = group_top_two(values, rows, k)
+        if self.top_two is not None:
+            size = max(k, self.top_two.first.numel())
+            top = merge_top_two(_pad_top_two(self.top_two, size), _pad_top_two(top, size))
+        self.top_two = top
 
-    def _count_batches(self, chunk: RewardBatch, group_ids: np.ndarray, shard: Shard) -> None:
-        """Rows and non-zero rewards per batch; each group's batch (one per group, checked)."""
+    def _check_batches(self, group_ids: np.ndarray, shard: Shard) -> None:
+        """Each group's batch: one per group, checked (without --batch-col every group's is 0)."""
+        if self.batch_keys is None:
+            return
         n = self._pending_rows
         config = self.plan.config
-        combined = chunk.combined.numpy()
-        nonzero = np.isfinite(combined) & (combined != 0)
-        if self.batch_keys is None:  # one batch: no group can span two, and each group's is 0
-            self.batch_rows[0] += n
-            self.batch_nonzero[0] += int(np.count_nonzero(nonzero))
-            return
         k = int(group_ids.max()) + 1 if n else 0
         assert config.batch_col is not None
         column = pa.chunked_array([column_of(b, config.batch_col) for b, _ in self._pending])
@@ -344,18 +327,12 @@ class _StatisticsPass:
             )
         known[:k] = np.where(present, high, known[:k])
         self.batch_of_group = known
-        batches = int(batch_ids.max()) + 1 if n else 0
-        if batches > self.batch_rows.size:
-            grow = batches - self.batch_rows.size
-            self.batch_rows = np.pad(self.batch_rows, (0, grow))
-            self.batch_nonzero = np.pad(self.batch_nonzero, (0, grow))
-        self.batch_rows += np.bincount(batch_ids, minlength=self.batch_rows.size)
-        self.batch_nonzero += np.bincount(batch_ids[nonzero], minlength=self.batch_rows.size)
 
-    def batch_layout(self, num_groups: int) -> BatchLayout:
+    def batch_layout(self, totals: dict[str, np.ndarray], num_groups: int) -> BatchLayout:
         of_group = np.pad(self.batch_of_group, (0, max(0, num_groups - self.batch_of_group.size)))
+        of_group = of_group[:num_groups].clip(min=0)
         keys = [self.batch_keys.key_at(b) for b in range(len(self.batch_keys))] if self.batch_keys else [None]
-        return BatchLayout(of_group[:num_groups].clip(min=0), self.batch_rows, self.batch_nonzero, keys)
+        return BatchLayout.of_groups(of_group, totals, keys)
 
     def _note_bad_rewards(self, rewards: RewardBatch, shard: Shard, shard_row: int) -> None:
         if rewards.combined_valid is None:
@@ -388,28 +365,23 @@ class _StatisticsPass:
             if self.rows % group_size:
                 raise GrpoError(f"--group-size {group_size} does not divide the {self.rows} rows of {spec}")
             num_groups = self.rows // group_size
-            rows_per_group = np.full(num_groups, group_size, dtype=np.int64)
         else:
             assert self.keys is not None
             num_groups = len(self.keys)
-            rows_per_group = self.rows_per_group
+        totals = padded(self.figures, self.totals, num_groups)
         stats = [acc.compute(num_groups) for acc in self.accumulators]
         channel_stats = stats[: self.plan.channels]
         summary_stats = stats[-1] if self.separate_summary else stats[0]
         return _Statistics(
             channel_stats,
             summary_stats,
-            rows_per_group,
+            totals,
             self.rows,
             self.bad_count,
             self.keys,
             cached,
-            self.batch_layout(num_groups),
+            self.batch_layout(totals, num_groups),
             None if self.top_two is None else _pad_top_two(self.top_two, num_groups),
-            None
-            if self.length_sums is None
-            else np.pad(self.length_sums, (0, num_groups - self.length_sums.size)),
-            np.pad(self.weighted_reward_sums, (0, max(0, num_groups - self.weighted_reward_sums.size))),
         )
 
 
@@ -502,8 +474,8 @@ class LocalEngine:
                 nan_rewards=first.nan_rewards,
                 batches=first.batches,
                 top_two=first.top_two,
-                length_sums=first.length_sums,
-                weighted_reward_sums=first.weighted_reward_sums,
+                length_sums=first.figures.get("length_sums"),
+                weighted_reward_sums=first.figures.get("weighted_reward_sums"),
             )
             if self.one_pass_dtype is not None:
                 advantage_range = self.plan.advantage_range_from_stats(outcome, self.one_pass_dtype)
@@ -579,7 +551,7 @@ class LocalEngine:
         total_rows = self._total_rows()
         small = total_rows is not None and total_rows <= SMALL_INPUT_ROWS
         state = _StatisticsPass(self.plan, spool, exact_keys=small)
-        length_col = self.config.length_col if state.length_sums is not None else None  # opo sums them
+        length_col = self.config.length_col if "length_sums" in self.plan.needs else None  # opo sums them
         keep_batches = self.in_memory and self.one_pass_dtype is None
         cached: list[list[pa.RecordBatch]] | None = [] if keep_batches else None
         columns = None if keep_batches and self.keeps_every_column else self.plan.input_columns

@@ -43,6 +43,7 @@ import torch
 
 from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError
+from grpo_cli.figures import RowInputs, merge_by_group, of_chunk, wanted
 from grpo_cli.file_names import PROVENANCE_KEY, output_is_directory
 from grpo_cli.guard import Claim, ProtectedInputs
 from grpo_cli.kernel import (
@@ -62,13 +63,9 @@ from grpo_cli.sources import InputSet, Shard
 from grpo_cli.summary import RunSummary, build_summary, input_info
 
 PARTITION_BYTES = 256 << 20
-ROWS_FIELD = "__grpo_rows"
-NAN_FIELD = "__grpo_nan"
-NONZERO_FIELD = "__grpo_nonzero"  # rows whose combined reward is finite and not 0
+FIGURE_PREFIX = "__grpo_figure_"  # a block's per-group figures (figures.FIGURES)
 BATCH_FIELD = "__grpo_batch"  # the --batch-col value of the group's first row in the block
 BATCH_CLASH_FIELD = "__grpo_batch_clash"  # the group spans two batch values in this block
-LENGTH_FIELD = "__grpo_length"  # opo: sum of lengths over the group's valid rows
-WEIGHTED_FIELD = "__grpo_weighted"  # opo: sum of length * reward
 # A block with a null or NaN key returns one row of these instead of its statistics
 # (an exception in a Ray task prints its traceback): the role ("group" or "batch"), the
 # column, what is wrong with it, how the error words it and in how many of the block's rows.
@@ -292,19 +289,12 @@ def block_group_stats(batch: pa.Table, config: ComputeConfig) -> pa.Table:
         summary = accumulators[-1]
         summary.update(rewards.combined, ids, rewards.combined_valid)
         columns.update(_numpy(summary.compute(k).to_columns(_SUMMARY_PREFIX)))
-    columns[ROWS_FIELD] = np.bincount(ids_np, minlength=k)
-    invalid = np.zeros(k, dtype=np.int64)
-    if rewards.combined_valid is not None:
-        invalid = np.bincount(ids_np[~rewards.combined_valid.numpy()], minlength=k)
-    columns[NAN_FIELD] = invalid
-    combined = rewards.combined.to(torch.float64).numpy()
-    valid = np.isfinite(combined)
-    columns[NONZERO_FIELD] = np.bincount(ids_np[valid & (combined != 0)], minlength=k)
+    lengths = None
     if "length_sums" in plan.needs:
         assert config.length_col is not None  # ComputeConfig.validate: opo needs --length-col
         lengths = reader.lengths(_record_batch(batch), config.length_col).numpy()
-        columns[LENGTH_FIELD] = np.bincount(ids_np[valid], weights=lengths[valid], minlength=k)
-        columns[WEIGHTED_FIELD] = np.bincount(ids_np[valid], weights=(lengths * combined)[valid], minlength=k)
+    block = of_chunk(wanted(plan.needs), ids_np, k, RowInputs.of(rewards, lengths))
+    columns.update({FIGURE_PREFIX + name: values for name, values in block.items()})
     table = keys.key_table(batch)
     for name, value in columns.items():
         table = table.append_column(name, pa.array(value))
@@ -341,11 +331,16 @@ class MergedStatistics:
     keys: pa.Table
     channel_stats: list[GroupStats]
     summary_stats: GroupStats
-    rows_per_group: np.ndarray
-    nan_rewards: int
+    figures: dict[str, np.ndarray]  # per group, each of figures.FIGURES the run wants
     batches: BatchLayout
-    length_sums: np.ndarray | None
-    weighted_reward_sums: np.ndarray | None
+
+    @property
+    def rows_per_group(self) -> np.ndarray:
+        return self.figures["rows"]
+
+    @property
+    def nan_rewards(self) -> int:
+        return int(self.figures["nan_rewards"].sum())
 
 
 def merge_partials(partials: pa.Table, plan: RunPlan) -> MergedStatistics:
@@ -378,47 +373,24 @@ def merge_partials(partials: pa.Table, plan: RunPlan) -> MergedStatistics:
 
     channels = [merged(_channel_prefix(c), plan.count_extremes) for c in range(plan.channels)]
     summary = merged(_SUMMARY_PREFIX, False) if plan.channels > 1 else channels[0]
-    rows_per_group = np.bincount(ids, weights=partials.column(ROWS_FIELD).to_numpy(), minlength=k).astype(
-        np.int64
-    )
-    nan_rewards = int(partials.column(NAN_FIELD).to_numpy().sum()) if partials.num_rows else 0
-    nonzero = np.bincount(ids, weights=partials.column(NONZERO_FIELD).to_numpy(), minlength=k).astype(
-        np.int64
-    )
-    length_sums = weighted = None
-    if LENGTH_FIELD in partials.column_names:
-        length_sums = np.bincount(ids, weights=partials.column(LENGTH_FIELD).to_numpy(), minlength=k)
-        weighted = np.bincount(ids, weights=partials.column(WEIGHTED_FIELD).to_numpy(), minlength=k)
-    batches = _batch_layout(partials, ids, k, rows_per_group, nonzero, plan)
-    return MergedStatistics(
-        keys.key_table(partials),
-        channels,
-        summary,
-        rows_per_group,
-        nan_rewards,
-        batches,
-        length_sums,
-        weighted,
-    )
+    figures = wanted(plan.needs)
+    parts = {f.name: partials.column(FIGURE_PREFIX + f.name).to_numpy() for f in figures}
+    merged_figures = merge_by_group(figures, parts, ids, k)
+    batches = _batch_layout(partials, ids, k, merged_figures, plan)
+    return MergedStatistics(keys.key_table(partials), channels, summary, merged_figures, batches)
 
 
 def _batch_layout(
     partials: pa.Table,
     ids: np.ndarray,
     k: int,
-    rows_per_group: np.ndarray,
-    nonzero: np.ndarray,
+    figures: dict[str, np.ndarray],
     plan: RunPlan,
 ) -> BatchLayout:
     """Each group's batch (checked to be one), and rows and non-zero rewards per batch."""
     batch_col = plan.config.batch_col
     if batch_col is None:
-        return BatchLayout(
-            np.zeros(k, dtype=np.int64),
-            np.array([rows_per_group.sum()], dtype=np.int64),
-            np.array([nonzero.sum()], dtype=np.int64),
-            [None],
-        )
+        return BatchLayout.of_groups(np.zeros(k, dtype=np.int64), figures, [None])
     batch_keys = GroupKeyIndex([BATCH_FIELD])
     batch_ids = batch_keys.encode([partials.column(BATCH_FIELD)]) if partials.num_rows else ids
     high, across_blocks = batch_of_groups(ids, batch_ids, k)
@@ -433,10 +405,7 @@ def _batch_layout(
             f"group {key.to_pylist()[0]} spans two values of --batch-col {batch_col!r}; "
             "each group must lie in one training batch"
         )
-    count = len(batch_keys)
-    rows = np.bincount(high, weights=rows_per_group, minlength=count).astype(np.int64)
-    nonzero_rows = np.bincount(high, weights=nonzero, minlength=count).astype(np.int64)
-    return BatchLayout(high, rows, nonzero_rows, [batch_keys.key_at(b) for b in range(count)])
+    return BatchLayout.of_groups(high, figures, [batch_keys.key_at(b) for b in range(len(batch_keys))])
 
 
 def _empty_partials(plan: RunPlan) -> pa.Table:
@@ -449,12 +418,10 @@ def _empty_partials(plan: RunPlan) -> pa.Table:
     if plan.channels > 1:
         moments = empty.without_extremes().to_columns(_SUMMARY_PREFIX)
         columns.update({k: pa.array(v.numpy()) for k, v in moments.items()})
-    columns[ROWS_FIELD] = pa.array([], pa.int64())
-    columns[NAN_FIELD] = pa.array([], pa.int64())
-    columns[NONZERO_FIELD] = pa.array([], pa.int64())
-    if "length_sums" in plan.needs:
-        columns[LENGTH_FIELD] = pa.array([], pa.float64())
-        columns[WEIGHTED_FIELD] = pa.array([], pa.float64())
+    for figure in wanted(plan.needs):
+        columns[FIGURE_PREFIX + figure.name] = pa.array(
+            [], pa.int64() if figure.kind == "count" else pa.float64()
+        )
     if plan.config.batch_col is not None:
         columns[BATCH_FIELD] = pa.array([], pa.string())
         columns[BATCH_CLASH_FIELD] = pa.array([], pa.bool_())
@@ -588,8 +555,8 @@ def run_ray(
             rows=int(merged.rows_per_group.sum()),
             nan_rewards=merged.nan_rewards,
             batches=merged.batches,
-            length_sums=merged.length_sums,
-            weighted_reward_sums=merged.weighted_reward_sums,
+            length_sums=merged.figures.get("length_sums"),
+            weighted_reward_sums=merged.figures.get("weighted_reward_sums"),
         )
         if plan.needs_moments_pass:
             moments = _moments(ray, ds, plan, {"keys": merged.keys, "outcome": outcome})
