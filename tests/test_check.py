@@ -751,3 +751,16 @@ def test_nemo_rls_own_values_pass_its_preset(cli, tmp_path):
     result = cli("check", _exported(tmp_path, groups, per_group), *args)
     verify = json.loads(result.stdout)["verify"]
     assert result.exit_code == 0 and verify["mismatched"] == 0, verify["examples"]
+
+
+def test_verify_fails_a_corrupted_one_rollout_group(cli, tmp_path):
+    """A singleton fell under the offset rule: 1.5 in place of verl's 1.0 passed as residue."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "export.parquet"
+    advantage = [-0.7071063, 0.7071063, 1.5]  # the singleton's is r / (1 + 1e-6), about 1.0
+    pq.write_table(pa.table({"group_id": [0, 0, 1], "reward": [0.0, 1.0, 1.0], "a": advantage}), path)
+    result = cli("check", path, "--verify-advantage-col", "a", "--preset", "verl")
+    assert result.exit_code == 1, result.stderr
+    assert "row 2 group 1" in result.stderr
