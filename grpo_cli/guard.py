@@ -100,6 +100,7 @@ class Claim:
         self._temp: Path | None = None
         self._lock: IO[bytes] | None = None
         self.committed = False
+        self.force = False  # replace what exists at commit: --force, known when the claim is made
 
     @property
     def display(self) -> str:
@@ -115,8 +116,10 @@ class Claim:
             self._temp = temp
         return self._temp
 
-    def commit(self, *, force: bool) -> None:
-        """Move the finished temporary into place: fsync, then ``os.replace``."""
+    def commit(self) -> None:
+        """Move the finished temporary into place: fsync, then ``os.replace`` (replacing an
+        existing target only where the claim was made with ``force``)."""
+        force = self.force
         temp = self.temp_path()
         target = self.resolved
         try:
@@ -229,7 +232,7 @@ class StdoutClaim(Claim):
             self._temp = scratch_file("-o -")
         return self._temp
 
-    def commit(self, *, force: bool) -> None:
+    def commit(self) -> None:
         temp = self.temp_path()
         try:
             with open(temp, "rb") as rows:
@@ -305,6 +308,7 @@ class WriteGuard:
         if reason is not None:
             raise GrpoError(f"{path}: the {what} would {reason}; refusing to write there")
         claim = Claim(self, shown, resolved, directory=directory, what=what)
+        claim.force = force
         claim._acquire()
         self.claims.append(claim)
         claim._remove_stale()
@@ -409,7 +413,7 @@ def fsync_path(path: Path, *, directory: bool = False) -> None:
         os.close(fd)
 
 
-def write_text(claim: Claim, text: str, *, force: bool) -> None:
+def write_text(claim: Claim, text: str) -> None:
     """Write a small text file (the summary JSON) through its claim, atomically."""
     temp = claim.temp_path()
     try:
@@ -420,7 +424,7 @@ def write_text(claim: Claim, text: str, *, force: bool) -> None:
     except OSError as exc:
         claim.discard()
         raise GrpoError(f"{claim.display}: cannot write the summary ({os_reason(exc)})") from None
-    claim.commit(force=force)
+    claim.commit()
 
 
 @contextlib.contextmanager

@@ -153,7 +153,7 @@ def compute_dataset_ray(
 
     def run(claim: Claim | None) -> RunSummary:
         summary = ray_engine.run_ray(
-            inputs, output, claim, config, address=address, partitions=partitions, force=force, quiet=quiet
+            inputs, output, claim, config, address=address, partitions=partitions, quiet=quiet
         )
         summary.elapsed_seconds = time.perf_counter() - started
         return summary
@@ -179,7 +179,7 @@ def _local_job(
 
         def run(claim: Claim | None) -> RunSummary:
             # The spliced shards' bytes are copied while torch is imported (by the engine).
-            target = open_output(claim, config, inputs.shards, force=force) if claim is not None else None
+            target = open_output(claim, config, inputs.shards) if claim is not None else None
             from grpo_cli.engines.local import run_local
 
             summary = run_local(inputs, config, target, progress=progress)
@@ -205,5 +205,5 @@ def _guarded(
         with reported_after_commit(claim):
             summary = run(claim)
             if summary_claim is not None:
-                write_text(summary_claim, summary.to_json() + "\n", force=force)
+                write_text(summary_claim, summary.to_json() + "\n")
             return summary

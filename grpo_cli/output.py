@@ -64,9 +64,9 @@ def splice_refusal(config: ComputeConfig, shards: Sequence[Shard]) -> str | None
     return None
 
 
-def open_output(claim: Claim, config: ComputeConfig, shards: Sequence[Shard], *, force: bool) -> OutputTarget:
+def open_output(claim: Claim, config: ComputeConfig, shards: Sequence[Shard]) -> OutputTarget:
     """The run's :class:`OutputTarget`, with its spliced shards' bytes already being copied."""
-    target = OutputTarget(claim, force=force, compression=config.compression)
+    target = OutputTarget(claim, compression=config.compression)
     try:
         target.start_splices(shards, splice_refusal(config, shards))
     except BaseException:
@@ -339,11 +339,10 @@ class OutputTarget:
     gets JSON lines (:attr:`format` is ``jsonl``).
     """
 
-    def __init__(self, claim: Claim, *, force: bool, compression: str = "snappy") -> None:
+    def __init__(self, claim: Claim, *, compression: str = "snappy") -> None:
         self.claim = claim
         self.path = claim.path
         self.is_directory = claim.directory
-        self.force = force
         self.compression = compression
         self.methods: dict[str, int] = {}
         self.rewrite_reasons: list[str] = []
@@ -433,7 +432,7 @@ class OutputTarget:
         info["format"] = self.format
         if self.rewrite_reasons:
             info["rewrite_reason"] = self.rewrite_reasons[0]
-        self.claim.commit(force=self.force)
+        self.claim.commit()
         return info
 
     def start_splices(self, shards: Sequence[Shard], refusal: str | None) -> None:
@@ -545,12 +544,12 @@ def output_info(display: str, files: list[Path]) -> dict[str, Any]:
     return {"path": display, "shards": len(files), "bytes": sum(f.stat().st_size for f in files)}
 
 
-def commit_directory(claim: Claim, *, force: bool) -> list[Path]:
+def commit_directory(claim: Claim) -> list[Path]:
     """Move a directory that another writer filled at ``claim.temp_path()`` into place.
 
     Returns the Parquet files now in the output directory.
     """
-    claim.commit(force=force)
+    claim.commit()
     return sorted(claim.resolved.glob("*.parquet"))
 
 

@@ -40,7 +40,7 @@ def guard():
 
 def test_single_file_appears_only_on_commit(tmp_path, guard):
     target_path = tmp_path / "out.parquet"
-    target = OutputTarget(guard.claim(target_path, directory=False, force=False), force=False)
+    target = OutputTarget(guard.claim(target_path, directory=False, force=False))
     writer = target.open_shard(shard("a.parquet"), SCHEMA, 2)
     writer.write(batch([1.0, 2.0]))
     writer = target.open_shard(shard("b.parquet"), SCHEMA, 2)  # same columns: appended
@@ -65,7 +65,7 @@ def test_single_file_appears_only_on_commit(tmp_path, guard):
 
 
 def test_discard_leaves_nothing(tmp_path, guard):
-    target = OutputTarget(guard.claim(tmp_path / "out.parquet", directory=False, force=False), force=False)
+    target = OutputTarget(guard.claim(tmp_path / "out.parquet", directory=False, force=False))
     target.open_shard(shard("a.parquet"), SCHEMA, 2).write(batch([1.0]))
     target.discard()
     guard.close()
@@ -73,7 +73,7 @@ def test_discard_leaves_nothing(tmp_path, guard):
 
 
 def test_a_discarded_target_closes_its_files_and_takes_no_more_shards(tmp_path, guard):
-    target = OutputTarget(guard.claim(tmp_path / "out.parquet", directory=False, force=False), force=False)
+    target = OutputTarget(guard.claim(tmp_path / "out.parquet", directory=False, force=False))
     writer = target.open_shard(shard("a.parquet"), SCHEMA, 2)
     writer.write(batch([1.0]))
     assert isinstance(writer, ShardWriter)
@@ -88,7 +88,7 @@ def test_a_discarded_target_closes_its_files_and_takes_no_more_shards(tmp_path, 
 
 
 def test_a_discarded_jsonl_target_closes_its_file(tmp_path, guard):
-    target = OutputTarget(guard.claim(tmp_path / "out.jsonl", directory=False, force=False), force=False)
+    target = OutputTarget(guard.claim(tmp_path / "out.jsonl", directory=False, force=False))
     target.open_shard(shard("a.parquet"), SCHEMA, 2).write(batch([1.0]))
     sink = target._jsonl
     assert sink is not None
@@ -120,7 +120,7 @@ def test_discard_goes_on_when_a_cleanup_step_fails(
     source.parent.mkdir()
     pq.write_table(pa.table({"reward": [1.0, 2.0]}), source)
     with InputSet([str(source)]) as inputs:
-        target = OutputTarget(guard.claim(tmp_path / output_name, directory=False, force=False), force=False)
+        target = OutputTarget(guard.claim(tmp_path / output_name, directory=False, force=False))
         target.start_splices(inputs.shards, None if spliced else "re-encoded in this test")
         if failing.endswith("SplicedShardWriter.abandon"):
             assert target.open_spliced(inputs.shards[0], SCHEMA, 2) is not None
@@ -189,7 +189,7 @@ def test_abandoning_the_writer_thread_skips_queued_writes_but_runs_cleanups():
 
 
 def test_single_file_refuses_shards_with_other_columns(tmp_path, guard):
-    target = OutputTarget(guard.claim(tmp_path / "out.parquet", directory=False, force=False), force=False)
+    target = OutputTarget(guard.claim(tmp_path / "out.parquet", directory=False, force=False))
     target.open_shard(shard("a.parquet"), SCHEMA, 2)
     other = SCHEMA.append(pa.field("extra", pa.int64()))
     with pytest.raises(
@@ -202,7 +202,7 @@ def test_single_file_refuses_shards_with_other_columns(tmp_path, guard):
 
 def test_single_file_accepts_shards_whose_schemas_differ_only_in_metadata(tmp_path, guard):
     path = tmp_path / "out.parquet"
-    target = OutputTarget(guard.claim(path, directory=False, force=False), force=False)
+    target = OutputTarget(guard.claim(path, directory=False, force=False))
     target.open_shard(shard("a.parquet"), SCHEMA.with_metadata({b"writer": b"a"}), 2).write(batch([1.0]))
     writer = target.open_shard(shard("b.parquet"), SCHEMA.with_metadata({b"writer": b"b"}), 2)
     writer.write(batch([2.0]))
@@ -212,7 +212,7 @@ def test_single_file_accepts_shards_whose_schemas_differ_only_in_metadata(tmp_pa
 
 
 def test_a_run_that_wrote_nothing_has_no_output(tmp_path, guard):
-    target = OutputTarget(guard.claim(tmp_path / "out.parquet", directory=False, force=False), force=False)
+    target = OutputTarget(guard.claim(tmp_path / "out.parquet", directory=False, force=False))
     with pytest.raises(GrpoError, match=r"^no output was produced$"):
         target.commit()
     target.discard()
@@ -226,7 +226,7 @@ def test_a_failing_write_is_one_line_naming_the_output(tmp_path, guard, monkeypa
 
     monkeypatch.setattr(output, "_parquet_writer", full)
     path = tmp_path / "out.parquet"
-    target = OutputTarget(guard.claim(path, directory=False, force=False), force=False)
+    target = OutputTarget(guard.claim(path, directory=False, force=False))
     with pytest.raises(GrpoError) as raised:
         target.open_shard(shard("a.parquet"), SCHEMA, 2)
     assert (
@@ -238,7 +238,7 @@ def test_a_failing_write_is_one_line_naming_the_output(tmp_path, guard, monkeypa
 
 def test_directory_names_shards_after_inputs_and_refuses_collisions(tmp_path, guard):
     out = tmp_path / "out"
-    target = OutputTarget(guard.claim(out, directory=True, force=False), force=False)
+    target = OutputTarget(guard.claim(out, directory=True, force=False))
     for name in ("a.parquet", "b.jsonl.gz"):
         writer = target.open_shard(shard(name), SCHEMA, 2)
         writer.write(batch([1.0]))
@@ -254,7 +254,7 @@ def test_directory_names_shards_after_inputs_and_refuses_collisions(tmp_path, gu
 
 def test_new_columns_are_not_dictionary_encoded(tmp_path, guard):
     path = tmp_path / "out.parquet"
-    target = OutputTarget(guard.claim(path, directory=False, force=False), force=False)
+    target = OutputTarget(guard.claim(path, directory=False, force=False))
     writer = target.open_shard(shard("a.parquet"), SCHEMA, 2)
     writer.write(batch([1.0, 1.0, 1.0, 2.0]))
     writer.close()
@@ -270,7 +270,7 @@ def test_commit_directory_moves_what_another_writer_wrote(tmp_path, guard):
     temp = claim.temp_path()
     pq.write_table(pa.Table.from_batches([batch([1.0, 5.0])]), temp / "part-0.parquet")
     pq.write_table(pa.Table.from_batches([batch([-2.0])]), temp / "part-1.parquet")
-    files = commit_directory(claim, force=False)
+    files = commit_directory(claim)
     assert [f.name for f in files] == ["part-0.parquet", "part-1.parquet"]
     assert output_info("out", files)["shards"] == 2
     assert advantage_range(files, "advantage") == (-2.5, 4.5)
@@ -343,9 +343,7 @@ def test_advantage_range_of_one_value_is_that_value(tmp_path):
 @pytest.mark.parametrize("directory", [False, True], ids=["file", "directory"])
 def test_rewritten_shards_use_the_compression_asked_for(tmp_path, guard, directory):
     path = tmp_path / ("out" if directory else "out.parquet")
-    target = OutputTarget(
-        guard.claim(path, directory=directory, force=False), force=False, compression="zstd"
-    )
+    target = OutputTarget(guard.claim(path, directory=directory, force=False), compression="zstd")
     writer = target.open_shard(shard("a.parquet"), SCHEMA, 2)
     writer.write(batch([1.0, 2.0]))
     writer.close()
@@ -360,7 +358,7 @@ def test_commit_directory_with_force_replaces_a_directory_that_filled_meanwhile(
     pq.write_table(pa.Table.from_batches([batch([1.0])]), claim.temp_path() / "new.parquet")
     out.mkdir()
     (out / "other.parquet").write_bytes(b"written by someone else while the run ran")
-    files = commit_directory(claim, force=True)
+    files = commit_directory(claim)
     assert [f.name for f in files] == ["new.parquet"]
 
 

@@ -391,7 +391,7 @@ def test_the_prefix_is_copied_before_the_engine_runs(tmp_path: Path) -> None:
     footer_start = read_footer(source.open("rb")).start
     with InputSet([str(source)]) as inputs, WriteGuard(inputs.protected()) as guard:
         claim = guard.claim(tmp_path / "out.parquet", directory=False, force=False)
-        target = open_output(claim, CONFIG, inputs.shards, force=False)
+        target = open_output(claim, CONFIG, inputs.shards)
         target._copier.finish()
         copied = claim.temp_path().read_bytes()
         assert copied == source.read_bytes()[:footer_start]
@@ -410,7 +410,7 @@ def test_discarding_a_target_closes_its_opened_splices(tmp_path: Path) -> None:
     schema = schema.append(pa.field("group_active", pa.bool_()))
     with InputSet([str(source)]) as inputs, WriteGuard(inputs.protected()) as guard:
         claim = guard.claim(tmp_path / "out.parquet", directory=False, force=False)
-        target = open_output(claim, CONFIG, inputs.shards, force=False)
+        target = open_output(claim, CONFIG, inputs.shards)
         writer = target.open_spliced(inputs.shards[0], schema, 2)
         assert writer is not None
         target.discard()  # the run failed before the writer was closed

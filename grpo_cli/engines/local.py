@@ -98,7 +98,7 @@ def run_local(
             if output is not None:
                 output.discard()  # a no-op once committed
         if output is not None:
-            output = open_output(output.claim, config, inputs.shards, force=output.force)
+            output = open_output(output.claim, config, inputs.shards)
     raise GrpoError(f"{inputs.spec}: the column types could not be settled")
 
 

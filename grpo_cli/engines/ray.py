@@ -522,7 +522,6 @@ def run_ray(
     *,
     address: str | None,
     partitions: int | None,
-    force: bool,
     quiet: bool,
 ) -> RunSummary:
     """The two Ray Data jobs; writes to ``claim`` (a local directory) or to the URI ``output``."""
@@ -578,7 +577,7 @@ def run_ray(
             written: list[Path] = []
         else:
             out_ds.write_parquet(str(claim.temp_path()))
-            written = commit_directory(claim, force=force)
+            written = commit_directory(claim)
     options = {
         **config.options_summary(),
         "device": "cpu",
