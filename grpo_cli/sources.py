@@ -1,10 +1,9 @@
-"""Finding and reading rollout files: Parquet, JSON lines, JSON arrays, CSV, Arrow IPC.
+"""Finding rollout files: INPUT arguments to shards (Parquet, JSON lines, JSON arrays, CSV, Arrow IPC).
 
 An INPUT is a file, a directory of shards (a ``datasets`` ``save_to_disk`` folder too),
-a quoted glob or ``-`` (standard input); a run may name several. Every format is read
-as a stream of record batches in bounded memory: a JSON array is turned into JSON
-lines on the way in, element by element. Every read error becomes a
-:class:`~grpo_cli.errors.GrpoError` naming the file (and the line, for text formats).
+a quoted glob or ``-`` (standard input); a run may name several. Formats are told by
+name or content; standard input and JSON arrays are spooled to private files (a JSON array
+as JSON lines, element by element). Reading a shard is :mod:`grpo_cli.readers`' job.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner, Result
 
+from grpo_cli.choices import Estimator, Preset, choices_of
 from grpo_cli.cli import app
 
 
@@ -112,18 +113,8 @@ def cli() -> Callable[..., Result]:
 
 # --------------------------------------------------------------------------- entry-point parity
 
-PARITY_ESTIMATORS = (
-    "grpo",
-    "dr_grpo",
-    "rloo",
-    "reinforce_plus_plus_baseline",
-    "reinforce_baseline",
-    "gpg",
-    "remax",
-    "opo",
-    "grpo_passk",
-)
-PARITY_PRESETS = (None, "trl", "verl", "openrlhf", "nemo-rl", "roll", "torchrl")
+PARITY_ESTIMATORS = choices_of(Estimator)
+PARITY_PRESETS = (None, *choices_of(Preset))
 
 
 def parity_case(seed: int, *, estimator: str, preset: str | None) -> dict[str, Any]:

@@ -154,6 +154,8 @@ def test_errors_name_the_row_in_the_shard_by_default_and_with_an_offset():
         reader.lengths(batch, "n", 10)
     with pytest.raises(GrpoError, match=r"^r.csv, row 0: column 'r' holds 'x'"):
         numbers_from_text(batch.column(0), "r", CSV)
+    with pytest.raises(GrpoError, match=r"^r.csv, row 1: column 'n' holds 'y'"):
+        reader.column(batch, "n")
 
 
 def test_lengths_may_be_zero_but_not_negative():

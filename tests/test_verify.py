@@ -400,17 +400,18 @@ def test_trainer_rounding_is_its_documented_bound_on_every_branch(options, group
 
 def test_residue_adds_up_over_batches_and_over_constant_groups():
     """Each batch's residue and the constant groups' were assigned, not added, in a mutant."""
-    groups = [[0.9, 0.9, 0.9, 1.0], [0.1] * 8]
+    groups = [[0.9, 0.9, 0.9, 1.0], [0.9, 0.9, 0.9, 1.0], [0.1] * 8]
     rewards, ids, stats = stats_of(groups)
-    exact = [-0.0333, -0.0333, -0.0333, 0.1] + [0.0] * 8
-    given = [-0.0333, -0.0333, -0.0333, 235.9] + [1e-3] * 8  # one lone-row residue, eight constant
+    lone = [-0.0333, -0.0333, -0.0333, 0.1]
+    exact = lone * 2 + [0.0] * 8
+    given = [*lone[:3], 235.9, *lone[:3], 235.9] + [1e-3] * 8  # two lone-row residues, eight constant
     verifier = Verifier(VerifySpec("a"), stats, AdvantageOptions.resolve(preset="nemo-rl"), None)
-    for start in (0, 4, 8):  # three batches of four rows
+    for start in (0, 4, 8, 12):  # four batches of four rows
         chunk = slice(start, start + 4)
         _compare(verifier, given[chunk], exact[chunk], rewards[chunk], ids[chunk], row=start)
     assert verifier.passed  # settles the constant group
     first = verifier.result()
-    assert (first["residue"], first["mismatched"]) == (9, 0)
+    assert (first["residue"], first["mismatched"]) == (10, 0)
     assert verifier.result() == first  # settling twice counts nothing twice
 
 
@@ -527,3 +528,66 @@ def test_an_offset_that_swallows_the_spread_is_residue_within_its_bound_only():
         )
         _compare(verifier, [exact[0], exact[1] + factor * bound], exact, rewards, ids)
         assert (verifier.residue, verifier.mismatched) == (residue, 2 - residue), factor
+
+
+def test_example_group_keys_are_json_values():
+    import datetime
+
+    from grpo_cli.verify import _jsonable
+
+    day = datetime.date(2026, 12, 1)
+    assert _jsonable(("p", 3, 0.5, True, None)) == ["p", 3, 0.5, True, None]
+    assert _jsonable(("p", ("q", 1))) == ["p", ["q", 1]]
+    assert _jsonable(day) == "2026-12-01" and _jsonable(None) is None
+
+
+@pytest.mark.parametrize(("group", "row"), [([0.9, 0.9, 0.9, 1.0], 0), ([0.1, 0.6, 0.6, 0.6], 1)])
+def test_only_the_lone_row_of_a_leave_one_out_group_takes_its_rule(group, row):
+    """A row beside the lone one, changed to a same-signed value within size / eps, is a mismatch."""
+    rewards, ids, stats = stats_of([group])
+    n, total = len(group), sum(group)
+    exact = [v - (total - v) / (n - 1) for v in group]
+    given = list(exact)
+    given[row] = exact[row] * 50
+    verifier = Verifier(
+        VerifySpec("a"), stats, AdvantageOptions.resolve(preset="nemo-rl", scale="none"), None
+    )
+    _compare(verifier, given, exact, rewards, ids)
+    assert (verifier.mismatched, verifier.residue) == (1, 0)
+
+
+@pytest.mark.parametrize(("bits", "residue"), [(11, 0), (12, 1)])
+def test_identical_others_can_round_only_when_their_squares_need_more_than_24_bits(bits, residue):
+    """Three others of ``bits`` significand bits: 2 * bits + 2 (three's bit length) against 24."""
+    value = 1 + 2.0 ** (1 - bits)
+    group = [value, value, value, 2.0]
+    rewards, ids, stats = stats_of([group])
+    mean_others = value
+    exact = [value - (2.0 + 2 * value) / 3] * 3 + [2.0 - mean_others]
+    given = [*exact[:3], exact[3] * 3]
+    verifier = Verifier(
+        VerifySpec("a"), stats, AdvantageOptions.resolve(preset="nemo-rl", scale="none"), None
+    )
+    _compare(verifier, given, exact, rewards, ids)
+    assert (verifier.residue, verifier.mismatched) == (residue, 1 - residue)
+
+
+def test_without_a_division_the_bound_keeps_the_groups_divisor_of_one():
+    """No division (ReMax's r - baseline): the std-derived divisor does not apply."""
+    rewards, ids, stats = stats_of([[0.0, 1.0]])
+    options = AdvantageOptions.resolve(preset="verl", estimator="remax")
+    expected = [0.0 - 0.1, 1.0 - 0.9]
+    for nudge, mismatched in ((1.5e-6, 0), (4e-6, 1)):
+        verifier = Verifier(VerifySpec("a", atol=0.0, rtol=0.0), stats, options, None)
+        _compare(verifier, [expected[0], expected[1] + nudge], expected, rewards, ids)
+        assert verifier.mismatched == mismatched, nudge
+
+
+def test_after_a_batch_transform_the_bound_keeps_the_groups_divisor():
+    """A whitened advantage is not centred / divisor: the derived divisor would loosen the bound."""
+    rewards, ids, stats = stats_of([[0.0, 1.0]])
+    options = AdvantageOptions.resolve(preset="verl", whiten="unbiased")
+    expected = [-5.0, 5.0]
+    verifier = Verifier(VerifySpec("a", atol=0.0, rtol=0.0), stats, options, None, batch_transform=True)
+    _compare(verifier, [expected[0], expected[1] + 2.5e-5], expected, rewards, ids)
+    assert verifier.mismatched == 1
