@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: setup demo test lint snapshots bench bench-quick mutation clean
+.PHONY: setup demo test lint snapshots bench bench-quick gpu-check mutation clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,12 @@ bench: setup
 
 bench-quick: setup
 	$(BIN)/python benchmarks/bench.py --rows 1000000
+
+# The CUDA path in one call, where a GPU is lent: the CUDA tests, the kernel on 10^8 and 10^9
+# rollouts against the device's copy bandwidth, compute --device cuda against --device cpu.
+# Exits 1 without CUDA.
+gpu-check: setup
+	$(BIN)/python benchmarks/gpu_check.py
 
 # Mutation testing of the modules whose bugs corrupt data silently (over 2 hours on
 # 2 cores); writes docs/mutation-report.md and fails below the targets. One thread per
