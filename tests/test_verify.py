@@ -541,7 +541,9 @@ def test_example_group_keys_are_json_values():
     assert _jsonable(day) == "2026-12-01" and _jsonable(None) is None
 
 
-@pytest.mark.parametrize(("group", "row"), [([0.9, 0.9, 0.9, 1.0], 0), ([0.1, 0.6, 0.6, 0.6], 1)])
+@pytest.mark.parametrize(
+    ("group", "row"), [([0.9, 0.9, 0.9, 1.0], 0), ([0.1, 0.6, 0.6, 0.6], 1), ([0.0, 0.0, 0.0, 0.1], 0)]
+)
 def test_only_the_lone_row_of_a_leave_one_out_group_takes_its_rule(group, row):
     """A row beside the lone one, changed to a same-signed value within size / eps, is a mismatch."""
     rewards, ids, stats = stats_of([group])
@@ -591,3 +593,28 @@ def test_after_a_batch_transform_the_bound_keeps_the_groups_divisor():
     verifier = Verifier(VerifySpec("a", atol=0.0, rtol=0.0), stats, options, None, batch_transform=True)
     _compare(verifier, [expected[0], expected[1] + 2.5e-5], expected, rewards, ids)
     assert verifier.mismatched == 1
+
+
+def test_a_spread_above_1024_roundings_is_no_swallowed_offset():
+    """[1024, 1024.75]: its spread is 1,536 times its float32 rounding, so the trainer-rounding
+    bound (about 3.7e-3 here), not the offset rule's (7.4e-3), holds its rows."""
+    group = [1024.0, 1024.75]
+    rewards, ids, stats = stats_of([group])
+    std = 0.75 / math.sqrt(2)
+    exact = [-0.7071067811865476 * std / (std + 1e-6), 0.7071067811865476 * std / (std + 1e-6)]
+    verifier = Verifier(
+        VerifySpec("a", atol=0.0, rtol=0.0), stats, AdvantageOptions.resolve(preset="verl"), None
+    )
+    _compare(verifier, [exact[0], exact[1] + 5e-3], exact, rewards, ids)
+    assert (verifier.mismatched, verifier.residue) == (1, 0)
+
+
+def test_examples_name_the_group_by_its_key():
+    from grpo_cli.keys import GroupKeyIndex
+
+    keys = GroupKeyIndex(["prompt"])
+    keys.encode([pa.chunked_array([pa.array(["p7", "p7", "p9", "p9"])])])
+    rewards, ids, stats = stats_of([[0.0, 1.0], [2.0, 5.0]])
+    verifier = Verifier(VerifySpec("a", atol=0.0, rtol=0.0), stats, AdvantageOptions(), keys)
+    _compare(verifier, [-1.0, 1.0, 4.0, 1.0], [-1.0, 1.0, -1.0, 1.0], rewards, ids)
+    assert [e["group"] for e in verifier.result()["examples"]] == ["p9"]
