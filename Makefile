@@ -10,16 +10,22 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
 .PHONY: setup demo test lint snapshots bench bench-quick gpu-check mutation clean
 
-$(BIN)/.installed: pyproject.toml
+# Two stages: what `pip install .` installs (enough for `make demo`), then the development
+# tools and the Ray extra (`make test` and the rest).
+$(BIN)/.runtime: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install '$(TORCH_SPEC)'
+	$(PIP) install -e .
+	touch $@
+
+$(BIN)/.installed: $(BIN)/.runtime
 	$(PIP) install -e '.[dev,ray]'
 	touch $@
 
 setup: $(BIN)/.installed
 
-demo: setup
+demo: $(BIN)/.runtime
 	mkdir -p out
 	$(BIN)/grpo-cli compute sample_data/rollouts.parquet -o out/rollouts_with_advantages.parquet \
 		--reward-col correct --force
