@@ -168,7 +168,7 @@ class JsonlReader(_Text):
         if jsonl_is_empty(shard):
             return pa.schema([])
         _check_jsonl_nesting(shard)
-        with _JsonlReader(shard) as reader:
+        with _JsonlStream(shard) as reader:
             return reader.schema
 
     def batches(self, shard: Shard, columns: list[str] | None, batch_rows: int) -> Iterator[pa.RecordBatch]:
@@ -185,7 +185,7 @@ class CsvReader(_Text):
     """CSV, every column read as its text; errors on the line an editor shows."""
 
     def schema(self, shard: Shard) -> pa.Schema:
-        with _CsvReader(shard) as reader:
+        with _CsvStream(shard) as reader:
             return reader.schema
 
     def batches(self, shard: Shard, columns: list[str] | None, batch_rows: int) -> Iterator[pa.RecordBatch]:
@@ -425,7 +425,7 @@ def _parquet_batches(shard: Shard, columns: list[str] | None, batch_rows: int) -
 _Reader = TypeVar("_Reader")
 
 
-class _TextReader(Generic[_Reader]):
+class _TextStream(Generic[_Reader]):
     """A streaming reader of a text shard (JSON lines, CSV); its stream is closed on exit."""
 
     def __init__(self, shard: Shard) -> None:
@@ -474,7 +474,7 @@ def jsonl_block_bytes(shard: Shard) -> int:
     return block
 
 
-class _JsonlReader(_TextReader["pa_json.JSONStreamingReader"]):
+class _JsonlStream(_TextStream["pa_json.JSONStreamingReader"]):
     def _open(self, stream: pa.NativeFile) -> pa_json.JSONStreamingReader:
         schema = self.shard.found.schema
         return pa_json.open_json(
@@ -511,7 +511,7 @@ def jsonl_is_empty(shard: Shard) -> bool:
 def _jsonl_batches(shard: Shard, columns: list[str] | None) -> Iterator[pa.RecordBatch]:
     if jsonl_is_empty(shard):
         return
-    with _JsonlReader(shard) as reader:
+    with _JsonlStream(shard) as reader:
         _check_exact_integers(shard, reader.schema)
         while True:
             try:
@@ -549,7 +549,7 @@ class JsonlSchemaDrift(SchemaDrift):
         unify_jsonl_schema(self.shard)
 
 
-class _CsvReader(_TextReader["pa_csv.CSVStreamingReader"]):
+class _CsvStream(_TextStream["pa_csv.CSVStreamingReader"]):
     """Every CSV column is read as its text: type inference would merge the keys ``007``,
     ``07`` and ``7``, turn ``N/A`` into a null and ``001`` into ``1.0``. An unquoted empty
     cell is a null (a quoted ``""`` is the empty string); the columns grpo-cli computes
@@ -580,7 +580,7 @@ class _CsvReader(_TextReader["pa_csv.CSVStreamingReader"]):
 
 
 def _csv_batches(shard: Shard, columns: list[str] | None) -> Iterator[pa.RecordBatch]:
-    with _CsvReader(shard) as reader:
+    with _CsvStream(shard) as reader:
         schema = reader.schema
         while True:
             try:
