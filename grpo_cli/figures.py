@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-import torch
 
 from grpo_cli.options import Need
 from grpo_cli.rewards import RewardBatch
@@ -30,8 +29,9 @@ from grpo_cli.rewards import RewardBatch
 
 @dataclass(frozen=True)
 class RowInputs:
-    """What a chunk's rows contribute from: the combined reward (float64), whether it is in
-    the statistics (bool), and each row's length where the run reads one."""
+    """What a chunk's rows contribute from: the combined reward (in its own dtype: a float32
+    reward times a float64 length is widened exactly), whether it is in the statistics (bool),
+    and each row's length where the run reads one."""
 
     combined: np.ndarray
     valid: np.ndarray
@@ -39,9 +39,23 @@ class RowInputs:
 
     @classmethod
     def of(cls, rewards: RewardBatch, lengths: np.ndarray | None) -> RowInputs:
-        combined = rewards.combined.to(torch.float64).numpy()
+        combined = rewards.combined.numpy()
         valid = rewards.combined_valid
         return cls(combined, np.ones(combined.size, dtype=bool) if valid is None else valid.numpy(), lengths)
+
+
+@dataclass(frozen=True)
+class MergeRule:
+    """How partial figures of the same groups combine: two aligned totals (``pair``), or rows
+    of (block, group) partials into one per group (``by_group(ids, values, k)``)."""
+
+    pair: Callable[[np.ndarray, np.ndarray], np.ndarray]
+    by_group: Callable[[np.ndarray, np.ndarray, int], np.ndarray]
+
+
+MERGES: dict[str, MergeRule] = {
+    "sum": MergeRule(np.add, lambda ids, values, k: np.bincount(ids, weights=values, minlength=k)),
+}
 
 
 @dataclass(frozen=True)
@@ -110,7 +124,9 @@ def fold(
             out[figure.name] = b
             continue
         size = max(a.size, b.size)
-        out[figure.name] = np.pad(a, (0, size - a.size)) + np.pad(b, (0, size - b.size))
+        out[figure.name] = MERGES[figure.merge].pair(
+            np.pad(a, (0, size - a.size)), np.pad(b, (0, size - b.size))
+        )
     return out
 
 
@@ -120,7 +136,7 @@ def merge_by_group(
     """Partial figures, one row per (block, group), merged into one per group ``ids`` names."""
     out = {}
     for figure in figures:
-        merged = np.bincount(ids, weights=parts[figure.name], minlength=k)
+        merged = MERGES[figure.merge].by_group(ids, parts[figure.name], k)
         out[figure.name] = merged.astype(np.int64) if figure.kind == "count" else merged
     return out
 
