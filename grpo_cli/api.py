@@ -12,7 +12,7 @@ exactly as ``grpo-cli compute`` does. Jobs over files are in :mod:`grpo_cli.jobs
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor
@@ -28,9 +28,21 @@ if TYPE_CHECKING:
 
     from grpo_cli.config import ComputeConfig
 
-PER_ROW = {"lengths": "--length-col", "baselines": "--baseline-col", "batch_ids": "--batch-col"}
-"""The tensor API's per-row inputs and the CLI options whose columns they stand for."""
-_COLUMNS = {"lengths": "length", "baselines": "baseline", "batch_ids": "batch"}
+
+class PerRow(NamedTuple):
+    """A per-row input of the tensor API: the CLI option its column stands for, the column it
+    becomes on the engine path, and the estimator need that requires it (``None``: optional)."""
+
+    flag: str
+    column: str
+    need: str | None
+
+
+PER_ROW = {
+    "lengths": PerRow("--length-col", "length", "row_lengths"),
+    "baselines": PerRow("--baseline-col", "baseline", "row_baselines"),
+    "batch_ids": PerRow("--batch-col", "batch", None),
+}
 
 
 def group_advantages(
@@ -92,8 +104,8 @@ def group_advantages(
     )
     per_row = {"lengths": lengths, "baselines": baselines, "batch_ids": batch_ids}
     spec = ESTIMATOR_SPECS[options.estimator]
-    for name, needed in (("lengths", "row_lengths"), ("baselines", "row_baselines")):
-        if needed in spec.needs and per_row[name] is None:
+    for name, row in PER_ROW.items():
+        if row.need in spec.needs and per_row[name] is None:
             raise GrpoError(
                 f"estimator={options.estimator!r} needs {name}= ({spec.row_input}, shape of rewards)"
             )
@@ -133,7 +145,7 @@ def _through_the_engine(
     }
     for name, values in per_row.items():
         if values is not None:
-            columns[_COLUMNS[name]] = _per_row_column(name, values, rewards)
+            columns[PER_ROW[name].column] = _per_row_column(name, values, rewards)
     try:
         config = _engine_config(options, per_row, str(rewards.device))
         result = compute_table(pa.table(columns), config)
@@ -157,7 +169,7 @@ def _engine_config(
     from grpo_cli.config import ComputeConfig
     from grpo_cli.options import RewardSpec
 
-    given = {name: _COLUMNS[name] for name, values in per_row.items() if values is not None}
+    given = {name: PER_ROW[name].column for name, values in per_row.items() if values is not None}
     return ComputeConfig(
         rewards=(RewardSpec("reward"),),
         group_cols=("group_id",),
@@ -204,12 +216,13 @@ _FLAG = re.compile(r"--[a-z][a-z0-9-]*")
 def _in_tensor_words(message: str) -> str:
     """The engine's messages in the tensor API's words: ``lengths=`` for ``--length-col``, the
     keyword for a flag; a row is a flat index."""
-    by_flag = {flag: name for name, flag in PER_ROW.items()}
+    by_flag = {row.flag: name for name, row in PER_ROW.items()}
 
     def keyword(match: re.Match[str]) -> str:
         name = by_flag.get(match[0]) or keyword_of(match[0])
         return match[0] if name is None else f"{name}="
 
-    message = re.sub(r"--[a-z-]+-col '(length|baseline|batch)'", lambda m: f"--{m[1]}-col", message)
+    for row in PER_ROW.values():  # the engine names the column it was given; the caller passed a tensor
+        message = message.replace(f"{row.flag} {row.column!r}", row.flag)
     message = _FLAG.sub(keyword, message)
     return re.sub(r"^<table>, row (\d+): ", r"rewards index \1: ", message)
