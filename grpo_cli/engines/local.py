@@ -212,7 +212,6 @@ class _StatisticsPass:
         self.figures = wanted(plan.needs)
         self.totals: dict[str, np.ndarray] = {}  # each figure's running per-group totals
         self.rows = 0
-        self.bad_count = 0
         self.first_bad: tuple[Shard, int, float] | None = None
         self._pending: list[tuple[pa.RecordBatch, RewardBatch]] = []
         self._pending_lengths: list[torch.Tensor] = []  # opo: --length-col of each pending batch
@@ -222,6 +221,12 @@ class _StatisticsPass:
         self.batch_keys = GroupKeyIndex([config.batch_col], exact=exact_keys) if config.batch_col else None
         self.batch_of_group = np.zeros(0, dtype=np.int64)
         self.top_two: TopTwo | None = None  # grpo_passk
+
+    @property
+    def bad_count(self) -> int:
+        """Rows whose reward is null, NaN or infinite, over the chunks folded so far."""
+        counts = self.totals.get("nan_rewards")
+        return 0 if counts is None else int(counts.sum())
 
     @property
     def pending_rows(self) -> int:
@@ -335,13 +340,11 @@ class _StatisticsPass:
         return BatchLayout.of_groups(of_group, totals, keys)
 
     def _note_bad_rewards(self, rewards: RewardBatch, shard: Shard, shard_row: int) -> None:
-        if rewards.combined_valid is None:
+        """The first row whose reward is null, NaN or infinite (the figures count them all)."""
+        if self.first_bad is not None or rewards.combined_valid is None:
             return
-        invalid = ~rewards.combined_valid
-        self.bad_count += int(invalid.sum())
-        if self.first_bad is None:
-            index = int(invalid.nonzero()[0])
-            self.first_bad = (shard, shard_row + index, float(rewards.combined[index]))
+        index = int((~rewards.combined_valid).nonzero()[0])
+        self.first_bad = (shard, shard_row + index, float(rewards.combined[index]))
 
     def _encode(
         self, keys: GroupKeyIndex, arrays: list[pa.ChunkedArray], shard: Shard, *, what: str
