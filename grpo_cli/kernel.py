@@ -1410,10 +1410,10 @@ def passk_best_advantage(
     >>> best.tolist()
     [0.999998000004, 0.0]
     """
-    count = stats.count.to(top.first.device)
-    gap = torch.where(count >= 2, top.first - top.second, torch.zeros_like(top.first))
+    stats = stats.to(str(top.first.device))
+    gap = torch.where(stats.count >= 2, top.first - top.second, torch.zeros_like(top.first))
     if scale != "none":
-        gap = gap / (group_std(stats.to(str(top.first.device)), ddof=1 if std == "sample" else 0) + epsilon)
+        gap = gap / (group_std(stats, ddof=1 if std == "sample" else 0) + epsilon)
     return torch.where(active.to(gap.device), gap, torch.zeros_like(gap))
 
 
