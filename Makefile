@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: setup demo test lint snapshots bench bench-quick gpu-check mutation clean
+.PHONY: setup demo test lint snapshots dumps bench bench-quick gpu-check mutation clean
 
 # Two stages: what `pip install .` installs (enough for `make demo`), then the development
 # tools and the Ray extra (`make test` and the rest).
@@ -38,11 +38,16 @@ lint: setup
 	$(BIN)/ruff format --check grpo_cli tests benchmarks sample_data docs
 	$(BIN)/mypy
 
-# After a deliberate change to the CLI: rewrite the help snapshots and the options
-# reference (docs/cli.md, README), then review the diff.
+# After a deliberate change to the CLI: rewrite the help snapshots, the options
+# reference (docs/cli.md, README) and the README's dump examples, then review the diff.
 snapshots: setup
 	UPDATE_SNAPSHOTS=1 $(BIN)/python -m pytest -q tests/test_help_snapshots.py
 	$(BIN)/python docs/gen_cli_reference.py
+	$(BIN)/python docs/gen_dump_examples.py
+
+# Rewrite sample_data/dumps with the trainers' own writer code (needs their fetched sources).
+dumps: setup
+	$(BIN)/python -m tests.dump_writers sample_data/dumps
 
 bench: setup
 	$(BIN)/python benchmarks/bench.py

@@ -50,6 +50,8 @@ Engine = Literal["local", "ray"]
 Color = Literal["auto", "always", "never"]
 Compression = Literal["snappy", "zstd", "gzip", "lz4", "brotli", "none"]
 Preset = Literal["trl", "verl", "openrlhf", "nemo-rl", "roll", "torchrl"]
+Trainer = Literal["verl", "trl", "nemo-rl", "roll", "slime", "areal"]
+"""The trainers whose rollout dumps ``--from`` reads (:mod:`grpo_cli.dumps`)."""
 
 
 def choices_of(vocabulary: Any) -> tuple[str, ...]:

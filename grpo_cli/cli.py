@@ -6,6 +6,7 @@ and ``--version`` answer at once.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import os
@@ -41,6 +42,7 @@ from grpo_cli.option_table import Option, offered
 
 if TYPE_CHECKING:
     from grpo_cli.config import ComputeConfig, VerifySpec
+    from grpo_cli.dumps import OpenedDump
     from grpo_cli.progress import RichProgress
     from grpo_cli.summary import RunSummary
 
@@ -307,10 +309,14 @@ def _fail(message: str, code: int) -> NoReturn:
 
 
 class _RunState:
-    """What a command has already put on disk, so that no message contradicts it, and its bars."""
+    """What a command has already put on disk, so that no message contradicts it, its bars, and
+    what it holds open until it ends (a dump's private files)."""
 
     written: str | None = None
     progress: RichProgress | None = None
+
+    def __init__(self) -> None:
+        self.resources = contextlib.ExitStack()
 
     def close_progress(self) -> None:
         if self.progress is not None:
@@ -349,7 +355,8 @@ def _run(debug: bool, body: Callable[[_RunState], int], *, bars: bool = False) -
     try:
         try:
             state.progress = _progress_bars(not bars)
-            code = body(state)
+            with state.resources:
+                code = body(state)
         finally:
             state.close_progress()
     except GrpoError as exc:
@@ -473,7 +480,10 @@ def compute(input: InputArg, **values: Any) -> None:
     def body(state: _RunState) -> int:
         from grpo_cli.config import resolve_config
 
-        config = resolve_config(values)
+        if values["from_"] is not None and engine == "ray":
+            raise GrpoError(f"--from {values['from_']} reads a dump with the local engine; drop --engine ray")
+        dump = state.resources.enter_context(_opened_dump(input, values))
+        config = resolve_config(values, dump=None if dump is None else dump.defaults)
         _check_stdout(summary_json)
         if output == "-" and summary_json == "-":
             raise GrpoError("-o - and --summary-json - would both write to standard output")
@@ -497,7 +507,7 @@ def compute(input: InputArg, **values: Any) -> None:
             from grpo_cli.jobs import compute_dataset
 
             summary = compute_dataset(
-                input,
+                input if dump is None else dump.inputs,
                 output,
                 config,
                 force=values["force"],
@@ -528,12 +538,15 @@ def check(input: InputArg, **values: Any) -> None:
         from grpo_cli.config import resolve_config
         from grpo_cli.jobs import check_dataset
 
-        recorded, verify = _verification(input, values)
-        config = resolve_config(values, recorded=recorded, verify=verify)
+        dump = state.resources.enter_context(_opened_dump(input, values))
+        recorded, verify = _verification(input, values, dump)
+        config = resolve_config(
+            values, recorded=recorded, verify=verify, dump=None if dump is None else dump.defaults
+        )
         _check_stdout(summary_json)
         bounds = CheckBounds(**_targeted(values, "check", "bounds"))
         summary = check_dataset(
-            input,
+            input if dump is None else dump.inputs,
             bounds,
             config,
             force=values["force"],
@@ -558,8 +571,22 @@ def _targeted(values: dict[str, Any], command: str, target: str) -> dict[str, An
     return {row.setting: values[row.name] for row in offered(command) if row.target == target}
 
 
-def _verification(input: list[str], values: dict[str, Any]) -> tuple[ComputeConfig | None, VerifySpec | None]:
-    """``check``'s verification: the options an output recorded (``--verify``) and what to verify."""
+def _opened_dump(
+    input: list[str], values: dict[str, Any]
+) -> contextlib.AbstractContextManager[OpenedDump | None]:
+    """The trainer's dump ``--from`` names, opened (its private files removed on exit), or ``None``."""
+    if values["from_"] is None:
+        return contextlib.nullcontext()
+    from grpo_cli.dumps import opened
+
+    return opened(values["from_"], input, group_size=values["group_size"])
+
+
+def _verification(
+    input: list[str], values: dict[str, Any], dump: OpenedDump | None = None
+) -> tuple[ComputeConfig | None, VerifySpec | None]:
+    """``check``'s verification: the options an output recorded (``--verify``), or the trainer's
+    own advantage a dump holds (``--from X --verify``), and what to verify."""
     from grpo_cli.config import ComputeConfig, VerifySpec
     from grpo_cli.jobs import recorded_provenance
 
@@ -568,7 +595,16 @@ def _verification(input: list[str], values: dict[str, Any]) -> tuple[ComputeConf
     if values["strict"] and not verifying:
         raise GrpoError("--strict needs --verify or --verify-advantage-col")
     recorded = None
-    if verifying:
+    if dump is not None:
+        if values["verify"] and column is None:
+            column = dump.dump.advantage_col
+            if column is None:
+                raise GrpoError(
+                    f"--verify: a {dump.dump.trainer} dump holds no advantage of the trainer's to "
+                    "compare with; "
+                    "name one with --verify-advantage-col"
+                )
+    elif verifying:
         record = recorded_provenance(input)
         if record is not None:
             recorded = ComputeConfig.from_provenance(record)

@@ -259,13 +259,15 @@ def resolve_config(
     recorded: ComputeConfig | None = None,
     verify: VerifySpec | None = None,
     advantage: AdvantageOptions | None = None,
+    dump: Mapping[str, Any] | None = None,
 ) -> ComputeConfig:
     """The one translation of option values into a :class:`ComputeConfig`; the CLI, the table
     API and the provenance record all come through it.
 
     ``values``: by :mod:`grpo_cli.option_table` name; ``None`` (or absent) means not given.
     Precedence, lowest first: the configuration's defaults, the options ``recorded`` in an
-    output's provenance (``check --verify``: the rows marked ``from_provenance``), then
+    output's provenance (``check --verify``: the rows marked ``from_provenance``), the values a
+    trainer's ``dump`` implies (``--from``: its reward, group key, step and preset), then
     ``preset``, ``estimator`` and each value given. ``reward_col``: ``NAME[:WEIGHT]`` texts or
     :class:`~grpo_cli.options.RewardSpec` objects. ``advantage``: options already resolved
     (a provenance record's), used as they are.
@@ -280,6 +282,12 @@ def resolve_config(
     given = {name: value for name, value in values.items() if _given(value)}
     if given.get("group_size") is not None and given.get("group_col"):
         raise GrpoError("--group-size and --group-col cannot be used together")
+    if dump is not None:
+        implied = {name: value for name, value in dump.items() if _given(value)}
+        if "group_col" in given or "group_size" in given:
+            implied.pop("group_col", None)
+            implied.pop("group_size", None)
+        given = {**implied, **given}
     if recorded is not None:
         inherited = {
             row.name: getattr(recorded, row.setting) for row in OPTIONS.values() if row.from_provenance

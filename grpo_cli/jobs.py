@@ -32,10 +32,13 @@ from grpo_cli.sources import InputSet
 from grpo_cli.summary import RunSummary
 
 PathLike = str | os.PathLike[str]
-Inputs = PathLike | Sequence[PathLike]
+Inputs = PathLike | Sequence[PathLike] | InputSet
+"""A path, several, or inputs already resolved (a trainer's dump: :func:`grpo_cli.dumps.open_dump`)."""
 
 
 def _specs(input: Inputs) -> list[str]:
+    if isinstance(input, InputSet):
+        return input.specs
     if isinstance(input, str | os.PathLike):
         return [os.fspath(input)]
     if isinstance(input, list | tuple) and all(isinstance(item, str | os.PathLike) for item in input):
@@ -175,7 +178,10 @@ def _local_job(
     config = config or ComputeConfig()
     config.validate()
     directory = output_is_directory(os.fspath(output)) if output is not None else False  # "-": stdout
-    with InputSet(_specs(input), input_format=config.input_format) as inputs:
+    resolved = (
+        input if isinstance(input, InputSet) else InputSet(_specs(input), input_format=config.input_format)
+    )
+    with resolved as inputs:
 
         def run(claim: Claim | None) -> RunSummary:
             # The spliced shards' bytes are copied while torch is imported (by the engine).

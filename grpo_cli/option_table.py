@@ -40,6 +40,7 @@ from grpo_cli.choices import (
     Scale,
     Singleton,
     Std,
+    Trainer,
     Whiten,
 )
 
@@ -273,6 +274,17 @@ _ROWS = (
         show_default=False,
     ),
     # ----------------------------------------------------------------- what is read
+    Option(
+        "from_",
+        ("--from",),
+        "INPUT is this trainer's rollout dump (its dump folder, files or a glob): the reward, step and "
+        "group key are read as the trainer writes them, and its preset applies; explicit options "
+        "override them. The trainer's own advantage column is kept: the new one is recomputed_advantage.",
+        Trainer | None,
+        target="run",
+        panel="Input",
+        metavar="TRAINER",
+    ),
     Option(
         "reward_col",
         ("--reward-col", "-r"),
@@ -508,9 +520,9 @@ _ROWS = (
         "advantage_col",
         ("--advantage-col",),
         "Name of the advantage column.",
-        str,
-        "advantage",
+        str | None,
         panel="Output",
+        show_default="advantage",
         commands=("compute",),
         metavar="NAME",
         record="advantage_col",

@@ -29,6 +29,19 @@ def summary_lines(summary: RunSummary) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = [
         ("input", f"{s.input['path']} ({s.input['shards']} shard(s), {_bytes(s.input['bytes'])})"),
     ]
+    dump = s.input.get("from")
+    if dump is not None:
+        steps = dump["steps"]
+        span = (
+            ""
+            if not steps
+            else f", steps {steps[0]}-{steps[1]}"
+            if steps[0] != steps[1]
+            else f", step {steps[0]}"
+        )
+        rows.append(("read as", f"{dump['dump']} ({dump['files']} file(s){span})"))
+        rows.append(("groups from", dump["group_key"]))
+        rows += [("", note) for note in dump["notes"]]
     if s.output is not None:
         method = {"splice": ", new columns spliced in", "rewrite": ", re-encoded"}.get(
             s.output.get("method", ""), ", some spliced, some re-encoded"

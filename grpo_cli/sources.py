@@ -66,6 +66,7 @@ class Shard:
     compression: str | None = None  # gzip or zstd (text formats)
     record_word: str = "line"
     table: pa.Table | None = field(default=None, compare=False, repr=False)
+    origin: Path | None = None  # the user's file a private rewrite of it (a trainer's dump) reads
     found: ShardFindings = field(default_factory=lambda: ShardFindings(), compare=False, repr=False)
 
     @property
@@ -78,6 +79,8 @@ class Shard:
         for standard input, a pipe or a table in memory."""
         if self.table is not None or self.display.startswith("<"):
             return None
+        if self.origin is not None:
+            return self.origin
         return Path(self.display) if self.record_word == "element" else self.path
 
 
@@ -171,6 +174,9 @@ class InputSet:
     removed. Naming one file twice is refused: its rows would count twice.
     """
 
+    about: dict[str, Any] | None = None
+    """What read a trainer's dump (:meth:`grpo_cli.dumps.OpenedDump.info`), for the summary."""
+
     def __init__(
         self,
         specs: str | Sequence[str],
@@ -203,6 +209,17 @@ class InputSet:
         inputs._spools = contextlib.ExitStack()
         inputs.directories = []
         inputs.shards = [Shard(Path(label), label, "table", table.nbytes, table=table)]
+        return inputs
+
+    @classmethod
+    def of_shards(cls, label: str, shards: list[Shard], spools: contextlib.ExitStack) -> InputSet:
+        """Shards already resolved (a trainer's dump, :mod:`grpo_cli.dumps`), owning ``spools``."""
+        inputs = cls.__new__(cls)
+        inputs.specs, inputs.spec = [label], label
+        inputs._spools = spools
+        inputs.directories = []
+        inputs.shards = shards
+        inputs._refuse_repeats()
         return inputs
 
     def __enter__(self) -> InputSet:

@@ -287,10 +287,13 @@ def grouping_warnings(sizes: np.ndarray, options: dict[str, Any]) -> list[str]:
     common, groups_of_common = common_size(sizes)
     multiples = int(((sizes > common) & (sizes % common == 0)).sum()) if common > 1 else 0
     if multiples and groups_of_common * 2 > groups:
+        stepped = (
+            len(options.get("group_cols") or []) > 1 and options.get("batch_col") in options["group_cols"]
+        )
         out.append(
             f"{multiples:,} of {groups:,} groups have 2 or more times the {common} rows most groups have: "
-            f"groups sharing a key were merged (a prompt repeated in a step, or a prompt key {keys} "
-            "without the step: add the step column with -g)"
+            "groups sharing a key were merged (a prompt repeated in a step"
+            + (")" if stepped else f", or a prompt key {keys} without the step: add the step column with -g)")
         )
     return out
 
@@ -343,12 +346,23 @@ def group_mean_histogram(
     return {"kind": kind, "edges": [float(e) for e in bin_edges], "counts": [int(c) for c in binned]}
 
 
-def input_info(spec: str, shards: Sequence[Shard], *, stdin: bool, bytes_decoded: int) -> dict[str, Any]:
-    """The summary's ``input`` object: what was read, and how much it decoded to."""
-    return {
+def input_info(
+    spec: str,
+    shards: Sequence[Shard],
+    *,
+    stdin: bool,
+    bytes_decoded: int,
+    about: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The summary's ``input`` object: what was read, how much it decoded to, and (``--from``)
+    which trainer's dump it was and how its groups were rebuilt."""
+    info = {
         "path": "<stdin>" if stdin else spec,
         "format": sorted({s.format for s in shards}),
         "shards": len(shards),
         "bytes": sum(s.size_bytes for s in shards),
         "bytes_decoded": bytes_decoded,
     }
+    if about is not None:
+        info["from"] = about
+    return info

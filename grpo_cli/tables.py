@@ -73,6 +73,19 @@ def add_advantages(
     (on the whole frame at once, since a group's statistics need all its rows).
     """
     with _in_keyword_words():
+        trainer = options.pop("from_", None)
+        if trainer is not None:
+            kind, table = _to_arrow(data.collect() if _kind(data) == "polars-lazy" else data)
+            table, implied = _dump_view(trainer, table, group_size)
+            if advantage_col != "advantage":
+                implied.pop("advantage_col", None)
+            config = _config(
+                reward_col, group_col, group_size, preset, advantage_col, active_col, whiten, options, implied
+            )
+            rebuilt = _rebuild(
+                kind, _to_polars(data) if kind == "polars" else data, *_new_columns(table, config)
+            )
+            return rebuilt.lazy() if _kind(data) == "polars-lazy" else rebuilt
         config = _config(
             reward_col, group_col, group_size, preset, advantage_col, active_col, whiten, options
         )
@@ -98,12 +111,17 @@ def summarize(
     Takes the options of :func:`add_advantages`.
     """
     with _in_keyword_words():
-        config = _config(
-            reward_col, group_col, group_size, preset, "advantage", "group_active", whiten, options
-        )
+        trainer = options.pop("from_", None)
         if _kind(data) == "polars-lazy":
             data = data.collect()
-        return summarize_table(_to_arrow(data)[1], config)
+        table = _to_arrow(data)[1]
+        implied = None
+        if trainer is not None:
+            table, implied = _dump_view(trainer, table, group_size)
+        config = _config(
+            reward_col, group_col, group_size, preset, "advantage", "group_active", whiten, options, implied
+        )
+        return summarize_table(table, config)
 
 
 _FLAG = re.compile(r"--([a-z][a-z0-9-]*)")
@@ -129,6 +147,16 @@ def _in_keyword_words() -> Iterator[None]:
 # --------------------------------------------------------------------------- options
 
 
+def _dump_view(trainer: str, table: pa.Table, group_size: int | None) -> tuple[pa.Table, dict[str, Any]]:
+    from grpo_cli.dumps import of_table
+
+    return of_table(trainer, table, group_size=group_size)
+
+
+def _to_polars(data: Any) -> Any:
+    return data.collect() if _kind(data) == "polars-lazy" else data
+
+
 def _config(
     reward_col: str | Sequence[str] | Mapping[str, float],
     group_col: str | Sequence[str],
@@ -138,8 +166,18 @@ def _config(
     active_col: str,
     whiten: bool | str,
     options: dict[str, Any],
+    dump: dict[str, Any] | None = None,
 ) -> ComputeConfig:
-    signature = {"reward_col", "group_col", "group_size", "preset", "advantage_col", "active_col", "whiten"}
+    signature = {
+        "reward_col",
+        "group_col",
+        "group_size",
+        "preset",
+        "advantage_col",
+        "active_col",
+        "whiten",
+        "from_",
+    }
     others = [name for name in keywords() if name not in signature]
     unknown = sorted(set(options) - set(others))
     if unknown:
@@ -149,14 +187,15 @@ def _config(
     return resolve_config(
         {
             **options,
-            "reward_col": _reward_specs(reward_col),
+            "reward_col": None if dump is not None and reward_col == "reward" else _reward_specs(reward_col),
             "group_col": None if group_col == "group_id" else group_col,
             "group_size": group_size,
             "preset": preset,
-            "advantage_col": advantage_col,
+            "advantage_col": None if dump is not None and advantage_col == "advantage" else advantage_col,
             "active_col": active_col,
             "whiten": whiten,
-        }
+        },
+        dump=dump,
     )
 
 

@@ -35,3 +35,12 @@ def test_readme_from_python_examples_run(monkeypatch):
     exec(compile("\n".join(blocks), "README.md (From Python)", "exec"), namespace)
     assert namespace["table"].column_names[-2:] == ["advantage", "group_active"]  # type: ignore[attr-defined]
     assert namespace["lazy"].select("group_active").collect()["group_active"].sum() == 168  # type: ignore[attr-defined]
+
+
+def test_readme_dump_examples_are_real_output():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "gen_dump_examples.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr

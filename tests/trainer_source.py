@@ -104,7 +104,9 @@ def _method(text: str, class_name: str, name: str) -> str:
         (
             i
             for i in range(begin + 1, len(lines))
-            if lines[i].strip() and len(lines[i]) - len(lines[i].lstrip()) <= indent
+            if lines[i].strip()
+            and len(lines[i]) - len(lines[i].lstrip()) <= indent
+            and not lines[i].lstrip().startswith(")")  # a signature's closing line
         ),
         len(lines),
     )
@@ -126,3 +128,18 @@ def nemo_rl_advantages(rewards: torch.Tensor, prompt_ids: torch.Tensor) -> torch
         trainer_self, prompt_ids.reshape(-1, 1), rewards, mask
     )
     return advantages[:, 0]
+
+
+def nemo_rl_advantages_per_token(
+    rewards: torch.Tensor, prompt_ids: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """:func:`nemo_rl_advantages` as the trainer hands them to the loss: expanded to ``mask``'s
+    (rows x tokens) shape, the same value on every token (prompt and padding included)."""
+    utils = source(NEMO_RL, "nemo_rl/algorithms/utils.py")
+    estimator = source(NEMO_RL, "nemo_rl/algorithms/advantage_estimator.py")
+    namespace: dict[str, Any] = {"torch": torch}
+    exec(_function(utils, "calculate_baseline_and_std_per_prompt"), namespace)
+    exec(_method(estimator, "GRPOAdvantageEstimator", "compute_advantage"), namespace)
+    trainer_self = types.SimpleNamespace(use_leave_one_out_baseline=True, normalize_rewards=True)
+    advantages: torch.Tensor = namespace["compute_advantage"](trainer_self, prompt_ids, rewards, mask)
+    return advantages

@@ -499,7 +499,11 @@ class LocalEngine:
         return build_summary(
             outcome,
             input=input_info(
-                inputs.spec, inputs.shards, stdin=inputs.is_stdin, bytes_decoded=self.bytes_read
+                inputs.spec,
+                inputs.shards,
+                stdin=inputs.is_stdin,
+                bytes_decoded=self.bytes_read,
+                about=inputs.about,
             ),
             output=output_info,
             options=self.config.options_summary(),

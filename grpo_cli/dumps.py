@@ -1,0 +1,901 @@
+"""Trainers' rollout dumps, read as the trainers write them: ``--from TRAINER``.
+
+Each :class:`DumpFormat` says, for one trainer, which files its dump switch writes, how one
+file is laid out, which fields hold the reward, the step and the trainer's own advantage,
+and how to rebuild the group key the dump leaves out. :func:`open_dump` turns a dump (its
+folder, its files, or a glob) into an :class:`~grpo_cli.sources.InputSet` plus the option
+values the format implies; explicit options override every one of them
+(:func:`grpo_cli.config.resolve_config`).
+
+Files a format reads as they are (verl's and AReaL's JSON lines, TRL's Parquet) are read in
+place. The others are rewritten once, file by file, into a private Arrow file
+(:mod:`grpo_cli.scratch`) that holds every field of the dump plus the derived ones: ROLL's
+one JSON object of columns, slime's ``torch.save`` file (loaded with
+``weights_only=True``: nothing in a dump is ever executed), NeMo-RL's one-element lists,
+verl v1's uid prefix. The user's files are never written.
+
+>>> sorted(DUMPS)
+['areal', 'nemo-rl', 'roll', 'slime', 'trl', 'verl', 'verl-v1']
+>>> DUMPS["verl"].group.describe()
+'(step, input): the prompt text within a step'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from grpo_cli.errors import GrpoError, first_line, os_reason
+from grpo_cli.scratch import spool
+from grpo_cli.sources import InputSet, Shard
+
+Layout = Literal["jsonl", "parquet", "json-columns", "torch"]
+DERIVED_KEY = "group_key"
+"""The column that holds a group key rebuilt from the dump (verl v1's uid prefix, NeMo-RL's
+prompt tokens): it is written with the other columns, so the output shows each row's group."""
+
+
+# --------------------------------------------------------------------------- group rules
+
+
+@dataclass(frozen=True)
+class KeyColumns:
+    """The group is the tuple of these fields' values."""
+
+    columns: tuple[str, ...]
+    meaning: str
+
+    def describe(self) -> str:
+        return f"({', '.join(self.columns)}): {self.meaning}"
+
+    def derive(self, table: pa.Table, file: str) -> pa.Table:
+        return table
+
+
+@dataclass(frozen=True)
+class KeyPrefix:
+    """The group is the part of ``column`` before the first ``separator``, within the step."""
+
+    step: str
+    column: str
+    separator: str
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return (self.step, DERIVED_KEY)
+
+    def describe(self) -> str:
+        return f"(step, the part of {self.column} before the first {self.separator!r}), as {DERIVED_KEY}"
+
+    def derive(self, table: pa.Table, file: str) -> pa.Table:
+        values = table.column(self.column)
+        if not pa.types.is_string(values.type) and not pa.types.is_large_string(values.type):
+            raise GrpoError(f"{file}: the field {self.column} is {values.type}, not text")
+        if values.null_count:
+            row = pc.index(pc.is_null(values), True).as_py()
+            raise GrpoError(f"{file}, record {row + 1}: the field {self.column} is null")
+        prefix = pc.list_element(pc.split_pattern(values, self.separator, max_splits=1), 0)
+        return _with_column(table, DERIVED_KEY, prefix, file)
+
+
+@dataclass(frozen=True)
+class ConsecutiveBlocks:
+    """The group is a block of G consecutive rows of one file; G is given, or read from the
+    runs of equal ``prompt`` values (their greatest common divisor)."""
+
+    prompt: str
+
+    columns: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        return (
+            "consecutive blocks of num_generations rows in each file (told from the runs of "
+            f"equal {self.prompt})"
+        )
+
+    def derive(self, table: pa.Table, file: str) -> pa.Table:
+        return table
+
+
+@dataclass(frozen=True)
+class PromptTokens:
+    """NeMo-RL's: the prompt's token IDs (the tokens before the first one the loss mask
+    keeps) within the step, as ``calculate_baseline_and_std_per_prompt`` groups them."""
+
+    step: str
+    tokens: str
+    loss_mask: str
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return (self.step, DERIVED_KEY)
+
+    def describe(self) -> str:
+        return (
+            f"(step, the prompt's token IDs: {self.tokens} before the first token "
+            f"{self.loss_mask} keeps), as {DERIVED_KEY}"
+        )
+
+    def derive(self, table: pa.Table, file: str) -> pa.Table:
+        tokens = _one_element(table, self.tokens, file).to_pylist()
+        masks = _one_element(table, self.loss_mask, file).to_pylist()
+        prompts = []
+        for row, (ids, mask) in enumerate(zip(tokens, masks, strict=True)):
+            if ids is None or mask is None or len(ids) != len(mask):
+                raise GrpoError(
+                    f"{file}, line {row + 1}: {self.tokens} and {self.loss_mask} differ in length "
+                    f"({_length(ids)} and {_length(mask)})"
+                )
+            first = next((i for i, keep in enumerate(mask) if keep), None)
+            if first is None:
+                raise GrpoError(f"{file}, line {row + 1}: {self.loss_mask} keeps no token (no response)")
+            prompts.append(ids[:first])
+        return _with_column(table, DERIVED_KEY, pa.array(prompts, pa.list_(pa.int64())), file)
+
+
+GroupRule = KeyColumns | KeyPrefix | ConsecutiveBlocks | PromptTokens
+
+
+# --------------------------------------------------------------------------- the formats
+
+
+@dataclass(frozen=True)
+class DumpFormat:
+    """One trainer's dump: the files, their layout, the fields, and the group rule.
+
+    ``file_name``: a dump file's name, its ``step`` group the step it holds (``None``: the
+    step is the name of the folder the file lies in, AReaL's version folders). ``fields``:
+    what every file of this dump holds (a file without them is another trainer's).
+    ``step_field``: the step's field, or the name of a column derived from the file name
+    where the records do not hold it. ``unwrap``: fields written as one-element lists,
+    read as their element under ``unwrapped`` names. ``fixed_group_size``: the trainer
+    samples the same number of rollouts for every prompt.
+    """
+
+    name: str
+    trainer: str
+    writer: str
+    switch: str
+    file_name: re.Pattern[str]
+    layout: Layout
+    fields: tuple[str, ...]
+    rewards: tuple[str, ...]
+    group: GroupRule
+    step_field: str
+    preset: str | None = None
+    advantage_col: str | None = None
+    step_from_file: bool = False
+    unwrap: tuple[tuple[str, str], ...] = ()
+    every_step: bool = True
+    nested: bool = False
+    subfolder: str | None = None
+    per_token_advantage: tuple[str, str] | None = None  # (advantages, loss mask): NeMo-RL
+    notes: tuple[str, ...] = ()
+    article: str = "a"
+    tells_apart: Callable[[pa.Schema], bool] | None = field(default=None, compare=False)
+
+    @property
+    def rewritten(self) -> bool:
+        """Whether each file is rewritten into a private Arrow file before it is read."""
+        return (
+            self.layout in ("json-columns", "torch")
+            or self.step_from_file
+            or bool(self.unwrap)
+            or isinstance(self.group, KeyPrefix | PromptTokens)
+        )
+
+
+_VERL_FIELDS = ("input", "output", "score", "step")
+
+
+def _is_verl_v1(schema: pa.Schema) -> bool:
+    return "uid" in schema.names
+
+
+DUMPS: dict[str, DumpFormat] = {
+    "verl": DumpFormat(
+        name="verl",
+        trainer="verl",
+        writer="verl/trainer/ppo/ray_trainer.py RayPPOTrainer._log_rollout_data / _write_generations",
+        switch="trainer.rollout_data_dir",
+        file_name=re.compile(r"^(?P<step>\d+)\.jsonl$"),
+        layout="jsonl",
+        fields=_VERL_FIELDS,
+        rewards=("score",),
+        group=KeyColumns(("step", "input"), "the prompt text within a step"),
+        step_field="step",
+        preset="verl",
+        tells_apart=lambda schema: not _is_verl_v1(schema),
+    ),
+    "verl-v1": DumpFormat(
+        name="verl-v1",
+        trainer="verl (v1 trainer)",
+        writer="verl/trainer/ppo/v1/trainer_base.py _log_rollout_data / _write_generations",
+        switch="trainer.rollout_data_dir",
+        file_name=re.compile(r"^(?P<step>\d+)\.jsonl$"),
+        layout="jsonl",
+        fields=(*_VERL_FIELDS, "uid"),
+        rewards=("score",),
+        group=KeyPrefix("step", "uid", "_"),
+        step_field="step",
+        preset="verl",
+        tells_apart=_is_verl_v1,
+    ),
+    "trl": DumpFormat(
+        name="trl",
+        trainer="TRL",
+        writer="trl/trainer/grpo_trainer.py GRPOTrainer.log (completions_{step:05d}.parquet)",
+        switch="log_completions=True",
+        file_name=re.compile(r"^completions_(?P<step>\d+)\.parquet$"),
+        layout="parquet",
+        fields=("step", "prompt", "completion", "advantage"),
+        rewards=(),  # every reward function's column
+        group=ConsecutiveBlocks("prompt"),
+        step_field="step",
+        preset="trl",
+        advantage_col="advantage",
+        every_step=False,  # one file per logging step
+        subfolder="completions",
+    ),
+    "nemo-rl": DumpFormat(
+        name="nemo-rl",
+        trainer="NeMo-RL",
+        writer="nemo_rl/algorithms/grpo.py grpo_train + nemo_rl/utils/logger.py log_batched_dict_as_jsonl",
+        switch="always (logger.log_dir)",
+        file_name=re.compile(r"^train_data_step(?P<step>\d+)\.jsonl$"),
+        layout="jsonl",
+        fields=("content", "rewards", "token_ids", "token_loss_mask", "advantages", "idx"),
+        rewards=("reward",),
+        group=PromptTokens("step", "token_ids", "token_loss_mask"),
+        step_field="step",
+        preset="nemo-rl",
+        advantage_col="trainer_advantage",
+        step_from_file=True,
+        unwrap=(("rewards", "reward"),),
+        per_token_advantage=("advantages", "token_loss_mask"),
+        notes=(
+            "NeMo-RL groups a prompt drawn twice in a step as one group "
+            "(calculate_baseline_and_std_per_prompt "
+            "compares prompt token IDs), and so does this key",
+            "trainer_advantage: the advantage NeMo-RL repeats on each token, read on the tokens "
+            "token_loss_mask "
+            "keeps (NaN where they differ)",
+        ),
+    ),
+    "roll": DumpFormat(
+        name="roll",
+        trainer="ROLL",
+        writer="roll/pipeline/rlvr/utils.py dump_rollout_to_specific_path / write_to_json_process",
+        switch="rollout_dump_dir",
+        file_name=re.compile(r"^rollout_dump_data\.step_(?P<step>\d+)\.jsonl$"),
+        layout="json-columns",
+        fields=("global_step", "id", "responses", "scores"),
+        rewards=("scores",),
+        group=KeyColumns(("global_step", "id"), "the prompt's id within a step"),
+        step_field="global_step",
+        preset="roll",
+    ),
+    "slime": DumpFormat(
+        name="slime",
+        trainer="slime",
+        writer="slime/observability/rollout_data_utils.py save_debug_rollout_data (Sample.to_dict)",
+        switch="--save-debug-rollout-data",
+        file_name=re.compile(r"^(?P<step>\d+)\.pt$"),
+        layout="torch",
+        fields=("group_index", "index", "reward", "status"),
+        rewards=("reward",),
+        group=KeyColumns(("step", "group_index"), "the sample group's index within a rollout"),
+        step_field="step",
+        step_from_file=True,
+    ),
+    "areal": DumpFormat(
+        name="areal",
+        trainer="AReaL",
+        writer="areal/infra/workflow_executor.py WorkflowExecutor._dump_trajectory",
+        switch="fileroot + experiment_name + trial_name (the rollout folder of the log path)",
+        file_name=re.compile(r"^(?P<step>)\d+\.jsonl$"),
+        layout="jsonl",
+        fields=("task_id", "sample_idx", "tail_version", "reward"),
+        rewards=("reward",),
+        group=KeyColumns(("tail_version", "task_id"), "one task's trajectories: the file"),
+        step_field="tail_version",
+        every_step=False,
+        nested=True,
+        article="an",
+        notes=(
+            "AReaL leaves out of its dump a sample with no completion token, so a task may show fewer rows",
+        ),
+    ),
+}
+"""Every dump grpo-cli reads, by ``--from`` name (``verl`` names both of verl's generations;
+the content tells them apart)."""
+
+TRAINERS = ("verl", "trl", "nemo-rl", "roll", "slime", "areal")
+"""The ``--from`` choices."""
+
+
+def formats_of(trainer: str) -> list[DumpFormat]:
+    """The dump formats ``--from trainer`` may mean (verl: both generations)."""
+    return [dump for dump in DUMPS.values() if dump.name == trainer or dump.name.startswith(f"{trainer}-")]
+
+
+# --------------------------------------------------------------------------- opening a dump
+
+
+@dataclass
+class OpenedDump:
+    """A dump as a run reads it: the shards, the option values it implies, what it said."""
+
+    dump: DumpFormat
+    inputs: InputSet
+    defaults: dict[str, Any]
+    steps: list[int]
+    files: int
+    group_size: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def info(self) -> dict[str, Any]:
+        """The summary's ``input.from`` object."""
+        return {
+            "trainer": self.dump.name,
+            "dump": f"{self.dump.article} {self.dump.trainer} dump",
+            "writer": self.dump.writer,
+            "files": self.files,
+            "steps": [self.steps[0], self.steps[-1]] if self.steps else None,
+            "group_key": self.dump.group.describe()
+            if self.group_size is None
+            else f"consecutive blocks of {self.group_size} rows in each file",
+            "rewards": self.defaults.get("reward_col"),
+            "notes": self.notes,
+        }
+
+
+def open_dump(trainer: str, specs: Sequence[str], *, group_size: int | None = None) -> OpenedDump:
+    """Read the dump ``specs`` name (a dump folder, files, or a quoted glob) as ``trainer``
+    writes it. Use the returned inputs as a context manager.
+
+    Refused, in one line each: a folder with no such file, a gap in the steps of a trainer
+    that writes every step, a file without the fields the trainer writes (naming the
+    trainer whose fields it has), a file that is not a whole number of TRL groups.
+    """
+    candidates = formats_of(trainer)
+    if not candidates:
+        raise GrpoError(f"--from {trainer}: not a trainer grpo-cli reads; choose from {', '.join(TRAINERS)}")
+    files, from_folder = _dump_files(candidates[0], specs)
+    dump = _which(candidates, files[0])
+    _check_fields(dump, files[0])
+    steps = sorted({s for _, s in files if s is not None})
+    if from_folder and dump.every_step and steps:
+        missing = sorted(set(range(steps[0], steps[-1] + 1)) - set(steps))
+        if missing:
+            raise GrpoError(
+                f"{_display(files[0][0].parent)}: step {missing[0]} is missing ({dump.trainer} "
+                "writes one file per "
+                f"step; the folder holds steps {steps[0]}-{steps[-1]} but not {_listed(missing)}); "
+                "name the files to read to skip it"
+            )
+    opened = OpenedDump(dump, _inputs(dump, files, " ".join(specs)), _defaults(dump), steps, len(files))
+    opened.notes += dump.notes
+    try:
+        if isinstance(dump.group, ConsecutiveBlocks):
+            opened.group_size = _blocks(dump.group, opened.inputs.shards, group_size, opened.notes)
+            opened.defaults["group_size"] = opened.group_size
+            del opened.defaults["group_col"]
+            opened.defaults["reward_col"] = _reward_functions(dump, opened.inputs.shards[0])
+            opened.notes.append(
+                f"rewards: the reward-function columns {', '.join(opened.defaults['reward_col'])}, each of "
+                "weight 1 (TRL's reward_weights are not in the dump; give -r NAME:WEIGHT to set them)"
+            )
+        if dump.advantage_col == "advantage" or _holds(opened.inputs.shards[0], "advantage"):
+            opened.defaults["advantage_col"] = "recomputed_advantage"
+    except BaseException:
+        opened.inputs.close()
+        raise
+    opened.inputs.about = opened.info()
+    return opened
+
+
+def _holds(shard: Shard, name: str) -> bool:
+    from grpo_cli.readers import read_schema
+
+    return name in read_schema(shard).names
+
+
+def _display(path: Path) -> str:
+    return os.fspath(path)
+
+
+def _listed(values: list[int]) -> str:
+    return ", ".join(str(v) for v in values[:5]) + (", ..." if len(values) > 5 else "")
+
+
+def _dump_files(dump: DumpFormat, specs: Sequence[str]) -> tuple[list[tuple[Path, int | None]], bool]:
+    """The dump's files in step order, each with its step, and whether a folder was named."""
+    import glob
+
+    found: list[tuple[Path, int | None]] = []
+    from_folder = False
+    for spec in specs:
+        if spec == "-":
+            raise GrpoError(f"--from {dump.trainer} reads a dump's files, not standard input")
+        path = Path(spec)
+        if path.is_dir():
+            from_folder = True
+            matched = _files_in(dump, path)
+            if not matched:
+                others = [
+                    other
+                    for other in DUMPS.values()
+                    if other.trainer != dump.trainer and _files_in(other, path)
+                ]
+                hint = (
+                    f"; it holds {others[0].article} {others[0].trainer} dump "
+                    f"({_files_in(others[0], path)[0].name}, ...): "
+                    f"use --from {_choice(others[0])}"
+                    if others
+                    else ""
+                )
+                raise GrpoError(
+                    f"{spec}: holds no {dump.trainer} dump file ({dump.trainer} writes "
+                    f"{_pattern_text(dump)}, "
+                    f"with {dump.switch}){hint}"
+                )
+            found += [(p, _step_of(dump, p)) for p in matched]
+        elif path.is_file():
+            found.append((path, _step_of(dump, path)))
+        elif any(ch in spec for ch in "*?["):
+            matches = sorted(Path(p) for p in glob.glob(spec, recursive=True) if os.path.isfile(p))
+            if not matches:
+                raise GrpoError(f"{spec}: the pattern matches no file")
+            found += [(p, _step_of(dump, p)) for p in matches]
+        else:
+            raise GrpoError(f"{spec}: no such file or directory")
+    found.sort(key=lambda item: (item[1] is None, item[1] or 0, str(item[0])))
+    return found, from_folder
+
+
+def _files_in(dump: DumpFormat, path: Path) -> list[Path]:
+    """The files of ``path`` (a folder) named as ``dump`` names its files, in name order."""
+    folder = path / dump.subfolder if dump.subfolder and (path / dump.subfolder).is_dir() else path
+    pattern = "*/*" if dump.nested else "*"
+    return [p for p in sorted(folder.glob(pattern)) if p.is_file() and dump.file_name.match(p.name)]
+
+
+def _pattern_text(dump: DumpFormat) -> str:
+    return {
+        "verl": "{step}.jsonl",
+        "verl-v1": "{step}.jsonl",
+        "trl": "completions/completions_{step:05d}.parquet",
+        "nemo-rl": "train_data_step{N}.jsonl",
+        "roll": "rollout_dump_data.step_{N}.jsonl",
+        "slime": "{rollout_id}.pt",
+        "areal": "{version}/{task_id}.jsonl",
+    }[dump.name]
+
+
+def _step_of(dump: DumpFormat, path: Path) -> int | None:
+    match = dump.file_name.match(path.name)
+    if match is None:
+        return None
+    step = match["step"]
+    if step:
+        return int(step)
+    return int(path.parent.name) if path.parent.name.isdigit() else None
+
+
+def _schema_of(dump: DumpFormat, path: Path) -> pa.Schema:
+    """The fields of one dump file, read the way its trainer wrote it."""
+    if dump.layout == "parquet":
+        try:
+            return pq.read_schema(path)
+        except (pa.ArrowException, OSError) as exc:
+            raise GrpoError(f"{path}: not a readable Parquet file ({first_line(exc)})") from None
+    if dump.layout == "json-columns" or dump.layout == "torch":
+        return _loaded(dump, path).schema
+    with InputSet([os.fspath(path)], input_format="jsonl") as inputs:
+        from grpo_cli.readers import read_schema
+
+        return read_schema(inputs.shards[0])
+
+
+def _which(candidates: list[DumpFormat], first: tuple[Path, int | None]) -> DumpFormat:
+    if len(candidates) == 1:
+        return candidates[0]
+    schema = _schema_of(candidates[0], first[0])
+    for dump in candidates:
+        if dump.tells_apart is not None and dump.tells_apart(schema):
+            return dump
+    return candidates[0]
+
+
+def _check_fields(dump: DumpFormat, first: tuple[Path, int | None]) -> None:
+    path = first[0]
+    try:
+        schema = _schema_of(dump, path)
+    except GrpoError as exc:
+        looks = _looks_like(path)
+        if looks is None:
+            raise
+        raise GrpoError(
+            f"{exc.message}; it looks like a {looks.trainer} dump: use --from {_choice(looks)}"
+        ) from None
+    missing = [name for name in dump.fields if name not in schema.names]
+    if missing:
+        looks = _looks_like(path, schema)
+        hint = f"; it looks like a {looks.trainer} dump: use --from {_choice(looks)}" if looks else ""
+        raise GrpoError(
+            f"{path}: not a {dump.trainer} dump: it has no {', '.join(missing)} field "
+            f"(its fields: {', '.join(schema.names[:8])}{', ...' if len(schema.names) > 8 else ''}){hint}"
+        )
+
+
+def _choice(dump: DumpFormat) -> str:
+    return dump.name.split("-v")[0] if dump.name.startswith("verl") else dump.name
+
+
+def _looks_like(path: Path, schema: pa.Schema | None = None) -> DumpFormat | None:
+    """The dump format whose file name and fields ``path`` has, if any."""
+    for dump in DUMPS.values():
+        if not dump.file_name.match(path.name):
+            continue
+        try:
+            names = (schema if schema is not None else _schema_of(dump, path)).names
+        except GrpoError:
+            continue
+        if all(name in names for name in dump.fields) and (
+            dump.tells_apart is None or dump.tells_apart(schema or _schema_of(dump, path))
+        ):
+            return dump
+    if schema is not None:
+        for dump in DUMPS.values():
+            if all(name in schema.names for name in dump.fields):
+                return dump
+    return None
+
+
+def _defaults(dump: DumpFormat) -> dict[str, Any]:
+    defaults: dict[str, Any] = {
+        "reward_col": list(dump.rewards),
+        "group_col": list(dump.group.columns),
+        "batch_col": dump.step_field,
+    }
+    if dump.preset is not None:
+        defaults["preset"] = dump.preset
+    return defaults
+
+
+def _inputs(dump: DumpFormat, files: list[tuple[Path, int | None]], label: str) -> InputSet:
+    if not dump.rewritten:
+        inputs = InputSet(
+            [os.fspath(p) for p, _ in files], input_format="parquet" if dump.layout == "parquet" else "jsonl"
+        )
+        inputs.spec = label
+        return inputs
+    stack = contextlib.ExitStack()
+    shards = []
+    try:
+        for path, step in files:
+            table = _derived(dump, path, step)
+            shards.append(_spooled_arrow(stack, table, path))
+    except BaseException:
+        stack.close()
+        raise
+    return InputSet.of_shards(label, shards, stack)
+
+
+def _spooled_arrow(stack: contextlib.ExitStack, table: pa.Table, path: Path) -> Shard:
+    label = os.fspath(path)
+
+    def write(out: Any) -> None:
+        with pa.ipc.new_file(out, table.schema) as writer:
+            writer.write_table(table)
+
+    scratch = stack.enter_context(spool(None, label=label, write=write))
+    return Shard(scratch, label, "arrow", path.stat().st_size, origin=path)
+
+
+def _derived(dump: DumpFormat, path: Path, step: int | None) -> pa.Table:
+    """One dump file with the fields the format derives: the step, the unwrapped lists, the key."""
+    label = os.fspath(path)
+    if dump.step_from_file and step is None:
+        raise GrpoError(
+            f"{label}: its name does not give the step ({dump.trainer} writes {_pattern_text(dump)})"
+        )
+    return _derived_table(dump, _loaded(dump, path), label, step)
+
+
+def _derived_table(dump: DumpFormat, table: pa.Table, label: str, step: int | None) -> pa.Table:
+    if dump.step_from_file and step is not None:
+        table = _with_column(table, dump.step_field, pa.array([step] * table.num_rows, pa.int64()), label)
+    for listed, name in dump.unwrap:
+        table = _with_column(table, name, _one_element(table, listed, label), label)
+    if dump.per_token_advantage is not None:
+        assert dump.advantage_col is not None
+        advantages, mask = dump.per_token_advantage
+        table = _with_column(
+            table, dump.advantage_col, _per_token_value(table, advantages, mask, label), label
+        )
+    return dump.group.derive(table, label)
+
+
+def _loaded(dump: DumpFormat, path: Path) -> pa.Table:
+    label = os.fspath(path)
+    if dump.layout == "json-columns":
+        return _json_columns(path, label)
+    if dump.layout == "torch":
+        return _torch_samples(path, label)
+    with InputSet([label], input_format="jsonl" if dump.layout == "jsonl" else "parquet") as inputs:
+        from grpo_cli.readers import iter_batches, read_schema
+
+        shard = inputs.shards[0]
+        schema = read_schema(shard)
+        batches = list(iter_batches(shard, None, 1 << 16))
+        return pa.Table.from_batches(batches, schema=batches[0].schema if batches else schema)
+
+
+def _json_columns(path: Path, label: str) -> pa.Table:
+    """ROLL's file: ONE JSON object whose fields are columns of equal length."""
+    from grpo_cli.sources import _refuse_repeated_keys  # the one guard against a field given twice
+
+    try:
+        with open(path, encoding="utf-8") as stream:
+            text = stream.read()
+    except OSError as exc:
+        raise GrpoError(f"{label}: cannot read the file ({os_reason(exc)})") from None
+    except UnicodeDecodeError as exc:
+        raise GrpoError(f"{label}: not UTF-8 text (byte {exc.start})") from None
+    try:
+        value = json.loads(text, object_pairs_hook=_refuse_repeated_keys)
+    except json.JSONDecodeError as exc:
+        if text.lstrip().startswith("{") and not text.rstrip().endswith("}"):
+            raise GrpoError(
+                f"{label}: truncated: its JSON object of columns ends early, at line "
+                f"{text.count(chr(10)) + 1} "
+                "(ROLL writes it from a daemon process, which a stopping trainer kills mid-write)"
+            ) from None
+        raise GrpoError(f"{label}, line {exc.lineno}: not a JSON object of columns ({exc.msg})") from None
+    except ValueError as exc:
+        raise GrpoError(f"{label}: the field {exc} is given twice") from None
+    if not isinstance(value, dict) or not all(isinstance(v, list) for v in value.values()):
+        raise GrpoError(
+            f"{label}: not a JSON object of columns (ROLL writes one object whose fields are lists)"
+        )
+    lengths = {name: len(column) for name, column in value.items()}
+    if len(set(lengths.values())) > 1:
+        shown = ", ".join(f"{name} {length}" for name, length in lengths.items())
+        raise GrpoError(f"{label}: its columns differ in length ({shown})")
+    return _table_of_rows(
+        [dict(zip(value, row, strict=True)) for row in zip(*value.values(), strict=True)], label
+    )
+
+
+def _torch_samples(path: Path, label: str) -> pa.Table:
+    """slime's file: ``torch.save({"rollout_id", "samples": [Sample.to_dict()]})``, loaded
+    with ``weights_only=True`` (tensors and plain containers only; no code runs)."""
+    import pickle
+
+    import torch
+
+    try:
+        value = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise GrpoError(
+            f"{label}: refused: it holds objects other than tensors and plain containers "
+            f"({first_line(exc)[:160]}); grpo-cli loads pickled dumps only with weights_only=True, since "
+            "loading any other object runs code from the file; convert it to JSON lines with the trainer's "
+            "own code"
+        ) from None
+    except (RuntimeError, OSError, EOFError, ValueError) as exc:
+        raise GrpoError(f"{label}: not a readable torch.save file ({first_line(exc)[:160]})") from None
+    if not isinstance(value, dict) or not isinstance(value.get("samples"), list):
+        raise GrpoError(f"{label}: not a slime rollout dump (expected a dict with a list of samples)")
+    rows = []
+    for number, sample in enumerate(value["samples"]):
+        if not isinstance(sample, dict):
+            raise GrpoError(f"{label}: sample {number} is a {type(sample).__name__}, not a dict")
+        rows.append({key: _plain(item) for key, item in sample.items()})
+    return _table_of_rows(rows, label)
+
+
+def _plain(value: Any) -> Any:
+    """A sample's value as JSON data: tensors as lists; an empty dict as null (no fields)."""
+    if hasattr(value, "tolist") and not isinstance(value, list | tuple | dict | str):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()} or None
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else value
+    return value
+
+
+def _table_of_rows(rows: list[dict[str, Any]], label: str) -> pa.Table:
+    """Rows as a table, types settled as grpo-cli's JSON-lines reader settles them."""
+    lines = b"".join(
+        json.dumps(row, ensure_ascii=False, allow_nan=False).encode("utf-8", "surrogatepass") + b"\n"
+        for row in rows
+    )
+    with spool(None, label=label, write=lambda out: _write_all(out, lines)) as scratch:
+        from grpo_cli.readers import iter_batches, read_schema
+
+        shard = Shard(scratch, label, "jsonl", len(lines), record_word="element")
+        schema = read_schema(shard)
+        batches = list(iter_batches(shard, None, 1 << 16))
+        return pa.Table.from_batches(batches, schema=batches[0].schema if batches else schema)
+
+
+def _write_all(out: IO[bytes], data: bytes) -> None:
+    out.write(data)
+
+
+def _with_column(table: pa.Table, name: str, values: Any, label: str) -> pa.Table:
+    if name in table.schema.names:
+        raise GrpoError(f"{label}: already has a field {name}, the name of the column grpo-cli derives")
+    return table.append_column(name, values)
+
+
+def _one_element(table: pa.Table, name: str, label: str) -> pa.ChunkedArray:
+    """A field written as one-element lists (``[x]``), as its elements."""
+    column = table.column(name)
+    if not pa.types.is_list(column.type) and not pa.types.is_large_list(column.type):
+        raise GrpoError(f"{label}: the field {name} is {column.type}, not a one-element list")
+    lengths = pc.list_value_length(column)
+    wrong = pc.or_kleene(pc.is_null(lengths), pc.not_equal(lengths, 1))
+    if pc.any(wrong).as_py():
+        row = pc.index(wrong, True).as_py()
+        raise GrpoError(
+            f"{label}, line {row + 1}: the field {name} holds {lengths[row].as_py()} elements, not one"
+        )
+    return pc.list_flatten(column)
+
+
+def _per_token_value(table: pa.Table, advantages: str, mask: str, label: str) -> pa.Array:
+    """Each row's advantage from its per-token list: the value on every token the mask keeps
+    (NaN where those tokens disagree, so that a verification names the row)."""
+    values = _one_element(table, advantages, label).to_pylist()
+    masks = _one_element(table, mask, label).to_pylist()
+    out: list[float | None] = []
+    for row, (tokens, keep) in enumerate(zip(values, masks, strict=True)):
+        if tokens is None or keep is None or len(tokens) != len(keep):
+            raise GrpoError(
+                f"{label}, line {row + 1}: {advantages} and {mask} differ in length "
+                f"({_length(tokens)} and {_length(keep)})"
+            )
+        kept = {float(a) for a, k in zip(tokens, keep, strict=True) if k}
+        out.append(kept.pop() if len(kept) == 1 else (math.nan if kept else None))
+    return pa.array(out, pa.float64())
+
+
+def _length(value: Any) -> str:
+    return "null" if value is None else str(len(value))
+
+
+def _reward_functions(dump: DumpFormat, shard: Shard) -> list[str]:
+    """TRL's reward-function columns: its numeric columns other than ``step`` and ``advantage``."""
+    from grpo_cli.readers import read_schema
+
+    schema = read_schema(shard)
+    known = set(dump.fields)
+    names = [f.name for f in schema if f.name not in known and pa.types.is_floating(f.type)]
+    if not names:
+        raise GrpoError(
+            f"{shard.display}: holds no reward-function column (a float column besides "
+            f"{', '.join(dump.fields)})"
+        )
+    return names
+
+
+def _blocks(rule: ConsecutiveBlocks, shards: list[Shard], given: int | None, notes: list[str]) -> int:
+    """The group size of a dump whose groups are consecutive blocks in each file: ``given``,
+    or the greatest common divisor of the runs of equal prompts; each file must be whole groups."""
+    runs: list[int] = []
+    inner: list[int] = []  # runs neither first nor last in their file: a cut batch cannot shorten them
+    rows: list[int] = []
+    for shard in shards:
+        prompts = pq.read_table(shard.path, columns=[rule.prompt]).column(0)
+        rows.append(len(prompts))
+        lengths = _run_lengths(prompts)
+        runs += lengths
+        inner += lengths[1:-1]
+    size = given
+    if size is None:
+        size = math.gcd(*(inner or runs)) if runs else 0
+        if size <= 1:
+            raise GrpoError(
+                f"{shards[0].display}: cannot tell num_generations from the dump (no two consecutive rows "
+                f"share a {rule.prompt}); give --group-size"
+            )
+        longer = sum(1 for run in runs if run > size)
+        notes.append(
+            f"group size {size}: told from the runs of equal {rule.prompt} (the dump does not "
+            "record num_generations)"
+        )
+        if longer:
+            notes.append(
+                f"{longer} run(s) of one {rule.prompt} span several groups of {size} (a prompt "
+                "drawn twice in a row); "
+                "they are split by position, as the trainer groups them"
+            )
+    for shard, count in zip(shards, rows, strict=True):
+        if count % size:
+            raise GrpoError(
+                f"{shard.display}: {count} rows are not a whole number of groups of {size} (the "
+                "trainer writes "
+                "whole generation batches): the file is truncated, or the group size is not "
+                f"{size}" + (" (--group-size)" if given is not None else "")
+            )
+    return size
+
+
+def _run_lengths(values: pa.ChunkedArray) -> list[int]:
+    """Lengths of the runs of equal consecutive values."""
+    items = values.to_pylist()
+    out, start = [], 0
+    for i in range(1, len(items) + 1):
+        if i == len(items) or items[i] != items[start]:
+            out.append(i - start)
+            start = i
+    return out
+
+
+def of_table(
+    trainer: str, table: pa.Table, *, group_size: int | None = None
+) -> tuple[pa.Table, dict[str, Any]]:
+    """A table holding one dump's rows (the table API's ``from_=``): the table with the fields
+    the format derives, and the option values it implies. A table without the step field of a
+    trainer that names the step in the file name (NeMo-RL, slime) is one step.
+
+    >>> table = pa.table({"input": ["p", "p", "q", "q"], "output": ["a"] * 4, "score": [1.0, 0.0, 1.0, 1.0],
+    ...                   "step": [3] * 4})
+    >>> of_table("verl", table)[1]["group_col"]
+    ['step', 'input']
+    """
+    candidates = formats_of(trainer)
+    if not candidates:
+        raise GrpoError(f"from_={trainer!r}: not a trainer grpo-cli reads; choose from {', '.join(TRAINERS)}")
+    dump = next(
+        (d for d in candidates if d.tells_apart is None or d.tells_apart(table.schema)), candidates[0]
+    )
+    missing = [name for name in dump.fields if name not in table.schema.names]
+    if missing:
+        raise GrpoError(f"the table is not a {dump.trainer} dump: it has no {', '.join(missing)} column")
+    stepless = dump.step_from_file and dump.step_field not in table.schema.names
+    derived = _derived_table(dump, table, "the table", 0 if stepless else None)
+    defaults = _defaults(dump)
+    if isinstance(dump.group, ConsecutiveBlocks):
+        runs = _run_lengths(table.column(dump.group.prompt))
+        size = group_size or math.gcd(*runs[1:-1] or runs)
+        if size <= 1 or table.num_rows % size:
+            raise GrpoError(
+                f"the table's {table.num_rows} rows are not whole groups of consecutive equal "
+                f"{dump.group.prompt} values; give group_size"
+            )
+        defaults["group_size"] = size
+        del defaults["group_col"]
+        names = [f.name for f in table.schema if f.name not in dump.fields and pa.types.is_floating(f.type)]
+        defaults["reward_col"] = names
+    if "advantage" in table.schema.names:
+        defaults["advantage_col"] = "recomputed_advantage"
+    return derived, defaults
+
+
+@contextlib.contextmanager
+def opened(trainer: str, specs: Sequence[str], *, group_size: int | None = None) -> Iterator[OpenedDump]:
+    """:func:`open_dump` as a context manager that removes its private files."""
+    dump = open_dump(trainer, specs, group_size=group_size)
+    try:
+        yield dump
+    finally:
+        dump.inputs.close()

@@ -1,0 +1,430 @@
+"""``--from TRAINER``: the trainers' dumps, written by the trainers' own writer code, read back.
+
+The dumps under ``sample_data/dumps`` were written by :mod:`tests.dump_writers` (each
+trainer's writer, cut verbatim from its source); ``tests/dump_truth.json`` holds the groups
+the trainer had in memory. Where the trainers' sources are present the dumps are written
+again and must be the committed ones; everywhere, each adapter's groups must be the
+trainer's and its advantages the trainer's preset on those groups.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from grpo_cli import add_advantages
+from grpo_cli.config import resolve_config
+from grpo_cli.dumps import DUMPS, TRAINERS, open_dump, opened
+from grpo_cli.jobs import compute_dataset
+from tests.conftest import assert_one_line_error, bits, digest, one_line_error
+
+ROOT = Path(__file__).resolve().parent.parent
+DUMP_ROOT = ROOT / "sample_data" / "dumps"
+TRUTH: dict[str, Any] = json.loads((Path(__file__).parent / "dump_truth.json").read_text())
+FROM = {
+    "verl": "verl",
+    "verl-v1": "verl",
+    "trl": "trl",
+    "nemo-rl": "nemo-rl",
+    "roll": "roll",
+    "slime": "slime",
+    "areal": "areal",
+}
+
+
+def folder_of(name: str) -> Path:
+    return DUMP_ROOT / str(TRUTH[name]["folder"])
+
+
+def truth_labels(name: str, shards: list[Any]) -> list[str]:
+    """The trainer's group of every row, in the order the adapter reads the files."""
+    base = folder_of(name)
+    labels: list[str] = []
+    for shard in shards:
+        relative = Path(shard.display).resolve().relative_to(base.resolve()).as_posix()
+        labels += TRUTH[name]["files"][relative]["groups"]
+    return labels
+
+
+def same_partition(ours: list[Any], theirs: list[str]) -> bool:
+    """Whether two labelings of the same rows put the same rows together."""
+    forward: dict[Any, str] = {}
+    backward: dict[str, Any] = {}
+    for a, b in zip(ours, theirs, strict=True):
+        if forward.setdefault(a, b) != b or backward.setdefault(b, a) != a:
+            return False
+    return True
+
+
+def computed(name: str, tmp_path: Path, **values: Any) -> tuple[pa.Table, Any, Any]:
+    """compute --from on the committed dump: the output table, the summary, the opened dump."""
+    out = tmp_path / f"{name}.parquet"
+    with opened(FROM[name], [str(folder_of(name))]) as dump:
+        config = resolve_config({"stats_cols": True, **values}, dump=dump.defaults)
+        summary = compute_dataset(dump.inputs, out, config)
+        shards = list(dump.inputs.shards)
+    return pq.read_table(out), summary, (dump, shards, config)
+
+
+def keys_of(table: pa.Table, config: Any, shards: list[Any]) -> list[Any]:
+    if config.group_size is not None:
+        return [row // config.group_size for row in range(table.num_rows)]
+    columns = [table.column(c).to_pylist() for c in config.group_cols]
+    return [json.dumps(values) for values in zip(*columns, strict=True)]
+
+
+# --------------------------------------------------------------------------- written by the trainers
+
+
+def test_the_committed_dumps_are_what_the_trainers_writers_write(tmp_path: Path) -> None:
+    from tests.dump_writers import provenance_table, write_all
+
+    truth = write_all(tmp_path)  # skips where a trainer's source is not fetched
+    assert truth == TRUTH
+    for name, entry in truth.items():
+        for relative in entry["files"]:
+            ours, committed = tmp_path / entry["folder"] / relative, DUMP_ROOT / entry["folder"] / relative
+            if ours.suffix == ".parquet":
+                assert pq.read_table(ours).equals(pq.read_table(committed)), relative
+            elif ours.suffix == ".pt":
+                assert torch.load(ours, weights_only=True) == torch.load(committed, weights_only=True)
+            else:
+                assert ours.read_bytes() == committed.read_bytes(), (name, relative)
+    assert provenance_table(truth) in (DUMP_ROOT / "README.md").read_text()
+
+
+# --------------------------------------------------------------------------- the groups and the advantages
+
+
+@pytest.mark.parametrize("name", list(TRUTH))
+def test_the_derived_groups_are_the_trainers_own(name: str, tmp_path: Path) -> None:
+    table, summary, (_, shards, config) = computed(name, tmp_path)
+    labels = truth_labels(name, shards)
+    assert table.num_rows == len(labels) == summary.rows
+    assert same_partition(keys_of(table, config, shards), labels)
+    assert summary.groups == len(set(labels))
+    assert summary.input["from"]["trainer"] == DUMPS[name].name
+    assert summary.options["preset"] == DUMPS[name].preset
+
+
+@pytest.mark.parametrize("name", list(TRUTH))
+def test_the_advantages_are_the_trainers_preset_on_the_trainers_groups(name: str, tmp_path: Path) -> None:
+    table, _, (_, shards, config) = computed(name, tmp_path)
+    truth = pa.table(
+        {
+            "truth": truth_labels(name, shards),
+            "step": table.column(config.batch_col),
+            **{r.column: table.column(r.column) for r in config.rewards},
+        }
+    )
+    weights = {r.column: r.weight for r in config.rewards}
+    expected = add_advantages(
+        truth,
+        reward_col=weights,
+        group_col="truth",
+        preset=DUMPS[name].preset,
+        batch_col="step",
+        advantage_col="expected",
+    )
+    column = config.advantage_col
+    assert (bits(table.column(column).to_numpy()) == bits(expected.column("expected").to_numpy())).all()
+
+
+def test_trl_its_own_advantage_is_kept_and_the_new_one_is_named_apart(tmp_path: Path) -> None:
+    table, summary, _ = computed("trl", tmp_path)
+    assert table.column_names[:6] == [
+        "step",
+        "prompt",
+        "completion",
+        "correctness_reward",
+        "format_reward",
+        "advantage",
+    ]
+    assert "recomputed_advantage" in table.column_names
+    assert summary.input["from"]["group_key"] == "consecutive blocks of 8 rows in each file"
+    theirs = [a for entry in TRUTH["trl"]["files"].values() for a in entry["advantage"]]
+    assert table.column("advantage").to_pylist() == theirs
+
+
+# --------------------------------------------------------------------------- the CLI, with no other option
+
+
+@pytest.mark.parametrize("name", list(TRUTH))
+def test_compute_and_check_need_no_other_option(name: str, cli: Any, tmp_path: Path) -> None:
+    out = tmp_path / "out.parquet"
+    summary = tmp_path / "summary.json"
+    result = cli("compute", folder_of(name), "--from", FROM[name], "-o", out, "--summary-json", summary, "-q")
+    assert result.exit_code == 0, result.stderr
+    record = json.loads(summary.read_text())
+    assert record["input"]["from"]["trainer"] == DUMPS[name].name
+    import duckdb
+    import polars as pl
+
+    assert pl.read_parquet(out).height == record["rows"]
+    assert duckdb.execute(f"select count(*) from '{out}'").fetchall() == [(record["rows"],)]
+    checked = cli("check", folder_of(name), "--from", FROM[name])
+    assert checked.exit_code == 0, checked.stderr
+    assert f"{DUMPS[name].trainer} dump" in checked.stderr
+
+
+@pytest.mark.parametrize("name", ["trl", "nemo-rl"])
+def test_check_verify_compares_the_trainers_own_advantage_with_its_preset(name: str, cli: Any) -> None:
+    result = cli("check", folder_of(name), "--from", FROM[name], "--verify")
+    assert result.exit_code == 0, result.stderr
+    assert "PASS  verify-advantage-col: 0 rows differ" in result.stderr
+
+
+def test_check_verify_fails_a_trl_dump_whose_advantage_was_altered(cli: Any, tmp_path: Path) -> None:
+    folder = tmp_path / "trl"
+    shutil.copytree(folder_of("trl"), folder)
+    target = folder / "completions" / "completions_00020.parquet"
+    table = pq.read_table(target)
+    advantage = table.column("advantage").to_pylist()
+    advantage[17] = advantage[17] + 0.25
+    pq.write_table(table.set_column(5, "advantage", pa.array(advantage)), target)
+    result = cli("check", folder, "--from", "trl", "--verify")
+    assert result.exit_code == 1, result.stderr
+    assert "FAIL  verify-advantage-col: 1 rows differ" in result.stderr
+    assert "row 17" in result.stderr
+
+
+def test_nemo_rl_tokens_that_disagree_fail_the_verification_on_their_row(cli: Any, tmp_path: Path) -> None:
+    folder = tmp_path / "nemo"
+    shutil.copytree(folder_of("nemo-rl"), folder)
+    target = folder / "train_data_step2.jsonl"
+    lines = target.read_text().splitlines()
+    record = json.loads(lines[3])
+    mask = record["token_loss_mask"][0]
+    last = max(i for i, keep in enumerate(mask) if keep)
+    record["advantages"][0][last] += 0.5
+    lines[3] = json.dumps(record)
+    target.write_text("\n".join(lines) + "\n")
+    result = cli("check", folder, "--from", "nemo-rl", "--verify")
+    assert result.exit_code == 1, result.stderr
+    assert "row 3" in result.stderr and "train_data_step2.jsonl" in result.stderr
+
+
+def test_explicit_options_override_what_the_dump_implies(cli: Any, tmp_path: Path) -> None:
+    summary = tmp_path / "s.json"
+    result = cli(
+        "check",
+        folder_of("trl"),
+        "--from",
+        "trl",
+        "--group-size",
+        "4",
+        "-r",
+        "correctness_reward",
+        "--preset",
+        "verl",
+        "--summary-json",
+        summary,
+    )
+    assert result.exit_code == 0, result.stderr
+    record = json.loads(summary.read_text())
+    assert record["groups"] == 1536 // 4
+    assert record["options"]["preset"] == "verl"
+    assert record["options"]["reward_cols"] == [{"column": "correctness_reward", "weight": 1.0}]
+    assert record["input"]["from"]["group_key"] == "consecutive blocks of 4 rows in each file"
+
+
+def test_a_key_that_names_rollouts_is_warned_about(cli: Any) -> None:
+    result = cli("check", folder_of("slime"), "--from", "slime", "-g", "index")
+    assert result.exit_code == 0, result.stderr
+    assert "warning: 1,536 of 1,536 groups are singletons: the group key index" in result.stderr
+
+
+def test_the_summary_says_which_adapter_read_the_dump_and_how_the_key_was_derived(cli: Any) -> None:
+    result = cli("check", folder_of("verl-v1"), "--from", "verl")
+    assert "a verl (v1 trainer) dump (3 file(s), steps 1-3)" in result.stderr
+    assert "the part of uid before the first '_'" in result.stderr
+
+
+# --------------------------------------------------------------------------- the table API
+
+
+def test_the_table_api_reads_one_dump_file_held_in_memory(tmp_path: Path) -> None:
+    import polars as pl
+
+    from grpo_cli import summarize
+
+    trl = pq.read_table(folder_of("trl") / "completions" / "completions_00010.parquet")
+    table, _, _ = computed("trl", tmp_path)
+    out = add_advantages(trl, from_="trl")
+    assert (
+        out.column("recomputed_advantage").to_pylist()
+        == table.column("recomputed_advantage").to_pylist()[:512]
+    )
+    assert out.column("advantage").equals(trl.column("advantage"))
+    verl = pl.read_ndjson(folder_of("verl-v1") / "2.jsonl")
+    lazy = add_advantages(verl.lazy(), from_="verl")
+    assert isinstance(lazy, pl.LazyFrame)
+    labels = TRUTH["verl-v1"]["files"]["2.jsonl"]["groups"]
+    assert summarize(verl, from_="verl").groups == len(set(labels))
+    nemo = pl.read_ndjson(folder_of("nemo-rl") / "train_data_step1.jsonl")
+    assert summarize(nemo, from_="nemo-rl").groups == len(
+        set(TRUTH["nemo-rl"]["files"]["train_data_step1.jsonl"]["groups"])
+    )
+
+
+def test_the_table_api_refuses_a_table_of_another_trainer() -> None:
+    from grpo_cli.errors import GrpoError
+
+    trl = pq.read_table(folder_of("trl") / "completions" / "completions_00010.parquet")
+    with pytest.raises(
+        GrpoError, match="the table is not a verl dump: it has no input, output, score column"
+    ):
+        add_advantages(trl, from_="verl")
+
+
+# --------------------------------------------------------------------------- bad dumps
+
+
+def test_a_truncated_dump_file_is_refused_in_one_line(cli: Any, tmp_path: Path) -> None:
+    folder = tmp_path / "verl"
+    shutil.copytree(folder_of("verl"), folder)
+    data = (folder / "3.jsonl").read_bytes()
+    (folder / "3.jsonl").write_bytes(data[:-40])
+    out = tmp_path / "out.parquet"
+    assert_one_line_error(cli("compute", folder, "--from", "verl", "-o", out), "3.jsonl, line 960")
+    assert not out.exists()
+
+
+def test_a_truncated_roll_object_is_refused_as_truncated(cli: Any, tmp_path: Path) -> None:
+    folder = tmp_path / "roll"
+    shutil.copytree(folder_of("roll"), folder)
+    target = folder / "rollout_dump_data.step_1.jsonl"
+    target.write_bytes(target.read_bytes()[:5000])
+    out = tmp_path / "out.parquet"
+    assert_one_line_error(cli("compute", folder, "--from", "roll", "-o", out), "step_1.jsonl: truncated")
+    assert not out.exists()
+
+
+def test_a_missing_step_is_refused_and_named(cli: Any, tmp_path: Path) -> None:
+    folder = tmp_path / "verl"
+    shutil.copytree(folder_of("verl"), folder)
+    (folder / "2.jsonl").unlink()
+    out = tmp_path / "out.parquet"
+    assert_one_line_error(cli("compute", folder, "--from", "verl", "-o", out), "step 2 is missing")
+    assert not out.exists()
+    named = cli("check", folder / "1.jsonl", folder / "3.jsonl", "--from", "verl")
+    assert named.exit_code == 0, named.stderr
+
+
+def test_a_generation_batch_split_across_two_files_is_refused(cli: Any, tmp_path: Path) -> None:
+    folder = tmp_path / "trl" / "completions"
+    folder.mkdir(parents=True)
+    first = pq.read_table(folder_of("trl") / "completions" / "completions_00010.parquet")
+    second = pq.read_table(folder_of("trl") / "completions" / "completions_00020.parquet")
+    pq.write_table(first.slice(0, 509), folder / "completions_00010.parquet")
+    pq.write_table(pa.concat_tables([first.slice(509), second]), folder / "completions_00020.parquet")
+    out = tmp_path / "out.parquet"
+    assert_one_line_error(
+        cli("compute", folder.parent, "--from", "trl", "-o", out),
+        "completions_00010.parquet: 509 rows are not a whole number of groups of 8",
+    )
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "other", "fragment"),
+    [
+        ("roll", "verl", "holds no verl dump file"),
+        ("trl", "verl", "it holds a TRL dump"),
+        ("verl", "slime", "it holds a verl dump"),
+        ("areal", "verl", "it holds an AReaL dump"),
+        ("nemo-rl", "roll", "holds no ROLL dump file"),
+    ],
+)
+def test_another_trainers_dump_named_with_from_is_refused(
+    name: str, other: str, fragment: str, cli: Any, tmp_path: Path
+) -> None:
+    out = tmp_path / "out.parquet"
+    assert_one_line_error(cli("compute", folder_of(name), "--from", other, "-o", out), fragment)
+    assert not out.exists()
+
+
+def test_another_trainers_file_named_with_from_is_refused_with_a_hint(cli: Any, tmp_path: Path) -> None:
+    out = tmp_path / "out.parquet"
+    result = cli("compute", folder_of("nemo-rl") / "train_data_step1.jsonl", "--from", "verl", "-o", out)
+    assert_one_line_error(
+        result, "not a verl dump: it has no input, output, score, step field", "use --from nemo-rl"
+    )
+    assert not out.exists()
+
+
+def test_ray_refuses_from_in_one_line(cli: Any, tmp_path: Path) -> None:
+    result = cli("compute", folder_of("verl"), "--from", "verl", "--engine", "ray", "-o", tmp_path / "o")
+    assert_one_line_error(result, "--from verl reads a dump with the local engine")
+
+
+# --------------------------------------------------------------------------- pickles are data, never code
+
+
+class _Runs:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (self.marker, "w"))
+
+
+def test_a_pickle_that_would_run_code_is_refused_and_runs_nothing(cli: Any, tmp_path: Path) -> None:
+    folder = tmp_path / "rollout_data"
+    folder.mkdir()
+    marker = tmp_path / "ran"
+    with open(folder / "0.pt", "wb") as f:
+        pickle.dump({"rollout_id": 0, "samples": [_Runs(str(marker))]}, f)
+    out = tmp_path / "out.parquet"
+    line = one_line_error(cli("compute", folder, "--from", "slime", "-o", out), 2, "0.pt: refused")
+    assert "weights_only=True" in line
+    assert not marker.exists() and not out.exists()
+
+
+def test_a_slime_reward_dict_is_read_as_a_struct(cli: Any, tmp_path: Path) -> None:
+    folder = tmp_path / "rollout_data"
+    folder.mkdir()
+    samples = [
+        {
+            "group_index": i // 4,
+            "index": i,
+            "reward": {"score": float(i % 2), "acc": True},
+            "status": "completed",
+        }
+        for i in range(16)
+    ]
+    torch.save({"rollout_id": 0, "samples": samples}, folder / "0.pt")
+    result = cli("check", folder, "--from", "slime", "-r", "reward.score")
+    assert result.exit_code == 0, result.stderr
+    assert "groups                     4" in result.stderr
+
+
+def test_every_trainer_has_a_committed_dump() -> None:
+    assert {DUMPS[name].trainer.split(" ")[0] for name in TRUTH} == {DUMPS[t].trainer for t in TRAINERS}
+    assert set(FROM.values()) == set(TRAINERS)
+
+
+def test_open_dump_refuses_an_unknown_trainer() -> None:
+    from grpo_cli.errors import GrpoError
+
+    with pytest.raises(GrpoError, match="not a trainer grpo-cli reads"):
+        open_dump("openrlhf", [str(DUMP_ROOT / "verl")])
+
+
+def test_the_private_copies_are_removed_and_the_dump_is_untouched(tmp_path: Path) -> None:
+    before = {p.name: digest(p) for p in folder_of("roll").iterdir()}
+    with opened("roll", [str(folder_of("roll"))]) as dump:
+        scratch = [shard.path for shard in dump.inputs.shards]
+        assert all(path.exists() for path in scratch)
+        assert [shard.source for shard in dump.inputs.shards] == sorted(folder_of("roll").iterdir())
+        compute_dataset(dump.inputs, tmp_path / "out.parquet", resolve_config({}, dump=dump.defaults))
+    assert not any(path.exists() for path in scratch)
+    assert {p.name: digest(p) for p in folder_of("roll").iterdir()} == before
