@@ -51,6 +51,19 @@ def evaluate_checks(
             f"<= {bounds.max_inactive_fraction}",
             value <= bounds.max_inactive_fraction,
         )
+        for column, values in summary.by.items():
+            over = [v for v in values if v["inactive_groups"] / v["groups"] > bounds.max_inactive_fraction]
+            named = ", ".join(
+                f"{column} {short_key(v['value'])} ({100 * v['inactive_groups'] / v['groups']:.1f}%)"
+                for v in over[:8]
+            )
+            add(
+                f"max-inactive-fraction by {column}",
+                f"{len(over):,} of {len(values):,} values above",
+                f"<= {bounds.max_inactive_fraction} in every value",
+                not over,
+                f"{named}{', ...' if len(over) > 8 else ''}" if over else None,
+            )
     if bounds.min_active_groups is not None:
         add(
             "min-active-groups",

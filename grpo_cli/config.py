@@ -55,6 +55,7 @@ class ComputeConfig:
     batch_col: str | None = None
     length_col: str | None = None
     baseline_col: str | None = None
+    by_cols: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Plain names are accepted where specs are expected: ComputeConfig(rewards=("correct",)).
@@ -63,10 +64,15 @@ class ComputeConfig:
         groups = (self.group_cols,) if isinstance(self.group_cols, str) else tuple(self.group_cols)
         object.__setattr__(self, "rewards", specs)
         object.__setattr__(self, "group_cols", groups)
+        object.__setattr__(
+            self, "by_cols", (self.by_cols,) if isinstance(self.by_cols, str) else tuple(self.by_cols)
+        )
 
     def validate(self) -> None:
         if not self.rewards:
             raise GrpoError("at least one --reward-col is needed")
+        if len(set(self.by_cols)) != len(self.by_cols):
+            raise GrpoError(f"--by names a column twice: {', '.join(self.by_cols)}")
         names = [r.column for r in self.rewards]
         if len(set(names)) != len(names):
             raise GrpoError(f"--reward-col names a column twice: {', '.join(names)}")
@@ -162,6 +168,7 @@ class ComputeConfig:
         columns = [r.column for r in self.rewards]
         wanted = list(self.group_cols) if self.group_size is None else []
         wanted += [c for c in (self.batch_col, self.length_col, self.baseline_col) if c is not None]
+        wanted += list(self.by_cols)
         return columns + [c for c in dict.fromkeys(wanted) if c not in columns]
 
     @property

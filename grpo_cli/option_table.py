@@ -325,6 +325,17 @@ _ROWS = (
         from_provenance=True,
     ),
     Option(
+        "by",
+        ("--by",),
+        "Report every summary figure per value of COL too (e.g. step, data_source): groups, active and "
+        "inactive (all-min, all-max, other), effective rows, group mean and std percentiles; repeat for "
+        "several columns. Each group must lie in one value.",
+        list[str] | None,
+        field="by_cols",
+        panel="Input",
+        metavar="COL",
+    ),
+    Option(
         "reward_aggregation",
         ("--reward-aggregation",),
         "With several rewards: normalise their weighted sum, or normalise each in its group and then sum "

@@ -120,6 +120,82 @@ def histogram_lines(summary: RunSummary, width: int = 30) -> list[str]:
     return lines
 
 
+BY_ROWS_SHOWN = 12
+"""Values of a ``--by`` column shown in the table (the last ones: a long step column's
+latest steps); the JSON summary holds every value."""
+
+_SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def by_lines(summary: RunSummary) -> list[str]:
+    """One table per ``--by`` column: the figures of each value (the last
+    :data:`BY_ROWS_SHOWN`), and the trend of the inactive fraction over every value."""
+    out: list[str] = []
+    for column, values in summary.by.items():
+        shown = values[-BY_ROWS_SHOWN:]
+        binary = any(v["homogeneous"] is not None for v in shown)
+        header = [
+            column,
+            "groups",
+            "inactive",
+            "all-min",
+            "all-max",
+            "other",
+            "eff. rows",
+            "mean p10/p50/p90",
+            "std p50",
+        ]
+        if binary:
+            header.append("homog. obs/exp")
+        table = [header]
+        for v in shown:
+            mean, std, homog = v["group_mean"], v["group_std"], v["homogeneous"]
+            row = [
+                short_key(v["value"]) if not isinstance(v["value"], str) else v["value"][:24],
+                f"{v['groups']:,}",
+                _pct(v["inactive_groups"], v["groups"]),
+                f"{v['inactive']['all_min']:,}",
+                f"{v['inactive']['all_max']:,}",
+                f"{v['inactive']['other']:,}",
+                f"{100 * v['effective_row_fraction']:.1f}%",
+                " / ".join(_fmt(mean[k]) for k in ("p10", "p50", "p90")),
+                _fmt(std["p50"]),
+            ]
+            if binary:
+                row.append("-" if homog is None else f"{homog['observed']:.2f} / {homog['expected']:.2f}")
+            table.append(row)
+        widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+        more = f", the last {len(shown)} shown" if len(values) > len(shown) else ""
+        out.append(f"by {column} ({len(values):,} values{more}):")
+        for r in table:
+            out.append(
+                "  "
+                + "  ".join(
+                    cell.rjust(w) if i else cell.ljust(w)
+                    for i, (cell, w) in enumerate(zip(r, widths, strict=True))
+                )
+            )
+        if len(values) > 1:
+            fractions = [v["inactive_groups"] / v["groups"] for v in values]
+            out.append(
+                f"  inactive fraction over {column}: {_sparkline(fractions)} "
+                f"({100 * fractions[0]:.1f}% first, {100 * fractions[-1]:.1f}% last)"
+            )
+    return out
+
+
+def _sparkline(fractions: list[float], width: int = 40) -> str:
+    """The fractions (in [0, 1]) as bars; a long series averaged into ``width`` bars."""
+    if len(fractions) > width:
+        step = len(fractions) / width
+        fractions = [
+            sum(fractions[int(i * step) : int((i + 1) * step)])
+            / len(fractions[int(i * step) : int((i + 1) * step)])
+            for i in range(width)
+        ]
+    return "".join(_SPARKS[min(len(_SPARKS) - 1, int(f * len(_SPARKS)))] for f in fractions)
+
+
 def render_compact(summary: RunSummary) -> str:
     """One line of figures, then one line per check (``grpo-cli check`` with checks)."""
     s = summary
@@ -128,7 +204,7 @@ def render_compact(summary: RunSummary) -> str:
         f"{s.active_groups:,} active ({_pct(s.active_groups, s.groups)}), "
         f"{s.inactive_groups:,} inactive, {s.singleton_groups:,} singleton"
     )
-    return "\n".join([head, *check_lines(summary)])
+    return "\n".join([head, *by_lines(summary), *check_lines(summary)])
 
 
 def render_plain(summary: RunSummary) -> str:
@@ -139,6 +215,7 @@ def render_plain(summary: RunSummary) -> str:
     if hist:
         out.append(f"{histogram_title(summary)}:")
         out += hist
+    out += by_lines(summary)
     out += check_lines(summary)
     return "\n".join(out)
 
@@ -193,6 +270,8 @@ def render_rich(summary: RunSummary, console: Any) -> None:
         console.print(f"[bold]{histogram_title(summary)}[/bold]")
         for line in hist:
             console.print(line, highlight=False)
+    for line in by_lines(summary):
+        console.print(f"[bold]{line}[/bold]" if line.startswith("by ") else line, highlight=False)
     for line in check_lines(summary):
         style = (
             "green"

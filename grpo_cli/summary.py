@@ -50,6 +50,7 @@ class RunSummary:
     checks: list[dict[str, Any]] = field(default_factory=list)
     off_size_groups: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    by: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def active_fraction(self) -> float:
@@ -84,6 +85,8 @@ class RunSummary:
         }
         if self.off_size_groups:
             out["off_size_groups"] = self.off_size_groups
+        if self.by:
+            out["by"] = self.by
         out["warnings"] = self.warnings
         if self.verify is not None:
             out["verify"] = self.verify
@@ -120,13 +123,15 @@ def build_summary(
     verify: dict[str, Any] | None = None,
     key_at: Callable[[int], Any] | None = None,
     warnings: Sequence[str] = (),
+    by: Sequence[ByValues] = (),
 ) -> RunSummary:
     """The figures of a run from its per-group ``outcome`` and how it ran.
 
     ``input`` and ``output`` are the summary's ``input`` and ``output`` objects
     (:func:`input_info` makes the first). ``key_at`` gives a group's key from its ID, to name
     the groups off the common size; ``warnings`` are the engine's own (the summary adds those
-    its figures show: see :func:`grouping_warnings`).
+    its figures show: see :func:`grouping_warnings`). ``by``: each ``--by`` column's value of
+    every group, for the figures per value (:func:`figures_by_value`).
     """
     from grpo_cli.kernel import batch_moments, batch_std
 
@@ -198,7 +203,157 @@ def build_summary(
         verify=verify,
         off_size_groups=off_size,
         warnings=[*warnings, *grouping_warnings(sizes, options)],
+        by={
+            values.column: figures_by_value(
+                values,
+                GroupFigures(
+                    count=count,
+                    mean=mean,
+                    m2=cpu.m2.numpy(),
+                    minimum=minimum,
+                    maximum=maximum,
+                    active=active_np,
+                    rows=np.asarray(sizes),
+                ),
+                run_range=(reward["min"], reward["max"]),
+            )
+            for values in by
+        },
     )
+
+
+@dataclass(frozen=True)
+class ByValues:
+    """One ``--by`` column: the value (an index into ``keys``) of every group."""
+
+    column: str
+    of_group: np.ndarray  # int64 (num_groups,)
+    keys: list[Any]
+
+
+@dataclass(frozen=True)
+class GroupFigures:
+    """Per-group arrays (num_groups,): the valid rewards' count, mean, sum of squared
+    deviations, minimum and maximum (float64), whether the group is active, its rows."""
+
+    count: np.ndarray
+    mean: np.ndarray
+    m2: np.ndarray
+    minimum: np.ndarray
+    maximum: np.ndarray
+    active: np.ndarray
+    rows: np.ndarray
+
+
+PERCENTILES = (10, 50, 90)
+
+
+def figures_by_value(
+    values: ByValues, groups: GroupFigures, *, run_range: tuple[float | None, float | None]
+) -> list[dict[str, Any]]:
+    """The summary's figures for each value of a ``--by`` column, in the values' order.
+
+    Per value: groups, rows, active and inactive groups, the inactive split into all at the
+    run's minimum reward, all at its maximum, and other constant groups; the effective-row
+    fraction (rows in active groups); p10/p50/p90 of the group mean and the group std
+    (population); singletons; the mean reward; and, where every reward of the value is 0 or 1,
+    the fraction of groups of two or more that are all-0 or all-1 beside the fraction expected
+    if every rollout passed independently at the value's pass rate p: the mean over those
+    groups of ``p**G + (1 - p)**G``.
+
+    >>> groups = GroupFigures(count=np.array([2.0, 2, 2]), mean=np.array([0.0, 0.5, 1.0]),
+    ...     m2=np.array([0.0, 0.5, 0.0]), minimum=np.array([0.0, 0, 1]), maximum=np.array([0.0, 1, 1]),
+    ...     active=np.array([False, True, False]), rows=np.array([2, 2, 2]))
+    >>> [v["inactive"] for v in figures_by_value(ByValues("step", np.array([0, 0, 1]), [1, 2]), groups,
+    ...     run_range=(0.0, 1.0))]
+    [{'all_min': 1, 'all_max': 0, 'other': 0}, {'all_min': 0, 'all_max': 1, 'other': 0}]
+    """
+    low, high = run_range
+    order = sorted(range(len(values.keys)), key=lambda v: _sort_key(values.keys[v]))
+    out = []
+    for value in order:
+        member = values.of_group == value
+        if not member.any():
+            continue
+        count, mean, m2 = groups.count[member], groups.mean[member], groups.m2[member]
+        minimum, maximum, active = groups.minimum[member], groups.maximum[member], groups.active[member]
+        rows = groups.rows[member]
+        scored = count > 0
+        constant = ~active & scored & (minimum == maximum)
+        std = np.sqrt(np.divide(m2, count, out=np.zeros_like(m2), where=scored))
+        total = float(count.sum())
+        reward_sum = float((mean[scored] * count[scored]).sum())
+        at_low = int((constant & (minimum == low)).sum())
+        at_high = int((constant & (maximum == high)).sum()) if high != low else 0
+        entry: dict[str, Any] = {
+            "value": _plain(values.keys[value]),
+            "groups": int(member.sum()),
+            "rows": int(rows.sum()),
+            "active_groups": int(active.sum()),
+            "inactive_groups": int((~active).sum()),
+            "inactive": {
+                "all_min": at_low,
+                "all_max": at_high,
+                "other": int(constant.sum()) - at_low - at_high,
+            },
+            "effective_row_fraction": round(float(rows[active].sum()) / float(rows.sum()), 6)
+            if rows.sum()
+            else 0.0,
+            "group_mean": _percentiles(mean[scored]),
+            "group_std": _percentiles(std[scored]),
+            "singleton_groups": int((rows == 1).sum()),
+            "reward_mean": reward_sum / total if total else None,
+            "homogeneous": _homogeneous(count, mean, m2, minimum, maximum, constant),
+        }
+        out.append(entry)
+    return out
+
+
+def _sort_key(key: Any) -> tuple[int, Any]:
+    if isinstance(key, bool) or key is None:
+        return (2, str(key))
+    if isinstance(key, int | float):
+        return (0, key)
+    return (1, str(key))
+
+
+def _percentiles(values: np.ndarray) -> dict[str, float | None]:
+    if values.size == 0:
+        return {f"p{p}": None for p in PERCENTILES}
+    return {f"p{p}": float(np.percentile(values, p)) for p in PERCENTILES}
+
+
+def _homogeneous(
+    count: np.ndarray,
+    mean: np.ndarray,
+    m2: np.ndarray,
+    minimum: np.ndarray,
+    maximum: np.ndarray,
+    constant: np.ndarray,
+) -> dict[str, float] | None:
+    """Observed and expected all-0-or-all-1 fractions, where every reward is 0 or 1; else None.
+
+    A reward r in [0, 1] has r**2 <= r, equal only at 0 and 1: the rewards are binary exactly
+    when the sum of squares (``m2 + n * mean**2``) equals the sum.
+    """
+    scored = count > 0
+    if not scored.any() or minimum[scored].min() < 0 or maximum[scored].max() > 1:
+        return None
+    sums = mean[scored] * count[scored]
+    squares = m2[scored] + count[scored] * mean[scored] ** 2
+    if not np.allclose(squares, sums, rtol=1e-9, atol=1e-9):
+        return None
+    several = count >= 2
+    if not several.any():
+        return None
+    p = float(sums.sum() / count[scored].sum())
+    sizes = count[several]
+    expected = float(np.mean(p**sizes + (1 - p) ** sizes))
+    return {
+        "observed": round(float(constant[several].mean()), 6),
+        "expected": round(expected, 6),
+        "pass_rate": round(p, 6),
+    }
 
 
 KEY_TEXT_LIMIT = 60

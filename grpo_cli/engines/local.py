@@ -60,7 +60,7 @@ from grpo_cli.readers import (
 )
 from grpo_cli.rewards import RewardBatch, RewardReader, new_column_arrays
 from grpo_cli.sources import InputSet, Shard
-from grpo_cli.summary import RunSummary, build_summary, input_info
+from grpo_cli.summary import ByValues, RunSummary, build_summary, input_info
 from grpo_cli.verify import Verifier
 
 BATCH_BYTES = 64 << 20
@@ -188,6 +188,7 @@ class _Statistics:
     cached: list[list[pa.RecordBatch]] | None  # every shard's batches, when in memory
     batches: BatchLayout
     top_two: TopTwo | None
+    by: list[ByValues]
 
     @property
     def rows_per_group(self) -> np.ndarray:
@@ -220,6 +221,8 @@ class _StatisticsPass:
         self._pending_first_global = 0
         self.batch_keys = GroupKeyIndex([config.batch_col], exact=exact_keys) if config.batch_col else None
         self.batch_of_group = np.zeros(0, dtype=np.int64)
+        self.by_keys = {column: GroupKeyIndex([column], exact=exact_keys) for column in config.by_cols}
+        self.by_of_group = {column: np.zeros(0, dtype=np.int64) for column in config.by_cols}
         self.top_two: TopTwo | None = None  # grpo_passk
 
     @property
@@ -310,28 +313,74 @@ class _StatisticsPass:
         self.top_two = top
 
     def _check_batches(self, group_ids: np.ndarray, shard: Shard) -> None:
-        """Each group's batch: one per group, checked (without --batch-col every group's is 0)."""
-        if self.batch_keys is None:
-            return
-        n = self._pending_rows
+        """Each group's batch and ``--by`` values: one per group, checked (without --batch-col
+        every group's batch is 0)."""
         config = self.plan.config
-        k = int(group_ids.max()) + 1 if n else 0
-        assert config.batch_col is not None
-        column = pa.chunked_array([column_of(b, config.batch_col) for b, _ in self._pending])
-        batch_ids = self._encode(self.batch_keys, [column], shard, what="batch")
-        high, split = batch_of_groups(group_ids, batch_ids, k)
+        if self.batch_keys is not None:
+            assert config.batch_col is not None
+            self.batch_of_group = self._values_of_groups(
+                self.batch_keys,
+                self.batch_of_group,
+                config.batch_col,
+                group_ids,
+                shard,
+                option="--batch-col",
+                why="each group must lie in one training batch",
+            )
+        for column, keys in self.by_keys.items():
+            self.by_of_group[column] = self._values_of_groups(
+                keys,
+                self.by_of_group[column],
+                column,
+                group_ids,
+                shard,
+                option="--by",
+                why="each group must lie in one value of it",
+            )
+
+    def _values_of_groups(
+        self,
+        keys: GroupKeyIndex,
+        known_so_far: np.ndarray,
+        column: str,
+        group_ids: np.ndarray,
+        shard: Shard,
+        *,
+        option: str,
+        why: str,
+    ) -> np.ndarray:
+        """Each group's value of ``column`` (an ID of ``keys``), the pending rows' folded into
+        what was known; a group holding two values is refused."""
+        k = int(group_ids.max()) + 1 if self._pending_rows else 0
+        values = pa.chunked_array([column_of(b, column) for b, _ in self._pending])
+        value_ids = self._encode(keys, [values], shard, what=option.removeprefix("--").replace("-col", ""))
+        high, split = batch_of_groups(group_ids, value_ids, k)
         present = high >= 0
-        known = np.pad(self.batch_of_group, (0, max(0, k - self.batch_of_group.size)), constant_values=-1)
+        known = np.pad(known_so_far, (0, max(0, k - known_so_far.size)), constant_values=-1)
         clash = split | (present & (known[:k] >= 0) & (known[:k] != high))
         if clash.any():
             group = int(np.flatnonzero(clash)[0])
             row = int(np.flatnonzero(group_ids == group)[0])
             raise GrpoError(
                 f"{describe_row(shard, self._pending_start + row)}: a group spans two values of "
-                f"--batch-col {config.batch_col!r}; each group must lie in one training batch"
+                f"{option} {column!r}; {why}"
             )
         known[:k] = np.where(present, high, known[:k])
-        self.batch_of_group = known
+        return known
+
+    def by_values(self, num_groups: int) -> list[ByValues]:
+        """Each ``--by`` column's value of every group, and the values."""
+        out = []
+        for column, keys in self.by_keys.items():
+            of_group = np.pad(
+                self.by_of_group[column], (0, max(0, num_groups - self.by_of_group[column].size))
+            )
+            out.append(
+                ByValues(
+                    column, of_group[:num_groups].clip(min=0), [keys.key_at(v) for v in range(len(keys))]
+                )
+            )
+        return out
 
     def batch_layout(self, totals: dict[str, np.ndarray], num_groups: int) -> BatchLayout:
         of_group = np.pad(self.batch_of_group, (0, max(0, num_groups - self.batch_of_group.size)))
@@ -385,6 +434,7 @@ class _StatisticsPass:
             cached,
             self.batch_layout(totals, num_groups),
             None if self.top_two is None else _pad_top_two(self.top_two, num_groups),
+            self.by_values(num_groups),
         )
 
 
@@ -514,6 +564,7 @@ class LocalEngine:
             verify=verify_result,
             key_at=first.keys.key_at if first.keys is not None else None,
             warnings=self._block_warnings(),
+            by=first.by,
         )
 
     def _block_warnings(self) -> list[str]:

@@ -191,6 +191,8 @@ def check_ray_run(
     config.validate()
     if config.group_size is not None:
         raise GrpoError("--engine ray needs --group-col; --group-size depends on row order across files")
+    if config.by_cols:
+        raise GrpoError("--by reports per value with the local engine; run it without --engine ray")
     if partitions is not None and partitions < 1:
         raise GrpoError(f"--partitions must be positive, got {partitions}")
     if config.device not in ("cpu", "auto"):

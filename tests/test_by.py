@@ -1,0 +1,246 @@
+"""``--by COL``: every figure per value, against an independent per-value computation."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from grpo_cli import summarize
+from tests.conftest import assert_one_line_error, one_line_error
+
+
+def steps_table(seed: int, *, binary: bool) -> pa.Table:
+    """Several steps and data sources; groups of varied size, constant ones at 0, 1 and 0.5."""
+    rng = random.Random(seed)
+    rows: dict[str, list[Any]] = {"step": [], "source": [], "uid": [], "reward": []}
+    for step in range(1, 7):
+        for g in range(rng.randint(5, 14)):
+            size = rng.choice((1, 2, 4, 8, 8, 8))
+            kind = rng.random()
+            if binary:
+                rewards = (
+                    [0.0] * size
+                    if kind < 0.3
+                    else [1.0] * size
+                    if kind < 0.45
+                    else [float(rng.random() < 0.5) for _ in range(size)]
+                )
+            else:
+                rewards = (
+                    [0.5] * size
+                    if kind < 0.2
+                    else [0.0] * size
+                    if kind < 0.3
+                    else [rng.choice((0.0, 0.25, 0.5, 1.0)) for _ in range(size)]
+                )
+            source = rng.choice(("math", "code"))
+            for r in rewards:
+                rows["step"].append(step)
+                rows["source"].append(source)
+                rows["uid"].append(f"{step}-{g}")
+                rows["reward"].append(r)
+    return pa.table(rows)
+
+
+def independent(table: pa.Table, column: str) -> dict[Any, dict[str, Any]]:
+    """Each value's figures, from a plain loop over the groups in float64."""
+    data = table.to_pylist()
+    groups: dict[str, list[float]] = {}
+    value_of: dict[str, Any] = {}
+    for row in data:
+        groups.setdefault(row["uid"], []).append(row["reward"])
+        value_of[row["uid"]] = row[column]
+    low = min(r["reward"] for r in data)
+    high = max(r["reward"] for r in data)
+    out: dict[Any, dict[str, Any]] = {}
+    for uid, rewards in groups.items():
+        entry = out.setdefault(
+            value_of[uid],
+            {
+                "groups": 0,
+                "rows": 0,
+                "active": 0,
+                "all_min": 0,
+                "all_max": 0,
+                "other": 0,
+                "active_rows": 0,
+                "means": [],
+                "stds": [],
+                "singletons": 0,
+                "sum": 0.0,
+                "constant_several": 0,
+                "several": [],
+            },
+        )
+        values = np.array(rewards, dtype=np.float64)
+        active = len(values) >= 2 and values.max() != values.min()
+        entry["groups"] += 1
+        entry["rows"] += len(values)
+        entry["active"] += active
+        entry["active_rows"] += len(values) if active else 0
+        if not active:
+            if values.min() == low:
+                entry["all_min"] += 1
+            elif values.max() == high:
+                entry["all_max"] += 1
+            else:
+                entry["other"] += 1
+        entry["means"].append(values.mean())
+        entry["stds"].append(values.std())
+        entry["singletons"] += len(values) == 1
+        entry["sum"] += values.sum()
+        if len(values) >= 2:
+            entry["several"].append(len(values))
+            entry["constant_several"] += not active
+    return out
+
+
+@pytest.mark.parametrize("binary", [True, False])
+@pytest.mark.parametrize("column", ["step", "source"])
+@pytest.mark.parametrize("memory_limit_mb", [1024, 0])
+def test_every_figure_per_value_equals_an_independent_computation(
+    binary: bool, column: str, memory_limit_mb: int
+) -> None:
+    table = steps_table(11 if binary else 12, binary=binary)
+    if column == "source":  # a group must lie in one value: key the groups by source too
+        table = table.set_column(
+            2,
+            "uid",
+            pa.array(
+                [
+                    f"{u}-{s}"
+                    for u, s in zip(table["uid"].to_pylist(), table["source"].to_pylist(), strict=True)
+                ]
+            ),
+        )
+    summary = summarize(table, group_col="uid", by=[column], memory_limit_mb=memory_limit_mb)
+    expected = independent(table, column)
+    figures = summary.by[column]
+    assert [v["value"] for v in figures] == sorted(expected)
+    for value in figures:
+        e = expected[value["value"]]
+        assert value["groups"] == e["groups"] and value["rows"] == e["rows"]
+        assert value["active_groups"] == e["active"]
+        assert value["inactive_groups"] == e["groups"] - e["active"]
+        assert value["inactive"] == {"all_min": e["all_min"], "all_max": e["all_max"], "other": e["other"]}
+        assert value["effective_row_fraction"] == round(e["active_rows"] / e["rows"], 6)
+        assert value["singleton_groups"] == e["singletons"]
+        assert value["reward_mean"] == pytest.approx(e["sum"] / e["rows"], rel=1e-12)
+        for p in (10, 50, 90):
+            assert value["group_mean"][f"p{p}"] == pytest.approx(np.percentile(e["means"], p), abs=1e-12)
+            assert value["group_std"][f"p{p}"] == pytest.approx(np.percentile(e["stds"], p), abs=1e-12)
+        if binary and e["several"]:
+            rate = e["sum"] / e["rows"]
+            sizes = np.array(e["several"], dtype=np.float64)
+            assert value["homogeneous"] == {
+                "observed": round(e["constant_several"] / len(sizes), 6),
+                "expected": round(float(np.mean(rate**sizes + (1 - rate) ** sizes)), 6),
+                "pass_rate": round(rate, 6),
+            }
+        elif not binary:
+            assert value["homogeneous"] is None
+    totals = {k: sum(v[k] for v in figures) for k in ("groups", "rows", "active_groups")}
+    assert totals == {"groups": summary.groups, "rows": summary.rows, "active_groups": summary.active_groups}
+
+
+def test_check_by_step_prints_a_table_and_the_json_holds_the_same_figures(cli: Any, tmp_path: Path) -> None:
+    path = tmp_path / "steps.parquet"
+    pq.write_table(steps_table(3, binary=True), path)
+    result = cli("check", path, "-g", "uid", "--by", "step", "--summary-json", tmp_path / "s.json")
+    assert result.exit_code == 0, result.stderr
+    record = json.loads((tmp_path / "s.json").read_text())
+    lines = result.stderr.splitlines()
+    start = lines.index("by step (6 values):")
+    assert lines[start + 1].split()[:3] == ["step", "groups", "inactive"]
+    for line, value in zip(lines[start + 2 : start + 8], record["by"]["step"], strict=True):
+        cells = line.split()
+        assert cells[0] == str(value["value"]) and cells[1] == str(value["groups"])
+        assert cells[2] == f"{100 * value['inactive_groups'] / value['groups']:.1f}%"
+    assert lines[start + 8].startswith("  inactive fraction over step: ")
+
+
+def test_a_long_step_column_shows_its_last_values_and_the_trend(cli: Any, tmp_path: Path) -> None:
+    rows = [
+        {"step": s, "uid": f"{s}-{g}", "reward": float((s + g + i) % 2 if g else 0)}
+        for s in range(40)
+        for g in range(3)
+        for i in range(2)
+    ]
+    path = tmp_path / "long.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    result = cli("check", path, "-g", "uid", "--by", "step")
+    assert "by step (40 values, the last 12 shown):" in result.stderr
+    assert "\n  39 " in result.stderr and "\n  27 " not in result.stderr
+
+
+def test_max_inactive_fraction_by_step_fails_naming_the_steps(cli: Any, tmp_path: Path) -> None:
+    rows = []
+    for step, inactive in ((1, 0), (2, 3), (3, 1)):
+        for g in range(4):
+            constant = g < inactive
+            rows += [
+                {"step": step, "uid": f"{step}-{g}", "reward": 1.0 if constant else float(i % 2)}
+                for i in range(4)
+            ]
+    path = tmp_path / "steps.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    result = cli("check", path, "-g", "uid", "--by", "step", "--max-inactive-fraction", "0.5")
+    assert result.exit_code == 1, result.stderr
+    assert "PASS  max-inactive-fraction: 0.333333" in result.stderr
+    assert (
+        "FAIL  max-inactive-fraction by step: 1 of 3 values above (bound <= 0.5 in every value): "
+        "step 2 (75.0%)" in result.stderr
+    )
+    passing = cli("check", path, "-g", "uid", "--by", "step", "--max-inactive-fraction", "0.75")
+    assert passing.exit_code == 0, passing.stderr
+
+
+def test_a_group_across_two_values_is_refused_in_one_line(cli: Any, tmp_path: Path) -> None:
+    rows = [{"uid": "a", "step": 1, "reward": 1.0}, {"uid": "a", "step": 2, "reward": 0.0}]
+    path = tmp_path / "split.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    assert_one_line_error(
+        cli("check", path, "-g", "uid", "--by", "step"),
+        "split.parquet, row 0: a group spans two values of --by 'step'; each group must lie in one "
+        "value of it",
+    )
+
+
+def test_by_on_compute_reports_and_writes_the_data_unchanged(cli: Any, tmp_path: Path) -> None:
+    path = tmp_path / "steps.parquet"
+    pq.write_table(steps_table(5, binary=False), path)
+    plain, by = tmp_path / "plain.parquet", tmp_path / "by.parquet"
+    assert cli("compute", path, "-g", "uid", "-o", plain, "-q").exit_code == 0
+    result = cli(
+        "compute", path, "-g", "uid", "--by", "source", "-o", by, "--summary-json", tmp_path / "s.json"
+    )
+    assert result.exit_code == 0, result.stderr
+    assert "by source (2 values):" in result.stderr
+    assert pq.read_table(by).equals(pq.read_table(plain))
+    assert sorted(v["value"] for v in json.loads((tmp_path / "s.json").read_text())["by"]["source"]) == [
+        "code",
+        "math",
+    ]
+
+
+def test_ray_refuses_by_in_one_line(cli: Any, tmp_path: Path) -> None:
+    path = tmp_path / "steps.parquet"
+    pq.write_table(steps_table(5, binary=False), path)
+    one_line_error(
+        cli("compute", path, "-g", "uid", "--by", "step", "--engine", "ray", "-o", tmp_path / "o"),
+        2,
+        "--by reports per value with the local engine",
+    )
+
+
+def test_by_a_missing_column_is_refused_naming_it(cli: Any, tmp_path: Path) -> None:
+    path = tmp_path / "steps.parquet"
+    pq.write_table(steps_table(5, binary=False), path)
+    assert_one_line_error(cli("check", path, "-g", "uid", "--by", "epoch"), "epoch")
