@@ -19,6 +19,7 @@ class CheckBounds:
     max_group_size: int | None = None
     uniform_group_size: bool = False
     max_singleton_groups: int | None = None
+    max_misclassified_groups: int | None = None
     validate_pages: bool = False
 
 
@@ -109,6 +110,18 @@ def evaluate_checks(
             f"<= {bounds.max_singleton_groups}",
             summary.singleton_groups <= bounds.max_singleton_groups,
         )
+    if bounds.max_misclassified_groups is not None:
+        report = summary.trainer_filter
+        if report is None:
+            add("max-misclassified-groups", "no --trainer-filter", "a --trainer-filter to count", False)
+        else:
+            wrong = report["kept_although_inactive"] + report["dropped_although_active"]
+            add(
+                f"max-misclassified-groups ({report['name']})",
+                wrong,
+                f"<= {bounds.max_misclassified_groups}",
+                wrong <= bounds.max_misclassified_groups,
+            )
     if bounds.validate_pages and pages is not None:
         decoded = f"{pages['column_chunks']:,} column chunks in {pages['row_groups']:,} row groups decoded"
         add("validate-pages", pages["error"] or decoded, "every page decodes", pages["error"] is None)

@@ -56,6 +56,7 @@ class ComputeConfig:
     length_col: str | None = None
     baseline_col: str | None = None
     by_cols: tuple[str, ...] = ()
+    trainer_filter: str | None = None
 
     def __post_init__(self) -> None:
         # Plain names are accepted where specs are expected: ComputeConfig(rewards=("correct",)).

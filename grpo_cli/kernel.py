@@ -639,18 +639,27 @@ def _concat_stats(a: GroupStats, b: GroupStats) -> GroupStats:
     )
 
 
-def active_groups(stats: GroupStats, *, singleton: Singleton = "zero") -> Tensor:
+def active_groups(stats: GroupStats, *, singleton: Singleton = "zero", tolerance: float = 0.0) -> Tensor:
     """Bool tensor ``(K,)``: which groups carry a learning signal.
 
     A group is active when its rewards are not all identical (``maximum > minimum``,
-    exact on the original values). With ``singleton="raw"`` (verl's convention) a
-    group of one rollout is active too, since it then gets a non-zero advantage.
+    exact on the original values), or with ``tolerance`` T > 0 when they span more than T
+    (``maximum - minimum > T``, for LLM-judge rewards). With ``singleton="raw"`` (verl's
+    convention) a group of one rollout is active too, since it then gets a non-zero advantage.
 
-    >>> active_groups(group_stats(torch.tensor([1.0, 3.0, 4.0, 4.0, 2.0]), torch.tensor([0, 0, 1, 1, 2])))
-    tensor([ True, False, False])
+    >>> r = torch.tensor([1.0, 3.0, 4.0, 4.0, 2.0, 2.0, 2.0005])
+    >>> stats = group_stats(r, torch.tensor([0, 0, 1, 1, 2, 3, 3]))
+    >>> active_groups(stats)
+    tensor([ True, False, False,  True])
+    >>> active_groups(stats, tolerance=1e-3)
+    tensor([ True, False, False, False])
     """
     check_choice("singleton", singleton, Singleton)
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance}")
     active = stats.maximum > stats.minimum
+    if tolerance > 0:
+        active = active & ((stats.maximum - stats.minimum) > tolerance)
     if singleton == "raw":
         active = active | ((stats.count == 1) & (stats.maximum != 0))
     return active
@@ -782,6 +791,7 @@ class Normalization:
     divisor: Divisor
     singleton: Singleton
     units: Tensor | None = None
+    tolerated: Tensor | None = None  # bool (K,): groups whose spread the tolerance calls inactive
 
 
 @dataclass(frozen=True)
@@ -830,8 +840,13 @@ def prepare_normalization(
     epsilon_mode: EpsilonMode = "add",
     singleton: Singleton = "zero",
     batch_std: Tensor | None = None,
+    inactive_tolerance: float = 0.0,
 ) -> Normalization:
     """Per-group centers and divisors from final statistics (options as in :func:`advantages_from_stats`).
+
+    ``inactive_tolerance`` T: a group whose rewards span at most T is inactive (see
+    :func:`active_groups`) and its rollouts get advantage ``+0.0``, as an exactly constant
+    group's do.
 
     >>> r, ids = torch.tensor([1.0, 3.0, 4.0, 4.0]), torch.tensor([0, 0, 1, 1])
     >>> norm = prepare_normalization(group_stats(r, ids), epsilon=1e-8)
@@ -845,7 +860,8 @@ def prepare_normalization(
     check_choice("epsilon_mode", epsilon_mode, EpsilonMode)
     check_choice("singleton", singleton, Singleton)
     ddof = 1 if std == "sample" else 0
-    active = active_groups(stats, singleton=singleton)
+    active = active_groups(stats, singleton=singleton, tolerance=inactive_tolerance)
+    tolerated = (stats.maximum > stats.minimum) & ~active if inactive_tolerance > 0 else None
     if scale == "batch" and batch_std is None:
         batch_std = _overall_std(stats, ddof)
     divisor = Divisor(scale, ddof, epsilon, epsilon_mode, batch_std)
@@ -866,7 +882,7 @@ def prepare_normalization(
         denominator = torch.where(active, denominator, torch.ones_like(denominator))
     elif stats.at_minimum is None or stats.at_maximum is None:
         raise ValueError("baseline='leave-one-out' needs stats computed with count_extremes=True")
-    return Normalization(stats, active, center, denominator, divisor, singleton, units)
+    return Normalization(stats, active, center, denominator, divisor, singleton, units, tolerated)
 
 
 def apply_normalization(
@@ -896,7 +912,7 @@ def _apply(flat: Tensor, layout: _Layout, norm: Normalization, valid: Tensor | N
     stats = norm.stats
     x = flat.to(stats.mean.dtype)
     if norm.center is not None and norm.denominator is not None:
-        if layout.group_size is not None and valid is None:
+        if layout.group_size is not None and valid is None and norm.tolerated is None:
             k, g = layout.num_groups, layout.group_size
             rows = x.view(k, g) if norm.units is None else x.view(k, g) / norm.units[:k, None]
             return ((rows - norm.center[:k, None]) / norm.denominator[:k, None]).view(-1)
@@ -914,6 +930,10 @@ def _apply(flat: Tensor, layout: _Layout, norm: Normalization, valid: Tensor | N
             out = torch.where(
                 lone, (x + 0.0) / (1.0 if divisor.scale == "none" else 1 + divisor.epsilon), out
             )
+    if norm.tolerated is not None:
+        out = torch.where(
+            torch.take(norm.tolerated, _row_group_ids(layout, flat.device)), torch.zeros_like(out), out
+        )
     if valid is not None:
         out = torch.where(valid, out, torch.zeros_like(out))
     return out

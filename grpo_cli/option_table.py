@@ -41,6 +41,7 @@ from grpo_cli.choices import (
     Singleton,
     Std,
     Trainer,
+    TrainerFilterName,
     Whiten,
 )
 
@@ -185,6 +186,31 @@ _ROWS = (
         commands=("check",),
         keyword=False,
         min=0,
+    ),
+    Option(
+        "trainer_filter",
+        ("--trainer-filter",),
+        "Apply this trainer's own no-signal rule to every group, in its dtype and arithmetic, beside the "
+        "exact decision: report the groups it keeps although constant and drops although active (with "
+        "--by or --batch-col, per value).",
+        TrainerFilterName | None,
+        panel="Checks",
+        commands=("check",),
+        keyword=False,
+        metavar="NAME",
+    ),
+    Option(
+        "max_misclassified_groups",
+        ("--max-misclassified-groups",),
+        "With --trainer-filter: fail if the trainer's rule decides more than N groups otherwise than the "
+        "exact rule.",
+        int | None,
+        target="bounds",
+        panel="Checks",
+        commands=("check",),
+        keyword=False,
+        min=0,
+        metavar="N",
     ),
     Option(
         "validate_pages",
@@ -503,6 +529,18 @@ _ROWS = (
         metavar="COL",
         record="baseline_col",
         from_provenance=True,
+    ),
+    Option(
+        "inactive_tolerance",
+        ("--inactive-tolerance",),
+        "A group whose rewards span at most T (max - min <= T) is inactive and gets advantage 0, as a "
+        "constant group does (LLM-judge rewards; SkyRL 1e-6). The summary counts the groups it made "
+        "inactive beyond the exact rule.",
+        float | None,
+        target="advantage",
+        panel="Advantage",
+        metavar="T",
+        show_default="0: exact",
     ),
     Option(
         "gpg_f_norm",

@@ -56,6 +56,7 @@ class AdvantageOptions:
     clip: tuple[float, float] | None = None
     gpg_f_norm: float = 1.0
     reward_sum: RewardSum = "sum"
+    inactive_tolerance: float = 0.0
     preset: Preset | None = None
 
     @classmethod
@@ -103,6 +104,14 @@ class AdvantageOptions:
             low, high = self.clip
             if not (math.isfinite(low) and math.isfinite(high) and low <= high):
                 raise GrpoError(f"--clip-advantage needs finite LO <= HI, got {low} {high}")
+        tolerance = self.inactive_tolerance
+        if not (_is_number(tolerance) and math.isfinite(tolerance) and tolerance >= 0):
+            raise GrpoError(f"--inactive-tolerance must be a finite number >= 0, got {tolerance!r}")
+        if tolerance > 0 and ESTIMATOR_SPECS[self.estimator].own_baseline:
+            raise GrpoError(
+                f"--inactive-tolerance zeroes a group's normalised rewards; --estimator {self.estimator} "
+                "subtracts a baseline of its own: leave the tolerance at 0"
+            )
         if ESTIMATOR_SPECS[self.estimator].own_baseline and self.baseline != "mean":
             raise GrpoError(
                 f"--estimator {self.estimator} subtracts its own baseline; leave --baseline as mean"
@@ -125,6 +134,7 @@ class AdvantageOptions:
             epsilon_mode=self.epsilon_mode,
             singleton=self.singleton,
             batch_std=batch_std,
+            inactive_tolerance=self.inactive_tolerance,
         )
 
     def as_dict(self) -> dict[str, Any]:

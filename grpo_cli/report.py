@@ -66,6 +66,14 @@ def summary_lines(summary: RunSummary) -> list[tuple[str, str]]:
         rows.append((f"  all {_fmt(item['value'])}", f"{item['groups']:,}"))
     if s.inactive_other_values:
         rows.append(("  other constant values", f"{s.inactive_other_values:,}"))
+    if s.tolerance is not None:
+        rows.append(
+            (
+                "  within the tolerance",
+                f"{s.tolerance['groups_beyond_exact']:,} (span <= {s.tolerance['tolerance']:g}, "
+                "not constant: --inactive-tolerance)",
+            )
+        )
     rows.append(("singleton groups", f"{s.singleton_groups:,}"))
     g = s.group_size
     rows.append(("group size min/median/max", " / ".join("-" if v is None else f"{v:g}" for v in g.values())))
@@ -220,8 +228,35 @@ def render_plain(summary: RunSummary) -> str:
     return "\n".join(out)
 
 
+def filter_lines(summary: RunSummary) -> list[str]:
+    """``--trainer-filter``: what the trainer's rule decided against the exact rule."""
+    report = summary.trainer_filter
+    if report is None:
+        return []
+    lines = [
+        f"trainer filter {report['name']} ({report['trainer']}: {report['rule']}): keeps "
+        f"{report['kept']:,} of "
+        f"{report['groups']:,} groups; {report['kept_although_inactive']:,} kept although constant, "
+        f"{report['dropped_although_active']:,} dropped although active",
+    ]
+    by = report.get("by")
+    if by is not None:
+        wrong = [v for v in by["values"] if v["kept_although_inactive"] or v["dropped_although_active"]]
+        for v in wrong[-BY_ROWS_SHOWN:]:
+            lines.append(
+                f"  {by['column']} {short_key(v['value'])}: {v['kept_although_inactive']:,} kept "
+                "although constant, "
+                f"{v['dropped_although_active']:,} dropped although active (of {v['groups']:,})"
+            )
+    for example in report["examples"]:
+        shown = ", ".join(f"{r:.9g}" for r in example["rewards"]) + (", ..." if example["size"] > 8 else "")
+        lines.append(f"  group {short_key(example['group'])}: {example['what']} (rewards {shown})")
+    return lines
+
+
 def check_lines(summary: RunSummary) -> list[str]:
     lines = [f"warning: {warning}" for warning in summary.warnings]
+    lines += filter_lines(summary)
     for check in summary.checks:
         status = "PASS" if check["passed"] else "FAIL"
         detail = f": {check['detail']}" if check.get("detail") else ""

@@ -51,6 +51,8 @@ class RunSummary:
     off_size_groups: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     by: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    tolerance: dict[str, Any] | None = None
+    trainer_filter: dict[str, Any] | None = None
 
     @property
     def active_fraction(self) -> float:
@@ -87,6 +89,10 @@ class RunSummary:
             out["off_size_groups"] = self.off_size_groups
         if self.by:
             out["by"] = self.by
+        if self.tolerance is not None:
+            out["inactive_tolerance"] = self.tolerance
+        if self.trainer_filter is not None:
+            out["trainer_filter"] = self.trainer_filter
         out["warnings"] = self.warnings
         if self.verify is not None:
             out["verify"] = self.verify
@@ -124,6 +130,7 @@ def build_summary(
     key_at: Callable[[int], Any] | None = None,
     warnings: Sequence[str] = (),
     by: Sequence[ByValues] = (),
+    trainer_filter: dict[str, Any] | None = None,
 ) -> RunSummary:
     """The figures of a run from its per-group ``outcome`` and how it ran.
 
@@ -156,6 +163,8 @@ def build_summary(
             "max": float(maximum.max()),
         }
 
+    tolerance = float(options.get("inactive_tolerance") or 0.0)
+    tolerated = (~active_np) & (maximum > minimum)
     constant = (~active_np) & (count >= 2) & (minimum == maximum)
     values, value_counts = np.unique(minimum[constant], return_counts=True)
     order = sorted(range(values.size), key=lambda i: (-int(value_counts[i]), float(values[i])))
@@ -203,6 +212,10 @@ def build_summary(
         verify=verify,
         off_size_groups=off_size,
         warnings=[*warnings, *grouping_warnings(sizes, options)],
+        trainer_filter=trainer_filter,
+        tolerance=None
+        if tolerance == 0
+        else {"tolerance": tolerance, "groups_beyond_exact": int(tolerated.sum())},
         by={
             values.column: figures_by_value(
                 values,
@@ -302,6 +315,7 @@ def figures_by_value(
             "group_mean": _percentiles(mean[scored]),
             "group_std": _percentiles(std[scored]),
             "singleton_groups": int((rows == 1).sum()),
+            "inactive_by_tolerance": int((~active & (maximum > minimum)).sum()),
             "reward_mean": reward_sum / total if total else None,
             "homogeneous": _homogeneous(count, mean, m2, minimum, maximum, constant),
         }

@@ -189,6 +189,7 @@ class _Statistics:
     batches: BatchLayout
     top_two: TopTwo | None
     by: list[ByValues]
+    filter_rows: list[tuple[np.ndarray, np.ndarray]] | None
 
     @property
     def rows_per_group(self) -> np.ndarray:
@@ -221,6 +222,7 @@ class _StatisticsPass:
         self._pending_first_global = 0
         self.batch_keys = GroupKeyIndex([config.batch_col], exact=exact_keys) if config.batch_col else None
         self.batch_of_group = np.zeros(0, dtype=np.int64)
+        self.filter_rows: list[tuple[np.ndarray, np.ndarray]] | None = [] if config.trainer_filter else None
         self.by_keys = {column: GroupKeyIndex([column], exact=exact_keys) for column in config.by_cols}
         self.by_of_group = {column: np.zeros(0, dtype=np.int64) for column in config.by_cols}
         self.top_two: TopTwo | None = None  # grpo_passk
@@ -279,6 +281,12 @@ class _StatisticsPass:
         rows = RowInputs.of(chunk, lengths)
         self.totals = fold(self.figures, self.totals, of_chunk(self.figures, group_ids, k, rows))
         self._top_two(chunk, group_ids)
+        if self.filter_rows is not None:  # --trainer-filter: each group's rewards, in input order
+            combined = chunk.combined.numpy()
+            scored = None if chunk.combined_valid is None else chunk.combined_valid.numpy()
+            self.filter_rows.append(
+                (group_ids, combined) if scored is None else (group_ids[scored], combined[scored])
+            )
         channels = self.accumulators[: self.plan.channels]
         for acc, values, valid in zip(channels, chunk.channels, chunk.channel_valid, strict=True):
             acc.update(values, ids, valid)
@@ -435,6 +443,7 @@ class _StatisticsPass:
             self.batch_layout(totals, num_groups),
             None if self.top_two is None else _pad_top_two(self.top_two, num_groups),
             self.by_values(num_groups),
+            self.filter_rows,
         )
 
 
@@ -565,6 +574,35 @@ class LocalEngine:
             key_at=first.keys.key_at if first.keys is not None else None,
             warnings=self._block_warnings(),
             by=first.by,
+            trainer_filter=self._trainer_filter(first, outcome),
+        )
+
+    def _trainer_filter(self, first: _Statistics, outcome: GroupOutcome) -> dict[str, Any] | None:
+        """``--trainer-filter``: the trainer's rule on each group against the exact decision."""
+        name = self.config.trainer_filter
+        if name is None or first.filter_rows is None:
+            return None
+        from grpo_cli.trainer_filters import compare, split_by_group
+
+        num_groups = int(outcome.active.numel())
+        ids = (
+            np.concatenate([ids for ids, _ in first.filter_rows])
+            if first.filter_rows
+            else np.zeros(0, np.int64)
+        )
+        values = np.concatenate([v for _, v in first.filter_rows]) if first.filter_rows else np.zeros(0)
+        partition = None
+        if first.by:
+            partition = (first.by[0].column, first.by[0].of_group, first.by[0].keys)
+        elif self.config.batch_col is not None:
+            layout = first.batches
+            partition = (self.config.batch_col, layout.of_group, layout.keys)
+        return compare(
+            name,
+            split_by_group(ids.astype(np.int64), values, num_groups),
+            outcome.active.numpy().astype(bool),
+            key_at=first.keys.key_at if first.keys is not None else None,
+            value_of_group=partition,
         )
 
     def _block_warnings(self) -> list[str]:

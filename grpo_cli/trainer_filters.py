@@ -1,0 +1,198 @@
+"""Trainers' own "this group has no signal" rules, each in its own dtype and arithmetic.
+
+``check --trainer-filter NAME`` applies one of :data:`FILTERS` to every group's rewards and
+sets its decision beside the exact one (a group is active when its rewards are not all
+identical): the groups the trainer's rule keeps although they are constant, and those it
+drops although they carry a signal. Each rule follows the trainer's code, named in its
+``source``; ``tests/test_trainer_filters.py`` runs that code, cut from the trainer's source,
+on the same groups and checks that the decisions are the same.
+
+>>> import numpy as np
+>>> group = np.array([0.1, 0.1, 0.1], dtype=np.float64)  # constant: no signal
+>>> FILTERS["dapo"].keeps(group), FILTERS["verl-v1"].keeps(group), FILTERS["skyrl"].keeps(group)
+(False, True, False)
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TrainerFilter:
+    """One trainer's rule: whether it keeps (trains on) a group, given the group's rewards in
+    input order (float64, or the reward column's float32)."""
+
+    name: str
+    trainer: str
+    source: str
+    rule: str
+    keeps: Callable[[np.ndarray], bool]
+
+
+def _dapo(dtype: Any) -> Callable[[np.ndarray], bool]:
+    def keeps(rewards: np.ndarray) -> bool:
+        metric_vals = [dtype(r) for r in rewards]  # a list of numpy scalars, as the recipe collects them
+        return bool(np.std(metric_vals) > 0 or len(metric_vals) == 1)
+
+    return keeps
+
+
+def _verl_v1(rewards: np.ndarray) -> bool:
+    values = [float(r) for r in rewards]
+    return not (len(values) > 1 and float(np.std(values)) == 0.0)
+
+
+def _skyrl(rewards: np.ndarray, tol: float = 1e-6) -> bool:
+    vals = [float(r) for r in rewards]
+    return not (len(vals) > 1 and (max(vals) - min(vals)) <= tol)
+
+
+def _slime(rewards: np.ndarray) -> bool:
+    import torch
+
+    with warnings.catch_warnings():  # a group of one: std is NaN (and slime drops it), torch warns
+        warnings.simplefilter("ignore", UserWarning)
+        return bool(torch.tensor([float(r) for r in rewards], dtype=torch.float64).std() > 1e-6)
+
+
+def _trl(rewards: np.ndarray) -> bool:
+    """TRL's ``is_std_zero`` (logged as ``frac_reward_zero_std``): its float32 ``nanstd``
+    (unbiased) of the group, ``torch.isclose`` to 0; "kept" here means not counted as zero."""
+    import torch
+
+    values = torch.tensor(rewards, dtype=torch.float32)
+    if values.numel() < 2:
+        return False
+    mean = torch.nanmean(values)
+    variance = torch.nanmean((values - mean) ** 2)
+    count = torch.sum(~torch.isnan(values))
+    std = torch.sqrt(variance * (count / (count - 1)))
+    return not bool(torch.isclose(std, torch.zeros_like(std)))
+
+
+FILTERS: dict[str, TrainerFilter] = {
+    "dapo": TrainerFilter(
+        "dapo",
+        "verl DAPO recipe",
+        "verl-recipe dapo/dapo_ray_trainer.py (filter_groups, metric seq_final_reward: float32)",
+        "keep if np.std(metric_vals) > 0 or len == 1, on float32 values",
+        _dapo(np.float32),
+    ),
+    "dapo-float64": TrainerFilter(
+        "dapo-float64",
+        "verl DAPO recipe",
+        "verl-recipe dapo/dapo_ray_trainer.py (filter_groups, a float64 metric such as acc)",
+        "keep if np.std(metric_vals) > 0 or len == 1, on float64 values",
+        _dapo(np.float64),
+    ),
+    "verl-v1": TrainerFilter(
+        "verl-v1",
+        "verl v1 replay buffer",
+        "verl/trainer/ppo/v1/replay_buffer.py (the DAPO classification)",
+        "drop if len > 1 and float(np.std(values)) == 0.0, on float64 values",
+        _verl_v1,
+    ),
+    "skyrl": TrainerFilter(
+        "skyrl",
+        "SkyRL",
+        "skyrl/train/utils/trainer_utils.py zero_variance_filter (zero_variance_filter_tol 1e-6)",
+        "drop if len > 1 and max - min <= 1e-6",
+        _skyrl,
+    ),
+    "slime": TrainerFilter(
+        "slime",
+        "slime",
+        "slime/rollout/filter_hub/dynamic_sampling_filters.py check_reward_nonzero_std",
+        "keep if torch float64 std (unbiased) > 1e-6",
+        _slime,
+    ),
+    "trl": TrainerFilter(
+        "trl",
+        "TRL",
+        "trl/trainer/grpo_trainer.py is_std_zero (frac_reward_zero_std), scale_rewards='group'",
+        "counted as zero std if isclose(float32 nanstd, 0)",
+        _trl,
+    ),
+}
+"""The ``--trainer-filter`` choices."""
+
+
+def split_by_group(group_ids: np.ndarray, rewards: np.ndarray, num_groups: int) -> list[np.ndarray]:
+    """Each group's rewards in input order (a stable sort by group).
+
+    >>> [g.tolist() for g in split_by_group(np.array([1, 0, 1]), np.array([3.0, 4.0, 5.0]), 2)]
+    [[4.0], [3.0, 5.0]]
+    """
+    order = np.argsort(group_ids, kind="stable")
+    counts = np.bincount(group_ids, minlength=num_groups)
+    return np.split(rewards[order], np.cumsum(counts)[:-1])
+
+
+def compare(
+    name: str,
+    groups: Sequence[np.ndarray],
+    active: np.ndarray,
+    *,
+    key_at: Callable[[int], Any] | None = None,
+    value_of_group: tuple[str, np.ndarray, list[Any]] | None = None,
+    examples: int = 5,
+) -> dict[str, Any]:
+    """The summary's ``trainer_filter`` object: ``name``'s decision on each group against the
+    exact ``active`` one; the groups it keeps although constant, those it drops although
+    active, with examples, and per value of ``value_of_group`` (column, value ID per group,
+    values) when given."""
+    chosen = FILTERS[name]
+    kept = np.array([chosen.keeps(g) for g in groups], dtype=bool)
+    constant_kept = kept & ~active
+    active_dropped = ~kept & active
+    out: dict[str, Any] = {
+        "name": name,
+        "trainer": chosen.trainer,
+        "source": chosen.source,
+        "rule": chosen.rule,
+        "groups": len(groups),
+        "kept": int(kept.sum()),
+        "kept_although_inactive": int(constant_kept.sum()),
+        "dropped_although_active": int(active_dropped.sum()),
+        "examples": [],
+    }
+    for group in np.flatnonzero(constant_kept | active_dropped)[:examples]:
+        values = groups[group]
+        out["examples"].append(
+            {
+                "group": None if key_at is None else _plain(key_at(int(group))),
+                "what": "kept although constant" if constant_kept[group] else "dropped although active",
+                "rewards": [float(v) for v in values[:8]],
+                "size": int(values.size),
+            }
+        )
+    if value_of_group is not None:
+        column, of_group, keys = value_of_group
+        per_value = []
+        for value in range(len(keys)):
+            member = of_group == value
+            if member.any():
+                per_value.append(
+                    {
+                        "value": _plain(keys[value]),
+                        "groups": int(member.sum()),
+                        "kept_although_inactive": int((constant_kept & member).sum()),
+                        "dropped_although_active": int((active_dropped & member).sum()),
+                    }
+                )
+        out["by"] = {"column": column, "values": per_value}
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    return str(value)

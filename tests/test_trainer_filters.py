@@ -1,0 +1,202 @@
+"""``check --trainer-filter``: each trainer's no-signal rule, against the trainer's own code.
+
+Each rule in :mod:`grpo_cli.trainer_filters` is compared with the trainer's code, cut
+verbatim from its fetched source, on the same groups: constant groups of fractional values
+in float32 and float64 (where the trainers' float arithmetic disagrees with exactness),
+binary groups, tiny spreads, singletons.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import types
+import warnings
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from grpo_cli.trainer_filters import FILTERS
+from tests.dump_writers import SLIME, VERL
+from tests.trainer_source import TRL, _cut, _function, source
+
+VERL_RECIPE = ("verl-project/verl-recipe", "48ea0a797fa29867ea0ad92aff7d284eec7d4be3")
+SKYRL = ("NovaSky-AI/SkyRL", "a9564572eb8e91076be43c1bd5e4615e3de17265")
+FRACTIONS = (0.1, 0.2, 0.3, 0.7, 0.7804687, 0.9, 1 / 3)
+
+
+def groups_of(seed: int, *, size: int | None = None) -> list[list[float]]:
+    """Constant groups of fractional values (float32-rounded half the time), binary groups,
+    groups one ulp or 1e-7 apart, singletons."""
+    rng = random.Random(seed)
+    out = []
+    for v in FRACTIONS:
+        for n in range(2, 17) if size is None else (size,):
+            out.append([float(np.float32(v))] * n)
+            out.append([v] * n)
+    for _ in range(60):
+        n = size or rng.randint(1, 9)
+        kind = rng.random()
+        if kind < 0.4:
+            out.append([float(rng.random() < 0.5) for _ in range(n)])
+        elif kind < 0.7:
+            base = rng.choice(FRACTIONS)
+            out.append([base] * (n - 1) + [float(np.nextafter(base, 1.0))] if n > 1 else [base])
+        else:
+            base = rng.choice(FRACTIONS)
+            out.append([base + rng.choice((0.0, 1e-7, 2e-6)) for _ in range(n)])
+    return out
+
+
+def ours(name: str, groups: list[list[float]], dtype: Any = np.float64) -> list[bool]:
+    return [FILTERS[name].keeps(np.array(g, dtype=dtype)) for g in groups]
+
+
+def test_dapo_is_the_recipes_filter_groups_on_float32_and_float64_metrics() -> None:
+    text = source(VERL_RECIPE, "dapo/dapo_ray_trainer.py")
+    block = _cut(
+        text,
+        "prompt_uid2metric_vals = defaultdict(list)",
+        "if std > 0 or len(prompt_uid2metric_vals[uid]) == 1",
+    )
+    block += "\n]"
+    groups = groups_of(1)
+    for name, metric, dtype in (
+        ("dapo", "seq_final_reward", np.float32),
+        ("dapo-float64", "acc", np.float64),
+    ):
+        uids = [f"g{i}" for i, g in enumerate(groups) for _ in g]
+        values = np.array([r for g in groups for r in g], dtype=dtype)
+        new_batch = types.SimpleNamespace(
+            non_tensor_batch={"uid": np.array(uids, dtype=object), metric: values}
+        )
+        namespace: dict[str, Any] = {
+            "np": np,
+            "defaultdict": defaultdict,
+            "new_batch": new_batch,
+            "metric_name": metric,
+        }
+        exec(block, namespace)
+        kept = set(namespace["kept_prompt_uids"])
+        assert ours(name, groups, dtype) == [f"g{i}" in kept for i in range(len(groups))], name
+    constant32 = [g for g in groups[: 2 * 7 * 15 : 2]]
+    assert sum(ours("dapo", constant32, np.float32)) == 43  # of the 105 float32 constant groups
+
+
+def test_verl_v1_is_its_replay_buffers_classification() -> None:
+    text = source(VERL, "verl/trainer/ppo/v1/replay_buffer.py")
+    block = _cut(
+        text,
+        "for uid in new_finished_uids:",
+        "classification_cache[uid] = float(values[0]) if len(values) > 1",
+    )
+    groups = groups_of(2)
+    metrics_by_uid = {f"g{i}": [float(r) for r in g] for i, g in enumerate(groups)}
+    namespace: dict[str, Any] = {
+        "np": np,
+        "new_finished_uids": list(metrics_by_uid),
+        "metrics_by_uid": metrics_by_uid,
+        "classification_cache": {},
+    }
+    exec(block, namespace)
+    filtered = {uid for uid, value in namespace["classification_cache"].items() if value is not None}
+    assert ours("verl-v1", groups) == [f"g{i}" not in filtered for i in range(len(groups))]
+
+
+def test_skyrl_is_its_zero_variance_filter_at_its_configured_tolerance() -> None:
+    namespace: dict[str, Any] = {"defaultdict": defaultdict, "List": list, "Optional": Any}
+    exec(_function(source(SKYRL, "skyrl/train/utils/trainer_utils.py"), "zero_variance_filter"), namespace)
+    groups = groups_of(3)
+    uids = [f"g{i}" for i, g in enumerate(groups) for _ in g]
+    kept_rows = set(namespace["zero_variance_filter"]([r for g in groups for r in g], uids, tol=1e-6))
+    kept = {uids[i] for i in kept_rows}
+    assert ours("skyrl", groups) == [f"g{i}" in kept for i in range(len(groups))]
+
+
+def test_slime_is_its_check_reward_nonzero_std() -> None:
+    text = source(SLIME, "slime/rollout/filter_hub/dynamic_sampling_filters.py")
+    namespace: dict[str, Any] = {"torch": torch, "DynamicFilterOutput": lambda keep, reason: keep}
+    exec(_function(text, "check_reward_nonzero_std"), namespace)
+    groups = groups_of(4)
+
+    class Sample:
+        def __init__(self, reward: float) -> None:
+            self.reward = reward
+
+        def get_reward_value(self, args: Any) -> float:
+            return self.reward
+
+    with warnings.catch_warnings():  # torch warns on a group of one (its std is NaN)
+        warnings.simplefilter("ignore", UserWarning)
+        theirs = [bool(namespace["check_reward_nonzero_std"](None, [Sample(r) for r in g])) for g in groups]
+    assert ours("slime", groups) == theirs
+
+
+@pytest.mark.parametrize("size", [2, 4, 8, 16])
+def test_trl_is_its_is_std_zero_under_group_scaling(size: int) -> None:
+    utils = source(TRL, "trl/trainer/utils.py")
+    trainer = source(TRL, "trl/trainer/grpo_trainer.py")
+    namespace: dict[str, Any] = {"torch": torch}
+    exec(_function(utils, "nanstd"), namespace)
+    line = _cut(
+        trainer,
+        "std_rewards = nanstd(rewards.view(-1, num_generations), dim=1)",
+        "std_rewards = nanstd(rewards.view",
+    )
+    zero = _cut(
+        trainer,
+        "is_std_zero = torch.isclose(std_rewards, torch.zeros_like(std_rewards))",
+        "is_std_zero = torch.isclose",
+    )
+    groups = groups_of(5, size=size)
+    rewards = torch.tensor([r for g in groups for r in g], dtype=torch.float32)
+    local: dict[str, Any] = {}
+    exec(line + "\n" + zero, {**namespace, "rewards": rewards, "num_generations": size}, local)
+    assert ours("trl", groups) == [not bool(z) for z in local["is_std_zero"]]
+
+
+def test_check_trainer_filter_dapo_names_the_constant_groups_it_keeps(cli: Any, tmp_path: Path) -> None:
+    rows = []
+    for step in (1, 2):
+        for v in FRACTIONS:
+            for n in range(2, 17):
+                rows += [{"step": step, "uid": f"{step}/{v:.7f}/{n}", "reward": float(np.float32(v))}] * n
+        rows += [{"step": step, "uid": f"{step}/mixed", "reward": float(i % 2)} for i in range(4)]
+    path = tmp_path / "constant32.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    summary = tmp_path / "s.json"
+    result = cli(
+        "check",
+        path,
+        "-g",
+        "uid",
+        "--batch-col",
+        "step",
+        "--trainer-filter",
+        "dapo",
+        "--summary-json",
+        summary,
+    )
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(summary.read_text())["trainer_filter"]
+    assert report["kept_although_inactive"] == 2 * 43 and report["dropped_although_active"] == 0
+    assert [v["kept_although_inactive"] for v in report["by"]["values"]] == [43, 43]
+    assert "86 kept although constant, 0 dropped although active" in result.stderr
+    assert "group '1/0.1000000/7': kept although constant" in result.stderr
+    gated = cli("check", path, "-g", "uid", "--trainer-filter", "dapo", "--max-misclassified-groups", "0")
+    assert gated.exit_code == 1
+    assert "FAIL  max-misclassified-groups (dapo): 86 (bound <= 0)" in gated.stderr
+    exact = cli("check", path, "-g", "uid", "--trainer-filter", "skyrl", "--max-misclassified-groups", "0")
+    assert exact.exit_code == 0, exact.stderr
+
+
+def test_a_gate_without_a_filter_fails_rather_than_passing_nothing(cli: Any, parquet_file: Path) -> None:
+    result = cli("check", parquet_file, "--max-misclassified-groups", "0")
+    assert result.exit_code == 1
+    assert "FAIL  max-misclassified-groups: no --trainer-filter" in result.stderr
