@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: setup demo test lint snapshots dumps bench bench-quick gpu-check mutation clean
+.PHONY: setup browser demo test lint snapshots dumps bench bench-quick gpu-check mutation clean
 
 # Two stages: what `pip install .` installs (enough for `make demo`), then the development
 # tools and the Ray extra (`make test` and the rest).
@@ -25,12 +25,20 @@ $(BIN)/.installed: $(BIN)/.runtime
 
 setup: $(BIN)/.installed
 
+# The report's browser test renders the page in Debian's Chromium: installed here where apt-get
+# can (as root); elsewhere the test says it skipped and why.
+APT := DEBIAN_FRONTEND=noninteractive apt-get -y -q
+browser:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		{ $(APT) install chromium >/dev/null 2>&1 || { $(APT) update >/dev/null && $(APT) install chromium >/dev/null; }; }; } || \
+		echo "note: no chromium; tests/test_html_report.py's browser test will skip"
+
 demo: $(BIN)/.runtime
 	mkdir -p out
 	$(BIN)/grpo-cli compute sample_data/rollouts.parquet -o out/rollouts_with_advantages.parquet \
 		--reward-col correct --force
 
-test: setup
+test: setup browser
 	$(BIN)/python -m pytest
 
 lint: setup

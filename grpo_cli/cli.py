@@ -480,6 +480,8 @@ def compute(input: InputArg, **values: Any) -> None:
     def body(state: _RunState) -> int:
         from grpo_cli.config import resolve_config
 
+        if values["report"] is not None and engine == "ray":
+            raise GrpoError("--report draws a local run's figures; drop --engine ray or --report")
         if values["from_"] is not None and engine == "ray":
             raise GrpoError(f"--from {values['from_']} reads a dump with the local engine; drop --engine ray")
         dump = state.resources.enter_context(_opened_dump(input, values))
@@ -513,6 +515,7 @@ def compute(input: InputArg, **values: Any) -> None:
                 force=values["force"],
                 progress=state.progress,
                 summary_json=_summary_file(summary_json),
+                report=values["report"],
             )
             state.close_progress()
         state.written = output
@@ -552,6 +555,7 @@ def check(input: InputArg, **values: Any) -> None:
             force=values["force"],
             progress=state.progress,
             summary_json=_summary_file(summary_json),
+            report=values["report"],
         )
         state.close_progress()
         _report(

@@ -386,6 +386,7 @@ def open_dump(trainer: str, specs: Sequence[str], *, group_size: int | None = No
                 "name the files to read to skip it"
             )
     opened = OpenedDump(dump, _inputs(dump, files, " ".join(specs)), _defaults(dump), steps, len(files))
+    opened.inputs.directories += [Path(spec) for spec in specs if Path(spec).is_dir()]  # never written into
     opened.notes += dump.notes
     try:
         if isinstance(dump.group, ConsecutiveBlocks):

@@ -322,8 +322,10 @@ class WriteGuard:
         *,
         directory: bool,
         force: bool,
-    ) -> tuple[Claim | None, Claim | None]:
-        """Claim a run's data output and summary file (either may be ``None``), in that order.
+        report: str | os.PathLike[str] | None = None,
+    ) -> tuple[Claim | None, Claim | None, Claim | None]:
+        """Claim a run's data output, summary file and HTML report (each may be ``None``), in
+        that order.
 
         An output of ``-`` is standard output (JSON lines).
         """
@@ -338,7 +340,8 @@ class WriteGuard:
             if summary_json is not None
             else None
         )
-        return claim, summary
+        page = self.claim(report, directory=False, force=force, what="report") if report is not None else None
+        return claim, summary, page
 
     def check_temporary(self, temp: Path) -> None:
         """A temporary must never be an input (or lie inside an input directory)."""
@@ -413,8 +416,8 @@ def fsync_path(path: Path, *, directory: bool = False) -> None:
         os.close(fd)
 
 
-def write_text(claim: Claim, text: str) -> None:
-    """Write a small text file (the summary JSON) through its claim, atomically."""
+def write_text(claim: Claim, text: str, what: str = "the summary") -> None:
+    """Write a text file (the summary JSON, the report) through its claim, atomically."""
     temp = claim.temp_path()
     try:
         with open(temp, "w", encoding="utf-8") as handle:
@@ -423,7 +426,7 @@ def write_text(claim: Claim, text: str) -> None:
             os.fsync(handle.fileno())
     except OSError as exc:
         claim.discard()
-        raise GrpoError(f"{claim.display}: cannot write the summary ({os_reason(exc)})") from None
+        raise GrpoError(f"{claim.display}: cannot write {what} ({os_reason(exc)})") from None
     claim.commit()
 
 

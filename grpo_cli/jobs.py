@@ -57,6 +57,7 @@ def compute_dataset(
     force: bool = False,
     progress: Progress | None = None,
     summary_json: PathLike | None = None,
+    report: PathLike | None = None,
 ) -> RunSummary:
     """The same job as ``grpo-cli compute``, on this machine.
 
@@ -66,7 +67,9 @@ def compute_dataset(
     :class:`~grpo_cli.summary.RunSummary`. Every path is checked by the write guard
     before any work starts.
     """
-    return _local_job(input, output, config, force=force, progress=progress, summary_json=summary_json)
+    return _local_job(
+        input, output, config, force=force, progress=progress, summary_json=summary_json, report=report
+    )
 
 
 def compute_table(table: pa.Table, config: ComputeConfig) -> pa.Table:
@@ -104,6 +107,7 @@ def check_dataset(
     force: bool = False,
     progress: Progress | None = None,
     summary_json: PathLike | None = None,
+    report: PathLike | None = None,
 ) -> RunSummary:
     """The same job as ``grpo-cli check``; ``summary.checks`` holds the results."""
 
@@ -112,7 +116,14 @@ def check_dataset(
         summary.checks = evaluate_checks(summary, bounds, pages=pages)
 
     return _local_job(
-        input, None, config, force=force, progress=progress, summary_json=summary_json, finish=add_checks
+        input,
+        None,
+        config,
+        force=force,
+        progress=progress,
+        summary_json=summary_json,
+        finish=add_checks,
+        report=report,
     )
 
 
@@ -174,9 +185,14 @@ def _local_job(
     progress: Progress | None,
     summary_json: PathLike | None,
     finish: Callable[[RunSummary, InputSet], None] | None = None,
+    report: PathLike | None = None,
 ) -> RunSummary:
     config = config or ComputeConfig()
     config.validate()
+    if report is not None:
+        from grpo_cli.html_report import check_report_path
+
+        check_report_path(os.fspath(report))
     directory = output_is_directory(os.fspath(output)) if output is not None else False  # "-": stdout
     resolved = (
         input if isinstance(input, InputSet) else InputSet(_specs(input), input_format=config.input_format)
@@ -193,7 +209,9 @@ def _local_job(
                 finish(summary, inputs)
             return summary
 
-        return _guarded(inputs.protected(), output, summary_json, directory=directory, force=force, run=run)
+        return _guarded(
+            inputs.protected(), output, summary_json, directory=directory, force=force, run=run, report=report
+        )
 
 
 def _guarded(
@@ -204,12 +222,19 @@ def _guarded(
     directory: bool,
     force: bool,
     run: Callable[[Claim | None], RunSummary],
+    report: PathLike | None = None,
 ) -> RunSummary:
     """Claim the outputs, run, then write the summary file; every failure after the commit says so."""
     with WriteGuard(protected) as guard:
-        claim, summary_claim = guard.claim_run(output, summary_json, directory=directory, force=force)
+        claim, summary_claim, report_claim = guard.claim_run(
+            output, summary_json, directory=directory, force=force, report=report
+        )
         with reported_after_commit(claim):
             summary = run(claim)
             if summary_claim is not None:
                 write_text(summary_claim, summary.to_json() + "\n")
+            if report_claim is not None:
+                from grpo_cli.html_report import render
+
+                write_text(report_claim, render(summary.to_dict()), "the report")
             return summary

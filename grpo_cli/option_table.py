@@ -299,6 +299,19 @@ _ROWS = (
         metavar="PATH",
         show_default=False,
     ),
+    Option(
+        "report",
+        ("--report",),
+        "Also write the figures as charts to PATH (.html, one self-contained page that opens offline): "
+        "the inactive fraction and mean reward per value of each --by column, the group-mean and "
+        "group-size distributions. Needs the report extra (plotly).",
+        str | None,
+        target="run",
+        panel="Output",
+        keyword=False,
+        metavar="PATH",
+        show_default=False,
+    ),
     # ----------------------------------------------------------------- what is read
     Option(
         "from_",

@@ -53,6 +53,7 @@ class RunSummary:
     by: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     tolerance: dict[str, Any] | None = None
     trainer_filter: dict[str, Any] | None = None
+    group_size_counts: dict[str, int] = field(default_factory=dict)
 
     @property
     def active_fraction(self) -> float:
@@ -71,6 +72,7 @@ class RunSummary:
             "active_fraction": round(self.active_fraction, 6),
             "singleton_groups": self.singleton_groups,
             "group_size": self.group_size,
+            "group_size_counts": self.group_size_counts,
             "reward": self.reward,
             "advantage": self.advantage,
             "inactive_by_value": self.inactive_by_value,
@@ -213,6 +215,7 @@ def build_summary(
         off_size_groups=off_size,
         warnings=[*warnings, *grouping_warnings(sizes, options)],
         trainer_filter=trainer_filter,
+        group_size_counts=_size_counts(np.asarray(sizes)),
         tolerance=None
         if tolerance == 0
         else {"tolerance": tolerance, "groups_beyond_exact": int(tolerated.sum())},
@@ -233,6 +236,16 @@ def build_summary(
             for values in by
         },
     )
+
+
+SIZE_COUNTS_SHOWN = 64
+
+
+def _size_counts(sizes: np.ndarray) -> dict[str, int]:
+    """Groups of each size (the most common :data:`SIZE_COUNTS_SHOWN` sizes), by size."""
+    values, counts = np.unique(sizes, return_counts=True)
+    top = np.argsort(-counts, kind="stable")[:SIZE_COUNTS_SHOWN]
+    return {str(int(values[i])): int(counts[i]) for i in sorted(top, key=lambda i: int(values[i]))}
 
 
 @dataclass(frozen=True)

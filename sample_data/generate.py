@@ -57,7 +57,40 @@ def build_rows(seed: int = 20261129) -> list[dict[str, object]]:
     return rows
 
 
+STEP_GROUP_SIZE = 6
+JUDGE_SCORES = (0.1, 0.2, 0.3, 0.7, 0.9)  # an LLM judge's float32 scores: no float is exactly one
+
+
+def build_steps(seed: int = 20261201) -> list[dict[str, object]]:
+    """A training run of 8 steps over two data sources, 24 prompts each, 6 rollouts per prompt:
+    ``math`` has a binary correctness reward, ``chat`` an LLM judge's float32 score. The model
+    learns (more all-correct groups as steps go on) and the judge often gives one score to a
+    whole group, which a float32 std does not always see as constant."""
+    import numpy as np
+
+    rng = random.Random(seed)
+    rows: list[dict[str, object]] = []
+    for step in range(1, 9):
+        skill = 0.25 + 0.08 * step
+        for source in ("math", "chat"):
+            for prompt in range(24):
+                uid = f"{rng.getrandbits(64):016x}"
+                difficulty = rng.random()
+                for _ in range(STEP_GROUP_SIZE):
+                    if source == "math":
+                        reward = float(rng.random() < max(0.0, min(1.0, skill + 0.6 - difficulty)))
+                    elif difficulty < 0.5:
+                        reward = float(np.float32(JUDGE_SCORES[prompt % len(JUDGE_SCORES)]))
+                    else:
+                        reward = float(np.float32(rng.choice(JUDGE_SCORES)))
+                    rows.append({"step": step, "data_source": source, "uid": uid, "reward": reward})
+    return rows
+
+
 def main() -> None:
+    steps = build_steps()
+    pq.write_table(pa.Table.from_pylist(steps), HERE / "steps.parquet")
+    print(f"wrote {len(steps)} rows to {HERE / 'steps.parquet'}")
     rows = build_rows()
     table = pa.Table.from_pylist(rows)
     table = table.replace_schema_metadata({"source": "grpo-cli sample_data/generate.py"})
