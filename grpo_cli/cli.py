@@ -14,7 +14,7 @@ import re
 import signal
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from inspect import Parameter, Signature, signature
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -42,7 +42,7 @@ from grpo_cli.option_table import Option, offered
 
 if TYPE_CHECKING:
     from grpo_cli.config import ComputeConfig, VerifySpec
-    from grpo_cli.dumps import OpenedDump
+    from grpo_cli.dumps import DerivedInputs, OpenedDump
     from grpo_cli.progress import RichProgress
     from grpo_cli.summary import RunSummary
 
@@ -485,6 +485,9 @@ def compute(input: InputArg, **values: Any) -> None:
         if values["from_"] is not None and engine == "ray":
             raise GrpoError(f"--from {values['from_']} reads a dump with the local engine; drop --engine ray")
         dump = state.resources.enter_context(_opened_dump(input, values))
+        derived = state.resources.enter_context(_derived(input, values, dump))
+        if derived is not None:
+            values.update(derived.overrides)
         config = resolve_config(values, dump=None if dump is None else dump.defaults)
         _check_stdout(summary_json)
         if output == "-" and summary_json == "-":
@@ -509,7 +512,7 @@ def compute(input: InputArg, **values: Any) -> None:
             from grpo_cli.jobs import compute_dataset
 
             summary = compute_dataset(
-                input if dump is None else dump.inputs,
+                _inputs(input, dump, derived),
                 output,
                 config,
                 force=values["force"],
@@ -542,6 +545,9 @@ def check(input: InputArg, **values: Any) -> None:
         from grpo_cli.jobs import check_dataset
 
         dump = state.resources.enter_context(_opened_dump(input, values))
+        derived = state.resources.enter_context(_derived(input, values, dump))
+        if derived is not None:
+            values.update(derived.overrides)
         recorded, verify = _verification(input, values, dump)
         config = resolve_config(
             values, recorded=recorded, verify=verify, dump=None if dump is None else dump.defaults
@@ -549,7 +555,7 @@ def check(input: InputArg, **values: Any) -> None:
         _check_stdout(summary_json)
         bounds = CheckBounds(**_targeted(values, "check", "bounds"))
         summary = check_dataset(
-            input if dump is None else dump.inputs,
+            _inputs(input, dump, derived),
             bounds,
             config,
             force=values["force"],
@@ -584,6 +590,63 @@ def _opened_dump(
     from grpo_cli.dumps import opened
 
     return opened(values["from_"], input, group_size=values["group_size"])
+
+
+def _derived(
+    input: list[str], values: dict[str, Any], dump: OpenedDump | None
+) -> contextlib.AbstractContextManager[DerivedInputs | None]:
+    """INPUT read through the primitives (``--key-before``, ``--blocks-per-file``, ``--json-col``),
+    or ``None`` when none is given."""
+    if not (values["key_before"] is not None or values["blocks_per_file"] or values["json_col"]):
+        return contextlib.nullcontext()
+    if dump is not None:
+        raise GrpoError(
+            f"--from {values['from_']} derives the group key itself; --key-before, --blocks-per-file and "
+            "--json-col are for dumps no adapter reads"
+        )
+    if values.get("engine") == "ray":
+        raise GrpoError(
+            "--key-before, --blocks-per-file and --json-col read with the local engine; drop --engine ray"
+        )
+    from grpo_cli.dumps import derived_inputs
+
+    found = derived_inputs(
+        input,
+        input_format=values["input_format"],
+        group_cols=values["group_col"] or (),
+        key_before=values["key_before"],
+        group_size=values["group_size"],
+        blocks_per_file=values["blocks_per_file"],
+        json_cols=values["json_col"] or (),
+    )
+    found.inputs.about = {
+        "trainer": None,
+        "dump": "its files, with derived columns",
+        "writer": None,
+        "files": len(found.inputs.shards),
+        "steps": None,
+        "group_key": "; ".join(found.notes) or "as given",
+        "rewards": None,
+        "notes": [],
+    }
+    return _closing(found)
+
+
+@contextlib.contextmanager
+def _closing(found: DerivedInputs) -> Iterator[DerivedInputs]:
+    try:
+        yield found
+    finally:
+        found.inputs.close()
+
+
+def _inputs(input: list[str], dump: OpenedDump | None, derived: DerivedInputs | None) -> Any:
+    """What the job reads: INPUT's paths, or the inputs a dump or the primitives resolved."""
+    if dump is not None:
+        return dump.inputs
+    if derived is not None:
+        return derived.inputs
+    return input
 
 
 def _verification(

@@ -27,6 +27,7 @@ import json
 import math
 import os
 import re
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from grpo_cli.errors import GrpoError, first_line, os_reason
+from grpo_cli.choices import InputFormat
+from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.scratch import spool
 from grpo_cli.sources import InputSet, Shard
 
@@ -189,7 +191,7 @@ class DumpFormat:
     def rewritten(self) -> bool:
         """Whether each file is rewritten into a private Arrow file before it is read."""
         return (
-            self.layout in ("json-columns", "torch")
+            self.layout == "torch"
             or self.step_from_file
             or bool(self.unwrap)
             or isinstance(self.group, KeyPrefix | PromptTokens)
@@ -502,9 +504,9 @@ def _schema_of(dump: DumpFormat, path: Path) -> pa.Schema:
             return pq.read_schema(path)
         except (pa.ArrowException, OSError) as exc:
             raise GrpoError(f"{path}: not a readable Parquet file ({first_line(exc)})") from None
-    if dump.layout == "json-columns" or dump.layout == "torch":
+    if dump.layout == "torch":
         return _loaded(dump, path).schema
-    with InputSet([os.fspath(path)], input_format="jsonl") as inputs:
+    with InputSet([os.fspath(path)], input_format=_input_format(dump)) as inputs:
         from grpo_cli.readers import read_schema
 
         return read_schema(inputs.shards[0])
@@ -578,9 +580,7 @@ def _defaults(dump: DumpFormat) -> dict[str, Any]:
 
 def _inputs(dump: DumpFormat, files: list[tuple[Path, int | None]], label: str) -> InputSet:
     if not dump.rewritten:
-        inputs = InputSet(
-            [os.fspath(p) for p, _ in files], input_format="parquet" if dump.layout == "parquet" else "jsonl"
-        )
+        inputs = InputSet([os.fspath(p) for p, _ in files], input_format=_input_format(dump))
         inputs.spec = label
         return inputs
     stack = contextlib.ExitStack()
@@ -595,15 +595,21 @@ def _inputs(dump: DumpFormat, files: list[tuple[Path, int | None]], label: str) 
     return InputSet.of_shards(label, shards, stack)
 
 
-def _spooled_arrow(stack: contextlib.ExitStack, table: pa.Table, path: Path) -> Shard:
-    label = os.fspath(path)
+def _input_format(dump: DumpFormat) -> InputFormat:
+    return {"parquet": "parquet", "json-columns": "json-columns"}.get(dump.layout, "jsonl")  # type: ignore[return-value]
+
+
+def _spooled_arrow(
+    stack: contextlib.ExitStack, table: pa.Table, path: Path, *, label: str | None = None
+) -> Shard:
+    label = label or os.fspath(path)
 
     def write(out: Any) -> None:
         with pa.ipc.new_file(out, table.schema) as writer:
             writer.write_table(table)
 
     scratch = stack.enter_context(spool(None, label=label, write=write))
-    return Shard(scratch, label, "arrow", path.stat().st_size, origin=path)
+    return Shard(scratch, label, "arrow", path.stat().st_size if path.exists() else 0, origin=path)
 
 
 def _derived(dump: DumpFormat, path: Path, step: int | None) -> pa.Table:
@@ -632,53 +638,15 @@ def _derived_table(dump: DumpFormat, table: pa.Table, label: str, step: int | No
 
 def _loaded(dump: DumpFormat, path: Path) -> pa.Table:
     label = os.fspath(path)
-    if dump.layout == "json-columns":
-        return _json_columns(path, label)
     if dump.layout == "torch":
         return _torch_samples(path, label)
-    with InputSet([label], input_format="jsonl" if dump.layout == "jsonl" else "parquet") as inputs:
+    with InputSet([label], input_format=_input_format(dump)) as inputs:
         from grpo_cli.readers import iter_batches, read_schema
 
         shard = inputs.shards[0]
         schema = read_schema(shard)
         batches = list(iter_batches(shard, None, 1 << 16))
         return pa.Table.from_batches(batches, schema=batches[0].schema if batches else schema)
-
-
-def _json_columns(path: Path, label: str) -> pa.Table:
-    """ROLL's file: ONE JSON object whose fields are columns of equal length."""
-    from grpo_cli.sources import _refuse_repeated_keys  # the one guard against a field given twice
-
-    try:
-        with open(path, encoding="utf-8") as stream:
-            text = stream.read()
-    except OSError as exc:
-        raise GrpoError(f"{label}: cannot read the file ({os_reason(exc)})") from None
-    except UnicodeDecodeError as exc:
-        raise GrpoError(f"{label}: not UTF-8 text (byte {exc.start})") from None
-    try:
-        value = json.loads(text, object_pairs_hook=_refuse_repeated_keys)
-    except json.JSONDecodeError as exc:
-        if text.lstrip().startswith("{") and not text.rstrip().endswith("}"):
-            raise GrpoError(
-                f"{label}: truncated: its JSON object of columns ends early, at line "
-                f"{text.count(chr(10)) + 1} "
-                "(ROLL writes it from a daemon process, which a stopping trainer kills mid-write)"
-            ) from None
-        raise GrpoError(f"{label}, line {exc.lineno}: not a JSON object of columns ({exc.msg})") from None
-    except ValueError as exc:
-        raise GrpoError(f"{label}: the field {exc} is given twice") from None
-    if not isinstance(value, dict) or not all(isinstance(v, list) for v in value.values()):
-        raise GrpoError(
-            f"{label}: not a JSON object of columns (ROLL writes one object whose fields are lists)"
-        )
-    lengths = {name: len(column) for name, column in value.items()}
-    if len(set(lengths.values())) > 1:
-        shown = ", ".join(f"{name} {length}" for name, length in lengths.items())
-        raise GrpoError(f"{label}: its columns differ in length ({shown})")
-    return _table_of_rows(
-        [dict(zip(value, row, strict=True)) for row in zip(*value.values(), strict=True)], label
-    )
 
 
 def _torch_samples(path: Path, label: str) -> pa.Table:
@@ -689,7 +657,9 @@ def _torch_samples(path: Path, label: str) -> pa.Table:
     import torch
 
     try:
-        value = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns of a pickle protocol it then refuses in one line
+            warnings.simplefilter("ignore", UserWarning)
+            value = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         raise GrpoError(
             f"{label}: refused: it holds objects other than tensors and plain containers "
@@ -900,3 +870,110 @@ def opened(trainer: str, specs: Sequence[str], *, group_size: int | None = None)
         yield dump
     finally:
         dump.inputs.close()
+
+
+# --------------------------------------------------------------------------- the primitives, as options
+
+
+@dataclass
+class DerivedInputs:
+    """Inputs read through the primitives the adapters are built from, for dumps no adapter
+    knows: each shard rewritten privately with the derived columns; ``overrides``: the option
+    values that point the run at them (they replace what was given: ``-g uid`` becomes the
+    derived ``group_key``)."""
+
+    inputs: InputSet
+    overrides: dict[str, Any]
+    notes: list[str]
+
+
+def derived_inputs(
+    specs: Sequence[str],
+    *,
+    input_format: InputFormat | None = None,
+    group_cols: Sequence[str] = (),
+    key_before: str | None = None,
+    group_size: int | None = None,
+    blocks_per_file: bool = False,
+    json_cols: Sequence[str] = (),
+) -> DerivedInputs:
+    """Read ``specs`` as any INPUT, then derive per shard: ``json_cols`` (JSON text) parsed into
+    structs; with ``key_before`` the group key is the part of the one ``group_cols`` column
+    before the first ``key_before``; with ``blocks_per_file`` the groups are blocks of
+    ``group_size`` rows that restart at each file (a file's last block may be short)."""
+    if key_before is not None:
+        if len(group_cols) != 1:
+            raise GrpoError(f"--key-before needs one --group-col to cut, got {len(group_cols)}")
+        if not key_before:
+            raise GrpoError("--key-before needs a non-empty separator")
+    if blocks_per_file and group_size is None:
+        raise GrpoError("--blocks-per-file needs --group-size N")
+    if blocks_per_file and key_before is not None:
+        raise GrpoError("--blocks-per-file and --key-before each make the group key; choose one")
+    overrides: dict[str, Any] = {}
+    notes: list[str] = []
+    if key_before is not None:
+        overrides = {"group_col": [DERIVED_KEY]}
+        notes.append(f"groups: the part of {group_cols[0]} before the first {key_before!r}, as {DERIVED_KEY}")
+    if blocks_per_file:
+        overrides = {"group_col": [DERIVED_KEY], "group_size": None}
+        notes.append(f"groups: blocks of {group_size} rows restarting at each file, as {DERIVED_KEY}")
+    source = InputSet(list(specs), input_format=input_format)
+    stack = contextlib.ExitStack()
+    stack.enter_context(source)
+    shards = []
+    try:
+        from grpo_cli.readers import iter_batches, read_schema
+
+        for number, shard in enumerate(source.shards):
+            batches = list(iter_batches(shard, None, 1 << 16))
+            table = pa.Table.from_batches(
+                batches, schema=batches[0].schema if batches else read_schema(shard)
+            )
+            for column in json_cols:
+                table = _parsed_json(table, column, shard.display)
+            if key_before is not None:
+                table = KeyPrefix("", group_cols[0], key_before).derive(table, shard.display)
+            if blocks_per_file:
+                assert group_size is not None
+                blocks = [number * (1 << 40) + row // group_size for row in range(table.num_rows)]
+                if table.num_rows % group_size:
+                    notes.append(
+                        f"{shard.display}: its last block holds {table.num_rows % group_size} of "
+                        f"{group_size} rows"
+                    )
+                table = _with_column(table, DERIVED_KEY, pa.array(blocks, pa.int64()), shard.display)
+            origin = shard.source or Path(shard.display)
+            label = shard.display
+            shards.append(_spooled_arrow(stack, table, origin, label=label))
+    except BaseException:
+        stack.close()
+        raise
+    inputs = InputSet.of_shards(" ".join(specs), shards, stack)
+    inputs.directories += source.directories
+    return DerivedInputs(inputs, overrides, notes)
+
+
+def _parsed_json(table: pa.Table, column: str, label: str) -> pa.Table:
+    """A column of JSON text (prime-rl's metrics) as the values it holds (a struct of fields)."""
+    if column not in table.schema.names:
+        raise GrpoError(
+            f"{label}: --json-col {column!r} is not a column (columns: {', '.join(table.schema.names[:8])})"
+        )
+    values = table.column(column)
+    if not pa.types.is_string(values.type) and not pa.types.is_large_string(values.type):
+        raise GrpoError(f"{label}: --json-col {column!r} is {values.type}, not JSON text")
+    parsed = []
+    for row, text in enumerate(values.to_pylist()):
+        try:
+            parsed.append(None if text is None else json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise GrpoError(f"{label}, row {row}: --json-col {column!r} is not JSON ({exc.msg})") from None
+    try:
+        array = pa.array(parsed)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise GrpoError(
+            f"{label}: --json-col {column!r} holds values of different kinds ({first_line(exc)})"
+        ) from None
+    index = table.schema.get_field_index(column)
+    return table.set_column(index, column, array)

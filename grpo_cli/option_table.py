@@ -325,6 +325,39 @@ _ROWS = (
         metavar="TRAINER",
     ),
     Option(
+        "key_before",
+        ("--key-before",),
+        "The group key is the part of the --group-col value before the first SEP (verl v1's uid "
+        "{uid}_{session}_{index}: --key-before _), derived per file as the column group_key.",
+        str | None,
+        target="run",
+        panel="Input",
+        keyword=False,
+        metavar="SEP",
+    ),
+    Option(
+        "blocks_per_file",
+        ("--blocks-per-file",),
+        "With --group-size N: the blocks of N rows restart at each file (a file's last block may be "
+        "short), derived as the column group_key.",
+        bool,
+        False,
+        target="run",
+        panel="Input",
+        keyword=False,
+    ),
+    Option(
+        "json_col",
+        ("--json-col",),
+        "COL holds JSON text (prime-rl's metrics, info): read it as the values it holds, so that "
+        "-r COL.field reads a field of it (compute writes it so too); repeat for several.",
+        list[str] | None,
+        target="run",
+        panel="Input",
+        keyword=False,
+        metavar="COL",
+    ),
+    Option(
         "reward_col",
         ("--reward-col", "-r"),
         "Reward column or nested field (reward.score), optionally NAME:WEIGHT; repeat for several rewards "

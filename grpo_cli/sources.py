@@ -359,6 +359,15 @@ class InputSet:
                 )
             )
             return Shard(lines, display, "jsonl", size, None, record_word="element")
+        if fmt == "json-columns":
+            lines = self._spools.enter_context(
+                spool(
+                    None,
+                    label=display,
+                    write=lambda out: _json_columns_to_lines(path, compression, display, out),
+                )
+            )
+            return Shard(lines, display, "jsonl", size, None, record_word="element")
         if sniffed in ("parquet", "arrow") and fmt != sniffed:
             raise GrpoError(f"{display}: its content is {sniffed.capitalize()}, not {fmt}")
         if fmt == "arrow" and compression is not None:
@@ -412,6 +421,44 @@ def _json_array_to_lines(path: Path, compression: str | None, display: str, out:
         if compression is not None and not isinstance(exc, FileNotFoundError | PermissionError):
             raise GrpoError(f"{display}: not a readable {compression} file ({first_line(exc)})") from None
         raise
+
+
+def _json_columns_to_lines(path: Path, compression: str | None, display: str, out: IO[bytes]) -> None:
+    """ONE JSON object whose fields are columns of equal length (ROLL's dump), as JSON lines."""
+    try:
+        with decompressed(path, compression) as raw:
+            text = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="strict").read()
+    except UnicodeDecodeError as exc:
+        raise GrpoError(f"{display}: not UTF-8 text (byte {exc.start})") from None
+    except (EOFError, zlib.error) as exc:
+        raise GrpoError(f"{display}: not a readable {compression} file ({first_line(exc)})") from None
+    try:
+        value = json.loads(text, object_pairs_hook=_refuse_repeated_keys)
+    except _RepeatedKey as repeated:
+        raise GrpoError(f"{display}: the field {repeated} is given twice") from None
+    except RecursionError:
+        raise GrpoError(f"{display}: nested too deeply to parse") from None
+    except json.JSONDecodeError as exc:
+        if text.lstrip().startswith("{") and not text.rstrip().endswith("}"):
+            raise GrpoError(
+                f"{display}: truncated: its JSON object of columns ends early, at line "
+                f"{text.count(chr(10)) + 1} "
+                "(a writer stopped mid-write: ROLL writes it from a daemon process)"
+            ) from None
+        raise GrpoError(f"{display}, line {exc.lineno}: not a JSON object of columns ({exc.msg})") from None
+    if not isinstance(value, dict) or not all(isinstance(v, list) for v in value.values()):
+        raise GrpoError(f"{display}: not a JSON object of columns (one object whose fields are lists)")
+    lengths = {name: len(column) for name, column in value.items()}
+    if len(set(lengths.values())) > 1:
+        shown = ", ".join(f"{name} {length}" for name, length in lengths.items())
+        raise GrpoError(f"{display}: its columns differ in length ({shown})")
+    for row in zip(*value.values(), strict=True):
+        out.write(
+            json.dumps(dict(zip(value, row, strict=True)), ensure_ascii=False).encode(
+                "utf-8", "surrogatepass"
+            )
+            + b"\n"
+        )
 
 
 class _RepeatedKey(ValueError):

@@ -428,3 +428,106 @@ def test_the_private_copies_are_removed_and_the_dump_is_untouched(tmp_path: Path
         compute_dataset(dump.inputs, tmp_path / "out.parquet", resolve_config({}, dump=dump.defaults))
     assert not any(path.exists() for path in scratch)
     assert {p.name: digest(p) for p in folder_of("roll").iterdir()} == before
+
+
+# --------------------------------------------------------------------------- the primitives, without --from
+
+
+def test_key_before_rebuilds_verl_v1_groups_without_the_adapter(cli: Any, tmp_path: Path) -> None:
+    summary = tmp_path / "s.json"
+    files = [str(p) for p in sorted(folder_of("verl-v1").glob("*.jsonl"))]
+    result = cli(
+        "check",
+        *files,
+        "-g",
+        "uid",
+        "--key-before",
+        "_",
+        "-r",
+        "score",
+        "--batch-col",
+        "step",
+        "--summary-json",
+        summary,
+    )
+    assert result.exit_code == 0, result.stderr
+    labels = [g for entry in TRUTH["verl-v1"]["files"].values() for g in entry["groups"]]
+    assert json.loads(summary.read_text())["groups"] == len(set(labels))
+    assert "the part of uid before the first '_', as group_key" in result.stderr
+
+
+def test_blocks_per_file_restart_at_each_file(cli: Any, tmp_path: Path) -> None:
+    first, second = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    pq.write_table(pa.table({"reward": [1.0, 0.0, 1.0, 0.0, 1.0, 1.0]}), first)
+    pq.write_table(pa.table({"reward": [0.0, 1.0, 0.0, 0.0]}), second)
+    out = tmp_path / "out.parquet"
+    result = cli(
+        "compute", first, second, "--group-size", "4", "--blocks-per-file", "-o", out, "--stats-cols"
+    )
+    assert result.exit_code == 0, result.stderr
+    assert pq.read_table(out).column("advantage_group_size").to_pylist() == [4, 4, 4, 4, 2, 2, 4, 4, 4, 4]
+    assert "a.parquet: its last block holds 2 of 4 rows" in result.stderr
+    whole = cli("check", first, second, "--group-size", "4")
+    assert (
+        whole.exit_code == 2 or "groups" in whole.stderr
+    )  # blocks across files: 10 rows are not whole groups
+
+
+def test_json_col_reads_a_field_of_json_text(cli: Any, tmp_path: Path) -> None:
+    rows = [
+        {"problem_id": i // 4, "metrics": json.dumps({"reward": float(i % 3 == 0), "turns": 1})}
+        for i in range(16)
+    ]
+    path = tmp_path / "traces.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    summary = tmp_path / "s.json"
+    result = cli(
+        "check",
+        path,
+        "-g",
+        "problem_id",
+        "--json-col",
+        "metrics",
+        "-r",
+        "metrics.reward",
+        "--summary-json",
+        summary,
+    )
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(summary.read_text())["reward"]["max"] == 1.0
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"problem_id": [0, 0], "metrics": ['{"reward": 1}', "{oops"]}), bad)
+    assert_one_line_error(
+        cli("check", bad, "-g", "problem_id", "--json-col", "metrics", "-r", "metrics.reward"),
+        "bad.parquet, row 1: --json-col 'metrics' is not JSON",
+    )
+
+
+def test_the_json_columns_format_reads_a_roll_file_without_the_adapter(cli: Any) -> None:
+    files = [str(p) for p in sorted(folder_of("roll").glob("*.jsonl"))]
+    result = cli(
+        "check", *files, "--input-format", "json-columns", "-g", "global_step", "-g", "id", "-r", "scores"
+    )
+    assert result.exit_code == 0, result.stderr
+    assert "240" in result.stderr.splitlines()[0] or "groups                     240" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["-g", "a", "-g", "b", "--key-before", "_"], "--key-before needs one --group-col to cut, got 2"),
+        (["--blocks-per-file"], "--blocks-per-file needs --group-size N"),
+        (["--from", "verl", "--key-before", "_"], "derives the group key itself"),
+    ],
+)
+def test_the_primitives_refuse_what_they_cannot_do(args: list[str], fragment: str, cli: Any) -> None:
+    folder = folder_of("verl") if "--from" in args else folder_of("verl") / "1.jsonl"
+    assert_one_line_error(cli("check", folder, *args), fragment)
+
+
+def test_an_output_inside_the_dump_folder_is_refused(cli: Any) -> None:
+    inside = folder_of("verl") / "out.parquet"
+    assert_one_line_error(
+        cli("compute", folder_of("verl"), "--from", "verl", "-o", inside), "input directory"
+    )
+    assert not inside.exists()

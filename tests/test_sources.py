@@ -94,7 +94,8 @@ def test_unusable_inputs_are_refused_with_the_path(tmp_path, setup, message):
 def test_an_unknown_input_format_is_refused(tmp_path):
     path = write_jsonl(tmp_path / "a.jsonl", ROWS)
     with pytest.raises(
-        GrpoError, match="--input-format must be one of parquet, jsonl, json, csv, arrow, got 'orc'"
+        GrpoError,
+        match="--input-format must be one of parquet, jsonl, json, csv, arrow, json-columns, got 'orc'",
     ):
         InputSet(str(path), input_format="orc")  # type: ignore[arg-type]
 
