@@ -76,6 +76,16 @@ def _trl(rewards: np.ndarray) -> bool:
     return not bool(torch.isclose(std, torch.zeros_like(std)))
 
 
+def _prime_rl(rewards: np.ndarray) -> bool:
+    """prime-rl: GRPO's float32 ``rewards - rewards.mean()`` per rollout, then
+    ``_prune_zero_advantages`` drops every token whose advantage is exactly 0.0; the group
+    is "kept" when any rollout keeps its tokens."""
+    import torch
+
+    values = torch.tensor([float(r) for r in rewards], dtype=torch.float32)
+    return bool(((values - values.mean()) != 0.0).any())
+
+
 FILTERS: dict[str, TrainerFilter] = {
     "dapo": TrainerFilter(
         "dapo",
@@ -111,6 +121,13 @@ FILTERS: dict[str, TrainerFilter] = {
         "slime/rollout/filter_hub/dynamic_sampling_filters.py check_reward_nonzero_std",
         "keep if torch float64 std (unbiased) > 1e-6",
         _slime,
+    ),
+    "prime-rl": TrainerFilter(
+        "prime-rl",
+        "prime-rl",
+        "src/prime_rl/orchestrator/algo/grpo.py score_group + orchestrator/train_sink.py _prune_zero_advantages",
+        "tokens dropped where the float32 advantage r - mean is exactly 0.0",
+        _prime_rl,
     ),
     "trl": TrainerFilter(
         "trl",

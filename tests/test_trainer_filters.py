@@ -28,6 +28,7 @@ from tests.trainer_source import TRL, _cut, _function, source
 
 VERL_RECIPE = ("verl-project/verl-recipe", "48ea0a797fa29867ea0ad92aff7d284eec7d4be3")
 SKYRL = ("NovaSky-AI/SkyRL", "a9564572eb8e91076be43c1bd5e4615e3de17265")
+PRIME_RL = ("PrimeIntellect-ai/prime-rl", "559b44772e471d1538537b8805cc77f3824a5e64")
 FRACTIONS = (0.1, 0.2, 0.3, 0.7, 0.7804687, 0.9, 1 / 3)
 
 
@@ -136,6 +137,24 @@ def test_slime_is_its_check_reward_nonzero_std() -> None:
         warnings.simplefilter("ignore", UserWarning)
         theirs = [bool(namespace["check_reward_nonzero_std"](None, [Sample(r) for r in g])) for g in groups]
     assert ours("slime", groups) == theirs
+
+
+def test_prime_rl_is_its_grpo_advantage_then_its_zero_advantage_prune() -> None:
+    grpo = source(PRIME_RL, "src/prime_rl/orchestrator/algo/grpo.py")
+    sink = source(PRIME_RL, "src/prime_rl/orchestrator/train_sink.py")
+    advantage_line = _cut(
+        grpo, "advantages = rewards - rewards.mean()", "advantages = rewards - rewards.mean()"
+    )
+    prune = _cut(sink, "def _prune_zero_advantages(sample: TrainingSample) -> bool:", "return True", before=0)
+    assert "advantage == 0.0" in sink  # the prune's test, applied below to every trainable token
+    groups = groups_of(6)
+    theirs = []
+    for g in groups:
+        local: dict[str, Any] = {"rewards": torch.tensor(g, dtype=torch.float32)}
+        exec(advantage_line, local)
+        theirs.append(any(a != 0.0 for a in local["advantages"].tolist()))
+    assert prune.startswith("def _prune_zero_advantages")
+    assert ours("prime-rl", groups) == theirs
 
 
 @pytest.mark.parametrize("size", [2, 4, 8, 16])
