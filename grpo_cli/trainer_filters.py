@@ -125,7 +125,7 @@ FILTERS: dict[str, TrainerFilter] = {
     "prime-rl": TrainerFilter(
         "prime-rl",
         "prime-rl",
-        "src/prime_rl/orchestrator/algo/grpo.py score_group + orchestrator/train_sink.py _prune_zero_advantages",
+        "prime_rl/orchestrator/algo/grpo.py score_group, orchestrator/train_sink.py _prune_zero_advantages",
         "tokens dropped where the float32 advantage r - mean is exactly 0.0",
         _prime_rl,
     ),
