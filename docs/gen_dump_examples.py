@@ -61,6 +61,7 @@ PER_TRAINER = [
     ("roll", "sample_data/dumps/roll"),
     ("slime", "sample_data/dumps/slime/rollout_data"),
     ("areal", "sample_data/dumps/areal/rollout"),
+    ("open-instruct", "sample_data/dumps/open-instruct/rollouts"),
 ]
 
 

@@ -52,7 +52,7 @@ Compression = Literal["snappy", "zstd", "gzip", "lz4", "brotli", "none"]
 Preset = Literal["trl", "verl", "openrlhf", "nemo-rl", "roll", "torchrl"]
 TrainerFilterName = Literal["dapo", "dapo-float64", "verl-v1", "skyrl", "slime", "prime-rl", "trl"]
 """The trainers' no-signal rules ``check --trainer-filter`` applies (:mod:`grpo_cli.trainer_filters`)."""
-Trainer = Literal["verl", "trl", "nemo-rl", "roll", "slime", "areal"]
+Trainer = Literal["verl", "trl", "nemo-rl", "roll", "slime", "areal", "open-instruct"]
 """The trainers whose rollout dumps ``--from`` reads (:mod:`grpo_cli.dumps`)."""
 
 

@@ -15,7 +15,7 @@ one JSON object of columns, slime's ``torch.save`` file (loaded with
 verl v1's uid prefix. The user's files are never written.
 
 >>> sorted(DUMPS)
-['areal', 'nemo-rl', 'roll', 'slime', 'trl', 'verl', 'verl-v1']
+['areal', 'nemo-rl', 'open-instruct', 'roll', 'slime', 'trl', 'verl', 'verl-v1']
 >>> DUMPS["verl"].group.describe()
 '(step, input): the prompt text within a step'
 """
@@ -185,6 +185,9 @@ class DumpFormat:
     per_token_advantage: tuple[str, str] | None = None  # (advantages, loss mask): NeMo-RL
     notes: tuple[str, ...] = ()
     article: str = "a"
+    settings: tuple[
+        tuple[str, Any], ...
+    ] = ()  # option values of the trainer's formula, where no preset has it
     tells_apart: Callable[[pa.Schema], bool] | None = field(default=None, compare=False)
 
     @property
@@ -319,11 +322,31 @@ DUMPS: dict[str, DumpFormat] = {
             "AReaL leaves out of its dump a sample with no completion token, so a task may show fewer rows",
         ),
     ),
+    "open-instruct": DumpFormat(
+        name="open-instruct",
+        trainer="open-instruct",
+        writer="open_instruct/rl_utils.py _save_rollouts (save_traces)",
+        switch="save_traces with rollouts_save_path",
+        file_name=re.compile(r"^.+_rollouts_(?P<step>)\d{6}\.jsonl$"),
+        layout="jsonl",
+        fields=("step", "sample_idx", "prompt_idx", "reward", "advantage"),
+        rewards=("reward",),
+        group=KeyColumns(("step", "prompt_idx"), "the prompt's index within the step's batch"),
+        step_field="step",
+        advantage_col="advantage",
+        every_step=False,  # 10,000-row shards, each of several steps
+        article="an",
+        settings=(("epsilon", 1e-8),),
+        notes=(
+            "open-instruct's standard advantage: (r - mean) / (population std + 1e-8), as "
+            "--epsilon 1e-8 here",
+        ),
+    ),
 }
 """Every dump grpo-cli reads, by ``--from`` name (``verl`` names both of verl's generations;
 the content tells them apart)."""
 
-TRAINERS = ("verl", "trl", "nemo-rl", "roll", "slime", "areal")
+TRAINERS = ("verl", "trl", "nemo-rl", "roll", "slime", "areal", "open-instruct")
 """The ``--from`` choices."""
 
 
@@ -484,6 +507,7 @@ def _pattern_text(dump: DumpFormat) -> str:
         "roll": "rollout_dump_data.step_{N}.jsonl",
         "slime": "{rollout_id}.pt",
         "areal": "{version}/{task_id}.jsonl",
+        "open-instruct": "{run_name}_rollouts_{shard:06d}.jsonl",
     }[dump.name]
 
 
@@ -575,6 +599,7 @@ def _defaults(dump: DumpFormat) -> dict[str, Any]:
     }
     if dump.preset is not None:
         defaults["preset"] = dump.preset
+    defaults.update(dict(dump.settings))
     return defaults
 
 

@@ -37,6 +37,7 @@ VERL = ("verl-project/verl", "1dda039b9c6311889a9c9a26040677e1254814f9")
 ROLL = ("alibaba/ROLL", "8eb27cc2dc34c4d1310b169d9b86d339004d811a")
 SLIME = ("THUDM/slime", "624b824a898ab0ec1fcb4d373004c7f3852bf515")
 AREAL = ("inclusionAI/AReaL", "4aef98d8d818af55b43621aaadba047ae10f4e77")
+OPEN_INSTRUCT = ("allenai/open-instruct", "e6c3044aa6201c8bfa4573c1b03142af599e730d")
 
 WRITERS: dict[str, tuple[tuple[str, str], str, str]] = {
     "verl": (VERL, "verl/trainer/ppo/ray_trainer.py", "RayPPOTrainer._write_generations"),
@@ -61,6 +62,11 @@ WRITERS: dict[str, tuple[tuple[str, str], str, str]] = {
         AREAL,
         "areal/infra/workflow_executor.py",
         "WorkflowExecutor._dump_trajectory (the record block)",
+    ),
+    "open-instruct": (
+        OPEN_INSTRUCT,
+        "open_instruct/rl_utils.py + open_instruct/data_loader.py",
+        "RolloutRecord, _save_rollouts, and the standard advantage block",
     ),
 }
 """Per dump: (repository, commit), the writer's file, the function(s) cut from it."""
@@ -529,6 +535,77 @@ def write_areal(folder: Path, *, tasks: int = 40, n: int = 8, seed: int = 7) -> 
     return truth
 
 
+# --------------------------------------------------------------------------- open-instruct
+
+
+def write_open_instruct(folder: Path, *, prompts: int = 40, n: int = 8, seed: int = 8) -> dict[str, Any]:
+    """open-instruct's ``{run_name}_rollouts_{shard:06d}.jsonl`` (``save_traces``): 10,000-row
+    shards appended step after step, ``prompt_idx = i // n`` within the step, its advantage."""
+    from dataclasses import asdict, dataclass
+
+    rl_utils = source(OPEN_INSTRUCT, "open_instruct/rl_utils.py")
+    loader = source(OPEN_INSTRUCT, "open_instruct/data_loader.py")
+    namespace: dict[str, Any] = {
+        "os": os,
+        "json": json,
+        "np": np,
+        "asdict": asdict,
+        "dataclass": dataclass,
+        "logger": types.SimpleNamespace(info=lambda message: None),
+        "model_utils": types.SimpleNamespace(Batch=Any),
+        "data_types": types.SimpleNamespace(GenerationResult=Any, RequestInfo=Any),
+        "Any": Any,
+        "__name__": __name__,  # dataclasses look the class's module up
+    }
+    record_class = _cut(rl_utils, "class RolloutRecord:", "logprobs: list[float] | None = None", before=1)
+    exec(record_class, namespace)
+    exec(_function(rl_utils, "_get_request_info_for_sample"), namespace)
+    exec(_function(rl_utils, "_save_rollouts"), namespace)
+    advantage_block = _cut(loader, "scores = np.array(batch.scores)", "std_grouped_rewards = np.repeat(")
+    standard = _cut(
+        loader,
+        "advantages = (scores - mean_grouped_rewards) / (std_grouped_rewards + 1e-8)",
+        "advantages = (scores",
+    )
+    shard_size = int(_cut(rl_utils, "ROLLOUT_SHARD_SIZE = ", "ROLLOUT_SHARD_SIZE = ").split("=")[1])
+    rng = random.Random(seed)
+    truth: dict[str, Any] = {}
+    written = 0
+    for step in range(1, STEPS + 1):
+        scores, groups = [], []
+        for p in range(prompts):
+            for reward in _binary_or_partial(rng, n):
+                scores.append(reward)
+                groups.append(f"{step}-{p}")
+        batch = types.SimpleNamespace(
+            queries=[[rng.randint(5, 900) for _ in range(4)] for _ in scores],
+            scores=scores,
+            datasets=["gsm8k"] * len(scores),
+            ground_truths=[None] * len(scores),
+        )
+        result = types.SimpleNamespace(
+            responses=[[rng.randint(5, 900) for _ in range(3)] for _ in scores],
+            finish_reasons=["stop"] * len(scores),
+            request_info=None,
+            logprobs=None,
+        )
+        local: dict[str, Any] = {
+            "np": np,
+            "batch": batch,
+            "self": types.SimpleNamespace(config=types.SimpleNamespace(num_samples_per_prompt_rollout=n)),
+        }
+        exec(advantage_block + "\n" + standard, local)
+        namespace["_save_rollouts"](
+            str(folder), "grpo_run", step, batch, result, local["advantages"], n, written // shard_size
+        )
+        shard = f"grpo_run_rollouts_{written // shard_size:06d}.jsonl"
+        entry = truth.setdefault(shard, {"groups": [], "advantage": []})
+        entry["groups"] += groups
+        entry["advantage"] += [float(a) for a in local["advantages"]]
+        written += len(scores)
+    return truth
+
+
 WRITE: dict[str, Callable[[Path], dict[str, Any]]] = {
     "verl": write_verl,
     "verl-v1": write_verl_v1,
@@ -537,6 +614,7 @@ WRITE: dict[str, Callable[[Path], dict[str, Any]]] = {
     "roll": write_roll,
     "slime": write_slime,
     "areal": write_areal,
+    "open-instruct": write_open_instruct,
 }
 
 
@@ -550,7 +628,12 @@ def write_all(root: Path) -> dict[str, Any]:
     """Every dump under ``root/<name>/`` (slime's under ``rollout_data/``, AReaL's under
     ``rollout/``, as the trainers lay them out); the truth of each, by dump and file."""
     truth: dict[str, Any] = {}
-    layout = {"slime": "slime/rollout_data", "areal": "areal/rollout", "trl": "trl"}
+    layout = {
+        "slime": "slime/rollout_data",
+        "areal": "areal/rollout",
+        "trl": "trl",
+        "open-instruct": "open-instruct/rollouts",
+    }
     for name, write in WRITE.items():
         folder = root / layout.get(name, name)
         folder.mkdir(parents=True, exist_ok=True)
@@ -581,8 +664,16 @@ def provenance_table(truth: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
+    import shutil
+    import tempfile
+
     target = Path(sys.argv[1])
-    written = write_all(target)
+    with tempfile.TemporaryDirectory() as scratch:  # the writers append (AReaL, open-instruct): start empty
+        written = write_all(Path(scratch))
+        for entry in written.values():
+            top = Path(entry["folder"]).parts[0]
+            shutil.rmtree(target / top, ignore_errors=True)
+            shutil.copytree(Path(scratch) / top, target / top)
     TRUTH.write_text(json.dumps(written, separators=(",", ":")) + "\n")
     readme = target / "README.md"
     if readme.exists():

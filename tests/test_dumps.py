@@ -37,6 +37,7 @@ FROM = {
     "roll": "roll",
     "slime": "slime",
     "areal": "areal",
+    "open-instruct": "open-instruct",
 }
 
 
@@ -133,6 +134,7 @@ def test_the_advantages_are_the_trainers_preset_on_the_trainers_groups(name: str
         preset=DUMPS[name].preset,
         batch_col="step",
         advantage_col="expected",
+        **dict(DUMPS[name].settings),
     )
     column = config.advantage_col
     assert (bits(table.column(column).to_numpy()) == bits(expected.column("expected").to_numpy())).all()
@@ -175,7 +177,7 @@ def test_compute_and_check_need_no_other_option(name: str, cli: Any, tmp_path: P
     assert f"{DUMPS[name].trainer} dump" in checked.stderr
 
 
-@pytest.mark.parametrize("name", ["trl", "nemo-rl"])
+@pytest.mark.parametrize("name", ["trl", "nemo-rl", "open-instruct"])
 def test_check_verify_compares_the_trainers_own_advantage_with_its_preset(name: str, cli: Any) -> None:
     result = cli("check", folder_of(name), "--from", FROM[name], "--verify")
     assert result.exit_code == 0, result.stderr
