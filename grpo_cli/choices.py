@@ -25,7 +25,7 @@ from typing import Any, Literal, get_args
 from grpo_cli.errors import GrpoError
 
 Std = Literal["population", "sample"]
-Scale = Literal["group", "batch", "none"]
+Scale = Literal["group", "batch", "none", "mean"]
 Baseline = Literal["mean", "leave-one-out"]
 EpsilonMode = Literal["add", "clamp", "add-if-nonzero"]
 Singleton = Literal["zero", "raw"]
@@ -40,6 +40,7 @@ Estimator = Literal[
     "remax",
     "opo",
     "grpo_passk",
+    "maxrl",
 ]
 Whiten = Literal["none", "unbiased", "population"]
 Renormalize = Literal["none", "trl", "gdpo"]

@@ -791,7 +791,7 @@ class Normalization:
     divisor: Divisor
     singleton: Singleton
     units: Tensor | None = None
-    tolerated: Tensor | None = None  # bool (K,): groups whose spread the tolerance calls inactive
+    tolerated: Tensor | None = None  # bool (K,): groups with a spread that are inactive (zeroed)
 
 
 @dataclass(frozen=True)
@@ -804,15 +804,22 @@ class Divisor:
     epsilon_mode: EpsilonMode
     batch_std: Tensor | None
 
-    def of(self, m2: Tensor, count: Tensor, units: Tensor | None = None) -> Tensor:
-        """Per-group (or per-row, for leave-one-out) divisor for groups with ``count`` and ``m2``.
+    def of(
+        self, m2: Tensor, count: Tensor, units: Tensor | None = None, mean: Tensor | None = None
+    ) -> Tensor:
+        """Per-group (or per-row, for leave-one-out) divisor for groups with ``count`` and ``m2``
+        (``scale="mean"``: the groups' ``mean``, MaxRL's divisor).
 
         ``m2`` and the result are in ``units`` (powers of two; ``None``: 1).
         """
         one = torch.ones_like(m2) if units is None else 1 / units
         if self.scale == "none":
             return one
-        if self.scale == "batch":
+        if self.scale == "mean":
+            if mean is None:
+                raise ValueError("scale='mean' divides by the group mean: it takes the mean baseline")
+            deviation = mean if units is None else mean / units
+        elif self.scale == "batch":
             assert self.batch_std is not None
             deviation = self.batch_std.expand_as(m2) if units is None else self.batch_std / units
         else:
@@ -860,8 +867,16 @@ def prepare_normalization(
     check_choice("epsilon_mode", epsilon_mode, EpsilonMode)
     check_choice("singleton", singleton, Singleton)
     ddof = 1 if std == "sample" else 0
+    if scale == "mean" and baseline != "mean":
+        raise ValueError("scale='mean' (MaxRL) divides by the group mean: use baseline='mean'")
     active = active_groups(stats, singleton=singleton, tolerance=inactive_tolerance)
-    tolerated = (stats.maximum > stats.minimum) & ~active if inactive_tolerance > 0 else None
+    if scale == "mean":  # MaxRL: a group whose mean reward is <= 0 carries no signal (prime-rl)
+        active = active & ((stats.mean > 0) | ((stats.count == 1) & (singleton == "raw")))
+    # Groups with a spread that a tolerance or MaxRL's mean <= 0 rule calls inactive: zeroed by hand
+    # (the inactive center, the group minimum, zeroes only constant groups).
+    tolerated = (
+        (stats.maximum > stats.minimum) & ~active if inactive_tolerance > 0 or scale == "mean" else None
+    )
     if scale == "batch" and batch_std is None:
         batch_std = _overall_std(stats, ddof)
     divisor = Divisor(scale, ddof, epsilon, epsilon_mode, batch_std)
@@ -873,11 +888,11 @@ def prepare_normalization(
             center = center / units
         # x - (-0.0) is +0.0 for both signed zeros: inactive groups of zeros give +0.0.
         center = torch.where(center == 0, torch.full_like(center, -0.0), center)
-        denominator = divisor.of(stats.m2, stats.count, units)
+        denominator = divisor.of(stats.m2, stats.count, units, stats.mean)
         if singleton == "raw":
             lone = stats.count == 1
             center = torch.where(lone, torch.full_like(center, -0.0), center)
-            lone_scale = torch.full_like(denominator, 1.0 if scale == "none" else 1 + epsilon)
+            lone_scale = torch.full_like(denominator, 1.0 if scale in ("none", "mean") else 1 + epsilon)
             denominator = torch.where(lone, lone_scale if units is None else lone_scale / units, denominator)
         denominator = torch.where(active, denominator, torch.ones_like(denominator))
     elif stats.at_minimum is None or stats.at_maximum is None:

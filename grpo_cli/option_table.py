@@ -435,7 +435,8 @@ _ROWS = (
         "grpo: (r - mean) / std; dr_grpo: r - mean; rloo: r - mean of the others; "
         "reinforce_plus_plus_baseline (verl), reinforce_baseline (OpenRLHF): r - mean, whitened over the "
         "batch; gpg (verl): alpha (r - mean); remax (verl): r - --baseline-col; opo (verl): r - "
-        "length-weighted mean; grpo_passk (verl): the best rollout only. See the README's table.",
+        "length-weighted mean; grpo_passk (verl): the best rollout only; maxrl (prime-rl): (r - mean) / "
+        "mean. See the README's table.",
         Estimator | None,
         target="advantage",
         panel="Advantage",
@@ -464,7 +465,7 @@ _ROWS = (
     Option(
         "scale",
         ("--scale",),
-        "Divide by the group std, the batch std, or nothing.",
+        "Divide by the group std, the batch std, the group mean (MaxRL), or nothing.",
         Scale | None,
         target="advantage",
         panel="Advantage",

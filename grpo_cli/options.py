@@ -214,6 +214,11 @@ ESTIMATOR_SPECS: dict[str, EstimatorSpec] = {
         own_baseline=True,
         ray="its best row is the first in input order, which Ray's parallel blocks do not keep",
     ),
+    "maxrl": EstimatorSpec(
+        {"baseline": "mean", "scale": "mean", "epsilon_mode": "clamp", "singleton": "zero"},
+        "MaxRL (prime-rl MaxRLAlgorithm.score_group): (r - mean) / mean; a group with mean <= 0 "
+        "and a singleton get 0",
+    ),
 }
 """Every estimator, by name (the ``--estimator`` choices, in their documented order)."""
 

@@ -328,7 +328,7 @@ def figures_by_value(
             "group_mean": _percentiles(mean[scored]),
             "group_std": _percentiles(std[scored]),
             "singleton_groups": int((rows == 1).sum()),
-            "inactive_by_tolerance": int((~active & (maximum > minimum)).sum()),
+            "inactive_with_spread": int((~active & (maximum > minimum)).sum()),
             "reward_mean": reward_sum / total if total else None,
             "homogeneous": _homogeneous(count, mean, m2, minimum, maximum, constant),
         }

@@ -363,7 +363,10 @@ def _group_divisor(stats: GroupStats, options: AdvantageOptions) -> torch.Tensor
     if options.scale == "none":
         return torch.ones_like(stats.mean, dtype=torch.float64)
     ddof = 1 if options.std == "sample" else 0
-    deviation = torch.nan_to_num(group_std(stats, ddof=ddof).to(torch.float64), nan=0.0)
+    if options.scale == "mean":  # MaxRL divides by the group mean
+        deviation = torch.nan_to_num(stats.mean.to(torch.float64), nan=0.0).clamp_min(0)
+    else:
+        deviation = torch.nan_to_num(group_std(stats, ddof=ddof).to(torch.float64), nan=0.0)
     if options.epsilon_mode == "clamp":
         return deviation.clamp_min(options.epsilon)
     return deviation + options.epsilon

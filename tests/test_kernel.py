@@ -373,7 +373,7 @@ def _accumulated(rewards: torch.Tensor, ids: torch.Tensor) -> GroupStatsAccumula
         ),
         (
             lambda: normalize_in_groups(torch.ones(2), torch.zeros(2, dtype=torch.long), scale="row"),
-            "^scale must be one of group, batch, none, got 'row'$",
+            "^scale must be one of group, batch, none, mean, got 'row'$",
         ),
         (lambda: normalize_in_groups([1.0, 2.0], torch.zeros(2, dtype=torch.long)), "torch.Tensor, got list"),  # type: ignore[arg-type]
         (

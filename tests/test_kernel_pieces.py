@@ -283,7 +283,7 @@ def test_group_ids_of_any_integer_type_give_the_int64_result(dtype):
     ("option", "message"),
     [
         ({"std": "n"}, "std must be one of population, sample, got 'n'"),
-        ({"scale": "row"}, "scale must be one of group, batch, none, got 'row'"),
+        ({"scale": "row"}, "scale must be one of group, batch, none, mean, got 'row'"),
         (
             {"baseline": "median"},
             "baseline must be one of mean, leave-one-out, got 'median'; did you mean 'mean'?",

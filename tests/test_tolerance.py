@@ -110,7 +110,7 @@ def test_the_summary_states_the_tolerance_and_the_groups_it_made_inactive(cli: A
     beyond = record["inactive_tolerance"]["groups_beyond_exact"]
     assert record["inactive_tolerance"]["tolerance"] == 1e-6
     assert beyond == record["inactive_groups"] - exact.inactive_groups > 0
-    assert sum(v["inactive_by_tolerance"] for v in record["by"]["group_id"]) == beyond
+    assert sum(v["inactive_with_spread"] for v in record["by"]["group_id"]) == beyond
     assert f"  within the tolerance     {beyond:,} (span <= 1e-06" in result.stderr
     assert record["options"]["inactive_tolerance"] == 1e-6
 
