@@ -348,24 +348,12 @@ class InputSet:
         sniffed: str | None,
         compression: str | None,
     ) -> Shard:
-        if fmt == "json":
-            if sniffed != "json":  # JSON lines under a .json name
-                return Shard(path, display, "jsonl", size, compression)
+        if fmt == "json" and sniffed != "json":  # JSON lines under a .json name
+            return Shard(path, display, "jsonl", size, compression)
+        if fmt in ("json", "json-columns"):  # an array, or one object of columns: spooled as lines
+            convert = _json_array_to_lines if fmt == "json" else _json_columns_to_lines
             lines = self._spools.enter_context(
-                spool(
-                    None,
-                    label=display,
-                    write=lambda out: _json_array_to_lines(path, compression, display, out),
-                )
-            )
-            return Shard(lines, display, "jsonl", size, None, record_word="element")
-        if fmt == "json-columns":
-            lines = self._spools.enter_context(
-                spool(
-                    None,
-                    label=display,
-                    write=lambda out: _json_columns_to_lines(path, compression, display, out),
-                )
+                spool(None, label=display, write=lambda out: convert(path, compression, display, out))
             )
             return Shard(lines, display, "jsonl", size, None, record_word="element")
         if sniffed in ("parquet", "arrow") and fmt != sniffed:

@@ -312,7 +312,7 @@ def figures_by_value(
         at_low = int((constant & (minimum == low)).sum())
         at_high = int((constant & (maximum == high)).sum()) if high != low else 0
         entry: dict[str, Any] = {
-            "value": _plain(values.keys[value]),
+            "value": plain_key(values.keys[value]),
             "groups": int(member.sum()),
             "rows": int(rows.sum()),
             "active_groups": int(active.sum()),
@@ -428,15 +428,16 @@ def off_size_groups(sizes: np.ndarray, key_at: Callable[[int], Any] | None) -> d
     if not off.size:
         return {}
     examples = [
-        {"group": _plain(key_at(int(g))) if key_at is not None else int(g), "rows": int(sizes[g])}
+        {"group": plain_key(key_at(int(g))) if key_at is not None else int(g), "rows": int(sizes[g])}
         for g in off[:OFF_SIZE_EXAMPLES]
     ]
     return {"common_size": common, "groups": int(off.size), "examples": examples}
 
 
-def _plain(key: Any) -> Any:
+def plain_key(key: Any) -> Any:
+    """A group key as JSON data: tuples as lists, other objects as their text."""
     if isinstance(key, tuple):
-        return [_plain(k) for k in key]
+        return [plain_key(k) for k in key]
     if isinstance(key, str | int | float | bool) or key is None:
         return key
     return str(key)

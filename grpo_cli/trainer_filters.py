@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from grpo_cli.summary import plain_key
+
 
 @dataclass(frozen=True)
 class TrainerFilter:
@@ -183,7 +185,7 @@ def compare(
         values = groups[group]
         out["examples"].append(
             {
-                "group": None if key_at is None else _plain(key_at(int(group))),
+                "group": None if key_at is None else plain_key(key_at(int(group))),
                 "what": "kept although constant" if constant_kept[group] else "dropped although active",
                 "rewards": [float(v) for v in values[:8]],
                 "size": int(values.size),
@@ -197,7 +199,7 @@ def compare(
             if member.any():
                 per_value.append(
                     {
-                        "value": _plain(keys[value]),
+                        "value": plain_key(keys[value]),
                         "groups": int(member.sum()),
                         "kept_although_inactive": int((constant_kept & member).sum()),
                         "dropped_although_active": int((active_dropped & member).sum()),
@@ -205,11 +207,3 @@ def compare(
                 )
         out["by"] = {"column": column, "values": per_value}
     return out
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, str | int | float | bool) or value is None:
-        return value
-    return str(value)

@@ -117,24 +117,16 @@ def nemo_rl_advantages(rewards: torch.Tensor, prompt_ids: torch.Tensor) -> torch
     """NeMo-RL's ``GRPOAdvantageEstimator.compute_advantage`` (leave-one-out baseline, rewards
     normalised), with ``calculate_baseline_and_std_per_prompt``, both verbatim from
     nemo_rl/algorithms/advantage_estimator.py and utils.py; one advantage per row."""
-    utils = source(NEMO_RL, "nemo_rl/algorithms/utils.py")
-    estimator = source(NEMO_RL, "nemo_rl/algorithms/advantage_estimator.py")
-    namespace: dict[str, Any] = {"torch": torch}
-    exec(_function(utils, "calculate_baseline_and_std_per_prompt"), namespace)
-    exec(_method(estimator, "GRPOAdvantageEstimator", "compute_advantage"), namespace)
-    trainer_self = types.SimpleNamespace(use_leave_one_out_baseline=True, normalize_rewards=True)
     mask = torch.ones(rewards.shape[0], 1)
-    advantages: torch.Tensor = namespace["compute_advantage"](
-        trainer_self, prompt_ids.reshape(-1, 1), rewards, mask
-    )
-    return advantages[:, 0]
+    return nemo_rl_advantages_per_token(rewards, prompt_ids.reshape(-1, 1), mask)[:, 0]
 
 
 def nemo_rl_advantages_per_token(
     rewards: torch.Tensor, prompt_ids: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
     """:func:`nemo_rl_advantages` as the trainer hands them to the loss: expanded to ``mask``'s
-    (rows x tokens) shape, the same value on every token (prompt and padding included)."""
+    (rows x tokens) shape, the same value on every token (prompt and padding included);
+    ``prompt_ids`` (rows x prompt tokens)."""
     utils = source(NEMO_RL, "nemo_rl/algorithms/utils.py")
     estimator = source(NEMO_RL, "nemo_rl/algorithms/advantage_estimator.py")
     namespace: dict[str, Any] = {"torch": torch}
