@@ -434,7 +434,7 @@ class _TextStream(Generic[_Reader]):
 
     def __enter__(self) -> _Reader:
         try:
-            self._stream = pa.input_stream(str(self.shard.path), compression=self.shard.compression)
+            self._stream = _native_stream(self.shard)
             return self._open(self._stream)
         except (pa.ArrowException, OSError) as exc:
             self.close()
@@ -453,6 +453,14 @@ class _TextStream(Generic[_Reader]):
 
     def _error(self, exc: BaseException) -> Exception:
         raise NotImplementedError
+
+
+def _native_stream(shard: Shard) -> pa.NativeFile:
+    """The text shard's decompressed bytes as a pyarrow stream: from memory, or from its file."""
+    contents = _contents(shard)
+    if contents is not None:
+        return pa.BufferReader(contents)
+    return pa.input_stream(str(shard.path), compression=shard.compression)
 
 
 def jsonl_block_bytes(shard: Shard) -> int:
@@ -489,9 +497,42 @@ class _JsonlStream(_TextStream["pa_json.JSONStreamingReader"]):
         return _jsonl_error(self.shard, exc)
 
 
+TEXT_IN_MEMORY_BYTES = 256 << 20
+"""A JSON-lines or CSV file up to this size (decompressed) is read from disk once per run and
+scanned, typed and parsed from memory: its hardening scans would otherwise each read it again."""
+
+
+def _contents(shard: Shard) -> bytes | None:
+    """The text shard's decompressed bytes, read once and kept for the run, where they fit
+    :data:`TEXT_IN_MEMORY_BYTES`; ``None`` for a larger file (each pass streams it)."""
+    found = shard.found
+    if found.contents is not None:
+        return found.contents
+    estimate = shard.size_bytes * (6 if shard.compression else 1)
+    if shard.format not in ("jsonl", "csv") or estimate > TEXT_IN_MEMORY_BYTES or not shard.path.is_file():
+        return None
+    with _open_file(shard) as handle:
+        data = handle.read(TEXT_IN_MEMORY_BYTES + 1)
+    if len(data) > TEXT_IN_MEMORY_BYTES:
+        return None
+    found.contents = data
+    return data
+
+
 @contextlib.contextmanager
 def _open_jsonl(shard: Shard) -> Iterator[IO[bytes]]:
-    """The file's bytes, decompressed; a corrupt gzip stream becomes one clear error."""
+    """The file's bytes, decompressed (from memory where :func:`_contents` holds them); a corrupt
+    gzip stream becomes one clear error."""
+    contents = _contents(shard)
+    if contents is not None:
+        yield io.BytesIO(contents)
+        return
+    with _open_file(shard) as handle:
+        yield handle
+
+
+@contextlib.contextmanager
+def _open_file(shard: Shard) -> Iterator[IO[bytes]]:
     try:
         with decompressed(shard.path, shard.compression) as handle:
             yield handle
@@ -559,7 +600,7 @@ class _CsvStream(_TextStream["pa_csv.CSVStreamingReader"]):
         read_options = pa_csv.ReadOptions(block_size=JSONL_BLOCK_BYTES)
         # a quoted cell may hold newlines: a block may not be cut at one of them
         parse_options = pa_csv.ParseOptions(newlines_in_values=True)
-        with pa.input_stream(str(self.shard.path), compression=self.shard.compression) as header:
+        with _native_stream(self.shard) as header:
             names = pa_csv.open_csv(
                 header, read_options=read_options, parse_options=parse_options
             ).schema.names

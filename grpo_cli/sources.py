@@ -49,6 +49,7 @@ class ShardFindings:
     longest_line: int = 0  # JSON lines: pyarrow's read block must hold a whole line
     schema: pa.Schema | None = None  # JSON lines: the whole file's unified types, after a drift
     exact_integers: set[str] = field(default_factory=set)  # schemas whose floats were scanned
+    contents: bytes | None = field(default=None, repr=False)  # a small text file's bytes, read once
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,102 @@
+"""A small JSON-lines or CSV input is read from disk once per run: its hardening scans
+(nesting, exact integers, type settling), its schema and its data come from one read; a large
+one streams from disk in each pass, with the same results and the same errors."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+import pytest
+
+import grpo_cli.readers as readers
+from tests.conftest import one_line_error, rollout_rows
+
+
+@pytest.fixture
+def opens(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every open of a text file's bytes on disk, by file name."""
+    seen: list[str] = []
+    original = readers._open_file
+
+    def counting(shard: Any) -> Any:
+        seen.append(Path(shard.display).name)
+        return original(shard)
+
+    monkeypatch.setattr(readers, "_open_file", counting)
+    return seen
+
+
+def write_inputs(tmp_path: Path) -> dict[str, Path]:
+    rows = rollout_rows()
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    drifting = (
+        text + json.dumps({**rows[0], "group_id": rows[0]["group_id"], "reward": 0.5, "extra": "late"}) + "\n"
+    )
+    paths = {
+        "jsonl": tmp_path / "in.jsonl",
+        "gz": tmp_path / "in.jsonl.gz",
+        "drift": tmp_path / "drift.jsonl",
+        "csv": tmp_path / "in.csv",
+    }
+    paths["jsonl"].write_text(text)
+    paths["gz"].write_bytes(gzip.compress(text.encode()))
+    paths["drift"].write_text(drifting)
+    pa_csv.write_csv(pa.Table.from_pylist(rows), paths["csv"])
+    return paths
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "gz", "drift", "csv"])
+def test_a_small_text_input_is_opened_once_per_run(
+    kind: str, cli: Any, tmp_path: Path, opens: list[str]
+) -> None:
+    path = write_inputs(tmp_path)[kind]
+    for command in (["check", path], ["compute", path, "-o", tmp_path / f"{kind}.parquet"]):
+        opens.clear()
+        result = cli(*command, "-q")
+        assert result.exit_code == 0, result.stderr
+        assert opens == [path.name], opens  # the scans, the schema, type settling and the data: one read
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "gz", "drift", "csv"])
+def test_read_from_memory_or_streamed_from_disk_the_output_is_the_same(
+    kind: str, cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, opens: list[str]
+) -> None:
+    path = write_inputs(tmp_path)[kind]
+    in_memory, streamed = tmp_path / "memory.parquet", tmp_path / "disk.parquet"
+    assert cli("compute", path, "-o", in_memory, "-q").exit_code == 0
+    monkeypatch.setattr(readers, "TEXT_IN_MEMORY_BYTES", 0)
+    opens.clear()
+    assert cli("compute", path, "-o", streamed, "-q").exit_code == 0
+    assert len(opens) > 1 or kind == "csv"  # each scan reads again (CSV streams through pyarrow's own reader)
+    assert pq.read_table(streamed).equals(pq.read_table(in_memory))
+
+
+@pytest.mark.parametrize("limit", [None, 0])
+def test_a_broken_gzip_stream_is_one_line_either_way(
+    limit: int | None, cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if limit is not None:
+        monkeypatch.setattr(readers, "TEXT_IN_MEMORY_BYTES", limit)
+    source = tmp_path / "in.jsonl.gz"
+    source.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rollout_rows()).encode())[:-20])
+    one_line_error(cli("compute", source, "-o", tmp_path / "o.parquet"), 2, "gzip")
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_a_file_past_the_limit_is_not_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from grpo_cli.sources import InputSet
+
+    path = write_inputs(tmp_path)["jsonl"]
+    monkeypatch.setattr(readers, "TEXT_IN_MEMORY_BYTES", path.stat().st_size - 1)
+    with InputSet([str(path)]) as inputs:
+        assert readers._contents(inputs.shards[0]) is None
+        assert inputs.shards[0].found.contents is None
+    monkeypatch.setattr(readers, "TEXT_IN_MEMORY_BYTES", path.stat().st_size)
+    with InputSet([str(path)]) as inputs:
+        assert readers._contents(inputs.shards[0]) == path.read_bytes()
