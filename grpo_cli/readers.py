@@ -497,9 +497,11 @@ class _JsonlStream(_TextStream["pa_json.JSONStreamingReader"]):
         return _jsonl_error(self.shard, exc)
 
 
-TEXT_IN_MEMORY_BYTES = 256 << 20
+TEXT_IN_MEMORY_BYTES = 64 << 20
 """A JSON-lines or CSV file up to this size (decompressed) is read from disk once per run and
-scanned, typed and parsed from memory: its hardening scans would otherwise each read it again."""
+scanned, typed and parsed from memory: its hardening scans would otherwise each read it again.
+Small beside the memory a run takes anyway, so that --memory-limit-mb keeps its meaning for
+the large inputs that stream."""
 
 
 def _contents(shard: Shard) -> bytes | None:
