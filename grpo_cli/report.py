@@ -237,7 +237,8 @@ def filter_lines(summary: RunSummary) -> list[str]:
         f"trainer filter {report['name']} ({report['trainer']}: {report['rule']}): keeps "
         f"{report['kept']:,} of "
         f"{report['groups']:,} groups; {report['kept_although_inactive']:,} kept although constant, "
-        f"{report['dropped_although_active']:,} dropped although active",
+        f"{report['dropped_although_active']:,} dropped although active"
+        + (f", {report['split']:,} split (some rows kept, some dropped)" if report.get("split") else ""),
     ]
     by = report.get("by")
     if by is not None:

@@ -35,6 +35,7 @@ class TrainerFilter:
     source: str
     rule: str
     keeps: Callable[[np.ndarray], bool]
+    rows: Callable[[np.ndarray], np.ndarray] | None = None  # a rule on rows: which it keeps
 
 
 def _dapo(dtype: Any) -> Callable[[np.ndarray], bool]:
@@ -88,6 +89,25 @@ def _prime_rl(rewards: np.ndarray) -> bool:
     return bool(((values - values.mean()) != 0.0).any())
 
 
+def _nemo_rl_rows(rewards: np.ndarray) -> np.ndarray:
+    """NeMo-RL's dynamic sampling keeps a row where the leave-one-out std of the other rewards
+    of its prompt is not 0.0, computed as ``calculate_baseline_and_std_per_prompt`` does: float32,
+    ``E[x^2] - E[x]^2`` over the others by a matrix product, times ``(n-1)/(n-2)``, NaN as 0."""
+    import torch
+
+    values = torch.tensor([float(r) for r in rewards], dtype=torch.float32)
+    n = values.numel()
+    if n <= 1:  # no other valid response: its std is 0
+        return np.zeros(n, dtype=bool)
+    others = 1 - torch.eye(n)
+    num_valid = torch.ones(n).sum() - 1
+    mean = torch.matmul(others, values) / num_valid
+    square = torch.matmul(others, torch.pow(values, 2)) / num_valid
+    std = ((square - mean.square()) * (num_valid / (num_valid - 1))).sqrt().nan_to_num(0)
+    kept: np.ndarray = (std != 0.0).numpy()
+    return kept
+
+
 FILTERS: dict[str, TrainerFilter] = {
     "dapo": TrainerFilter(
         "dapo",
@@ -123,6 +143,15 @@ FILTERS: dict[str, TrainerFilter] = {
         "slime/rollout/filter_hub/dynamic_sampling_filters.py check_reward_nonzero_std",
         "keep if torch float64 std (unbiased) > 1e-6",
         _slime,
+    ),
+    "nemo-rl": TrainerFilter(
+        "nemo-rl",
+        "NeMo-RL dynamic sampling",
+        "nemo_rl/algorithms/grpo.py dynamic_sampling + algorithms/utils.py "
+        "calculate_baseline_and_std_per_prompt",
+        "keeps a row where the float32 leave-one-out std of the others is not 0.0 (it splits groups)",
+        lambda rewards: bool(_nemo_rl_rows(rewards).any()),
+        rows=_nemo_rl_rows,
     ),
     "prime-rl": TrainerFilter(
         "prime-rl",
@@ -170,6 +199,11 @@ def compare(
     kept = np.array([chosen.keeps(g) for g in groups], dtype=bool)
     constant_kept = kept & ~active
     active_dropped = ~kept & active
+    split = (
+        np.array([bool(0 < int(chosen.rows(g).sum()) < g.size) for g in groups], dtype=bool)
+        if chosen.rows is not None
+        else np.zeros(len(groups), dtype=bool)
+    )
     out: dict[str, Any] = {
         "name": name,
         "trainer": chosen.trainer,
@@ -179,14 +213,22 @@ def compare(
         "kept": int(kept.sum()),
         "kept_although_inactive": int(constant_kept.sum()),
         "dropped_although_active": int(active_dropped.sum()),
+        "split": int(split.sum()),
         "examples": [],
     }
-    for group in np.flatnonzero(constant_kept | active_dropped)[:examples]:
+    for group in np.flatnonzero(constant_kept | active_dropped | split)[:examples]:
         values = groups[group]
+        what = (
+            "kept although constant"
+            if constant_kept[group]
+            else "dropped although active"
+            if active_dropped[group]
+            else f"split: {int(chosen.rows(values).sum()) if chosen.rows else 0} of {values.size} rows kept"
+        )
         out["examples"].append(
             {
                 "group": None if key_at is None else plain_key(key_at(int(group))),
-                "what": "kept although constant" if constant_kept[group] else "dropped although active",
+                "what": what,
                 "rewards": [float(v) for v in values[:8]],
                 "size": int(values.size),
             }

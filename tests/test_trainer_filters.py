@@ -157,6 +157,49 @@ def test_prime_rl_is_its_grpo_advantage_then_its_zero_advantage_prune() -> None:
     assert ours("prime-rl", groups) == theirs
 
 
+def test_nemo_rl_is_its_dynamic_samplings_row_rule_on_the_leave_one_out_std() -> None:
+    from grpo_cli.trainer_filters import _nemo_rl_rows
+    from tests.trainer_source import NEMO_RL
+
+    utils = source(NEMO_RL, "nemo_rl/algorithms/utils.py")
+    grpo = source(NEMO_RL, "nemo_rl/algorithms/grpo.py")
+    assert "non_zero_std_mask = std != 0.0" in grpo  # the row rule dynamic_sampling applies
+    namespace: dict[str, Any] = {"torch": torch}
+    exec(_function(utils, "calculate_baseline_and_std_per_prompt"), namespace)
+    groups = groups_of(7)
+    rewards = torch.tensor([r for g in groups for r in g], dtype=torch.float32)
+    prompts = torch.tensor([[i] for i, g in enumerate(groups) for _ in g])
+    _, std = namespace["calculate_baseline_and_std_per_prompt"](prompts, rewards, torch.ones_like(rewards))
+    theirs = (std != 0.0).tolist()
+    mine = [bool(k) for g in groups for k in _nemo_rl_rows(np.array(g))]
+    assert mine == theirs
+    assert _nemo_rl_rows(np.array([1.0, 0.0, 0.0, 0.0])).tolist() == [
+        False,
+        True,
+        True,
+        True,
+    ]  # NeMo-RL PR #3469
+
+
+def test_check_trainer_filter_nemo_rl_counts_the_groups_it_splits(cli: Any, tmp_path: Path) -> None:
+    rows = [{"uid": "a", "reward": r} for r in (1.0, 0.0, 0.0, 0.0)] + [
+        {"uid": "b", "reward": r} for r in (1.0, 0.0, 1.0, 0.0)
+    ]
+    path = tmp_path / "split.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    result = cli(
+        "check", path, "-g", "uid", "--trainer-filter", "nemo-rl", "--summary-json", tmp_path / "s.json"
+    )
+    assert result.exit_code == 0, result.stderr
+    report = json.loads((tmp_path / "s.json").read_text())["trainer_filter"]
+    assert (
+        report["split"] == 1
+        and report["kept_although_inactive"] == 0
+        and report["dropped_although_active"] == 0
+    )
+    assert "group 'a': split: 3 of 4 rows kept" in result.stderr
+
+
 @pytest.mark.parametrize("size", [2, 4, 8, 16])
 def test_trl_is_its_is_std_zero_under_group_scaling(size: int) -> None:
     utils = source(TRL, "trl/trainer/utils.py")
