@@ -97,7 +97,7 @@ def write_layouts(data_dir: Path, rows: int, group_size: int) -> dict[str, Path]
 
 
 def write_text_shards(data_dir: Path, rows: int, group_size: int, shards: int, text_bytes: int) -> Path:
-    folder = data_dir / f"text_{rows}_{shards}"
+    folder = data_dir / f"text_{rows}_{shards}_steps"
     if folder.exists() and len(list(folder.glob("*.parquet"))) == shards:
         return folder
     folder.mkdir(parents=True, exist_ok=True)
@@ -118,6 +118,7 @@ def write_text_shards(data_dir: Path, rows: int, group_size: int, shards: int, t
         table = pa.table(
             {
                 "group_id": uids.take(pa.array(idx // group_size)),
+                "step": pa.array((idx // group_size) % 100),  # 100 training steps, for --by step
                 "completion": completion,
                 "reward": (rng.random(n) < 0.5).astype(np.float32),
             }
@@ -248,6 +249,11 @@ start = time.perf_counter()
 if which == "grpo-cli":
     from grpo_cli.jobs import compute_dataset
     compute_dataset(src, dst, force=True)
+elif which == "grpo-cli --by step":
+    from grpo_cli.config import ComputeConfig
+    from grpo_cli.jobs import compute_dataset
+    summary = compute_dataset(src, dst, ComputeConfig(by_cols=("step",)), force=True)
+    assert len(summary.by["step"]) == 100
 else:
     import polars as pl
     r = pl.col("reward").cast(pl.Float64)
@@ -275,8 +281,8 @@ def bench_memory(rows: int, group_size: int, data_dir: Path, text_bytes: int) ->
         f"\npeak memory, {rows:,} rows with a {text_bytes} B text column in 8 shards ({size:.1f} GiB Parquet)"
     )
     print(f"  {'contender':34s} {'seconds':>8s} {'peak RSS':>12s}")
-    for which in ("grpo-cli", "polars one-liner"):
-        dst = data_dir / ("rss_out" if which == "grpo-cli" else "rss_polars")
+    for which in ("grpo-cli", "grpo-cli --by step", "polars one-liner"):
+        dst = data_dir / ("rss_polars" if which == "polars one-liner" else "rss_out")
         done = subprocess.run(
             [sys.executable, "-c", CHILD.format(root=str(ROOT)), which, str(folder), str(dst)],
             capture_output=True,
