@@ -302,6 +302,7 @@ DUMPS: dict[str, DumpFormat] = {
         rewards=("reward",),
         group=KeyColumns(("step", "group_index"), "the sample group's index within a rollout"),
         step_field="step",
+        preset="slime",
         step_from_file=True,
     ),
     "areal": DumpFormat(

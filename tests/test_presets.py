@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -386,3 +387,54 @@ def test_other_presets_refuse_a_partly_null_reward_row(cli, tmp_path, preset):
     result = cli("compute", path, "-o", tmp_path / "o.parquet", "--preset", preset, "-r", "a", "-r", "b")
     assert result.exit_code == 2
     assert "row 2" in result.stderr and not (tmp_path / "o.parquet").exists()
+
+
+SLIME = ("THUDM/slime", "624b824a898ab0ec1fcb4d373004c7f3852bf515")
+
+
+@pytest.mark.parametrize("normalize_std", [True, False])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_slime_preset_is_its_post_process_rewards(normalize_std: bool, seed: int) -> None:
+    """slime's group normalisation, cut verbatim from ``_post_process_rewards``, on groups of
+    n_samples_per_prompt rollouts (float32): the preset within float32 rounding, and exact 0
+    for a constant group."""
+    import random
+    import textwrap
+    import types
+
+    from tests.trainer_source import _cut, source
+
+    text = source(SLIME, "slime/ray/rollout.py")
+    block = textwrap.dedent(
+        _cut(
+            text, "rewards = torch.tensor(raw_rewards, dtype=torch.float)", "rewards = rewards / (std + 1e-6)"
+        )
+    )
+    rng = random.Random(seed)
+    n, prompts = 8, 300
+    raw = [
+        float(v)
+        for _ in range(prompts)
+        for v in (
+            [rng.choice((0.0, 1.0))] * n
+            if rng.random() < 0.3
+            else [rng.choice((0.0, 0.25, 0.5, 1.0)) for _ in range(n)]
+        )
+    ]
+    args = types.SimpleNamespace(
+        n_samples_per_prompt=n,
+        rollout_batch_size=prompts,
+        advantage_estimator="grpo",
+        grpo_std_normalization=normalize_std,
+    )
+    local: dict[str, Any] = {"torch": torch, "raw_rewards": raw, "self": types.SimpleNamespace(args=args)}
+    exec(block, local)
+    theirs = local["rewards"].flatten().to(torch.float64)
+    options = {} if normalize_std else {"scale": "none"}
+    result = group_advantages(
+        torch.tensor(raw, dtype=torch.float32).reshape(-1, n), preset="slime", **options
+    )
+    ours = result["advantages"].flatten()
+    assert torch.allclose(ours.to(torch.float64), theirs, rtol=1e-5, atol=1e-6)
+    constant = torch.tensor(raw).reshape(-1, n).eq(torch.tensor(raw).reshape(-1, n)[:, :1]).all(dim=1)
+    assert (ours.reshape(-1, n)[constant] == 0).all()
