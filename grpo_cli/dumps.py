@@ -578,11 +578,11 @@ def _looks_like(path: Path, schema: pa.Schema | None = None) -> DumpFormat | Non
         if not dump.file_name.match(path.name):
             continue
         try:
-            names = (schema if schema is not None else _schema_of(dump, path)).names
+            found = schema if schema is not None else _schema_of(dump, path)
         except GrpoError:
             continue
-        if all(name in names for name in dump.fields) and (
-            dump.tells_apart is None or dump.tells_apart(schema or _schema_of(dump, path))
+        if all(name in found.names for name in dump.fields) and (
+            dump.tells_apart is None or dump.tells_apart(found)
         ):
             return dump
     if schema is not None:
@@ -667,12 +667,18 @@ def _loaded(dump: DumpFormat, path: Path) -> pa.Table:
     if dump.layout == "torch":
         return _torch_samples(path, label)
     with InputSet([label], input_format=_input_format(dump)) as inputs:
-        from grpo_cli.readers import iter_batches, read_schema
+        return _whole_table(inputs.shards[0])
 
-        shard = inputs.shards[0]
-        schema = read_schema(shard)
-        batches = list(iter_batches(shard, None, 1 << 16))
-        return pa.Table.from_batches(batches, schema=batches[0].schema if batches else schema)
+
+def _whole_table(shard: Shard, columns: list[str] | None = None) -> pa.Table:
+    """A shard's rows (``columns`` of them), read through its format's hardened reader."""
+    from grpo_cli.readers import iter_batches, read_schema
+
+    batches = list(iter_batches(shard, columns, 1 << 16))
+    if batches:
+        return pa.Table.from_batches(batches, schema=batches[0].schema)
+    schema = read_schema(shard)
+    return (schema if columns is None else pa.schema([schema.field(c) for c in columns])).empty_table()
 
 
 def _torch_samples(path: Path, label: str) -> pa.Table:
@@ -725,12 +731,7 @@ def _table_of_rows(rows: list[dict[str, Any]], label: str) -> pa.Table:
         for row in rows
     )
     with spool(None, label=label, write=lambda out: _write_all(out, lines)) as scratch:
-        from grpo_cli.readers import iter_batches, read_schema
-
-        shard = Shard(scratch, label, "jsonl", len(lines), record_word="element")
-        schema = read_schema(shard)
-        batches = list(iter_batches(shard, None, 1 << 16))
-        return pa.Table.from_batches(batches, schema=batches[0].schema if batches else schema)
+        return _whole_table(Shard(scratch, label, "jsonl", len(lines), record_word="element"))
 
 
 def _write_all(out: IO[bytes], data: bytes) -> None:
@@ -801,7 +802,7 @@ def _blocks(rule: ConsecutiveBlocks, shards: list[Shard], given: int | None, not
     inner: list[int] = []  # runs neither first nor last in their file: a cut batch cannot shorten them
     rows: list[int] = []
     for shard in shards:
-        prompts = pq.read_table(shard.path, columns=[rule.prompt]).column(0)
+        prompts = _whole_table(shard, [rule.prompt]).column(0)
         rows.append(len(prompts))
         lengths = _run_lengths(prompts)
         runs += lengths
@@ -949,13 +950,8 @@ def derived_inputs(
     stack.enter_context(source)
     shards = []
     try:
-        from grpo_cli.readers import iter_batches, read_schema
-
         for number, shard in enumerate(source.shards):
-            batches = list(iter_batches(shard, None, 1 << 16))
-            table = pa.Table.from_batches(
-                batches, schema=batches[0].schema if batches else read_schema(shard)
-            )
+            table = _whole_table(shard)
             for column in json_cols:
                 table = _parsed_json(table, column, shard.display)
             if key_before is not None:
