@@ -60,6 +60,7 @@ PER_TRAINER = [
     ("nemo-rl", "sample_data/dumps/nemo-rl"),
     ("roll", "sample_data/dumps/roll"),
     ("slime", "sample_data/dumps/slime/rollout_data"),
+    ("skyrl", "sample_data/dumps/skyrl"),
     ("areal", "sample_data/dumps/areal/rollout"),
     ("open-instruct", "sample_data/dumps/open-instruct/rollouts"),
 ]

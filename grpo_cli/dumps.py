@@ -43,6 +43,8 @@ from grpo_cli.scratch import spool
 from grpo_cli.sources import InputSet, Shard
 
 Layout = Literal["jsonl", "parquet", "json-columns", "torch"]
+EVAL_ONLY_STEP = -1
+"""The step of a SkyRL ``eval_only`` folder (an evaluation run outside training)."""
 DERIVED_KEY = "group_key"
 """The column that holds a group key rebuilt from the dump (verl v1's uid prefix, NeMo-RL's
 prompt tokens): it is written with the other columns, so the output shows each row's group."""
@@ -183,6 +185,8 @@ class DumpFormat:
     nested: bool = False
     subfolder: str | None = None
     per_token_advantage: tuple[str, str] | None = None  # (advantages, loss mask): NeMo-RL
+    step_folder: re.Pattern[str] | None = None  # nested: the folder name, its ``step`` group the step
+    unread: tuple[tuple[re.Pattern[str], str], ...] = ()  # files the trainer writes that are refused, why
     notes: tuple[str, ...] = ()
     article: str = "a"
     settings: tuple[
@@ -305,12 +309,46 @@ DUMPS: dict[str, DumpFormat] = {
         preset="slime",
         step_from_file=True,
     ),
+    "skyrl": DumpFormat(
+        name="skyrl",
+        trainer="SkyRL",
+        writer="skyrl/train/evaluate.py evaluate + skyrl/train/utils/trainer_utils.py "
+        "dump_per_dataset_eval_results",
+        switch="trainer.dump_eval_results (on by default)",
+        file_name=re.compile(r"^(?!aggregated_results\.jsonl$).+\.jsonl$"),
+        layout="jsonl",
+        fields=("input_prompt", "output_response", "score", "data_source"),
+        rewards=("score",),
+        group=KeyColumns(("step", "input_prompt"), "the decoded prompt text within an evaluation"),
+        step_field="step",
+        preset="verl",
+        step_from_file=True,
+        every_step=False,  # one folder per evaluation (trainer.eval_interval)
+        nested=True,
+        subfolder="dumped_evals",
+        step_folder=re.compile(r"^global_step_(?P<step>\d+)_evals$|^eval_only$"),
+        unread=(
+            (
+                re.compile(r"^global_step_\d+_training_input\.pkl$"),
+                "SkyRL's training batch dump (trainer.dump_data_batch) holds no rewards: "
+                "RayPPOTrainer.train pops them before dump_data, and it is a pickle of SkyRL's "
+                "classes, which grpo-cli does not load; read the evaluation dumps "
+                "(dumped_evals/global_step_{N}_evals/{data_source}.jsonl) with --from skyrl",
+            ),
+        ),
+        notes=(
+            "SkyRL's GRPO (compute_grpo_outcome_advantage) is verl's formula: sample std, "
+            "+ 1e-6, a one-rollout group r / (1 + 1e-6); --preset verl",
+            "an eval_only folder (an evaluation outside training) is read as step -1",
+            "a prompt drawn twice in one evaluation is one group here (its decoded text is the key)",
+        ),
+    ),
     "areal": DumpFormat(
         name="areal",
         trainer="AReaL",
         writer="areal/infra/workflow_executor.py WorkflowExecutor._dump_trajectory",
         switch="fileroot + experiment_name + trial_name (the rollout folder of the log path)",
-        file_name=re.compile(r"^(?P<step>)\d+\.jsonl$"),
+        file_name=re.compile(r"^\d+\.jsonl$"),
         layout="jsonl",
         fields=("task_id", "sample_idx", "tail_version", "reward"),
         rewards=("reward",),
@@ -318,6 +356,7 @@ DUMPS: dict[str, DumpFormat] = {
         step_field="tail_version",
         every_step=False,
         nested=True,
+        step_folder=re.compile(r"^(?P<step>\d+)$"),
         article="an",
         notes=(
             "AReaL leaves out of its dump a sample with no completion token, so a task may show fewer rows",
@@ -347,7 +386,7 @@ DUMPS: dict[str, DumpFormat] = {
 """Every dump grpo-cli reads, by ``--from`` name (``verl`` names both of verl's generations;
 the content tells them apart)."""
 
-TRAINERS = ("verl", "trl", "nemo-rl", "roll", "slime", "areal", "open-instruct")
+TRAINERS = ("verl", "trl", "nemo-rl", "roll", "slime", "skyrl", "areal", "open-instruct")
 """The ``--from`` choices."""
 
 
@@ -461,6 +500,7 @@ def _dump_files(dump: DumpFormat, specs: Sequence[str]) -> tuple[list[tuple[Path
             from_folder = True
             matched = _files_in(dump, path)
             if not matched:
+                _refuse_unread(dump, path)
                 others = [
                     other
                     for other in DUMPS.values()
@@ -480,6 +520,7 @@ def _dump_files(dump: DumpFormat, specs: Sequence[str]) -> tuple[list[tuple[Path
                 )
             found += [(p, _step_of(dump, p)) for p in matched]
         elif path.is_file():
+            _refuse_unread(dump, path)
             found.append((path, _step_of(dump, path)))
         elif any(ch in spec for ch in "*?["):
             matches = sorted(Path(p) for p in glob.glob(spec, recursive=True) if os.path.isfile(p))
@@ -496,7 +537,23 @@ def _files_in(dump: DumpFormat, path: Path) -> list[Path]:
     """The files of ``path`` (a folder) named as ``dump`` names its files, in name order."""
     folder = path / dump.subfolder if dump.subfolder and (path / dump.subfolder).is_dir() else path
     pattern = "*/*" if dump.nested else "*"
-    return [p for p in sorted(folder.glob(pattern)) if p.is_file() and dump.file_name.match(p.name)]
+    return [
+        p
+        for p in sorted(folder.glob(pattern))
+        if p.is_file()
+        and dump.file_name.match(p.name)
+        and (dump.step_folder is None or dump.step_folder.match(p.parent.name))
+    ]
+
+
+def _refuse_unread(dump: DumpFormat, path: Path) -> None:
+    """Refuse, without opening it, a file the trainer writes that grpo-cli does not read (or
+    a folder that holds only such files), saying why."""
+    candidates = [path] if path.is_file() else [p for p in sorted(path.rglob("*")) if p.is_file()]
+    for pattern, why in dump.unread:
+        hit = next((p for p in candidates if pattern.match(p.name)), None)
+        if hit is not None:
+            raise GrpoError(f"{_display(hit)}: {why}")
 
 
 def _pattern_text(dump: DumpFormat) -> str:
@@ -507,6 +564,7 @@ def _pattern_text(dump: DumpFormat) -> str:
         "nemo-rl": "train_data_step{N}.jsonl",
         "roll": "rollout_dump_data.step_{N}.jsonl",
         "slime": "{rollout_id}.pt",
+        "skyrl": "dumped_evals/global_step_{N}_evals/{data_source}.jsonl",
         "areal": "{version}/{task_id}.jsonl",
         "open-instruct": "{run_name}_rollouts_{shard:06d}.jsonl",
     }[dump.name]
@@ -516,10 +574,13 @@ def _step_of(dump: DumpFormat, path: Path) -> int | None:
     match = dump.file_name.match(path.name)
     if match is None:
         return None
-    step = match["step"]
+    step = match.groupdict().get("step")
     if step:
         return int(step)
-    return int(path.parent.name) if path.parent.name.isdigit() else None
+    folder = dump.step_folder.match(path.parent.name) if dump.step_folder is not None else None
+    if folder is None:
+        return None
+    return int(folder["step"]) if folder["step"] is not None else EVAL_ONLY_STEP
 
 
 def _schema_of(dump: DumpFormat, path: Path) -> pa.Schema:

@@ -36,6 +36,7 @@ from tests.trainer_source import NEMO_RL, TRL, _cut, _function, _method, source,
 VERL = ("verl-project/verl", "1dda039b9c6311889a9c9a26040677e1254814f9")
 ROLL = ("alibaba/ROLL", "8eb27cc2dc34c4d1310b169d9b86d339004d811a")
 SLIME = ("THUDM/slime", "624b824a898ab0ec1fcb4d373004c7f3852bf515")
+SKYRL = ("NovaSky-AI/SkyRL", "a9564572eb8e91076be43c1bd5e4615e3de17265")
 AREAL = ("inclusionAI/AReaL", "4aef98d8d818af55b43621aaadba047ae10f4e77")
 OPEN_INSTRUCT = ("allenai/open-instruct", "e6c3044aa6201c8bfa4573c1b03142af599e730d")
 
@@ -58,6 +59,11 @@ WRITERS: dict[str, tuple[tuple[str, str], str, str]] = {
         "dump_rollout_to_specific_path (the write_data block) and write_to_json_process",
     ),
     "slime": (SLIME, "slime/observability/rollout_data_utils.py", "save_debug_rollout_data, Sample.to_dict"),
+    "skyrl": (
+        SKYRL,
+        "skyrl/train/evaluate.py + skyrl/train/utils/trainer_utils.py",
+        "evaluate (the dumped_evals folder block), dump_per_dataset_eval_results, sanitize_data_source",
+    ),
     "areal": (
         AREAL,
         "areal/infra/workflow_executor.py",
@@ -535,6 +541,78 @@ def write_areal(folder: Path, *, tasks: int = 40, n: int = 8, seed: int = 7) -> 
     return truth
 
 
+# --------------------------------------------------------------------------- SkyRL
+
+
+SKYRL_EVAL_STEPS = (0, 5, 10)  # an evaluation before training, then every trainer.eval_interval = 5
+
+
+def write_skyrl(folder: Path, *, prompts: int = 36, n: int = 4, seed: int = 9) -> dict[str, Any]:
+    """SkyRL's ``dumped_evals/global_step_{N}_evals/{data_source}.jsonl`` (``dump_eval_results``):
+    each evaluation's rollouts split by data source, ``eval_n_samples_per_prompt`` per prompt,
+    the decoded prompt text and the score, no group ID."""
+    trainer_utils = source(SKYRL, "skyrl/train/utils/trainer_utils.py")
+    evaluate = source(SKYRL, "skyrl/train/evaluate.py")
+    namespace: dict[str, Any] = {
+        "json": json,
+        "Path": Path,
+        "logger": types.SimpleNamespace(info=lambda message: None),
+        "AutoTokenizer": Any,
+        "GeneratorOutput": Any,
+        "List": list,
+        "Dict": dict,
+        "Any": Any,
+    }
+    exec(_function(trainer_utils, "sanitize_data_source"), namespace)
+    exec(_function(trainer_utils, "dump_per_dataset_eval_results"), namespace)
+    folder_block = _cut(evaluate, "data_save_dir = (", "data_save_dir.mkdir(parents=True, exist_ok=True)")
+    tokenizer = types.SimpleNamespace(decode=lambda ids: " ".join(f"t{i}" for i in ids))
+    sources = ("openai/gsm8k", "math500")
+    rng = random.Random(seed)
+    truth: dict[str, Any] = {}
+    for global_step in SKYRL_EVAL_STEPS:
+        prompt_ids, response_ids, rewards, stop_reasons, envs, extras, groups = [], [], [], [], [], [], []
+        for p in range(prompts):
+            data_source = rng.choice(sources)
+            ids = [rng.randint(5, 900) for _ in range(rng.randint(3, 7))]
+            for reward in _binary_or_partial(rng, n):
+                prompt_ids.append(ids)
+                response_ids.append([rng.randint(5, 900) for _ in range(rng.randint(1, 6))])
+                rewards.append(reward)
+                stop_reasons.append(rng.choice(("stop", "stop", "length")))
+                envs.append("gsm8k")
+                extras.append({"data_source": data_source, "reward_spec": {"ground_truth": str(p)}})
+                groups.append(f"{global_step}-{p}")
+        local: dict[str, Any] = {
+            "Path": Path,
+            "cfg": types.SimpleNamespace(trainer=types.SimpleNamespace(export_path=str(folder))),
+            "global_step": global_step,
+        }
+        exec(folder_block, local)
+        concat_data_sources = [extra.get("data_source") for extra in extras]
+        namespace["dump_per_dataset_eval_results"](
+            local["data_save_dir"],
+            tokenizer,
+            {
+                "prompt_token_ids": prompt_ids,
+                "response_ids": response_ids,
+                "rewards": rewards,
+                "stop_reasons": stop_reasons,
+            },
+            concat_data_sources,
+            envs,
+            extras,
+            {"eval/all/avg_score": float(np.mean(rewards))},
+        )
+        for data_source in sources:
+            file_name = namespace["sanitize_data_source"](data_source)
+            rows = zip(groups, concat_data_sources, strict=True)
+            truth[f"dumped_evals/global_step_{global_step}_evals/{file_name}.jsonl"] = {
+                "groups": [group for group, source_of_row in rows if source_of_row == data_source]
+            }
+    return truth
+
+
 # --------------------------------------------------------------------------- open-instruct
 
 
@@ -613,6 +691,7 @@ WRITE: dict[str, Callable[[Path], dict[str, Any]]] = {
     "nemo-rl": write_nemo_rl,
     "roll": write_roll,
     "slime": write_slime,
+    "skyrl": write_skyrl,
     "areal": write_areal,
     "open-instruct": write_open_instruct,
 }

@@ -36,6 +36,7 @@ FROM = {
     "nemo-rl": "nemo-rl",
     "roll": "roll",
     "slime": "slime",
+    "skyrl": "skyrl",
     "areal": "areal",
     "open-instruct": "open-instruct",
 }
@@ -533,3 +534,67 @@ def test_an_output_inside_the_dump_folder_is_refused(cli: Any) -> None:
         cli("compute", folder_of("verl"), "--from", "verl", "-o", inside), "input directory"
     )
     assert not inside.exists()
+
+
+# --------------------------------------------------------------------------- SkyRL
+
+
+SKYRL = ("NovaSky-AI/SkyRL", "a9564572eb8e91076be43c1bd5e4615e3de17265")
+
+
+def test_skyrl_advantages_are_its_grpo_function_on_its_groups(tmp_path: Path) -> None:
+    """SkyRL's ``compute_grpo_outcome_advantage``, cut verbatim from ``ppo_utils.py``, on the
+    groups SkyRL had in memory: ``--from skyrl`` within float32 rounding, constant groups 0."""
+    from collections import defaultdict
+
+    import numpy as np
+
+    from tests.trainer_source import _function, source
+
+    text = source(SKYRL, "skyrl/backends/skyrl_train/utils/ppo_utils.py")
+    namespace: dict[str, Any] = {"torch": torch, "np": np, "defaultdict": defaultdict}
+    exec(_function(text, "compute_grpo_outcome_advantage"), namespace)
+    table, _, (_, shards, config) = computed("skyrl", tmp_path)
+    scores = torch.tensor(table.column("score").to_pylist(), dtype=torch.float32)
+    theirs, _ = namespace["compute_grpo_outcome_advantage"](
+        scores.unsqueeze(-1).clone(), torch.ones(len(scores), 1), np.array(truth_labels("skyrl", shards))
+    )
+    ours = torch.tensor(table.column(config.advantage_col).to_pylist(), dtype=torch.float64)
+    assert torch.allclose(ours, theirs.squeeze(-1).to(torch.float64), rtol=1e-5, atol=1e-6)
+
+
+def test_skyrl_steps_come_from_the_evaluation_folders(tmp_path: Path) -> None:
+    table, summary, _ = computed("skyrl", tmp_path)
+    assert sorted(set(table.column("step").to_pylist())) == [0, 5, 10]
+    assert summary.input["from"]["steps"] == [0, 10]
+    assert "aggregated_results" not in json.dumps(summary.input)
+
+
+def test_skyrl_eval_only_folder_is_step_minus_one(cli: Any, tmp_path: Path) -> None:
+    folder = tmp_path / "export" / "dumped_evals" / "eval_only"
+    shutil.copytree(folder_of("skyrl") / "dumped_evals" / "global_step_5_evals", folder)
+    summary = tmp_path / "summary.json"
+    result = cli("check", tmp_path / "export", "--from", "skyrl", "--summary-json", summary)
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(summary.read_text())["input"]["from"]["steps"] == [-1, -1]
+
+
+def test_skyrl_training_pickle_is_refused_unopened_and_runs_nothing(cli: Any, tmp_path: Path) -> None:
+    folder = tmp_path / "export" / "dumped_data"
+    folder.mkdir(parents=True)
+    marker = tmp_path / "ran"
+    with open(folder / "global_step_3_training_input.pkl", "wb") as f:
+        pickle.dump(_Runs(str(marker)), f)
+    out = tmp_path / "out.parquet"
+    for target in (tmp_path / "export", folder, folder / "global_step_3_training_input.pkl"):
+        line = one_line_error(cli("compute", target, "--from", "skyrl", "-o", out), 2, "holds no rewards")
+        assert "global_step_3_training_input.pkl" in line and "--from skyrl" in line
+    assert not marker.exists() and not out.exists()
+
+
+def test_skyrl_file_outside_an_evaluation_folder_is_refused(cli: Any, tmp_path: Path) -> None:
+    loose = tmp_path / "math500.jsonl"
+    shutil.copy(folder_of("skyrl") / "dumped_evals" / "global_step_0_evals" / "math500.jsonl", loose)
+    assert_one_line_error(
+        cli("check", loose, "--from", "skyrl"), "its name does not give the step", "global_step_{N}_evals"
+    )
