@@ -248,6 +248,11 @@ def filter_lines(summary: RunSummary) -> list[str]:
                 f"  {by['column']} {short_key(v['value'])}: {v['kept_although_inactive']:,} kept "
                 "although constant, "
                 f"{v['dropped_although_active']:,} dropped although active (of {v['groups']:,})"
+                + (
+                    f"; the whole {by['column']} counted as {'non-zero' if v['batch_kept'] else 'zero'} std"
+                    if "batch_kept" in v
+                    else ""
+                )
             )
     for example in report["examples"]:
         shown = ", ".join(f"{r:.9g}" for r in example["rewards"]) + (", ..." if example["size"] > 8 else "")

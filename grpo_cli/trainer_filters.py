@@ -36,6 +36,7 @@ class TrainerFilter:
     rule: str
     keeps: Callable[[np.ndarray], bool]
     rows: Callable[[np.ndarray], np.ndarray] | None = None  # a rule on rows: which it keeps
+    whole_batch: bool = False  # ``keeps`` takes a whole batch's rewards; its answer is every group's
 
 
 def _dapo(dtype: Any) -> Callable[[np.ndarray], bool]:
@@ -67,6 +68,22 @@ def _slime(rewards: np.ndarray) -> bool:
 def _trl(rewards: np.ndarray) -> bool:
     """TRL's ``is_std_zero`` (logged as ``frac_reward_zero_std``): its float32 ``nanstd``
     (unbiased) of the group, ``torch.isclose`` to 0; "kept" here means not counted as zero."""
+    import torch
+
+    values = torch.tensor(rewards, dtype=torch.float32)
+    if values.numel() < 2:
+        return False
+    mean = torch.nanmean(values)
+    variance = torch.nanmean((values - mean) ** 2)
+    count = torch.sum(~torch.isnan(values))
+    std = torch.sqrt(variance * (count / (count - 1)))
+    return not bool(torch.isclose(std, torch.zeros_like(std)))
+
+
+def _trl_batch(rewards: np.ndarray) -> bool:
+    """TRL's ``is_std_zero`` under ``scale_rewards="batch"``: one float32 ``nanstd`` of the
+    whole batch, ``torch.isclose`` to 0, the same flag on every row (so TRL logs
+    ``frac_reward_zero_std`` as 0 or 1); "kept" means not counted as zero."""
     import torch
 
     values = torch.tensor(rewards, dtype=torch.float32)
@@ -167,6 +184,15 @@ FILTERS: dict[str, TrainerFilter] = {
         "counted as zero std if isclose(float32 nanstd, 0)",
         _trl,
     ),
+    "trl-batch": TrainerFilter(
+        "trl-batch",
+        "TRL",
+        "trl/trainer/grpo_trainer.py is_std_zero (frac_reward_zero_std), scale_rewards='batch'",
+        "every group of a batch counted as zero std if isclose(float32 nanstd of the whole batch, 0); "
+        "the batch is --batch-col's (or the first --by's) value, else the whole input",
+        _trl_batch,
+        whole_batch=True,
+    ),
 }
 """The ``--trainer-filter`` choices."""
 
@@ -196,7 +222,10 @@ def compare(
     active, with examples, and per value of ``value_of_group`` (column, value ID per group,
     values) when given."""
     chosen = FILTERS[name]
-    kept = np.array([chosen.keeps(g) for g in groups], dtype=bool)
+    if chosen.whole_batch:
+        kept = _batch_decisions(chosen, groups, None if value_of_group is None else value_of_group[1])
+    else:
+        kept = np.array([chosen.keeps(g) for g in groups], dtype=bool)
     constant_kept = kept & ~active
     active_dropped = ~kept & active
     split = (
@@ -239,13 +268,28 @@ def compare(
         for value in range(len(keys)):
             member = of_group == value
             if member.any():
-                per_value.append(
-                    {
-                        "value": plain_key(keys[value]),
-                        "groups": int(member.sum()),
-                        "kept_although_inactive": int((constant_kept & member).sum()),
-                        "dropped_although_active": int((active_dropped & member).sum()),
-                    }
-                )
+                figures = {
+                    "value": plain_key(keys[value]),
+                    "groups": int(member.sum()),
+                    "kept_although_inactive": int((constant_kept & member).sum()),
+                    "dropped_although_active": int((active_dropped & member).sum()),
+                }
+                if chosen.whole_batch:
+                    figures["batch_kept"] = bool(kept[member][0])
+                per_value.append(figures)
         out["by"] = {"column": column, "values": per_value}
     return out
+
+
+def _batch_decisions(
+    chosen: TrainerFilter, groups: Sequence[np.ndarray], batch_of_group: np.ndarray | None
+) -> np.ndarray:
+    """A whole-batch rule's decision for every group: the rule on the rewards of all the
+    groups of its batch (one batch when ``batch_of_group`` is None)."""
+    batches = np.zeros(len(groups), np.int64) if batch_of_group is None else np.asarray(batch_of_group)
+    kept = np.zeros(len(groups), dtype=bool)
+    for batch in np.unique(batches):
+        member = np.flatnonzero(batches == batch)
+        rewards = np.concatenate([groups[int(g)] for g in member]) if member.size else np.zeros(0)
+        kept[member] = chosen.keeps(rewards)
+    return kept

@@ -262,3 +262,77 @@ def test_a_gate_without_a_filter_fails_rather_than_passing_nothing(cli: Any, par
     result = cli("check", parquet_file, "--max-misclassified-groups", "0")
     assert result.exit_code == 1
     assert "FAIL  max-misclassified-groups: no --trainer-filter" in result.stderr
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_trl_batch_is_its_is_std_zero_under_batch_scaling(seed: int) -> None:
+    """TRL's ``scale_rewards="batch"`` lines, cut verbatim: one ``nanstd`` of the whole batch,
+    so every row carries the same flag; on batches that are constant, nearly constant, or
+    hold constant groups beside active ones."""
+    from grpo_cli.trainer_filters import compare
+
+    utils = source(TRL, "trl/trainer/utils.py")
+    trainer = source(TRL, "trl/trainer/grpo_trainer.py")
+    namespace: dict[str, Any] = {"torch": torch}
+    exec(_function(utils, "nanstd"), namespace)
+    batch_std = _cut(trainer, "# Compute global std", "std_rewards = torch.zeros_like(rewards)")
+    zero = _cut(
+        trainer,
+        "is_std_zero = torch.isclose(std_rewards, torch.zeros_like(std_rewards))",
+        "is_std_zero = torch.isclose",
+    )
+    rng = random.Random(seed)
+    batches = [
+        [[0.7] * 4 for _ in range(5)],  # the whole batch constant: zero std
+        [[0.7] * 4 for _ in range(4)] + [[0.7, 0.7, 0.7, float(np.nextafter(np.float32(0.7), 1))]],
+        [[1.0] * 4, [0.0] * 4, [0.0, 1.0, 1.0, 0.0]],  # constant groups in a batch that is not
+        [[float(rng.random() < 0.5) for _ in range(4)] for _ in range(6)],
+        [[0.25]],  # one row
+    ]
+    groups = [np.array(g, dtype=np.float64) for batch in batches for g in batch]
+    batch_of_group = np.array([b for b, batch in enumerate(batches) for _ in batch])
+    report = compare(
+        "trl-batch",
+        groups,
+        np.array([g.min() != g.max() for g in groups]),
+        value_of_group=("step", batch_of_group, list(range(len(batches)))),
+    )
+    hidden = 0
+    for b, batch in enumerate(batches):
+        rewards = torch.tensor([r for g in batch for r in g], dtype=torch.float32)
+        local: dict[str, Any] = {}
+        exec(
+            "if True:\n" + "\n".join("    " + line for line in batch_std.splitlines()) + "\n" + zero,
+            {**namespace, "rewards": rewards},
+            local,
+        )
+        flags = local["is_std_zero"]
+        assert bool(flags.all()) or not bool(flags.any())  # one flag for the whole batch
+        assert report["by"]["values"][b]["batch_kept"] == (not bool(flags[0]))
+        hidden += 0 if bool(flags[0]) else sum(min(g) == max(g) for g in batch)
+    assert report["kept_although_inactive"] == hidden >= 6  # batch 1's four 0.7 groups, batch 2's two
+
+
+def test_check_trl_batch_names_the_steps_whose_constant_groups_it_hides(cli: Any, tmp_path: Path) -> None:
+    rows = [{"step": 1, "uid": f"1/{g}", "reward": float(g % 2)} for g in range(4) for _ in range(4)]
+    rows += [{"step": 2, "uid": f"2/{g}", "reward": float(i % 2)} for g in range(4) for i in range(4)]
+    path = tmp_path / "batch.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    result = cli(
+        "check",
+        path,
+        "-g",
+        "uid",
+        "--batch-col",
+        "step",
+        "--trainer-filter",
+        "trl-batch",
+        "--max-misclassified-groups",
+        "0",
+    )
+    assert result.exit_code == 1
+    assert "4 kept although constant" in result.stderr
+    assert "step 1: 4 kept although constant, 0 dropped although active (of 4); the whole step counted" in (
+        result.stderr
+    )
+    assert "step 2:" not in result.stderr
