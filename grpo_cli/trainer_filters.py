@@ -65,6 +65,17 @@ def _slime(rewards: np.ndarray) -> bool:
         return bool(torch.tensor([float(r) for r in rewards], dtype=torch.float64).std() > 1e-6)
 
 
+def _roll(rewards: np.ndarray) -> bool:
+    """ROLL's ``agentic_reward_norm`` (group mean and std): the group's advantages are zeros
+    unless it has more than one rollout and its float32 sample std exceeds 1e-6 in magnitude."""
+    import torch
+
+    scores_float = torch.tensor([float(r) for r in rewards], dtype=torch.float64).float()
+    if scores_float.numel() < 2:
+        return False
+    return bool(scores_float.std().abs() > 1e-6)
+
+
 def _trl(rewards: np.ndarray) -> bool:
     """TRL's ``is_std_zero`` (logged as ``frac_reward_zero_std``): its float32 ``nanstd``
     (unbiased) of the group, ``torch.isclose`` to 0; "kept" here means not counted as zero."""
@@ -160,6 +171,13 @@ FILTERS: dict[str, TrainerFilter] = {
         "slime/rollout/filter_hub/dynamic_sampling_filters.py check_reward_nonzero_std",
         "keep if torch float64 std (unbiased) > 1e-6",
         _slime,
+    ),
+    "roll": TrainerFilter(
+        "roll",
+        "ROLL",
+        "roll/pipeline/agentic/utils.py agentic_reward_norm (norm_mean_type and norm_std_type 'group')",
+        "zero advantages unless numel > 1 and |float32 std (unbiased)| > 1e-6",
+        _roll,
     ),
     "nemo-rl": TrainerFilter(
         "nemo-rl",

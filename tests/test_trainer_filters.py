@@ -139,6 +139,31 @@ def test_slime_is_its_check_reward_nonzero_std() -> None:
     assert ours("slime", groups) == theirs
 
 
+def test_roll_is_its_agentic_reward_norm_zero_rule() -> None:
+    """ROLL's group normalisation, cut verbatim from ``agentic_reward_norm``: a group whose
+    advantages it sets to zeros is one it does not learn from."""
+    from tests.dump_writers import ROLL
+
+    text = source(ROLL, "roll/pipeline/agentic/utils.py")
+    block = _cut(text, "scores_float = scores.float()", "normalized_scores = scores_float - reward_mean")
+    theirs = []
+    for group in groups_of(5):
+        local: dict[str, Any] = {
+            "torch": torch,
+            "scores": torch.tensor(group, dtype=torch.float64),
+            "norm_mean_type": "group",
+            "norm_std_type": "group",
+            "batch_mean": None,
+            "batch_std": None,
+        }
+        with warnings.catch_warnings():  # a group of one: its std is NaN, torch warns
+            warnings.simplefilter("ignore", UserWarning)
+            exec(block, local)
+        theirs.append(bool((local["normalized_scores"] != 0).any()))
+    assert ours("roll", groups_of(5)) == theirs
+    assert theirs.count(True) > 10 and theirs.count(False) > 10
+
+
 def test_prime_rl_is_its_grpo_advantage_then_its_zero_advantage_prune() -> None:
     grpo = source(PRIME_RL, "src/prime_rl/orchestrator/algo/grpo.py")
     sink = source(PRIME_RL, "src/prime_rl/orchestrator/train_sink.py")
