@@ -113,30 +113,16 @@ def diagnostics_block() -> str:
 
 
 def screenshot() -> None:
-    """docs/report.png: the --report page of :data:`REPORT`, drawn by headless Chromium."""
-    import shutil
+    """docs/report.png: grpo-cli's own ``--report FILE.png`` of :data:`REPORT`."""
+    from grpo_cli.html_report import browser
 
-    if shutil.which("chromium") is None:
+    if browser() is None:
         print("no chromium: docs/report.png left as it is", file=sys.stderr)
         return
     with tempfile.TemporaryDirectory() as scratch:
-        page = Path(scratch) / "report.html"
-        _run([*REPORT, "--report", str(page)], ROOT)
-        subprocess.run(
-            [
-                "chromium",
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--hide-scrollbars",
-                "--window-size=1100,1750",
-                "--virtual-time-budget=8000",
-                f"--screenshot={ROOT / 'docs' / 'report.png'}",
-                page.as_uri(),
-            ],
-            capture_output=True,
-            check=True,
-        )
+        picture = Path(scratch) / "report.png"
+        _run([*REPORT, "--report", str(picture)], ROOT)
+        (ROOT / "docs" / "report.png").write_bytes(picture.read_bytes())
 
 
 def _replaced(text: str, start_marker: str, end_marker: str, content: str) -> str:

@@ -416,12 +416,14 @@ def fsync_path(path: Path, *, directory: bool = False) -> None:
         os.close(fd)
 
 
-def write_text(claim: Claim, text: str, what: str = "the summary") -> None:
-    """Write a text file (the summary JSON, the report) through its claim, atomically."""
+def write_text(claim: Claim, text: str | bytes, what: str = "the summary") -> None:
+    """Write a small file (the summary JSON; the report, a page or a picture) through its
+    claim, atomically."""
     temp = claim.temp_path()
+    data = text.encode("utf-8") if isinstance(text, str) else text
     try:
-        with open(temp, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with open(temp, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
     except OSError as exc:

@@ -1,34 +1,94 @@
-"""``--report FILE.html``: the run's figures as charts in one self-contained HTML file.
+"""``--report FILE``: the run's figures as charts, in one self-contained HTML page or a picture.
 
-Drawn with plotly (the ``report`` extra): its HTML embeds plotly.js, so the file opens
+Drawn with plotly (the ``report`` extra): its HTML embeds plotly.js, so the page opens
 offline, fetches nothing, and keeps plotly's zoom and hover. The charts are what users plot by
 hand from their rollouts: per value of each ``--by`` column the inactive fraction (all at
 the minimum reward, all at the maximum, other constant) and the mean reward, a line over a
 numeric column (steps) or bars over a text one (data sources); the group-mean distribution;
 the group-size distribution. Everything comes from the summary: nothing is read again.
+
+A ``.png`` or ``.svg`` report is that page drawn by a headless Chromium found on ``PATH``
+(plotly draws in a browser; kaleido, its exporter, drives Chromium too): the PNG is a
+screenshot of the page, the SVG plotly's own ``Plotly.toImage`` export of each chart, stacked
+in one file. The browser runs in a private temporary profile, offline, and leaves nothing.
 """
 
 from __future__ import annotations
 
 import html
 import importlib.util
+import os
+import shutil
+import subprocess
+import tempfile
+import urllib.parse
+from pathlib import Path
 from typing import Any
 
 from grpo_cli.errors import GrpoError
 
-REPORT_SUFFIXES = (".html", ".htm")
+PAGE_SUFFIXES = (".html", ".htm")
+PICTURE_SUFFIXES = (".png", ".svg")
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
+"""The headless browsers a picture is drawn with, the first found on ``PATH``."""
+CHART_HEIGHT = 420
+PAGE_WIDTH = 1100
+_BROWSER_SECONDS = 120
 
 
 def check_report_path(path: str) -> None:
     """Refuse, before any work, a report grpo-cli cannot write."""
-    if not path.lower().endswith(REPORT_SUFFIXES):
-        raise GrpoError(f"--report {path}: write the report to an .html file (a page that opens offline)")
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in PAGE_SUFFIXES + PICTURE_SUFFIXES:
+        raise GrpoError(
+            f"--report {path}: write the report to an .html file (a page that opens offline), "
+            "or a .png or .svg picture of it"
+        )
     if importlib.util.find_spec("plotly") is None:
         raise GrpoError("--report needs plotly: pip install 'grpo-cli[report]'")
+    if suffix in PICTURE_SUFFIXES and browser() is None:
+        raise GrpoError(
+            f"--report {path}: a {suffix} picture is drawn by a headless Chromium, and none is on PATH "
+            f"({', '.join(BROWSERS[:3])}); install one (Debian: apt-get install chromium), or write "
+            "the report to an .html file, which needs no browser"
+        )
 
 
-def render(summary: dict[str, Any]) -> str:
-    """The report of a run summary (:meth:`~grpo_cli.summary.RunSummary.to_dict`), as HTML."""
+def browser() -> str | None:
+    """The headless browser a picture is drawn with, or None."""
+    return next((found for name in BROWSERS if (found := shutil.which(name)) is not None), None)
+
+
+def report_bytes(summary: dict[str, Any], path: str) -> bytes:
+    """The report of ``summary`` as the file ``path`` names it: the page, or a picture of it."""
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix == ".png":
+        return _screenshot(render(summary, static=True), charts=_charts(summary))
+    if suffix == ".svg":
+        title, head = _headline(summary)
+        return _svg(render(summary, static=True), title, head, charts=_charts(summary))
+    return render(summary).encode("utf-8")
+
+
+def _charts(summary: dict[str, Any]) -> int:
+    return len(summary.get("by") or {}) + 2
+
+
+def _headline(summary: dict[str, Any]) -> tuple[str, str]:
+    """The report's title and its line of figures."""
+    active = summary["active_groups"]
+    groups = summary["groups"]
+    share = f"{100 * active / groups:.1f}%" if groups else "0.0%"
+    return (
+        f"grpo-cli report: {summary['input']['path']}",
+        f"{summary['rows']:,} rows, {groups:,} groups, {active:,} active ({share}), "
+        f"{summary['inactive_groups']:,} inactive, {summary['singleton_groups']:,} singletons",
+    )
+
+
+def render(summary: dict[str, Any], *, static: bool = False) -> str:
+    """The report of a run summary (:meth:`~grpo_cli.summary.RunSummary.to_dict`), as HTML
+    (``static``: charts without plotly's toolbar, for a picture)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -39,18 +99,17 @@ def render(summary: dict[str, Any]) -> str:
     figures.append(_size_figure(go, summary.get("group_size_counts") or {}))
     parts = []
     for number, figure in enumerate(figures):
-        figure.update_layout(template="plotly_white", height=420, margin={"l": 60, "r": 30, "t": 60, "b": 50})
-        parts.append(
-            figure.to_html(full_html=False, include_plotlyjs=number == 0, config={"displaylogo": False})
+        figure.update_layout(
+            template="plotly_white", height=CHART_HEIGHT, margin={"l": 60, "r": 30, "t": 60, "b": 50}
         )
-    title = f"grpo-cli report: {summary['input']['path']}"
-    active = summary["active_groups"]
-    groups = summary["groups"]
-    share = f"{100 * active / groups:.1f}%" if groups else "0.0%"
-    head = (
-        f"{summary['rows']:,} rows, {groups:,} groups, {active:,} active ({share}), "
-        f"{summary['inactive_groups']:,} inactive, {summary['singleton_groups']:,} singletons"
-    )
+        parts.append(
+            figure.to_html(
+                full_html=False,
+                include_plotlyjs=number == 0,
+                config={"displaylogo": False, "displayModeBar": not static},
+            )
+        )
+    title, head = _headline(summary)
     dump = summary["input"].get("from")
     read_as = (
         f"<p>Read as {html.escape(dump['dump'])}; groups from {html.escape(dump['group_key'])}.</p>"
@@ -66,6 +125,118 @@ def render(summary: dict[str, Any]) -> str:
         + "".join(f'<div class="chart">{part}</div>' for part in parts)
         + "</body></html>\n"
     )
+
+
+# --------------------------------------------------------------------------- pictures, by a browser
+
+_EXPORT_SVG = (
+    "Promise.all(Array.from(document.querySelectorAll('.plotly-graph-div'))"
+    ".map(d => Plotly.toImage(d, {format: 'svg', width: d.offsetWidth, height: d.offsetHeight})))"
+    ".then(urls => { const out = document.createElement('pre'); out.id = 'grpo-cli-svg';"
+    " out.textContent = JSON.stringify(urls); document.body.appendChild(out); });"
+)
+
+
+def _run_browser(page: str, scratch: Path, *args: str) -> str:
+    """Draw ``page`` in the headless browser, with ``scratch`` (a private temporary folder)
+    as its profile, home and working folder; its standard output."""
+    found = browser()
+    if found is None:
+        raise GrpoError("--report: no headless Chromium on PATH to draw the picture")
+    source = scratch / "report.html"
+    source.write_text(page, encoding="utf-8")
+    env = {
+        **os.environ,
+        "HOME": str(scratch),
+        "XDG_CONFIG_HOME": str(scratch),
+        "XDG_CACHE_HOME": str(scratch),
+    }
+    command = [
+        found,
+        "--headless",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--no-first-run",
+        "--disable-extensions",
+        f"--user-data-dir={scratch / 'profile'}",
+        "--virtual-time-budget=10000",
+        *(["--no-sandbox"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []),  # root: no sandbox
+        *args,
+        source.as_uri(),
+    ]
+    try:
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=scratch,
+            timeout=_BROWSER_SECONDS,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise GrpoError(f"--report: {found} could not draw the picture ({exc})") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise GrpoError(f"--report: {found} could not draw the picture (exit {done.returncode}: {last})")
+    return done.stdout
+
+
+def _screenshot(page: str, *, charts: int) -> bytes:
+    height = 140 + charts * (CHART_HEIGHT + 20)
+    with tempfile.TemporaryDirectory(prefix="grpo-cli-report-") as folder:
+        shot = Path(folder) / "report.png"
+        _run_browser(page, Path(folder), f"--window-size={PAGE_WIDTH},{height}", f"--screenshot={shot}")
+        try:
+            data = shot.read_bytes()
+        except OSError:
+            raise GrpoError("--report: the browser drew no picture") from None
+    if not data.startswith(b"\x89PNG"):
+        raise GrpoError("--report: the browser's picture is not a PNG")
+    return data
+
+
+def _svg(page: str, title: str, head: str, *, charts: int) -> bytes:
+    """Each chart as plotly exports it (``Plotly.toImage``), stacked under the title in one
+    SVG document."""
+    import json
+    import re
+
+    window = f"--window-size={PAGE_WIDTH},{140 + charts * (CHART_HEIGHT + 20)}"
+    with tempfile.TemporaryDirectory(prefix="grpo-cli-report-") as folder:
+        dom = _run_browser(render_script(page), Path(folder), window, "--dump-dom")
+    found = re.search(r'<pre id="grpo-cli-svg">(.*?)</pre>', dom, re.S)
+    if found is None:
+        raise GrpoError("--report: the browser exported no chart")
+    urls = json.loads(html.unescape(found.group(1)))
+    parts, top, width = [], 80.0, 0
+    for url in urls:
+        chart = urllib.parse.unquote(url.split(",", 1)[1])
+        size = re.search(r'<svg[^>]*\bwidth="(\d+(?:\.\d+)?)"[^>]*\bheight="(\d+(?:\.\d+)?)"', chart)
+        if size is None:
+            raise GrpoError("--report: a chart the browser exported has no size")
+        parts.append(
+            re.sub(r"<svg\b", f'<svg x="0" y="{top:g}"', re.sub(r"^<\?xml[^>]*>", "", chart), count=1)
+        )
+        top += float(size.group(2)) + 20
+        width = max(width, int(float(size.group(1))))
+    extent = f"{max(top - 20, 0):g}"
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        '<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink" '
+        f'width="{width}" height="{extent}" viewBox="0 0 {width} {extent}">'
+        '<rect width="100%" height="100%" fill="white"/>'
+        f'<text x="20" y="32" font-family="sans-serif" font-size="20" font-weight="bold">'
+        f"{html.escape(title)}</text>"
+        f'<text x="20" y="60" font-family="sans-serif" font-size="14" fill="#333">{html.escape(head)}</text>'
+        + "".join(parts)
+        + "</svg>\n"
+    ).encode("utf-8")
+
+
+def render_script(page: str) -> str:
+    """``page`` with the SVG export run once it has loaded."""
+    return page.replace("</body></html>", f"<script>{_EXPORT_SVG}</script></body></html>", 1)
 
 
 def _numeric(values: list[dict[str, Any]]) -> bool:

@@ -234,7 +234,9 @@ def _guarded(
             if summary_claim is not None:
                 write_text(summary_claim, summary.to_json() + "\n")
             if report_claim is not None:
-                from grpo_cli.html_report import render
+                from grpo_cli.html_report import report_bytes
 
-                write_text(report_claim, render(summary.to_dict()), "the report")
+                write_text(
+                    report_claim, report_bytes(summary.to_dict(), os.fspath(report_claim.path)), "the report"
+                )
             return summary

@@ -302,9 +302,10 @@ _ROWS = (
     Option(
         "report",
         ("--report",),
-        "Also write the figures as charts to PATH (.html, one self-contained page that opens offline): "
-        "the inactive fraction and mean reward per value of each --by column, the group-mean and "
-        "group-size distributions. Needs the report extra (plotly).",
+        "Also write the figures as charts to PATH (.html, one self-contained page that opens offline; "
+        ".png or .svg, that page drawn by a headless Chromium on PATH): the inactive fraction and mean "
+        "reward per value of each --by column, the group-mean and group-size distributions. Needs the "
+        "report extra (plotly).",
         str | None,
         target="run",
         panel="Output",

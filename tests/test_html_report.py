@@ -1,5 +1,6 @@
-"""``--report FILE.html``: one self-contained page, written through the guard, drawn in a
-real headless Chromium (Debian's package) without errors."""
+"""``--report FILE``: one self-contained page, written through the guard, drawn in a real
+headless Chromium (Debian's package) without errors; ``.png`` and ``.svg`` pictures of it,
+drawn by that browser, and refused in one line where there is none."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def test_the_report_goes_through_the_guard(cli: Any, tmp_path: Path) -> None:
     page = written_report(cli, tmp_path)
     assert_one_line_error(cli("check", ROLL, "--from", "roll", "--report", page), "already exists")
     assert_one_line_error(
-        cli("check", ROLL, "--from", "roll", "--report", tmp_path / "r.png"), "an .html file"
+        cli("check", ROLL, "--from", "roll", "--report", tmp_path / "r.pdf"), "an .html file", ".png or .svg"
     )
     inside = ROLL / "report.html"
     assert_one_line_error(cli("check", ROLL, "--from", "roll", "--report", inside), "input directory")
@@ -75,3 +76,99 @@ def test_chromium_draws_every_chart_without_an_error(cli: Any, tmp_path: Path) -
         check=True,
     )
     assert shot.stat().st_size > 20_000  # drawn, not a blank page
+
+
+HAS_BROWSER = pytest.mark.skipif(
+    shutil.which("chromium") is None, reason="Debian's chromium is not installed (make browser)"
+)
+
+
+def picture(cli: Any, tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``--report name`` on the ROLL dump, with HOME pointed at an empty folder (the browser
+    must not write there) and no report scratch folder left in the temporary folder."""
+    import tempfile
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    before = set(Path(tempfile.gettempdir()).glob("grpo-cli-report-*"))
+    path = tmp_path / name
+    result = cli("check", ROLL, "--from", "roll", "--by", "global_step", "--report", path)
+    assert result.exit_code == 0, result.stderr
+    assert list(home.iterdir()) == []
+    assert set(Path(tempfile.gettempdir()).glob("grpo-cli-report-*")) == before
+    return path
+
+
+@HAS_BROWSER
+def test_a_png_report_is_the_page_drawn_by_the_browser(
+    cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import struct
+    import zlib
+
+    data = picture(cli, tmp_path, "report.png", monkeypatch).read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n")
+    width, height = struct.unpack(">II", data[16:24])
+    assert width == 1100 and height == 140 + 3 * 440
+    chunks, at = [], 8
+    while at < len(data):
+        (length,) = struct.unpack(">I", data[at : at + 4])
+        if data[at + 4 : at + 8] == b"IDAT":
+            chunks.append(data[at + 8 : at + 8 + length])
+        at += 12 + length
+    pixels = zlib.decompress(b"".join(chunks))
+    assert len(set(pixels[: len(pixels) // 2])) > 50  # charts drawn, not one blank colour
+
+
+@HAS_BROWSER
+def test_an_svg_report_is_plotlys_export_of_every_chart_in_one_document(
+    cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import xml.etree.ElementTree as ET
+
+    path = picture(cli, tmp_path, "report.svg", monkeypatch)
+    root = ET.parse(path).getroot()
+    svg = "{http://www.w3.org/2000/svg}"
+    assert root.tag == f"{svg}svg"
+    charts = root.findall(f"{svg}svg")
+    assert len(charts) == 3  # by global_step, group means, group sizes
+    tops = [float(chart.attrib["y"]) for chart in charts]
+    assert tops == sorted(tops) and float(root.attrib["height"]) > tops[-1]
+    text = path.read_text()
+    assert "Inactive groups and mean reward by global_step" in text
+    assert "grpo-cli report:" in text and "groups" in text
+    shot = tmp_path / "svg.png"
+    subprocess.run(
+        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}", path.as_uri()],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
+    assert shot.stat().st_size > 20_000  # a browser draws the SVG
+
+
+@pytest.mark.parametrize("name", ["r.png", "r.svg"])
+def test_a_picture_without_a_browser_is_refused_before_any_work(
+    name: str, cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    out = tmp_path / "out.parquet"
+    result = cli("compute", ROLL, "--from", "roll", "-o", out, "--report", tmp_path / name)
+    assert_one_line_error(result, "headless Chromium", "apt-get install chromium", ".html")
+    assert not out.exists() and not (tmp_path / name).exists()
+
+
+def test_a_browser_that_fails_is_one_line_and_writes_no_picture(
+    cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "chromium"
+    fake.write_text("#!/bin/sh\necho 'cannot open display' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    result = cli("check", ROLL, "--from", "roll", "--report", tmp_path / "r.png")
+    assert_one_line_error(result, "could not draw the picture", "exit 3: cannot open display")
+    assert not (tmp_path / "r.png").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin"]
