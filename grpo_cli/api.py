@@ -59,6 +59,7 @@ def group_advantages(
     epsilon_mode: EpsilonMode | None = None,
     singleton: Singleton | None = None,
     nan: NanPolicy | None = None,
+    pass_k: int | None = None,
     lengths: Tensor | None = None,
     baselines: Tensor | None = None,
     batch_ids: Tensor | None = None,
@@ -76,8 +77,8 @@ def group_advantages(
       whitening, GPG's alpha and ``scale="batch"``. Each group must lie in one batch.
 
     ``grpo_passk`` gives its advantage to each group's first best rollout in row order (row-major
-    for 2-D rewards). The advantages are float64 on the CPU inside, then the rewards' dtype and
-    device, as for every other estimator.
+    for 2-D rewards); ``pass_at_k`` (PKPO) takes its k as ``pass_k=``. The advantages are
+    float64 on the CPU inside, then the rewards' dtype and device, as for every other estimator.
 
     >>> r = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
     >>> group_advantages(r, preset="nemo-rl")["advantages"]  # the others of row 0 are constant
@@ -101,6 +102,7 @@ def group_advantages(
         epsilon_mode=epsilon_mode,
         singleton=singleton,
         nan=nan,
+        pass_k=pass_k,
     )
     per_row = {"lengths": lengths, "baselines": baselines, "batch_ids": batch_ids}
     spec = ESTIMATOR_SPECS[options.estimator]

@@ -41,6 +41,7 @@ Estimator = Literal[
     "opo",
     "grpo_passk",
     "maxrl",
+    "pass_at_k",
 ]
 Whiten = Literal["none", "unbiased", "population"]
 Renormalize = Literal["none", "trl", "gdpo"]

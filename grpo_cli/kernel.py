@@ -71,6 +71,8 @@ __all__ = [
     "merge_top_two",
     "merge_weighted_moments",
     "normalize_in_groups",
+    "pass_at_k_advantages",
+    "pass_at_k_weights",
     "passk_advantages",
     "passk_best_advantage",
     "prepare_normalization",
@@ -1478,6 +1480,70 @@ def passk_advantages(
         first_row = first_row.scatter_reduce_(0, inverse, rows, "amin")
         result[first_row] = best[groups].to(torch.float64)
         claimed[groups] = True
+    return result
+
+
+def pass_at_k_weights(n: int, k: int) -> tuple[Tensor, Tensor]:
+    """PKPO's weights for a group of ``n`` rollouts sorted by reward, ``k`` clamped to
+    ``[1, n]``: at 1-based position ``m``, ``own[m-1] = C(m-1, k-1) / C(n, k)`` (the
+    k-subsets that hold the rollout and whose maximum it is) and ``above[m-1] =
+    C(m-2, k-2) / C(n, k)`` (the k-subsets that hold a given lower rollout and whose maximum
+    is this one). Each is the correctly rounded float64 of an exact ratio of integers;
+    shapes ``(n,)``.
+
+    >>> own, above = pass_at_k_weights(4, 2)
+    >>> (own * 6).tolist(), (above * 6).tolist()
+    ([0.0, 1.0, 2.0, 3.0], [0.0, 1.0, 1.0, 1.0])
+    """
+    k = min(max(k, 1), n)
+    total = math.comb(n, k)
+    # int / int is correctly rounded in Python, however large the binomials
+    own = [math.comb(m - 1, k - 1) / total for m in range(1, n + 1)]
+    above = [math.comb(m - 2, k - 2) / total if k >= 2 and m >= 2 else 0.0 for m in range(1, n + 1)]
+    return torch.tensor(own, dtype=torch.float64), torch.tensor(above, dtype=torch.float64)
+
+
+def pass_at_k_advantages(
+    rewards: Tensor, group_ids: Tensor, num_groups: int, *, k: int, active: Tensor | None = None
+) -> Tensor:
+    """Pass@k policy optimisation (PKPO, arXiv:2505.15201): each rollout's credit is the mean,
+    over the k-subsets of its group, of the subset's maximum reward counted where the subset
+    holds the rollout, ``credit_i = sum_{S ni i, |S| = k} max_{j in S} r_j / C(n, k)``; the
+    advantage is the credit minus its group mean. Exact for any ``k``, binary or continuous
+    rewards (clamped to ``[1, n]`` per group); tied rewards get the same credit.
+
+    ``rewards``, ``group_ids``: shape ``(N,)`` (the valid rows only); ``active`` (bool,
+    ``(num_groups,)``): a group not active gets exactly 0. Computed in float64 from the sorted
+    rewards: a rollout at position ``m`` gets ``own[m] r_m + sum_{p > m} above[p] r_p``
+    (:func:`pass_at_k_weights`). Returns float64, shape ``(N,)``.
+
+    >>> r = torch.tensor([1.0, 0.0, 1.0, 0.0])  # n = 4, two correct, k = 2: +-1/12
+    >>> advantages = pass_at_k_advantages(r, torch.zeros(4, dtype=torch.int64), 1, k=2)
+    >>> [round(12 * a, 12) for a in advantages.tolist()]
+    [1.0, -1.0, 1.0, -1.0]
+    """
+    x = rewards.to(torch.float64)
+    ids = group_ids.to(torch.int64)
+    result = torch.zeros(x.numel(), dtype=torch.float64, device=x.device)
+    if x.numel() == 0:
+        return result
+    by_reward = torch.argsort(x, stable=True)
+    order = by_reward[torch.argsort(ids[by_reward], stable=True)]  # by group, then by reward
+    counts = torch.bincount(ids, minlength=num_groups)
+    sizes_of_rows = counts[ids[order]]
+    for n in torch.unique(sizes_of_rows).tolist():
+        rows = order[sizes_of_rows == n]  # whole groups of n rows, each sorted by reward
+        ranked = x[rows].view(-1, n)
+        own, above = (w.to(x.device) for w in pass_at_k_weights(int(n), k))
+        higher = ranked * above
+        after = torch.flip(torch.cumsum(torch.flip(higher, [1]), 1), [1])
+        after = torch.cat([after[:, 1:], torch.zeros_like(after[:, :1])], dim=1)  # positions above m
+        credit = own * ranked + after
+        last_tie = torch.searchsorted(ranked, ranked, right=True) - 1  # each tie run's last credit
+        credit = credit.gather(1, last_tie)
+        result[rows] = (credit - credit.mean(dim=1, keepdim=True)).flatten()
+    if active is not None:
+        result = torch.where(active.to(x.device)[ids], result, torch.zeros_like(result))
     return result
 
 

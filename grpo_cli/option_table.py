@@ -437,7 +437,8 @@ _ROWS = (
         "reinforce_plus_plus_baseline (verl), reinforce_baseline (OpenRLHF): r - mean, whitened over the "
         "batch; gpg (verl): alpha (r - mean); remax (verl): r - --baseline-col; opo (verl): r - "
         "length-weighted mean; grpo_passk (verl): the best rollout only; maxrl (prime-rl): (r - mean) / "
-        "mean. See the README's table.",
+        "mean; pass_at_k (PKPO): the rollout's share of the best of k, centred (--pass-k). See the "
+        "README's table.",
         Estimator | None,
         target="advantage",
         panel="Advantage",
@@ -589,6 +590,17 @@ _ROWS = (
         panel="Advantage",
         metavar="T",
         show_default="0: exact",
+    ),
+    Option(
+        "pass_k",
+        ("--pass-k",),
+        "With --estimator pass_at_k: the k of pass@k, clamped to each group's size (k = 1 is the "
+        "mean-centred reward over n).",
+        int | None,
+        target="advantage",
+        panel="Advantage",
+        metavar="K",
+        show_default=False,
     ),
     Option(
         "gpg_f_norm",

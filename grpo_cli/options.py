@@ -55,6 +55,7 @@ class AdvantageOptions:
     renormalize: Renormalize = "none"
     clip: tuple[float, float] | None = None
     gpg_f_norm: float = 1.0
+    pass_k: int | None = None
     reward_sum: RewardSum = "sum"
     inactive_tolerance: float = 0.0
     preset: Preset | None = None
@@ -112,6 +113,17 @@ class AdvantageOptions:
                 f"--inactive-tolerance zeroes a group's normalised rewards; --estimator {self.estimator} "
                 "subtracts a baseline of its own: leave the tolerance at 0"
             )
+        if self.estimator == "pass_at_k":
+            k = self.pass_k
+            if k is None:
+                raise GrpoError("--estimator pass_at_k needs --pass-k K (the k of pass@k it optimises)")
+            if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+                raise GrpoError(f"--pass-k must be a whole number >= 1, got {k!r}")
+        elif self.pass_k is not None:
+            raise GrpoError(
+                f"--pass-k {self.pass_k} is the k of --estimator pass_at_k; "
+                f"--estimator {self.estimator} has none"
+            )
         if ESTIMATOR_SPECS[self.estimator].own_baseline and self.baseline != "mean":
             raise GrpoError(
                 f"--estimator {self.estimator} subtracts its own baseline; leave --baseline as mean"
@@ -145,10 +157,13 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-Need = Literal["row_lengths", "row_baselines", "length_sums", "batch_nonzero", "top_two", "row_order"]
+Need = Literal[
+    "row_lengths", "row_baselines", "length_sums", "batch_nonzero", "top_two", "row_order", "group_rewards"
+]
 """What an estimator needs from pass 1 beyond a reward and a group per row: each row's length
 (``--length-col``) or baseline reward (``--baseline-col``), the groups' length sums, each batch's
-count of non-zero rewards, each group's top two rewards, the rows in input order."""
+count of non-zero rewards, each group's top two rewards, the rows in input order, every
+reward of each group (held in memory: 16 bytes a row)."""
 
 
 @dataclass(frozen=True)
@@ -218,6 +233,14 @@ ESTIMATOR_SPECS: dict[str, EstimatorSpec] = {
         {"baseline": "mean", "scale": "mean", "epsilon_mode": "clamp", "singleton": "zero"},
         "MaxRL (prime-rl MaxRLAlgorithm.score_group): (r - mean) / mean; a group with mean <= 0 "
         "and a singleton get 0",
+    ),
+    "pass_at_k": EstimatorSpec(
+        {"baseline": "mean", "scale": "none"},
+        "PKPO (arXiv:2505.15201, rllm PR #743): the mean over the k-subsets holding the rollout of "
+        "the subset's best reward, centred in the group (--pass-k K)",
+        needs=("group_rewards",),
+        own_baseline=True,
+        ray="its credit needs every reward of a group in one place, which Ray's blocks do not hold",
     ),
 }
 """Every estimator, by name (the ``--estimator`` choices, in their documented order)."""

@@ -169,6 +169,10 @@ def parity_case(seed: int, *, estimator: str, preset: str | None) -> dict[str, A
         columns["length"] = rng.integers(1, 50, n).astype(np.int64)
         keywords["length_col"], tensor_extra["lengths"] = "length", torch.from_numpy(columns["length"])
         flags += ["--length-col", "length"]
+    if estimator == "pass_at_k":
+        k = int(rng.integers(1, 5))
+        keywords["pass_k"] = k
+        flags += ["--pass-k", str(k)]
     if estimator == "remax":
         columns["baseline"] = (rng.integers(0, 3, n) / 2).astype(dtype)
         keywords["baseline_col"], tensor_extra["baselines"] = (
@@ -206,7 +210,7 @@ def parity_case(seed: int, *, estimator: str, preset: str | None) -> dict[str, A
         "tensor_args": {
             **tensor_args,
             **tensor_extra,
-            **{k: v for k, v in keywords.items() if k in ("estimator", "preset", "nan", "scale")},
+            **{k: v for k, v in keywords.items() if k in ("estimator", "preset", "nan", "scale", "pass_k")},
         },
         "keywords": keywords,
         "flags": flags,

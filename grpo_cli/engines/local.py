@@ -34,6 +34,7 @@ from grpo_cli.kernel import (
     WeightedMomentsAccumulator,
     group_top_two,
     merge_top_two,
+    pass_at_k_advantages,
     passk_advantages,
 )
 from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, arrow_of, as_tensor, check_key_types, is_key_type
@@ -190,6 +191,7 @@ class _Statistics:
     top_two: TopTwo | None
     by: list[ByValues]
     filter_rows: list[tuple[np.ndarray, np.ndarray]] | None
+    group_rewards: list[tuple[np.ndarray, torch.Tensor, torch.Tensor | None]] | None  # pass_at_k
 
     @property
     def rows_per_group(self) -> np.ndarray:
@@ -226,6 +228,9 @@ class _StatisticsPass:
         self.by_keys = {column: GroupKeyIndex([column], exact=exact_keys) for column in config.by_cols}
         self.by_of_group = {column: np.zeros(0, dtype=np.int64) for column in config.by_cols}
         self.top_two: TopTwo | None = None  # grpo_passk
+        self.group_rewards: list[tuple[np.ndarray, torch.Tensor, torch.Tensor | None]] | None = (
+            [] if "group_rewards" in plan.needs else None
+        )  # pass_at_k: every row's group, combined reward and validity, in input order
 
     @property
     def bad_count(self) -> int:
@@ -281,6 +286,8 @@ class _StatisticsPass:
         rows = RowInputs.of(chunk, lengths)
         self.totals = fold(self.figures, self.totals, of_chunk(self.figures, group_ids, k, rows))
         self._top_two(chunk, group_ids)
+        if self.group_rewards is not None:
+            self.group_rewards.append((group_ids, chunk.combined.to(torch.float64), chunk.combined_valid))
         if self.filter_rows is not None:  # --trainer-filter: each group's rewards, in input order
             combined = chunk.combined.numpy()
             scored = None if chunk.combined_valid is None else chunk.combined_valid.numpy()
@@ -444,6 +451,7 @@ class _StatisticsPass:
             None if self.top_two is None else _pad_top_two(self.top_two, num_groups),
             self.by_values(num_groups),
             self.filter_rows,
+            self.group_rewards,
         )
 
 
@@ -511,6 +519,7 @@ class LocalEngine:
         self.splice_refusal = splice_refusal(self.config, inputs.shards) if writes_output else "no output"
         self.bytes_read = 0
         self._passk_claimed: torch.Tensor | None = None
+        self._pass_at_k_rows: torch.Tensor | None = None  # pass_at_k: every row's advantage
 
     @property
     def keeps_every_column(self) -> bool:
@@ -539,6 +548,7 @@ class LocalEngine:
                 length_sums=first.figures.get("length_sums"),
                 weighted_reward_sums=first.figures.get("weighted_reward_sums"),
             )
+            self._pass_at_k_rows = self._pass_at_k(first, outcome)
             if self.one_pass_dtype is not None:
                 advantage_range = self.plan.advantage_range_from_stats(outcome, self.one_pass_dtype)
                 verify_result = None
@@ -766,7 +776,7 @@ class LocalEngine:
                 ids = self._group_ids(global_row, n, take_ids)
                 assert reader is not None
                 rewards, result, batch_ids = self._row_advantages(
-                    batch, reader, ids, outcome, active_device, shard_row
+                    batch, reader, ids, outcome, active_device, shard_row, global_row
                 )
                 result = plan.finish(result, batch_ids, outcome).to(reader.output_dtype)
                 figures.observe(batch, result, rewards.combined, ids, shard, shard_row)
@@ -822,14 +832,38 @@ class LocalEngine:
         outcome: GroupOutcome,
         active_device: torch.Tensor,
         shard_row: int,
+        global_row: int,
     ) -> tuple[RewardBatch, torch.Tensor, torch.Tensor]:
-        """One batch's rewards, advantages before any batch transform (CPU), and batch IDs."""
+        """One batch's rewards, advantages before any batch transform (CPU), and batch IDs
+        (``global_row``: the batch's first row in the whole input)."""
         rewards, result, batch_ids = self.plan.row_advantages(
             batch, reader, ids, outcome, active_device=active_device, first_row=shard_row
         )
         if outcome.best_advantage is not None:  # grpo_passk: the group's first best rollout only
             result = self._passk(rewards.combined, ids, outcome)
+        if self._pass_at_k_rows is not None:  # pass_at_k: computed from pass 1's rewards
+            result = self._pass_at_k_rows[global_row : global_row + ids.numel()]
         return rewards, result, batch_ids
+
+    def _pass_at_k(self, first: _Statistics, outcome: GroupOutcome) -> torch.Tensor | None:
+        """pass_at_k: every row's advantage (float64, input order; 0 where the reward is not
+        scored), from every group's rewards as pass 1 held them."""
+        if first.group_rewards is None:
+            return None
+        k = self.config.advantage.pass_k
+        assert k is not None
+        if not first.group_rewards:
+            return torch.zeros(0, dtype=torch.float64)
+        ids = torch.from_numpy(np.concatenate([g for g, _, _ in first.group_rewards]))
+        values = torch.cat([v for _, v, _ in first.group_rewards])
+        valid = torch.cat(
+            [torch.ones(v.numel(), dtype=torch.bool) if m is None else m for _, v, m in first.group_rewards]
+        )
+        rows = torch.zeros(values.numel(), dtype=torch.float64)
+        rows[valid] = pass_at_k_advantages(
+            values[valid], ids[valid], int(outcome.active.numel()), k=k, active=outcome.active
+        )
+        return rows
 
     def _passk(self, rewards: torch.Tensor, ids: torch.Tensor, outcome: GroupOutcome) -> torch.Tensor:
         """The best-rollout advantage on the first row of each group that reaches the maximum."""
@@ -860,7 +894,7 @@ class LocalEngine:
                 ids = self._group_ids(global_row, n, take_ids)
                 assert reader is not None
                 rewards, result, batch_ids = self._row_advantages(
-                    batch, reader, ids, outcome, active_device, shard_row
+                    batch, reader, ids, outcome, active_device, shard_row, global_row
                 )
                 lengths = (
                     None if config.length_col is None else reader.lengths(batch, config.length_col, shard_row)
