@@ -111,7 +111,7 @@ def group_advantages(
             raise GrpoError(
                 f"estimator={options.estimator!r} needs {name}= ({spec.row_input}, shape of rewards)"
             )
-    if spec.group_only and all(value is None for value in per_row.values()):
+    if spec.group_only and options.whiten == "none" and all(value is None for value in per_row.values()):
         return kernel.normalize_in_groups(
             rewards,
             group_ids,

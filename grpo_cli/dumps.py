@@ -43,6 +43,8 @@ from grpo_cli.scratch import spool
 from grpo_cli.sources import InputSet, Shard
 
 Layout = Literal["jsonl", "parquet", "json-columns", "torch"]
+RESPONSE_LENGTH = "response_length"
+"""The response's token count a dump's fields give (AReaL: ``seqlen - prompt_len``)."""
 EVAL_ONLY_STEP = -1
 """The step of a SkyRL ``eval_only`` folder (an evaluation run outside training)."""
 DERIVED_KEY = "group_key"
@@ -186,6 +188,7 @@ class DumpFormat:
     subfolder: str | None = None
     per_token_advantage: tuple[str, str] | None = None  # (advantages, loss mask): NeMo-RL
     step_folder: re.Pattern[str] | None = None  # nested: the folder name, its ``step`` group the step
+    response_length: tuple[str, str] | None = None  # (total, prompt) token fields: AReaL
     unread: tuple[tuple[re.Pattern[str], str], ...] = ()  # files the trainer writes that are refused, why
     notes: tuple[str, ...] = ()
     article: str = "a"
@@ -200,6 +203,7 @@ class DumpFormat:
         return (
             self.layout == "torch"
             or self.step_from_file
+            or self.response_length is not None
             or bool(self.unwrap)
             or isinstance(self.group, KeyPrefix | PromptTokens)
         )
@@ -354,11 +358,16 @@ DUMPS: dict[str, DumpFormat] = {
         rewards=("reward",),
         group=KeyColumns(("tail_version", "task_id"), "one task's trajectories: the file"),
         step_field="tail_version",
+        preset="areal",
         every_step=False,
         nested=True,
         step_folder=re.compile(r"^(?P<step>\d+)$"),
+        response_length=("seqlen", "prompt_len"),
         article="an",
+        settings=(("length_col", RESPONSE_LENGTH),),
         notes=(
+            f"{RESPONSE_LENGTH}: seqlen - prompt_len, the tokens AReaL's loss mask keeps, which weight "
+            "its batch whitening (adv_norm)",
             "AReaL leaves out of its dump a sample with no completion token, so a task may show fewer rows",
         ),
     ),
@@ -714,6 +723,10 @@ def _derived_table(dump: DumpFormat, table: pa.Table, label: str, step: int | No
         table = _with_column(table, dump.step_field, pa.array([step] * table.num_rows, pa.int64()), label)
     for listed, name in dump.unwrap:
         table = _with_column(table, name, _one_element(table, listed, label), label)
+    if dump.response_length is not None:
+        total, prompt = dump.response_length
+        length = pc.subtract_checked(table.column(total), table.column(prompt))
+        table = _with_column(table, RESPONSE_LENGTH, length, label)
     if dump.per_token_advantage is not None:
         assert dump.advantage_col is not None
         advantages, mask = dump.per_token_advantage

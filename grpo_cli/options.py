@@ -296,6 +296,13 @@ PRESETS: dict[str, TrainerPreset] = {
         "leave-one-out baseline, sample std over the same other rollouts, + 1e-6 only where std > 0; "
         "a group with one valid rollout gets 0",
     ),
+    "areal": TrainerPreset(
+        {"std": "sample", "epsilon": 1e-5, "epsilon_mode": "add", "whiten": "areal"},
+        "areal/utils/data.py, Normalization (reward_norm: group mean and std; adv_norm: batch), "
+        "as examples/math/gsm8k_grpo.yaml configures them; areal/trainer/ppo/actor.py",
+        "(r - mean) / (sample std + 1e-5) per group, float64, then the advantages whitened over the "
+        "batch: (A - mean) / (unbiased std + 1e-5), token-weighted with --length-col (AReaL's loss mask)",
+    ),
     "roll": TrainerPreset(
         {"std": "sample", "epsilon": 1e-6, "epsilon_mode": "add"},
         "roll/utils/functionals.py, reward_norm / compute_advantage (grpo)",

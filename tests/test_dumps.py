@@ -125,6 +125,7 @@ def test_the_advantages_are_the_trainers_preset_on_the_trainers_groups(name: str
             "truth": truth_labels(name, shards),
             "step": table.column(config.batch_col),
             **{r.column: table.column(r.column) for r in config.rewards},
+            **({config.length_col: table.column(config.length_col)} if config.length_col else {}),
         }
     )
     weights = {r.column: r.weight for r in config.rewards}

@@ -388,7 +388,7 @@ def test_merging_the_moments_of_two_empty_batches_leaves_them_empty():
     values=st.lists(st.floats(-4, 4, allow_nan=False), min_size=1, max_size=16),
     weights=st.lists(st.floats(0.5, 3), min_size=16, max_size=16),
     cut=st.integers(0, 16),
-    method=st.sampled_from(["unbiased", "population"]),
+    method=st.sampled_from(["unbiased", "population", "areal"]),
 )
 def test_whitening_moments_merge_like_the_whole(values, weights, cut, method):
     x = torch.tensor(values, dtype=torch.float64)
@@ -479,7 +479,9 @@ def test_gdpo_whitening_of_a_constant_batch_leaves_it_centred():
 
 def test_an_unknown_whitening_names_it():
     moments = weighted_moments(torch.tensor([1.0]), None, torch.tensor([0]), 1)
-    with pytest.raises(ValueError, match="method must be unbiased, population, trl or gdpo, got 'zscore'"):
+    with pytest.raises(
+        ValueError, match="method must be unbiased, population, areal, trl or gdpo, got 'zscore'"
+    ):
         whitening(moments, method="zscore")
 
 

@@ -438,3 +438,72 @@ def test_slime_preset_is_its_post_process_rewards(normalize_std: bool, seed: int
     assert torch.allclose(ours.to(torch.float64), theirs, rtol=1e-5, atol=1e-6)
     constant = torch.tensor(raw).reshape(-1, n).eq(torch.tensor(raw).reshape(-1, n)[:, :1]).all(dim=1)
     assert (ours.reshape(-1, n)[constant] == 0).all()
+
+
+AREAL = ("inclusionAI/AReaL", "4aef98d8d818af55b43621aaadba047ae10f4e77")
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_areal_preset_is_its_normalization_class(seed: int) -> None:
+    """AReaL's ``Normalization``, cut verbatim from ``areal/utils/data.py``, configured as
+    ``examples/math/gsm8k_grpo.yaml`` does: ``reward_norm`` group mean and std over blocks of
+    n_samples rollouts, then ``adv_norm`` over the batch's tokens (the loss mask). With
+    discount 1, lambda 1, no critic and no KL, every response token's advantage is the
+    normalised reward. The preset within float32 rounding (AReaL returns float32)."""
+    import random
+    import types
+
+    import numpy as np
+
+    from grpo_cli import add_advantages
+    from tests.trainer_source import _cut, source
+
+    text = source(AREAL, "areal/utils/data.py")
+    block = _cut(text, "class Normalization:", "return (x_sum_sq / factor).sqrt()")
+    namespace: dict[str, Any] = {
+        "torch": torch,
+        "np": np,
+        "dist": types.SimpleNamespace(is_initialized=lambda: False),
+        "NormConfig": Any,
+    }
+    exec(block, namespace)
+
+    def config(level: str, group_size: int) -> Any:
+        return types.SimpleNamespace(
+            mean_level=level,
+            mean_leave1out=False,
+            std_level=level,
+            std_unbiased=True,
+            eps=1e-5,
+            group_size=group_size,
+        )
+
+    rng = random.Random(seed)
+    n, prompts, width = 8, 64, 16
+    rewards = [
+        float(np.float32(v))
+        for _ in range(prompts)
+        for v in (
+            [rng.choice((0.0, 1.0))] * n
+            if rng.random() < 0.3
+            else [rng.choice((0.0, 0.1, 0.25, 0.5, 1.0)) for _ in range(n)]
+        )
+    ]
+    lengths = [rng.randint(1, width) for _ in rewards]
+    normalized = namespace["Normalization"](config("group", n))(torch.tensor(rewards, dtype=torch.float32))
+    mask = torch.zeros(len(rewards), width)
+    for row, length in enumerate(lengths):
+        mask[row, :length] = 1
+    tokens = normalized.unsqueeze(-1) * mask
+    theirs = namespace["Normalization"](config("batch", 1))(tokens, mask)[:, 0].to(torch.float64)
+    table = pa.table(
+        {
+            "group_id": [row // n for row in range(len(rewards))],
+            "reward": pa.array(rewards, pa.float32()),
+            "length": lengths,
+        }
+    )
+    out = add_advantages(table, preset="areal", length_col="length")
+    ours = torch.tensor(out.column("advantage").to_pylist(), dtype=torch.float64)
+    assert out.column("advantage").type == pa.float32()
+    assert torch.allclose(ours, theirs, rtol=1e-5, atol=2e-6), (ours - theirs).abs().max()
