@@ -43,7 +43,7 @@ Estimator = Literal[
     "maxrl",
     "pass_at_k",
 ]
-Whiten = Literal["none", "unbiased", "population", "areal"]
+Whiten = Literal["none", "unbiased", "population", "areal", "trl-rloo"]
 Renormalize = Literal["none", "trl", "gdpo"]
 Aggregation = Literal["sum-then-normalize", "normalize-then-sum"]
 RewardSum = Literal["sum", "nansum"]
@@ -51,7 +51,7 @@ InputFormat = Literal["parquet", "jsonl", "json", "csv", "arrow", "json-columns"
 Engine = Literal["local", "ray"]
 Color = Literal["auto", "always", "never"]
 Compression = Literal["snappy", "zstd", "gzip", "lz4", "brotli", "none"]
-Preset = Literal["trl", "verl", "openrlhf", "nemo-rl", "roll", "torchrl", "slime", "areal"]
+Preset = Literal["trl", "trl-rloo", "verl", "openrlhf", "nemo-rl", "roll", "torchrl", "slime", "areal"]
 TrainerFilterName = Literal[
     "dapo", "dapo-float64", "verl-v1", "skyrl", "slime", "roll", "nemo-rl", "prime-rl", "trl", "trl-batch"
 ]

@@ -13,8 +13,8 @@ from typing import Any
 from grpo_cli import __version__
 from grpo_cli.choices import Aggregation, Compression, InputFormat, check_choice
 from grpo_cli.errors import GrpoError
-from grpo_cli.option_table import ADVANTAGE_FIELDS, OPTIONS, WHITEN_FLAG
-from grpo_cli.options import ESTIMATOR_SPECS, AdvantageOptions, RewardSpec
+from grpo_cli.option_table import ADVANTAGE_FIELDS, OPTIONS
+from grpo_cli.options import ESTIMATOR_SPECS, AdvantageOptions, RewardSpec, whitening_of_flag
 
 DEFAULT_MEMORY_BUDGET = 1 << 30
 
@@ -314,7 +314,9 @@ def resolve_config(
             base=None if recorded is None else recorded.advantage,
             preset=given.get("preset"),
             estimator=given.get("estimator"),
-            whiten=WHITEN_FLAG[whiten] if isinstance(whiten, bool) else whiten,
+            whiten=(whitening_of_flag(given.get("preset")) if whiten else None)
+            if isinstance(whiten, bool)
+            else whiten,
             **explicit,
         )
     settings = {

@@ -1355,6 +1355,8 @@ def whitening(moments: WeightedMoments, *, method: str) -> BatchTransform:
       variance ``m2 / (W - 1)``, ``(x - mean) * rsqrt(var + 1e-8)``;
     * ``"population"``: OpenRLHF's advantage whitening: ``m2 / W``,
       ``(x - mean) * rsqrt(max(var, 1e-8))``;
+    * ``"trl-rloo"``: TRL RLOOTrainer's ``normalize_advantages``: mean and sample std over the
+      batch's rows, ``(x - mean) / (std + 1e-4)``;
     * ``"areal"``: AReaL's ``Normalization`` at the batch level (``adv_norm``): weighted mean,
       unbiased std ``sqrt(m2 / (W - 1))`` (1 where ``W <= 1``), ``(x - mean) / (std + 1e-5)``;
     * ``"trl"``: TRL's re-normalisation of the summed per-reward advantages: no shift (the
@@ -1375,6 +1377,9 @@ def whitening(moments: WeightedMoments, *, method: str) -> BatchTransform:
     if method == "population":
         variance = m2 / weight.clamp_min(1)
         return BatchTransform(mean, torch.rsqrt(variance.clamp_min(1e-8)))
+    if method == "trl-rloo":
+        rows_std = (m2 / (rows - 1).clamp_min(1)).sqrt()
+        return BatchTransform(mean, 1 / (rows_std + 1e-4))
     if method == "areal":
         std = torch.where(weight > 1, (m2 / (weight - 1).clamp_min(1)).sqrt(), torch.ones_like(m2))
         return BatchTransform(mean, 1 / (std + 1e-5))
@@ -1383,7 +1388,7 @@ def whitening(moments: WeightedMoments, *, method: str) -> BatchTransform:
         return BatchTransform(torch.zeros_like(mean), 1 / (sample_std + 1e-4))
     if method == "gdpo":
         return BatchTransform(mean, 1 / torch.where(sample_std > 0, sample_std, torch.ones_like(sample_std)))
-    raise ValueError(f"method must be unbiased, population, areal, trl or gdpo, got {method!r}")
+    raise ValueError(f"method must be unbiased, population, areal, trl-rloo, trl or gdpo, got {method!r}")
 
 
 # --------------------------------------------------------------------------- Pass@k

@@ -512,7 +512,8 @@ _ROWS = (
         "whiten",
         ("--whiten",),
         "Whiten the advantages over each batch as verl's masked_whiten and ROLL do: "
-        "(A - mean) * rsqrt(unbiased var + 1e-8).",
+        "(A - mean) * rsqrt(unbiased var + 1e-8); under --preset trl-rloo, RLOOTrainer's "
+        "normalize_advantages: (A - mean) / (sample std over rows + 1e-4).",
         bool,
         False,
         target="advantage",
@@ -824,9 +825,6 @@ OPTIONS: dict[str, Option] = {row.name: row for row in _ROWS}
 
 ADVANTAGE_FIELDS = {row.setting: row for row in _ROWS if row.target == "advantage"}
 """The rows of :class:`~grpo_cli.options.AdvantageOptions`, by field (``clip``, not ``clip_advantage``)."""
-
-WHITEN_FLAG: dict[bool, Whiten | None] = {True: "unbiased", False: None}
-"""``--whiten`` is a flag: verl's and ROLL's unbiased whitening, or none given."""
 
 
 def offered(command: str) -> list[Option]:

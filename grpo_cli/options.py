@@ -256,6 +256,12 @@ class TrainerPreset:
     settings: dict[str, Any]
     source: str
     note: str
+    whiten_flag: Whiten = "unbiased"  # what --whiten means under this preset
+
+
+def whitening_of_flag(preset: str | None) -> Whiten:
+    """The whitening ``--whiten`` asks for: verl's masked_whiten, or the preset's trainer's own."""
+    return PRESETS[preset].whiten_flag if preset in PRESETS else "unbiased"
 
 
 PRESETS: dict[str, TrainerPreset] = {
@@ -272,6 +278,14 @@ PRESETS: dict[str, TrainerPreset] = {
         "(r - mean) / (std + 1e-4), torch.std (Bessel); scale_rewards group|batch|none = --scale; "
         "several reward columns are summed with nansum (a null counts as 0; a row is left out of "
         "the statistics only when every column is null)",
+    ),
+    "trl-rloo": TrainerPreset(
+        {"baseline": "leave-one-out", "scale": "none", "nan": "ignore", "reward_sum": "nansum"},
+        "trl/trainer/rloo_trainer.py, RLOOTrainer._generate_and_score_completions",
+        "r - the nan-aware mean of the group's other scorable rewards (a group with one scorable "
+        "rollout: 0); reward functions summed with nansum, a row left out only when every one is null; "
+        "--whiten is its normalize_advantages: (A - nanmean) / (nanstd + 1e-4) over the batch's rows",
+        whiten_flag="trl-rloo",
     ),
     "verl": TrainerPreset(
         {"std": "sample", "epsilon": 1e-6, "epsilon_mode": "add", "singleton": "raw"},

@@ -519,12 +519,23 @@ class RunPlan:
         return low, high
 
     def finish(
-        self, advantages: torch.Tensor, batch_ids: torch.Tensor, outcome: GroupOutcome
+        self,
+        advantages: torch.Tensor,
+        batch_ids: torch.Tensor,
+        outcome: GroupOutcome,
+        *,
+        scored: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The batch transform (whitening, re-normalisation) and ``--clip-advantage``, on the CPU."""
+        """The batch transform (whitening, re-normalisation) and ``--clip-advantage``, on the CPU.
+
+        ``scored`` (bool, the rows' shape): the rows whose reward counts; a row left out by
+        ``--nan ignore`` keeps advantage 0, which a whitening's shift would otherwise move.
+        """
         result = advantages.cpu()
         if outcome.transform is not None:
             result = outcome.transform.apply(result, batch_ids)
+            if scored is not None:
+                result = torch.where(scored.cpu(), result, torch.zeros_like(result))
         clip = self.config.advantage.clip
         if clip is not None:
             result = result.clamp(clip[0], clip[1])

@@ -568,8 +568,8 @@ def test_no_arguments_print_the_help_once(cli, command):
     [
         (
             ["--preset", "trll"],
-            "is not one of 'trl', 'verl', 'openrlhf', 'nemo-rl', 'roll', 'torchrl', 'slime', "
-            "'areal'; did you mean 'trl'?",
+            "is not one of 'trl', 'trl-rloo', 'verl', 'openrlhf', 'nemo-rl', 'roll', 'torchrl', "
+            "'slime', 'areal'; did you mean 'trl'?",
         ),
         (["--estimator", "grpo_pass"], "did you mean 'grpo_passk'?"),
     ],

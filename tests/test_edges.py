@@ -201,3 +201,28 @@ def test_a_summary_that_cannot_be_moved_into_place_leaves_no_temporary(tmp_path,
     assert out.exists() and not summary_path.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet", "out.parquet"]
     assert pa.Table.equals(pq.read_table(out).select(["group_id", "reward"]), pq.read_table(path))
+
+
+@pytest.mark.parametrize(
+    ("options"),
+    [
+        {"estimator": "reinforce_plus_plus_baseline"},
+        {"estimator": "reinforce_baseline"},
+        {"whiten": True},
+        {"preset": "areal"},
+        {"preset": "trl-rloo", "whiten": True},
+        {"preset": "trl"},
+    ],
+)
+def test_a_row_left_out_by_nan_ignore_keeps_advantage_zero_under_a_batch_transform(options):
+    """``--nan ignore`` gives a left-out row advantage 0; a whitening shifts every other row
+    by the batch mean, and used to shift that row too (to -mean / std: here about -0.37)."""
+    import pyarrow as pa
+
+    from grpo_cli import add_advantages
+
+    table = pa.table({"g": [0, 0, 0, 1, 1, 1, 2], "reward": [1.0, 0.0, 1.0, 0.0, None, 1.0, 0.7]})
+    out = add_advantages(table, group_col="g", nan="ignore", **options)
+    advantages = out.column("advantage").to_pylist()
+    assert advantages[4] == 0.0 and str(advantages[4]) == "0.0"
+    assert any(a != 0.0 for a in advantages)

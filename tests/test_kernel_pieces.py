@@ -480,7 +480,7 @@ def test_gdpo_whitening_of_a_constant_batch_leaves_it_centred():
 def test_an_unknown_whitening_names_it():
     moments = weighted_moments(torch.tensor([1.0]), None, torch.tensor([0]), 1)
     with pytest.raises(
-        ValueError, match="method must be unbiased, population, areal, trl or gdpo, got 'zscore'"
+        ValueError, match="method must be unbiased, population, areal, trl-rloo, trl or gdpo, got 'zscore'"
     ):
         whitening(moments, method="zscore")
 

@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_cli import group_advantages
+from grpo_cli import add_advantages, group_advantages
 from grpo_cli.errors import GrpoError
 from grpo_cli.options import PRESETS, AdvantageOptions, RewardSpec
 from tests import trainers
@@ -455,7 +455,6 @@ def test_areal_preset_is_its_normalization_class(seed: int) -> None:
 
     import numpy as np
 
-    from grpo_cli import add_advantages
     from tests.trainer_source import _cut, source
 
     text = source(AREAL, "areal/utils/data.py")
@@ -507,3 +506,64 @@ def test_areal_preset_is_its_normalization_class(seed: int) -> None:
     ours = torch.tensor(out.column("advantage").to_pylist(), dtype=torch.float64)
     assert out.column("advantage").type == pa.float32()
     assert torch.allclose(ours, theirs, rtol=1e-5, atol=2e-6), (ours - theirs).abs().max()
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_trl_rloo_preset_is_its_rloo_trainer(normalize: bool, seed: int) -> None:
+    """TRL's RLOOTrainer advantage block, cut verbatim from ``rloo_trainer.py`` (beta 0, no
+    reward clipping): several reward functions with nulls summed with nansum, a row where all
+    are null left out, the nan-aware leave-one-out baseline, and ``normalize_advantages`` over
+    the batch (``--whiten`` under this preset). Every group keeps two scorable rollouts: TRL
+    leaves a group's lone scorable rollout out of its normalisation (NaN), which grpo-cli does
+    not (see the README). Within float32 rounding."""
+    import types
+
+    from tests.trainer_source import TRL, _cut, _function, source
+
+    utils = source(TRL, "trl/trainer/utils.py")
+    trainer = source(TRL, "trl/trainer/rloo_trainer.py")
+    block = _cut(
+        trainer,
+        "unscorable_mask = torch.isnan(rewards_per_func).all(dim=1)",
+        "advantages = torch.nan_to_num(advantages, nan=0.0)",
+    )
+    namespace: dict[str, Any] = {"torch": torch}
+    exec(_function(utils, "nanstd"), namespace)
+    g = torch.Generator().manual_seed(seed)
+    n, prompts = 6, 80
+    per_func = (torch.rand(n * prompts, 2, generator=g) < 0.5).float()
+    per_func[:, 1] = per_func[:, 1] * 0.5 + 0.25
+    per_func[torch.rand(n * prompts, 2, generator=g) < 0.15] = float("nan")
+    per_func[::n][:, :] = torch.tensor([1.0, 0.5])  # two scorable rollouts in every group
+    per_func[1::n][:, :] = torch.tensor([0.0, 0.25])
+    per_func[n * 3 + 4] = float("nan")  # an unscorable row
+    weights = torch.tensor([1.0, 0.5])
+    local: dict[str, Any] = {
+        **namespace,
+        "rewards_per_func": per_func.clone(),
+        "num_generations": n,
+        "device": "cpu",
+        "self": types.SimpleNamespace(
+            reward_weights=weights, reward_clip_range=None, beta=0.0, normalize_advantages=normalize
+        ),
+    }
+    exec(block, local)
+    theirs = local["advantages"].to(torch.float64)
+    table = pa.table(
+        {
+            "prompt": [row // n for row in range(n * prompts)],
+            "accuracy": pa.array(per_func[:, 0].double().numpy(), from_pandas=True),
+            "format": pa.array(per_func[:, 1].double().numpy(), from_pandas=True),
+        }
+    )
+    out = add_advantages(
+        table,
+        reward_col={"accuracy": 1.0, "format": 0.5},
+        group_col="prompt",
+        preset="trl-rloo",
+        whiten=normalize,
+    )
+    ours = torch.tensor(out.column("advantage").to_pylist(), dtype=torch.float64)
+    assert ours[n * 3 + 4] == 0.0
+    assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6), (ours - theirs).abs().max()

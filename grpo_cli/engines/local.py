@@ -778,7 +778,9 @@ class LocalEngine:
                 rewards, result, batch_ids = self._row_advantages(
                     batch, reader, ids, outcome, active_device, shard_row, global_row
                 )
-                result = plan.finish(result, batch_ids, outcome).to(reader.output_dtype)
+                result = plan.finish(result, batch_ids, outcome, scored=rewards.combined_valid).to(
+                    reader.output_dtype
+                )
                 figures.observe(batch, result, rewards.combined, ids, shard, shard_row)
                 if writer is not None or spliced is not None:
                     arrays = new_column_arrays(

@@ -501,8 +501,10 @@ def block_advantages(
     object-store reference to them) is read once per worker process.
     """
     plan, index, outcome = _worker_state(payload, token, config)
-    reader, _, ids_np, _, result, batch_ids = _block_rows(batch, plan, index, outcome)
-    advantages = plan.finish(result, batch_ids, outcome).to(reader.output_dtype)
+    reader, _, ids_np, rewards, result, batch_ids = _block_rows(batch, plan, index, outcome)
+    advantages = plan.finish(result, batch_ids, outcome, scored=rewards.combined_valid).to(
+        reader.output_dtype
+    )
     ids = torch.from_numpy(ids_np)
     arrays = new_column_arrays(advantages, outcome.active[ids], ids_np, outcome.group_columns)
     out = batch
