@@ -43,6 +43,7 @@ Estimator = Literal[
     "maxrl",
     "pass_at_k",
 ]
+OverlongStyle = Literal["capped", "uncapped"]
 Whiten = Literal["none", "unbiased", "population", "areal", "trl-rloo"]
 Renormalize = Literal["none", "trl", "gdpo"]
 Aggregation = Literal["sum-then-normalize", "normalize-then-sum"]

@@ -54,6 +54,7 @@ class ComputeConfig:
     verify: VerifySpec | None = None
     batch_col: str | None = None
     length_col: str | None = None
+    truncated_col: str | None = None
     baseline_col: str | None = None
     by_cols: tuple[str, ...] = ()
     trainer_filter: str | None = None
@@ -117,14 +118,29 @@ class ComputeConfig:
                 f"the column to verify, {self.verify.column!r}, is also read to compute the advantages; "
                 "it cannot be both"
             )
+        options = self.advantage
         if (
             self.length_col is not None
-            and self.advantage.whiten == "none"
+            and options.whiten == "none"
             and "row_lengths" not in spec.needs
+            and options.overlong is None
         ):
             raise GrpoError(
                 "--length-col weights the batch whitening by response length: it needs --whiten or an "
-                "estimator that whitens (reinforce_plus_plus_baseline, reinforce_baseline)"
+                "estimator that whitens (reinforce_plus_plus_baseline, reinforce_baseline), or --overlong"
+            )
+        if options.overlong is not None and self.length_col is None:
+            raise GrpoError(
+                "--overlong penalises long responses: it needs --length-col (each response's tokens)"
+            )
+        if options.stop_properly is not None and self.truncated_col is None:
+            raise GrpoError("--stop-properly penalises truncated rollouts: it needs --truncated-col")
+        if self.truncated_col is not None and options.stop_properly is None:
+            raise GrpoError("--truncated-col is read by --stop-properly; give --stop-properly C")
+        if options.shapes_rewards and self.per_column:
+            raise GrpoError(
+                "the reward transforms (--overlong, --stop-properly, --reward-bias/-scale/-clip) shape the "
+                "summed reward; --reward-aggregation normalize-then-sum normalises each column first"
             )
 
     def check_recomputable(self, output: str) -> None:
@@ -168,7 +184,11 @@ class ComputeConfig:
         baseline columns (without repeats)."""
         columns = [r.column for r in self.rewards]
         wanted = list(self.group_cols) if self.group_size is None else []
-        wanted += [c for c in (self.batch_col, self.length_col, self.baseline_col) if c is not None]
+        wanted += [
+            c
+            for c in (self.batch_col, self.length_col, self.truncated_col, self.baseline_col)
+            if c is not None
+        ]
         wanted += list(self.by_cols)
         return columns + [c for c in dict.fromkeys(wanted) if c not in columns]
 

@@ -15,6 +15,7 @@ from grpo_cli.choices import (
     EpsilonMode,
     Estimator,
     NanPolicy,
+    OverlongStyle,
     Preset,
     Renormalize,
     RewardSum,
@@ -57,6 +58,13 @@ class AdvantageOptions:
     gpg_f_norm: float = 1.0
     pass_k: int | None = None
     reward_sum: RewardSum = "sum"
+    overlong: tuple[float, float] | None = None  # (max response tokens, buffer): DAPO's penalty
+    overlong_factor: float = 1.0
+    overlong_style: OverlongStyle = "capped"
+    stop_properly: float | None = None
+    reward_bias: float = 0.0
+    reward_scale: float = 1.0
+    reward_clip: tuple[float, float] | None = None
     inactive_tolerance: float = 0.0
     preset: Preset | None = None
 
@@ -99,12 +107,14 @@ class AdvantageOptions:
                 check_choice(row.label, value, row.vocabulary)
             if row.positive_finite and not (_is_number(value) and math.isfinite(value) and value > 0):
                 raise GrpoError(f"{row.label} must be a positive finite number, got {value!r}")
-        if self.clip is not None:
-            if len(self.clip) != 2 or not all(_is_number(v) for v in self.clip):
-                raise GrpoError(f"--clip-advantage needs two numbers LO HI, got {self.clip!r}")
-            low, high = self.clip
-            if not (math.isfinite(low) and math.isfinite(high) and low <= high):
-                raise GrpoError(f"--clip-advantage needs finite LO <= HI, got {low} {high}")
+        for label, pair in (("--clip-advantage", self.clip), ("--reward-clip", self.reward_clip)):
+            if pair is not None:
+                if len(pair) != 2 or not all(_is_number(v) for v in pair):
+                    raise GrpoError(f"{label} needs two numbers LO HI, got {pair!r}")
+                low, high = pair
+                if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+                    raise GrpoError(f"{label} needs finite LO <= HI, got {low} {high}")
+        self._validate_shaping()
         tolerance = self.inactive_tolerance
         if not (_is_number(tolerance) and math.isfinite(tolerance) and tolerance >= 0):
             raise GrpoError(f"--inactive-tolerance must be a finite number >= 0, got {tolerance!r}")
@@ -128,6 +138,58 @@ class AdvantageOptions:
             raise GrpoError(
                 f"--estimator {self.estimator} subtracts its own baseline; leave --baseline as mean"
             )
+
+    def _validate_shaping(self) -> None:
+        """The reward transforms' values, as the trainers assert them."""
+        for label, value in (("--reward-bias", self.reward_bias), ("--reward-scale", self.reward_scale)):
+            if not (_is_number(value) and math.isfinite(value)):
+                raise GrpoError(f"{label} must be a finite number, got {value!r}")
+        if self.overlong is not None:
+            if len(self.overlong) != 2 or not all(_is_number(v) for v in self.overlong):
+                raise GrpoError(f"--overlong needs two numbers MAX_TOKENS BUFFER, got {self.overlong!r}")
+            max_tokens, buffer = self.overlong
+            if not (math.isfinite(max_tokens) and math.isfinite(buffer) and 0 < buffer <= max_tokens):
+                raise GrpoError(
+                    f"--overlong needs 0 < BUFFER <= MAX_TOKENS (the penalty ramps over the last BUFFER "
+                    f"tokens), got {max_tokens:g} {buffer:g}"
+                )
+        factor = self.overlong_factor
+        if not (_is_number(factor) and math.isfinite(factor) and factor >= 0):
+            raise GrpoError(f"--overlong-factor must be a finite number >= 0, got {factor!r}")
+        coef = self.stop_properly
+        if coef is not None and not (_is_number(coef) and math.isfinite(coef) and coef <= 1):
+            raise GrpoError(
+                f"--stop-properly must be in [0, 1] (a factor on a truncated rollout's reward) or "
+                f"negative (its reward, OpenRLHF's), got {coef!r}"
+            )
+
+    @property
+    def shapes_rewards(self) -> bool:
+        """Whether a reward transform applies before the estimator."""
+        return (
+            self.overlong is not None
+            or self.stop_properly is not None
+            or self.reward_bias != 0.0
+            or self.reward_scale != 1.0
+            or self.reward_clip is not None
+        )
+
+    def shape(self, rewards: Tensor, *, lengths: Tensor | None, truncated: Tensor | None) -> Tensor:
+        """The rewards after this run's transforms (:func:`~grpo_cli.kernel.shaped_rewards`)."""
+        from grpo_cli.kernel import shaped_rewards
+
+        return shaped_rewards(
+            rewards,
+            lengths=lengths,
+            truncated=truncated,
+            overlong=self.overlong,
+            overlong_factor=self.overlong_factor,
+            overlong_capped=self.overlong_style == "capped",
+            stop_properly=self.stop_properly,
+            bias=self.reward_bias,
+            scale=self.reward_scale,
+            clip=self.reward_clip,
+        )
 
     def normalization(self, stats: GroupStats, *, batch_std: Tensor | None = None) -> Normalization:
         """The kernel's :class:`~grpo_cli.kernel.Normalization` of ``stats`` under these options.
@@ -311,11 +373,18 @@ PRESETS: dict[str, TrainerPreset] = {
         "a group with one valid rollout gets 0",
     ),
     "areal": TrainerPreset(
-        {"std": "sample", "epsilon": 1e-5, "epsilon_mode": "add", "whiten": "areal"},
+        {
+            "std": "sample",
+            "epsilon": 1e-5,
+            "epsilon_mode": "add",
+            "whiten": "areal",
+            "reward_clip": (-20.0, 20.0),
+        },
         "areal/utils/data.py, Normalization (reward_norm: group mean and std; adv_norm: batch), "
         "as examples/math/gsm8k_grpo.yaml configures them; areal/trainer/ppo/actor.py",
-        "(r - mean) / (sample std + 1e-5) per group, float64, then the advantages whitened over the "
-        "batch: (A - mean) / (unbiased std + 1e-5), token-weighted with --length-col (AReaL's loss mask)",
+        "rewards clipped to +-20 (reward_clip), then (r - mean) / (sample std + 1e-5) per group, float64, "
+        "then the advantages whitened over the batch: (A - mean) / (unbiased std + 1e-5), token-weighted "
+        "with --length-col (AReaL's loss mask)",
     ),
     "roll": TrainerPreset(
         {"std": "sample", "epsilon": 1e-6, "epsilon_mode": "add"},

@@ -375,6 +375,9 @@ class RunPlan:
             shard,
             per_column=self.per_column,
             reward_sum=self.config.advantage.reward_sum,
+            shaping=self.config.advantage,
+            length_col=self.config.length_col,
+            truncated_col=self.config.truncated_col,
         )
 
     @property

@@ -22,7 +22,7 @@ from grpo_cli.columns import column_of, field_type, is_numeric_type
 from grpo_cli.errors import GrpoError
 from grpo_cli.kernel import Normalization, apply_normalization
 from grpo_cli.keys import arrow_of, as_tensor, numpy_of
-from grpo_cli.options import RewardSpec
+from grpo_cli.options import AdvantageOptions, RewardSpec
 from grpo_cli.readers import describe_row
 from grpo_cli.sources import Shard
 
@@ -76,8 +76,14 @@ class RewardReader:
         *,
         per_column: bool,
         reward_sum: RewardSum = "sum",
+        shaping: AdvantageOptions | None = None,
+        length_col: str | None = None,
+        truncated_col: str | None = None,
     ) -> None:
         self.specs = tuple(specs)
+        self.shaping = shaping if shaping is not None and shaping.shapes_rewards else None
+        self.length_col = length_col
+        self.truncated_col = truncated_col
         self.shard = shard
         self.per_column = per_column
         self.nansum = reward_sum == "nansum" and len(self.specs) > 1
@@ -93,7 +99,7 @@ class RewardReader:
             types.append(column_type)
         self.output_dtype = advantage_dtype(types)
         single = len(self.specs) == 1 and self.specs[0].weight == 1.0
-        self.native = single and pa.types.is_floating(types[0])
+        self.native = single and pa.types.is_floating(types[0]) and self.shaping is None
 
     def read(self, batch: pa.RecordBatch, first_row: int = 0) -> RewardBatch:
         """The batch's rewards; ``first_row`` (its row in the shard) locates errors."""
@@ -104,11 +110,50 @@ class RewardReader:
             return RewardBatch([tensor], [valid], tensor, valid)
         weighted = [v.to(torch.float64) * spec.weight for v, spec in zip(values, self.specs, strict=True)]
         combined = _weighted_sum(weighted, nansum=self.nansum)
+        if self.shaping is not None:
+            combined = self._shaped(combined, batch, first_row)
         combined_valid = _finite(combined)
         if self.per_column:
             scaled = [v.to(torch.float64) for v in values]
             return RewardBatch(scaled, [_finite(v) for v in scaled], combined, combined_valid)
         return RewardBatch([combined], [combined_valid], combined, combined_valid)
+
+    def _shaped(self, combined: torch.Tensor, batch: pa.RecordBatch, first_row: int) -> torch.Tensor:
+        """The summed reward after the run's reward transforms."""
+        assert self.shaping is not None
+        lengths = truncated = None
+        if self.shaping.overlong is not None:
+            assert self.length_col is not None
+            lengths = self.lengths(batch, self.length_col, first_row)
+        if self.shaping.stop_properly is not None:
+            assert self.truncated_col is not None
+            truncated = self.truncated(batch, self.truncated_col, first_row)
+        return self.shaping.shape(combined, lengths=lengths, truncated=truncated)
+
+    def truncated(self, batch: pa.RecordBatch, name: str, first_row: int = 0) -> torch.Tensor:
+        """The ``--truncated-col`` column as bool: a boolean, a number (non-zero: truncated), or a
+        finish reason, ``"length"`` where the rollout was cut; a null is refused with its row."""
+        array = column_of(batch, name)
+        if isinstance(array, pa.ChunkedArray):
+            array = array.combine_chunks()
+        if array.null_count:
+            row = int(pc.index(pc.is_null(array), True).as_py())
+            raise GrpoError(
+                f"{describe_row(self.shard, first_row + row)}: --truncated-col {name!r} is null; every "
+                "rollout needs its truncation flag"
+            )
+        if pa.types.is_boolean(array.type):
+            flags = array
+        elif pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
+            flags = pc.equal(array, "length")
+        elif is_numeric_type(array.type):
+            flags = pc.not_equal(array, pa.scalar(0, array.type))
+        else:
+            raise GrpoError(
+                f"{self.shard.display}: --truncated-col {name!r} has type {array.type}; it must be a "
+                "boolean, a number or a finish reason"
+            )
+        return torch.from_numpy(numpy_of(flags).astype(bool))
 
     def column(self, batch: pa.RecordBatch, name: str, first_row: int = 0) -> torch.Tensor:
         """Another numeric column of the batch (a length, a baseline) as float64, nulls as NaN."""

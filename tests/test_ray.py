@@ -146,6 +146,12 @@ def test_ray_matches_local(ray_instance, sharded, tmp_path, reward, options):
         (("reward",), None, AdvantageOptions.resolve(estimator="remax"), {"baseline_col": "greedy"}),
         (("reward",), None, AdvantageOptions.resolve(preset="roll", whiten="unbiased", clip=(-1.0, 1.0)), {}),
         (("reward",), None, AdvantageOptions.resolve(preset="areal"), {"length_col": "length"}),
+        (
+            ("reward",),
+            None,
+            AdvantageOptions.resolve(overlong=(6.0, 4.0), reward_bias=0.5, reward_clip=(-1.0, 1.0)),
+            {"length_col": "length"},
+        ),
         (("reward",), None, AdvantageOptions.resolve(preset="trl", scale="batch"), {"batch_col": "step"}),
         (
             ("correct", "fmt"),
