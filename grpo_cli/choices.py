@@ -42,6 +42,7 @@ Estimator = Literal[
     "grpo_passk",
     "maxrl",
     "pass_at_k",
+    "reinforce",
 ]
 OverlongStyle = Literal["capped", "uncapped"]
 Whiten = Literal["none", "unbiased", "population", "areal", "trl-rloo"]

@@ -438,8 +438,8 @@ _ROWS = (
         "reinforce_plus_plus_baseline (verl), reinforce_baseline (OpenRLHF): r - mean, whitened over the "
         "batch; gpg (verl): alpha (r - mean); remax (verl): r - --baseline-col; opo (verl): r - "
         "length-weighted mean; grpo_passk (verl): the best rollout only; maxrl (prime-rl): (r - mean) / "
-        "mean; pass_at_k (PKPO): the rollout's share of the best of k, centred (--pass-k). See the "
-        "README's table.",
+        "mean; pass_at_k (PKPO): the rollout's share of the best of k, centred (--pass-k); reinforce: "
+        "the raw reward, whitened over the batch. See the README's table.",
         Estimator | None,
         target="advantage",
         panel="Advantage",

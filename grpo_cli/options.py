@@ -245,6 +245,7 @@ class EstimatorSpec:
     own_baseline: bool = False
     row_input: str = ""  # what its per-row column is, where it needs one
     ray: str | None = None
+    raw_reward: bool = False  # before the batch transform, the advantage is the reward itself
 
     @property
     def group_only(self) -> bool:
@@ -295,6 +296,14 @@ ESTIMATOR_SPECS: dict[str, EstimatorSpec] = {
         {"baseline": "mean", "scale": "mean", "epsilon_mode": "clamp", "singleton": "zero"},
         "MaxRL (prime-rl MaxRLAlgorithm.score_group): (r - mean) / mean; a group with mean <= 0 "
         "and a singleton get 0",
+    ),
+    "reinforce": EstimatorSpec(
+        {"baseline": "mean", "scale": "none", "whiten": "population"},
+        "REINFORCE: the raw reward, no baseline, whitened over the batch's tokens (--length-col): "
+        "(r - mean) * rsqrt(max(var, 1e-8)), population var (OpenRLHF reinforce, NeMo-RL "
+        "RawRewardAdvantageEstimator); --whiten: verl's masked_whiten (reinforce_plus_plus, gamma 1)",
+        own_baseline=True,
+        raw_reward=True,
     ),
     "pass_at_k": EstimatorSpec(
         {"baseline": "mean", "scale": "none"},

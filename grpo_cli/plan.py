@@ -480,6 +480,9 @@ class RunPlan:
         if outcome.group_baseline is not None:  # opo: the group's length-weighted mean reward
             valid = torch.isfinite(rewards.combined) & outcome.active[ids]
             result = row_baseline_advantages(rewards.combined, outcome.group_baseline[ids], valid)
+        if ESTIMATOR_SPECS[config.advantage.estimator].raw_reward:  # reinforce: no baseline at all
+            valid = torch.isfinite(rewards.combined)
+            result = row_baseline_advantages(rewards.combined, torch.zeros_like(rewards.combined), valid)
         if config.baseline_col is not None:  # remax: the row's own baseline
             baseline = reader.column(batch, config.baseline_col, first_row)
             valid = torch.isfinite(rewards.combined) & torch.isfinite(baseline)

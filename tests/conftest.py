@@ -164,7 +164,7 @@ def parity_case(seed: int, *, estimator: str, preset: str | None) -> dict[str, A
     flags = ["--estimator", estimator, "--nan", nan] + (["--preset", preset] if preset else [])
     columns: dict[str, Any] = {"reward": values, "group_id": ids.astype(np.int64)}
     tensor_extra: dict[str, Any] = {}
-    whitens = estimator in ("reinforce_plus_plus_baseline", "reinforce_baseline")
+    whitens = estimator in ("reinforce_plus_plus_baseline", "reinforce_baseline", "reinforce")
     if estimator == "opo" or (whitens and seed % 2):
         columns["length"] = rng.integers(1, 50, n).astype(np.int64)
         keywords["length_col"], tensor_extra["lengths"] = "length", torch.from_numpy(columns["length"])
