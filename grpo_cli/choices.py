@@ -55,7 +55,17 @@ Color = Literal["auto", "always", "never"]
 Compression = Literal["snappy", "zstd", "gzip", "lz4", "brotli", "none"]
 Preset = Literal["trl", "trl-rloo", "verl", "openrlhf", "nemo-rl", "roll", "torchrl", "slime", "areal"]
 TrainerFilterName = Literal[
-    "dapo", "dapo-float64", "verl-v1", "skyrl", "slime", "roll", "nemo-rl", "prime-rl", "trl", "trl-batch"
+    "dapo",
+    "dapo-float64",
+    "verl-v1",
+    "skyrl",
+    "slime",
+    "slime-fallback",
+    "roll",
+    "nemo-rl",
+    "prime-rl",
+    "trl",
+    "trl-batch",
 ]
 """The trainers' no-signal rules ``check --trainer-filter`` applies (:mod:`grpo_cli.trainer_filters`)."""
 Trainer = Literal["verl", "trl", "nemo-rl", "roll", "slime", "skyrl", "areal", "open-instruct"]

@@ -410,7 +410,8 @@ PRESETS: dict[str, TrainerPreset] = {
         "slime/ray/rollout.py, RolloutManager._post_process_rewards (grpo, rewards_normalization)",
         "(r - mean) / (std + 1e-6), torch.std, float32; --grpo-std-normalization off = --scale none; "
         "groups are consecutive blocks of n_samples_per_prompt, and a batch whose groups are uneven "
-        "is normalised as one group (rewards.view(-1, N)), which grpo-cli does not reproduce",
+        "is normalised as one group (rewards.view(-1, N)), which grpo-cli does not reproduce (check "
+        "--trainer-filter slime-fallback reports it)",
     ),
 }
 

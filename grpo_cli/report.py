@@ -253,6 +253,11 @@ def filter_lines(summary: RunSummary) -> list[str]:
                     if "batch_kept" in v
                     else ""
                 )
+                + (
+                    f"; uneven group sizes: one baseline for the whole {by['column']}"
+                    if v.get("uneven")
+                    else ""
+                )
             )
     for example in report["examples"]:
         shown = ", ".join(f"{r:.9g}" for r in example["rewards"]) + (", ..." if example["size"] > 8 else "")

@@ -36,7 +36,13 @@ class TrainerFilter:
     rule: str
     keeps: Callable[[np.ndarray], bool]
     rows: Callable[[np.ndarray], np.ndarray] | None = None  # a rule on rows: which it keeps
-    whole_batch: bool = False  # ``keeps`` takes a whole batch's rewards; its answer is every group's
+    batch_rule: Callable[[Sequence[np.ndarray]], np.ndarray] | None = None  # a rule on a batch's groups
+    batch_figure: Callable[[Sequence[np.ndarray], np.ndarray], tuple[str, Any]] | None = None  # per batch
+
+    @property
+    def whole_batch(self) -> bool:
+        """Whether a group's decision depends on the other groups of its batch."""
+        return self.batch_rule is not None
 
 
 def _dapo(dtype: Any) -> Callable[[np.ndarray], bool]:
@@ -105,6 +111,38 @@ def _trl_batch(rewards: np.ndarray) -> bool:
     count = torch.sum(~torch.isnan(values))
     std = torch.sqrt(variance * (count / (count - 1)))
     return not bool(torch.isclose(std, torch.zeros_like(std)))
+
+
+def _trl_batch_groups(groups: Sequence[np.ndarray]) -> np.ndarray:
+    flag = _trl_batch(np.concatenate(list(groups)) if groups else np.zeros(0))
+    return np.full(len(groups), flag, dtype=bool)
+
+
+def _slime_group_keeps(rewards: np.ndarray) -> bool:
+    """slime's group normalisation trains on a group where some float32 ``r - mean`` is not 0."""
+    import torch
+
+    values = torch.tensor([float(r) for r in rewards], dtype=torch.float)
+    return bool(((values - values.mean()) != 0).any())
+
+
+def _slime_fallback(groups: Sequence[np.ndarray]) -> np.ndarray:
+    """slime ``_post_process_rewards``: groups of one size are normalised each on its own
+    (``rewards.reshape(-1, n_samples_per_prompt)``); a batch of uneven groups falls back to
+    ``rewards.view(-1, N)``, one baseline for the whole batch, so every group whose float32
+    ``r - batch mean`` is not all 0 is trained on, constant or not."""
+    import torch
+
+    sizes = {g.size for g in groups}
+    if len(sizes) <= 1:
+        return np.array([_slime_group_keeps(g) for g in groups], dtype=bool)
+    batch = torch.tensor([float(r) for g in groups for r in g], dtype=torch.float)
+    offsets = (batch - batch.mean()) != 0
+    kept, start = [], 0
+    for g in groups:
+        kept.append(bool(offsets[start : start + g.size].any()))
+        start += g.size
+    return np.array(kept, dtype=bool)
 
 
 def _prime_rl(rewards: np.ndarray) -> bool:
@@ -209,7 +247,19 @@ FILTERS: dict[str, TrainerFilter] = {
         "every group of a batch counted as zero std if isclose(float32 nanstd of the whole batch, 0); "
         "the batch is --batch-col's (or the first --by's) value, else the whole input",
         _trl_batch,
-        whole_batch=True,
+        batch_rule=_trl_batch_groups,
+        batch_figure=lambda groups, kept: ("batch_kept", bool(kept[0]) if kept.size else False),
+    ),
+    "slime-fallback": TrainerFilter(
+        "slime-fallback",
+        "slime",
+        "slime/ray/rollout.py RolloutManager._post_process_rewards (rewards.view(-1, N) on uneven groups)",
+        "a batch of one group size: each group normalised on its own (float32 r - mean); a batch of "
+        "uneven groups (--batch-col's value, else the whole input): one baseline for the whole batch, "
+        "so its constant groups get advantages",
+        _slime_group_keeps,
+        batch_rule=_slime_fallback,
+        batch_figure=lambda groups, kept: ("uneven", len({g.size for g in groups}) > 1),
     ),
 }
 """The ``--trainer-filter`` choices."""
@@ -240,8 +290,10 @@ def compare(
     active, with examples, and per value of ``value_of_group`` (column, value ID per group,
     values) when given."""
     chosen = FILTERS[name]
-    if chosen.whole_batch:
-        kept = _batch_decisions(chosen, groups, None if value_of_group is None else value_of_group[1])
+    if chosen.batch_rule is not None:
+        kept = _batch_decisions(
+            chosen.batch_rule, groups, None if value_of_group is None else value_of_group[1]
+        )
     else:
         kept = np.array([chosen.keeps(g) for g in groups], dtype=bool)
     constant_kept = kept & ~active
@@ -292,22 +344,26 @@ def compare(
                     "kept_although_inactive": int((constant_kept & member).sum()),
                     "dropped_although_active": int((active_dropped & member).sum()),
                 }
-                if chosen.whole_batch:
-                    figures["batch_kept"] = bool(kept[member][0])
+                if chosen.batch_figure is not None:
+                    name, value_figure = chosen.batch_figure(
+                        [groups[int(g)] for g in np.flatnonzero(member)], kept[member]
+                    )
+                    figures[name] = value_figure
                 per_value.append(figures)
         out["by"] = {"column": column, "values": per_value}
     return out
 
 
 def _batch_decisions(
-    chosen: TrainerFilter, groups: Sequence[np.ndarray], batch_of_group: np.ndarray | None
+    rule: Callable[[Sequence[np.ndarray]], np.ndarray],
+    groups: Sequence[np.ndarray],
+    batch_of_group: np.ndarray | None,
 ) -> np.ndarray:
-    """A whole-batch rule's decision for every group: the rule on the rewards of all the
-    groups of its batch (one batch when ``batch_of_group`` is None)."""
+    """A whole-batch rule's decision for every group, given the groups of its batch (one
+    batch when ``batch_of_group`` is None)."""
     batches = np.zeros(len(groups), np.int64) if batch_of_group is None else np.asarray(batch_of_group)
     kept = np.zeros(len(groups), dtype=bool)
     for batch in np.unique(batches):
         member = np.flatnonzero(batches == batch)
-        rewards = np.concatenate([groups[int(g)] for g in member]) if member.size else np.zeros(0)
-        kept[member] = chosen.keeps(rewards)
+        kept[member] = rule([groups[int(g)] for g in member])
     return kept

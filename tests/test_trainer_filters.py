@@ -361,3 +361,70 @@ def test_check_trl_batch_names_the_steps_whose_constant_groups_it_hides(cli: Any
         result.stderr
     )
     assert "step 2:" not in result.stderr
+
+
+@pytest.mark.parametrize("uneven", [False, True])
+def test_slime_fallback_is_its_post_process_rewards(uneven: bool) -> None:
+    """slime's group normalisation, cut verbatim: groups of n_samples_per_prompt are each
+    normalised; when the batch's sample count is not n * rollout_batch_size (uneven groups),
+    ``rewards.view(-1, N)`` normalises the whole batch as one group. A group is trained on
+    where some rollout's advantage is not 0."""
+    from grpo_cli.trainer_filters import compare
+
+    text = source(SLIME, "slime/ray/rollout.py")
+    block = _cut(
+        text, "rewards = torch.tensor(raw_rewards, dtype=torch.float)", "rewards = rewards / (std + 1e-6)"
+    )
+    rng = random.Random(11)
+    n = 8
+    groups = []
+    for g in range(40):
+        size = n - 2 if uneven and g % 7 == 3 else n
+        kind = rng.random()
+        if kind < 0.3:
+            groups.append([rng.choice((0.0, 1.0, 0.7))] * size)
+        else:
+            groups.append([rng.choice((0.0, 0.25, 1.0)) for _ in range(size)])
+    raw = [r for g in groups for r in g]
+    args = types.SimpleNamespace(
+        n_samples_per_prompt=n,
+        rollout_batch_size=len(groups),
+        advantage_estimator="grpo",
+        grpo_std_normalization=True,
+    )
+    local: dict[str, Any] = {"torch": torch, "raw_rewards": raw, "self": types.SimpleNamespace(args=args)}
+    exec(block, local)
+    advantages = local["rewards"].flatten()
+    theirs, start = [], 0
+    for values in groups:
+        theirs.append(bool((advantages[start : start + len(values)] != 0).any()))
+        start += len(values)
+    arrays = [np.array(values) for values in groups]
+    report = compare(
+        "slime-fallback",
+        arrays,
+        np.array([min(g) != max(g) for g in groups]),
+        value_of_group=("step", np.zeros(len(groups), np.int64), [1]),
+    )
+    constant = sum(min(g) == max(g) for g in groups)
+    assert report["kept"] == sum(theirs)
+    assert report["by"]["values"][0]["uneven"] is uneven
+    if uneven:
+        assert report["kept_although_inactive"] == constant > 5  # the fallback trains on every one
+    assert report["dropped_although_active"] == 0
+
+
+def test_check_slime_fallback_names_the_uneven_step(cli: Any, tmp_path: Path) -> None:
+    rows = [{"step": 1, "uid": f"1/{g}", "reward": float(g % 2)} for g in range(4) for _ in range(4)]
+    rows += [{"step": 1, "uid": "1/x", "reward": float(i % 2)} for i in range(4)]
+    rows += [{"step": 2, "uid": f"2/{g}", "reward": float(g % 2)} for g in range(4) for _ in range(4)]
+    rows += [{"step": 2, "uid": "2/x", "reward": float(i % 2)} for i in range(3)]  # a group short
+    path = tmp_path / "uneven.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    result = cli("check", path, "-g", "uid", "--batch-col", "step", "--trainer-filter", "slime-fallback")
+    assert result.exit_code == 0, result.stderr
+    assert "4 kept although constant, 0 dropped although active" in result.stderr
+    assert "step 2: 4 kept although constant, 0 dropped although active (of 5); uneven group sizes" in (
+        result.stderr
+    )
+    assert "step 1:" not in result.stderr
