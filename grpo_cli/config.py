@@ -58,6 +58,7 @@ class ComputeConfig:
     baseline_col: str | None = None
     by_cols: tuple[str, ...] = ()
     trainer_filter: str | None = None
+    filter_unshaped: bool = False
 
     def __post_init__(self) -> None:
         # Plain names are accepted where specs are expected: ComputeConfig(rewards=("correct",)).
@@ -137,6 +138,11 @@ class ComputeConfig:
             raise GrpoError("--stop-properly penalises truncated rollouts: it needs --truncated-col")
         if self.truncated_col is not None and options.stop_properly is None:
             raise GrpoError("--truncated-col is read by --stop-properly; give --stop-properly C")
+        if self.filter_unshaped and (self.trainer_filter is None or not options.shapes_rewards):
+            raise GrpoError(
+                "--filter-unshaped gives --trainer-filter the rewards before the reward transforms: it "
+                "needs --trainer-filter and a transform (--overlong, --stop-properly, --reward-bias, ...)"
+            )
         if options.shapes_rewards and self.per_column:
             raise GrpoError(
                 "the reward transforms (--overlong, --stop-properly, --reward-bias/-scale/-clip) shape the "

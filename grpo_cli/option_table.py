@@ -201,6 +201,18 @@ _ROWS = (
         metavar="NAME",
     ),
     Option(
+        "filter_unshaped",
+        ("--filter-unshaped",),
+        "With --trainer-filter and a reward transform: the trainer's rule sees the rewards before the "
+        "transforms, as NeMo-RL's dynamic sampling filters on its unshaped reward; the exact decision "
+        "stays on the shaped reward the estimator normalises.",
+        bool,
+        False,
+        panel="Checks",
+        commands=("check",),
+        keyword=False,
+    ),
+    Option(
         "max_misclassified_groups",
         ("--max-misclassified-groups",),
         "With --trainer-filter: fail if the trainer's rule decides more than N groups otherwise than the "

@@ -238,7 +238,12 @@ def filter_lines(summary: RunSummary) -> list[str]:
         f"{report['kept']:,} of "
         f"{report['groups']:,} groups; {report['kept_although_inactive']:,} kept although constant, "
         f"{report['dropped_although_active']:,} dropped although active"
-        + (f", {report['split']:,} split (some rows kept, some dropped)" if report.get("split") else ""),
+        + (f", {report['split']:,} split (some rows kept, some dropped)" if report.get("split") else "")
+        + (
+            f"; the rule saw the {report['rewards']} rewards, the exact decision the shaped ones"
+            if "rewards" in report
+            else ""
+        ),
     ]
     by = report.get("by")
     if by is not None:

@@ -38,6 +38,7 @@ class RewardBatch:
     channel_valid: list[torch.Tensor | None]
     combined: torch.Tensor
     combined_valid: torch.Tensor | None
+    unshaped: torch.Tensor | None = None  # the combined reward before the reward transforms
 
     @staticmethod
     def concat(parts: Sequence[RewardBatch]) -> RewardBatch:
@@ -54,6 +55,9 @@ class RewardBatch:
             ],
             combined=torch.cat(combined),
             combined_valid=_concat_valid([p.combined_valid for p in parts], combined),
+            unshaped=None
+            if any(p.unshaped is None for p in parts)
+            else torch.cat([p.unshaped for p in parts if p.unshaped is not None]),
         )
 
 
@@ -110,13 +114,15 @@ class RewardReader:
             return RewardBatch([tensor], [valid], tensor, valid)
         weighted = [v.to(torch.float64) * spec.weight for v, spec in zip(values, self.specs, strict=True)]
         combined = _weighted_sum(weighted, nansum=self.nansum)
+        unshaped = None
         if self.shaping is not None:
+            unshaped = combined
             combined = self._shaped(combined, batch, first_row)
         combined_valid = _finite(combined)
         if self.per_column:
             scaled = [v.to(torch.float64) for v in values]
             return RewardBatch(scaled, [_finite(v) for v in scaled], combined, combined_valid)
-        return RewardBatch([combined], [combined_valid], combined, combined_valid)
+        return RewardBatch([combined], [combined_valid], combined, combined_valid, unshaped)
 
     def _shaped(self, combined: torch.Tensor, batch: pa.RecordBatch, first_row: int) -> torch.Tensor:
         """The summed reward after the run's reward transforms."""

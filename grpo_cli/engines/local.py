@@ -289,7 +289,9 @@ class _StatisticsPass:
         if self.group_rewards is not None:
             self.group_rewards.append((group_ids, chunk.combined.to(torch.float64), chunk.combined_valid))
         if self.filter_rows is not None:  # --trainer-filter: each group's rewards, in input order
-            combined = chunk.combined.numpy()
+            seen = chunk.unshaped if self.plan.config.filter_unshaped else chunk.combined
+            assert seen is not None
+            combined = seen.numpy()
             scored = None if chunk.combined_valid is None else chunk.combined_valid.numpy()
             self.filter_rows.append(
                 (group_ids, combined) if scored is None else (group_ids[scored], combined[scored])
@@ -607,13 +609,16 @@ class LocalEngine:
         elif self.config.batch_col is not None:
             layout = first.batches
             partition = (self.config.batch_col, layout.of_group, layout.keys)
-        return compare(
+        report = compare(
             name,
             split_by_group(ids.astype(np.int64), values, num_groups),
             outcome.active.numpy().astype(bool),
             key_at=first.keys.key_at if first.keys is not None else None,
             value_of_group=partition,
         )
+        if self.config.advantage.shapes_rewards:
+            report["rewards"] = "unshaped" if self.config.filter_unshaped else "shaped"
+        return report
 
     def _block_warnings(self) -> list[str]:
         """With ``--group-size``: do the first blocks each hold one prompt (where a prompt-like
