@@ -61,6 +61,7 @@ PER_TRAINER = [
     ("roll", "sample_data/dumps/roll"),
     ("slime", "sample_data/dumps/slime/rollout_data"),
     ("skyrl", "sample_data/dumps/skyrl"),
+    ("prime-rl", "sample_data/dumps/prime-rl"),
     ("areal", "sample_data/dumps/areal/rollout"),
     ("open-instruct", "sample_data/dumps/open-instruct/rollouts"),
 ]

@@ -68,7 +68,7 @@ TrainerFilterName = Literal[
     "trl-batch",
 ]
 """The trainers' no-signal rules ``check --trainer-filter`` applies (:mod:`grpo_cli.trainer_filters`)."""
-Trainer = Literal["verl", "trl", "nemo-rl", "roll", "slime", "skyrl", "areal", "open-instruct"]
+Trainer = Literal["verl", "trl", "nemo-rl", "roll", "slime", "skyrl", "prime-rl", "areal", "open-instruct"]
 """The trainers whose rollout dumps ``--from`` reads (:mod:`grpo_cli.dumps`)."""
 
 

@@ -42,7 +42,7 @@ from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.scratch import spool
 from grpo_cli.sources import InputSet, Shard
 
-Layout = Literal["jsonl", "parquet", "json-columns", "torch"]
+Layout = Literal["jsonl", "parquet", "json-columns", "torch", "episodes"]
 RESPONSE_LENGTH = "response_length"
 """The response's token count a dump's fields give (AReaL: ``seqlen - prompt_len``)."""
 EVAL_ONLY_STEP = -1
@@ -189,6 +189,7 @@ class DumpFormat:
     per_token_advantage: tuple[str, str] | None = None  # (advantages, loss mask): NeMo-RL
     step_folder: re.Pattern[str] | None = None  # nested: the folder name, its ``step`` group the step
     response_length: tuple[str, str] | None = None  # (total, prompt) token fields: AReaL
+    tree: tuple[str, re.Pattern[str]] | None = None  # files deeper in the folder: (glob, path rule)
     unread: tuple[tuple[re.Pattern[str], str], ...] = ()  # files the trainer writes that are refused, why
     notes: tuple[str, ...] = ()
     article: str = "a"
@@ -201,7 +202,7 @@ class DumpFormat:
     def rewritten(self) -> bool:
         """Whether each file is rewritten into a private Arrow file before it is read."""
         return (
-            self.layout == "torch"
+            self.layout in ("torch", "episodes")
             or self.step_from_file
             or self.response_length is not None
             or bool(self.unwrap)
@@ -347,6 +348,32 @@ DUMPS: dict[str, DumpFormat] = {
             "a prompt drawn twice in one evaluation is one group here (its decoded text is the key)",
         ),
     ),
+    "prime-rl": DumpFormat(
+        name="prime-rl",
+        trainer="prime-rl",
+        writer="src/prime_rl/monitors/file.py FileMonitor.log_episodes (verifiers Episode.to_record)",
+        switch="the file monitor (monitors: file)",
+        file_name=re.compile(r"^traces\.jsonl$"),
+        layout="episodes",
+        fields=("step", "group_id", "reward"),
+        rewards=("reward",),
+        group=KeyColumns(("step", "group_id"), "the episode group's id within a step"),
+        step_field="step",
+        advantage_col="trainer_advantage",
+        subfolder="rollouts",
+        tree=(
+            "step_*/train/effective/traces.jsonl",
+            re.compile(r"(^|/)step_(?P<step>\d+)/(train|eval)/(all|effective)/traces\.jsonl$"),
+        ),
+        settings=(("estimator", "dr_grpo"),),
+        notes=(
+            "one row per trace prime-rl trains on (iter_trainable_traces: no error, a trainable agent, a "
+            "sampled token); reward: the sum of its weighted scores (verifiers Trace.reward)",
+            "prime-rl's GRPO: float32 r - mean of the group, no division: --estimator dr_grpo here",
+            "trainer_advantage: the advantage prime-rl set on the trace's sampled tokens (NaN where they "
+            "differ)",
+        ),
+    ),
     "areal": DumpFormat(
         name="areal",
         trainer="AReaL",
@@ -395,7 +422,7 @@ DUMPS: dict[str, DumpFormat] = {
 """Every dump grpo-cli reads, by ``--from`` name (``verl`` names both of verl's generations;
 the content tells them apart)."""
 
-TRAINERS = ("verl", "trl", "nemo-rl", "roll", "slime", "skyrl", "areal", "open-instruct")
+TRAINERS = ("verl", "trl", "nemo-rl", "roll", "slime", "skyrl", "prime-rl", "areal", "open-instruct")
 """The ``--from`` choices."""
 
 
@@ -545,6 +572,9 @@ def _dump_files(dump: DumpFormat, specs: Sequence[str]) -> tuple[list[tuple[Path
 def _files_in(dump: DumpFormat, path: Path) -> list[Path]:
     """The files of ``path`` (a folder) named as ``dump`` names its files, in name order."""
     folder = path / dump.subfolder if dump.subfolder and (path / dump.subfolder).is_dir() else path
+    if dump.tree is not None:
+        glob, rule = dump.tree
+        return [p for p in sorted(folder.glob(glob)) if p.is_file() and rule.search(p.as_posix())]
     pattern = "*/*" if dump.nested else "*"
     return [
         p
@@ -574,12 +604,16 @@ def _pattern_text(dump: DumpFormat) -> str:
         "roll": "rollout_dump_data.step_{N}.jsonl",
         "slime": "{rollout_id}.pt",
         "skyrl": "dumped_evals/global_step_{N}_evals/{data_source}.jsonl",
+        "prime-rl": "rollouts/step_{N}/train/effective/traces.jsonl",
         "areal": "{version}/{task_id}.jsonl",
         "open-instruct": "{run_name}_rollouts_{shard:06d}.jsonl",
     }[dump.name]
 
 
 def _step_of(dump: DumpFormat, path: Path) -> int | None:
+    if dump.tree is not None:
+        found = dump.tree[1].search(path.as_posix())
+        return int(found["step"]) if found is not None else None
     match = dump.file_name.match(path.name)
     if match is None:
         return None
@@ -599,7 +633,7 @@ def _schema_of(dump: DumpFormat, path: Path) -> pa.Schema:
             return pq.read_schema(path)
         except (pa.ArrowException, OSError) as exc:
             raise GrpoError(f"{path}: not a readable Parquet file ({first_line(exc)})") from None
-    if dump.layout == "torch":
+    if dump.layout in ("torch", "episodes"):
         return _loaded(dump, path).schema
     with InputSet([os.fspath(path)], input_format=_input_format(dump)) as inputs:
         from grpo_cli.readers import read_schema
@@ -740,6 +774,8 @@ def _loaded(dump: DumpFormat, path: Path) -> pa.Table:
     label = os.fspath(path)
     if dump.layout == "torch":
         return _torch_samples(path, label)
+    if dump.layout == "episodes":
+        return _episode_traces(path, label)
     with InputSet([label], input_format=_input_format(dump)) as inputs:
         return _whole_table(inputs.shards[0])
 
@@ -783,6 +819,66 @@ def _torch_samples(path: Path, label: str) -> pa.Table:
             raise GrpoError(f"{label}: sample {number} is a {type(sample).__name__}, not a dict")
         rows.append({key: _plain(item) for key, item in sample.items()})
     return _table_of_rows(rows, label)
+
+
+_EPISODE_FIELDS = ("id", "group", "run", "traces")
+
+
+def _episode_traces(path: Path, label: str) -> pa.Table:
+    """prime-rl's ``traces.jsonl``: one verifiers ``Episode`` record a line, read through the
+    hardened JSON lines reader; a row per trace prime-rl trains on (``iter_trainable_traces``:
+    no error, a trainable agent, a sampled token), its reward the sum of its weighted scores."""
+    with InputSet([label], input_format="jsonl") as inputs:
+        table = _whole_table(inputs.shards[0])
+    missing = [name for name in _EPISODE_FIELDS if name not in table.column_names]
+    if missing:
+        raise GrpoError(
+            f"{label}: not a prime-rl dump: it has no {', '.join(missing)} field (its fields: "
+            f"{', '.join(table.column_names[:8])}{', ...' if table.num_columns > 8 else ''})"
+        )
+    rows = []
+    for line, episode in enumerate(table.select(list(_EPISODE_FIELDS)).to_pylist(), start=1):
+        group, run = episode["group"], episode["run"] or {}
+        step = (run.get("work") or {}).get("step")
+        if not group or group.get("id") is None or step is None:
+            what = "group id" if not group or group.get("id") is None else "run.work.step"
+            raise GrpoError(f"{label}, line {line}: the episode has no {what} (prime-rl stamps both)")
+        for index, trace in enumerate(episode["traces"] or []):
+            agent = trace.get("agent") or {}
+            nodes = [node for node in trace.get("nodes") or [] if any(node.get("mask") or [])]
+            if not trace.get("ok") or not agent.get("trainable", True) or not nodes:
+                continue
+            rewards = [r for r in (trace.get("rewards") or {}).values() if r is not None]
+            advantages = [a for node in nodes for a in node.get("advantages") or []]
+            rows.append(
+                {
+                    "step": int(step),
+                    "group_id": str(group["id"]),
+                    "episode_id": episode["id"],
+                    "trace": index,
+                    "agent": agent.get("name"),
+                    "reward": float(sum(r["score"] * r.get("weight", 1.0) for r in rewards)),
+                    "sampled_tokens": sum(sum(bool(m) for m in node["mask"]) for node in nodes),
+                    "trainer_advantage": None
+                    if not advantages
+                    else advantages[0]
+                    if all(a == advantages[0] for a in advantages)
+                    else math.nan,
+                }
+            )
+    schema = pa.schema(
+        [
+            ("step", pa.int64()),
+            ("group_id", pa.string()),
+            ("episode_id", pa.string()),
+            ("trace", pa.int64()),
+            ("agent", pa.string()),
+            ("reward", pa.float64()),
+            ("sampled_tokens", pa.int64()),
+            ("trainer_advantage", pa.float64()),
+        ]
+    )
+    return pa.Table.from_pylist(rows, schema=schema)
 
 
 def _plain(value: Any) -> Any:

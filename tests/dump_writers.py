@@ -20,6 +20,7 @@ import functools
 import json
 import os
 import random
+import shutil
 import sys
 import types
 import uuid
@@ -37,6 +38,8 @@ VERL = ("verl-project/verl", "1dda039b9c6311889a9c9a26040677e1254814f9")
 ROLL = ("alibaba/ROLL", "8eb27cc2dc34c4d1310b169d9b86d339004d811a")
 SLIME = ("THUDM/slime", "624b824a898ab0ec1fcb4d373004c7f3852bf515")
 SKYRL = ("NovaSky-AI/SkyRL", "a9564572eb8e91076be43c1bd5e4615e3de17265")
+PRIME_RL = ("PrimeIntellect-ai/prime-rl", "559b44772e471d1538537b8805cc77f3824a5e64")
+VERIFIERS = ("PrimeIntellect-ai/verifiers", "a60a606ecc4d309247edf9ff92c3eabca362781f")
 AREAL = ("inclusionAI/AReaL", "4aef98d8d818af55b43621aaadba047ae10f4e77")
 OPEN_INSTRUCT = ("allenai/open-instruct", "e6c3044aa6201c8bfa4573c1b03142af599e730d")
 
@@ -63,6 +66,12 @@ WRITERS: dict[str, tuple[tuple[str, str], str, str]] = {
         SKYRL,
         "skyrl/train/evaluate.py + skyrl/train/utils/trainer_utils.py",
         "evaluate (the dumped_evals folder block), dump_per_dataset_eval_results, sanitize_data_source",
+    ),
+    "prime-rl": (
+        PRIME_RL,
+        "src/prime_rl/monitors/file.py + src/prime_rl/orchestrator/algo/grpo.py",
+        "FileMonitor.log_episodes (the write block), GRPOAlgorithm.score_group, assign_advantages, "
+        "iter_trainable_traces; the records by verifiers (a60a606e) Episode.to_record",
     ),
     "areal": (
         AREAL,
@@ -613,6 +622,163 @@ def write_skyrl(folder: Path, *, prompts: int = 36, n: int = 4, seed: int = 9) -
     return truth
 
 
+# --------------------------------------------------------------------------- prime-rl
+
+
+class WriterUnavailable(Exception):
+    """A trainer's writer cannot run here (a package it needs is not installed)."""
+
+
+_PRIME_RL_SCRIPT = """
+import asyncio, json, sys
+from pathlib import Path
+
+import orjson
+import torch
+import verifiers.v1 as vf
+from verifiers.v1.configs.agent import WireAgentConfig
+from verifiers.v1.trace import MessageNode, Timing
+from verifiers.v1.types import AssistantMessage, UserMessage
+
+{iter_trainable_traces}
+
+{assign_advantages}
+
+
+async def score_group(self, episodes):
+{score_group}
+
+
+def log_episodes(self, episodes, step, kind, subset):
+{write}
+    write()
+
+
+spec = json.load(sys.stdin)
+self = type("Monitor", (), {{}})()
+self.output_dir = Path(spec["folder"])
+self.length_penalty = None
+for step in spec["steps"]:
+    episodes = []
+    for group in step["groups"]:
+        members = []
+        for e in group["episodes"]:
+            task = vf.TraceTask(type="MathTask", data={{"question": group["question"]}}, key=group["id"])
+            nodes = [
+                MessageNode(message=UserMessage(content=group["question"]), token_ids=group["prompt"],
+                            mask=[False] * len(group["prompt"]), timestamp=0.0),
+                MessageNode(parent=0, message=AssistantMessage(content=e["answer"]), sampled=True,
+                            token_ids=e["tokens"], mask=[True] * len(e["tokens"]), timestamp=0.0),
+            ]
+            rewards = {{name: (None if score is None else vf.Reward(score=score, weight=weight))
+                        for name, (score, weight) in e["rewards"].items()}}
+            trace = vf.Trace(id=e["id"] + "-t", task=task, agent=vf.AgentInfo(config=WireAgentConfig()),
+                             nodes=nodes, rewards=rewards, ok=e["ok"], is_completed=True,
+                             timing=Timing(start=0.0))
+            members.append(vf.Episode(id=e["id"], task=task, group=vf.GroupInfo(id=group["id"]),
+                                      run=vf.TrainRunInfo(id="run", work=vf.TrainWorkInfo(step=step["step"])),
+                                      ok=e["ok"], traces=[trace]))
+        asyncio.run(score_group(self, members))
+        episodes += members
+    log_episodes(self, episodes, step["step"], "train", "effective")
+    print(json.dumps([
+        [e.group.id, e.traces[0].nodes[1].advantages[0] if e.traces[0].nodes[1].advantages else None]
+        for e in episodes if e.traces[0].ok
+    ]))
+"""
+
+
+def write_prime_rl(folder: Path, *, prompts: int = 24, n: int = 4, seed: int = 10) -> dict[str, Any]:
+    """prime-rl's ``rollouts/step_{N}/train/effective/traces.jsonl`` (its file monitor): one
+    verifiers ``Episode`` record per line, its traces nested, rewards a dict of weighted scores,
+    the GRPO advantage on each sampled token. The records are built and written by the
+    verifiers package (``GRPO_VERIFIERS_DEPS``: a folder holding its dependencies, which
+    conflict with this environment's) in a subprocess running prime-rl's blocks."""
+    import subprocess
+    import tempfile
+
+    deps = os.environ.get("GRPO_VERIFIERS_DEPS")
+    if not deps or not Path(deps).is_dir():
+        raise WriterUnavailable("set GRPO_VERIFIERS_DEPS to a folder with verifiers' dependencies")
+    base = source(PRIME_RL, "src/prime_rl/orchestrator/algo/base.py")
+    routing = source(PRIME_RL, "src/prime_rl/orchestrator/algo/routing.py")
+    grpo = source(PRIME_RL, "src/prime_rl/orchestrator/algo/grpo.py")
+    monitor = source(PRIME_RL, "src/prime_rl/monitors/file.py")
+    score = _cut(
+        grpo,
+        "traces = [trace for _, trace in iter_trainable_traces(episodes)]",
+        "assign_advantages(trace, advantage)",
+    )
+    write = _cut(
+        monitor,
+        "def write() -> None:",
+        "f.write(orjson.dumps(episode.to_record(), default=str, option=opts))",
+    )
+    script = _PRIME_RL_SCRIPT.format(
+        iter_trainable_traces=_function(base, "iter_trainable_traces"),
+        assign_advantages=_function(routing, "assign_advantages"),
+        score_group="\n".join("    " + line for line in score.splitlines()),
+        write="\n".join("    " + line for line in write.splitlines()),
+    )
+    rng = random.Random(seed)
+    steps = []
+    for step in range(1, STEPS + 1):
+        groups = []
+        for p in range(prompts):
+            rewards = _binary_or_partial(rng, n)
+            episodes = []
+            for i, reward in enumerate(rewards):
+                fmt = rng.choice((1.0, 0.0, None))
+                episodes.append(
+                    {
+                        "id": f"s{step}p{p}e{i}",
+                        "answer": f"answer {rng.randint(0, 99)}",
+                        "tokens": [rng.randint(5, 900) for _ in range(rng.randint(1, 6))],
+                        "rewards": {"correct": [reward, 1.0], "format": [fmt, 0.25]},
+                        "ok": rng.random() > 0.04,  # an errored rollout: prime-rl trains on none of it
+                    }
+                )
+            groups.append(
+                {
+                    "id": f"{step}-{p}",
+                    "question": _prompt(rng, step * 1000 + p),
+                    "prompt": [rng.randint(5, 900) for _ in range(rng.randint(2, 5))],
+                    "episodes": episodes,
+                }
+            )
+        steps.append({"step": step, "groups": groups})
+    with tempfile.TemporaryDirectory() as scratch:
+        (Path(scratch) / "write.py").write_text(script)
+        mirror = (
+            Path(os.environ.get("GRPO_TRAINER_MIRRORS", "/work/.mirror"))
+            / "PrimeIntellect-ai+verifiers"
+            / "repo"
+        )
+        archive = subprocess.run(
+            ["git", "--git-dir", str(mirror), "archive", VERIFIERS[1], "verifiers"], capture_output=True
+        )
+        if archive.returncode != 0:
+            raise WriterUnavailable(f"no mirror of {VERIFIERS[0]} at {VERIFIERS[1][:8]}")
+        subprocess.run(["tar", "-x", "-C", scratch], input=archive.stdout, check=True)
+        done = subprocess.run(
+            [sys.executable, str(Path(scratch) / "write.py")],
+            input=json.dumps({"folder": str(folder), "steps": steps}),
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": f"{scratch}:{deps}"},
+        )
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-3000:])
+    truth: dict[str, Any] = {}
+    for step, line in zip(range(1, STEPS + 1), done.stdout.splitlines(), strict=True):
+        rows = json.loads(line)
+        truth[f"rollouts/step_{step}/train/effective/traces.jsonl"] = {
+            "groups": [group for group, _ in rows],
+            "advantage": [advantage for _, advantage in rows],
+        }
+    return truth
+
+
 # --------------------------------------------------------------------------- open-instruct
 
 
@@ -692,6 +858,7 @@ WRITE: dict[str, Callable[[Path], dict[str, Any]]] = {
     "roll": write_roll,
     "slime": write_slime,
     "skyrl": write_skyrl,
+    "prime-rl": write_prime_rl,
     "areal": write_areal,
     "open-instruct": write_open_instruct,
 }
@@ -705,7 +872,8 @@ def _quietly(write: Any, folder: Path) -> dict[str, Any]:
 
 def write_all(root: Path) -> dict[str, Any]:
     """Every dump under ``root/<name>/`` (slime's under ``rollout_data/``, AReaL's under
-    ``rollout/``, as the trainers lay them out); the truth of each, by dump and file."""
+    ``rollout/``, as the trainers lay them out); the truth of each, by dump and file. A dump
+    whose writer cannot run here (:class:`WriterUnavailable`) is left out."""
     truth: dict[str, Any] = {}
     layout = {
         "slime": "slime/rollout_data",
@@ -717,10 +885,15 @@ def write_all(root: Path) -> dict[str, Any]:
         folder = root / layout.get(name, name)
         folder.mkdir(parents=True, exist_ok=True)
         repo, path, function = WRITERS[name]
+        try:
+            files = _quietly(write, folder)
+        except WriterUnavailable:
+            shutil.rmtree(folder, ignore_errors=True)
+            continue
         truth[name] = {
             "writer": {"repository": repo[0], "commit": repo[1], "path": path, "function": function},
             "folder": str(folder.relative_to(root)),
-            "files": _quietly(write, folder),
+            "files": files,
         }
     return truth
 
@@ -743,14 +916,21 @@ def provenance_table(truth: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    import shutil
     import tempfile
 
     target = Path(sys.argv[1])
     with tempfile.TemporaryDirectory() as scratch:  # the writers append (AReaL, open-instruct): start empty
         written = write_all(Path(scratch))
+        committed = json.loads(TRUTH.read_text()) if TRUTH.exists() else {}
+        written = {
+            name: written.get(name, committed.get(name))
+            for name in WRITE
+            if name in written or name in committed
+        }
         for entry in written.values():
             top = Path(entry["folder"]).parts[0]
+            if not (Path(scratch) / top).exists():  # its writer could not run: the committed files stay
+                continue
             shutil.rmtree(target / top, ignore_errors=True)
             shutil.copytree(Path(scratch) / top, target / top)
     TRUTH.write_text(json.dumps(written, separators=(",", ":")) + "\n")

@@ -37,6 +37,7 @@ FROM = {
     "roll": "roll",
     "slime": "slime",
     "skyrl": "skyrl",
+    "prime-rl": "prime-rl",
     "areal": "areal",
     "open-instruct": "open-instruct",
 }
@@ -90,7 +91,10 @@ def test_the_committed_dumps_are_what_the_trainers_writers_write(tmp_path: Path)
     from tests.dump_writers import provenance_table, write_all
 
     truth = write_all(tmp_path)  # skips where a trainer's source is not fetched
-    assert truth == TRUTH
+    # prime-rl's records are written by the verifiers package, whose dependencies only a
+    # GRPO_VERIFIERS_DEPS folder holds: without it, that dump is left out here
+    assert set(TRUTH) - set(truth) <= {"prime-rl"}
+    assert truth == {name: TRUTH[name] for name in truth}
     for name, entry in truth.items():
         for relative in entry["files"]:
             ours, committed = tmp_path / entry["folder"] / relative, DUMP_ROOT / entry["folder"] / relative
@@ -100,7 +104,7 @@ def test_the_committed_dumps_are_what_the_trainers_writers_write(tmp_path: Path)
                 assert torch.load(ours, weights_only=True) == torch.load(committed, weights_only=True)
             else:
                 assert ours.read_bytes() == committed.read_bytes(), (name, relative)
-    assert provenance_table(truth) in (DUMP_ROOT / "README.md").read_text()
+    assert provenance_table(TRUTH) in (DUMP_ROOT / "README.md").read_text()
 
 
 # --------------------------------------------------------------------------- the groups and the advantages
@@ -179,7 +183,7 @@ def test_compute_and_check_need_no_other_option(name: str, cli: Any, tmp_path: P
     assert f"{DUMPS[name].trainer} dump" in checked.stderr
 
 
-@pytest.mark.parametrize("name", ["trl", "nemo-rl", "open-instruct"])
+@pytest.mark.parametrize("name", ["trl", "nemo-rl", "prime-rl", "open-instruct"])
 def test_check_verify_compares_the_trainers_own_advantage_with_its_preset(name: str, cli: Any) -> None:
     result = cli("check", folder_of(name), "--from", FROM[name], "--verify")
     assert result.exit_code == 0, result.stderr
@@ -599,3 +603,52 @@ def test_skyrl_file_outside_an_evaluation_folder_is_refused(cli: Any, tmp_path: 
     assert_one_line_error(
         cli("check", loose, "--from", "skyrl"), "its name does not give the step", "global_step_{N}_evals"
     )
+
+
+# --------------------------------------------------------------------------- prime-rl
+
+
+def test_prime_rl_rows_are_the_traces_it_trains_on(tmp_path: Path) -> None:
+    table, summary, (_, shards, _) = computed("prime-rl", tmp_path)
+    records = sum(len((shard.origin or Path(shard.display)).read_text().splitlines()) for shard in shards)
+    assert table.num_rows == len(truth_labels("prime-rl", shards)) < records  # errored ones left out
+    theirs = [a for entry in TRUTH["prime-rl"]["files"].values() for a in entry["advantage"]]
+    assert table.column("trainer_advantage").to_pylist() == theirs
+    assert summary.input["from"]["group_key"].startswith("(step, group_id)")
+
+
+def test_prime_rl_verify_fails_an_altered_token_advantage(cli: Any, tmp_path: Path) -> None:
+    folder = tmp_path / "prime-rl"
+    shutil.copytree(folder_of("prime-rl"), folder)
+    target = folder / "rollouts" / "step_2" / "train" / "effective" / "traces.jsonl"
+    lines = target.read_text().splitlines()
+    record = json.loads(lines[5])
+    node = record["traces"][0]["nodes"][1]
+    node["advantages"] = [a + 0.5 for a in node["advantages"]]
+    lines[5] = json.dumps(record)
+    target.write_text("\n".join(lines) + "\n")
+    result = cli("check", folder, "--from", "prime-rl", "--verify")
+    assert result.exit_code == 1, result.stderr
+    assert "FAIL  verify-advantage-col: 1 rows differ" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("record", "fragment"),
+    [
+        ({"id": "e", "run": {"work": {"step": 1}}, "traces": []}, "it has no group field"),
+        (
+            {"id": "e", "group": None, "run": {"work": {"step": 1}}, "traces": []},
+            "the episode has no group id",
+        ),
+        ({"id": "e", "group": {"id": "g"}, "run": {}, "traces": []}, "the episode has no run.work.step"),
+    ],
+)
+def test_a_prime_rl_record_without_its_group_or_step_is_refused(
+    record: dict[str, Any], fragment: str, cli: Any, tmp_path: Path
+) -> None:
+    target = tmp_path / "rollouts" / "step_1" / "train" / "effective" / "traces.jsonl"
+    target.parent.mkdir(parents=True)
+    target.write_text(json.dumps(record) + "\n")
+    out = tmp_path / "out.parquet"
+    assert_one_line_error(cli("compute", tmp_path, "--from", "prime-rl", "-o", out), fragment)
+    assert not out.exists()
