@@ -7,15 +7,16 @@ folder, its files, or a glob) into an :class:`~grpo_cli.sources.InputSet` plus t
 values the format implies; explicit options override every one of them
 (:func:`grpo_cli.config.resolve_config`).
 
-Files a format reads as they are (verl's and AReaL's JSON lines, TRL's Parquet) are read in
-place. The others are rewritten once, file by file, into a private Arrow file
-(:mod:`grpo_cli.scratch`) that holds every field of the dump plus the derived ones: ROLL's
-one JSON object of columns, slime's ``torch.save`` file (loaded with
-``weights_only=True``: nothing in a dump is ever executed), NeMo-RL's one-element lists,
-verl v1's uid prefix. The user's files are never written.
+Files a format reads as they are (verl's and open-instruct's JSON lines, TRL's Parquet, ROLL's
+column object) are read in place. The others are rewritten once, file by file, into a private
+Arrow file (:mod:`grpo_cli.scratch`) that holds every field of the dump plus the derived
+ones: slime's ``torch.save`` file (loaded with ``weights_only=True``: nothing in a dump is
+ever executed), NeMo-RL's one-element lists, verl v1's uid prefix, the step of SkyRL's and
+AReaL's folders, AReaL's response length, prime-rl's traces (a row per trace it trains on).
+SkyRL's training pickle is refused unopened. The user's files are never written.
 
 >>> sorted(DUMPS)
-['areal', 'nemo-rl', 'open-instruct', 'roll', 'slime', 'trl', 'verl', 'verl-v1']
+['areal', 'nemo-rl', 'open-instruct', 'prime-rl', 'roll', 'skyrl', 'slime', 'trl', 'verl', 'verl-v1']
 >>> DUMPS["verl"].group.describe()
 '(step, input): the prompt text within a step'
 """
