@@ -97,24 +97,11 @@ def _trl(rewards: np.ndarray) -> bool:
     return not bool(torch.isclose(std, torch.zeros_like(std)))
 
 
-def _trl_batch(rewards: np.ndarray) -> bool:
-    """TRL's ``is_std_zero`` under ``scale_rewards="batch"``: one float32 ``nanstd`` of the
-    whole batch, ``torch.isclose`` to 0, the same flag on every row (so TRL logs
-    ``frac_reward_zero_std`` as 0 or 1); "kept" means not counted as zero."""
-    import torch
-
-    values = torch.tensor(rewards, dtype=torch.float32)
-    if values.numel() < 2:
-        return False
-    mean = torch.nanmean(values)
-    variance = torch.nanmean((values - mean) ** 2)
-    count = torch.sum(~torch.isnan(values))
-    std = torch.sqrt(variance * (count / (count - 1)))
-    return not bool(torch.isclose(std, torch.zeros_like(std)))
-
-
 def _trl_batch_groups(groups: Sequence[np.ndarray]) -> np.ndarray:
-    flag = _trl_batch(np.concatenate(list(groups)) if groups else np.zeros(0))
+    """TRL's ``is_std_zero`` under ``scale_rewards="batch"``: the group rule on the whole batch
+    (one float32 ``nanstd``), the same flag on every group, so TRL logs
+    ``frac_reward_zero_std`` as 0 or 1."""
+    flag = _trl(np.concatenate(list(groups)) if groups else np.zeros(0))
     return np.full(len(groups), flag, dtype=bool)
 
 
@@ -246,7 +233,7 @@ FILTERS: dict[str, TrainerFilter] = {
         "trl/trainer/grpo_trainer.py is_std_zero (frac_reward_zero_std), scale_rewards='batch'",
         "every group of a batch counted as zero std if isclose(float32 nanstd of the whole batch, 0); "
         "the batch is --batch-col's (or the first --by's) value, else the whole input",
-        _trl_batch,
+        _trl,
         batch_rule=_trl_batch_groups,
         batch_figure=lambda groups, kept: ("batch_kept", bool(kept[0]) if kept.size else False),
     ),
