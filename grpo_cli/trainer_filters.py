@@ -39,11 +39,6 @@ class TrainerFilter:
     batch_rule: Callable[[Sequence[np.ndarray]], np.ndarray] | None = None  # a rule on a batch's groups
     batch_figure: Callable[[Sequence[np.ndarray], np.ndarray], tuple[str, Any]] | None = None  # per batch
 
-    @property
-    def whole_batch(self) -> bool:
-        """Whether a group's decision depends on the other groups of its batch."""
-        return self.batch_rule is not None
-
 
 def _dapo(dtype: Any) -> Callable[[np.ndarray], bool]:
     def keeps(rewards: np.ndarray) -> bool:
@@ -105,14 +100,6 @@ def _trl_batch_groups(groups: Sequence[np.ndarray]) -> np.ndarray:
     return np.full(len(groups), flag, dtype=bool)
 
 
-def _slime_group_keeps(rewards: np.ndarray) -> bool:
-    """slime's group normalisation trains on a group where some float32 ``r - mean`` is not 0."""
-    import torch
-
-    values = torch.tensor([float(r) for r in rewards], dtype=torch.float)
-    return bool(((values - values.mean()) != 0).any())
-
-
 def _slime_fallback(groups: Sequence[np.ndarray]) -> np.ndarray:
     """slime ``_post_process_rewards``: groups of one size are normalised each on its own
     (``rewards.reshape(-1, n_samples_per_prompt)``); a batch of uneven groups falls back to
@@ -122,7 +109,7 @@ def _slime_fallback(groups: Sequence[np.ndarray]) -> np.ndarray:
 
     sizes = {g.size for g in groups}
     if len(sizes) <= 1:
-        return np.array([_slime_group_keeps(g) for g in groups], dtype=bool)
+        return np.array([_mean_offset_float32(g) for g in groups], dtype=bool)
     batch = torch.tensor([float(r) for g in groups for r in g], dtype=torch.float)
     offsets = (batch - batch.mean()) != 0
     kept, start = [], 0
@@ -132,10 +119,11 @@ def _slime_fallback(groups: Sequence[np.ndarray]) -> np.ndarray:
     return np.array(kept, dtype=bool)
 
 
-def _prime_rl(rewards: np.ndarray) -> bool:
-    """prime-rl: GRPO's float32 ``rewards - rewards.mean()`` per rollout, then
-    ``_prune_zero_advantages`` drops every token whose advantage is exactly 0.0; the group
-    is "kept" when any rollout keeps its tokens."""
+def _mean_offset_float32(rewards: np.ndarray) -> bool:
+    """Whether some float32 ``r - mean`` of the group is not 0.0. prime-rl: GRPO's
+    ``rewards - rewards.mean()``, after which ``_prune_zero_advantages`` drops every token whose
+    advantage is exactly 0.0, so the group is kept when any rollout keeps its tokens; slime:
+    its group normalisation's numerator, so the group is trained on."""
     import torch
 
     values = torch.tensor([float(r) for r in rewards], dtype=torch.float32)
@@ -218,7 +206,7 @@ FILTERS: dict[str, TrainerFilter] = {
         "prime-rl",
         "prime_rl/orchestrator/algo/grpo.py score_group, orchestrator/train_sink.py _prune_zero_advantages",
         "tokens dropped where the float32 advantage r - mean is exactly 0.0",
-        _prime_rl,
+        _mean_offset_float32,
     ),
     "trl": TrainerFilter(
         "trl",
@@ -244,7 +232,7 @@ FILTERS: dict[str, TrainerFilter] = {
         "a batch of one group size: each group normalised on its own (float32 r - mean); a batch of "
         "uneven groups (--batch-col's value, else the whole input): one baseline for the whole batch, "
         "so its constant groups get advantages",
-        _slime_group_keeps,
+        _mean_offset_float32,
         batch_rule=_slime_fallback,
         batch_figure=lambda groups, kept: ("uneven", len({g.size for g in groups}) > 1),
     ),
