@@ -161,8 +161,10 @@ GroupRule = KeyColumns | KeyPrefix | ConsecutiveBlocks | PromptTokens
 class DumpFormat:
     """One trainer's dump: the files, their layout, the fields, and the group rule.
 
-    ``file_name``: a dump file's name, its ``step`` group the step it holds (``None``: the
-    step is the name of the folder the file lies in, AReaL's version folders). ``fields``:
+    ``file_name``: a dump file's name, its ``step`` group (where it has one) the step it holds.
+    ``tree``: for dumps whose files lie in folders below the dump folder (AReaL's versions,
+    SkyRL's evaluations, prime-rl's steps), the glob that finds them and the rule on their path
+    whose ``step`` group is the step (none: SkyRL's ``eval_only``, step -1). ``fields``:
     what every file of this dump holds (a file without them is another trainer's).
     ``step_field``: the step's field, or the name of a column derived from the file name
     where the records do not hold it. ``unwrap``: fields written as one-element lists,
@@ -185,12 +187,11 @@ class DumpFormat:
     step_from_file: bool = False
     unwrap: tuple[tuple[str, str], ...] = ()
     every_step: bool = True
-    nested: bool = False
     subfolder: str | None = None
     per_token_advantage: tuple[str, str] | None = None  # (advantages, loss mask): NeMo-RL
-    step_folder: re.Pattern[str] | None = None  # nested: the folder name, its ``step`` group the step
     response_length: tuple[str, str] | None = None  # (total, prompt) token fields: AReaL
-    tree: tuple[str, re.Pattern[str]] | None = None  # files deeper in the folder: (glob, path rule)
+    # files in folders below the dump folder: (glob, rule on the path, its ``step`` group the step)
+    tree: tuple[str, re.Pattern[str]] | None = None
     unread: tuple[tuple[re.Pattern[str], str], ...] = ()  # files the trainer writes that are refused, why
     notes: tuple[str, ...] = ()
     article: str = "a"
@@ -330,9 +331,13 @@ DUMPS: dict[str, DumpFormat] = {
         preset="verl",
         step_from_file=True,
         every_step=False,  # one folder per evaluation (trainer.eval_interval)
-        nested=True,
         subfolder="dumped_evals",
-        step_folder=re.compile(r"^global_step_(?P<step>\d+)_evals$|^eval_only$"),
+        tree=(
+            "*/*.jsonl",
+            re.compile(
+                r"(^|/)(global_step_(?P<step>\d+)_evals|eval_only)/(?!aggregated_results\.jsonl$)[^/]+\.jsonl$"
+            ),
+        ),
         unread=(
             (
                 re.compile(r"^global_step_\d+_training_input\.pkl$"),
@@ -388,8 +393,7 @@ DUMPS: dict[str, DumpFormat] = {
         step_field="tail_version",
         preset="areal",
         every_step=False,
-        nested=True,
-        step_folder=re.compile(r"^(?P<step>\d+)$"),
+        tree=("*/*.jsonl", re.compile(r"(^|/)(?P<step>\d+)/\d+\.jsonl$")),
         response_length=("seqlen", "prompt_len"),
         article="an",
         settings=(("length_col", RESPONSE_LENGTH),),
@@ -404,7 +408,7 @@ DUMPS: dict[str, DumpFormat] = {
         trainer="open-instruct",
         writer="open_instruct/rl_utils.py _save_rollouts (save_traces)",
         switch="save_traces with rollouts_save_path",
-        file_name=re.compile(r"^.+_rollouts_(?P<step>)\d{6}\.jsonl$"),
+        file_name=re.compile(r"^.+_rollouts_\d{6}\.jsonl$"),
         layout="jsonl",
         fields=("step", "sample_idx", "prompt_idx", "reward", "advantage"),
         rewards=("reward",),
@@ -576,14 +580,7 @@ def _files_in(dump: DumpFormat, path: Path) -> list[Path]:
     if dump.tree is not None:
         glob, rule = dump.tree
         return [p for p in sorted(folder.glob(glob)) if p.is_file() and rule.search(p.as_posix())]
-    pattern = "*/*" if dump.nested else "*"
-    return [
-        p
-        for p in sorted(folder.glob(pattern))
-        if p.is_file()
-        and dump.file_name.match(p.name)
-        and (dump.step_folder is None or dump.step_folder.match(p.parent.name))
-    ]
+    return [p for p in sorted(folder.glob("*")) if p.is_file() and dump.file_name.match(p.name)]
 
 
 def _refuse_unread(dump: DumpFormat, path: Path) -> None:
@@ -614,17 +611,12 @@ def _pattern_text(dump: DumpFormat) -> str:
 def _step_of(dump: DumpFormat, path: Path) -> int | None:
     if dump.tree is not None:
         found = dump.tree[1].search(path.as_posix())
-        return int(found["step"]) if found is not None else None
+        if found is None:
+            return None
+        return EVAL_ONLY_STEP if found["step"] is None else int(found["step"])  # SkyRL's eval_only
     match = dump.file_name.match(path.name)
-    if match is None:
-        return None
-    step = match.groupdict().get("step")
-    if step:
-        return int(step)
-    folder = dump.step_folder.match(path.parent.name) if dump.step_folder is not None else None
-    if folder is None:
-        return None
-    return int(folder["step"]) if folder["step"] is not None else EVAL_ONLY_STEP
+    step = match.groupdict().get("step") if match is not None else None
+    return int(step) if step is not None else None
 
 
 def _schema_of(dump: DumpFormat, path: Path) -> pa.Schema:
