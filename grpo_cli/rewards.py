@@ -138,7 +138,8 @@ class RewardReader:
 
     def truncated(self, batch: pa.RecordBatch, name: str, first_row: int = 0) -> torch.Tensor:
         """The ``--truncated-col`` column as bool: a boolean, a number (non-zero: truncated), or a
-        finish reason, ``"length"`` where the rollout was cut; a null is refused with its row."""
+        finish reason, ``"length"`` where the rollout was cut; a null is refused with its row.
+        Text that is all booleans or numbers (a CSV column: ``true``, ``0``) is read as those."""
         array = column_of(batch, name)
         if isinstance(array, pa.ChunkedArray):
             array = array.combine_chunks()
@@ -151,7 +152,10 @@ class RewardReader:
         if pa.types.is_boolean(array.type):
             flags = array
         elif pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
-            flags = pc.equal(array, "length")
+            if pc.all(pc.match_substring_regex(array, _FLAG_TEXT, ignore_case=True)).as_py():
+                flags = pc.not_equal(numbers_from_text(array, name, self.shard, first_row), 0.0)
+            else:
+                flags = pc.equal(array, "length")
         elif is_numeric_type(array.type):
             flags = pc.not_equal(array, pa.scalar(0, array.type))
         else:
@@ -236,6 +240,7 @@ def _weighted_sum(weighted: Sequence[torch.Tensor], *, nansum: bool) -> torch.Te
 _NUMBER = r"^[+-]?((\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?|nan|inf|infinity)$"
 _INTEGER = r"^[+-]?\d+$"
 _BOOLEAN = r"^(true|false)$"
+_FLAG_TEXT = r"^[+-]?\d+(\.\d*)?$|^(true|false)$"  # a truncation flag written as text (CSV)
 
 
 def numbers_from_text(array: pa.Array, name: str, shard: Shard, first_row: int = 0) -> pa.Array:

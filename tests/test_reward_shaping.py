@@ -303,3 +303,28 @@ def test_filter_unshaped_shows_what_nemo_rls_dynamic_sampling_drops(cli: Any, tm
     assert "the rule saw the unshaped rewards" in unshaped.stderr
     refused = cli("check", path, "-g", "uid", "--trainer-filter", "nemo-rl", "--filter-unshaped")
     assert_one_line_error(refused, "--filter-unshaped gives --trainer-filter the rewards before")
+
+
+@pytest.mark.parametrize(("true", "false"), [("true", "false"), ("TRUE", "False"), ("1", "0")])
+def test_a_csv_truncation_flag_written_as_text_is_read_as_a_flag(
+    true: str, false: str, cli: Any, tmp_path: Path
+) -> None:
+    """CSV columns are text: a flag column of ``true``/``false`` (or ``1``/``0``) once read as
+    finish reasons, none of them ``length``, so no rollout counted as truncated."""
+    path = tmp_path / "flags.csv"
+    path.write_text(f"uid,reward,cut\n0,1,{true}\n0,0,{false}\n0,1,{false}\n")
+    out = tmp_path / "out.jsonl"
+    result = cli("compute", path, "-g", "uid", "--stop-properly", "0", "--truncated-col", "cut", "-o", out)
+    assert result.exit_code == 0, result.stderr
+    advantages = [json.loads(line)["advantage"] for line in out.read_text().splitlines()]
+    expected = add_advantages(pa.table({"uid": [0, 0, 0], "reward": [0.0, 0.0, 1.0]}), group_col="uid")
+    assert advantages == expected.column("advantage").to_pylist()
+
+
+def test_a_text_flag_mixing_booleans_and_numbers_is_refused_with_its_line(cli: Any, tmp_path: Path) -> None:
+    path = tmp_path / "mixed.csv"
+    path.write_text("uid,reward,cut\n0,1,true\n0,0,0\n0,1,false\n")
+    out = tmp_path / "out.parquet"
+    result = cli("compute", path, "-g", "uid", "--stop-properly", "0", "--truncated-col", "cut", "-o", out)
+    assert_one_line_error(result, "line 2", "'cut' holds 'true'")
+    assert not out.exists()
