@@ -182,11 +182,15 @@ def _run_browser(page: str, scratch: Path, *args: str) -> str:
     return done.stdout
 
 
+def _window(charts: int) -> str:
+    """The browser window that holds the page's title and ``charts`` charts."""
+    return f"--window-size={PAGE_WIDTH},{140 + charts * (CHART_HEIGHT + 20)}"
+
+
 def _screenshot(page: str, *, charts: int) -> bytes:
-    height = 140 + charts * (CHART_HEIGHT + 20)
     with tempfile.TemporaryDirectory(prefix="grpo-cli-report-") as folder:
         shot = Path(folder) / "report.png"
-        _run_browser(page, Path(folder), f"--window-size={PAGE_WIDTH},{height}", f"--screenshot={shot}")
+        _run_browser(page, Path(folder), _window(charts), f"--screenshot={shot}")
         try:
             data = shot.read_bytes()
         except OSError:
@@ -202,9 +206,8 @@ def _svg(page: str, title: str, head: str, *, charts: int) -> bytes:
     import json
     import re
 
-    window = f"--window-size={PAGE_WIDTH},{140 + charts * (CHART_HEIGHT + 20)}"
     with tempfile.TemporaryDirectory(prefix="grpo-cli-report-") as folder:
-        dom = _run_browser(render_script(page), Path(folder), window, "--dump-dom")
+        dom = _run_browser(render_script(page), Path(folder), _window(charts), "--dump-dom")
     found = re.search(r'<pre id="grpo-cli-svg">(.*?)</pre>', dom, re.S)
     if found is None:
         raise GrpoError("--report: the browser exported no chart")
