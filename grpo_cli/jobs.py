@@ -8,6 +8,7 @@ engines never choose paths; they write to the claims they are handed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -166,9 +167,19 @@ def compute_dataset_ray(
     inputs = ray_engine.resolve_inputs(input)
 
     def run(claim: Claim | None) -> RunSummary:
-        summary = ray_engine.run_ray(
-            inputs, output, claim, config, address=address, partitions=partitions, quiet=quiet
-        )
+        try:
+            summary = ray_engine.run_ray(
+                inputs, output, claim, config, address=address, partitions=partitions, quiet=quiet
+            )
+        except ray_engine.RowsUnknown:
+            # Ray's blocks lost each row's file and position: the local engine's first pass
+            # finds the same refusal and names the row, in the words it uses itself.
+            if len(inputs.paths) == len(inputs.shards):
+                from grpo_cli.engines.local import refuse_as_local
+
+                with InputSet.of_shards(inputs.spec, inputs.shards, contextlib.ExitStack()) as local:
+                    refuse_as_local(local, config)
+            raise
         summary.elapsed_seconds = time.perf_counter() - started
         return summary
 

@@ -208,8 +208,8 @@ def test_a_group_across_two_values_is_refused_in_one_line(cli: Any, tmp_path: Pa
     pq.write_table(pa.Table.from_pylist(rows), path)
     assert_one_line_error(
         cli("check", path, "-g", "uid", "--by", "step"),
-        "split.parquet, row 0: a group spans two values of --by 'step'; each group must lie in one "
-        "value of it",
+        "split.parquet, row 1: a group spans two values of --by 'step' (1, then 2); "
+        "each group must lie in one value of it",
     )
 
 

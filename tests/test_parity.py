@@ -87,7 +87,8 @@ def test_the_tensor_api_names_the_input_an_estimator_needs(estimator, missing):
 
 
 def test_the_tensor_api_refuses_a_group_across_two_batches_in_its_own_words():
-    with pytest.raises(GrpoError, match=r"^rewards index 0: a group spans two values of batch_ids="):
+    message = r"^rewards index 1: a group spans two values of batch_ids= \(0, then 1\)"
+    with pytest.raises(GrpoError, match=message):
         group_advantages(
             torch.tensor([1.0, 0.0, 0.5, 0.0]),
             torch.tensor([0, 0, 1, 1]),

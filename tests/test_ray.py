@@ -19,7 +19,7 @@ from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError
 from grpo_cli.jobs import compute_dataset, compute_dataset_ray
 from grpo_cli.options import ESTIMATOR_SPECS, AdvantageOptions, RewardSpec
-from tests.conftest import PARITY_ESTIMATORS, bits, parity_case
+from tests.conftest import PARITY_ESTIMATORS, bits, one_line_error, parity_case
 
 if importlib.util.find_spec("ray") is None:  # not importorskip: Ray must not be imported yet
     pytest.skip("the ray extra is not installed", allow_module_level=True)
@@ -260,25 +260,25 @@ def test_missing_ray_extra_says_how_to_install(monkeypatch, cli, sharded, tmp_pa
 @pytest.mark.parametrize(
     ("column", "value", "options", "message"),
     [
-        ("uid", None, [], "group key 'uid' is null in 2 row(s); null keys cannot be grouped"),
-        (
-            "uid",
-            [float("nan")],
-            [],
-            "group key 'uid' holds a NaN in 2 row(s); NaN-holding keys cannot be grouped",
-        ),
+        ("uid", None, [], "part-0.parquet, row 1: group key 'uid' is null"),
+        ("uid", [float("nan")], [], "part-0.parquet, row 1: group key 'uid' holds a NaN"),
+        ("step", float("nan"), ["--batch-col", "step"], "part-0.parquet, row 1: batch key 'step' is NaN"),
         (
             "step",
-            float("nan"),
+            2.0,
             ["--batch-col", "step"],
-            "batch key 'step' is NaN in 2 row(s); NaN keys cannot",
+            "part-0.parquet, row 1: a group spans two values of --batch-col 'step' (1.0, then 2.0)",
         ),
+        ("reward", None, [], "part-0.parquet, row 1: reward is null; 2 reward(s) in all"),
+        ("reward", float("inf"), [], "part-0.parquet, row 1: reward is inf; 2 reward(s) in all"),
     ],
 )
-def test_ray_refuses_null_and_nan_keys_in_one_line(
+def test_ray_refuses_bad_keys_and_rewards_in_the_local_engines_words(
     ray_instance, cli, tmp_path, column, value, options, message
 ):
-    """A key that cannot name a group is bad input, not an internal error with Ray's tracebacks."""
+    """A key that cannot name a group, a group across two batches, a bad reward: bad input,
+    not an internal error with Ray's tracebacks, and the same line, naming the same row, as
+    the local engine's (Ray's blocks no longer know the rows' files)."""
     folder = tmp_path / "in"
     folder.mkdir()
     ok = [1.0] if column == "uid" and isinstance(value, list) else "p"
@@ -288,14 +288,13 @@ def test_ray_refuses_null_and_nan_keys_in_one_line(
         ]
         rows[part + 1][column] = value
         pq.write_table(pa.Table.from_pylist(rows), folder / f"part-{part}.parquet")
-    out = tmp_path / "out"
-    result = cli("compute", folder, "-o", out, "--engine", "ray", "-g", "uid", "-q", *options)
-    assert result.exit_code == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0] and "(the local engine names the first row)" in lines[0], (
-        lines
-    )
-    assert not out.exists()
+    lines = []
+    for engine in ("local", "ray"):
+        out = tmp_path / f"out-{engine}"
+        result = cli("compute", folder, "-o", out, "--engine", engine, "-g", "uid", "-q", *options)
+        lines.append(one_line_error(result, 2, message))
+        assert not out.exists()
+    assert lines[0] == lines[1]
 
 
 RAY_PARITY = [

@@ -115,6 +115,23 @@ def check_inputs(inputs: InputSet, config: ComputeConfig) -> None:
     LocalEngine(inputs, RunPlan(config), writes_output=True)
 
 
+def refuse_as_local(inputs: InputSet, config: ComputeConfig) -> None:
+    """Raise the error this engine's first pass raises on ``inputs``, if any: a null or
+    NaN key, a group across two batches, or (with ``--nan error``) a bad reward, each
+    naming its file and row.
+
+    The Ray engine finds those in hash-partitioned blocks that no longer know a row's
+    file or position; it calls this to word its refusal as this engine does, reading
+    the key and reward columns once more. Returns when ``inputs`` hold nothing to refuse.
+    """
+    engine = LocalEngine(inputs, RunPlan(config), writes_output=False)
+    spool = _IdSpool(on_disk=not engine.in_memory)
+    try:
+        engine._statistics(spool)
+    finally:
+        spool.close()
+
+
 PROMPT_COLUMNS = ("prompt", "input", "question", "query", "problem", "input_prompt", "instruction")
 """Columns that hold a rollout's prompt in the trainers' dumps, checked in this order."""
 BLOCK_PROBE_ROWS = 1 << 16
@@ -377,10 +394,13 @@ class _StatisticsPass:
         clash = split | (present & (known[:k] >= 0) & (known[:k] != high))
         if clash.any():
             group = int(np.flatnonzero(clash)[0])
-            row = int(np.flatnonzero(group_ids == group)[0])
+            rows = np.flatnonzero(group_ids == group)
+            first = int(known[group]) if known[group] >= 0 else int(value_ids[rows[0]])
+            row = int(rows[np.argmax(value_ids[rows] != first)])  # where the second value appears
             raise GrpoError(
                 f"{describe_row(shard, self._pending_start + row)}: a group spans two values of "
-                f"{option} {column!r}; {why}"
+                f"{option} {column!r} ({keys.key_at(first)!r}, then {keys.key_at(int(value_ids[row]))!r}); "
+                f"{why}"
             )
         known[:k] = np.where(present, high, known[:k])
         return known

@@ -403,7 +403,7 @@ def _batch_layout(
         key = partials.select(list(plan.config.group_cols)).take(
             pa.array([int(np.flatnonzero(ids == group)[0])])
         )
-        raise GrpoError(
+        raise RowsUnknown(
             f"group {key.to_pylist()[0]} spans two values of --batch-col {batch_col!r}; "
             "each group must lie in one training batch"
         )
@@ -518,6 +518,12 @@ def block_advantages(
 # --------------------------------------------------------------------------- the run
 
 
+class RowsUnknown(GrpoError):
+    """A refusal found in hash-partitioned blocks, which no longer know a row's file or
+    position (:func:`grpo_cli.jobs.compute_dataset_ray` words it as the local engine does
+    when every input is a local file)."""
+
+
 def run_ray(
     inputs: RayInputs,
     output: str,
@@ -528,7 +534,11 @@ def run_ray(
     partitions: int | None,
     quiet: bool,
 ) -> RunSummary:
-    """The two Ray Data jobs; writes to ``claim`` (a local directory) or to the URI ``output``."""
+    """The two Ray Data jobs; writes to ``claim`` (a local directory) or to the URI ``output``.
+
+    A null or NaN key, a group across two batches and (with ``--nan error``) a bad reward
+    raise :class:`RowsUnknown`, with counts but no row.
+    """
     started = time.perf_counter()
     plan = RunPlan(config, device=_CPU)
     schemas = _read_schemas(inputs.shards, plan)
@@ -547,7 +557,7 @@ def run_ray(
         if int(merged.rows_per_group.sum()) == 0:
             raise GrpoError(f"{inputs.spec}: no rows; there is nothing to compute advantages for")
         if merged.nan_rewards and config.advantage.nan == "error":
-            raise GrpoError(
+            raise RowsUnknown(
                 f"{inputs.spec}: {merged.nan_rewards} reward(s) are null, NaN or infinite "
                 "(--nan ignore leaves them out; the local engine names the first row)"
             )
@@ -628,14 +638,14 @@ def _statistics(ray: Any, ds: Any, plan: RunPlan, partition_count: int, spec: st
     return merge_partials(partials, plan)
 
 
-def _refused_keys_error(spec: str, refused: list[dict[str, Any]]) -> GrpoError:
+def _refused_keys_error(spec: str, refused: list[dict[str, Any]]) -> RowsUnknown:
     """One line for the blocks that held null or NaN keys: the first block's column and
     kind, with the rows of that kind over every block."""
     role, column, what, description, _ = (refused[0][field] for field in REFUSED_FIELDS)
     rows = sum(
         r[REFUSED_FIELDS[-1]] for r in refused if [r[f] for f in REFUSED_FIELDS[:3]] == [role, column, what]
     )
-    return GrpoError(
+    return RowsUnknown(
         f"{spec}: {role} key {column!r} {description} in {rows} row(s); {what} keys cannot be grouped "
         "(the local engine names the first row)"
     )
