@@ -159,3 +159,34 @@ def test_maxrl_refuses_the_leave_one_out_baseline() -> None:
     stats = group_stats(torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), count_extremes=True)
     with pytest.raises(ValueError, match="MaxRL"):
         prepare_normalization(stats, scale="mean", baseline="leave-one-out")
+
+
+@pytest.mark.parametrize(
+    ("group", "ulps", "passes"),
+    [
+        # bound: 76.8 ulps of float32 at 1 for a row on its group's mean, scaled by max |r| / mean;
+        # with the std as the divisor it would be 164 ulps, so 120 would pass
+        ([1.0, 2.0, 3.0], 120, False),
+        # a mean below 1 divides as itself: clamped to 1, the bound would be 46.8 ulps
+        ([0.25, 0.5, 0.75], 60, True),
+    ],
+)
+def test_check_verify_holds_a_maxrl_row_on_the_mean_to_what_the_mean_as_divisor_allows(
+    cli: Any, tmp_path: Path, group: list[float], ulps: int, passes: bool
+) -> None:
+    """The rounding a float32 trainer may leave on a row whose exact advantage is 0 is
+    bounded through the group's divisor, which under MaxRL is the mean, not the std."""
+    mean = sum(group) / len(group)
+    advantages = [(r - mean) / (mean + 1e-6) for r in group]
+    advantages[1] = ulps * 2.0**-24  # the row on the mean, moved off 0
+    table = pa.table(
+        {
+            "group_id": [0] * len(group),
+            "reward": pa.array(group, pa.float32()),
+            "given": pa.array(advantages, pa.float32()),
+        }
+    )
+    path = tmp_path / "maxrl.parquet"
+    pq.write_table(table, path)
+    result = cli("check", path, "--estimator", "maxrl", "--verify-advantage-col", "given")
+    assert result.exit_code == (0 if passes else 1), result.stderr
