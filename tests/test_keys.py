@@ -117,6 +117,38 @@ def test_hash_collision_falls_back_to_exact_matching(monkeypatch):
     assert index._exact is not None
 
 
+@pytest.mark.parametrize(
+    ("width", "data_type"),
+    [
+        (8, pa.string()),  # whole uint64 words
+        (32, pa.large_string()),
+        (12, pa.binary()),  # bytes
+        (None, pa.string()),  # lengths differ: compared by polars
+    ],
+)
+def test_a_hash_collision_is_caught_whatever_the_keys_width(monkeypatch, width, data_type):
+    """Keys of one byte length are compared as rows of bytes; one differing byte, at either
+    end, is a collision, never a merge."""
+    real = GroupKeyIndex._row_hashes
+
+    def colliding(self, table):  # the two keys that differ only in their last (or first) byte collide
+        hashes = real(self, table)
+        text = table.column(0).to_pylist()
+        return torch.where(torch.tensor([v[1:-1] == base[1:-1] for v in text]), 7, hashes)
+
+    size = width or 10
+    base = "u" * size if data_type != pa.binary() else b"u" * size
+    last = base[:-1] + ("v" if isinstance(base, str) else b"v")
+    first = ("v" if isinstance(base, str) else b"v") + base[1:]
+    others = [("w" * (size if width else i + 3)) if isinstance(base, str) else b"w" * size for i in range(4)]
+    values = [others[0], base, others[1], last, base, first, others[2], last, others[3], first]
+    monkeypatch.setattr(GroupKeyIndex, "_row_hashes", colliding)
+    monkeypatch.setattr("grpo_cli.keys.EXACT_MAX_KEYS", 0)  # hash from the first chunk on
+    got, index = encode_in_chunks([values], 3, types=[data_type])
+    assert got == first_appearance_ids(values)
+    assert index._exact is not None  # the collision was seen, and matching went on by value
+
+
 def test_collision_in_a_later_chunk_keeps_earlier_ids(monkeypatch):
     real = GroupKeyIndex._row_hashes
     calls = {"n": 0}
