@@ -376,34 +376,29 @@ class GroupKeyIndex:
         first_row = torch.full((uniques.numel(),), n, dtype=torch.int64).scatter_reduce_(
             0, inverse, torch.arange(n), "amin"
         )
-        # One stable sort merges the chunk's distinct hashes into the known ones: a chunk
-        # hash equal to its left neighbour (a known hash) is found; the others are new.
-        k = self._sorted_hashes.numel()
-        merged = torch.cat((self._sorted_hashes, uniques))
-        if k and uniques.numel() and bool(uniques[0] <= self._sorted_hashes[-1]):
-            merged, order = torch.sort(merged, stable=True)
-        else:  # every hash is past the known ones (sorted integer keys): already in order
-            order = torch.arange(merged.numel())
-        from_chunk = order >= k
-        known_before = torch.zeros_like(from_chunk)
-        known_before[1:] = merged[1:] == merged[:-1]
-        chunk_pos = order[from_chunk] - k  # index into `uniques`, in sorted order
-        found = known_before[from_chunk]
+        # Each distinct hash of the chunk is looked up among the known ones (a binary search);
+        # the new ones are then merged in by position, so the known hashes stay sorted.
+        known, known_ids = self._sorted_hashes, self._sorted_ids
+        k = known.numel()
+        position = torch.searchsorted(known, uniques)
+        found = torch.zeros(uniques.numel(), dtype=torch.bool)
+        if k:
+            found = (position < k) & (known[position.clamp(max=k - 1)] == uniques)
         unique_ids = torch.empty(uniques.numel(), dtype=torch.int64)
-        previous = torch.nonzero(from_chunk).flatten() - 1
-        merged_ids = torch.cat((self._sorted_ids, torch.full((uniques.numel(),), -1, dtype=torch.int64)))[
-            order
-        ]
-        unique_ids[chunk_pos[found]] = merged_ids[previous[found]]
-        new = chunk_pos[~found]
-        new = new[torch.argsort(first_row[new])]  # first-appearance order
-        unique_ids[new] = torch.arange(self._count, self._count + new.numel())
+        unique_ids[found] = known_ids[position[found]]
+        new = torch.nonzero(~found).flatten()
+        by_appearance = new[torch.argsort(first_row[new])]
+        unique_ids[by_appearance] = torch.arange(self._count, self._count + new.numel())
         if new.numel():
-            self._add_groups(table.take(arrow_of(first_row[new].numpy())))
-        keep = ~(from_chunk & known_before)
-        self._sorted_hashes = merged[keep]
-        merged_ids[from_chunk] = unique_ids[chunk_pos]
-        self._sorted_ids = merged_ids[keep]
+            self._add_groups(table.take(arrow_of(first_row[by_appearance].numpy())))
+            slots = position[new] + torch.arange(new.numel())  # where each new hash lands
+            is_new = torch.zeros(k + new.numel(), dtype=torch.bool)
+            is_new[slots] = True
+            merged = torch.empty(k + new.numel(), dtype=torch.int64)
+            merged_ids = torch.empty(k + new.numel(), dtype=torch.int64)
+            merged[is_new], merged_ids[is_new] = uniques[new], unique_ids[new]
+            merged[~is_new], merged_ids[~is_new] = known, known_ids
+            self._sorted_hashes, self._sorted_ids = merged, merged_ids
         return unique_ids[inverse]
 
     def _all_new_in_order(self, values: torch.Tensor) -> bool:
