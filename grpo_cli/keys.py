@@ -424,11 +424,13 @@ class GroupKeyIndex:
 
     def _matches_representatives(self, table: pa.Table, ids: torch.Tensor) -> bool:
         if len(self.columns) == 1:
-            rows = fixed_width_bytes(table.column(0))
-            reps = fixed_width_bytes(self._representatives().column(0)) if rows is not None else None
-            if rows is not None and reps is not None and rows.shape[1] == reps.shape[1]:
+            row_bytes = fixed_width_bytes(table.column(0))
+            rep_bytes = (
+                fixed_width_bytes(self._representatives().column(0)) if row_bytes is not None else None
+            )
+            if row_bytes is not None and rep_bytes is not None and row_bytes.shape[1] == rep_bytes.shape[1]:
                 # keys of one byte length (uids, hashes): whole rows of bytes, gathered and compared
-                return bool(np.array_equal(rows, np.take(reps, ids.numpy(), axis=0)))
+                return bool(np.array_equal(row_bytes, np.take(rep_bytes, ids.numpy(), axis=0)))
         # polars gathers and compares on all cores, about 4x faster than pyarrow here
         import polars as pl
 

@@ -137,10 +137,10 @@ def test_a_hash_collision_is_caught_whatever_the_keys_width(monkeypatch, width, 
         return torch.where(torch.tensor([v[1:-1] == base[1:-1] for v in text]), 7, hashes)
 
     size = width or 10
-    base = "u" * size if data_type != pa.binary() else b"u" * size
-    last = base[:-1] + ("v" if isinstance(base, str) else b"v")
-    first = ("v" if isinstance(base, str) else b"v") + base[1:]
-    others = [("w" * (size if width else i + 3)) if isinstance(base, str) else b"w" * size for i in range(4)]
+    as_value = (lambda text: text.encode()) if data_type == pa.binary() else (lambda text: text)
+    base = as_value("u" * size)
+    others = [as_value("w" * (size if width else i + 3)) for i in range(4)]
+    last, first = as_value("u" * (size - 1) + "v"), as_value("v" + "u" * (size - 1))
     values = [others[0], base, others[1], last, base, first, others[2], last, others[3], first]
     monkeypatch.setattr(GroupKeyIndex, "_row_hashes", colliding)
     monkeypatch.setattr("grpo_cli.keys.EXACT_MAX_KEYS", 0)  # hash from the first chunk on
