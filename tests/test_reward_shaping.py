@@ -328,3 +328,96 @@ def test_a_text_flag_mixing_booleans_and_numbers_is_refused_with_its_line(cli: A
     result = cli("compute", path, "-g", "uid", "--stop-properly", "0", "--truncated-col", "cut", "-o", out)
     assert_one_line_error(result, "line 2", "'cut' holds 'true'")
     assert not out.exists()
+
+
+FLAGS = [False, True, False, True, True, False]
+
+
+@pytest.mark.parametrize(
+    ("values", "kind"),
+    [
+        (FLAGS, pa.bool_()),
+        ([0, 1, 0, 2, -1, 0], pa.int64()),  # any non-zero number is truncated
+        ([0.0, 1.0, 0.0, 0.5, 1.0, 0.0], pa.float32()),
+        (["stop", "length", "stop", "length", "length", "eos"], pa.large_string()),
+    ],
+)
+def test_each_kind_of_truncation_flag_marks_the_same_rollouts_in_every_batch(
+    values: list[Any], kind: pa.DataType, cli: Any, tmp_path: Path
+) -> None:
+    rewards = [1.0, 1.0, 0.0, 1.0, 0.5, 1.0]
+    path = tmp_path / "flags.parquet"
+    pq.write_table(
+        pa.table({"uid": [0, 0, 0, 1, 1, 1], "reward": rewards, "cut": pa.array(values, kind)}), path
+    )
+    out = tmp_path / "out.parquet"
+    args = ["-g", "uid", "--stop-properly", "0.25", "--truncated-col", "cut", "--batch-rows", "2", "-o", out]
+    result = cli("compute", path, *args)
+    assert result.exit_code == 0, result.stderr
+    shaped = [r * 0.25 if cut else r for r, cut in zip(rewards, FLAGS, strict=True)]
+    expected = add_advantages(pa.table({"uid": [0, 0, 0, 1, 1, 1], "reward": shaped}), group_col="uid")
+    assert pq.read_table(out).column("advantage").to_pylist() == expected.column("advantage").to_pylist()
+
+
+@pytest.mark.parametrize(
+    ("column", "values", "option", "fragment"),
+    [
+        (
+            "cut",
+            [False, False, False, None, False, False],
+            ["--stop-properly", "0", "--truncated-col", "cut"],
+            "row 3: --truncated-col 'cut' is null; every rollout needs its truncation flag",
+        ),
+        (
+            "tokens",
+            [10, 20, 30, 40, -5, 60],
+            ["--overlong", "100", "10", "--length-col", "tokens"],
+            "row 4",
+        ),
+    ],
+)
+def test_a_bad_flag_or_length_in_a_later_batch_names_its_own_row(
+    column: str, values: list[Any], option: list[str], fragment: str, cli: Any, tmp_path: Path
+) -> None:
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"uid": [0] * 6, "reward": [1.0, 0.0] * 3, column: values}), path)
+    out = tmp_path / "out.parquet"
+    result = cli("compute", path, "-g", "uid", *option, "--batch-rows", "2", "-o", out)
+    assert_one_line_error(result, f"bad.parquet, {fragment}")
+    assert not out.exists()
+
+
+def test_a_text_flag_refused_in_a_later_batch_names_its_line(
+    cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("grpo_cli.readers.JSONL_BLOCK_BYTES", 24)  # a CSV block of two or three lines
+    path = tmp_path / "mixed.csv"
+    path.write_text("uid,reward,cut\n0,1,0\n0,0,0\n0,1,true\n0,0,1\n")
+    result = cli(
+        "compute",
+        path,
+        "-g",
+        "uid",
+        "--stop-properly",
+        "0",
+        "--truncated-col",
+        "cut",
+        "--batch-rows",
+        "2",
+        "-o",
+        tmp_path / "out.parquet",
+    )
+    assert_one_line_error(result, "line 4", "'cut' holds 'true'")
+
+
+def test_a_truncation_flag_of_another_type_is_refused_in_one_line(cli: Any, tmp_path: Path) -> None:
+    path = tmp_path / "listed.parquet"
+    pq.write_table(pa.table({"uid": [0, 0], "reward": [1.0, 0.0], "cut": [[1], [0]]}), path)
+    result = cli(
+        "compute", path, "-g", "uid", "--stop-properly", "0", "--truncated-col", "cut", "-o", tmp_path / "o"
+    )
+    assert_one_line_error(
+        result,
+        "--truncated-col 'cut' has type list<element: int64>; it must be a boolean, a number or a finish "
+        "reason",
+    )
