@@ -12,7 +12,7 @@ import torch
 
 from grpo_cli import keys as keys_module
 from grpo_cli.errors import GrpoError
-from grpo_cli.keys import GroupKeyIndex, check_key_types, is_key_type, run_starts
+from grpo_cli.keys import GroupKeyIndex, check_key_types, fixed_width_bytes, is_key_type, run_starts
 
 
 @pytest.fixture(autouse=True)
@@ -651,3 +651,67 @@ def test_nested_temporal_keys_a_nanosecond_apart_are_two_groups():
     key = pa.struct([("t", pa.time64("ns")), ("s", pa.string())])
     column = pa.array([{"t": 1, "s": "a"}, {"t": 2, "s": "a"}, {"t": 1, "s": "a"}], key)
     assert GroupKeyIndex(["k"], exact=True).encode([column]).tolist() == [0, 1, 0]
+
+
+@pytest.mark.parametrize("data_type", [pa.string(), pa.large_string(), pa.binary(), pa.large_binary()])
+@pytest.mark.parametrize("width", [1, 8, 12, 32])
+@pytest.mark.parametrize("start", [0, 3])
+def test_fixed_width_bytes_is_each_values_bytes_row_by_row(data_type, width, start):
+    """The fast compare reads each value's own bytes, in a slice too; a None would only be slower,
+    a wrong row would pass a collision."""
+    texts = [bytes([65 + (i * 7 + j) % 26 for j in range(width)]) for i in range(9)]
+    values = [
+        t if pa.types.is_binary(data_type) or pa.types.is_large_binary(data_type) else t.decode()
+        for t in texts
+    ]
+    array = pa.array(values, data_type).slice(start)
+    rows = fixed_width_bytes(pa.chunked_array([array]))
+    assert rows is not None
+    assert rows.shape == (9 - start, width // 8 if width % 8 == 0 and start * width % 8 == 0 else width)
+    assert [
+        row.tobytes() for row in np.ascontiguousarray(rows).view(np.uint8).reshape(9 - start, width)
+    ] == texts[start:]
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        pa.array(["ab", "cd", None]),  # a null
+        pa.array(["ab", "cde"]),  # two lengths
+        pa.array(["abc", "de", "fgh"]),  # lengths that add up to a width times the rows
+        pa.array(["", ""]),  # empty values
+        pa.array([], pa.string()),
+        pa.array([1, 2]),
+        pa.array(["ab", "cd"], pa.string_view()),
+    ],
+)
+def test_fixed_width_bytes_declines_what_it_cannot_read_as_rows(array):
+    assert fixed_width_bytes(array) is None
+
+
+def test_fixed_width_rows_differ_wherever_the_bytes_do():
+    """Compared as integers, never as floats: as float64 the words of these two keys would be
+    +0.0 and -0.0, which compare equal."""
+    rows = fixed_width_bytes(pa.array([b"\0" * 8, b"\0" * 7 + b"\x80"]))
+    assert rows is not None and not np.array_equal(rows[0], rows[1])
+
+
+def test_a_collision_in_a_composite_key_is_caught_beyond_its_first_column(monkeypatch):
+    monkeypatch.setattr(
+        GroupKeyIndex, "_row_hashes", lambda self, table: torch.zeros(table.num_rows, dtype=torch.int64)
+    )
+    monkeypatch.setattr("grpo_cli.keys.EXACT_MAX_KEYS", 0)
+    a, b = ["uid-a", "uid-a", "uid-b", "uid-a"], [1, 2, 1, 1]
+    got, _ = encode_in_chunks([a, b], 2, columns=("a", "b"))
+    assert got == first_appearance_ids(list(zip(a, b, strict=True)))
+
+
+def test_uniform_width_keys_in_many_chunks_stay_on_the_hashed_path(monkeypatch):
+    """A chunk's key column arrives in several Arrow chunks: read whole, it shows no false
+    collision (which would send every later chunk to the slow exact dict)."""
+    monkeypatch.setattr("grpo_cli.keys.EXACT_MAX_KEYS", 0)
+    index = GroupKeyIndex(["uid"])
+    for start in range(0, 60, 20):
+        parts = [pa.array([f"{(start + i) % 25:08d}" for i in range(j, j + 10)]) for j in (0, 10)]
+        index.encode([pa.chunked_array(parts)])
+    assert index._exact is None and len(index) == 25
