@@ -483,8 +483,9 @@ class GroupKeyIndex:
 
 def fixed_width_bytes(values: pa.Array | pa.ChunkedArray) -> np.ndarray | None:
     """A string or binary column without nulls whose values all have one byte length ``L``,
-    as a ``(N, L)`` array of its bytes (``L`` a multiple of 8: of uint64 words; else uint8);
-    ``None`` for any other column. Two values are equal exactly when their rows are.
+    as one row per value of its bytes: ``(N, L // 8)`` uint64 words when ``L`` and the first
+    value's offset are multiples of 8, else ``(N, L)`` uint8; ``None`` for any other column.
+    Two values are equal exactly when their rows are (integers, never floats: ``-0.0 == 0.0``).
 
     >>> fixed_width_bytes(pa.array(["ab", "cd"])).tolist(), fixed_width_bytes(pa.array(["a", "bc"]))
     ([[97, 98], [99, 100]], None)
