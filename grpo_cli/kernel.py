@@ -516,29 +516,53 @@ def _group_stats(flat: Tensor, layout: _Layout, valid: Tensor | None, *, count_e
     )
 
 
+LEFT_FOLD_COLUMNS = 64
+"""Groups of at most this many rollouts side by side are summed column by column (a few
+vectorised adds); larger ones take the scatter path, whose sums are the same left fold."""
+
+
 def _block_stats(x: Tensor) -> GroupStats:
-    """Statistics of a ``(K, G)`` matrix whose rows are the groups."""
+    """Statistics of a ``(K, G)`` matrix whose rows are the groups, bit for bit those of
+    :func:`_scatter_stats` over the same rows: every sum is a left fold from ``+0.0`` over
+    the group's rollouts in row order, and the formulas are the same. So a group's statistics
+    never depend on which path a chunk takes (consecutive blocks here, IDs there), nor on the
+    other groups in the chunk: the Ray engine, which sees a chunk's groups apart, relies on it.
+    """
     k, g = x.shape
+    if g > LEFT_FOLD_COLUMNS:
+        ids = torch.arange(k, device=x.device).repeat_interleave(g)
+        return _scatter_stats(x.reshape(-1), ids, k)
     count = torch.full((k,), g, dtype=torch.int64, device=x.device)
     minimum, maximum = x.aminmax(dim=1)
     scale = _scales(minimum, maximum)
+    columns = x.t().contiguous()  # (G, K): each rollout position's values side by side
     if scale is not None:
-        x = x / scale[:, None]
-    mean = x.sum(dim=1) / g
-    deviation = x - mean[:, None]
-    correction = deviation.sum(dim=1) / g
-    m2 = (deviation * deviation).sum(dim=1) - correction * correction * g
+        columns = columns / scale
+    size = count.to(x.dtype)
+
+    def group_sum(values: Tensor) -> Tensor:
+        total = torch.zeros(k, dtype=x.dtype, device=x.device)
+        for column in values:
+            total = total + column
+        return total
+
+    mean = group_sum(columns) / size
+    deviation = columns - mean
+    deviation_sum = group_sum(deviation)
+    correction = deviation_sum / size
+    m2 = (group_sum(deviation * deviation) - correction * deviation_sum).clamp_min(0)
     mean = mean + correction
     if scale is not None:
         mean = mean * scale
-    return GroupStats(count, mean, m2.clamp_min(0), minimum, maximum)
+    return GroupStats(count, mean, m2, minimum, maximum)
 
 
 def _scatter_stats(x: Tensor, ids: Tensor, k: int) -> GroupStats:
     """Statistics of rows ``x`` with group IDs ``ids`` in ``[0, k)``, in any order.
 
     One-dimensional ``scatter_add_`` / ``scatter_reduce_`` run serially in row order on
-    the CPU, so the result does not depend on thread scheduling.
+    the CPU: each group's sums are a left fold over its rollouts in row order, so they do
+    not depend on thread scheduling, nor on the other groups of the chunk.
     """
     count = torch.bincount(ids, minlength=k)
     safe_count = count.clamp_min(1).to(x.dtype)

@@ -571,3 +571,29 @@ def test_normalize_in_groups_names_the_option_it_refuses(option: str, allowed: s
     with pytest.raises(GrpoError) as raised:
         normalize_in_groups(torch.tensor([1.0, 2.0]), torch.tensor([0, 0]), **{option: "bogus"})
     assert raised.value.message == f"{option} must be one of {allowed}, got 'bogus'"
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 8, 17, 64, 65])
+@pytest.mark.parametrize("kind", ["normal", "wide", "binary", "extreme"])
+def test_consecutive_blocks_and_scattered_ids_give_the_same_bits(size: int, kind: str) -> None:
+    """A group's statistics are a left fold over its rollouts in row order on either path, so
+    they do not depend on how the chunk is laid out, nor on which other groups are in it (the
+    Ray engine reduces a block's groups apart from the rest of it)."""
+    from grpo_cli.kernel import _block_stats, _scatter_stats
+
+    g = torch.Generator().manual_seed(size)
+    k = 40
+    x = torch.randn(k * size, generator=g, dtype=torch.float64)
+    if kind == "wide":
+        x = x * torch.exp(torch.randn(k * size, generator=g, dtype=torch.float64) * 20)
+    elif kind == "binary":
+        x = (x > 0).to(torch.float64)
+    elif kind == "extreme":
+        x[::5] = 3e300
+        x[1::5] = -2e-300
+    ids = torch.arange(k).repeat_interleave(size)
+    blocks, scattered = _block_stats(x.view(k, size)), _scatter_stats(x, ids, k)
+    alone = _scatter_stats(x[: 3 * size], ids[: 3 * size], 3)  # the first three groups by themselves
+    for name in ("count", "mean", "m2", "minimum", "maximum"):
+        assert torch.equal(getattr(blocks, name), getattr(scattered, name)), name
+        assert torch.equal(getattr(alone, name), getattr(scattered, name)[:3]), name
