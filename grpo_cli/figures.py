@@ -1,12 +1,14 @@
 """Pass 1's additive per-group figures, each declared once with its update and its merge rule.
 
 A figure is a count or a sum per group: each row contributes a value (:attr:`GroupFigure.of_rows`),
-a chunk's figure is the per-group total of its rows, and two partial figures of the same groups
+a block's figure is the per-group total of its rows, and two partial figures of the same groups
 merge by their rule (``"sum"``), as torchmetrics' ``add_state(..., dist_reduce_fx="sum")``
-declares a metric's state. The local engine folds each chunk into running totals
-(:func:`fold`); each Ray block computes its own (:func:`of_chunk`), and the blocks' rows are
-merged by group (:func:`merge_by_group`). The group statistics themselves (count, mean, M2,
-extremes) merge by Chan's rule in :mod:`grpo_cli.kernel`.
+declares a metric's state. Rows are cut into blocks at the fixed row positions where the kernel's
+accumulators cut theirs (:class:`FigureAccumulator`), each block's totals are computed
+(:func:`of_chunk`) and folded into the running totals in input order (:func:`fold`): a float sum
+then depends only on the rows and their order, never on the sizes of the chunks read, and the Ray
+engine, which reduces each block on a worker, folds the same blocks in the same order. The group
+statistics themselves (count, mean, M2, extremes) merge by Chan's rule in :mod:`grpo_cli.kernel`.
 
 >>> import numpy as np
 >>> rows = RowInputs(np.array([1.0, 0.0, np.nan]), np.array([True, True, False]), None)
@@ -128,6 +130,56 @@ def fold(
             np.pad(a, (0, size - a.size)), np.pad(b, (0, size - b.size))
         )
     return out
+
+
+class FigureAccumulator:
+    """Rows fed in input order, cut into blocks at multiples of ``block_rows`` (as
+    :class:`~grpo_cli.kernel.GroupStatsAccumulator` cuts them), each block's figures folded in.
+
+    >>> acc = FigureAccumulator(wanted(()), block_rows=2)
+    >>> acc.update(np.array([0, 1, 1]), RowInputs(np.array([1.0, 0.0, 2.0]), np.ones(3, bool), None))
+    >>> acc.compute()["nonzero_rewards"].tolist()
+    [1, 1]
+    """
+
+    def __init__(self, figures: Sequence[GroupFigure], *, block_rows: int) -> None:
+        self.figures = figures
+        self.block_rows = block_rows
+        self._pending: list[tuple[np.ndarray, RowInputs]] = []
+        self._pending_rows = 0
+        self._totals: dict[str, np.ndarray] = {}
+
+    def update(self, ids: np.ndarray, rows: RowInputs) -> None:
+        """Add a chunk: each row's group ID and what it contributes from."""
+        self._pending.append((ids, rows))
+        self._pending_rows += ids.size
+        while self._pending_rows >= self.block_rows:
+            self._flush(self.block_rows)
+
+    def compute(self) -> dict[str, np.ndarray]:
+        """Each figure's totals over the rows fed so far (as long as the groups seen)."""
+        if self._pending_rows:
+            self._flush(self._pending_rows)
+        return self._totals
+
+    def _flush(self, rows: int) -> None:
+        ids = np.concatenate([i for i, _ in self._pending])
+        lengths = [r.lengths for _, r in self._pending if r.lengths is not None]
+        parts = RowInputs(
+            np.concatenate([r.combined for _, r in self._pending]),
+            np.concatenate([r.valid for _, r in self._pending]),
+            np.concatenate(lengths) if lengths else None,
+        )
+        head = RowInputs(
+            parts.combined[:rows], parts.valid[:rows], None if parts.lengths is None else parts.lengths[:rows]
+        )
+        rest = RowInputs(
+            parts.combined[rows:], parts.valid[rows:], None if parts.lengths is None else parts.lengths[rows:]
+        )
+        self._pending = [(ids[rows:], rest)] if ids.size > rows else []
+        self._pending_rows = ids.size - rows
+        k = int(ids[:rows].max()) + 1 if rows else 0
+        self._totals = fold(self.figures, self._totals, of_chunk(self.figures, ids[:rows], k, head))
 
 
 def merge_by_group(

@@ -503,3 +503,32 @@ def test_whitened_advantages_do_not_depend_on_the_record_batch_size(estimator):
     ]
     for other in results[1:]:
         assert np.array_equal(other, results[0])
+
+
+def test_opo_baselines_do_not_depend_on_the_record_batch_size(monkeypatch):
+    """OPO's length-weighted sums were folded per key chunk, and a chunk ends at the first record
+    batch past its size: --batch-rows moved the last bits of 1.44 of 1.5 million advantages. They
+    now fold at the statistics blocks' rows, as the group statistics do."""
+    from grpo_cli import add_advantages
+    from grpo_cli.engines import local
+
+    monkeypatch.setattr(local, "MIN_KEY_CHUNK_ROWS", 50)
+    monkeypatch.setattr(local, "KEY_CHUNK_ROWS", 50)
+    rng = np.random.default_rng(8)
+    n = 3000
+    table = pa.table(
+        {
+            "group_id": rng.integers(0, 3, n),
+            "reward": rng.random(n) * 10.0 ** rng.integers(-8, 8, n),
+            "length": rng.integers(1, 5000, n),
+        }
+    )
+    results = [
+        add_advantages(table, estimator="opo", length_col="length", batch_rows=rows)
+        .column("advantage")
+        .to_numpy()
+        .view(np.uint64)
+        for rows in (None, 7, 64, 997)
+    ]
+    for other in results[1:]:
+        assert np.array_equal(other, results[0])

@@ -26,7 +26,7 @@ import torch
 from grpo_cli.columns import column_of, top_level
 from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError
-from grpo_cli.figures import RowInputs, fold, of_chunk, padded, wanted
+from grpo_cli.figures import FigureAccumulator, RowInputs, padded, wanted
 from grpo_cli.kernel import (
     GroupStats,
     TopTwo,
@@ -231,7 +231,8 @@ class _StatisticsPass:
         )
         self.accumulators, self.separate_summary = plan.accumulators()
         self.figures = wanted(plan.needs)
-        self.totals: dict[str, np.ndarray] = {}  # each figure's running per-group totals
+        # folded at the statistics blocks' rows: a float sum must not depend on the key chunks
+        self.figure_totals = FigureAccumulator(self.figures, block_rows=self.accumulators[0].block_rows)
         self.rows = 0
         self.first_bad: tuple[Shard, int, float] | None = None
         self._pending: list[tuple[pa.RecordBatch, RewardBatch]] = []
@@ -251,8 +252,8 @@ class _StatisticsPass:
 
     @property
     def bad_count(self) -> int:
-        """Rows whose reward is null, NaN or infinite, over the chunks folded so far."""
-        counts = self.totals.get("nan_rewards")
+        """Rows whose reward is null, NaN or infinite (read once pass 1 is done: it folds the last block)."""
+        counts = self.figure_totals.compute().get("nan_rewards")
         return 0 if counts is None else int(counts.sum())
 
     @property
@@ -298,10 +299,9 @@ class _StatisticsPass:
         chunk = RewardBatch.concat([r for _, r in self._pending])
         group_ids = self._row_groups(ids)
         self._check_batches(group_ids, shard)
-        k = int(group_ids.max()) + 1 if group_ids.size else 0
         lengths = torch.cat(self._pending_lengths).numpy() if self._pending_lengths else None
         rows = RowInputs.of(chunk, lengths)
-        self.totals = fold(self.figures, self.totals, of_chunk(self.figures, group_ids, k, rows))
+        self.figure_totals.update(group_ids, rows)
         self._top_two(chunk, group_ids)
         if self.group_rewards is not None:
             self.group_rewards.append((group_ids, chunk.combined.to(torch.float64), chunk.combined_valid))
@@ -457,7 +457,7 @@ class _StatisticsPass:
         else:
             assert self.keys is not None
             num_groups = len(self.keys)
-        totals = padded(self.figures, self.totals, num_groups)
+        totals = padded(self.figures, self.figure_totals.compute(), num_groups)
         stats = [acc.compute(num_groups) for acc in self.accumulators]
         channel_stats = stats[: self.plan.channels]
         summary_stats = stats[-1] if self.separate_summary else stats[0]
