@@ -882,7 +882,7 @@ _ROWS = (
     Option(
         "partitions",
         ("--partitions",),
-        "With --engine ray: hash partitions of the group keys.",
+        "With --engine ray: tasks, and output files, of the advantage job.",
         int | None,
         target="run",
         panel="Engine",

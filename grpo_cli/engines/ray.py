@@ -1,24 +1,32 @@
-"""The Ray engine: the same run on Ray Data, for datasets beyond one machine.
+"""The Ray engine: the same run on Ray Data, for datasets beyond one machine, with the local
+engine's bits.
 
-Two Ray Data jobs, both built on the kernel the local engine uses:
+The local engine's pass 1 cuts the input into statistics blocks at fixed row positions
+(``stats_block_rows``, counted over the whole input in order), reduces each block to per-group
+statistics and figures, and merges the blocks in input order. A float sum depends on the order
+of its terms, so the Ray engine makes the same cuts and the same merge:
 
-1. statistics: the reward and key columns are hash-partitioned by group key
-   (``repartition(P, keys=...)``) so that each group lands in one partition, and each
-   whole block is reduced to one row per group of sufficient statistics
-   (``map_batches(batch_size=None, batch_format="pyarrow")``). The driver merges them
-   (Chan et al.; a group that Ray split over two blocks is merged, not double-counted)
-   and prepares the normalisation exactly as the local engine does;
-2. advantages: every block of the input, in its original order, is joined with the
-   per-group statistics (broadcast once through the object store) and written out.
+1. statistics: one Ray task per statistics block reads the block's row ranges of its files
+   (:func:`statistics_blocks`, only the run's columns, page CRCs verified) and reduces them to
+   one row per group with the kernel's accumulators (:func:`block_statistics`); the driver
+   takes the blocks' rows in block order, gives each group its ID (first appearance over the
+   whole input) and merges them as the local engine merges its blocks (:class:`OrderedMerge`);
+2. moments (a batch whitening only): one task per statistics block computes the block's
+   weighted moments per training batch; the driver merges them in block order;
+3. advantages: every block of the input, read by Ray Data, is joined with the per-group
+   statistics (broadcast once through the object store) and written out.
 
-Patterns measured to be much slower and avoided here: ``groupby().map_groups()`` (one
-call and one Parquet row group per group) and Ray's ``Std`` aggregation (a Python path,
-ddof=1 by default). Statistics stay in float64 and inactive groups exactly zero.
+So the advantages, masks and summary are the local engine's, bit for bit. The driver matches
+one key per group per block: about one per group when a group's rows lie together (trainer
+dumps), up to one per row when they are spread over the whole input. Patterns measured to be
+much slower and avoided here: ``groupby().map_groups()`` (one call and one Parquet row group
+per group) and Ray's ``Std`` aggregation (a Python path, ddof=1 by default).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 import os
@@ -42,9 +50,9 @@ import pyarrow.parquet as pq
 import torch
 
 from grpo_cli.config import ComputeConfig
-from grpo_cli.errors import GrpoError
-from grpo_cli.figures import RowInputs, merge_by_group, of_chunk, wanted
-from grpo_cli.file_names import PROVENANCE_KEY, output_is_directory
+from grpo_cli.errors import GrpoError, first_line
+from grpo_cli.figures import RowInputs, fold, of_chunk, padded, wanted
+from grpo_cli.file_names import PARQUET_SUFFIXES, PROVENANCE_KEY, output_is_directory
 from grpo_cli.guard import Claim, ProtectedInputs
 from grpo_cli.kernel import (
     GroupStats,
@@ -58,7 +66,8 @@ from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_t
 from grpo_cli.options import ESTIMATOR_SPECS
 from grpo_cli.output import advantage_range, commit_directory, output_info
 from grpo_cli.plan import BatchLayout, GroupOutcome, RunPlan, batch_of_groups
-from grpo_cli.rewards import RewardBatch, RewardReader, new_column_arrays
+from grpo_cli.readers import parquet_row_range, row_count
+from grpo_cli.rewards import RewardBatch, new_column_arrays
 from grpo_cli.sources import InputSet, Shard
 from grpo_cli.summary import RunSummary, build_summary, input_info
 
@@ -66,16 +75,6 @@ PARTITION_BYTES = 256 << 20
 FIGURE_PREFIX = "__grpo_figure_"  # a block's per-group figures (figures.FIGURES)
 BATCH_FIELD = "__grpo_batch"  # the --batch-col value of the group's first row in the block
 BATCH_CLASH_FIELD = "__grpo_batch_clash"  # the group spans two batch values in this block
-# A block with a null or NaN key returns one row of these instead of its statistics
-# (an exception in a Ray task prints its traceback): the role ("group" or "batch"), the
-# column, what is wrong with it, how the error words it and in how many of the block's rows.
-REFUSED_FIELDS = (
-    "__grpo_refused_role",
-    "__grpo_refused_column",
-    "__grpo_refused_what",
-    "__grpo_refused_description",
-    "__grpo_refused_rows",
-)
 
 
 def import_ray() -> Any:
@@ -134,6 +133,7 @@ def ray_session(address: str | None, *, quiet: bool = True) -> Iterator[Any]:
         context = ray.data.DataContext.get_current()
         context.enable_progress_bars = not quiet
         context.print_on_execution_start = False
+        context.execution_options.preserve_order = True  # output files follow the input's order
         for name in ("ray", "ray.data"):
             logging.getLogger(name).setLevel(logging.ERROR)
         yield ray
@@ -171,13 +171,32 @@ _RAY_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_USAGE
 
 
 @dataclass(frozen=True)
+class InputFile:
+    """One Parquet file of the input, in input order: a local path or an object-store URI."""
+
+    source: str
+    display: str
+    rows: int
+    size_bytes: int
+
+    def shard(self) -> Shard:
+        """The file as the readers and the error messages name it."""
+        return Shard(Path(self.source), self.display, "parquet", self.size_bytes)
+
+
+@dataclass(frozen=True)
 class RayInputs:
-    """What ``--engine ray`` reads: local Parquet shards (checked here) and URIs (passed to Ray)."""
+    """What ``--engine ray`` reads: every Parquet file in input order (local ones checked
+    here, URIs listed on their file system), and the local shards and folders to protect."""
 
     spec: str
-    paths: list[str]
+    files: list[InputFile]
     shards: list[Shard]
     directories: list[Path]
+
+    @property
+    def paths(self) -> list[str]:
+        return [file.source for file in self.files]
 
     def protected(self) -> ProtectedInputs:
         """What no output of this run may touch: every local input file and directory."""
@@ -210,19 +229,20 @@ def check_ray_run(
 
 
 def is_remote(path: str) -> bool:
-    """An object-store URI (``s3://...``), which Ray reads or writes itself."""
+    """An object-store URI (``s3://...``), read through pyarrow's file systems."""
     return "://" in path
 
 
 def resolve_inputs(input: str | Sequence[str]) -> RayInputs:
-    """Local files, directories and globs resolved to Parquet files; URIs kept as given."""
+    """Local files, directories and globs resolved to Parquet files; URIs listed on their file
+    system (a file, or a folder's Parquet files in name order)."""
     specs = [input] if isinstance(input, str) else list(input)
-    paths: list[str] = []
+    files: list[InputFile] = []
     shards: list[Shard] = []
     directories: list[Path] = []
     for spec in specs:
         if is_remote(spec):
-            paths.append(spec)
+            files += _remote_files(spec)
             continue
         with InputSet(spec) as inputs:
             for shard in inputs.shards:
@@ -231,17 +251,143 @@ def resolve_inputs(input: str | Sequence[str]) -> RayInputs:
                         f"{shard.display}: --engine ray reads Parquet; "
                         "read other formats with the local engine"
                     )
+                files.append(
+                    InputFile(str(shard.path), shard.display, row_count(shard) or 0, shard.size_bytes)
+                )
             shards += inputs.shards
             directories += inputs.directories
-            paths += [str(shard.path) for shard in inputs.shards]
-    return RayInputs(", ".join(specs), paths, shards, directories)
+    return RayInputs(", ".join(specs), files, shards, directories)
 
 
-# --------------------------------------------------------------------------- block functions
+def _open_remote(uri: str) -> Any:
+    """A URI's file system and the path on it."""
+    import pyarrow.fs as pafs
+
+    try:
+        return pafs.FileSystem.from_uri(uri)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise GrpoError(f"{uri}: cannot open its file system ({first_line(exc)})") from None
+
+
+def _remote_files(uri: str) -> list[InputFile]:
+    import pyarrow.fs as pafs
+
+    fs, root = _open_remote(uri)
+    scheme = uri.split("://", 1)[0]
+    try:
+        info = fs.get_file_info(root)
+        if info.type == pafs.FileType.NotFound:
+            raise GrpoError(f"{uri}: no such file or folder")
+        if info.type == pafs.FileType.Directory:
+            found = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+            entries = sorted(
+                (f for f in found if f.type == pafs.FileType.File and f.path.endswith(PARQUET_SUFFIXES)),
+                key=lambda f: f.path,
+            )
+            entries = [f for f in entries if not _hidden(f.path[len(root) :])]
+        else:
+            entries = [info]
+        files = []
+        for entry in entries:
+            source = f"{scheme}://{entry.path}"
+            with fs.open_input_file(entry.path) as handle:
+                rows = pq.ParquetFile(handle).metadata.num_rows
+            files.append(InputFile(source, source, rows, entry.size or 0))
+    except (pa.ArrowException, OSError) as exc:
+        raise GrpoError(f"{uri}: not a readable Parquet input ({first_line(exc)})") from None
+    if not files:
+        raise GrpoError(f"{uri}: no Parquet files")
+    return files
+
+
+def _hidden(relative: str) -> bool:
+    """A path below the folder with a part starting with ``.`` or ``_`` (Spark's and Ray's own files)."""
+    return any(part.startswith((".", "_")) for part in relative.split("/") if part)
+
+
+def _open_file(file: InputFile) -> Any:
+    """What pyarrow reads ``file`` from: its path, or a handle on its file system."""
+    if not is_remote(file.source):
+        return file.source
+    fs, path = _open_remote(file.source)
+    return fs.open_input_file(path)
+
+
+# --------------------------------------------------------------------------- statistics blocks
+
+
+@dataclass(frozen=True)
+class FilePart:
+    """Rows ``[start, stop)`` of one input file."""
+
+    file: InputFile
+    start: int
+    stop: int
+
+
+def statistics_blocks(files: Sequence[InputFile], block_rows: int) -> list[list[FilePart]]:
+    """The input's rows cut where the local engine cuts its statistics blocks: at multiples of
+    ``block_rows`` counted over the whole input in order, across file ends. Each block is the
+    list of its files' row ranges.
+
+    >>> files = [InputFile("a", "a", 5, 0), InputFile("b", "b", 0, 0), InputFile("c", "c", 4, 0)]
+    >>> [[(p.file.source, p.start, p.stop) for p in block] for block in statistics_blocks(files, 4)]
+    [[('a', 0, 4)], [('a', 4, 5), ('c', 0, 3)], [('c', 3, 4)]]
+    """
+    blocks: list[list[FilePart]] = []
+    current: list[FilePart] = []
+    room = block_rows
+    for file in files:
+        start = 0
+        while start < file.rows:
+            stop = min(file.rows, start + room)
+            current.append(FilePart(file, start, stop))
+            room -= stop - start
+            start = stop
+            if room == 0:
+                blocks.append(current)
+                current, room = [], block_rows
+    if current:
+        blocks.append(current)
+    return blocks
+
+
+def advantage_parts(files: Sequence[InputFile], parts: int) -> list[list[FilePart]]:
+    """The input cut into about ``parts`` row ranges for the advantage job, none across a file's
+    end, so that each output file keeps its input file's column types.
+
+    >>> files = [InputFile("a", "a", 10, 0), InputFile("b", "b", 0, 0), InputFile("c", "c", 5, 0)]
+    >>> [[(p.file.source, p.start, p.stop) for p in part] for part in advantage_parts(files, 3)]
+    [[('a', 0, 5)], [('a', 5, 10)], [('c', 0, 5)]]
+    """
+    total = sum(file.rows for file in files)
+    out = []
+    for file in files:
+        if not file.rows:
+            continue
+        pieces = max(1, min(file.rows, math.ceil(parts * file.rows / total)))
+        bounds = [file.rows * i // pieces for i in range(pieces + 1)]
+        out += [[FilePart(file, start, stop)] for start, stop in itertools.pairwise(bounds)]
+    return out
+
+
+def _read_block(
+    parts: Sequence[FilePart], columns: list[str] | None
+) -> list[tuple[FilePart, pa.RecordBatch]]:
+    """Each part's rows, the run's columns only."""
+    out = []
+    for part in parts:
+        table = parquet_row_range(_open_file(part.file), part.file.display, columns, part.start, part.stop)
+        out.append((part, _record_batch(table)))
+    return out
 
 
 _CPU = torch.device("cpu")
-_BLOCK = Shard(Path("<ray block>"), "<ray block>", "parquet", 0)
+BLOCK_FIELD = "__grpo_block"  # the statistics block a partial row or a moments row belongs to
+GROUP_FIELD = "__grpo_group"  # a partial row's group in its block (first appearance there)
+# A block that fails returns its error's line in this field: an exception in a Ray task
+# would print its traceback.
+ERROR_FIELD = "__grpo_error"
 
 
 def _channel_prefix(channel: int) -> str:
@@ -251,62 +397,79 @@ def _channel_prefix(channel: int) -> str:
 _SUMMARY_PREFIX = "__grpo_summary_"
 
 
-def block_group_stats(batch: pa.Table, config: ComputeConfig) -> pa.Table:
-    """One row per group of the block: its key columns and sufficient statistics."""
+def _refusal(message: str) -> pa.Table:
+    return pa.table({ERROR_FIELD: [message]})
+
+
+def block_statistics(batch: pa.Table, blocks: list[list[FilePart]], config: ComputeConfig) -> pa.Table:
+    """One statistics block (its index in ``batch``): one row per group, in order of first
+    appearance, with its key columns and the block's statistics and figures of the group,
+    computed as the local engine computes a block's (:meth:`RunPlan.accumulators`,
+    :func:`~grpo_cli.figures.of_chunk`)."""
+    (index,) = batch.column("block").to_pylist()
     plan = RunPlan(config, device=_CPU)
-    reader = plan.reward_reader(batch.schema, _BLOCK)
     keys = GroupKeyIndex(config.group_cols)
     batch_keys = GroupKeyIndex([config.batch_col]) if config.batch_col is not None else None
-    role = "group"
+    length_col = config.length_col if "length_sums" in plan.needs else None  # opo sums them
+    id_parts: list[np.ndarray] = []
+    batch_id_parts: list[np.ndarray] = []
+    batch_values: list[pa.Array] = []
+    reward_parts: list[RewardBatch] = []
+    length_parts: list[torch.Tensor] = []
+    first_record: pa.RecordBatch | None = None
+    role = ""
     try:
-        ids_np = keys.encode([batch.column(c) for c in config.group_cols])
-        role = "batch"
-        batch_ids = (
-            batch_keys.encode([batch.column(c) for c in batch_keys.columns])
-            if batch_keys is not None
-            else None
-        )
+        for part, record in _read_block(blocks[index], plan.input_columns):
+            if first_record is None:
+                first_record = record
+            role = "group"
+            id_parts.append(keys.encode([record.column(c) for c in config.group_cols]))
+            role = "batch"
+            if batch_keys is not None:
+                assert config.batch_col is not None
+                values = record.column(config.batch_col)
+                batch_id_parts.append(batch_keys.encode([values]))
+                batch_values.append(values)
+            reader = plan.reward_reader(record.schema, part.file.shard())
+            reward_parts.append(reader.read(record, part.start))
+            if length_col is not None:
+                length_parts.append(reader.lengths(record, length_col, part.start))
     except InvalidKeyError as bad:
-        return pa.table(
-            dict(
-                zip(
-                    REFUSED_FIELDS,
-                    [[role], [bad.column], [bad.what], [bad.description], [bad.count]],
-                    strict=True,
-                )
-            )
+        return _refusal(
+            f"{role} key {bad.column!r} {bad.description} in {bad.count} row(s) of a block; "
+            f"{bad.what} keys cannot be grouped"
         )
+    except GrpoError as error:
+        return _refusal(error.message)
+    ids_np = np.concatenate(id_parts)
     k = len(keys)
     ids = as_tensor(ids_np)
-    rewards = reader.read(_record_batch(batch))
-    accumulators, separate_summary = plan.accumulators(block_rows=max(1, batch.num_rows))
+    rewards = RewardBatch.concat(reward_parts)
+    accumulators, separate_summary = plan.accumulators()
     columns: dict[str, Any] = {}
-    channels = accumulators[: plan.channels]
     for channel, (acc, values, valid) in enumerate(
-        zip(channels, rewards.channels, rewards.channel_valid, strict=True)
+        zip(accumulators[: plan.channels], rewards.channels, rewards.channel_valid, strict=True)
     ):
         acc.update(values, ids, valid)
         columns.update(_numpy(acc.compute(k).to_columns(_channel_prefix(channel))))
     if separate_summary:
-        summary = accumulators[-1]
-        summary.update(rewards.combined, ids, rewards.combined_valid)
-        columns.update(_numpy(summary.compute(k).to_columns(_SUMMARY_PREFIX)))
-    lengths = None
-    if "length_sums" in plan.needs:
-        assert config.length_col is not None  # ComputeConfig.validate: opo needs --length-col
-        lengths = reader.lengths(_record_batch(batch), config.length_col).numpy()
-    block = of_chunk(wanted(plan.needs), ids_np, k, RowInputs.of(rewards, lengths))
-    columns.update({FIGURE_PREFIX + name: values for name, values in block.items()})
-    table = keys.key_table(batch)
+        accumulators[-1].update(rewards.combined, ids, rewards.combined_valid)
+        columns.update(_numpy(accumulators[-1].compute(k).to_columns(_SUMMARY_PREFIX)))
+    lengths = torch.cat(length_parts).numpy() if length_parts else None
+    figures = of_chunk(wanted(plan.needs), ids_np, k, RowInputs.of(rewards, lengths))
+    columns.update({FIGURE_PREFIX + name: values for name, values in figures.items()})
+    assert first_record is not None  # a block holds at least one row
+    table = keys.key_table(pa.Table.from_batches([first_record]))
     for name, value in columns.items():
         table = table.append_column(name, pa.array(value))
-    if config.batch_col is not None:
-        assert batch_ids is not None
-        _, split = batch_of_groups(ids_np, batch_ids, k)
+    if batch_keys is not None:
+        _, split = batch_of_groups(ids_np, np.concatenate(batch_id_parts), k)
         _, first_rows = np.unique(ids_np, return_index=True)
-        table = table.append_column(BATCH_FIELD, batch.column(config.batch_col).take(pa.array(first_rows)))
+        values = pa.chunked_array([v.cast(batch_values[0].type) for v in batch_values])
+        table = table.append_column(BATCH_FIELD, values.take(pa.array(first_rows)))
         table = table.append_column(BATCH_CLASH_FIELD, pa.array(split))
-    return table
+    table = table.append_column(GROUP_FIELD, pa.array(np.arange(k, dtype=np.int64)))
+    return table.append_column(BLOCK_FIELD, pa.array(np.full(k, index, dtype=np.int64)))
 
 
 def _numpy(columns: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
@@ -328,7 +491,7 @@ def _stats_from_table(table: pa.Table, prefix: str) -> GroupStats:
 
 @dataclass(frozen=True)
 class MergedStatistics:
-    """Per-block partial statistics merged into one row per group (first-appearance order)."""
+    """The blocks' partial statistics merged in input order, one row per group (first appearance)."""
 
     keys: pa.Table
     channel_stats: list[GroupStats]
@@ -345,89 +508,88 @@ class MergedStatistics:
         return int(self.figures["nan_rewards"].sum())
 
 
-def merge_partials(partials: pa.Table, plan: RunPlan) -> MergedStatistics:
-    """Merge per-block group rows; a group that Ray split over blocks is merged, not double-counted."""
-    group_cols = plan.config.group_cols
-    keys = GroupKeyIndex(group_cols)
-    ids = (
-        keys.encode([partials.column(c) for c in group_cols]) if partials.num_rows else np.empty(0, np.int64)
-    )
-    k = len(keys)
-    # occurrence rank of each row within its group: 0 for the first block's row, 1, ...
-    order = np.argsort(ids, kind="stable")
-    rank = np.empty_like(order)
-    if order.size:
-        sorted_ids = ids[order]
-        starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])
-        run = np.repeat(starts, np.diff(np.r_[starts, sorted_ids.size]))
-        rank[order] = np.arange(sorted_ids.size) - run
-    depth = int(rank.max()) + 1 if rank.size else 0
+class OrderedMerge:
+    """The driver's half of the statistics job: each block's partial rows, taken in block order,
+    are given the run's group IDs (first appearance over the whole input) and merged into running
+    statistics and figures exactly as the local engine merges its blocks (Chan's rule, then each
+    figure's merge rule), so both engines give the same bits."""
 
-    def merged(prefix: str, extremes: bool) -> GroupStats:
-        total: GroupStats | None = None
-        for level in range(depth):
-            rows = np.flatnonzero(rank == level)
-            part = _stats_from_table(partials.take(pa.array(rows)), prefix)
-            # each group appears at most once per level: place it at its group ID
-            placed = part.placed(torch.from_numpy(ids[rows]), k)
-            total = placed if total is None else merge_group_stats(total, placed)
-        return total if total is not None else empty_group_stats(k, count_extremes=extremes)
+    def __init__(self, plan: RunPlan) -> None:
+        self.plan = plan
+        self.keys = GroupKeyIndex(plan.config.group_cols)
+        self.batch_keys = GroupKeyIndex([BATCH_FIELD]) if plan.config.batch_col is not None else None
+        self.channels: list[GroupStats | None] = [None] * plan.channels
+        self.summary: GroupStats | None = None
+        self.figures = wanted(plan.needs)
+        self.totals: dict[str, np.ndarray] = {}
+        self.batch_of_group = np.zeros(0, dtype=np.int64)
+        self.first_table: pa.Table | None = None
 
-    channels = [merged(_channel_prefix(c), plan.count_extremes) for c in range(plan.channels)]
-    summary = merged(_SUMMARY_PREFIX, False) if plan.channels > 1 else channels[0]
-    figures = wanted(plan.needs)
-    parts = {f.name: partials.column(FIGURE_PREFIX + f.name).to_numpy() for f in figures}
-    merged_figures = merge_by_group(figures, parts, ids, k)
-    batches = _batch_layout(partials, ids, k, merged_figures, plan)
-    return MergedStatistics(keys.key_table(partials), channels, summary, merged_figures, batches)
+    def add(self, partial: pa.Table) -> None:
+        """One block's partial rows (or a piece of them, in order)."""
+        if not partial.num_rows:
+            return
+        if self.first_table is None:
+            self.first_table = partial
+        ids_np = self.keys.encode([partial.column(c) for c in self.plan.config.group_cols])
+        k = len(self.keys)
+        ids = torch.from_numpy(ids_np)
+
+        def merged(total: GroupStats | None, prefix: str) -> GroupStats:
+            block = _stats_from_table(partial, prefix).placed(ids, k)
+            return block if total is None else merge_group_stats(total, block)
+
+        self.channels = [merged(total, _channel_prefix(c)) for c, total in enumerate(self.channels)]
+        if self.plan.channels > 1:
+            self.summary = merged(self.summary, _SUMMARY_PREFIX)
+        block = {}
+        for figure in self.figures:
+            values = partial.column(FIGURE_PREFIX + figure.name).to_numpy()
+            placed = np.zeros(k, dtype=values.dtype)
+            placed[ids_np] = values
+            block[figure.name] = placed
+        self.totals = fold(self.figures, self.totals, block)
+        if self.batch_keys is not None:
+            self._add_batches(partial, ids_np, k)
+
+    def _add_batches(self, partial: pa.Table, ids_np: np.ndarray, k: int) -> None:
+        """Each group's training batch (IDs in order of first appearance); a group across two is refused."""
+        assert self.batch_keys is not None
+        batch_ids = self.batch_keys.encode([partial.column(BATCH_FIELD)])
+        clash = partial.column(BATCH_CLASH_FIELD).to_numpy(zero_copy_only=False).astype(bool)
+        known = np.pad(self.batch_of_group, (0, k - self.batch_of_group.size), constant_values=-1)
+        clash |= (known[ids_np] >= 0) & (known[ids_np] != batch_ids)
+        if clash.any():
+            key = partial.select(list(self.plan.config.group_cols)).slice(int(np.flatnonzero(clash)[0]), 1)
+            raise RowsUnknown(
+                f"group {key.to_pylist()[0]} spans two values of --batch-col {self.plan.config.batch_col!r}; "
+                "each group must lie in one training batch"
+            )
+        known[ids_np] = batch_ids
+        self.batch_of_group = known
+
+    def result(self) -> MergedStatistics:
+        k = len(self.keys)
+        extremes = self.plan.count_extremes
+        # each block's rows were placed among all the groups seen by then: the last saw them all
+        channels = [
+            s if s is not None else empty_group_stats(k, count_extremes=extremes) for s in self.channels
+        ]
+        summary = channels[0]
+        if self.plan.channels > 1:
+            summary = self.summary if self.summary is not None else empty_group_stats(k)
+        totals = padded(self.figures, self.totals, k)
+        if self.batch_keys is None:
+            batches = BatchLayout.of_groups(np.zeros(k, dtype=np.int64), totals, [None])
+        else:
+            keys = [self.batch_keys.key_at(b) for b in range(len(self.batch_keys))]
+            batches = BatchLayout.of_groups(self.batch_of_group.clip(min=0), totals, keys)
+        empty = self.first_table if self.first_table is not None else _empty_keys(self.plan)
+        return MergedStatistics(self.keys.key_table(empty), channels, summary, totals, batches)
 
 
-def _batch_layout(
-    partials: pa.Table,
-    ids: np.ndarray,
-    k: int,
-    figures: dict[str, np.ndarray],
-    plan: RunPlan,
-) -> BatchLayout:
-    """Each group's batch (checked to be one), and rows and non-zero rewards per batch."""
-    batch_col = plan.config.batch_col
-    if batch_col is None:
-        return BatchLayout.of_groups(np.zeros(k, dtype=np.int64), figures, [None])
-    batch_keys = GroupKeyIndex([BATCH_FIELD])
-    batch_ids = batch_keys.encode([partials.column(BATCH_FIELD)]) if partials.num_rows else ids
-    high, across_blocks = batch_of_groups(ids, batch_ids, k)
-    within_block = partials.column(BATCH_CLASH_FIELD).to_numpy(zero_copy_only=False).astype(np.float64)
-    clash = across_blocks | (np.bincount(ids, weights=within_block, minlength=k) > 0)
-    if clash.any():
-        group = int(np.flatnonzero(clash)[0])
-        key = partials.select(list(plan.config.group_cols)).take(
-            pa.array([int(np.flatnonzero(ids == group)[0])])
-        )
-        raise RowsUnknown(
-            f"group {key.to_pylist()[0]} spans two values of --batch-col {batch_col!r}; "
-            "each group must lie in one training batch"
-        )
-    return BatchLayout.of_groups(high, figures, [batch_keys.key_at(b) for b in range(len(batch_keys))])
-
-
-def _empty_partials(plan: RunPlan) -> pa.Table:
-    columns: dict[str, pa.Array] = {c: pa.array([], pa.string()) for c in plan.config.group_cols}
-    empty = empty_group_stats(0, count_extremes=plan.count_extremes)
-    for channel in range(plan.channels):
-        columns.update(
-            {k: pa.array(v.numpy()) for k, v in empty.to_columns(_channel_prefix(channel)).items()}
-        )
-    if plan.channels > 1:
-        moments = empty.without_extremes().to_columns(_SUMMARY_PREFIX)
-        columns.update({k: pa.array(v.numpy()) for k, v in moments.items()})
-    for figure in wanted(plan.needs):
-        columns[FIGURE_PREFIX + figure.name] = pa.array(
-            [], pa.int64() if figure.kind == "count" else pa.float64()
-        )
-    if plan.config.batch_col is not None:
-        columns[BATCH_FIELD] = pa.array([], pa.string())
-        columns[BATCH_CLASH_FIELD] = pa.array([], pa.bool_())
-    return pa.table(columns)
+def _empty_keys(plan: RunPlan) -> pa.Table:
+    return pa.table({c: pa.array([], pa.string()) for c in plan.config.group_cols})
 
 
 _WORKER_CACHE: dict[str, Any] = {}
@@ -452,35 +614,50 @@ def _worker_state(
     return cached
 
 
-def _block_rows(
-    batch: pa.Table, plan: RunPlan, index: GroupKeyIndex, outcome: GroupOutcome
-) -> tuple[RewardReader, pa.RecordBatch, np.ndarray, RewardBatch, torch.Tensor, torch.Tensor]:
-    """A block's reader, record batch, group IDs, rewards, advantages before any batch transform,
-    batch IDs."""
-    config = plan.config
-    reader = plan.reward_reader(batch.schema, _BLOCK)
-    ids_np = (
+def _group_ids(batch: pa.RecordBatch, config: ComputeConfig, index: GroupKeyIndex) -> np.ndarray:
+    """The run's group IDs of a batch's rows (every key was seen by the statistics job)."""
+    ids = (
         index.encode([batch.column(c) for c in config.group_cols])
         if batch.num_rows
         else np.empty(0, np.int64)
     )
-    if ids_np.size and int(ids_np.max()) >= len(index):
+    if ids.size and int(ids.max()) >= len(index):
         raise RuntimeError("a group key appeared in pass 2 that pass 1 did not see")
-    record = _record_batch(batch)
-    rewards, result, batch_ids = plan.row_advantages(
-        record, reader, as_tensor(ids_np), outcome, active_device=outcome.active
-    )
-    return reader, record, ids_np, rewards, result, batch_ids
+    return ids
 
 
-def block_moments(batch: pa.Table, payload: Any, token: str, config: ComputeConfig) -> pa.Table:
-    """One block's weighted moments of the advantages per batch (for whitening)."""
-    plan, index, outcome = _worker_state(payload, token, config)
+def block_moments(
+    batch: pa.Table, blocks: list[list[FilePart]], payload: Any, token: str, config: ComputeConfig
+) -> pa.Table:
+    """One statistics block's weighted moments of the advantages per training batch (for a
+    whitening), over its rows in input order as the local engine's moments pass cuts them."""
+    (index,) = batch.column("block").to_pylist()
+    plan, keys, outcome = _worker_state(payload, token, config)
     assert outcome.batches is not None
-    reader, record, _, rewards, result, batch_ids = _block_rows(batch, plan, index, outcome)
-    lengths = None if config.length_col is None else reader.column(record, config.length_col)
+    values, weights, batch_ids, valid = [], [], [], []
+    try:
+        for part, record in _read_block(blocks[index], plan.input_columns):
+            reader = plan.reward_reader(record.schema, part.file.shard())
+            ids = as_tensor(_group_ids(record, config, keys))
+            rewards, result, in_batch = plan.row_advantages(
+                record, reader, ids, outcome, active_device=outcome.active, first_row=part.start
+            )
+            values.append(result)
+            if config.length_col is not None:
+                weights.append(reader.lengths(record, config.length_col, part.start))
+            batch_ids.append(in_batch)
+            valid.append(
+                torch.ones(result.numel(), dtype=torch.bool)
+                if rewards.combined_valid is None
+                else rewards.combined_valid
+            )
+    except GrpoError as error:
+        return _refusal(error.message)
+    # the tensors the local engine's WeightedMomentsAccumulator hands weighted_moments for a block
+    x = torch.cat(values).to(torch.float64)
+    w = torch.cat(weights).to(torch.float64) if weights else torch.ones_like(x)
     moments = weighted_moments(
-        result, lengths, batch_ids, outcome.batches.count, valid=rewards.combined_valid
+        x, w, torch.cat(batch_ids).to(torch.int64), outcome.batches.count, valid=torch.cat(valid)
     )
     return pa.table(
         {
@@ -488,26 +665,39 @@ def block_moments(batch: pa.Table, payload: Any, token: str, config: ComputeConf
             "mean": moments.mean.numpy(),
             "m2": moments.m2.numpy(),
             "count": moments.count.numpy(),
+            BLOCK_FIELD: np.full(outcome.batches.count, index, dtype=np.int64),
         }
     )
 
 
 def block_advantages(
-    batch: pa.Table, payload: Any, token: str, config: ComputeConfig, provenance: bytes
+    batch: pa.Table,
+    blocks: list[list[FilePart]],
+    payload: Any,
+    token: str,
+    config: ComputeConfig,
+    provenance: bytes,
 ) -> pa.Table:
-    """Append the advantage and activity columns to one block, rows in order.
+    """One part of the input (its index in ``batch``), every column in its file's own types, with
+    the advantage and activity columns appended, rows in order.
 
     ``payload`` (the keys and the :class:`~grpo_cli.plan.GroupOutcome`, or an
     object-store reference to them) is read once per worker process.
     """
-    plan, index, outcome = _worker_state(payload, token, config)
-    reader, _, ids_np, rewards, result, batch_ids = _block_rows(batch, plan, index, outcome)
+    (index,) = batch.column("block").to_pylist()
+    plan, keys, outcome = _worker_state(payload, token, config)
+    ((part, record),) = _read_block(blocks[index], None)
+    reader = plan.reward_reader(record.schema, part.file.shard())
+    ids_np = _group_ids(record, config, keys)
+    rewards, result, batch_ids = plan.row_advantages(
+        record, reader, as_tensor(ids_np), outcome, active_device=outcome.active, first_row=part.start
+    )
     advantages = plan.finish(result, batch_ids, outcome, scored=rewards.combined_valid).to(
         reader.output_dtype
     )
     ids = torch.from_numpy(ids_np)
     arrays = new_column_arrays(advantages, outcome.active[ids], ids_np, outcome.group_columns)
-    out = batch
+    out = pa.Table.from_batches([record])
     for name, array in zip(plan.new_columns, arrays, strict=True):
         out = out.append_column(name, array)
     if outcome.kept is not None:
@@ -519,9 +709,9 @@ def block_advantages(
 
 
 class RowsUnknown(GrpoError):
-    """A refusal found in hash-partitioned blocks, which no longer know a row's file or
-    position (:func:`grpo_cli.jobs.compute_dataset_ray` words it as the local engine does
-    when every input is a local file)."""
+    """A refusal whose row the driver does not know (a null or NaN key, a group across two
+    batches, a bad reward under ``--nan error``): :func:`grpo_cli.jobs.compute_dataset_ray`
+    words it as the local engine does when every input is a local file."""
 
 
 def run_ray(
@@ -534,26 +724,26 @@ def run_ray(
     partitions: int | None,
     quiet: bool,
 ) -> RunSummary:
-    """The two Ray Data jobs; writes to ``claim`` (a local directory) or to the URI ``output``.
+    """The Ray Data jobs; writes to ``claim`` (a local directory) or to the URI ``output``.
 
     A null or NaN key, a group across two batches and (with ``--nan error``) a bad reward
-    raise :class:`RowsUnknown`, with counts but no row.
+    raise :class:`RowsUnknown`.
     """
     started = time.perf_counter()
     plan = RunPlan(config, device=_CPU)
-    schemas = _read_schemas(inputs.shards, plan)
+    schemas = _read_schemas(inputs.files, plan)
     check_key_types(
-        [(shard.display, schema) for shard, schema in zip(inputs.shards, schemas, strict=True)],
+        [(file.display, schema) for file, schema in zip(inputs.files, schemas, strict=True)],
         config.group_cols,
     )
-    total_bytes = sum(shard.size_bytes for shard in inputs.shards)
+    total_bytes = sum(file.size_bytes for file in inputs.files)
     partition_count = partitions or max(1, math.ceil(total_bytes / PARTITION_BYTES))
+    blocks = statistics_blocks(inputs.files, config.stats_block_rows)
     ray_start = time.perf_counter()
     # Ray prints warnings with print(): keep standard output for what the user asked for.
     with contextlib.redirect_stdout(sys.stderr), ray_session(address, quiet=quiet) as ray:
         ray_startup = time.perf_counter() - ray_start
-        ds = ray.data.read_parquet(inputs.paths)
-        merged = _statistics(ray, ds, plan, partition_count, inputs.spec)
+        merged = _statistics(ray, blocks, plan)
         if int(merged.rows_per_group.sum()) == 0:
             raise GrpoError(f"{inputs.spec}: no rows; there is nothing to compute advantages for")
         if merged.nan_rewards and config.advantage.nan == "error":
@@ -572,19 +762,17 @@ def run_ray(
             weighted_reward_sums=merged.figures.get("weighted_reward_sums"),
         )
         if plan.needs_moments_pass:
-            moments = _moments(ray, ds, plan, {"keys": merged.keys, "outcome": outcome})
+            moments = _moments(ray, blocks, plan, {"keys": merged.keys, "outcome": outcome})
             outcome = replace(outcome, transform=plan.transform(moments))
-        payload = ray.put({"keys": merged.keys, "outcome": outcome})
-        out_ds = ds.map_batches(
+        parts = advantage_parts(inputs.files, partition_count)
+        out_ds = _block_dataset(
+            ray,
+            parts,
             block_advantages,
-            batch_size=None,
-            batch_format="pyarrow",
-            fn_kwargs={
-                "payload": payload,
-                "token": uuid.uuid4().hex,
-                "config": config,
-                "provenance": plan.provenance([shard.display for shard in inputs.shards], outcome),
-            },
+            payload=ray.put({"keys": merged.keys, "outcome": outcome}),
+            token=uuid.uuid4().hex,
+            config=config,
+            provenance=plan.provenance([file.display for file in inputs.files], outcome),
         )
         if claim is None:
             out_ds.write_parquet(output)
@@ -596,12 +784,15 @@ def run_ray(
         **config.options_summary(),
         "device": "cpu",
         "engine": "ray",
-        "partitions": partition_count,
+        "partitions": len(parts),
+        "statistics_blocks": len(blocks),
         "ray_startup_seconds": round(ray_startup, 3),
     }
     return build_summary(
         outcome,
-        input=input_info(inputs.spec, inputs.shards, stdin=False, bytes_decoded=total_bytes),
+        input=input_info(
+            inputs.spec, [file.shard() for file in inputs.files], stdin=False, bytes_decoded=total_bytes
+        ),
         output={
             **output_info(output, written),
             "method": "rewrite",
@@ -622,74 +813,79 @@ def _key_at(keys: pa.Table, group: int) -> Any:
     return values[0] if len(values) == 1 else values
 
 
-def _statistics(ray: Any, ds: Any, plan: RunPlan, partition_count: int, spec: str) -> MergedStatistics:
-    """Job 1: hash-partition the reward and key columns by group, reduce each block, merge."""
-    stats_ds = ds.select_columns(plan.input_columns).repartition(
-        partition_count, keys=list(plan.config.group_cols)
-    )
-    partial_ds = stats_ds.map_batches(
-        block_group_stats, batch_size=None, batch_format="pyarrow", fn_kwargs={"config": plan.config}
-    )
-    tables = [t for t in ray.get(partial_ds.to_arrow_refs()) if t.num_rows]
-    refused = [t.to_pylist()[0] for t in tables if REFUSED_FIELDS[0] in t.column_names]
-    if refused:
-        raise _refused_keys_error(spec, refused)
-    partials = pa.concat_tables(tables, promote_options="default") if tables else _empty_partials(plan)
-    return merge_partials(partials, plan)
-
-
-def _refused_keys_error(spec: str, refused: list[dict[str, Any]]) -> RowsUnknown:
-    """One line for the blocks that held null or NaN keys: the first block's column and
-    kind, with the rows of that kind over every block."""
-    role, column, what, description, _ = (refused[0][field] for field in REFUSED_FIELDS)
-    rows = sum(
-        r[REFUSED_FIELDS[-1]] for r in refused if [r[f] for f in REFUSED_FIELDS[:3]] == [role, column, what]
-    )
-    return RowsUnknown(
-        f"{spec}: {role} key {column!r} {description} in {rows} row(s); {what} keys cannot be grouped "
-        "(the local engine names the first row)"
+def _block_dataset(ray: Any, blocks: list[list[FilePart]], function: Any, **kwargs: Any) -> Any:
+    """A dataset of ``function`` over every block (its index in a one-row batch), a Ray task each."""
+    ds = ray.data.from_items([{"block": i} for i in range(len(blocks))], override_num_blocks=len(blocks))
+    return ds.map_batches(
+        function, batch_size=1, batch_format="pyarrow", fn_kwargs={"blocks": blocks, **kwargs}
     )
 
 
-def _moments(ray: Any, ds: Any, plan: RunPlan, payload: dict[str, Any]) -> WeightedMoments:
-    """The extra job of a batch transform: each block's moments per batch, merged in block order."""
+def _map_blocks(ray: Any, blocks: list[list[FilePart]], function: Any, **kwargs: Any) -> list[pa.Table]:
+    """``function`` over every statistics block, a Ray task each; the tables in block order."""
+    if not blocks:
+        return []
+    out = _block_dataset(ray, blocks, function, **kwargs)
+    tables = [t for t in ray.get(out.to_arrow_refs()) if t.num_rows]
+    errors = [t.column(ERROR_FIELD)[0].as_py() for t in tables if ERROR_FIELD in t.column_names]
+    if errors:
+        raise RowsUnknown(errors[0])
+
+    # Ray may hand a task's rows back in several pieces: put them back in block order.
+    def position(table: pa.Table) -> tuple[int, int]:
+        first = table.column(GROUP_FIELD)[0].as_py() if GROUP_FIELD in table.column_names else 0
+        return table.column(BLOCK_FIELD)[0].as_py(), first
+
+    return sorted(tables, key=position)
+
+
+def _statistics(ray: Any, blocks: list[list[FilePart]], plan: RunPlan) -> MergedStatistics:
+    """Job 1: each statistics block reduced to per-group partials on a worker, then merged on
+    the driver in input order."""
+    merge = OrderedMerge(plan)
+    for table in _map_blocks(ray, blocks, block_statistics, config=plan.config):
+        merge.add(table)
+    return merge.result()
+
+
+def _moments(
+    ray: Any, blocks: list[list[FilePart]], plan: RunPlan, payload: dict[str, Any]
+) -> WeightedMoments:
+    """The extra job of a batch transform: each statistics block's moments per batch, merged in
+    block order as the local engine's moments pass merges them."""
     outcome: GroupOutcome = payload["outcome"]
     assert outcome.batches is not None
-    moments_ds = ds.select_columns(plan.input_columns).map_batches(
-        block_moments,
-        batch_size=None,
-        batch_format="pyarrow",
-        fn_kwargs={"payload": ray.put(payload), "token": uuid.uuid4().hex, "config": plan.config},
+    tables = _map_blocks(
+        ray, blocks, block_moments, payload=ray.put(payload), token=uuid.uuid4().hex, config=plan.config
     )
     total = weighted_moments(torch.zeros(0), None, torch.zeros(0, dtype=torch.int64), outcome.batches.count)
-    for table in ray.get(moments_ds.to_arrow_refs()):
-        if table.num_rows:
-            part = WeightedMoments(
-                *(
-                    torch.from_numpy(table.column(name).to_numpy().copy())
-                    for name in ("weight", "mean", "m2", "count")
-                )
+    for table in tables:
+        part = WeightedMoments(
+            *(
+                torch.from_numpy(table.column(name).to_numpy().copy())
+                for name in ("weight", "mean", "m2", "count")
             )
-            total = merge_weighted_moments(total, part)
+        )
+        total = merge_weighted_moments(total, part)
     return total
 
 
-def _read_schemas(shards: list[Shard], plan: RunPlan) -> list[pa.Schema]:
+def _read_schemas(files: list[InputFile], plan: RunPlan) -> list[pa.Schema]:
     schemas = []
-    for shard in shards:
+    for file in files:
         try:
-            schema = pq.read_schema(shard.path)
+            schema = pq.read_schema(_open_file(file))
         except (pa.ArrowException, OSError) as exc:
-            raise GrpoError(f"{shard.display}: not a readable Parquet file ({exc})") from None
-        plan.check_columns(shard, schema, writes_output=True)
+            raise GrpoError(f"{file.display}: not a readable Parquet file ({first_line(exc)})") from None
+        plan.check_columns(file.shard(), schema, writes_output=True)
         for column in (*plan.input_columns, *([plan.config.verify.column] if plan.config.verify else [])):
             if column not in schema.names:
                 raise GrpoError(
-                    f"{shard.display}: {column!r} is a nested field; --engine ray reads top-level columns "
+                    f"{file.display}: {column!r} is a nested field; --engine ray reads top-level columns "
                     "(use the local engine)"
                 )
         schemas.append(schema)
     return schemas
 
 
-__all__ = ["check_ray_run", "ray_session", "resolve_inputs", "run_ray"]
+__all__ = ["check_ray_run", "ray_session", "resolve_inputs", "run_ray", "statistics_blocks"]
