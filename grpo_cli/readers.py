@@ -658,23 +658,22 @@ class _CsvStream(_TextStream["pa_csv.CSVStreamingReader"]):
         )
 
     def _error(self, exc: BaseException) -> Exception:
-        return _csv_error(self.shard, exc, None)
+        return _csv_error(self.shard, exc)
 
 
 def _csv_batches(shard: Shard, columns: list[str] | None) -> Iterator[pa.RecordBatch]:
     with _CsvStream(shard) as reader:
-        schema = reader.schema
         while True:
             try:
                 batch = reader.read_next_batch()
             except StopIteration:
                 return
             except (pa.ArrowException, OSError) as exc:
-                raise _csv_error(shard, exc, schema) from None
+                raise _csv_error(shard, exc) from None
             yield batch.select(columns) if columns is not None else batch
 
 
-def _csv_error(shard: Shard, exc: BaseException, schema: pa.Schema | None) -> Exception:
+def _csv_error(shard: Shard, exc: BaseException) -> GrpoError:
     text = first_line(exc)
     if shard.compression and isinstance(exc, OSError):
         return GrpoError(f"{shard.display}: not a readable {shard.compression} file ({text})")
@@ -721,13 +720,10 @@ def csv_line_of_record(shard: Shard, record: int) -> int | None:
 
 
 def _is_schema_drift(exc: Exception) -> bool:
+    """Whether pyarrow refused a later block of a JSON lines file for its types (a number then a
+    string, an integer then a float, a new field), not for its text."""
     text = str(exc)
-    return (
-        "Failed to convert JSON" in text
-        or "changed from" in text
-        or "Column(" in text
-        or "unexpected field" in text
-    )
+    return "Failed to convert JSON" in text or "changed from" in text or "unexpected field" in text
 
 
 def unify_jsonl_schema(shard: Shard, chunk_bytes: int = 32 << 20) -> pa.Schema:
@@ -846,7 +842,7 @@ def _first_bad_jsonl_line(shard: Shard) -> tuple[int, str] | None:
             if not text.strip():
                 continue
             try:
-                value = json.loads(text)
+                value = json.loads(text.rstrip("\r\n"))  # a column past the line's end is no help
             except json.JSONDecodeError as err:
                 return number, f"{err.msg} at column {err.colno}"
             if not isinstance(value, dict):

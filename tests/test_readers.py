@@ -1,0 +1,414 @@
+"""The readers' hardening one piece at a time: what each scan finds, the line it names, and the
+one-line refusals of files that cannot be read.
+
+Written against the mutants ``make mutation`` found alive in grpo_cli/readers.py.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.json as pa_json
+import pyarrow.parquet as pq
+import pytest
+
+from grpo_cli import readers
+from grpo_cli.errors import GrpoError
+from grpo_cli.file_names import PROVENANCE_KEY
+from grpo_cli.sources import Shard
+from tests.conftest import assert_one_line_error
+
+
+def shard_of(path: Path, fmt: str, *, compression: str | None = None, record_word: str = "line") -> Shard:
+    return Shard(path, path.name, fmt, path.stat().st_size, compression=compression, record_word=record_word)
+
+
+def message(call) -> str:
+    with pytest.raises(GrpoError) as caught:
+        call()
+    return caught.value.message
+
+
+# --------------------------------------------------------------------------- JSON nesting
+
+
+@pytest.mark.parametrize(
+    ("text", "depth"),
+    [
+        (b"{}", 1),
+        (b'{"a": 1}', 1),
+        (b'{"a": [1, {"b": 2}]}', 3),
+        (b'{"a": [1], "b": [2], "c": {"d": [3]}}', 3),  # closing brackets bring the depth down
+        (b'{"a": "[[[[{{{{"}', 1),  # brackets inside a string do not nest
+        (b'{"a": "say \\"[[[\\" twice", "b": [[1]]}', 3),  # nor after an escaped quote
+        (b'{"a": "\\\\", "b": [[[1]]]}', 4),  # an escaped backslash ends its escape
+        (b'["]", [[0]]]', 3),  # a closing bracket inside a string does not close
+        (b'[{"a":"}"},{"b":[]}]', 3),
+        (b"[1, 2, 3]", 1),
+        (b"7", 0),
+    ],
+)
+def test_json_depth_counts_nesting_outside_strings(text, depth):
+    assert readers._json_depth(text) == depth
+
+
+def _jsonl(tmp_path: Path, lines: list[str], name: str = "r.jsonl") -> Shard:
+    path = tmp_path / name
+    path.write_text("".join(line + "\n" for line in lines))
+    return shard_of(path, "jsonl")
+
+
+def test_a_line_with_many_brackets_in_its_strings_is_not_too_deep(tmp_path):
+    """The vectorised count flags a line with more than 64 brackets; the scan of that line then
+    skips its strings and finds it one level deep."""
+    shard = _jsonl(tmp_path, [json.dumps({"group_id": 1, "text": "[{" * 100})])
+    readers._check_jsonl_nesting(shard)  # no refusal
+    deep = "[" * 65 + "]" * 65
+    shard = _jsonl(tmp_path, ['{"a": 1}', "{}", '{"a": ' + deep + "}"], "deep.jsonl")
+    assert message(lambda: readers._check_jsonl_nesting(shard)) == (
+        "deep.jsonl, line 3: a value nests 66 levels deep; grpo-cli reads at most 64"
+    )
+
+
+# --------------------------------------------------------------------------- malformed JSON lines
+
+
+@pytest.mark.parametrize(
+    ("lines", "found"),
+    [
+        (['{"a": 1}', '{"a": 2', '{"a": 3}'], (2, "Expecting ',' delimiter at column 8")),
+        (['{"a": 1}', "", "   ", "[1, 2]"], (4, "expected a JSON object, got list")),  # blanks skipped
+        (['{"a": 1}', "", '"text"'], (3, "expected a JSON object, got str")),
+        (['{"a": "\\ud800"}'], (1, "a string escapes a lone UTF-16 surrogate (not valid Unicode)")),
+        (['{"a": {"\\udfff": 1}}'], (1, "a string escapes a lone UTF-16 surrogate (not valid Unicode)")),
+        (
+            ['{"a": [1, ["x", "\\ud83d"]]}'],
+            (1, "a string escapes a lone UTF-16 surrogate (not valid Unicode)"),
+        ),
+        (['{"a": 1}', '{"a": "\\ud83d\\ude00"}'], None),  # a surrogate pair is one character
+    ],
+)
+def test_the_first_bad_json_line_and_why(tmp_path, lines, found):
+    assert readers._first_bad_jsonl_line(_jsonl(tmp_path, lines)) == found
+
+
+def test_invalid_utf8_is_placed_at_its_byte(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b'{"a": 1}\n\n{"a": "ok\xff"}\n')
+    assert readers._first_bad_jsonl_line(shard_of(path, "jsonl")) == (
+        3,
+        "invalid UTF-8 at byte 10 of the line",
+    )
+
+
+def test_a_malformed_json_array_element_is_named_as_an_element(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"a": 1}\n{"a": \n')
+    element = shard_of(path, "jsonl", record_word="element")
+    assert readers._jsonl_error(element, pa.ArrowInvalid("x")).message == (
+        "r.jsonl, element 2: malformed JSON array (Expecting value at column 7)"
+    )
+    line = shard_of(path, "jsonl")
+    assert readers._jsonl_error(line, pa.ArrowInvalid("x")).message == (
+        "r.jsonl, line 2: malformed JSONL (Expecting value at column 7)"
+    )
+
+
+def test_a_jsonl_error_without_a_bad_line_says_what_failed(tmp_path):
+    path = tmp_path / "r.jsonl.gz"
+    path.write_bytes(gzip.compress(b'{"a": 1}\n'))
+    shard = shard_of(path, "jsonl", compression="gzip")
+    assert readers._jsonl_error(shard, OSError("stream ended early")).message == (
+        "r.jsonl.gz: not a readable gzip file (stream ended early)"
+    )
+    assert readers._jsonl_error(shard, pa.ArrowInvalid("odd")).message == (
+        "r.jsonl.gz: cannot read the JSONL file (odd)"
+    )
+    plain = _jsonl(tmp_path, ['{"a": 1}'])
+    assert (
+        readers._jsonl_error(plain, OSError("disk gone")).message
+        == "r.jsonl: cannot read the JSONL file (disk gone)"
+    )
+
+
+# --------------------------------------------------------------------------- JSON types across a file
+
+
+def _read_all(reader: pa_json.JSONStreamingReader) -> None:
+    for _ in reader:
+        pass
+
+
+def _drift(rows: list[dict[str, object]]) -> str:
+    """What pyarrow's streaming reader raises where a later block does not fit the first's types."""
+    data = "".join(json.dumps(row) + "\n" for row in rows).encode()
+    reader = pa_json.open_json(pa.BufferReader(data), read_options=pa_json.ReadOptions(block_size=64))
+    with pytest.raises(pa.ArrowInvalid) as caught:
+        _read_all(reader)
+    return str(caught.value)
+
+
+PAD = "x" * 40
+
+
+@pytest.mark.parametrize(
+    "later",
+    [
+        {"x": "a", "pad": PAD},  # number, then string
+        {"x": {"y": 1}, "pad": PAD},  # number, then object
+        {"x": 1, "z": 2, "pad": PAD},  # a new field
+        {"x": 1.5, "pad": PAD},  # an integer column, then a float
+    ],
+)
+def test_each_kind_of_type_drift_pyarrow_reports_is_known(later):
+    exc = _drift([{"x": 1, "pad": PAD}] * 3 + [later])
+    assert readers._is_schema_drift(pa.ArrowInvalid(exc)), exc
+
+
+def test_a_parse_error_is_not_a_type_drift():
+    assert not readers._is_schema_drift(
+        pa.ArrowInvalid("JSON parse error: Missing a name for object member.")
+    )
+
+
+def test_unified_types_span_every_chunk_blank_ones_included(tmp_path):
+    """The file is typed chunk by chunk: a chunk of blank lines is skipped, not the end, and an
+    integer column that holds a float in a later chunk becomes a float column."""
+    lines = ['{"x": 1}'] * 3 + [""] * 30 + ['{"x": 2.5, "y": "new"}']
+    shard = _jsonl(tmp_path, lines)
+    schema = readers.unify_jsonl_schema(shard, chunk_bytes=1)  # a chunk a line
+    assert schema.field("x").type == pa.float64()
+    assert schema.field("y").type == pa.string()
+    assert shard.found.schema == schema
+
+
+def test_incompatible_types_across_chunks_are_refused_in_one_line(tmp_path):
+    shard = _jsonl(tmp_path, ['{"x": 1}'] * 3 + ['{"x": [1]}'])
+    text = message(lambda: readers.unify_jsonl_schema(shard, chunk_bytes=1))
+    assert text.startswith("r.jsonl: a column holds values of incompatible types (Unable to merge: Field x")
+
+
+def test_a_type_drift_in_a_file_is_settled_and_read_in_the_unified_types(tmp_path):
+    lines = ['{"group_id": 1, "reward": 1}'] * 5 + ['{"group_id": 1, "reward": 0.5, "note": "n"}']
+    shard = _jsonl(tmp_path, lines)
+    shard.found.longest_line = 0
+    readers.unify_jsonl_schema(shard)
+    batches = list(readers.iter_batches(shard, ["reward"], 100))
+    assert pa.Table.from_batches(batches).column("reward").to_pylist() == [1.0] * 5 + [0.5]
+
+
+# --------------------------------------------------------------------------- CSV
+
+
+def _csv(tmp_path: Path, text: str | bytes, name: str = "r.csv") -> Shard:
+    path = tmp_path / name
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    return shard_of(path, "csv")
+
+
+def test_csv_batches_hold_the_columns_asked_for(tmp_path):
+    shard = _csv(tmp_path, "group_id,reward,text\n1,0.5,a\n2,1,b\n")
+    (batch,) = readers.iter_batches(shard, ["reward"], 100)
+    assert batch.schema.names == ["reward"] and batch.column(0).to_pylist() == ["0.5", "1"]
+
+
+def test_a_bad_csv_record_is_named_by_the_line_an_editor_shows(tmp_path):
+    """A byte-order mark, a quoted cell across lines (CRLF) and invalid UTF-8 before it: the
+    record with a third cell is on line 5."""
+    text = b'\xef\xbb\xbfgroup_id,reward\r\n1,"0.5\r\nstill the cell"\r\n2,\xff\xfe\r\n3,1,extra\r\n4,1\r\n'
+    shard = _csv(tmp_path, text)
+    assert readers._csv_line_of_bad_record(shard) == 5
+    assert readers.csv_line_of_record(shard, 0) == 2
+    assert readers.csv_line_of_record(shard, 1) == 4
+    assert readers.csv_line_of_record(shard, 3) == 6
+    assert readers.csv_line_of_record(shard, 9) is None
+
+
+def test_a_csv_cell_longer_than_pythons_field_limit_does_not_break_the_line_search(tmp_path):
+    shard = _csv(tmp_path, "a,b\n1," + "z" * 200_000 + "\n2,3,4\n")
+    assert readers._csv_line_of_bad_record(shard) is None  # Python's csv stops at the long cell
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", "r.csv: an empty CSV file (not even a header line)"),
+        ("a,b\n1,2\n3,4,5\n", "r.csv, line 3: malformed CSV (CSV parse error: Expected 2 columns, got 3)"),
+    ],
+)
+def test_csv_errors_in_one_line(tmp_path, text, expected):
+    shard = _csv(tmp_path, text)
+    assert message(lambda: list(readers.iter_batches(shard, None, 100))) == expected
+
+
+def test_a_csv_error_with_no_record_to_blame_names_no_line(tmp_path):
+    shard = _csv(tmp_path, "a,b\n1,2\n")
+    assert readers._csv_error(shard, pa.ArrowInvalid("CSV conversion error")).message == (
+        "r.csv: malformed CSV (CSV conversion error)"
+    )
+    gz = tmp_path / "r.csv.gz"
+    gz.write_bytes(gzip.compress(b"a,b\n1,2\n"))
+    compressed = shard_of(gz, "csv", compression="gzip")
+    assert readers._csv_error(compressed, OSError("truncated")).message == (
+        "r.csv.gz: not a readable gzip file (truncated)"
+    )
+    assert readers._csv_error(compressed, pa.ArrowInvalid("CSV conversion error")).message == (
+        "r.csv.gz: malformed CSV (CSV conversion error)"
+    )
+
+
+def test_a_malformed_csv_record_past_the_first_block_is_named_with_its_line(tmp_path):
+    """pyarrow reads CSV 8 MiB at a time: a bad record in a later block fails while batches
+    are read, and is named as one in the first block is."""
+    rows = "".join(f"{i},0.5\n" for i in range(1_000_000))
+    shard = _csv(tmp_path, "group_id,reward\n" + rows + "7,1,extra\n" + "8,1\n")
+    assert message(lambda: list(readers.iter_batches(shard, None, 1 << 20))) == (
+        "r.csv, line 1000002: malformed CSV (CSV parse error: Expected 2 columns, got 3)"
+    )
+
+
+def test_a_csv_header_with_a_quoted_newline_names_the_column(tmp_path):
+    shard = _csv(tmp_path, '"group\nid",reward\n1,0.5\n')
+    assert readers.read_schema(shard).names == ["group\nid", "reward"]
+    (batch,) = readers.iter_batches(shard, None, 100)
+    assert batch.column(1).to_pylist() == ["0.5"]
+
+
+def test_a_csv_header_or_record_longer_than_pyarrows_default_block_is_read(tmp_path):
+    """pyarrow's default CSV block is 1 MiB; grpo-cli reads 8 MiB blocks, so a cell (or a column
+    name) of 2 MB is read, as one across quoted newlines is."""
+    name = "n" * (2 << 20)
+    cell = "line\n" * (2 << 18)
+    shard = _csv(tmp_path, f'group_id,{name}\n1,"{cell}"\n2,x\n')
+    assert readers.read_schema(shard).names == ["group_id", name]
+    table = pa.Table.from_batches(list(readers.iter_batches(shard, None, 100)))
+    assert table.column(1).to_pylist() == [cell, "x"]
+
+
+# --------------------------------------------------------------------------- Parquet
+
+
+def _crc_parquet(tmp_path: Path) -> Path:
+    """A Parquet file with page CRCs and one byte flipped in the reward column's page."""
+    import struct
+
+    path = tmp_path / "crc.parquet"
+    table = pa.table({"group_id": [0, 0, 1, 1], "reward": [1.0, 0.0, 0.5, 0.25]})
+    pq.write_table(table, path, write_page_checksum=True, compression="none", use_dictionary=False)
+    data = bytearray(path.read_bytes())
+    data[data.find(struct.pack("<d", 0.25))] ^= 0x01
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_a_page_that_fails_its_checksum_is_refused_when_the_file_is_read_whole(cli, tmp_path):
+    """--rewrite of a small file reads it whole (pyarrow decodes row groups in parallel): the CRCs
+    are checked on that path too."""
+    path = _crc_parquet(tmp_path)
+    result = cli("compute", path, "-o", tmp_path / "out.parquet", "--rewrite")
+    assert_one_line_error(result, "crc.parquet: corrupt Parquet data (could not verify page")
+    assert not (tmp_path / "out.parquet").exists()
+    assert message(lambda: readers.read_table(shard_of(path, "parquet"))).startswith(
+        "crc.parquet: corrupt Parquet data (could not verify page"
+    )
+
+
+def test_a_parquet_file_that_stops_opening_is_refused_in_one_line(tmp_path, monkeypatch):
+    path = tmp_path / "r.parquet"
+    pq.write_table(pa.table({"a": [1]}), path)
+    shard = shard_of(path, "parquet")
+
+    def gone(*args, **kwargs):
+        raise OSError("the file went away")
+
+    monkeypatch.setattr(pq, "ParquetFile", gone)
+    assert message(lambda: list(readers.iter_batches(shard, None, 10))) == (
+        "r.parquet: not a readable Parquet file (the file went away)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "Parquet file is encrypted",
+            "x.parquet: an encrypted Parquet file; grpo-cli reads no encrypted data",
+        ),
+        (
+            "Decryption failed: no key",
+            "x.parquet: an encrypted Parquet file; grpo-cli reads no encrypted data",
+        ),
+        ("CRYPTO metadata unknown", "x.parquet: an encrypted Parquet file; grpo-cli reads no encrypted data"),
+        ("bad magic bytes", "x.parquet: unreadable (bad magic bytes)"),
+    ],
+)
+def test_a_read_error_says_encrypted_whichever_part_failed(text, expected):
+    shard = Shard(Path("x.parquet"), "x.parquet", "parquet", 0)
+    assert readers.read_error(shard, OSError(text), "unreadable").message.startswith(expected)
+
+
+def test_validate_pages_counts_every_row_group_and_skips_other_formats(tmp_path):
+    good = tmp_path / "good.parquet"
+    pq.write_table(pa.table({"a": np.arange(30), "b": np.arange(30) * 0.5}), good, row_group_size=10)
+    jsonl = tmp_path / "r.jsonl"
+    jsonl.write_text('{"a": 1}\n')
+    shards = [
+        shard_of(jsonl, "jsonl"),
+        shard_of(good, "parquet"),
+        shard_of(_crc_parquet(tmp_path), "parquet"),
+    ]
+    assert readers.validate_pages(shards[:2]) == {"row_groups": 3, "column_chunks": 6, "error": None}
+    found = readers.validate_pages(shards)
+    assert found["row_groups"] == 3 and found["column_chunks"] == 7
+    assert found["error"].startswith(
+        "crc.parquet: row group 0, column 'reward': does not decode (could not verify page integrity"
+    )
+
+
+def test_validate_pages_names_a_file_that_does_not_open(tmp_path):
+    path = tmp_path / "bad.parquet"
+    path.write_bytes(b"PAR1 not really parquet")
+    assert readers.validate_pages([shard_of(path, "parquet")]) == {
+        "row_groups": 0,
+        "column_chunks": 0,
+        "error": "bad.parquet: unreadable (Parquet magic bytes not found in footer. Either the file is "
+        "corrupted or this is not a parquet file.)",
+    }
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        (b"{not json", "r.parquet: its grpo-cli provenance entry is not valid JSON"),
+        (b"[1, 2]", "r.parquet: its grpo-cli provenance entry is not a JSON object"),
+    ],
+)
+def test_an_edited_provenance_entry_is_refused_in_one_line(tmp_path, entry, expected):
+    path = tmp_path / "r.parquet"
+    table = pa.table({"a": [1]}).replace_schema_metadata({PROVENANCE_KEY: entry})
+    pq.write_table(table, path)
+    assert message(lambda: readers.read_provenance(shard_of(path, "parquet"))) == expected
+
+
+# --------------------------------------------------------------------------- tables and sizes
+
+
+def test_a_tables_batches_hold_the_columns_and_rows_asked_for():
+    table = pa.table({"a": np.arange(25), "b": np.arange(25) * 2})
+    shard = Shard(Path("<table>"), "<table>", "table", 0, table=table)
+    batches = list(readers.iter_batches(shard, ["b"], 10))
+    assert [b.num_rows for b in batches] == [10, 10, 5]
+    assert all(b.schema.names == ["b"] for b in batches)
+
+
+def test_a_text_files_memory_is_estimated_from_its_size(tmp_path):
+    """Decoded text takes about twice its bytes; a compressed file about six times."""
+    shard = _jsonl(tmp_path, ['{"a": 1}'])
+    assert readers.estimated_memory_bytes(shard) == 2 * shard.size_bytes
+    gz = tmp_path / "r.jsonl.gz"
+    gz.write_bytes(gzip.compress(b'{"a": 1}\n'))
+    assert readers.estimated_memory_bytes(shard_of(gz, "jsonl", compression="gzip")) == 6 * gz.stat().st_size
