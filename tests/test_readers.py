@@ -27,6 +27,12 @@ def shard_of(path: Path, fmt: str, *, compression: str | None = None, record_wor
     return Shard(path, path.name, fmt, path.stat().st_size, compression=compression, record_word=record_word)
 
 
+def gzipped(tmp_path: Path, name: str, data: bytes, fmt: str) -> Shard:
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(data))
+    return shard_of(path, fmt, compression="gzip")
+
+
 def message(call) -> str:
     with pytest.raises(GrpoError) as caught:
         call()
@@ -119,9 +125,7 @@ def test_a_malformed_json_array_element_is_named_as_an_element(tmp_path):
 
 
 def test_a_jsonl_error_without_a_bad_line_says_what_failed(tmp_path):
-    path = tmp_path / "r.jsonl.gz"
-    path.write_bytes(gzip.compress(b'{"a": 1}\n'))
-    shard = shard_of(path, "jsonl", compression="gzip")
+    shard = gzipped(tmp_path, "r.jsonl.gz", b'{"a": 1}\n', "jsonl")
     assert readers._jsonl_error(shard, OSError("stream ended early")).message == (
         "r.jsonl.gz: not a readable gzip file (stream ended early)"
     )
@@ -250,9 +254,7 @@ def test_a_csv_error_with_no_record_to_blame_names_no_line(tmp_path):
     assert readers._csv_error(shard, pa.ArrowInvalid("CSV conversion error")).message == (
         "r.csv: malformed CSV (CSV conversion error)"
     )
-    gz = tmp_path / "r.csv.gz"
-    gz.write_bytes(gzip.compress(b"a,b\n1,2\n"))
-    compressed = shard_of(gz, "csv", compression="gzip")
+    compressed = gzipped(tmp_path, "r.csv.gz", b"a,b\n1,2\n", "csv")
     assert readers._csv_error(compressed, OSError("truncated")).message == (
         "r.csv.gz: not a readable gzip file (truncated)"
     )
@@ -409,6 +411,5 @@ def test_a_text_files_memory_is_estimated_from_its_size(tmp_path):
     """Decoded text takes about twice its bytes; a compressed file about six times."""
     shard = _jsonl(tmp_path, ['{"a": 1}'])
     assert readers.estimated_memory_bytes(shard) == 2 * shard.size_bytes
-    gz = tmp_path / "r.jsonl.gz"
-    gz.write_bytes(gzip.compress(b'{"a": 1}\n'))
-    assert readers.estimated_memory_bytes(shard_of(gz, "jsonl", compression="gzip")) == 6 * gz.stat().st_size
+    compressed = gzipped(tmp_path, "r.jsonl.gz", b'{"a": 1}\n', "jsonl")
+    assert readers.estimated_memory_bytes(compressed) == 6 * compressed.size_bytes
