@@ -582,8 +582,14 @@ def bench_imports() -> None:
         print(f"  {label} - import torch: {measured[label] - floor:+.2f} s (target +0.30 s)")
 
 
-def bench_jsonl_reads(data_dir: Path, rows: int = 200_000) -> None:
-    """Bytes each command reads from a JSON lines input, per byte of it (strace)."""
+def bench_jsonl_reads(data_dir: Path, sizes: tuple[int, ...] = (200_000, 700_000)) -> None:
+    """Bytes each command reads from a JSON lines input, per byte of it (strace): a file under the
+    small-file limit (64 MiB) and one past it that fits the default memory budget with its rows."""
+    for rows in sizes:
+        _jsonl_reads(data_dir, rows)
+
+
+def _jsonl_reads(data_dir: Path, rows: int) -> None:
     import re
     import shutil
 
@@ -591,7 +597,7 @@ def bench_jsonl_reads(data_dir: Path, rows: int = 200_000) -> None:
         print("\nJSON lines reads: no strace here, skipped")
         return
     data_dir.mkdir(parents=True, exist_ok=True)
-    path = data_dir / "reads.jsonl"
+    path = data_dir / f"reads_{rows}.jsonl"
     if not path.exists():
         rng = np.random.default_rng(0)
         with open(path, "w") as handle:

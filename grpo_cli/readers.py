@@ -539,22 +539,40 @@ class _JsonlStream(_TextStream["pa_json.JSONStreamingReader"]):
 TEXT_IN_MEMORY_BYTES = 64 << 20
 """A JSON-lines or CSV file up to this size (decompressed) is read from disk once per run and
 scanned, typed and parsed from memory: its hardening scans would otherwise each read it again.
-Small beside the memory a run takes anyway, so that --memory-limit-mb keeps its meaning for
-the large inputs that stream."""
+Small beside the memory a run takes anyway; a run whose inputs fit its memory budget with their
+text held too lets a larger file be held (:func:`hold_text_within`)."""
+
+
+def _text_bytes(shard: Shard) -> int:
+    """A text shard's decompressed size, estimated from its size on disk."""
+    return shard.size_bytes * (6 if shard.compression else 1)
+
+
+def hold_text_within(shards: Sequence[Shard], budget: int) -> None:
+    """Let a run's JSON-lines and CSV shards be read from disk once each, their bytes held for every
+    scan and pass, where those bytes and every shard's decoded rows fit ``budget`` together (the
+    rows are then kept for pass 2 anyway); otherwise a file past :data:`TEXT_IN_MEMORY_BYTES`
+    streams from disk in each scan, in bounded memory."""
+    text = [shard for shard in shards if shard.format in ("jsonl", "csv")]
+    held = sum(_text_bytes(shard) for shard in text)
+    if text and held + sum(estimated_memory_bytes(shard) for shard in shards) <= budget:
+        for shard in text:
+            shard.found.hold_up_to = max(shard.found.hold_up_to, budget)
 
 
 def _contents(shard: Shard) -> bytes | None:
     """The text shard's decompressed bytes, read once and kept for the run, where they fit
-    :data:`TEXT_IN_MEMORY_BYTES`; ``None`` for a larger file (each pass streams it)."""
+    :data:`TEXT_IN_MEMORY_BYTES` or what the run lets it hold; ``None`` for a larger file (each
+    pass streams it)."""
     found = shard.found
     if found.contents is not None:
         return found.contents
-    estimate = shard.size_bytes * (6 if shard.compression else 1)
-    if shard.format not in ("jsonl", "csv") or estimate > TEXT_IN_MEMORY_BYTES or not shard.path.is_file():
+    limit = max(TEXT_IN_MEMORY_BYTES, found.hold_up_to)
+    if shard.format not in ("jsonl", "csv") or _text_bytes(shard) > limit or not shard.path.is_file():
         return None
     with _open_file(shard) as handle:
-        data = handle.read(TEXT_IN_MEMORY_BYTES + 1)
-    if len(data) > TEXT_IN_MEMORY_BYTES:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
         return None
     found.contents = data
     return data

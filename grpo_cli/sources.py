@@ -49,7 +49,8 @@ class ShardFindings:
     longest_line: int = 0  # JSON lines: pyarrow's read block must hold a whole line
     schema: pa.Schema | None = None  # JSON lines: the whole file's unified types, after a drift
     exact_integers: set[str] = field(default_factory=set)  # schemas whose floats were scanned
-    contents: bytes | None = field(default=None, repr=False)  # a small text file's bytes, read once
+    contents: bytes | None = field(default=None, repr=False)  # a text file's bytes, read once
+    hold_up_to: int = 0  # text: the run lets this many decompressed bytes be held (readers.hold_text_within)
 
 
 @dataclass(frozen=True)

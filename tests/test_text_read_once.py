@@ -1,6 +1,7 @@
-"""A small JSON-lines or CSV input is read from disk once per run: its hardening scans
-(nesting, exact integers, type settling), its schema and its data come from one read; a large
-one streams from disk in each pass, with the same results and the same errors."""
+"""A JSON-lines or CSV input is read from disk once per run: its hardening scans (nesting, exact
+integers, type settling), its schema and its data come from one read, where the file and its
+decoded rows fit the run's memory budget (or the file is small); a larger one streams from disk
+in each pass, with the same results and the same errors."""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ def test_read_from_memory_or_streamed_from_disk_the_output_is_the_same(
     assert cli("compute", path, "-o", in_memory, "-q").exit_code == 0
     monkeypatch.setattr(readers, "TEXT_IN_MEMORY_BYTES", 0)
     opens.clear()
-    assert cli("compute", path, "-o", streamed, "-q").exit_code == 0
+    assert cli("compute", path, "-o", streamed, "-q", "--memory-limit-mb", "0").exit_code == 0
     assert len(opens) > 1 or kind == "csv"  # each scan reads again (CSV streams through pyarrow's own reader)
     assert pq.read_table(streamed).equals(pq.read_table(in_memory))
 
@@ -100,3 +101,37 @@ def test_a_file_past_the_limit_is_not_held(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(readers, "TEXT_IN_MEMORY_BYTES", path.stat().st_size)
     with InputSet([str(path)]) as inputs:
         assert readers._contents(inputs.shards[0]) == path.read_bytes()
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "gz", "csv"])
+def test_a_text_input_past_the_small_file_limit_is_read_once_where_the_run_fits_its_budget(
+    kind: str, cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, opens: list[str]
+) -> None:
+    """A 116 MiB JSON-lines file was read four times (the nesting scan, the schema, the exact-integer
+    scan, the data): its bytes and its decoded rows fit the default 1 GiB budget, so it is now held
+    as a small file is; with a budget too small for both it streams, in bounded memory."""
+    path = write_inputs(tmp_path)[kind]
+    monkeypatch.setattr(readers, "TEXT_IN_MEMORY_BYTES", 0)  # every file is past the small-file limit
+    held, streamed = tmp_path / "held.parquet", tmp_path / "streamed.parquet"
+    opens.clear()
+    assert cli("compute", path, "-o", held, "-q").exit_code == 0
+    assert opens == [path.name], opens
+    opens.clear()
+    assert cli("compute", path, "-o", streamed, "-q", "--memory-limit-mb", "0").exit_code == 0
+    assert len(opens) > 1 or kind == "csv", opens
+    assert pq.read_table(streamed).equals(pq.read_table(held))
+
+
+def test_hold_text_within_counts_the_text_and_every_shards_rows(tmp_path: Path) -> None:
+    from grpo_cli.sources import InputSet
+
+    paths = write_inputs(tmp_path)
+    with InputSet([str(paths["jsonl"]), str(paths["gz"])]) as inputs:
+        plain, compressed = inputs.shards
+        need = (plain.size_bytes + 6 * compressed.size_bytes) + (
+            2 * plain.size_bytes + 6 * compressed.size_bytes
+        )
+        readers.hold_text_within(inputs.shards, need - 1)
+        assert plain.found.hold_up_to == compressed.found.hold_up_to == 0
+        readers.hold_text_within(inputs.shards, need)
+        assert plain.found.hold_up_to == compressed.found.hold_up_to == need

@@ -53,6 +53,7 @@ from grpo_cli.readers import (
     SchemaDrift,
     describe_row,
     estimated_memory_bytes,
+    hold_text_within,
     iter_batches,
     read_ahead,
     read_schema,
@@ -527,6 +528,8 @@ class LocalEngine:
         self.plan = plan
         self.config = plan.config
         self.progress: Progress = progress or NoProgress()
+        budget = self.config.memory_budget_bytes
+        hold_text_within(inputs.shards, budget)  # before the first scan reads a text shard
         self.schemas = [read_schema(shard) for shard in inputs.shards]
         for shard, schema in zip(inputs.shards, self.schemas, strict=True):
             plan.check_columns(shard, schema, writes_output=writes_output)
@@ -535,7 +538,6 @@ class LocalEngine:
                 [(shard.display, schema) for shard, schema in zip(inputs.shards, self.schemas, strict=True)],
                 self.config.group_cols,
             )
-        budget = self.config.memory_budget_bytes
         self.in_memory = sum(estimated_memory_bytes(s) for s in inputs.shards) <= budget
         self.one_pass_dtype = self._one_pass_dtype(writes_output)
         self.splice_refusal = splice_refusal(self.config, inputs.shards) if writes_output else "no output"
