@@ -413,3 +413,46 @@ def test_a_text_files_memory_is_estimated_from_its_size(tmp_path):
     assert readers.estimated_memory_bytes(shard) == 2 * shard.size_bytes
     compressed = gzipped(tmp_path, "r.jsonl.gz", b'{"a": 1}\n', "jsonl")
     assert readers.estimated_memory_bytes(compressed) == 6 * compressed.size_bytes
+
+
+# --------------------------------------------------------------------------- row ranges (Ray's reads)
+
+
+@pytest.fixture
+def grouped_file(tmp_path: Path) -> Path:
+    path = tmp_path / "part.parquet"
+    table = pa.table({"x": pa.array(range(10), pa.int32()), "y": [f"v{i}" for i in range(10)]})
+    pq.write_table(table, path, row_group_size=4, write_page_checksum=True)
+    return path
+
+
+@pytest.mark.parametrize(("start", "stop"), [(0, 10), (3, 9), (4, 8), (0, 4), (9, 10), (5, 6), (0, 1)])
+def test_a_row_range_is_those_rows_whichever_row_groups_hold_them(grouped_file, start, stop):
+    table = readers.parquet_row_range(str(grouped_file), "part.parquet", ["x"], start, stop)
+    assert table.column_names == ["x"]
+    assert table.column("x").to_pylist() == list(range(start, stop))
+
+
+def test_a_row_range_keeps_every_column_in_the_files_types(grouped_file):
+    with pa.OSFile(str(grouped_file)) as handle:
+        table = readers.parquet_row_range(handle, "part.parquet", None, 2, 7)
+    assert table.schema.types == [pa.int32(), pa.string()]
+    assert table.column("y").to_pylist() == ["v2", "v3", "v4", "v5", "v6"]
+
+
+def test_an_empty_row_range_has_the_columns(grouped_file):
+    for columns in (["y"], None):
+        table = readers.parquet_row_range(str(grouped_file), "part.parquet", columns, 10, 10)
+        assert table.num_rows == 0 and table.column_names == (columns or ["x", "y"])
+
+
+def test_a_row_range_of_a_bad_file_is_one_line(tmp_path):
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"not parquet at all")
+    assert message(lambda: readers.parquet_row_range(str(bad), "bad.parquet", None, 0, 1)).startswith(
+        "bad.parquet: not a readable Parquet file ("
+    )
+    crc = _crc_parquet(tmp_path)
+    assert message(lambda: readers.parquet_row_range(str(crc), "crc.parquet", ["reward"], 0, 4)).startswith(
+        "crc.parquet: corrupt Parquet data (could not verify page"
+    )
