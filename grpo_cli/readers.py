@@ -531,8 +531,8 @@ class _JsonlStream(_TextStream["pa_json.JSONStreamingReader"]):
         )
 
     def _error(self, exc: BaseException) -> Exception:
-        if isinstance(exc, Exception) and _is_schema_drift(exc) and self.shard.found.schema is None:
-            return JsonlSchemaDrift(self.shard)
+        # Opening infers the types of the first block, so a type error there is within one block,
+        # which settling cannot mend: a drift is found while later blocks are read.
         return _jsonl_error(self.shard, exc)
 
 
@@ -838,8 +838,19 @@ def _inexact_integer(value: Any, data_type: pa.DataType) -> int | None:
     return None
 
 
+_TYPE_CHANGE = re.compile(r"Column\(/?([^)]*)\) changed from (\w+) to (\w+)")
+_JSON_KINDS: dict[str, type | tuple[type, ...]] = {
+    "number": (int, float),
+    "string": str,
+    "object": dict,
+    "array": list,
+    "boolean": bool,
+}
+
+
 def _jsonl_error(shard: Shard, exc: BaseException) -> GrpoError:
-    """Find the offending line with the standard library: pyarrow only counts records."""
+    """Find the offending line with the standard library: pyarrow only counts records (within
+    its block), and says where a column's values change type in no line at all."""
     location = _first_bad_jsonl_line(shard)
     if location is not None:
         line, reason = location
@@ -847,7 +858,48 @@ def _jsonl_error(shard: Shard, exc: BaseException) -> GrpoError:
         return GrpoError(f"{shard.display}, {shard.record_word} {line}: malformed {what} ({reason})")
     if shard.compression and isinstance(exc, OSError):
         return GrpoError(f"{shard.display}: not a readable {shard.compression} file ({first_line(exc)})")
+    change = _TYPE_CHANGE.search(str(exc))
+    if change is not None:
+        column, before, after = change.groups()
+        path = column.split("/")
+        changed = _type_change_line(shard, path, before, after)
+        if changed is not None:
+            return GrpoError(
+                f"{shard.display}, {shard.record_word} {changed}: column {'.'.join(path)!r} holds "
+                f"{_a(after)} where a line before it holds {_a(before)}; a column's values must share a type"
+            )
     return GrpoError(f"{shard.display}: cannot read the JSONL file ({first_line(exc)})")
+
+
+def _a(kind: str) -> str:
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
+
+
+def _json_kind(value: Any) -> str:
+    """A JSON value's kind as pyarrow's JSON reader words it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    return next(kind for kind, types in _JSON_KINDS.items() if isinstance(value, types))
+
+
+def _type_change_line(shard: Shard, path: list[str], before: str, after: str) -> int | None:
+    """The first line whose value at ``path`` is of kind ``after`` once a line before it held
+    one of kind ``before``."""
+    seen_before = False
+    with _open_jsonl(shard) as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            value: Any = json.loads(raw)
+            for key in path:
+                value = value.get(key) if isinstance(value, dict) else None
+            kind = _json_kind(value)
+            if kind == after and seen_before:
+                return number
+            seen_before = seen_before or kind == before
+    return None
 
 
 def _first_bad_jsonl_line(shard: Shard) -> tuple[int, str] | None:

@@ -55,6 +55,7 @@ def message(call) -> str:
         (b'["]", [[0]]]', 3),  # a closing bracket inside a string does not close
         (b'[{"a":"}"},{"b":[]}]', 3),
         (b"[1, 2, 3]", 1),
+        (b"[[[1], [[2]]]]", 4),  # a closing bracket takes one level off, not all but one
         (b"7", 0),
     ],
 )
@@ -96,6 +97,7 @@ def test_a_line_with_many_brackets_in_its_strings_is_not_too_deep(tmp_path):
             (1, "a string escapes a lone UTF-16 surrogate (not valid Unicode)"),
         ),
         (['{"a": 1}', '{"a": "\\ud83d\\ude00"}'], None),  # a surrogate pair is one character
+        (['{"a": 1}X'], (1, "Extra data at column 9")),  # only the line's end is trimmed
     ],
 )
 def test_the_first_bad_json_line_and_why(tmp_path, lines, found):
@@ -137,6 +139,41 @@ def test_a_jsonl_error_without_a_bad_line_says_what_failed(tmp_path):
         readers._jsonl_error(plain, OSError("disk gone")).message
         == "r.jsonl: cannot read the JSONL file (disk gone)"
     )
+
+
+# --------------------------------------------------------------------------- integers JSON makes floats
+
+BIG = 2**53 + 1  # the first integer float64 rounds
+
+
+@pytest.mark.parametrize(
+    ("value", "data_type", "found"),
+    [
+        (BIG, pa.float64(), BIG),
+        (5, pa.float64(), None),
+        (-5, pa.float64(), None),
+        (2**53, pa.float64(), None),  # a power of two is exact
+        (-(2**63), pa.float64(), None),  # the least int64, exact as a float
+        (2**63, pa.float64(), 2**63),  # past int64: pyarrow made it a float, exact or not
+        (-(2**63) - 2048, pa.float64(), -(2**63) - 2048),
+        (BIG, pa.int64(), None),  # an integer column keeps it
+        (True, pa.float64(), None),
+        (None, pa.float64(), None),
+        (
+            {"a": 1, "b": {"c": BIG}},
+            pa.struct([("a", pa.float64()), ("b", pa.struct([("c", pa.float64())]))]),
+            BIG,
+        ),
+        ({"a": 1, "b": BIG}, pa.struct([("a", pa.float64()), ("b", pa.int64())]), None),
+        ({"a": BIG}, pa.float64(), None),  # an object where the column holds no struct
+        ([1.5, 2, BIG], pa.list_(pa.float64()), BIG),
+        ([1.5, [BIG]], pa.large_list(pa.large_list(pa.float64())), BIG),
+        ([1, 2], pa.list_(pa.float64()), None),
+        ([BIG], pa.float64(), None),  # a list where the column holds no list
+    ],
+)
+def test_an_integer_is_inexact_only_where_its_column_is_floating_and_rounds_it(value, data_type, found):
+    assert readers._inexact_integer(value, data_type) == found
 
 
 # --------------------------------------------------------------------------- JSON types across a file
@@ -455,4 +492,42 @@ def test_a_row_range_of_a_bad_file_is_one_line(tmp_path):
     crc = _crc_parquet(tmp_path)
     assert message(lambda: readers.parquet_row_range(str(crc), "crc.parquet", ["reward"], 0, 4)).startswith(
         "crc.parquet: corrupt Parquet data (could not verify page"
+    )
+
+
+# --------------------------------------------------------------------------- a column's values of two types
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [
+        (  # within the first block, which opening the file infers from
+            [{"group_id": 1, "reward": 1}, {"group_id": 1, "reward": "a"}],
+            "r.jsonl, line 2: column 'reward' holds a string where a line before it holds a number",
+        ),
+        (  # in a later block: found while typing the whole file, placed on its line
+            [{"group_id": 1, "reward": 1, "pad": "x" * 100}] * 90_000
+            + [{"group_id": 1, "reward": {"a": 1}}]
+            + [{"group_id": 1, "reward": 0}],
+            "r.jsonl, line 90001: column 'reward' holds an object where a line before it holds a number",
+        ),
+        (  # a nested field
+            [{"group_id": 1, "meta": {"score": [1]}}, {"group_id": 1, "meta": {"score": True}}],
+            "r.jsonl, line 2: column 'meta.score' holds a boolean where a line before it holds an array",
+        ),
+    ],
+)
+def test_a_column_whose_values_change_type_is_placed_on_its_line(cli, tmp_path, rows, expected):
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = cli("compute", path, "-o", tmp_path / "out.parquet")
+    assert_one_line_error(result, expected, "a column's values must share a type")
+    assert not (tmp_path / "out.parquet").exists()
+
+
+def test_a_type_change_no_line_shows_keeps_pyarrows_words(tmp_path):
+    shard = _jsonl(tmp_path, ['{"a": 1}'])
+    words = "JSON parse error: Column(/b) changed from number to string in row 0"
+    assert readers._jsonl_error(shard, pa.ArrowInvalid(words)).message == (
+        f"r.jsonl: cannot read the JSONL file ({words})"
     )
