@@ -587,9 +587,10 @@ def bench_jsonl_reads(data_dir: Path, sizes: tuple[int, ...] = (200_000, 700_000
     small-file limit (64 MiB) and one past it that fits the default memory budget with its rows."""
     for rows in sizes:
         _jsonl_reads(data_dir, rows)
+    _jsonl_reads(data_dir, sizes[-1], ["--memory-limit-mb", "0"])  # past the budget: it streams
 
 
-def _jsonl_reads(data_dir: Path, rows: int) -> None:
+def _jsonl_reads(data_dir: Path, rows: int, options: list[str] | None = None) -> None:
     import re
     import shutil
 
@@ -613,11 +614,15 @@ def _jsonl_reads(data_dir: Path, rows: int) -> None:
                     + "\n"
                 )
     size = path.stat().st_size
-    print(f"\nJSON lines reads ({size / 2**20:.0f} MiB input; bytes read from it / its size, opens)")
+    extra = options or []
+    print(
+        f"\nJSON lines reads ({size / 2**20:.0f} MiB input{' ' + ' '.join(extra) if extra else ''}; "
+        "bytes read from it / its size, opens)"
+    )
     cli = [sys.executable, "-m", "grpo_cli"]
     for label, command in (
-        ("check", [*cli, "check", str(path), "-q"]),
-        ("compute", [*cli, "compute", str(path), "-o", str(data_dir / "reads.parquet"), "-q", "-f"]),
+        ("check", [*cli, "check", str(path), "-q", *extra]),
+        ("compute", [*cli, "compute", str(path), "-o", str(data_dir / "reads.parquet"), "-q", "-f", *extra]),
     ):
         trace = data_dir / "strace.txt"
         subprocess.run(

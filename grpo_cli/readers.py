@@ -168,8 +168,11 @@ class JsonlReader(_Text):
     def schema(self, shard: Shard) -> pa.Schema:
         if jsonl_is_empty(shard):
             return pa.schema([])
-        _check_jsonl_nesting(shard)
-        with _JsonlStream(shard) as reader:
+        if _contents(shard) is not None:  # held in memory: scanned whole now, from memory
+            _check_jsonl_nesting(shard)
+        stream = _JsonlStream(shard, read_ahead=False)  # the first block is all it needs
+        with stream as reader:
+            stream.refuse_what_the_scan_found()
             return reader.schema
 
     def batches(self, shard: Shard, columns: list[str] | None, batch_rows: int) -> Iterator[pa.RecordBatch]:
@@ -473,11 +476,14 @@ class _TextStream(Generic[_Reader]):
 
     def __enter__(self) -> _Reader:
         try:
-            self._stream = _native_stream(self.shard)
+            self._stream = self._source()
             return self._open(self._stream)
         except (pa.ArrowException, OSError) as exc:
             self.close()
             raise self._error(exc) from None
+
+    def _source(self) -> pa.NativeFile:
+        return _native_stream(self.shard)
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -522,18 +528,124 @@ def jsonl_block_bytes(shard: Shard) -> int:
 
 
 class _JsonlStream(_TextStream["pa_json.JSONStreamingReader"]):
+    """pyarrow's streaming JSON reader over a JSON-lines shard: from memory where the run holds
+    the file (scanned whole beforehand), else from disk through a :class:`_ScannedJsonl`, which
+    scans each line as pyarrow reads it, so that one read of the file is the only one."""
+
+    def __init__(self, shard: Shard, *, read_ahead: bool = True) -> None:
+        super().__init__(shard)
+        self.scanner: _ScannedJsonl | None = None
+        self.read_ahead = read_ahead
+
+    def _source(self) -> pa.NativeFile:
+        if _contents(self.shard) is not None:
+            return _native_stream(self.shard)
+        self.scanner = _ScannedJsonl(self.shard)
+        return pa.PythonFile(self.scanner, mode="r")
+
+    def refuse_what_the_scan_found(self, schema: pa.Schema | None = None) -> None:
+        """Raise what the scan of the lines read so far found: a value nested too deep (the scan
+        stopped the stream there), or, given the file's types, an integer a float column rounds."""
+        if self.scanner is None:
+            return
+        if self.scanner.error is not None:
+            raise self.scanner.error
+        if schema is not None:
+            self.scanner.check_integers(schema)
+
     def _open(self, stream: pa.NativeFile) -> pa_json.JSONStreamingReader:
         schema = self.shard.found.schema
         return pa_json.open_json(
             stream,
-            read_options=pa_json.ReadOptions(block_size=jsonl_block_bytes(self.shard)),
+            read_options=pa_json.ReadOptions(
+                block_size=jsonl_block_bytes(self.shard), use_threads=self.read_ahead
+            ),
             parse_options=pa_json.ParseOptions(explicit_schema=schema) if schema is not None else None,
         )
 
     def _error(self, exc: BaseException) -> Exception:
-        # Opening infers the types of the first block, so a type error there is within one block,
-        # which settling cannot mend: a drift is found while later blocks are read.
+        """What a read error means: what the scan found first (the scan stopped the stream at a
+        line nested too deep; a line longer than pyarrow's block is read again with a larger one),
+        then a line the standard library finds malformed. Opening infers the types of the first
+        block, so a type error there is within one block, which settling cannot mend."""
+        scanner = self.scanner
+        if scanner is not None:
+            if scanner.error is not None:
+                return scanner.error
+            if scanner.longest >= jsonl_block_bytes(self.shard):
+                self.shard.found.longest_line = scanner.longest
+                return JsonlLongLine(self.shard)
         return _jsonl_error(self.shard, exc)
+
+
+SCAN_CHUNK_BYTES = 8 << 20
+
+
+class _ScannedJsonl:
+    """A JSON-lines file read from disk for pyarrow (through ``pa.PythonFile``), each line scanned
+    before pyarrow parses it: a value nested deeper than :data:`~grpo_cli.columns.MAX_NESTING`
+    ends the stream there (pyarrow's parser would overflow its stack) and its error is kept, the
+    longest line is noted (pyarrow's block must hold it), and the lines holding long integer
+    literals are kept for the exact-integer check (:meth:`check_integers`). Bounded memory: one
+    chunk of whole lines."""
+
+    def __init__(self, shard: Shard) -> None:
+        self.shard = shard
+        self.chunk_bytes = SCAN_CHUNK_BYTES
+        self._files = contextlib.ExitStack()
+        self._handle = self._files.enter_context(_open_file(shard))
+        self._chunk = b""
+        self._at = 0
+        self._lines = 0  # lines in the chunks scanned so far
+        self.closed = False
+        self.error: GrpoError | None = None
+        self.longest = 0
+        self.integer_lines: list[tuple[int, bytes]] = []
+
+    def read(self, size: int = -1) -> bytes:
+        parts = []
+        while size != 0 and self.error is None:
+            if self._at >= len(self._chunk) and not self._next_chunk():
+                break
+            end = len(self._chunk) if size < 0 else min(len(self._chunk), self._at + size)
+            parts.append(self._chunk[self._at : end])
+            size -= end - self._at if size > 0 else 0
+            self._at = end
+        return b"".join(parts)
+
+    def _next_chunk(self) -> bool:
+        try:
+            chunk = self._handle.read(self.chunk_bytes)
+            chunk += self._handle.readline()  # whole lines only
+        except _FILE_ERRORS as exc:
+            self.error = _file_error(self.shard, exc)
+            return False
+        if not chunk:
+            return False
+        try:
+            self.longest = max(self.longest, _scan_nesting(self.shard, chunk, self._lines))
+        except GrpoError as error:
+            self.error = error  # pyarrow is given nothing of this chunk
+            return False
+        self.integer_lines += _long_integer_lines(chunk, self._lines)
+        self._lines += chunk.count(b"\n")
+        self._chunk, self._at = chunk, 0
+        return True
+
+    def check_integers(self, schema: pa.Schema) -> None:
+        """Refuse an integer a floating column of ``schema`` rounds, in the lines scanned so far."""
+        lines, self.integer_lines = self.integer_lines, []
+        _check_integer_lines(self.shard, schema, lines)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+        self._files.close()
 
 
 TEXT_IN_MEMORY_BYTES = 64 << 20
@@ -590,17 +702,22 @@ def _open_jsonl(shard: Shard) -> Iterator[IO[bytes]]:
         yield handle
 
 
+_FILE_ERRORS = (OSError, EOFError, zlib.error, pa.ArrowException)
+
+
 @contextlib.contextmanager
 def _open_file(shard: Shard) -> Iterator[IO[bytes]]:
     try:
         with decompressed(shard.path, shard.compression) as handle:
             yield handle
-    except (OSError, EOFError, zlib.error, pa.ArrowException) as exc:
-        if shard.compression and not isinstance(exc, FileNotFoundError | PermissionError):
-            raise GrpoError(
-                f"{shard.display}: not a readable {shard.compression} file ({first_line(exc)})"
-            ) from None
-        raise GrpoError(f"{shard.display}: cannot read the file ({first_line(exc)})") from None
+    except _FILE_ERRORS as exc:
+        raise _file_error(shard, exc) from None
+
+
+def _file_error(shard: Shard, exc: BaseException) -> GrpoError:
+    if shard.compression and not isinstance(exc, FileNotFoundError | PermissionError):
+        return GrpoError(f"{shard.display}: not a readable {shard.compression} file ({first_line(exc)})")
+    return GrpoError(f"{shard.display}: cannot read the file ({first_line(exc)})")
 
 
 def jsonl_is_empty(shard: Shard) -> bool:
@@ -611,18 +728,24 @@ def jsonl_is_empty(shard: Shard) -> bool:
 def _jsonl_batches(shard: Shard, columns: list[str] | None) -> Iterator[pa.RecordBatch]:
     if jsonl_is_empty(shard):
         return
-    with _JsonlStream(shard) as reader:
-        _check_exact_integers(shard, reader.schema)
+    stream = _JsonlStream(shard)
+    with stream as reader:
+        schema = reader.schema
+        if stream.scanner is None:
+            _check_exact_integers(shard, schema)  # held in memory: scanned whole, from memory
         while True:
             try:
                 batch = reader.read_next_batch()
                 batch.validate(full=True)  # the JSON reader passes invalid UTF-8 through
             except StopIteration:
+                stream.refuse_what_the_scan_found(schema)
                 return
             except (pa.ArrowException, OSError) as exc:
+                stream.refuse_what_the_scan_found()
                 if _is_schema_drift(exc) and shard.found.schema is None:
                     raise JsonlSchemaDrift(shard) from None
-                raise _jsonl_error(shard, exc) from None
+                raise stream._error(exc) from None
+            stream.refuse_what_the_scan_found(schema)
             yield batch.select(columns) if columns is not None else batch
 
 
@@ -639,6 +762,14 @@ class SchemaDrift(Exception):
 
     def settle(self) -> None:
         raise NotImplementedError
+
+
+class JsonlLongLine(SchemaDrift):
+    """A streamed JSON-lines file holds a line longer than pyarrow's read block: the scan noted its
+    length (``shard.found.longest_line``), and the run reads the file again with a block that holds it."""
+
+    def settle(self) -> None:
+        return None
 
 
 class JsonlSchemaDrift(SchemaDrift):
@@ -780,9 +911,8 @@ def _check_exact_integers(shard: Shard, schema: pa.Schema, chunk_bytes: int = 32
     pyarrow reads a JSON integer as float64 when it exceeds int64 or shares its column
     with floats. A fast scan finds the lines with long digit runs; only those are parsed.
     """
-    floating = [f for f in schema if holds_type(f.type, pa.types.is_floating)]
     key = str(schema)
-    if not floating or key in shard.found.exact_integers:
+    if not _floating(schema) or key in shard.found.exact_integers:
         return
     line_offset = 0
     with _open_jsonl(shard) as handle:
@@ -791,27 +921,46 @@ def _check_exact_integers(shard: Shard, schema: pa.Schema, chunk_bytes: int = 32
             if not chunk:
                 break
             chunk += handle.readline()
-            for match in _LONG_INTEGER.finditer(chunk):
-                start = chunk.rfind(b"\n", 0, match.start()) + 1
-                end = chunk.find(b"\n", match.end())
-                line = chunk[start : end if end >= 0 else len(chunk)]
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue  # pyarrow reports malformed lines with their number
-                if not isinstance(record, dict):
-                    continue
-                for column in floating:
-                    value = _inexact_integer(record.get(column.name), column.type)
-                    if value is not None:
-                        number = line_offset + chunk.count(b"\n", 0, start) + 1
-                        raise GrpoError(
-                            f"{shard.display}, {shard.record_word} {number}: the integer {value} in column "
-                            f"{column.name!r} cannot be kept exactly (the column is read as "
-                            f"{column.type}); write it as a string"
-                        )
+            _check_integer_lines(shard, schema, _long_integer_lines(chunk, line_offset))
             line_offset += chunk.count(b"\n")
     shard.found.exact_integers.add(key)
+
+
+def _floating(schema: pa.Schema) -> list[pa.Field]:
+    return [f for f in schema if holds_type(f.type, pa.types.is_floating)]
+
+
+def _long_integer_lines(chunk: bytes, line_offset: int) -> list[tuple[int, bytes]]:
+    """The lines of a chunk of whole lines that hold an integer literal of 16 digits or more, each
+    with its 1-based number in the file (``line_offset`` lines come before the chunk)."""
+    found: dict[int, bytes] = {}
+    for match in _LONG_INTEGER.finditer(chunk):
+        start = chunk.rfind(b"\n", 0, match.start()) + 1
+        if start in found:
+            continue
+        end = chunk.find(b"\n", match.end())
+        found[start] = chunk[start : end if end >= 0 else len(chunk)]
+    return [(line_offset + chunk.count(b"\n", 0, start) + 1, line) for start, line in found.items()]
+
+
+def _check_integer_lines(shard: Shard, schema: pa.Schema, lines: list[tuple[int, bytes]]) -> None:
+    """Refuse the first integer of ``lines`` that a floating column of ``schema`` would round."""
+    floating = _floating(schema)
+    for number, line in lines if floating else ():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # pyarrow reports malformed lines with their number
+        if not isinstance(record, dict):
+            continue
+        for column in floating:
+            value = _inexact_integer(record.get(column.name), column.type)
+            if value is not None:
+                raise GrpoError(
+                    f"{shard.display}, {shard.record_word} {number}: the integer {value} in column "
+                    f"{column.name!r} cannot be kept exactly (the column is read as "
+                    f"{column.type}); write it as a string"
+                )
 
 
 def _inexact_integer(value: Any, data_type: pa.DataType) -> int | None:
@@ -952,15 +1101,8 @@ def jsonl_line_of_record(shard: Shard, record: int) -> int | None:
 def _check_jsonl_nesting(shard: Shard, chunk_bytes: int = 32 << 20) -> None:
     """Refuse a JSON line nested deeper than :data:`~grpo_cli.columns.MAX_NESTING` before
     pyarrow's parser sees it: about 20,000 levels overflow its stack (a segfault). Notes the
-    longest line in ``shard.found``: pyarrow's read block must hold a whole line.
-
-    A line cannot nest deeper than it has ``[`` and ``{``: a vectorised count per line finds
-    the few lines with more, and only those are scanned, strings skipped.
-    """
-    import numpy as np
-
-    opening = np.zeros(256, dtype=np.int64)
-    opening[[ord("["), ord("{")]] = 1
+    longest line in ``shard.found``: pyarrow's read block must hold a whole line. (A file that
+    streams from disk is scanned as pyarrow reads it: :class:`_ScannedJsonl`.)"""
     line_offset = longest = 0
     with _open_jsonl(shard) as handle:
         while True:
@@ -969,22 +1111,37 @@ def _check_jsonl_nesting(shard: Shard, chunk_bytes: int = 32 << 20) -> None:
                 shard.found.longest_line = longest
                 return
             chunk += handle.readline()
-            data = np.frombuffer(chunk, dtype=np.uint8)
-            ends = np.flatnonzero(data == ord("\n"))
-            if data.size:
-                bounds = np.concatenate(([-1], ends, [data.size]))
-                longest = max(longest, int(np.diff(bounds).max()))
-            starts = np.concatenate(([0], ends + 1))
-            counts = np.add.reduceat(opening[data], starts[starts < data.size]) if data.size else data
-            for line in np.flatnonzero(counts > MAX_NESTING).tolist():
-                end = int(ends[line]) if line < ends.size else data.size
-                depth = _json_depth(chunk[int(starts[line]) : end])
-                if depth > MAX_NESTING:
-                    raise GrpoError(
-                        f"{shard.display}, {shard.record_word} {line_offset + line + 1}: a value nests "
-                        f"{depth:,} levels deep; grpo-cli reads at most {MAX_NESTING}"
-                    )
-            line_offset += int(ends.size)
+            longest = max(longest, _scan_nesting(shard, chunk, line_offset))
+            line_offset += chunk.count(b"\n")
+
+
+def _scan_nesting(shard: Shard, chunk: bytes, line_offset: int) -> int:
+    """The longest line of a chunk of whole lines (``line_offset`` lines come before it); a value
+    nested deeper than :data:`~grpo_cli.columns.MAX_NESTING` is refused with its line.
+
+    A line cannot nest deeper than it has ``[`` and ``{``: a vectorised count per line finds
+    the few lines with more, and only those are scanned, strings skipped.
+    """
+    import numpy as np
+
+    data = np.frombuffer(chunk, dtype=np.uint8)
+    if not data.size:
+        return 0
+    ends = np.flatnonzero(data == ord("\n"))
+    longest = int(np.diff(np.concatenate(([-1], ends, [data.size]))).max())
+    starts = np.concatenate(([0], ends + 1))
+    opening = np.zeros(256, dtype=np.int64)
+    opening[[ord("["), ord("{")]] = 1
+    counts = np.add.reduceat(opening[data], starts[starts < data.size])
+    for line in np.flatnonzero(counts > MAX_NESTING).tolist():
+        end = int(ends[line]) if line < ends.size else data.size
+        depth = _json_depth(chunk[int(starts[line]) : end])
+        if depth > MAX_NESTING:
+            raise GrpoError(
+                f"{shard.display}, {shard.record_word} {line_offset + line + 1}: a value nests "
+                f"{depth:,} levels deep; grpo-cli reads at most {MAX_NESTING}"
+            )
+    return longest
 
 
 def _json_depth(line: bytes) -> int:
