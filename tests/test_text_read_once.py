@@ -177,12 +177,12 @@ def test_a_streamed_file_is_read_once_per_pass(
             self.handle = handle
 
         def read(self, size: int = -1) -> bytes:
-            data = self.handle.read(size)
+            data: bytes = self.handle.read(size)
             read.append(len(data))
             return data
 
         def readline(self) -> bytes:
-            data = self.handle.readline()
+            data: bytes = self.handle.readline()
             read.append(len(data))
             return data
 
