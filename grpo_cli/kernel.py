@@ -557,12 +557,50 @@ def _block_stats(x: Tensor) -> GroupStats:
     return GroupStats(count, mean, m2, minimum, maximum)
 
 
+class _LeftFold:
+    """Per-group sums of rows in any order, each a left fold from ``+0.0`` over the group's rows
+    in row order, on any device: so a group's sums are the same bits on the CPU and a GPU.
+
+    On the CPU a one-dimensional ``scatter_add_`` runs serially in row order, which is that fold.
+    Elsewhere it adds with atomics in no set order, so the rows are taken in rounds: round ``r``
+    adds each group's ``r``-th row (one row per group, so no two adds meet), in as many rounds as
+    the largest group has rows.
+
+    >>> ids = torch.tensor([1, 0, 1, 1])
+    >>> _LeftFold(ids, 2, serial=False).sum(torch.tensor([0.1, 5.0, 0.2, 0.3], dtype=torch.float64)).tolist()
+    [5.0, 0.6000000000000001]
+    """
+
+    def __init__(self, ids: Tensor, k: int, *, serial: bool | None = None) -> None:
+        self.ids, self.k = ids, k
+        self.serial = ids.device.type == "cpu" if serial is None else serial
+        self.rounds: list[tuple[Tensor, Tensor]] = []
+        if self.serial or not ids.numel():
+            return
+        order = torch.argsort(ids, stable=True)  # by group, each group's rows in row order
+        counts = torch.bincount(ids, minlength=k)
+        starts = torch.cumsum(counts, 0) - counts
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(ids.numel(), device=ids.device) - torch.take(starts, ids[order])
+        by_rank = torch.argsort(rank, stable=True)
+        per_round = torch.bincount(rank, minlength=int(counts.max())).tolist()  # one sync per chunk
+        rows = torch.split(by_rank, per_round)
+        self.rounds = [(row, torch.take(ids, row)) for row in rows]
+
+    def sum(self, values: Tensor) -> Tensor:
+        total = torch.zeros(self.k, dtype=values.dtype, device=values.device)
+        if self.serial:
+            return total.scatter_add_(0, self.ids, values)
+        for rows, groups in self.rounds:
+            total.index_add_(0, groups, torch.take(values, rows))
+        return total
+
+
 def _scatter_stats(x: Tensor, ids: Tensor, k: int) -> GroupStats:
     """Statistics of rows ``x`` with group IDs ``ids`` in ``[0, k)``, in any order.
 
-    One-dimensional ``scatter_add_`` / ``scatter_reduce_`` run serially in row order on
-    the CPU: each group's sums are a left fold over its rollouts in row order, so they do
-    not depend on thread scheduling, nor on the other groups of the chunk.
+    Each group's sums are a left fold over its rollouts in row order (:class:`_LeftFold`), so
+    they do not depend on thread scheduling, the device, or the other groups of the chunk.
     """
     count = torch.bincount(ids, minlength=k)
     safe_count = count.clamp_min(1).to(x.dtype)
@@ -571,9 +609,7 @@ def _scatter_stats(x: Tensor, ids: Tensor, k: int) -> GroupStats:
     scale = _scales(minimum, maximum)
     if scale is not None:
         x = x / torch.take(scale, ids)
-
-    def group_sum(values: Tensor) -> Tensor:
-        return torch.zeros(k, dtype=x.dtype, device=x.device).scatter_add_(0, ids, values)
+    group_sum = _LeftFold(ids, k).sum
 
     mean = group_sum(x) / safe_count
     deviation = x - torch.take(mean, ids)

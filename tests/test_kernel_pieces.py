@@ -597,3 +597,30 @@ def test_consecutive_blocks_and_scattered_ids_give_the_same_bits(size: int, kind
     for name in ("count", "mean", "m2", "minimum", "maximum"):
         assert torch.equal(getattr(blocks, name), getattr(scattered, name)), name
         assert torch.equal(getattr(alone, name), getattr(scattered, name)[:3]), name
+
+
+@pytest.mark.parametrize("sizes", ["uneven", "one big group", "singletons"])
+def test_the_rounds_a_gpu_sums_in_give_the_cpus_serial_left_fold(sizes: str) -> None:
+    """A GPU's scatter_add_ adds with atomics in no set order; the rounds (one row per group each)
+    make every group's sum the left fold the CPU's serial scatter_add_ computes, bit for bit."""
+    from grpo_cli.kernel import _LeftFold
+
+    g = torch.Generator().manual_seed(5)
+    n = 5000
+    if sizes == "uneven":
+        ids = torch.randint(0, 300, (n,), generator=g)
+    elif sizes == "one big group":
+        ids = torch.zeros(n, dtype=torch.int64)
+    else:
+        ids = torch.randperm(n, generator=g)
+    values = torch.randn(n, generator=g, dtype=torch.float64) * torch.exp(
+        torch.randn(n, generator=g, dtype=torch.float64) * 10
+    )
+    k = int(ids.max()) + 1
+    serial = _LeftFold(ids, k, serial=True).sum(values)
+    rounds = _LeftFold(ids, k, serial=False).sum(values)
+    assert torch.equal(serial, rounds)
+    python = [0.0] * k
+    for group, value in zip(ids.tolist(), values.tolist(), strict=True):
+        python[group] += value
+    assert serial.tolist() == python
