@@ -166,6 +166,7 @@ BIG = 2**53 + 1  # the first integer float64 rounds
         ),
         ({"a": 1, "b": BIG}, pa.struct([("a", pa.float64()), ("b", pa.int64())]), None),
         ({"a": BIG}, pa.float64(), None),  # an object where the column holds no struct
+        (BIG, pa.struct([("a", pa.float64())]), None),  # a number where the column holds a struct
         ([1.5, 2, BIG], pa.list_(pa.float64()), BIG),
         ([1.5, [BIG]], pa.large_list(pa.large_list(pa.float64())), BIG),
         ([1, 2], pa.list_(pa.float64()), None),
@@ -531,3 +532,188 @@ def test_a_type_change_no_line_shows_keeps_pyarrows_words(tmp_path):
     assert readers._jsonl_error(shard, pa.ArrowInvalid(words)).message == (
         f"r.jsonl: cannot read the JSONL file ({words})"
     )
+
+
+# --------------------------------------------------------------------------- scans over chunks
+
+
+def test_the_scans_number_lines_across_chunks(tmp_path):
+    """Both whole-file scans read line-aligned chunks: a line is numbered across them, and the
+    longest line (its newline counted) is noted for pyarrow's block."""
+    rows = [json.dumps({"group_id": i, "reward": 0.5}) for i in range(40)]
+    rows[33] = json.dumps({"group_id": 33, "reward": BIG})
+    shard = _jsonl(tmp_path, ["", *rows])  # a blank first line counts
+    schema = pa.schema([("group_id", pa.int64()), ("reward", pa.float64())])
+    text = message(lambda: readers._check_exact_integers(shard, schema, chunk_bytes=100))
+    assert text.startswith(f"r.jsonl, line 35: the integer {BIG} in column 'reward' cannot be kept exactly")
+    deep = "[" * 70 + "]" * 70
+    lines = [*rows[:20], '{"a": ' + deep + "}", *rows[20:]]
+    shard = _jsonl(tmp_path, lines, "deep.jsonl")
+    text = message(lambda: readers._check_jsonl_nesting(shard, chunk_bytes=100))
+    assert text == "deep.jsonl, line 21: a value nests 71 levels deep; grpo-cli reads at most 64"
+    shard = _jsonl(tmp_path, rows, "ok.jsonl")
+    readers._check_jsonl_nesting(shard, chunk_bytes=100)
+    assert shard.found.longest_line == max(len(line) for line in rows) + 1
+
+
+@pytest.mark.parametrize(
+    ("value", "refused"),
+    [
+        ("[" * 63 + "]" * 63 + ', "c": [], "d": []', False),  # 64 levels, 66 brackets: as deep as may go
+        ("[" * 64 + "]" * 64, True),  # 65 levels
+    ],
+)
+def test_sixty_four_levels_are_read_and_sixty_five_refused(tmp_path, value, refused):
+    shard = _jsonl(tmp_path, ['{"a": 1, "b": ' + value + "}"])
+    if refused:
+        assert "nests 65 levels deep" in message(lambda: readers._check_jsonl_nesting(shard))
+    else:
+        readers._check_jsonl_nesting(shard)
+
+
+def test_a_deep_line_is_measured_on_its_own_and_at_the_end_of_the_file(tmp_path):
+    """An unclosed deep line followed by more brackets: only its own depth is counted; a deep last
+    line with no newline after it is refused too."""
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b"[" * 70 + b"\n[[[1]]]\n")
+    text = message(lambda: readers._check_jsonl_nesting(shard_of(path, "jsonl")))
+    assert text == "r.jsonl, line 1: a value nests 70 levels deep; grpo-cli reads at most 64"
+    path.write_bytes(b'{"a": 1}\n' + b"[" * 66 + b"]" * 66)
+    text = message(lambda: readers._check_jsonl_nesting(shard_of(path, "jsonl")))
+    assert text == "r.jsonl, line 2: a value nests 66 levels deep; grpo-cli reads at most 64"
+
+
+def test_the_long_integer_lines_of_a_chunk(tmp_path):
+    first = b'{"a": 12345678901234567, "b": 98765432109876543}'
+    second = b'{"a": 1, "b": 2}'
+    third = b'{"a": 11112222333344445}'
+    chunk = b"\n" + first + b"\n" + second + b"\n" + third  # no newline after the last line
+    assert readers._long_integer_lines(chunk, 10) == [(12, first), (14, third)]
+
+
+def test_a_column_that_becomes_floating_after_settling_is_checked_again(cli, tmp_path, monkeypatch):
+    """The exact-integer scan is skipped for a schema it passed: a file whose 'id' column is read as
+    int64 (2**53 + 1 kept) until a later block holds 1.5 is typed again as float64, where 2**53 + 1
+    would round, and scanned again under those types."""
+    monkeypatch.setattr(readers, "JSONL_BLOCK_BYTES", 4096)
+    rows = [{"group_id": i // 4, "reward": 0.5, "id": i} for i in range(400)]
+    rows[10]["id"] = BIG
+    rows[390]["id"] = 1.5
+    path = tmp_path / "ids.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = cli("compute", path, "-o", tmp_path / "out.parquet")
+    assert_one_line_error(
+        result, f"ids.jsonl, line 11: the integer {BIG} in column 'id' cannot be kept exactly"
+    )
+
+
+# --------------------------------------------------------------------------- the stream pyarrow reads
+
+
+def test_the_scanned_stream_reads_what_it_is_asked_for(tmp_path, monkeypatch):
+    monkeypatch.setattr(readers, "SCAN_CHUNK_BYTES", 8)
+    shard = _jsonl(tmp_path, ['{"a": 1}', '{"a": 22}', '{"a": 333}'])
+    data = shard.path.read_bytes()
+    scanner = readers._ScannedJsonl(shard)
+    assert scanner.read(0) == b""
+    assert scanner.read(1) == data[:1]
+    assert scanner.read(5) == data[1:6]
+    assert scanner.read(-1) == data[6:]
+    assert scanner.read(4) == b""
+    assert scanner.longest == len('{"a": 333}') + 1
+    scanner.close()
+
+
+def test_a_truncated_gzip_file_past_the_budget_is_refused_not_cut_short(cli, tmp_path, monkeypatch):
+    """The scanned stream meets the broken end of a gzip file after the schema was read: the run
+    must refuse it, not end the file there and compute on the rows before."""
+    monkeypatch.setattr(readers, "TEXT_IN_MEMORY_BYTES", 0)
+    monkeypatch.setattr(readers, "SCAN_CHUNK_BYTES", 4096)
+    rows = "".join(
+        json.dumps({"group_id": i // 4, "reward": float(i % 2), "t": i * 7}) + "\n" for i in range(20_000)
+    )
+    path = tmp_path / "r.jsonl.gz"
+    path.write_bytes(gzip.compress(rows.encode())[:-40])
+    result = cli("compute", path, "-o", tmp_path / "out.parquet", "--memory-limit-mb", "0")
+    assert_one_line_error(result, "r.jsonl.gz: not a readable gzip file")
+    assert not (tmp_path / "out.parquet").exists()
+
+
+@pytest.mark.parametrize(
+    ("exc", "compression", "expected"),
+    [
+        (FileNotFoundError("gone"), "gzip", "x: cannot read the file (gone)"),
+        (PermissionError("denied"), None, "x: cannot read the file (denied)"),
+        (EOFError("cut"), "gzip", "x: not a readable gzip file (cut)"),
+        (OSError("bad"), None, "x: cannot read the file (bad)"),
+    ],
+)
+def test_a_file_read_error_says_which(exc, compression, expected):
+    shard = Shard(Path("x"), "x", "jsonl", 0, compression=compression)
+    assert readers._file_error(shard, exc).message == expected
+
+
+def test_a_text_stream_closes_twice_quietly(tmp_path):
+    stream = readers._JsonlStream(_jsonl(tmp_path, ['{"a": 1}']))
+    with stream as reader:
+        assert reader.schema.names == ["a"]
+    stream.close()
+
+
+def test_pyarrows_json_block_grows_in_powers_of_two_past_the_longest_line(tmp_path):
+    shard = _jsonl(tmp_path, ['{"a": 1}'])
+    for longest, block in ((0, 8), ((8 << 20) - 1, 8), (8 << 20, 16), (20 << 20, 32), (40 << 20, 64)):
+        shard.found.longest_line = longest
+        assert readers.jsonl_block_bytes(shard) == block << 20
+
+
+@pytest.mark.parametrize(
+    ("lines", "before", "after", "line"),
+    [
+        (['{"x": "a"}', '{"x": 1}', '{"x": "b"}'], "number", "string", 3),  # a string before any number
+        (['{"x": 1}', "", '{"x": "b"}'], "number", "string", 3),  # past a blank line
+        (['{"m": 5}', '{"m": {"s": [1]}}', '{"m": {"s": true}}'], "array", "boolean", 3),
+    ],
+)
+def test_the_line_where_a_column_changes_type(tmp_path, lines, before, after, line):
+    path = ["m", "s"] if lines[0].startswith('{"m"') else ["x"]
+    assert readers._type_change_line(_jsonl(tmp_path, lines), path, before, after) == line
+
+
+def test_json_kinds_are_pyarrows_words():
+    values: list[object] = [None, True, 1, 1.5, "s", {}, []]
+    assert [readers._json_kind(v) for v in values] == [
+        "null",
+        "boolean",
+        "number",
+        "number",
+        "string",
+        "object",
+        "array",
+    ]
+
+
+# --------------------------------------------------------------------------- Arrow batches
+
+
+def test_small_arrow_batches_are_combined_to_about_the_batch_size():
+    def batches(*sizes: int):
+        return iter(pa.record_batch({"a": list(range(n)), "b": list(range(n))}) for n in sizes)
+
+    def sizes(out):
+        return [b.num_rows for b in out]
+
+    assert sizes(readers._rebatched(batches(3, 3, 5, 1), None, 7)) == [11, 1]
+    assert sizes(readers._rebatched(batches(3, 4, 2), None, 7)) == [7, 2]
+    assert sizes(readers._rebatched(batches(9), None, 7)) == [9]
+    out = list(readers._rebatched(batches(2, 2), ["b"], 3))
+    assert sizes(out) == [4] and out[0].schema.names == ["b"]
+
+
+def test_an_arrow_files_batches_hold_the_columns_asked_for(tmp_path):
+    import pyarrow.feather as feather
+
+    path = tmp_path / "r.arrow"
+    feather.write_feather(pa.table({"a": [1, 2, 3], "b": [4, 5, 6]}), path, compression="uncompressed")
+    (batch,) = readers.iter_batches(shard_of(path, "arrow"), ["b"], 10)
+    assert batch.schema.names == ["b"] and batch.column(0).to_pylist() == [4, 5, 6]
