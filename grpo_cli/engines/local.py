@@ -121,9 +121,10 @@ def refuse_as_local(inputs: InputSet, config: ComputeConfig) -> None:
     NaN key, a group across two batches, or (with ``--nan error``) a bad reward, each
     naming its file and row.
 
-    The Ray engine finds those in hash-partitioned blocks that no longer know a row's
-    file or position; it calls this to word its refusal as this engine does, reading
-    the key and reward columns once more. Returns when ``inputs`` hold nothing to refuse.
+    The Ray engine finds those in blocks its workers reduce, and the driver, which merges
+    the blocks' per-group rows, knows no row; it calls this to word its refusal as this
+    engine does (which error comes first included), reading the key and reward columns
+    once more. Returns when ``inputs`` hold nothing to refuse.
     """
     engine = LocalEngine(inputs, RunPlan(config), writes_output=False)
     spool = _IdSpool(on_disk=not engine.in_memory)
