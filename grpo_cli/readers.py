@@ -19,7 +19,6 @@ import re
 import threading
 import zlib
 from collections.abc import Generator, Iterator, Sequence
-from pathlib import Path
 from typing import IO, Any, Generic, Protocol, TypeVar
 
 import pyarrow as pa
@@ -101,7 +100,7 @@ class ParquetReader(_Rows):
         try:
             return pq.read_schema(shard.path)
         except (pa.ArrowException, OSError) as exc:
-            raise read_error(shard, exc, "not a readable Parquet file") from None
+            raise read_error(shard.display, exc, "not a readable Parquet file") from None
 
     def provenance(self, shard: Shard) -> dict[str, Any] | None:
         raw = self._metadata(shard).metadata or {}
@@ -134,7 +133,7 @@ class ParquetReader(_Rows):
         try:
             return pq.read_metadata(shard.path)
         except (pa.ArrowException, OSError) as exc:
-            raise read_error(shard, exc, "not a readable Parquet file") from None
+            raise read_error(shard.display, exc, "not a readable Parquet file") from None
 
 
 class ArrowReader(_Rows):
@@ -211,13 +210,13 @@ READERS: dict[str, FormatReader] = {
 
 
 def reader_of(shard: Shard) -> FormatReader:
-    """The reader of ``shard``'s format (a table in memory has its own).
+    """The reader of ``shard``'s format (a table in memory has the format ``"table"``).
 
     >>> from pathlib import Path
     >>> type(reader_of(Shard(Path("a.csv"), "a.csv", "csv", 0))).__name__
     'CsvReader'
     """
-    return READERS["table" if shard.table is not None else shard.format]
+    return READERS[shard.format]
 
 
 def read_schema(shard: Shard) -> pa.Schema:
@@ -356,7 +355,7 @@ def _checked(shard: Shard, batches: Iterator[pa.RecordBatch], what: str) -> Iter
         except StopIteration:
             return
         except (pa.ArrowException, OSError) as exc:
-            raise read_error(shard, exc, f"corrupt {what} data") from None
+            raise read_error(shard.display, exc, f"corrupt {what} data") from None
         try:
             # memory-mapped bytes from another writer: a bad offset would be read as an address
             batch.validate(full=True)
@@ -365,14 +364,15 @@ def _checked(shard: Shard, batches: Iterator[pa.RecordBatch], what: str) -> Iter
         yield batch
 
 
-def read_error(shard: Shard, exc: BaseException, what: str) -> GrpoError:
-    """A read error as one line; an encrypted file says so, whichever part of it failed."""
+def read_error(display: str, exc: BaseException, what: str) -> GrpoError:
+    """A read error of the file shown as ``display``, as one line; an encrypted file says so,
+    whichever part of it failed."""
     text = first_line(exc)
     if "crypt" in text.lower():
         return GrpoError(
-            f"{shard.display}: an encrypted Parquet file; grpo-cli reads no encrypted data (decrypt it first)"
+            f"{display}: an encrypted Parquet file; grpo-cli reads no encrypted data (decrypt it first)"
         )
-    return GrpoError(f"{shard.display}: {what} ({text})")
+    return GrpoError(f"{display}: {what} ({text})")
 
 
 def validate_pages(shards: Sequence[Shard]) -> dict[str, Any]:
@@ -390,7 +390,7 @@ def validate_pages(shards: Sequence[Shard]) -> dict[str, Any]:
             return {
                 "row_groups": row_groups,
                 "column_chunks": chunks,
-                "error": read_error(shard, exc, "unreadable").message,
+                "error": read_error(shard.display, exc, "unreadable").message,
             }
         with file:
             names = file.schema_arrow.names
@@ -400,7 +400,7 @@ def validate_pages(shards: Sequence[Shard]) -> dict[str, Any]:
                         file.read_row_group(group, columns=[name], use_threads=False)
                     except (pa.ArrowException, OSError) as exc:
                         where = f"row group {group}, column {name!r}"
-                        error = read_error(shard, exc, f"{where}: does not decode").message
+                        error = read_error(shard.display, exc, f"{where}: does not decode").message
                         return {"row_groups": row_groups, "column_chunks": chunks, "error": error}
                     chunks += 1
                 row_groups += 1
@@ -412,7 +412,7 @@ def read_table(shard: Shard) -> pa.Table:
     try:
         return pq.read_table(shard.path, page_checksum_verification=True)
     except (pa.ArrowException, OSError) as exc:
-        raise read_error(shard, exc, "corrupt Parquet data") from None
+        raise read_error(shard.display, exc, "corrupt Parquet data") from None
 
 
 def parquet_row_range(
@@ -428,11 +428,10 @@ def parquet_row_range(
     >>> parquet_row_range(path, "part.parquet", ["x"], 3, 9).column("x").to_pylist()
     [3, 4, 5, 6, 7, 8]
     """
-    stand_in = Shard(Path(display), display, "parquet", 0)
     try:
         file = pq.ParquetFile(source, pre_buffer=False, page_checksum_verification=True)
     except (pa.ArrowException, OSError) as exc:
-        raise read_error(stand_in, exc, "not a readable Parquet file") from None
+        raise read_error(display, exc, "not a readable Parquet file") from None
     with file:
         metadata = file.metadata
         first = 0
@@ -449,7 +448,7 @@ def parquet_row_range(
         try:
             table = file.read_row_groups(groups, columns=columns, use_threads=False)
         except (pa.ArrowException, OSError) as exc:
-            raise read_error(stand_in, exc, "corrupt Parquet data") from None
+            raise read_error(display, exc, "corrupt Parquet data") from None
     return table.slice(start - group_start, stop - start)
 
 
@@ -458,7 +457,7 @@ def _parquet_batches(shard: Shard, columns: list[str] | None, batch_rows: int) -
         # pre_buffer would read the whole file ahead: memory must stay bounded by a batch.
         file = pq.ParquetFile(shard.path, pre_buffer=False, page_checksum_verification=True)
     except (pa.ArrowException, OSError) as exc:
-        raise read_error(shard, exc, "not a readable Parquet file") from None
+        raise read_error(shard.display, exc, "not a readable Parquet file") from None
     with file:
         batches = file.iter_batches(batch_size=batch_rows, columns=columns, use_threads=True)
         yield from _checked(shard, batches, "Parquet")

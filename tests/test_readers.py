@@ -371,6 +371,28 @@ def test_a_parquet_file_that_stops_opening_is_refused_in_one_line(tmp_path, monk
     )
 
 
+NOT_PARQUET = "notes.parquet: not a readable Parquet file (Parquet magic bytes not found in footer."
+
+
+@pytest.mark.parametrize(
+    "ask",
+    [
+        lambda reader, shard: reader.schema(shard),
+        lambda reader, shard: reader.memory_bytes(shard),
+        lambda reader, shard: reader.provenance(shard),
+        lambda reader, shard: list(reader.batches(shard, None, 10)),
+    ],
+    ids=["schema", "memory", "provenance", "batches"],
+)
+def test_a_file_that_is_not_parquet_is_named_by_every_parquet_read(tmp_path, ask):
+    path = tmp_path / "notes.parquet"
+    path.write_bytes(b"these are notes, not a Parquet file")
+    shard = shard_of(path, "parquet")
+    got = message(lambda: ask(readers.ParquetReader(), shard))
+    assert got.startswith(NOT_PARQUET), got
+    assert readers.ParquetReader().rows(shard) is None  # a row count is only a hint for the progress bar
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -387,8 +409,7 @@ def test_a_parquet_file_that_stops_opening_is_refused_in_one_line(tmp_path, monk
     ],
 )
 def test_a_read_error_says_encrypted_whichever_part_failed(text, expected):
-    shard = Shard(Path("x.parquet"), "x.parquet", "parquet", 0)
-    assert readers.read_error(shard, OSError(text), "unreadable").message.startswith(expected)
+    assert readers.read_error("x.parquet", OSError(text), "unreadable").message.startswith(expected)
 
 
 def test_validate_pages_counts_every_row_group_and_skips_other_formats(tmp_path):
@@ -484,11 +505,50 @@ def test_an_empty_row_range_has_the_columns(grouped_file):
         assert table.num_rows == 0 and table.column_names == (columns or ["x", "y"])
 
 
+@pytest.mark.parametrize(
+    ("start", "stop", "groups"),
+    [(0, 4, [0]), (4, 8, [1]), (3, 5, [0, 1]), (4, 4, []), (7, 9, [1, 2]), (8, 10, [2])],
+)
+def test_a_row_range_decodes_only_the_row_groups_holding_it(grouped_file, monkeypatch, start, stop, groups):
+    """Each Ray block reads its own rows: a range that decoded every row group would read the
+    whole file once per block."""
+    asked: list[list[int]] = []
+    real = pq.ParquetFile.read_row_groups
+
+    def spy(self, row_groups, *args, **kwargs):
+        asked.append(list(row_groups))
+        return real(self, row_groups, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", spy)
+    readers.parquet_row_range(str(grouped_file), "g.parquet", ["x"], start, stop)
+    assert asked == ([groups] if groups else [])
+
+
+def _invalid_batch() -> pa.RecordBatch:
+    """Offsets that pass the cheap checks (sizes) and fail the full ones (they go backwards)."""
+    offsets = pa.py_buffer(np.array([0, 3, 1], dtype=np.int32).tobytes())
+    strings = pa.Array.from_buffers(pa.string(), 2, [None, offsets, pa.py_buffer(b"abcd")])
+    return pa.record_batch([strings], names=["s"])
+
+
+def test_a_batch_with_bad_offsets_is_refused_before_anything_reads_it():
+    shard = Shard(Path("x.arrow"), "x.arrow", "arrow", 0)
+    good = pa.record_batch({"s": ["ab", "c"]})
+    checked = readers._checked(shard, iter([good, _invalid_batch()]), "Arrow")
+    assert next(checked) is good
+    with pytest.raises(GrpoError) as caught:
+        next(checked)
+    assert caught.value.message == (
+        "x.arrow: corrupt Arrow data (In column 0: Invalid: Offset invariant failure: "
+        "non-monotonic offset at slot 2: 1 < 3)"
+    )
+
+
 def test_a_row_range_of_a_bad_file_is_one_line(tmp_path):
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"not parquet at all")
     assert message(lambda: readers.parquet_row_range(str(bad), "bad.parquet", None, 0, 1)).startswith(
-        "bad.parquet: not a readable Parquet file ("
+        "bad.parquet: not a readable Parquet file (Parquet magic bytes not found in footer."
     )
     crc = _crc_parquet(tmp_path)
     assert message(lambda: readers.parquet_row_range(str(crc), "crc.parquet", ["reward"], 0, 4)).startswith(
@@ -706,6 +766,7 @@ def test_small_arrow_batches_are_combined_to_about_the_batch_size():
     assert sizes(readers._rebatched(batches(3, 3, 5, 1), None, 7)) == [11, 1]
     assert sizes(readers._rebatched(batches(3, 4, 2), None, 7)) == [7, 2]
     assert sizes(readers._rebatched(batches(9), None, 7)) == [9]
+    assert sizes(readers._rebatched(batches(3, 4, 3, 3, 1), None, 7)) == [7, 7]  # counting restarts at 0
     out = list(readers._rebatched(batches(2, 2), ["b"], 3))
     assert sizes(out) == [4] and out[0].schema.names == ["b"]
 
