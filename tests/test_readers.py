@@ -699,6 +699,25 @@ def test_a_truncated_gzip_file_past_the_budget_is_refused_not_cut_short(cli, tmp
     assert not (tmp_path / "out.parquet").exists()
 
 
+@pytest.mark.parametrize(("name", "fmt"), [("r.jsonl", "jsonl"), ("r.data", "jsonl"), ("r.csv", "csv")])
+def test_a_gzip_file_told_by_its_bytes_streams_decompressed_past_the_budget(cli, tmp_path, monkeypatch, name, fmt):
+    """The compression sniffed from the bytes reaches the streamed reads, whatever the file's name
+    says (pyarrow's own guess goes by the suffix)."""
+    monkeypatch.setattr(readers, "TEXT_IN_MEMORY_BYTES", 0)
+    if fmt == "csv":
+        rows = "group_id,reward\n" + "".join(f"{i // 4},{float(i % 3 == 0)}\n" for i in range(400))
+    else:
+        rows = "".join(json.dumps({"group_id": i // 4, "reward": float(i % 3 == 0)}) + "\n" for i in range(400))
+    plain, packed = tmp_path / f"plain.{fmt}", tmp_path / name
+    plain.write_text(rows)
+    packed.write_bytes(gzip.compress(rows.encode()))
+    args = ["--memory-limit-mb", "0", "--input-format", fmt]
+    assert cli("compute", plain, "-o", tmp_path / "a.parquet", *args).exit_code == 0
+    result = cli("compute", packed, "-o", tmp_path / "b.parquet", *args)
+    assert result.exit_code == 0, result.output
+    assert pq.read_table(tmp_path / "b.parquet").equals(pq.read_table(tmp_path / "a.parquet"))
+
+
 @pytest.mark.parametrize(
     ("exc", "compression", "expected"),
     [

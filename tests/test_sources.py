@@ -235,6 +235,100 @@ def test_read_ahead_stops_and_closes_the_source_when_the_consumer_stops():
     assert len(produced) <= 3, f"the producer ran on to {len(produced)} items"
 
 
+def test_read_ahead_stops_a_producer_that_waits_on_a_full_queue():
+    """The consumer stops while the producer is blocked offering the next item: the producer
+    must see the stop and end (a put with no timeout would wait for ever, and the consumer's
+    join with it)."""
+    import threading
+    import time
+
+    from grpo_cli.readers import read_ahead
+
+    produced: list[int] = []
+
+    def items():
+        for i in range(1000):
+            produced.append(i)
+            yield i
+
+    done = threading.Event()
+
+    def consume():
+        reader = read_ahead(items(), depth=1)
+        next(reader)
+        while len(produced) < 3:  # item 1 waits in the queue, item 2 is being offered
+            time.sleep(0.01)
+        time.sleep(0.2)
+        reader.close()
+        done.set()
+
+    threading.Thread(target=consume, daemon=True).start()
+    assert done.wait(timeout=10), "the consumer's close waited for ever on the producer"
+
+
+def test_read_ahead_waits_for_a_slow_consumer():
+    """A consumer slower than the producer's poll still gets every item, in order."""
+    import time
+
+    from grpo_cli.readers import read_ahead
+
+    got = []
+    for item in read_ahead(iter(range(4)), depth=1):
+        time.sleep(0.12)
+        got.append(item)
+    assert got == [0, 1, 2, 3]
+
+
+class _Source:
+    """An iterator with a close method, held by the test so that only read_ahead can close it."""
+
+    def __init__(self, n: int) -> None:
+        self.items = iter(range(n))
+        self.closed = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> int:
+        return next(self.items)
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_read_ahead_closes_its_source_when_the_source_ends():
+    from grpo_cli.readers import read_ahead
+
+    source = _Source(3)
+    assert list(read_ahead(source)) == [0, 1, 2]
+    assert source.closed == 1
+
+
+def test_read_ahead_takes_a_source_with_no_close_quietly(monkeypatch):
+    import threading
+
+    from grpo_cli.readers import read_ahead
+
+    raised: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
+    assert list(read_ahead(iter(range(3)))) == [0, 1, 2]
+    assert raised == []
+
+
+def test_read_ahead_runs_on_a_named_daemon_thread():
+    """A reader left unclosed (an error on its way out) must not keep the process alive."""
+    import threading
+
+    from grpo_cli.readers import read_ahead
+
+    reader = read_ahead(_Source(5))
+    assert next(reader) == 0
+    [thread] = [t for t in threading.enumerate() if t.name == "grpo-cli-reader"]
+    assert thread.daemon
+    reader.close()
+    assert not thread.is_alive()
+
+
 def test_read_ahead_stops_the_source_when_the_consumer_fails(tmp_path):
     """An error in pass 1 (a bad key) leaves no reader thread behind."""
     import threading
