@@ -700,14 +700,18 @@ def test_a_truncated_gzip_file_past_the_budget_is_refused_not_cut_short(cli, tmp
 
 
 @pytest.mark.parametrize(("name", "fmt"), [("r.jsonl", "jsonl"), ("r.data", "jsonl"), ("r.csv", "csv")])
-def test_a_gzip_file_told_by_its_bytes_streams_decompressed_past_the_budget(cli, tmp_path, monkeypatch, name, fmt):
+def test_a_gzip_file_told_by_its_bytes_streams_decompressed_past_the_budget(
+    cli, tmp_path, monkeypatch, name, fmt
+):
     """The compression sniffed from the bytes reaches the streamed reads, whatever the file's name
     says (pyarrow's own guess goes by the suffix)."""
     monkeypatch.setattr(readers, "TEXT_IN_MEMORY_BYTES", 0)
     if fmt == "csv":
         rows = "group_id,reward\n" + "".join(f"{i // 4},{float(i % 3 == 0)}\n" for i in range(400))
     else:
-        rows = "".join(json.dumps({"group_id": i // 4, "reward": float(i % 3 == 0)}) + "\n" for i in range(400))
+        rows = "".join(
+            json.dumps({"group_id": i // 4, "reward": float(i % 3 == 0)}) + "\n" for i in range(400)
+        )
     plain, packed = tmp_path / f"plain.{fmt}", tmp_path / name
     plain.write_text(rows)
     packed.write_bytes(gzip.compress(rows.encode()))
