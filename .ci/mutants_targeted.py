@@ -1,0 +1,104 @@
+"""Run chosen mutants against chosen test files, and record each result where mutmut keeps it.
+
+``mutmut run`` gives each mutant every test that covers its function. For a module that most
+of the suite reaches (the readers, the reward reader) that is hundreds of tests per surviving
+mutant: hours on 2 cores. This runs each mutant against the test files named here instead
+(``pytest -x``, with ``MUTANT_UNDER_TEST`` set as mutmut's trampolines read it), a few at a
+time, and writes the exit code into the module's mutmut meta file, so that ``mutmut results``
+and ``.ci/mutation_report.py`` count it with the rest. A mutant that survives here may still
+be caught by a test in another file: run it again with more files, or with ``mutmut run NAME``.
+
+It needs the ``mutants/`` folder that ``mutmut run`` generates (a run over one mutant will do),
+made from the same sources: a mutant name that the meta file does not hold is refused.
+
+    python .ci/mutants_targeted.py 'grpo_cli.readers.*' tests/test_readers.py tests/test_sources.py
+    python .ci/mutants_targeted.py 'grpo_cli.rewards.*' tests/test_rewards.py --only unchecked
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MUTANTS = ROOT / "mutants"
+TIMEOUT_EXIT = 36  # mutmut's "timeout"
+SURVIVED, KILLED = 0, 1
+SET_UP_ERRORS = {4: "a usage error", 5: "no tests collected"}  # pytest's own exit codes
+
+
+def meta_path(module: str) -> Path:
+    return MUTANTS / (module.replace(".", "/") + ".py.meta")
+
+
+def run_one(name: str, tests: list[str], timeout: float) -> tuple[str, int, float]:
+    environment = dict(os.environ, MUTANT_UNDER_TEST=name)
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+    start = time.monotonic()
+    try:
+        done = subprocess.run(command, cwd=MUTANTS, env=environment, capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return name, TIMEOUT_EXIT, time.monotonic() - start
+    return name, done.returncode, time.monotonic() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("pattern", help="mutant names, as a glob: 'grpo_cli.readers.x_read_ahead*'")
+    parser.add_argument("tests", nargs="+", help="test files (or node IDs), relative to the repository")
+    parser.add_argument("--only", choices=["all", "unchecked", "survivors"], default="all")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per mutant (a hang is caught)")
+    args = parser.parse_args()
+
+    module = args.pattern.split(".x_")[0].split(".xǁ")[0].rstrip("*.")
+    path = meta_path(module)
+    if not path.exists():
+        print(f"no {path.relative_to(ROOT)}: run `mutmut run` once to generate the mutants", file=sys.stderr)
+        return 2
+    meta = json.loads(path.read_text())
+    codes = meta["exit_code_by_key"]
+    names = [
+        name
+        for name, code in codes.items()
+        if fnmatch.fnmatchcase(name, args.pattern)
+        and (args.only == "all" or code == {"unchecked": None, "survivors": SURVIVED}[args.only])
+    ]
+    if not names:
+        print(f"no mutant matches {args.pattern!r} ({args.only})", file=sys.stderr)
+        return 2
+
+    for check, expected in (("fail", KILLED), ("", SURVIVED)):  # the set-up catches a mutant and passes clean
+        _, code, _ = run_one(check, args.tests, args.timeout)
+        if code != expected:
+            print(f"with MUTANT_UNDER_TEST={check!r} the tests exit {code}, not {expected}", file=sys.stderr)
+            return 2
+
+    counts = {"killed": 0, "survived": 0, "timeout": 0}
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for future in as_completed(pool.submit(run_one, name, args.tests, args.timeout) for name in names):
+            name, code, seconds = future.result()
+            if code in SET_UP_ERRORS:
+                print(f"{name}: pytest exits {code} ({SET_UP_ERRORS[code]}); not recorded", file=sys.stderr)
+                continue
+            code = code if code in (SURVIVED, TIMEOUT_EXIT) else KILLED  # failed, collection error, signal
+            codes[name] = code
+            meta["durations_by_key"][name] = seconds
+            path.write_text(json.dumps(meta, indent=4))
+            status = {KILLED: "killed", SURVIVED: "survived", TIMEOUT_EXIT: "timeout"}[code]
+            counts[status] += 1
+            if code == SURVIVED:
+                print(f"survived: {name}", flush=True)
+    print(f"{len(names)} mutants: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
