@@ -11,8 +11,9 @@ be caught by a test in another file: run it again with more files, or with ``mut
 It needs the ``mutants/`` folder that ``mutmut run`` generates (a run over one mutant will do),
 made from the same sources: a mutant name that the meta file does not hold is refused.
 
-    python .ci/mutants_targeted.py 'grpo_cli.readers.*' tests/test_readers.py tests/test_sources.py
-    python .ci/mutants_targeted.py 'grpo_cli.rewards.*' tests/test_rewards.py --only unchecked
+    python .ci/mutants_targeted.py -m 'grpo_cli.readers.*' tests/test_readers.py tests/test_sources.py
+    python .ci/mutants_targeted.py -m 'grpo_cli.rewards.x_*' -m 'grpo_cli.rewards.xǁRewardReader*' \
+        tests/test_rewards.py --only unchecked
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 MUTANTS = ROOT / "mutants"
@@ -51,28 +53,41 @@ def run_one(name: str, tests: list[str], timeout: float) -> tuple[str, int, floa
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("pattern", help="mutant names, as a glob: 'grpo_cli.readers.x_read_ahead*'")
+    parser.add_argument(
+        "-m",
+        "--mutants",
+        action="append",
+        required=True,
+        help="names, as a glob: 'grpo_cli.readers.x_read_ahead*'",
+    )
     parser.add_argument("tests", nargs="+", help="test files (or node IDs), relative to the repository")
     parser.add_argument("--only", choices=["all", "unchecked", "survivors"], default="all")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per mutant (a hang is caught)")
     args = parser.parse_args()
 
-    module = args.pattern.split(".x_")[0].split(".xǁ")[0].rstrip("*.")
-    path = meta_path(module)
-    if not path.exists():
-        print(f"no {path.relative_to(ROOT)}: run `mutmut run` once to generate the mutants", file=sys.stderr)
-        return 2
-    meta = json.loads(path.read_text())
-    codes = meta["exit_code_by_key"]
+    modules = {pattern.split(".x_")[0].split(".xǁ")[0].rstrip("*.") for pattern in args.mutants}
+    metas: dict[str, tuple[Path, dict[str, Any]]] = {}
+    for module in sorted(modules):
+        path = meta_path(module)
+        if not path.exists():
+            print(
+                f"no {path.relative_to(ROOT)}: run `mutmut run` once to generate the mutants", file=sys.stderr
+            )
+            return 2
+        metas[module] = path, json.loads(path.read_text())
+    meta_of = {name: metas[module] for module in metas for name in metas[module][1]["exit_code_by_key"]}
     names = [
         name
-        for name, code in codes.items()
-        if fnmatch.fnmatchcase(name, args.pattern)
-        and (args.only == "all" or code == {"unchecked": None, "survivors": SURVIVED}[args.only])
+        for name, (_, meta) in meta_of.items()
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in args.mutants)
+        and (
+            args.only == "all"
+            or meta["exit_code_by_key"][name] == {"unchecked": None, "survivors": SURVIVED}[args.only]
+        )
     ]
     if not names:
-        print(f"no mutant matches {args.pattern!r} ({args.only})", file=sys.stderr)
+        print(f"no mutant matches {args.mutants} ({args.only})", file=sys.stderr)
         return 2
 
     for check, expected in (("fail", KILLED), ("", SURVIVED)):  # the set-up catches a mutant and passes clean
@@ -89,7 +104,8 @@ def main() -> int:
                 print(f"{name}: pytest exits {code} ({SET_UP_ERRORS[code]}); not recorded", file=sys.stderr)
                 continue
             code = code if code in (SURVIVED, TIMEOUT_EXIT) else KILLED  # failed, collection error, signal
-            codes[name] = code
+            path, meta = meta_of[name]
+            meta["exit_code_by_key"][name] = code
             meta["durations_by_key"][name] = seconds
             path.write_text(json.dumps(meta, indent=4))
             status = {KILLED: "killed", SURVIVED: "survived", TIMEOUT_EXIT: "timeout"}[code]
