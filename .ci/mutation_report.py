@@ -82,7 +82,10 @@ def main() -> int:
     failed |= not_run > 0
     lines += ["", f"Overall: {overall:.1%} (target {OVERALL_TARGET:.0%}) of the mutants checked."]
     if not_run:
-        lines += [f"{not_run} mutants were not run (an interrupted run): the scores cover the others."]
+        lines += [
+            f"{not_run} mutants were not run (an interrupted run, or a targeted or sampled one by "
+            "`.ci/mutants_targeted.py`): the scores cover the others."
+        ]
     lines += [""]
     lines += ["## Not caught", "", "`mutmut show NAME` prints the change.", ""]
     lines += [f"- `{name}`: {status}" for name, status in survivors] or ["(none)"]
