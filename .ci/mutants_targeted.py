@@ -3,9 +3,10 @@
 ``mutmut run`` gives each mutant every test that covers its function. For a module that most
 of the suite reaches (the readers, the reward reader) that is hundreds of tests per surviving
 mutant: hours on 2 cores. This runs each mutant against the test files named here instead
-(``pytest -x``, with ``MUTANT_UNDER_TEST`` set as mutmut's trampolines read it), a few at a
-time, and writes the exit code into the module's mutmut meta file, so that ``mutmut results``
-and ``.ci/mutation_report.py`` count it with the rest. A mutant that survives here may still
+(``pytest -x`` in a fork of a process that has imported torch and the package once, with
+``MUTANT_UNDER_TEST`` set as mutmut's trampolines read it), a few at a time, and writes the
+exit code into the module's mutmut meta file, so that ``mutmut results`` and
+``.ci/mutation_report.py`` count it with the rest. A mutant that survives here may still
 be caught by a test in another file: run it again with more files, or with ``mutmut run NAME``.
 
 It needs the ``mutants/`` folder that ``mutmut run`` generates (a run over one mutant will do),
@@ -24,13 +25,14 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import importlib
 import json
 import os
 import random
-import subprocess
+import signal
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,15 +47,57 @@ def meta_path(module: str) -> Path:
     return MUTANTS / (module.replace(".", "/") + ".py.meta")
 
 
-def run_one(name: str, tests: list[str], timeout: float) -> tuple[str, int, float]:
-    environment = dict(os.environ, MUTANT_UNDER_TEST=name)
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
-    start = time.monotonic()
+def preload() -> None:
+    """Import once what every run needs (torch alone takes seconds), from mutmut's copy of the
+    package: each mutant then runs in a fork of this process, as mutmut's own runner does. The
+    trampolines read ``MUTANT_UNDER_TEST`` at each call, so the fork picks its mutant after."""
+    os.chdir(MUTANTS)
+    sys.path.insert(0, str(MUTANTS))
+    for module in ("pytest", "numpy", "torch", "pyarrow.parquet", "polars", "hypothesis", "grpo_cli.jobs"):
+        importlib.import_module(module)
+
+
+def start(name: str, tests: list[str]) -> int:
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 3
     try:
-        done = subprocess.run(command, cwd=MUTANTS, env=environment, capture_output=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return name, TIMEOUT_EXIT, time.monotonic() - start
-    return name, done.returncode, time.monotonic() - start
+        os.environ["MUTANT_UNDER_TEST"] = name
+        quiet = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(quiet, 1)
+        os.dup2(quiet, 2)
+        import pytest
+
+        code = int(pytest.main(["-x", "-q", "-p", "no:cacheprovider", *tests]))
+    finally:
+        os._exit(code)
+
+
+def run_all(
+    names: list[str], tests: list[str], jobs: int, timeout: float
+) -> Iterator[tuple[str, int, float]]:
+    """(name, pytest's exit code, seconds) for each mutant, ``jobs`` at a time; a run past
+    ``timeout`` seconds is killed and reported as :data:`TIMEOUT_EXIT`."""
+    waiting = list(reversed(names))
+    running: dict[int, tuple[str, float]] = {}
+    while waiting or running:
+        while waiting and len(running) < jobs:
+            name = waiting.pop()
+            running[start(name, tests)] = (name, time.monotonic())
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid:
+            name, began = running.pop(pid)
+            yield name, os.waitstatus_to_exitcode(status), time.monotonic() - began
+            continue
+        now = time.monotonic()
+        for pid, (name, began) in list(running.items()):
+            if now - began > timeout:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                del running[pid]
+                yield name, TIMEOUT_EXIT, now - began
+        time.sleep(0.05)
 
 
 def main() -> int:
@@ -101,28 +145,27 @@ def main() -> int:
     if args.sample is not None and args.sample < len(names):
         names = sorted(random.Random(args.seed).sample(sorted(names), args.sample))
 
+    preload()
     for check, expected in (("fail", KILLED), ("", SURVIVED)):  # the set-up catches a mutant and passes clean
-        _, code, _ = run_one(check, args.tests, args.timeout)
+        [(_, code, _)] = run_all([check], args.tests, 1, args.timeout)
         if code != expected:
             print(f"with MUTANT_UNDER_TEST={check!r} the tests exit {code}, not {expected}", file=sys.stderr)
             return 2
 
     counts = {"killed": 0, "survived": 0, "timeout": 0}
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for future in as_completed(pool.submit(run_one, name, args.tests, args.timeout) for name in names):
-            name, code, seconds = future.result()
-            if code in SET_UP_ERRORS:
-                print(f"{name}: pytest exits {code} ({SET_UP_ERRORS[code]}); not recorded", file=sys.stderr)
-                continue
-            code = code if code in (SURVIVED, TIMEOUT_EXIT) else KILLED  # failed, collection error, signal
-            path, meta = meta_of[name]
-            meta["exit_code_by_key"][name] = code
-            meta["durations_by_key"][name] = seconds
-            path.write_text(json.dumps(meta, indent=4))
-            status = {KILLED: "killed", SURVIVED: "survived", TIMEOUT_EXIT: "timeout"}[code]
-            counts[status] += 1
-            if code == SURVIVED:
-                print(f"survived: {name}", flush=True)
+    for name, code, seconds in run_all(names, args.tests, args.jobs, args.timeout):
+        if code in SET_UP_ERRORS:
+            print(f"{name}: pytest exits {code} ({SET_UP_ERRORS[code]}); not recorded", file=sys.stderr)
+            continue
+        code = code if code in (SURVIVED, TIMEOUT_EXIT) else KILLED  # failed, collection error, signal
+        path, meta = meta_of[name]
+        meta["exit_code_by_key"][name] = code
+        meta["durations_by_key"][name] = seconds
+        path.write_text(json.dumps(meta, indent=4))
+        status = {KILLED: "killed", SURVIVED: "survived", TIMEOUT_EXIT: "timeout"}[code]
+        counts[status] += 1
+        if code == SURVIVED:
+            print(f"survived: {name}", flush=True)
     print(f"{len(names)} mutants: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
     return 0
 
