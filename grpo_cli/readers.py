@@ -169,7 +169,7 @@ class JsonlReader(_Text):
             return pa.schema([])
         if _contents(shard) is not None:  # held in memory: scanned whole now, from memory
             _check_jsonl_nesting(shard)
-        stream = _JsonlStream(shard, read_ahead=False)  # the first block is all it needs
+        stream = _JsonlStream(shard, read_ahead=False, first_block_only=True)
         with stream as reader:
             stream.refuse_what_the_scan_found()
             return reader.schema
@@ -531,15 +531,20 @@ class _JsonlStream(_TextStream["pa_json.JSONStreamingReader"]):
     the file (scanned whole beforehand), else from disk through a :class:`_ScannedJsonl`, which
     scans each line as pyarrow reads it, so that one read of the file is the only one."""
 
-    def __init__(self, shard: Shard, *, read_ahead: bool = True) -> None:
+    def __init__(self, shard: Shard, *, read_ahead: bool = True, first_block_only: bool = False) -> None:
         super().__init__(shard)
         self.scanner: _ScannedJsonl | None = None
         self.read_ahead = read_ahead
+        self.first_block_only = first_block_only
 
     def _source(self) -> pa.NativeFile:
         if _contents(self.shard) is not None:
             return _native_stream(self.shard)
-        self.scanner = _ScannedJsonl(self.shard)
+        # pyarrow infers the types from its first block; it also reads blocks ahead on its own
+        # threads, as many as time allows before the stream is closed, so a schema read ends
+        # the stream past the first block's lines: the same types, a bounded read
+        stop_after = jsonl_block_bytes(self.shard) if self.first_block_only else None
+        self.scanner = _ScannedJsonl(self.shard, stop_after=stop_after)
         return pa.PythonFile(self.scanner, mode="r")
 
     def refuse_what_the_scan_found(self, schema: pa.Schema | None = None) -> None:
@@ -586,10 +591,13 @@ class _ScannedJsonl:
     ends the stream there (pyarrow's parser would overflow its stack) and its error is kept, the
     longest line is noted (pyarrow's block must hold it), and the lines holding long integer
     literals are kept for the exact-integer check (:meth:`check_integers`). Bounded memory: one
-    chunk of whole lines."""
+    chunk of whole lines. With ``stop_after``, the stream ends at the first line end at or past
+    that many bytes."""
 
-    def __init__(self, shard: Shard) -> None:
+    def __init__(self, shard: Shard, *, stop_after: int | None = None) -> None:
         self.shard = shard
+        self.stop_after = stop_after
+        self.handed_out = 0  # bytes of the chunks scanned and given to the reader
         self.chunk_bytes = SCAN_CHUNK_BYTES
         self._files = contextlib.ExitStack()
         self._handle = self._files.enter_context(_open_file(shard))
@@ -613,6 +621,8 @@ class _ScannedJsonl:
         return b"".join(parts)
 
     def _next_chunk(self) -> bool:
+        if self.stop_after is not None and self.handed_out >= self.stop_after:
+            return False
         try:
             chunk = self._handle.read(self.chunk_bytes)
             chunk += self._handle.readline()  # whole lines only
@@ -629,6 +639,7 @@ class _ScannedJsonl:
         self.integer_lines += _long_integer_lines(chunk, self._lines)
         self._lines += chunk.count(b"\n")
         self._chunk, self._at = chunk, 0
+        self.handed_out += len(chunk)
         return True
 
     def check_integers(self, schema: pa.Schema) -> None:

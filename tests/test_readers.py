@@ -684,6 +684,38 @@ def test_the_scanned_stream_reads_what_it_is_asked_for(tmp_path, monkeypatch):
     scanner.close()
 
 
+def test_a_scanned_stream_told_to_stop_ends_at_the_first_line_end_past_its_bytes(tmp_path, monkeypatch):
+    monkeypatch.setattr(readers, "SCAN_CHUNK_BYTES", 10)
+    lines = [json.dumps({"a": i}) + "\n" for i in range(100)]  # 9 or 10 bytes each
+    shard = _jsonl(tmp_path, [line.rstrip("\n") for line in lines])
+    scanner = readers._ScannedJsonl(shard, stop_after=50)
+    data = scanner.read(-1)
+    scanner.close()
+    assert data.endswith(b"\n") and 50 <= len(data) < 50 + 10 + 11
+    assert data == "".join(lines).encode()[: len(data)]
+    whole = readers._ScannedJsonl(shard)
+    assert whole.read(-1) == "".join(lines).encode()
+    whole.close()
+
+
+def test_a_streamed_schema_reads_only_the_first_block(tmp_path, monkeypatch):
+    """However far pyarrow's own read-ahead gets before the stream is closed."""
+    monkeypatch.setattr(readers, "TEXT_IN_MEMORY_BYTES", 0)
+    monkeypatch.setattr(readers, "SCAN_CHUNK_BYTES", 1024)
+    monkeypatch.setattr(readers, "JSONL_BLOCK_BYTES", 4096)
+    shard = _jsonl(tmp_path, [json.dumps({"group_id": i, "reward": 0.5}) for i in range(20_000)])
+    handed: list[int] = []
+    real = readers._ScannedJsonl.close
+
+    def close(self):
+        handed.append(self.handed_out)
+        real(self)
+
+    monkeypatch.setattr(readers._ScannedJsonl, "close", close)
+    assert readers.read_schema(shard).names == ["group_id", "reward"]
+    assert handed and max(handed) < 4096 + 1024 + 64, handed
+
+
 def test_a_truncated_gzip_file_past_the_budget_is_refused_not_cut_short(cli, tmp_path, monkeypatch):
     """The scanned stream meets the broken end of a gzip file after the schema was read: the run
     must refuse it, not end the file there and compute on the rows before."""

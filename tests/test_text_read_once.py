@@ -168,8 +168,10 @@ def test_a_streamed_file_is_read_once_per_pass(
     cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, streamed: list[str]
 ) -> None:
     """Past the budget, the nesting scan and the exact-integer scan run on the lines as pyarrow reads
-    them (4.00 bytes read per byte of a 116 MiB file for check, now 1.21): here, at most the file and
-    a scan chunk per pass."""
+    them (4.00 bytes read per byte of a 116 MiB file for check, now 1.21): here, the file once per
+    pass and the schema's first block. pyarrow reads blocks ahead on its own threads, as many as
+    time allows: the schema's read ends its stream past the first block, or this count would
+    depend on the machine's load."""
     path = _lines(tmp_path, _rows(20_000))
     read: list[int] = []
     original = readers._open_file
@@ -206,7 +208,8 @@ def test_a_streamed_file_is_read_once_per_pass(
         read.clear()
         result = cli(*command, "-q", *streamed)
         assert result.exit_code == 0, result.stderr
-        slack = 4 * (readers.JSONL_BLOCK_BYTES + readers.SCAN_CHUNK_BYTES)  # the schema's first block
+        # the schema's read: pyarrow's first block, to the end of the scan chunk it ends in
+        slack = readers.JSONL_BLOCK_BYTES + readers.SCAN_CHUNK_BYTES + 200
         assert sum(read) <= passes * size + slack, (sum(read), size)
 
 
