@@ -284,15 +284,20 @@ def test_a_null_truncation_flag_names_its_row(cli: Any, tmp_path: Path) -> None:
     assert_one_line_error(result, "row 1", "--truncated-col 'cut' is null")
 
 
-def test_filter_unshaped_shows_what_nemo_rls_dynamic_sampling_drops(cli: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("batches", [[], ["--batch-rows", "3"]], ids=["one-batch", "batches-of-3"])
+def test_filter_unshaped_shows_what_nemo_rls_dynamic_sampling_drops(
+    cli: Any, tmp_path: Path, batches: list[str]
+) -> None:
     """A group of all-correct rollouts whose lengths differ is constant before the overlong
     penalty and active after it: NeMo-RL's filter (on the unshaped reward) drops it although
-    the shaped rewards the estimator normalises carry a signal."""
+    the shaped rewards the estimator normalises carry a signal. Read in batches of 3 rows, the
+    unshaped rewards of several batches are joined as the shaped ones are."""
     rows = [{"uid": 0, "reward": 1.0, "tokens": t} for t in (100, 900, 1000, 1100)]
     rows += [{"uid": 1, "reward": float(i % 2), "tokens": 100} for i in range(4)]
     path = tmp_path / "shaped.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
     args = ["-g", "uid", "--overlong", "1024", "256", "--length-col", "tokens", "--trainer-filter", "nemo-rl"]
+    args += batches
     shaped = cli("check", path, *args, "--summary-json", tmp_path / "a.json")
     unshaped = cli("check", path, *args, "--filter-unshaped", "--summary-json", tmp_path / "b.json")
     assert shaped.exit_code == unshaped.exit_code == 0, unshaped.stderr
