@@ -205,3 +205,38 @@ def test_combined_advantages_weigh_channels_but_not_a_single_combined_reward():
     two = RewardBatch([r, r], [None, None], r, None)
     both = combined_advantages(two, ids, [norm, norm], active, weights=[1.0, 0.5], device=torch.device("cpu"))
     assert both.tolist() == [0.75, -0.75, 1.5, -1.5]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["-r", "accuracy", "-r", "format:0.5", "--nan", "ignore"],
+        ["-r", "accuracy", "-r", "format:0.5", "--preset", "trl"],
+        ["-r", "accuracy", "-r", "format", "--reward-aggregation", "normalize-then-sum", "--nan", "ignore"],
+        ["-r", "count"],
+    ],
+    ids=["weighted", "trl-nansum", "per-column", "integer"],
+)
+def test_rewards_read_in_small_batches_give_the_one_batch_bits(cli, tmp_path, options):
+    """Every reward path that is not a float column read as it is (several columns, weights,
+    TRL's nansum, integers) joins its batches; batches of 3 rows give one batch's bits."""
+    import pyarrow.parquet as pq
+
+    n = 48
+    table = pa.table(
+        {
+            "group_id": [i // 6 for i in range(n)],
+            "accuracy": pa.array([float(i % 3 == 0) if i % 7 else None for i in range(n)], pa.float32()),
+            "format": [0.25 * (i % 4) for i in range(n)],
+            "count": pa.array([i % 5 for i in range(n)], pa.int32()),
+        }
+    )
+    pq.write_table(table, tmp_path / "in.parquet")
+    outputs = []
+    for batches in ([], ["--batch-rows", "3"]):
+        out = tmp_path / f"out{len(batches)}.parquet"
+        result = cli("compute", tmp_path / "in.parquet", "-o", out, *options, *batches)
+        assert result.exit_code == 0, result.stderr
+        outputs.append(pq.read_table(out))
+    assert outputs[0].equals(outputs[1])
+    assert outputs[0].num_rows == n
