@@ -90,7 +90,7 @@ class RewardReader:
         self.truncated_col = truncated_col
         self.shard = shard
         self.per_column = per_column
-        self.nansum = reward_sum == "nansum" and len(self.specs) > 1
+        self.nansum = reward_sum == "nansum"
         types = []
         for spec in self.specs:
             column_type = field_type(schema, spec.column)
@@ -103,7 +103,8 @@ class RewardReader:
             types.append(column_type)
         self.output_dtype = advantage_dtype(types)
         single = len(self.specs) == 1 and self.specs[0].weight == 1.0
-        self.native = single and pa.types.is_floating(types[0]) and self.shaping is None
+        # TRL's nansum adds even one column to +0.0, which turns a -0.0 reward into +0.0
+        self.native = single and pa.types.is_floating(types[0]) and self.shaping is None and not self.nansum
 
     def read(self, batch: pa.RecordBatch, first_row: int = 0) -> RewardBatch:
         """The batch's rewards; ``first_row`` (its row in the shard) locates errors."""

@@ -130,6 +130,24 @@ def test_a_single_weighted_column_is_weighted(weight):
     assert _reader(batch, [("a", 1.0)]).read(batch).combined.dtype == torch.float32  # kept as it is
 
 
+def test_nansum_of_one_column_is_trls_down_to_the_sign_of_zero():
+    """TRL's line (trl/trainer/grpo_trainer.py, _generate_and_score_completions):
+    ``rewards = (rewards_per_func * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)``.
+    With one reward function it still adds to +0.0: a -0.0 reward comes out +0.0, which decides
+    the sign of a zero advantage where the group's mean is 0."""
+    values = [-0.0, 0.5, float("nan"), -1.0]
+    batch = pa.record_batch({"a": pa.array(values, pa.float32())})
+    got = _reader(batch, [("a", 1.0)], reward_sum="nansum").read(batch).combined
+    rewards_per_func = torch.tensor(values, dtype=torch.float32).unsqueeze(1)
+    trl = (rewards_per_func * torch.tensor([1.0]).unsqueeze(0)).nansum(dim=1)
+    trl[torch.isnan(rewards_per_func).all(dim=1)] = float("nan")  # every function None: left out
+    assert torch.equal(torch.signbit(got), torch.signbit(trl.to(torch.float64)))
+    assert torch.equal(got.isnan(), trl.isnan())
+    assert got[~got.isnan()].tolist() == trl[~trl.isnan()].tolist()
+    plain = _reader(batch, [("a", 1.0)]).read(batch).combined
+    assert torch.signbit(plain[0])  # the plain sum keeps the reward as it is
+
+
 def test_the_reader_refuses_a_text_reward_outside_csv_naming_it():
     batch = pa.record_batch({"a": pa.array(["1", "0"])})
     with pytest.raises(
