@@ -531,6 +531,22 @@ def _invalid_batch() -> pa.RecordBatch:
     return pa.record_batch([strings], names=["s"])
 
 
+@pytest.mark.parametrize(
+    "error", [pa.ArrowInvalid("page 3 does not decode"), OSError("page 3 does not decode")]
+)
+def test_a_batch_that_does_not_decode_is_named_with_its_file(error):
+    def batches():
+        yield pa.record_batch({"s": ["ab"]})
+        raise error
+
+    shard = Shard(Path("x.parquet"), "x.parquet", "parquet", 0)
+    checked = readers._checked(shard, batches(), "Parquet")
+    next(checked)
+    with pytest.raises(GrpoError) as caught:
+        next(checked)
+    assert caught.value.message == "x.parquet: corrupt Parquet data (page 3 does not decode)"
+
+
 def test_a_batch_with_bad_offsets_is_refused_before_anything_reads_it():
     shard = Shard(Path("x.arrow"), "x.arrow", "arrow", 0)
     good = pa.record_batch({"s": ["ab", "c"]})
