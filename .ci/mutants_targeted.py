@@ -161,7 +161,9 @@ def main() -> int:
         path, meta = meta_of[name]
         meta["exit_code_by_key"][name] = code
         meta["durations_by_key"][name] = seconds
-        path.write_text(json.dumps(meta, indent=4))
+        written = path.with_name(path.name + ".tmp")  # whole or not at all: mutmut may read it now
+        written.write_text(json.dumps(meta, indent=4))
+        os.replace(written, path)
         status = {KILLED: "killed", SURVIVED: "survived", TIMEOUT_EXIT: "timeout"}[code]
         counts[status] += 1
         if code == SURVIVED:
