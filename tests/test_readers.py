@@ -357,6 +357,14 @@ def test_a_page_that_fails_its_checksum_is_refused_when_the_file_is_read_whole(c
     )
 
 
+def test_a_page_that_fails_its_checksum_is_refused_when_the_file_is_read_in_batches(tmp_path):
+    """The streaming read (every compute and check past the small-file path) checks the CRCs too."""
+    shard = shard_of(_crc_parquet(tmp_path), "parquet")
+    assert message(lambda: list(readers.iter_batches(shard, ["reward"], 2))).startswith(
+        "crc.parquet: corrupt Parquet data (could not verify page"
+    )
+
+
 def test_a_parquet_file_that_stops_opening_is_refused_in_one_line(tmp_path, monkeypatch):
     path = tmp_path / "r.parquet"
     pq.write_table(pa.table({"a": [1]}), path)
