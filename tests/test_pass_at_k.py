@@ -206,3 +206,19 @@ def test_the_summary_records_k(cli: Any, parquet_file: Path, tmp_path: Path) -> 
     assert result.exit_code == 0, result.stderr
     options = json.loads(summary.read_text())["options"]
     assert options["estimator"] == "pass_at_k" and options["pass_k"] == 4
+
+
+def test_passk_best_advantage_defaults_to_verls_sample_std_and_group_scale():
+    """The public kernel's defaults are verl's: unbiased std, divided (what the plan passes)."""
+    import torch
+
+    from grpo_cli.kernel import active_groups, group_stats, group_top_two, passk_best_advantage
+
+    r, g = torch.tensor([1.0, 0.0, 0.5, 0.0, 3.0, 2.0]), torch.tensor([0, 0, 0, 0, 1, 1])
+    stats = group_stats(r, g)
+    top, active = group_top_two(r, g, 2), active_groups(stats)
+    default = passk_best_advantage(stats, top, active, epsilon=1e-6)
+    explicit = passk_best_advantage(stats, top, active, std="sample", scale="group", epsilon=1e-6)
+    assert torch.equal(default, explicit)
+    population = passk_best_advantage(stats, top, active, std="population", epsilon=1e-6)
+    assert not torch.equal(default, population)
