@@ -567,3 +567,24 @@ def test_trl_rloo_preset_is_its_rloo_trainer(normalize: bool, seed: int) -> None
     ours = torch.tensor(out.column("advantage").to_pylist(), dtype=torch.float64)
     assert ours[n * 3 + 4] == 0.0
     assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6), (ours - theirs).abs().max()
+
+
+def test_trl_preset_with_one_reward_column_has_trls_signs_of_zero(cli, tmp_path):
+    """A -0.0 reward in a group whose mean is 0: TRL's own block (nansum adds even one function
+    to +0.0) gives +0.0, and so must --preset trl, bit for bit, sign included."""
+    from tests.trainer_source import trl_advantages
+
+    rewards = [-1.0, 1.0, -0.0, 0.0, -0.0, -0.0, 1.0, 0.0]
+    per_func = torch.tensor(rewards, dtype=torch.float32).unsqueeze(1)
+    own = trl_advantages(per_func, [1.0], 4)
+    table = pa.table({"group_id": [0] * 4 + [1] * 4, "r": pa.array(rewards, pa.float32())})
+    pq.write_table(table, tmp_path / "in.parquet")
+    result = cli(
+        "compute", tmp_path / "in.parquet", "-o", tmp_path / "o.parquet", "--preset", "trl", "-r", "r"
+    )
+    assert result.exit_code == 0, result.stderr
+    got = torch.tensor(
+        pq.read_table(tmp_path / "o.parquet").column("advantage").to_pylist(), dtype=torch.float32
+    )
+    assert torch.equal(torch.signbit(got), torch.signbit(own)), (got.tolist(), own.tolist())
+    assert got.tolist() == own.tolist()
