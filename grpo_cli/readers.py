@@ -598,12 +598,10 @@ class _ScannedJsonl:
         self.shard = shard
         self.stop_after = stop_after
         self.handed_out = 0  # bytes of the chunks scanned and given to the reader
-        self.chunk_bytes = SCAN_CHUNK_BYTES
         self._files = contextlib.ExitStack()
-        self._handle = self._files.enter_context(_open_file(shard))
+        self._chunks = _line_chunks(self._files.enter_context(_open_file(shard)), SCAN_CHUNK_BYTES)
         self._chunk = b""
         self._at = 0
-        self._lines = 0  # lines in the chunks scanned so far
         self.closed = False
         self.error: GrpoError | None = None
         self.longest = 0
@@ -624,20 +622,18 @@ class _ScannedJsonl:
         if self.stop_after is not None and self.handed_out >= self.stop_after:
             return False
         try:
-            chunk = self._handle.read(self.chunk_bytes)
-            chunk += self._handle.readline()  # whole lines only
+            line_offset, chunk = next(self._chunks, (0, b""))
         except _FILE_ERRORS as exc:
             self.error = _file_error(self.shard, exc)
             return False
         if not chunk:
             return False
         try:
-            self.longest = max(self.longest, _scan_nesting(self.shard, chunk, self._lines))
+            self.longest = max(self.longest, _scan_nesting(self.shard, chunk, line_offset))
         except GrpoError as error:
             self.error = error  # pyarrow is given nothing of this chunk
             return False
-        self.integer_lines += _long_integer_lines(chunk, self._lines)
-        self._lines += chunk.count(b"\n")
+        self.integer_lines += _long_integer_lines(chunk, line_offset)
         self._chunk, self._at = chunk, 0
         self.handed_out += len(chunk)
         return True
@@ -878,6 +874,20 @@ def csv_line_of_record(shard: Shard, record: int) -> int | None:
     return None
 
 
+def _line_chunks(handle: IO[bytes], chunk_bytes: int) -> Iterator[tuple[int, bytes]]:
+    """A file of lines in chunks of whole lines (``chunk_bytes``, then the rest of the line it
+    ends in), each with the number of lines before it.
+
+    >>> list(_line_chunks(io.BytesIO(b"ab\\ncd\\ne"), 1))
+    [(0, b'ab\\n'), (1, b'cd\\n'), (2, b'e')]
+    """
+    line_offset = 0
+    while chunk := handle.read(chunk_bytes):
+        chunk += handle.readline()
+        yield line_offset, chunk
+        line_offset += chunk.count(b"\n")
+
+
 def _is_schema_drift(exc: Exception) -> bool:
     """Whether pyarrow refused a later block of a JSON lines file for its types (a number then a
     string, an integer then a float, a new field), not for its text."""
@@ -890,11 +900,7 @@ def unify_jsonl_schema(shard: Shard, chunk_bytes: int = 32 << 20) -> pa.Schema:
     recorded on the shard (``shard.found.schema``) for the run's next attempt."""
     schemas = []
     with _open_jsonl(shard) as handle:
-        while True:
-            chunk = handle.read(chunk_bytes)
-            if not chunk:
-                break
-            chunk += handle.readline()  # finish the last line
+        for _, chunk in _line_chunks(handle, chunk_bytes):
             if not chunk.strip():
                 continue
             try:
@@ -924,15 +930,9 @@ def _check_exact_integers(shard: Shard, schema: pa.Schema, chunk_bytes: int = 32
     key = str(schema)
     if not _floating(schema) or key in shard.found.exact_integers:
         return
-    line_offset = 0
     with _open_jsonl(shard) as handle:
-        while True:
-            chunk = handle.read(chunk_bytes)
-            if not chunk:
-                break
-            chunk += handle.readline()
+        for line_offset, chunk in _line_chunks(handle, chunk_bytes):
             _check_integer_lines(shard, schema, _long_integer_lines(chunk, line_offset))
-            line_offset += chunk.count(b"\n")
     shard.found.exact_integers.add(key)
 
 
@@ -1113,16 +1113,11 @@ def _check_jsonl_nesting(shard: Shard, chunk_bytes: int = 32 << 20) -> None:
     pyarrow's parser sees it: about 20,000 levels overflow its stack (a segfault). Notes the
     longest line in ``shard.found``: pyarrow's read block must hold a whole line. (A file that
     streams from disk is scanned as pyarrow reads it: :class:`_ScannedJsonl`.)"""
-    line_offset = longest = 0
+    longest = 0
     with _open_jsonl(shard) as handle:
-        while True:
-            chunk = handle.read(chunk_bytes)
-            if not chunk:
-                shard.found.longest_line = longest
-                return
-            chunk += handle.readline()
+        for line_offset, chunk in _line_chunks(handle, chunk_bytes):
             longest = max(longest, _scan_nesting(shard, chunk, line_offset))
-            line_offset += chunk.count(b"\n")
+    shard.found.longest_line = longest
 
 
 def _scan_nesting(shard: Shard, chunk: bytes, line_offset: int) -> int:

@@ -101,7 +101,6 @@ class RewardReader:
                     "it must be numeric"
                 )
             types.append(column_type)
-        self.output_dtype = advantage_dtype(types)
         single = len(self.specs) == 1 and self.specs[0].weight == 1.0
         # TRL's nansum adds even one column to +0.0, which turns a -0.0 reward into +0.0
         self.native = single and pa.types.is_floating(types[0]) and self.shaping is None and not self.nansum

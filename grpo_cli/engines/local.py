@@ -807,7 +807,7 @@ class LocalEngine:
                     batch, reader, ids, outcome, active_device, shard_row, global_row
                 )
                 result = plan.finish(result, batch_ids, outcome, scored=rewards.combined_valid).to(
-                    reader.output_dtype
+                    plan.output_dtype(batch.schema)
                 )
                 figures.observe(batch, result, rewards.combined, ids, shard, shard_row)
                 if writer is not None or spliced is not None:

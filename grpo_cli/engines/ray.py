@@ -693,7 +693,7 @@ def block_advantages(
         record, reader, as_tensor(ids_np), outcome, active_device=outcome.active, first_row=part.start
     )
     advantages = plan.finish(result, batch_ids, outcome, scored=rewards.combined_valid).to(
-        reader.output_dtype
+        plan.output_dtype(record.schema)
     )
     ids = torch.from_numpy(ids_np)
     arrays = new_column_arrays(advantages, outcome.active[ids], ids_np, outcome.group_columns)
