@@ -202,6 +202,26 @@ def test_max_inactive_fraction_by_step_fails_naming_the_steps(cli: Any, tmp_path
     assert passing.exit_code == 0, passing.stderr
 
 
+@pytest.mark.parametrize("failing_steps", [8, 9])
+def test_max_inactive_fraction_by_step_names_eight_values_then_an_ellipsis(
+    cli: Any, tmp_path: Path, failing_steps: int
+) -> None:
+    rows = [
+        {"step": step, "uid": f"{step}-{g}", "reward": 1.0 if step <= failing_steps else float(i % 2)}
+        for step in range(1, 12)
+        for g in range(2)
+        for i in range(2)
+    ]
+    path = tmp_path / "steps.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    result = cli("check", path, "-g", "uid", "--by", "step", "--max-inactive-fraction", "0.5")
+    assert result.exit_code == 1, result.stderr
+    line = next(x for x in result.stderr.splitlines() if x.startswith("FAIL  max-inactive-fraction by step"))
+    named = ", ".join(f"step {step} (100.0%)" for step in range(1, 9))
+    suffix = ", ..." if failing_steps > 8 else ""
+    assert line.endswith(f"{failing_steps} of 11 values above (bound <= 0.5 in every value): {named}{suffix}")
+
+
 def test_a_group_across_two_values_is_refused_in_one_line(cli: Any, tmp_path: Path) -> None:
     rows = [{"uid": "a", "step": 1, "reward": 1.0}, {"uid": "a", "step": 2, "reward": 0.0}]
     path = tmp_path / "split.parquet"
