@@ -9,6 +9,7 @@ binary groups, tiny spreads, singletons.
 from __future__ import annotations
 
 import json
+import os
 import random
 import types
 import warnings
@@ -34,7 +35,7 @@ FRACTIONS = (0.1, 0.2, 0.3, 0.7, 0.7804687, 0.9, 1 / 3)
 
 def groups_of(seed: int, *, size: int | None = None) -> list[list[float]]:
     """Constant groups of fractional values (float32-rounded half the time), binary groups,
-    groups one ulp or 1e-7 apart, singletons."""
+    groups one ulp or 1e-7 apart, singletons, spreads at the rules' tolerances."""
     rng = random.Random(seed)
     out = []
     for v in FRACTIONS:
@@ -52,6 +53,13 @@ def groups_of(seed: int, *, size: int | None = None) -> list[list[float]]:
         else:
             base = rng.choice(FRACTIONS)
             out.append([base + rng.choice((0.0, 1e-7, 2e-6)) for _ in range(n)])
+    # spreads within 10% of the rules' 1e-6 tolerances (on max - min, or on the std of two
+    # alternating values), where float32 and float64 arithmetic decide differently
+    for base in (0.1, 0.9):
+        for spread in (1e-6, 2e-6):
+            for j in range(-20, 21):
+                step = spread * (1 + j / 200)
+                out.append([base + step * (i % 2) for i in range(size or 8)])
     return out
 
 
@@ -428,3 +436,42 @@ def test_check_slime_fallback_names_the_uneven_step(cli: Any, tmp_path: Path) ->
         result.stderr
     )
     assert "step 1:" not in result.stderr
+
+
+DECISIONS = Path(__file__).parent / "snapshots" / "trainer-filter-decisions.json"
+
+
+def _decisions() -> dict[str, str]:
+    """Every rule's decisions on fixed groups, as strings of 0 and 1: each group in float64 and
+    in float32, NeMo-RL's per-row rule, and the batch rules on batches of 7 groups."""
+    groups = groups_of(11) + groups_of(12, size=2) + groups_of(13, size=8)
+    batches = [groups[i : i + 7] for i in range(0, len(groups), 7)]
+
+    def bits(values: Any) -> str:
+        return "".join("1" if bool(v) else "0" for v in values)
+
+    out = {}
+    for name, rule in FILTERS.items():
+        for dtype in (np.float64, np.float32):
+            out[f"{name} {np.dtype(dtype).name}"] = bits(ours(name, groups, dtype))
+        if rule.rows is not None:
+            out[f"{name} rows"] = bits(np.concatenate([rule.rows(np.array(g)) for g in groups]))
+        if rule.batch_rule is not None:
+            rows = [rule.batch_rule([np.array(g) for g in batch]) for batch in batches]
+            out[f"{name} batches"] = bits(np.concatenate(rows))
+    return out
+
+
+def test_every_rule_gives_the_decisions_its_trainers_code_gave() -> None:
+    """The tests above run each rule beside its trainer's code, where a mirror of the trainer is
+    present. This one holds every rule to the decisions recorded when they agreed (rewrite them
+    with ``UPDATE_SNAPSHOTS=1`` where the mirrors are, after those tests pass), so that a change
+    to a rule fails on a machine without the mirrors too."""
+    found = _decisions()
+    if os.environ.get("UPDATE_SNAPSHOTS"):
+        DECISIONS.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
+    recorded = json.loads(DECISIONS.read_text())
+    assert found.keys() == recorded.keys()
+    for key, bits in recorded.items():
+        differ = [i for i, (a, b) in enumerate(zip(found[key], bits, strict=True)) if a != b]
+        assert not differ, f"{key}: decisions differ at groups {differ[:10]}"
