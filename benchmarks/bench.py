@@ -225,6 +225,58 @@ def bench_files(rows: int, group_size: int, repeats: int, data_dir: Path) -> Non
     out.unlink(missing_ok=True)
 
 
+def bench_keys(rows: int, group_size: int, repeats: int, data_dir: Path) -> None:
+    """Exact group IDs for a column of shuffled 32-character uids: grpo-cli's key index against
+    the native hash tables a library offers, each checked to give the same partition."""
+    import polars as pl
+    import pyarrow.compute as pc
+    import torch
+
+    from grpo_cli.keys import GroupKeyIndex
+
+    column = pq.read_table(write_layouts(data_dir, rows, group_size)["shuffled uid strings"]).column(0)
+    column = column.combine_chunks()
+    chunk = 1 << 21
+
+    def grpo(chunk_rows: int) -> np.ndarray:
+        index = GroupKeyIndex(["uid"])
+        parts = [index.encode([column.slice(i, chunk_rows)]) for i in range(0, len(column), chunk_rows)]
+        return np.concatenate(parts)
+
+    def first_appearance(ids: np.ndarray) -> np.ndarray:
+        _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+        rank = np.empty(first.size, dtype=np.int64)
+        rank[np.argsort(first)] = np.arange(first.size)
+        return rank[inverse]
+
+    series = pl.from_arrow(column)
+    frame = pl.DataFrame({"uid": series})
+    contenders: dict[str, Callable[[], np.ndarray]] = {
+        f"grpo-cli, {chunk >> 20}Mi-row chunks": lambda: grpo(chunk),
+        "grpo-cli, one call": lambda: grpo(len(column)),
+        "pyarrow dictionary_encode": lambda: pc.dictionary_encode(column).indices.to_numpy(),
+        "polars cast(Categorical)": lambda: series.cast(pl.Categorical).to_physical().to_numpy(),
+        "polars first row over(uid)": lambda: (
+            frame.with_row_index("row").select(pl.col("row").first().over("uid")).to_series().to_numpy()
+        ),
+        "hash + torch.unique, unchecked": lambda: torch.unique(
+            torch.from_numpy(series.hash(0).to_numpy().view(np.int64).copy()), return_inverse=True
+        )[1].numpy(),
+    }
+    expected = grpo(chunk)
+    results = {}
+    for name, job in contenders.items():
+        if not np.array_equal(first_appearance(job()), expected):  # the first call warms up, too
+            raise SystemExit(f"{name}: not the same groups as grpo-cli's")
+        results[name] = best_of(repeats, job)
+    table_rows(
+        f"exact group IDs, {rows:,} shuffled 32-character uids ({rows // group_size:,} groups), in memory",
+        rows,
+        results,
+        [f"grpo-cli, {chunk >> 20}Mi-row chunks"],
+    )
+
+
 def file_contenders(src: Path, out: Path, repeats: int) -> tuple[dict[str, float], str]:
     results = {
         "I/O floor: pyarrow": best_of(repeats, lambda: io_floor_pyarrow(src, out)),
@@ -661,7 +713,7 @@ def main() -> None:
     parser.add_argument("--dump-rows", type=int, default=400_000)
     parser.add_argument(
         "--only",
-        choices=["kernel", "files", "dump", "memory", "imports", "jsonl", "ray", "estimators"],
+        choices=["kernel", "keys", "files", "dump", "memory", "imports", "jsonl", "ray", "estimators"],
         action="append",
     )
     args = parser.parse_args()
@@ -671,13 +723,25 @@ def main() -> None:
         f"grpo-cli benchmarks: python {sys.version.split()[0]}, torch {torch.__version__}, "
         f"{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads"
     )
-    sections = args.only or ["imports", "jsonl", "kernel", "dump", "files", "memory", "estimators", "ray"]
+    sections = args.only or [
+        "imports",
+        "jsonl",
+        "kernel",
+        "keys",
+        "dump",
+        "files",
+        "memory",
+        "estimators",
+        "ray",
+    ]
     if "imports" in sections:
         bench_imports()
     if "jsonl" in sections:
         bench_jsonl_reads(args.data_dir)
     if "kernel" in sections:
         bench_kernel(args.rows, args.group_size, args.repeats)
+    if "keys" in sections:
+        bench_keys(args.rows, args.group_size, args.repeats, args.data_dir)
     if "dump" in sections:
         bench_dump(args.dump_rows, args.repeats, args.data_dir)
     if "files" in sections:
