@@ -371,3 +371,15 @@ def test_advantage_range_reads_past_an_empty_row_group(tmp_path):
     if pq.read_metadata(path).num_row_groups < 3:
         pytest.skip("this pyarrow does not write empty row groups")
     assert advantage_range([path], "advantage") == (0.5, 8.5)
+
+
+def test_repeated_map_keys_are_looked_for_in_a_slices_own_rows_only() -> None:
+    from grpo_cli.output import _refuse_repeated_map_keys
+
+    maps = pa.array(
+        [[("a", 1)], [("b", 1)], [("c", 1), ("c", 2)]], type=pa.map_(pa.string(), pa.int64())
+    )
+    _refuse_repeated_map_keys(maps.slice(0, 2), "meta", "out.jsonl")  # the repeated key lies past it
+    _refuse_repeated_map_keys(maps.slice(1, 1), "meta", "out.jsonl")
+    with pytest.raises(GrpoError, match="column 'meta' holds a map with the key 'c' twice in a row"):
+        _refuse_repeated_map_keys(maps.slice(1, 2), "meta", "out.jsonl")
