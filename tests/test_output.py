@@ -376,9 +376,7 @@ def test_advantage_range_reads_past_an_empty_row_group(tmp_path):
 def test_repeated_map_keys_are_looked_for_in_a_slices_own_rows_only() -> None:
     from grpo_cli.output import _refuse_repeated_map_keys
 
-    maps = pa.array(
-        [[("a", 1)], [("b", 1)], [("c", 1), ("c", 2)]], type=pa.map_(pa.string(), pa.int64())
-    )
+    maps = pa.array([[("a", 1)], [("b", 1)], [("c", 1), ("c", 2)]], type=pa.map_(pa.string(), pa.int64()))
     _refuse_repeated_map_keys(maps.slice(0, 2), "meta", "out.jsonl")  # the repeated key lies past it
     _refuse_repeated_map_keys(maps.slice(1, 1), "meta", "out.jsonl")
     with pytest.raises(GrpoError, match="column 'meta' holds a map with the key 'c' twice in a row"):

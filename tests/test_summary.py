@@ -16,7 +16,15 @@ from grpo_cli.kernel import group_stats
 from grpo_cli.plan import GroupOutcome, RunPlan
 from grpo_cli.report import check_lines, render_compact, render_plain
 from grpo_cli.sources import Shard
-from grpo_cli.summary import TOP_INACTIVE_VALUES, RunSummary, build_summary, input_info
+from grpo_cli.summary import (
+    SIZE_COUNTS_SHOWN,
+    TOP_INACTIVE_VALUES,
+    RunSummary,
+    _size_counts,
+    build_summary,
+    grouping_warnings,
+    input_info,
+)
 
 # group 0 active (1, 3); group 1 constant 4; group 2 a singleton 7; group 3 constant 0
 REWARDS = [1.0, 3.0, 4.0, 4.0, 7.0, 0.0, 0.0, 0.0]
@@ -343,6 +351,11 @@ def test_the_json_summary_keeps_its_documented_keys_and_precision():
     assert data["group_size"] == {"min": 1, "median": 2, "max": 3}
     assert data["group_size_counts"] == {"1": 1, "2": 2, "3": 2}
     assert data["inactive_other_values"] == 0
+    assert data["off_size_groups"] == {
+        "common_size": 2,
+        "groups": 3,
+        "examples": [{"group": 2, "rows": 1}, {"group": 3, "rows": 3}, {"group": 4, "rows": 3}],
+    }
 
 
 @pytest.mark.parametrize(
@@ -362,3 +375,20 @@ def test_verify_check_counts_residue_only_under_strict(strict, found, bound, pas
     summary.verify = {"mismatched": 0, "residue": 0, "strict": strict}
     (result,) = evaluate_checks(summary, CheckBounds())
     assert result["value"] == "0 rows differ" and result["passed"] is True
+
+
+def test_size_counts_keep_the_most_common_sizes_and_the_smallest_on_a_tie():
+    twice = [s for s in range(1, 101) if s % 3 == 0]
+    once = [s for s in range(1, 101) if s % 3]
+    sizes = np.array(sorted([*twice, *twice, *once]))
+    shown = _size_counts(sizes)
+    expected = sorted([*twice, *once[: SIZE_COUNTS_SHOWN - len(twice)]])
+    assert [int(k) for k in shown] == expected
+    assert all(shown[str(s)] == 2 for s in twice)
+
+
+def test_grouping_warnings_name_the_group_size_option_and_see_merged_pairs():
+    singles = grouping_warnings(np.array([1, 1, 1, 2]), {"group_cols": [], "group_size": 8})
+    assert "the group key --group-size 8 seems to name rollouts" in singles[0]
+    merged = grouping_warnings(np.array([2] * 10 + [4, 6]), {"group_cols": ["prompt"]})
+    assert merged[0].startswith("2 of 12 groups have 2 or more times the 2 rows most groups have")
