@@ -624,3 +624,27 @@ def test_the_rounds_a_gpu_sums_in_give_the_cpus_serial_left_fold(sizes: str) -> 
     for group, value in zip(ids.tolist(), values.tolist(), strict=True):
         python[group] += value
     assert serial.tolist() == python
+
+
+@pytest.mark.parametrize("block_rows", [1, 3, 4, 100])
+def test_figures_of_chunks_cut_across_blocks_are_the_figures_of_all_rows(block_rows: int) -> None:
+    """Rows with lengths (OPO's figures) fed in chunks that the blocks cut: each block's rows
+    keep their own lengths, so the totals are those of all rows at once."""
+    import numpy as np
+
+    from grpo_cli.figures import FigureAccumulator, RowInputs, of_chunk, wanted
+
+    rng = np.random.default_rng(7)
+    ids = rng.integers(0, 5, size=13)
+    combined = rng.choice([0.0, 1.0, 0.5, np.nan], size=13)
+    rows = RowInputs(combined, ~np.isnan(combined), rng.integers(1, 50, size=13).astype(np.float64))
+    figures = wanted(("length_sums",))
+    accumulator = FigureAccumulator(figures, block_rows=block_rows)
+    for start, stop in ((0, 2), (2, 6), (6, 7), (7, 13)):
+        part = RowInputs(rows.combined[start:stop], rows.valid[start:stop], rows.lengths[start:stop])
+        accumulator.update(ids[start:stop], part)
+    totals = accumulator.compute()
+    expected = of_chunk(figures, ids, int(ids.max()) + 1, rows)
+    assert totals.keys() == expected.keys()
+    for name, values in expected.items():
+        np.testing.assert_allclose(totals[name], values, rtol=1e-12, err_msg=name)
