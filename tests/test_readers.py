@@ -7,6 +7,7 @@ Written against the mutants ``make mutation`` found alive in grpo_cli/readers.py
 from __future__ import annotations
 
 import gzip
+import io
 import json
 from pathlib import Path
 
@@ -751,7 +752,11 @@ def test_a_truncated_gzip_file_past_the_budget_is_refused_not_cut_short(cli, tmp
     path = tmp_path / "r.jsonl.gz"
     path.write_bytes(gzip.compress(rows.encode())[:-40])
     result = cli("compute", path, "-o", tmp_path / "out.parquet", "--memory-limit-mb", "0")
-    assert_one_line_error(result, "r.jsonl.gz: not a readable gzip file")
+    assert_one_line_error(
+        result,
+        "r.jsonl.gz: not a readable gzip file "
+        "(Compressed file ended before the end-of-stream marker was reached)",
+    )
     assert not (tmp_path / "out.parquet").exists()
 
 
@@ -857,3 +862,17 @@ def test_an_arrow_files_batches_hold_the_columns_asked_for(tmp_path):
     feather.write_feather(pa.table({"a": [1, 2, 3], "b": [4, 5, 6]}), path, compression="uncompressed")
     (batch,) = readers.iter_batches(shard_of(path, "arrow"), ["b"], 10)
     assert batch.schema.names == ["b"] and batch.column(0).to_pylist() == [4, 5, 6]
+
+
+def test_a_scanned_stream_stops_only_once_its_bytes_reach_stop_after(tmp_path, monkeypatch):
+    monkeypatch.setattr(readers, "SCAN_CHUNK_BYTES", 10)
+    text = "".join(json.dumps({"a": i}) + "\n" for i in range(100)).encode()
+    shard = _jsonl(tmp_path, [line for line in text.decode().splitlines()])
+    ends, source = [], io.BytesIO(text)  # each chunk: 10 bytes, then the rest of its line
+    while chunk := source.read(10):
+        chunk += source.readline()
+        ends.append((ends[-1] if ends else 0) + len(chunk))
+    for stop_after, expected in ((ends[3], ends[3]), (ends[3] + 1, ends[4])):
+        scanner = readers._ScannedJsonl(shard, stop_after=stop_after)
+        assert len(scanner.read(-1)) == expected, stop_after
+        scanner.close()
