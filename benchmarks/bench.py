@@ -249,7 +249,7 @@ def bench_keys(rows: int, group_size: int, repeats: int, data_dir: Path) -> None
         rank[np.argsort(first)] = np.arange(first.size)
         return rank[inverse]
 
-    series = pl.from_arrow(column)
+    series = pl.Series("uid", column)
     frame = pl.DataFrame({"uid": series})
     contenders: dict[str, Callable[[], np.ndarray]] = {
         f"grpo-cli, {chunk >> 20}Mi-row chunks": lambda: grpo(chunk),

@@ -868,7 +868,8 @@ def test_a_scanned_stream_stops_only_once_its_bytes_reach_stop_after(tmp_path, m
     monkeypatch.setattr(readers, "SCAN_CHUNK_BYTES", 10)
     text = "".join(json.dumps({"a": i}) + "\n" for i in range(100)).encode()
     shard = _jsonl(tmp_path, [line for line in text.decode().splitlines()])
-    ends, source = [], io.BytesIO(text)  # each chunk: 10 bytes, then the rest of its line
+    ends: list[int] = []
+    source = io.BytesIO(text)  # each chunk: 10 bytes, then the rest of its line
     while chunk := source.read(10):
         chunk += source.readline()
         ends.append((ends[-1] if ends else 0) + len(chunk))
