@@ -652,3 +652,19 @@ def test_a_prime_rl_record_without_its_group_or_step_is_refused(
     out = tmp_path / "out.parquet"
     assert_one_line_error(cli("compute", tmp_path, "--from", "prime-rl", "-o", out), fragment)
     assert not out.exists()
+
+
+def test_a_field_of_one_element_lists_names_the_first_line_that_is_not_one() -> None:
+    from grpo_cli.dumps import _one_element
+    from grpo_cli.errors import GrpoError
+
+    good = pa.table({"reward": [[1.0], [2.0], [3.0]]})
+    assert _one_element(good, "reward", "r.jsonl").to_pylist() == [1.0, 2.0, 3.0]
+    for values, line, count in (([[1.0], [2.0, 3.0], [4.0]], 2, 2), ([[1.0], [2.0], None], 3, None)):
+        with pytest.raises(GrpoError) as refused:
+            _one_element(pa.table({"reward": values}), "reward", "r.jsonl")
+        assert refused.value.message == (
+            f"r.jsonl, line {line}: the field reward holds {count} elements, not one"
+        )
+    with pytest.raises(GrpoError, match="r.jsonl: the field reward is double, not a one-element list"):
+        _one_element(pa.table({"reward": [1.0]}), "reward", "r.jsonl")
