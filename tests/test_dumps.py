@@ -666,5 +666,5 @@ def test_a_field_of_one_element_lists_names_the_first_line_that_is_not_one() -> 
         assert refused.value.message == (
             f"r.jsonl, line {line}: the field reward holds {count} elements, not one"
         )
-    with pytest.raises(GrpoError, match="r.jsonl: the field reward is double, not a one-element list"):
+    with pytest.raises(GrpoError, match=r"r\.jsonl: the field reward is double, not a one-element list"):
         _one_element(pa.table({"reward": [1.0]}), "reward", "r.jsonl")
