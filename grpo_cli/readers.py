@@ -1023,9 +1023,11 @@ def _jsonl_error(shard: Shard, exc: BaseException) -> GrpoError:
         path = column.split("/")
         changed = _type_change_line(shard, path, before, after)
         if changed is not None:
+            line, first = changed
+            where = f"{shard.record_word} {first}" if first < line else "the same line, before it,"
             return GrpoError(
-                f"{shard.display}, {shard.record_word} {changed}: column {'.'.join(path)!r} holds "
-                f"{_a(after)} where a line before it holds {_a(before)}; a column's values must share a type"
+                f"{shard.display}, {shard.record_word} {line}: column {_path_text(path)!r} holds "
+                f"{_a(after)} where {where} holds {_a(before)}; a column's values must share a type"
             )
     return GrpoError(f"{shard.display}: cannot read the JSONL file ({first_line(exc)})")
 
@@ -1043,21 +1045,42 @@ def _json_kind(value: Any) -> str:
     return next(kind for kind, types in _JSON_KINDS.items() if isinstance(value, types))
 
 
-def _type_change_line(shard: Shard, path: list[str], before: str, after: str) -> int | None:
-    """The first line whose value at ``path`` is of kind ``after`` once a line before it held
-    one of kind ``before``."""
-    seen_before = False
+def _path_text(path: list[str]) -> str:
+    """pyarrow's column path (``a/[]/b``, ``[]`` for a list's elements) as ``a[].b``."""
+    text = ""
+    for key in path:
+        text += key if key == "[]" or not text else f".{key}"
+    return text
+
+
+def _kinds_at(value: Any, path: list[str]) -> Iterator[str]:
+    """The kinds of the values at ``path`` within one record, in the order the text gives them;
+    ``[]`` steps into each element of a list."""
+    if not path:
+        yield _json_kind(value)
+        return
+    key, rest = path[0], path[1:]
+    if key == "[]":
+        for item in value if isinstance(value, list) else ():
+            yield from _kinds_at(item, rest)
+    else:
+        yield from _kinds_at(value.get(key) if isinstance(value, dict) else None, rest)
+
+
+def _type_change_line(shard: Shard, path: list[str], before: str, after: str) -> tuple[int, int] | None:
+    """The first line with a value at ``path`` of kind ``after`` once a value of kind ``before``
+    came before it (on an earlier line or earlier on the same one), and the line of that first
+    ``before``."""
+    first_before: int | None = None
     with _open_jsonl(shard) as handle:
         for number, raw in enumerate(handle, start=1):
             if not raw.strip():
                 continue
-            value: Any = json.loads(raw)
-            for key in path:
-                value = value.get(key) if isinstance(value, dict) else None
-            kind = _json_kind(value)
-            if kind == after and seen_before:
-                return number
-            seen_before = seen_before or kind == before
+            for kind in _kinds_at(json.loads(raw), path):
+                if kind == after and first_before is not None:
+                    return number, first_before
+                if kind == before and first_before is None:
+                    first_before = number
     return None
 
 

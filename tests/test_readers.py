@@ -589,17 +589,33 @@ def test_a_row_range_of_a_bad_file_is_one_line(tmp_path):
     [
         (  # within the first block, which opening the file infers from
             [{"group_id": 1, "reward": 1}, {"group_id": 1, "reward": "a"}],
-            "r.jsonl, line 2: column 'reward' holds a string where a line before it holds a number",
+            "r.jsonl, line 2: column 'reward' holds a string where line 1 holds a number",
         ),
         (  # in a later block: found while typing the whole file, placed on its line
             [{"group_id": 1, "reward": 1, "pad": "x" * 100}] * 90_000
             + [{"group_id": 1, "reward": {"a": 1}}]
             + [{"group_id": 1, "reward": 0}],
-            "r.jsonl, line 90001: column 'reward' holds an object where a line before it holds a number",
+            "r.jsonl, line 90001: column 'reward' holds an object where line 1 holds a number",
         ),
         (  # a nested field
             [{"group_id": 1, "meta": {"score": [1]}}, {"group_id": 1, "meta": {"score": True}}],
-            "r.jsonl, line 2: column 'meta.score' holds a boolean where a line before it holds an array",
+            "r.jsonl, line 2: column 'meta.score' holds a boolean where line 1 holds an array",
+        ),
+        (  # a list's elements, on a later line: pyarrow names the record 0-based ("in row 2")
+            [{"group_id": 1, "mask": [1]}, {"group_id": 1, "mask": [1]}, {"group_id": 1, "mask": ["x"]}],
+            "r.jsonl, line 3: column 'mask[]' holds a string where line 1 holds a number",
+        ),
+        (  # within one line
+            [{"group_id": 1, "mask": []}, {"group_id": 1, "mask": [1, True]}],
+            "r.jsonl, line 2: column 'mask[]' holds a boolean where the same line, before it, holds a number",
+        ),
+        (  # a list of lists (NeMo-RL's token masks), and a field of a list's structs
+            [{"group_id": 1, "mask": [[1, 0]], "m": [{"s": 1}]}, {"group_id": 1, "mask": [[True]], "m": []}],
+            "r.jsonl, line 2: column 'mask[][]' holds a boolean where line 1 holds a number",
+        ),
+        (
+            [{"group_id": 1, "m": [{"s": 1}, {"t": 2}]}, {"group_id": 1, "m": [{"s": "x"}]}],
+            "r.jsonl, line 2: column 'm[].s' holds a string where line 1 holds a number",
         ),
     ],
 )
@@ -812,16 +828,28 @@ def test_pyarrows_json_block_grows_in_powers_of_two_past_the_longest_line(tmp_pa
 
 
 @pytest.mark.parametrize(
-    ("lines", "before", "after", "line"),
+    ("lines", "before", "after", "found"),
     [
-        (['{"x": "a"}', '{"x": 1}', '{"x": "b"}'], "number", "string", 3),  # a string before any number
-        (['{"x": 1}', "", '{"x": "b"}'], "number", "string", 3),  # past a blank line
-        (['{"m": 5}', '{"m": {"s": [1]}}', '{"m": {"s": true}}'], "array", "boolean", 3),
+        (['{"x": "a"}', '{"x": 1}', '{"x": "b"}'], "number", "string", (3, 2)),  # a string before any number
+        (['{"x": 1}', "", '{"x": "b"}'], "number", "string", (3, 1)),  # past a blank line
+        (['{"m": 5}', '{"m": {"s": [1]}}', '{"m": {"s": true}}'], "array", "boolean", (3, 2)),
+        (['{"x": [1]}', '{"x": 2}', '{"x": [2, "a"]}'], "number", "string", (3, 1)),  # a list's elements
+        (['{"x": []}', '{"x": ["a", 1, "b"]}'], "number", "string", (2, 2)),  # within one line
+        (['{"x": [{"y": 1}]}', '{"x": [{"z": "a"}]}'], "number", "string", None),  # another field
     ],
 )
-def test_the_line_where_a_column_changes_type(tmp_path, lines, before, after, line):
+def test_the_line_where_a_column_changes_type(tmp_path, lines, before, after, found):
     path = ["m", "s"] if lines[0].startswith('{"m"') else ["x"]
-    assert readers._type_change_line(_jsonl(tmp_path, lines), path, before, after) == line
+    if "[" in lines[0]:
+        path = ["x", "[]", "y"] if "y" in lines[0] else ["x", "[]"]
+    assert readers._type_change_line(_jsonl(tmp_path, lines), path, before, after) == found
+
+
+def test_a_column_path_reads_as_its_fields_and_list_elements():
+    assert readers._path_text(["reward"]) == "reward"
+    assert readers._path_text(["meta", "score"]) == "meta.score"
+    assert readers._path_text(["mask", "[]", "[]"]) == "mask[][]"
+    assert readers._path_text(["m", "[]", "s", "[]"]) == "m[].s[]"
 
 
 def test_json_kinds_are_pyarrows_words():
