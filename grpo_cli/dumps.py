@@ -24,6 +24,7 @@ SkyRL's training pickle is refused unopened. The user's files are never written.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -959,44 +960,85 @@ def _reward_functions(dump: DumpFormat, shard: Shard) -> list[str]:
 
 
 def _blocks(rule: ConsecutiveBlocks, shards: list[Shard], given: int | None, notes: list[str]) -> int:
-    """The group size of a dump whose groups are consecutive blocks in each file: ``given``,
-    or the greatest common divisor of the runs of equal prompts; each file must be whole groups."""
-    runs: list[int] = []
-    inner: list[int] = []  # runs neither first nor last in their file: a cut batch cannot shorten them
-    rows: list[int] = []
-    for shard in shards:
-        prompts = _whole_table(shard, [rule.prompt]).column(0)
-        rows.append(len(prompts))
-        lengths = _run_lengths(prompts)
-        runs += lengths
-        inner += lengths[1:-1]
+    """The group size of a dump whose groups are consecutive blocks in each file (see
+    :func:`_block_size`), read from the files' runs of equal prompts."""
+    from grpo_cli.readers import describe_row
+
+    files = [
+        (
+            shard.display,
+            _run_lengths(_whole_table(shard, [rule.prompt]).column(0)),
+            functools.partial(describe_row, shard),
+        )
+        for shard in shards
+    ]
+    return _block_size(rule.prompt, files, given, "--group-size", notes)
+
+
+def _block_size(
+    prompt: str,
+    files: list[tuple[str, list[int], Callable[[int], str]]],
+    given: int | None,
+    option: str,
+    notes: list[str],
+) -> int:
+    """``given``, or the greatest common divisor of the runs of equal ``prompt`` values; each
+    file (its name, its runs' lengths, and how a row of it is named) must be whole groups, and
+    no group may hold two prompts.
+
+    Blocks start at each file's first row, so a group holds one prompt only where every run,
+    the first and last of a file among them, is a whole number of groups: the divisor of all
+    runs is the largest size that puts no two prompts in one group. Where the runs inside the
+    files agree on a size that a file's first or last run breaks (a generation batch cut
+    across two files), that size is taken so that the file is named.
+
+    >>> _block_size("prompt", [("a", [8, 16, 8], str)], None, "--group-size", notes := [])
+    8
+    >>> notes[1].split(";")[0]
+    '1 run(s) of one prompt span several groups of 8 (a prompt drawn twice in a row)'
+    """
+    runs = [run for _, lengths, _ in files for run in lengths]
     size = given
     if size is None:
-        size = math.gcd(*(inner or runs)) if runs else 0
+        size = math.gcd(*runs)
+        if size <= 1:
+            size = math.gcd(*(run for _, lengths, _ in files for run in lengths[1:-1]))
         if size <= 1:
             raise GrpoError(
-                f"{shards[0].display}: cannot tell num_generations from the dump (no two consecutive rows "
-                f"share a {rule.prompt}); give --group-size"
+                f"{files[0][0]}: cannot tell num_generations from the dump (no two consecutive rows "
+                f"share a {prompt}); give {option}"
             )
         longer = sum(1 for run in runs if run > size)
         notes.append(
-            f"group size {size}: told from the runs of equal {rule.prompt} (the dump does not "
+            f"group size {size}: told from the runs of equal {prompt} (the dump does not "
             "record num_generations)"
         )
         if longer:
             notes.append(
-                f"{longer} run(s) of one {rule.prompt} span several groups of {size} (a prompt "
+                f"{longer} run(s) of one {prompt} span several groups of {size} (a prompt "
                 "drawn twice in a row); "
                 "they are split by position, as the trainer groups them"
             )
-    for shard, count in zip(shards, rows, strict=True):
+    named = f" ({option})" if given is not None else ""
+    for name, lengths, where in files:
+        count = sum(lengths)
         if count % size:
             raise GrpoError(
-                f"{shard.display}: {count} rows are not a whole number of groups of {size} (the "
+                f"{name}: {count} rows are not a whole number of groups of {size} (the "
                 "trainer writes "
                 "whole generation batches): the file is truncated, or the group size is not "
-                f"{size}" + (" (--group-size)" if given is not None else "")
+                f"{size}{named}"
             )
+        start = 0
+        for run in lengths:
+            if start % size:
+                first = start - start % size
+                raise GrpoError(
+                    f"{where(start)}: a new {prompt} starts inside a group of {size} "
+                    f"(rows {first}-{first + size - 1} hold two): the "
+                    f"file is cut, or the group size is not {size}{named}"
+                )
+            start += run
     return size
 
 
@@ -1037,13 +1079,8 @@ def of_table(
     defaults = _defaults(dump)
     if isinstance(dump.group, ConsecutiveBlocks):
         runs = _run_lengths(table.column(dump.group.prompt))
-        size = group_size or math.gcd(*runs[1:-1] or runs)
-        if size <= 1 or table.num_rows % size:
-            raise GrpoError(
-                f"the table's {table.num_rows} rows are not whole groups of consecutive equal "
-                f"{dump.group.prompt} values; give group_size"
-            )
-        defaults["group_size"] = size
+        files = [("the table", runs, "the table, row {}".format)]
+        defaults["group_size"] = _block_size(dump.group.prompt, files, group_size, "group_size=", [])
         del defaults["group_col"]
         names = [f.name for f in table.schema if f.name not in dump.fields and pa.types.is_floating(f.type)]
         defaults["reward_col"] = names

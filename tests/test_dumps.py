@@ -22,7 +22,8 @@ import torch
 
 from grpo_cli import add_advantages
 from grpo_cli.config import resolve_config
-from grpo_cli.dumps import DUMPS, TRAINERS, open_dump, opened
+from grpo_cli.dumps import DUMPS, TRAINERS, of_table, open_dump, opened
+from grpo_cli.errors import GrpoError
 from grpo_cli.jobs import compute_dataset
 from tests.conftest import assert_one_line_error, bits, digest, one_line_error
 
@@ -220,6 +221,45 @@ def test_nemo_rl_tokens_that_disagree_fail_the_verification_on_their_row(cli: An
     assert "row 3" in result.stderr and "train_data_step2.jsonl" in result.stderr
 
 
+def _shorter(values: list[Any]) -> list[Any]:
+    return values[:-1]
+
+
+@pytest.mark.parametrize(
+    ("field", "edit", "reason"),
+    [
+        ("token_loss_mask", lambda v: v + v, "the field token_loss_mask holds 2 elements, not one"),
+        (
+            "advantages",
+            lambda v: [_shorter(v[0])],
+            "advantages and token_loss_mask differ in length ({n1} and {n})",
+        ),
+        (
+            "token_ids",
+            lambda v: [_shorter(v[0])],
+            "token_ids and token_loss_mask differ in length ({n1} and {n})",
+        ),
+        ("token_loss_mask", lambda v: [[0] * len(v[0])], "token_loss_mask keeps no token (no response)"),
+    ],
+)
+def test_a_nemo_rl_record_whose_token_lists_do_not_line_up_is_named_by_file_and_line(
+    field: str, edit: Any, reason: str, cli: Any, tmp_path: Path
+) -> None:
+    folder = tmp_path / "nemo"
+    shutil.copytree(folder_of("nemo-rl"), folder)
+    target = folder / "train_data_step2.jsonl"
+    lines = target.read_text().splitlines()
+    record = json.loads(lines[3])
+    tokens = len(record["token_loss_mask"][0])
+    record[field] = edit(record[field])
+    lines[3] = json.dumps(record)
+    target.write_text("\n".join(lines) + "\n")
+    assert_one_line_error(
+        cli("check", folder, "--from", "nemo-rl"),
+        f"{target}, line 4: " + reason.format(n=tokens, n1=tokens - 1),
+    )
+
+
 def test_explicit_options_override_what_the_dump_implies(cli: Any, tmp_path: Path) -> None:
     summary = tmp_path / "s.json"
     result = cli(
@@ -284,7 +324,6 @@ def test_the_table_api_reads_one_dump_file_held_in_memory(tmp_path: Path) -> Non
 
 
 def test_the_table_api_refuses_a_table_of_another_trainer() -> None:
-    from grpo_cli.errors import GrpoError
 
     trl = pq.read_table(folder_of("trl") / "completions" / "completions_00010.parquet")
     with pytest.raises(
@@ -421,7 +460,6 @@ def test_every_trainer_has_a_committed_dump() -> None:
 
 
 def test_open_dump_refuses_an_unknown_trainer() -> None:
-    from grpo_cli.errors import GrpoError
 
     with pytest.raises(GrpoError, match="not a trainer grpo-cli reads"):
         open_dump("openrlhf", [str(DUMP_ROOT / "verl")])
@@ -462,6 +500,89 @@ def test_key_before_rebuilds_verl_v1_groups_without_the_adapter(cli: Any, tmp_pa
     labels = [g for entry in TRUTH["verl-v1"]["files"].values() for g in entry["groups"]]
     assert json.loads(summary.read_text())["groups"] == len(set(labels))
     assert "the part of uid before the first '_', as group_key" in result.stderr
+
+
+def trl_groups(prompts: str) -> pa.Table:
+    """TRL's committed groups of 8, one per letter of ``prompts``, each given that letter's
+    prompt: equal letters side by side are a prompt drawn twice in a row."""
+    groups = pq.read_table(folder_of("trl") / "completions" / "completions_00010.parquet")
+    table = groups.slice(0, 8 * len(prompts))
+    index = table.schema.get_field_index("prompt")
+    return table.set_column(index, "prompt", pa.array([p for p in prompts for _ in range(8)]))
+
+
+def test_trl_group_size_divides_every_run_of_a_prompt_the_first_and_last_of_a_file_among_them(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "trl" / "completions"
+    folder.mkdir(parents=True)
+    # runs of 8, 16, 16, 8: the divisor of the inner runs alone (16) would put A and B in one group
+    pq.write_table(trl_groups("ABBCCD"), folder / "completions_00010.parquet")
+    # runs of 8 and 8, then 16: the second file's runs alone would give 16
+    pq.write_table(trl_groups("EF"), folder / "completions_00020.parquet")
+    pq.write_table(trl_groups("GG"), folder / "completions_00030.parquet")
+    with opened("trl", [str(folder.parent)]) as dump:
+        assert dump.group_size == 8
+        assert "3 run(s) of one prompt span several groups of 8 (a prompt drawn twice in a row)" in (
+            " ".join(dump.notes)
+        )
+        config = resolve_config({}, dump=dump.defaults)
+        summary = compute_dataset(dump.inputs, tmp_path / "out.parquet", config)
+    assert summary.groups == 10
+    assert add_advantages(trl_groups("ABBCCD"), from_="trl").num_rows == 48
+    for prompts in ("ABBCCD", "EF"):
+        _, defaults = of_table("trl", trl_groups(prompts))
+        assert defaults["group_size"] == 8, prompts
+    with pytest.raises(GrpoError) as refused:
+        add_advantages(trl_groups("ABBCCD"), from_="trl", group_size=16)
+    assert refused.value.message == (
+        "the table, row 8: a new prompt starts inside a group of 16 (rows 0-15 hold two): the file is "
+        "cut, or the group size is not 16 (group_size=)"
+    )
+
+
+def test_trl_group_size_cannot_be_told_when_no_two_rows_share_a_prompt(cli: Any, tmp_path: Path) -> None:
+    folder = tmp_path / "trl" / "completions"
+    folder.mkdir(parents=True)
+    table = trl_groups("AB")
+    table = table.set_column(
+        table.schema.get_field_index("prompt"), "prompt", pa.array([f"p{row}" for row in range(16)])
+    )
+    pq.write_table(table, folder / "completions_00010.parquet")
+    out = tmp_path / "out.parquet"
+    assert_one_line_error(
+        cli("compute", folder.parent, "--from", "trl", "-o", out),
+        "completions_00010.parquet: cannot tell num_generations from the dump (no two consecutive "
+        "rows share a prompt); give --group-size",
+    )
+    assert_one_line_error(
+        cli("compute", folder.parent, "--from", "trl", "--group-size", "8", "-o", out),
+        "completions_00010.parquet, row 1: a new prompt starts inside a group of 8 (rows 0-7 hold two): "
+        "the file is cut, or the group size is not 8 (--group-size)",
+    )
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("prompts", "rows", "given", "reason"),
+    [
+        # a generation batch cut across files: the inner runs tell 8, the edges break it
+        ("ABCDE", (3, 26), None, "00010.parquet: 26 rows are not a whole number of groups of 8"),
+        ("ABCD", (3, 24), None, "00010.parquet, row 5: a new prompt starts inside a group of 8 (rows 0-7"),
+        # a size that is a multiple of the true one puts two prompts in a group
+        ("ABBCCD", (0, 48), 16, "00010.parquet, row 8: a new prompt starts inside a group of 16 (rows 0-15"),
+    ],
+)
+def test_trl_blocks_that_would_hold_two_prompts_are_refused_and_named(
+    prompts: str, rows: tuple[int, int], given: int | None, reason: str, cli: Any, tmp_path: Path
+) -> None:
+    folder = tmp_path / "trl" / "completions"
+    folder.mkdir(parents=True)
+    pq.write_table(trl_groups(prompts).slice(*rows), folder / "completions_00010.parquet")
+    out = tmp_path / "out.parquet"
+    size = ["--group-size", str(given)] if given else []
+    assert_one_line_error(cli("compute", folder.parent, "--from", "trl", *size, "-o", out), reason)
+    assert not out.exists()
 
 
 def test_blocks_per_file_restart_at_each_file(cli: Any, tmp_path: Path) -> None:
@@ -656,7 +777,6 @@ def test_a_prime_rl_record_without_its_group_or_step_is_refused(
 
 def test_a_field_of_one_element_lists_names_the_first_line_that_is_not_one() -> None:
     from grpo_cli.dumps import _one_element
-    from grpo_cli.errors import GrpoError
 
     good = pa.table({"reward": [[1.0], [2.0], [3.0]]})
     assert _one_element(good, "reward", "r.jsonl").to_pylist() == [1.0, 2.0, 3.0]
