@@ -18,6 +18,7 @@ the longest top-level prefix is tried first.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -105,6 +106,94 @@ def is_numeric_type(data_type: pa.DataType) -> bool:
         or pa.types.is_boolean(data_type)
         or pa.types.is_decimal(data_type)
     )
+
+
+def is_text_type(data_type: pa.DataType) -> bool:
+    """Whether a column of ``data_type`` holds text: ``string``, ``large_string`` or
+    ``string_view`` (what polars writes to Arrow files)."""
+    return bool(
+        pa.types.is_string(data_type)
+        or pa.types.is_large_string(data_type)
+        or pa.types.is_string_view(data_type)
+    )
+
+
+def text_kernel_input(values: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Text ``values`` as pyarrow's text kernels take them: a ``string_view`` column, which
+    they do not, cast to ``large_string`` (the same characters).
+
+    >>> text_kernel_input(pa.array(["a_1"], pa.string_view())).type
+    DataType(large_string)
+    """
+    return values.cast(pa.large_string()) if pa.types.is_string_view(values.type) else values
+
+
+def without_views(data_type: pa.DataType) -> pa.DataType:
+    """``data_type`` with each string or binary view (polars' Arrow text), at any depth of a
+    struct, list or map, made its ``large_`` type: the same values, which pyarrow's take and
+    hash kernels accept.
+
+    >>> without_views(pa.struct([("p", pa.string_view()), ("n", pa.list_(pa.binary_view()))]))
+    StructType(struct<p: large_string, n: list<item: large_binary>>)
+    """
+    if pa.types.is_string_view(data_type):
+        return pa.large_string()
+    if pa.types.is_binary_view(data_type):
+        return pa.large_binary()
+    if pa.types.is_struct(data_type):
+        return pa.struct([f.with_type(without_views(f.type)) for f in data_type])
+    if pa.types.is_map(data_type):
+        return pa.map_(
+            data_type.key_field.with_type(without_views(data_type.key_type)),
+            data_type.item_field.with_type(without_views(data_type.item_type)),
+        )
+    if pa.types.is_fixed_size_list(data_type):
+        return pa.list_(
+            data_type.value_field.with_type(without_views(data_type.value_type)), data_type.list_size
+        )
+    if pa.types.is_list(data_type):
+        return pa.list_(data_type.value_field.with_type(without_views(data_type.value_type)))
+    if pa.types.is_large_list(data_type):
+        return pa.large_list(data_type.value_field.with_type(without_views(data_type.value_type)))
+    return data_type  # list views are left: pyarrow 26 casts a sliced one to invalid offsets
+
+
+def plain_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with :func:`without_views` applied to each field (its metadata kept)."""
+    return pa.schema([f.with_type(without_views(f.type)) for f in schema], metadata=schema.metadata)
+
+
+Rows = TypeVar("Rows", pa.Table, pa.RecordBatch, pa.Array, pa.ChunkedArray)
+
+
+def _through_plain_types(data: Rows, step: Callable[[Rows], Rows]) -> Rows:
+    """``step(data)``, with any string or binary views cast to their ``large_`` types for it
+    and back after: pyarrow 26 has no take or filter kernel for views."""
+    if isinstance(data, (pa.Table, pa.RecordBatch)):
+        schema = data.schema
+        plain = plain_schema(schema)
+        return step(data) if plain == schema else step(data.cast(plain)).cast(schema)
+    original = data.type
+    plain_type = without_views(original)
+    return step(data) if plain_type == original else step(data.cast(plain_type)).cast(original)
+
+
+def take_rows(data: Rows, indices: pa.Array | Sequence[int]) -> Rows:
+    """``data.take(indices)`` for columns of any type, views among them.
+
+    >>> take_rows(pa.table({"t": pa.array(["a", "b"], pa.string_view())}), [1, 1]).to_pydict()
+    {'t': ['b', 'b']}
+    """
+    return _through_plain_types(data, lambda plain: plain.take(indices))
+
+
+def filter_rows(data: Rows, mask: pa.Array | Sequence[bool]) -> Rows:
+    """``data.filter(mask)`` for columns of any type, views among them; the types are kept.
+
+    >>> filter_rows(pa.array(["a", "b"], pa.string_view()), pa.array([False, True])).type
+    DataType(string_view)
+    """
+    return _through_plain_types(data, lambda plain: plain.filter(mask))
 
 
 def holds_type(data_type: pa.DataType, leaf: Callable[[pa.DataType], bool]) -> bool:

@@ -40,6 +40,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from grpo_cli.choices import InputFormat
+from grpo_cli.columns import is_text_type, text_kernel_input
 from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.scratch import spool
 from grpo_cli.sources import InputSet, Shard
@@ -88,8 +89,9 @@ class KeyPrefix:
 
     def derive(self, table: pa.Table, file: str) -> pa.Table:
         values = table.column(self.column)
-        if not pa.types.is_string(values.type) and not pa.types.is_large_string(values.type):
+        if not is_text_type(values.type):
             raise GrpoError(f"{file}: the field {self.column} is {values.type}, not text")
+        values = text_kernel_input(values)
         if values.null_count:
             row = pc.index(pc.is_null(values), True).as_py()
             raise GrpoError(f"{file}, record {row + 1}: the field {self.column} is null")
@@ -977,7 +979,7 @@ def _blocks(rule: ConsecutiveBlocks, shards: list[Shard], given: int | None, not
 
 def _block_size(
     prompt: str,
-    files: list[tuple[str, list[int], Callable[[int], str]]],
+    files: Sequence[tuple[str, list[int], Callable[[int], str]]],
     given: int | None,
     option: str,
     notes: list[str],
@@ -1183,7 +1185,7 @@ def _parsed_json(table: pa.Table, column: str, label: str) -> pa.Table:
             f"{label}: --json-col {column!r} is not a column (columns: {', '.join(table.schema.names[:8])})"
         )
     values = table.column(column)
-    if not pa.types.is_string(values.type) and not pa.types.is_large_string(values.type):
+    if not is_text_type(values.type):
         raise GrpoError(f"{label}: --json-col {column!r} is {values.type}, not JSON text")
     parsed = []
     for row, text in enumerate(values.to_pylist()):

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from grpo_cli.columns import field_type, holds_type
+from grpo_cli.columns import field_type, holds_type, is_text_type, without_views
 
 
 def as_tensor(array: np.ndarray) -> torch.Tensor:
@@ -146,11 +146,7 @@ def key_kind(data_type: pa.DataType) -> str:
         return "integer"
     if pa.types.is_floating(data_type):
         return "floating point"
-    if (
-        pa.types.is_string(data_type)
-        or pa.types.is_large_string(data_type)
-        or pa.types.is_string_view(data_type)
-    ):
+    if is_text_type(data_type):
         return "string"
     if (
         pa.types.is_binary(data_type)
@@ -338,6 +334,7 @@ class GroupKeyIndex:
         columns = [a.cast(a.type.value_type) if pa.types.is_dictionary(a.type) else a for a in arrays]
         # compare temporal keys on their integer storage: Python objects drop nanoseconds
         columns = [c.cast(_storage_type(c.type)) if pa.types.is_temporal(c.type) else c for c in columns]
+        columns = [c if (plain := without_views(c.type)) == c.type else c.cast(plain) for c in columns]
         if self._types is None:
             self._types = [c.type for c in columns]
         else:

@@ -32,7 +32,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from grpo_cli.columns import holds_type
+from grpo_cli.columns import holds_type, without_views
 from grpo_cli.errors import GrpoError, os_reason
 from grpo_cli.file_names import PROVENANCE_KEY, READ_SUFFIXES, output_format
 from grpo_cli.guard import Claim
@@ -253,6 +253,7 @@ def _refuse_repeated_map_keys(column: pa.Array, name: str, label: str) -> None:
         return
     rows = np.repeat(np.arange(len(column)), np.diff(offsets))
     keys = column.keys.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    keys = keys.cast(without_views(keys.type))
     pairs = pa.table({"row": rows, "key": keys})
     counts = pairs.group_by(["row", "key"]).aggregate([([], "count_all")])
     repeated = pc.greater(counts.column("count_all"), 1)

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import torch
 
 from grpo_cli.choices import RewardSum
-from grpo_cli.columns import column_of, field_type, is_numeric_type
+from grpo_cli.columns import column_of, field_type, is_numeric_type, is_text_type, text_kernel_input
 from grpo_cli.errors import GrpoError
 from grpo_cli.kernel import Normalization, apply_normalization
 from grpo_cli.keys import arrow_of, as_tensor, numpy_of
@@ -151,7 +151,8 @@ class RewardReader:
             )
         if pa.types.is_boolean(array.type):
             flags = array
-        elif pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
+        elif is_text_type(array.type):
+            array = text_kernel_input(array)
             if pc.all(pc.match_substring_regex(array, _FLAG_TEXT, ignore_case=True)).as_py():
                 flags = pc.not_equal(numbers_from_text(array, name, self.shard, first_row), 0.0)
             else:

@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from grpo_cli.choices import Preset
+from grpo_cli.columns import take_rows
 from grpo_cli.config import ComputeConfig, resolve_config
 from grpo_cli.errors import GrpoError
 from grpo_cli.jobs import check_table, compute_table, summarize_table
@@ -272,7 +273,7 @@ def _rebuild(kind: str, data: Any, new: dict[str, pa.Array], kept: pa.Array | No
     if kind in ("arrow", "arrow-batch"):
         table = data if kind == "arrow" else pa.Table.from_batches([data])
         if kept is not None:
-            table = table.take(kept)
+            table = take_rows(table, kept)
         for name, column in new.items():
             table = table.append_column(name, column)
         if kind == "arrow":

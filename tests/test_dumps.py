@@ -360,7 +360,11 @@ def test_a_missing_step_is_refused_and_named(cli: Any, tmp_path: Path) -> None:
     shutil.copytree(folder_of("verl"), folder)
     (folder / "2.jsonl").unlink()
     out = tmp_path / "out.parquet"
-    assert_one_line_error(cli("compute", folder, "--from", "verl", "-o", out), "step 2 is missing")
+    assert_one_line_error(
+        cli("compute", folder, "--from", "verl", "-o", out),
+        f"{folder}: step 2 is missing (verl writes one file per step; the folder holds steps 1-3 but "
+        "not 2); name the files to read to skip it",
+    )
     assert not out.exists()
     named = cli("check", folder / "1.jsonl", folder / "3.jsonl", "--from", "verl")
     assert named.exit_code == 0, named.stderr
@@ -406,6 +410,68 @@ def test_another_trainers_file_named_with_from_is_refused_with_a_hint(cli: Any, 
         result, "not a verl dump: it has no input, output, score, step field", "use --from nemo-rl"
     )
     assert not out.exists()
+
+
+def test_a_file_named_as_one_trainer_writes_but_holding_anothers_fields_is_hinted_by_its_fields(
+    cli: Any, tmp_path: Path
+) -> None:
+    misnamed = tmp_path / "dump" / "rollout_dump_data.step_1.jsonl"  # ROLL's name, verl's fields
+    misnamed.parent.mkdir()
+    shutil.copy(folder_of("verl") / "1.jsonl", misnamed)
+    result = cli("compute", misnamed, "--from", "nemo-rl", "-o", tmp_path / "out.parquet")
+    assert_one_line_error(result, "not a NeMo-RL dump: it has no content, rewards", "use --from verl")
+    assert "--from roll" not in result.stderr
+
+
+@pytest.mark.parametrize("suffix", [".json", ".log"])
+def test_a_dump_file_under_another_name_is_read_in_its_trainers_format(
+    suffix: str, cli: Any, tmp_path: Path
+) -> None:
+    renamed = tmp_path / f"1{suffix}"  # JSON lines, whatever the name says
+    shutil.copy(folder_of("verl") / "1.jsonl", renamed)
+    result = cli("check", renamed, "--from", "verl", "--summary-json", "-", "-q")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["groups"] == len(set(TRUTH["verl"]["files"]["1.jsonl"]["groups"]))
+
+
+PLACEHOLDERS = {
+    "step": "7",
+    "step:05d": "00007",
+    "N": "7",
+    "rollout_id": "7",
+    "data_source": "gsm8k",
+    "version": "7",
+    "task_id": "3",  # AReaL's task IDs are integers
+    "run_name": "run",
+    "shard:06d": "000007",
+}
+
+
+@pytest.mark.parametrize("name", [name for name in DUMPS if name != "verl-v1"])  # verl's names
+def test_the_file_names_a_refusal_shows_are_the_names_the_adapter_reads(
+    name: str, cli: Any, tmp_path: Path
+) -> None:
+    import re
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("not a dump\n")
+    dump = DUMPS[name]
+    result = cli("check", empty, "--from", FROM[name])
+    shown = re.search(
+        rf"holds no {re.escape(dump.trainer)} dump file \({re.escape(dump.trainer)} writes (\S+), with",
+        result.stderr,
+    )
+    assert shown is not None, result.stderr
+    relative = re.sub(r"\{([^}]*)\}", lambda m: PLACEHOLDERS[m.group(1)], shown.group(1))
+    made = tmp_path / "named" / relative
+    made.parent.mkdir(parents=True)
+    made.write_text("")
+    from grpo_cli.dumps import _files_in, _step_of
+
+    assert _files_in(dump, tmp_path / "named") == [made]
+    if "{step" in shown.group(1) or "{N}" in shown.group(1):
+        assert _step_of(dump, made) == 7
 
 
 def test_ray_refuses_from_in_one_line(cli: Any, tmp_path: Path) -> None:

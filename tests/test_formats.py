@@ -69,6 +69,10 @@ def _arrow_stream(path, rows):
         writer.write_table(table, max_chunksize=7)  # many small batches, as datasets writes
 
 
+def _polars_arrow(path, rows):
+    pl.DataFrame(rows).write_ipc(path)  # text as string views, which pyarrow's take does not take
+
+
 def _save_to_disk(path, rows):
     datasets = pytest.importorskip("datasets")
     datasets.Dataset.from_list(rows).save_to_disk(str(path), max_shard_size="2KB")
@@ -83,6 +87,7 @@ WRITERS = {
     "rollouts.csv.gz": _csv_gz,
     "rollouts.feather": _feather,
     "rollouts.arrow": _arrow_stream,
+    "polars.arrow": _polars_arrow,
     "saved": _save_to_disk,
 }
 
@@ -97,6 +102,42 @@ def test_each_input_format_gives_the_parquet_advantages(cli, tmp_path, expected,
     assert advantages(out) == expected
     assert pq.read_table(out).column("text").to_pylist() == [r["text"] for r in ROWS]
     assert source.exists()  # never touched
+
+
+def test_text_written_as_string_views_is_read_as_the_same_text(cli, tmp_path):
+    """Polars writes text to Arrow files as string views: a key cut at a separator, JSON text,
+    a finish reason and a batch key of that type compute as the same strings do."""
+    rows = [
+        {
+            "uid": f"p{i // 4}_{i}",
+            "step": f"s{i // 8}",
+            "metrics": json.dumps({"r": 1.0 if i < 4 else float(i * 7 % 3 == 0)}),  # p0: all right
+            "finish": "length" if i % 5 == 0 and i >= 4 else "stop",
+        }
+        for i in range(24)
+    ]
+    options = ["-g", "uid", "--key-before", "_", "--json-col", "metrics", "-r", "metrics.r"]
+    options += ["--batch-col", "step", "--truncated-col", "finish", "--stop-properly", "0", "-q"]
+    views, plain = tmp_path / "views.arrow", tmp_path / "plain.arrow"
+    pl.DataFrame(rows).write_ipc(views)
+    assert pa.ipc.open_file(views).schema.field("uid").type == pa.string_view()
+    feather.write_feather(pa.Table.from_pylist(rows), str(plain))
+    for source in (views, plain):
+        result = cli("compute", source, *options, "-o", tmp_path / f"{source.stem}.parquet")
+        assert result.exit_code == 0, result.stderr
+    assert advantages(tmp_path / "views.parquet") == advantages(tmp_path / "plain.parquet")
+    kept = tmp_path / "kept.parquet"
+    dropped = cli("compute", views, *options, "--drop-inactive", "--summary-json", "-", "-o", kept)
+    assert dropped.exit_code == 0, dropped.stderr
+    written = pq.read_table(kept)
+    assert written.schema.field("uid").type == pa.string_view()  # the type that went in
+    inactive = json.loads(dropped.stdout)["inactive_groups"]
+    assert inactive > 0 and written.num_rows == len(rows) - 4 * inactive
+    expected = [r["uid"] for r, a in zip(rows, advantages(tmp_path / "views.parquet"), strict=True) if a != 0]
+    assert written.column("uid").to_pylist() == expected
+    untruncated = cli("compute", views, *options[:-5], "-q", "-o", tmp_path / "untruncated.parquet")
+    assert untruncated.exit_code == 0, untruncated.stderr
+    assert advantages(tmp_path / "untruncated.parquet") != advantages(tmp_path / "views.parquet")
 
 
 def test_a_saved_dataset_is_read_in_its_state_files_order(tmp_path):

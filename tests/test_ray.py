@@ -220,6 +220,32 @@ def test_ray_filters_and_cli(ray_instance, sharded, tmp_path, cli):
     assert result.exit_code == 2 and "not empty; pass --force" in result.stderr
 
 
+def test_ray_reads_text_stored_as_string_views_as_the_local_engine_does(ray_instance, tmp_path, cli):
+    """Parquet written from polars' newest Arrow export keeps string views in its Arrow schema;
+    pyarrow 26 has no take or filter kernel for them."""
+    import polars as pl
+
+    rows = [
+        {"uid": f"p{i // 4}", "step": f"s{i // 8}", "reward": float(i % 3 == 0 or i < 4)} for i in range(32)
+    ]
+    views = pl.DataFrame(rows).to_arrow(compat_level=pl.CompatLevel.newest())
+    (tmp_path / "in").mkdir()
+    pq.write_table(views, tmp_path / "in" / "part-0.parquet")
+    assert pq.read_schema(tmp_path / "in" / "part-0.parquet").field("uid").type == pa.string_view()
+    options = ["-g", "uid", "-r", "reward", "--batch-col", "step", "--drop-inactive", "-q"]
+    local = cli("compute", tmp_path / "in", *options, "-o", tmp_path / "local.parquet")
+    assert local.exit_code == 0, local.stderr
+    ray = cli("compute", tmp_path / "in", *options, "--engine", "ray", "-o", tmp_path / "ray")
+    assert ray.exit_code == 0, ray.stderr
+    written = pa.concat_tables([pq.read_table(f) for f in sorted((tmp_path / "ray").glob("*.parquet"))])
+    expected = pq.read_table(tmp_path / "local.parquet")
+    assert expected.schema.field("uid").type == pa.string_view()
+    assert written.schema.field("uid").type == pa.large_string()  # Ray cannot move views between tasks
+    assert 0 < written.num_rows < len(rows)
+    assert sorted(written.column("uid").to_pylist()) == sorted(expected.column("uid").to_pylist())
+    assert sorted(written.column("advantage").to_pylist()) == sorted(expected.column("advantage").to_pylist())
+
+
 def test_ray_option_errors(cli, sharded, tmp_path):
     result = cli("compute", sharded, "-o", tmp_path / "x", "--partitions", "3", "-g", "uid")
     assert result.exit_code == 2 and "need --engine ray" in result.stderr

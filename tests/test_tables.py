@@ -39,6 +39,12 @@ def as_container(kind: str, table: pa.Table):
         return table
     if kind == "pyarrow-batch":
         return table.combine_chunks().to_batches()[0]
+    if kind == "pyarrow-views":  # text as string views, as polars' newest Arrow export gives it
+        frame = pl.from_arrow(table)
+        assert isinstance(frame, pl.DataFrame)
+        views = frame.to_arrow(compat_level=pl.CompatLevel.newest())
+        assert pa.string_view() in views.schema.types
+        return views
     if kind == "polars":
         return pl.from_arrow(table)
     if kind == "polars-lazy":
@@ -58,7 +64,7 @@ def column(result, name: str) -> list[object]:
     return list(result[name])  # polars, pandas, datasets
 
 
-KINDS = ["pyarrow", "pyarrow-batch", "polars", "polars-lazy", "pandas", "datasets"]
+KINDS = ["pyarrow", "pyarrow-batch", "pyarrow-views", "polars", "polars-lazy", "pandas", "datasets"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

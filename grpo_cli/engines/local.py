@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from grpo_cli.columns import column_of, top_level
+from grpo_cli.columns import column_of, filter_rows, top_level
 from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError
 from grpo_cli.figures import FigureAccumulator, RowInputs, padded, wanted
@@ -819,7 +819,7 @@ class LocalEngine:
                     elif writer is not None:
                         out_batch = pa.RecordBatch.from_arrays([*batch.columns, *arrays], schema=out_schema)
                         if outcome.kept is not None:
-                            out_batch = out_batch.filter(arrow_of(outcome.kept[ids].numpy()))
+                            out_batch = filter_rows(out_batch, arrow_of(outcome.kept[ids].numpy()))
                         writer.write(out_batch)
                 if first.cached is None:
                     self.bytes_read += batch.nbytes

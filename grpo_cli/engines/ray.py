@@ -49,6 +49,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from grpo_cli.columns import plain_schema
 from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.figures import RowInputs, fold, of_chunk, padded, wanted
@@ -378,7 +379,7 @@ def _read_block(
     out = []
     for part in parts:
         table = parquet_row_range(_open_file(part.file), part.file.display, columns, part.start, part.stop)
-        out.append((part, _record_batch(table)))
+        out.append((part, _record_batch(table.cast(plain_schema(table.schema)))))
     return out
 
 
