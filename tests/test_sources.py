@@ -91,6 +91,30 @@ def test_unusable_inputs_are_refused_with_the_path(tmp_path, setup, message):
     assert str(error.value).startswith(spec)
 
 
+@pytest.mark.parametrize(("folders", "shown"), [(3, "a, b, c"), (4, "a, b, c, ...")])
+def test_a_directory_with_data_in_subfolders_names_three_of_them(tmp_path, folders, shown):
+    for name in "abcd"[:folders]:
+        (tmp_path / name).mkdir()
+        write_jsonl(tmp_path / name / "part.jsonl", ROWS)
+    with pytest.raises(GrpoError) as refused:
+        InputSet(str(tmp_path))
+    assert refused.value.message == (
+        f"{tmp_path}: holds subfolders with data files ({shown}); grpo-cli reads the files of one "
+        f"folder: pass a quoted glob such as '{tmp_path / '**' / '*.parquet'}' to read them all"
+    )
+
+
+def test_a_data_file_of_another_format_in_a_directory_is_refused_not_skipped(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", ROWS)
+    (tmp_path / "b.orc").write_bytes(b"ORC")
+    with pytest.raises(GrpoError) as refused:
+        InputSet(str(tmp_path))
+    assert refused.value.message == (
+        f"{tmp_path}: the directory holds b.orc, a format grpo-cli does not read; move it out or name "
+        "the files to read with a glob"
+    )
+
+
 def test_an_unknown_input_format_is_refused(tmp_path):
     path = write_jsonl(tmp_path / "a.jsonl", ROWS)
     with pytest.raises(
