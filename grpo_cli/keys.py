@@ -89,6 +89,14 @@ def _storage_type(data_type: pa.DataType) -> pa.DataType:
     return pa.int32() if data_type.bit_width == 32 else pa.int64()
 
 
+def _comparable(data_type: pa.DataType) -> pa.DataType:
+    """The type a key column is compared in: an extension type's storage (a UUID's 16 bytes),
+    float16 as float32 (the same values; pyarrow does not compare float16)."""
+    if isinstance(data_type, pa.BaseExtensionType):
+        data_type = data_type.storage_type
+    return pa.float32() if pa.types.is_float16(data_type) else data_type
+
+
 class InvalidKeyError(ValueError):
     """A null or NaN group key, or a list or struct key with a NaN inside: NaN never equals
     itself, so such a key cannot name a group."""
@@ -160,7 +168,7 @@ def key_kind(data_type: pa.DataType) -> str:
 def is_key_type(data_type: pa.DataType | None) -> bool:
     """Whether a column of this type can be a group key: a scalar, or a list or struct of
     them (a chat prompt as a list of messages), compared on its exact value."""
-    if data_type is None or pa.types.is_null(data_type):
+    if data_type is None or pa.types.is_null(data_type) or pa.types.is_interval(data_type):
         return False
     if pa.types.is_dictionary(data_type):
         return is_key_type(data_type.value_type)
@@ -335,6 +343,7 @@ class GroupKeyIndex:
         # compare temporal keys on their integer storage: Python objects drop nanoseconds
         columns = [c.cast(_storage_type(c.type)) if pa.types.is_temporal(c.type) else c for c in columns]
         columns = [c if (plain := without_views(c.type)) == c.type else c.cast(plain) for c in columns]
+        columns = [c if (same := _comparable(c.type)) == c.type else c.cast(same) for c in columns]
         if self._types is None:
             self._types = [c.type for c in columns]
         else:

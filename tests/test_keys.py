@@ -380,6 +380,9 @@ def test_temporal_keys_of_every_width_group_on_their_storage(arrow_type):
         (pa.large_list(pa.null()), False),
         (pa.map_(pa.string(), pa.int32()), False),
         (pa.sparse_union([pa.field("a", pa.int32())]), False),
+        (pa.month_day_nano_interval(), False),  # no compare, no cast: refused before any work
+        (pa.float16(), True),
+        (pa.uuid(), True),
     ],
 )
 def test_which_types_can_be_group_keys(data_type, is_key):
@@ -678,6 +681,20 @@ def test_view_keys_group_as_the_same_values_of_plain_types(column, plain, exact)
     if plain is not None:
         assert keys_module.without_views(column.type) == plain
         assert GroupKeyIndex(["k"], exact=exact).encode([column.cast(plain)]).tolist() == expected
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_float16_and_extension_keys_group_on_their_values(exact):
+    import uuid
+
+    halves = pa.array([0.5, 1.5, 0.5, -0.0, 0.0], pa.float16())
+    # as float32 and float64 keys: -0.0 and 0.0 are one value
+    assert GroupKeyIndex(["k"], exact=exact).encode([halves]).tolist() == [0, 1, 0, 2, 2]
+    ids = [uuid.UUID(int=i).bytes for i in (1, 2, 1)]
+    uuids = pa.ExtensionArray.from_storage(pa.uuid(), pa.array(ids, pa.binary(16)))
+    index = GroupKeyIndex(["k"], exact=exact)
+    assert index.encode([pa.chunked_array([uuids])]).tolist() == [0, 1, 0]
+    assert index.key_at(1) == ids[1]
 
 
 def test_nested_temporal_keys_a_nanosecond_apart_are_two_groups():
