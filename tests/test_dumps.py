@@ -589,9 +589,11 @@ def test_trl_group_size_divides_every_run_of_a_prompt_the_first_and_last_of_a_fi
     pq.write_table(trl_groups("GG"), folder / "completions_00030.parquet")
     with opened("trl", [str(folder.parent)]) as dump:
         assert dump.group_size == 8
-        assert "3 run(s) of one prompt span several groups of 8 (a prompt drawn twice in a row)" in (
-            " ".join(dump.notes)
-        )
+        assert dump.notes[-3:-1] == [
+            "group size 8: told from the runs of equal prompt (the dump does not record num_generations)",
+            "3 run(s) of one prompt span several groups of 8 (a prompt drawn twice in a row); they are "
+            "split by position, as the trainer groups them",
+        ]
         config = resolve_config({}, dump=dump.defaults)
         summary = compute_dataset(dump.inputs, tmp_path / "out.parquet", config)
     assert summary.groups == 10
@@ -605,6 +607,54 @@ def test_trl_group_size_divides_every_run_of_a_prompt_the_first_and_last_of_a_fi
         "the table, row 8: a new prompt starts inside a group of 16 (rows 0-15 hold two): the file is "
         "cut, or the group size is not 16 (group_size=)"
     )
+
+
+def trl_runs(*runs: tuple[str, int]) -> pa.Table:
+    """TRL's committed rows, their prompts replaced by runs of (prompt, rows)."""
+    prompts = [prompt for prompt, rows in runs for _ in range(rows)]
+    table = pq.read_table(folder_of("trl") / "completions" / "completions_00010.parquet").slice(
+        0, len(prompts)
+    )
+    return table.set_column(table.schema.get_field_index("prompt"), "prompt", pa.array(prompts))
+
+
+@pytest.mark.parametrize(
+    ("runs", "given", "told"),
+    [
+        ((("A", 2), ("B", 4), ("C", 2)), None, 2),
+        ((("A", 2), ("B", 2)), None, 2),
+        # the runs inside tell 4 (not the second alone, nor the third): the first run breaks it
+        (
+            (("A", 5), ("B", 8), ("C", 12), ("D", 3)),
+            None,
+            "the table, row 5: a new prompt starts inside a group of 4 (rows 4-7 hold two): the file "
+            "is cut, or the group size is not 4",
+        ),
+        (
+            (("A", 5), ("B", 8), ("C", 4)),
+            None,
+            "the table: 17 rows are not a whole number of groups of 8 (the trainer writes whole "
+            "generation batches): the file is truncated, or the group size is not 8",
+        ),
+        # every run a whole number of groups, yet their sum puts a prompt change inside one
+        (
+            (("A", 4), ("B", 2), ("C", 2), ("D", 4)),
+            4,
+            "the table, row 6: a new prompt starts inside a group of 4 (rows 4-7 hold two): the file "
+            "is cut, or the group size is not 4 (group_size=)",
+        ),
+    ],
+)
+def test_trl_group_size_told_from_runs_or_refused_naming_the_row(
+    runs: tuple[tuple[str, int], ...], given: int | None, told: int | str
+) -> None:
+    table = trl_runs(*runs)
+    if isinstance(told, int):
+        assert of_table("trl", table, group_size=given)[1]["group_size"] == told
+        return
+    with pytest.raises(GrpoError) as refused:
+        of_table("trl", table, group_size=given)
+    assert refused.value.message == told
 
 
 def test_trl_group_size_cannot_be_told_when_no_two_rows_share_a_prompt(cli: Any, tmp_path: Path) -> None:
