@@ -323,6 +323,27 @@ def test_the_table_api_reads_one_dump_file_held_in_memory(tmp_path: Path) -> Non
     )
 
 
+def test_a_nemo_rl_table_is_one_step_unless_it_names_its_steps() -> None:
+    import polars as pl
+
+    from grpo_cli import summarize
+
+    first = pl.read_ndjson(folder_of("nemo-rl") / "train_data_step1.jsonl").to_arrow()
+    groups = len(set(TRUTH["nemo-rl"]["files"]["train_data_step1.jsonl"]["groups"]))
+    # the same rollouts as two steps: a prompt in each is a group in each, not one group
+    steps = pa.concat_tables(
+        [first.append_column("step", pa.array([s] * first.num_rows, pa.int64())) for s in (1, 2)]
+    )
+    assert summarize(steps, from_="nemo-rl").groups == 2 * groups
+    assert summarize(first, from_="nemo-rl").groups == groups
+    rewards = first.column("rewards").to_pylist()
+    rewards[1] = [1.0, 0.0]
+    broken = first.set_column(first.schema.get_field_index("rewards"), "rewards", pa.array(rewards))
+    with pytest.raises(GrpoError) as refused:
+        add_advantages(broken, from_="nemo-rl")
+    assert refused.value.message == "the table, line 2: the field rewards holds 2 elements, not one"
+
+
 def test_the_table_api_refuses_a_table_of_another_trainer() -> None:
 
     trl = pq.read_table(folder_of("trl") / "completions" / "completions_00010.parquet")
