@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from grpo_cli.choices import InputFormat
+from grpo_cli.choices import InputFormat, Trainer, check_choice, choices_of
 from grpo_cli.columns import is_text_type, text_kernel_input
 from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.scratch import spool
@@ -430,7 +430,7 @@ DUMPS: dict[str, DumpFormat] = {
 """Every dump grpo-cli reads, by ``--from`` name (``verl`` names both of verl's generations;
 the content tells them apart)."""
 
-TRAINERS = ("verl", "trl", "nemo-rl", "roll", "slime", "skyrl", "prime-rl", "areal", "open-instruct")
+TRAINERS = choices_of(Trainer)
 """The ``--from`` choices."""
 
 
@@ -478,9 +478,8 @@ def open_dump(trainer: str, specs: Sequence[str], *, group_size: int | None = No
     that writes every step, a file without the fields the trainer writes (naming the
     trainer whose fields it has), a file that is not a whole number of TRL groups.
     """
+    check_choice("--from", trainer, Trainer)
     candidates = formats_of(trainer)
-    if not candidates:
-        raise GrpoError(f"--from {trainer}: not a trainer grpo-cli reads; choose from {', '.join(TRAINERS)}")
     files, from_folder = _dump_files(candidates[0], specs)
     dump = _which(candidates, files[0])
     _check_fields(dump, files[0])
@@ -1067,9 +1066,8 @@ def of_table(
     >>> of_table("verl", table)[1]["group_col"]
     ['step', 'input']
     """
+    check_choice("from_", trainer, Trainer)
     candidates = formats_of(trainer)
-    if not candidates:
-        raise GrpoError(f"from_={trainer!r}: not a trainer grpo-cli reads; choose from {', '.join(TRAINERS)}")
     dump = next(
         (d for d in candidates if d.tells_apart is None or d.tells_apart(table.schema)), candidates[0]
     )

@@ -546,10 +546,14 @@ def test_every_trainer_has_a_committed_dump() -> None:
     assert set(FROM.values()) == set(TRAINERS)
 
 
-def test_open_dump_refuses_an_unknown_trainer() -> None:
-
-    with pytest.raises(GrpoError, match="not a trainer grpo-cli reads"):
+def test_an_unknown_trainer_is_refused_with_the_choices_and_a_close_one() -> None:
+    choices = "verl, trl, nemo-rl, roll, slime, skyrl, prime-rl, areal, open-instruct"
+    with pytest.raises(GrpoError) as refused:
         open_dump("openrlhf", [str(DUMP_ROOT / "verl")])
+    assert refused.value.message == f"--from must be one of {choices}, got 'openrlhf'"
+    with pytest.raises(GrpoError) as refused:
+        add_advantages(pa.table({"reward": [1.0]}), from_="trll")
+    assert refused.value.message == f"from_ must be one of {choices}, got 'trll'; did you mean 'trl'?"
 
 
 def test_the_private_copies_are_removed_and_the_dump_is_untouched(tmp_path: Path) -> None:
