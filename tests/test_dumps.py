@@ -771,6 +771,12 @@ def test_json_col_reads_a_field_of_json_text(cli: Any, tmp_path: Path) -> None:
         cli("check", bad, "-g", "problem_id", "--json-col", "metrics", "-r", "metrics.reward"),
         "bad.parquet, row 1: --json-col 'metrics' is not JSON",
     )
+    mixed = tmp_path / "mixed.parquet"
+    pq.write_table(pa.table({"problem_id": [0, 0], "metrics": ['{"reward": 1}', "[1]"]}), mixed)
+    assert_one_line_error(
+        cli("check", mixed, "-g", "problem_id", "--json-col", "metrics", "-r", "metrics.reward"),
+        "mixed.parquet: --json-col 'metrics' holds values of different kinds (",
+    )
 
 
 def test_the_json_columns_format_reads_a_roll_file_without_the_adapter(cli: Any) -> None:
