@@ -789,6 +789,25 @@ def test_the_json_columns_format_reads_a_roll_file_without_the_adapter(cli: Any)
 
 
 @pytest.mark.parametrize(
+    ("uids", "reason"),
+    [
+        ([1, 1, 2], "the field uid is int64, not text"),
+        (["p_1", "p_2", None], "record 3: the field uid is null"),
+    ],
+)
+def test_key_before_refuses_a_key_that_is_not_text_naming_the_record(
+    uids: list[Any], reason: str, cli: Any, tmp_path: Path
+) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps({"uid": u, "reward": 1.0}) + "\n" for u in uids))
+    one_line_error(
+        cli("check", path, "-g", "uid", "--key-before", "_"),
+        2,
+        f"{path}{',' if 'record' in reason else ':'} {reason}",
+    )
+
+
+@pytest.mark.parametrize(
     ("args", "fragment"),
     [
         (["-g", "a", "-g", "b", "--key-before", "_"], "--key-before needs one --group-col to cut, got 2"),
