@@ -258,6 +258,15 @@ def test_the_content_must_match_a_forced_format(cli, tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    ("writer", "name", "words"),
+    [(_feather, "r.parquet", "Arrow, not parquet"), (write_parquet, "r.arrow", "Parquet, not arrow")],
+)
+def test_the_content_must_match_the_name(cli, tmp_path, writer, name, words):
+    writer(tmp_path / name, ROWS)
+    one_line_error(cli("check", tmp_path / name), 2, f"{tmp_path / name}: its content is {words}")
+
+
 def test_a_compressed_name_must_hold_compressed_data(cli, tmp_path):
     (tmp_path / "plain.csv.gz").write_text(pl.DataFrame(ROWS).write_csv())
     one_line_error(cli("compute", tmp_path / "plain.csv.gz", "-o", tmp_path / "o.parquet"), 2, "gzip")
