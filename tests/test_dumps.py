@@ -147,6 +147,23 @@ def test_the_advantages_are_the_trainers_preset_on_the_trainers_groups(name: str
     assert (bits(table.column(column).to_numpy()) == bits(expected.column("expected").to_numpy())).all()
 
 
+def test_a_dump_that_also_holds_an_advantage_field_keeps_it_and_names_the_new_one_apart(
+    cli: Any, tmp_path: Path
+) -> None:
+    folder = tmp_path / "verl"
+    folder.mkdir()
+    lines = (folder_of("verl") / "1.jsonl").read_text().splitlines()
+    (folder / "1.jsonl").write_text(
+        "".join(json.dumps({**json.loads(x), "advantage": 7.0}) + "\n" for x in lines)
+    )
+    out = tmp_path / "out.parquet"
+    result = cli("compute", folder, "--from", "verl", "-o", out, "-q")
+    assert result.exit_code == 0, result.stderr
+    written = pq.read_table(out)
+    assert set(written.column("advantage").to_pylist()) == {7.0}
+    assert "recomputed_advantage" in written.column_names
+
+
 def test_trl_its_own_advantage_is_kept_and_the_new_one_is_named_apart(tmp_path: Path) -> None:
     table, summary, _ = computed("trl", tmp_path)
     assert table.column_names[:6] == [
