@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from grpo_cli import keys as keys_module
+from grpo_cli.columns import without_views
 from grpo_cli.errors import GrpoError
 from grpo_cli.keys import GroupKeyIndex, check_key_types, fixed_width_bytes, is_key_type, run_starts
 
@@ -679,7 +680,7 @@ def test_view_keys_group_as_the_same_values_of_plain_types(column, plain, exact)
     assert index.encode([column.slice(0, 2)]).tolist() + index.encode([column.slice(2)]).tolist() == expected
     assert index.key_at(0) == column[0].as_py()
     if plain is not None:
-        assert keys_module.without_views(column.type) == plain
+        assert without_views(column.type) == plain
         assert GroupKeyIndex(["k"], exact=exact).encode([column.cast(plain)]).tolist() == expected
 
 
