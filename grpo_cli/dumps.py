@@ -487,8 +487,9 @@ def open_dump(trainer: str, specs: Sequence[str], *, group_size: int | None = No
     if from_folder and dump.every_step and steps:
         missing = sorted(set(range(steps[0], steps[-1] + 1)) - set(steps))
         if missing:
+            folder = next(Path(spec) for spec in specs if Path(spec).is_dir())
             raise GrpoError(
-                f"{_display(files[0][0].parent)}: step {missing[0]} is missing ({dump.trainer} "
+                f"{_display(folder)}: step {missing[0]} is missing ({dump.trainer} "
                 "writes one file per "
                 f"step; the folder holds steps {steps[0]}-{steps[-1]} but not {_listed(missing)}); "
                 "name the files to read to skip it"

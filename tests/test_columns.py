@@ -130,3 +130,33 @@ def test_rows_are_taken_and_filtered_whatever_their_type_and_keep_it(values):
     for array in (values, pa.chunked_array([values])):
         assert take_rows(array, pa.array([1])).to_pylist() == [values[1].as_py()]
         assert filter_rows(array, [True, False, False, True]).type == values.type
+
+
+def test_a_column_or_nested_field_is_read_null_where_its_parent_is():
+    from grpo_cli.columns import column_of
+
+    meta = pa.array([{"score": 0.5}, None, {"score": 1.0}], pa.struct([("score", pa.float64())]))
+    batch = pa.record_batch([meta, pa.array([1, 2, 3])], names=["meta", "n"])
+    assert column_of(batch, "meta.score").to_pylist() == [0.5, None, 1.0]
+    assert column_of(pa.Table.from_batches([batch]), "n").to_pylist() == [1, 2, 3]
+    with pytest.raises(KeyError):
+        column_of(batch, "meta.missing")
+
+
+@pytest.mark.parametrize(
+    ("data_type", "numeric"),
+    [
+        (pa.int8(), True),
+        (pa.uint64(), True),
+        (pa.float16(), True),
+        (pa.bool_(), True),
+        (pa.decimal128(5, 2), True),
+        (pa.string(), False),
+        (pa.timestamp("s"), False),
+        (pa.list_(pa.float64()), False),
+    ],
+)
+def test_which_types_hold_numbers_a_reward_can_be(data_type, numeric):
+    from grpo_cli.columns import is_numeric_type
+
+    assert is_numeric_type(data_type) is numeric

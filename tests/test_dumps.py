@@ -408,6 +408,17 @@ def test_a_missing_step_is_refused_and_named(cli: Any, tmp_path: Path) -> None:
     assert named.exit_code == 0, named.stderr
 
 
+def test_a_missing_step_of_a_dump_in_step_folders_names_the_folder_given(cli: Any, tmp_path: Path) -> None:
+    folder = tmp_path / "prime"
+    shutil.copytree(folder_of("prime-rl"), folder)
+    shutil.rmtree(folder / "rollouts" / "step_2")
+    assert_one_line_error(
+        cli("check", folder, "--from", "prime-rl"),
+        f"{folder}: step 2 is missing (prime-rl writes one file per step; the folder holds steps 1-3 but "
+        "not 2); name the files to read to skip it",
+    )
+
+
 def test_a_generation_batch_split_across_two_files_is_refused(cli: Any, tmp_path: Path) -> None:
     folder = tmp_path / "trl" / "completions"
     folder.mkdir(parents=True)
