@@ -160,3 +160,10 @@ def test_which_types_hold_numbers_a_reward_can_be(data_type, numeric):
     from grpo_cli.columns import is_numeric_type
 
     assert is_numeric_type(data_type) is numeric
+
+
+def test_the_top_level_columns_to_read_for_names_once_each_in_order():
+    from grpo_cli.columns import top_level
+
+    schema = pa.schema([("n", pa.int64()), ("meta", pa.struct([("a", pa.int64()), ("b", pa.int64())]))])
+    assert top_level(schema, ["meta.b", "n", "meta.a", "missing", "meta"]) == ["meta", "n", "missing"]
