@@ -128,6 +128,36 @@ def text_kernel_input(values: pa.Array | pa.ChunkedArray) -> pa.Array | pa.Chunk
     return values.cast(pa.large_string()) if pa.types.is_string_view(values.type) else values
 
 
+def with_leaves(data_type: pa.DataType, leaf: Callable[[pa.DataType], pa.DataType | None]) -> pa.DataType:
+    """``data_type`` with ``leaf(t)`` in place of each type ``t`` inside it for which ``leaf``
+    gives one (``None``: keep looking inside), through structs, maps and lists of every size.
+    List views are left as they are: pyarrow 26 casts a sliced one to invalid offsets.
+
+    >>> widen = lambda t: pa.int64() if t == pa.int8() else None  # noqa: E731
+    >>> with_leaves(pa.map_(pa.string(), pa.list_(pa.int8(), 2)), widen)
+    MapType(map<string, fixed_size_list<item: int64>[2]>)
+    """
+    replaced = leaf(data_type)
+    if replaced is not None:
+        return replaced
+    if pa.types.is_struct(data_type):
+        return pa.struct([f.with_type(with_leaves(f.type, leaf)) for f in data_type])
+    if pa.types.is_map(data_type):
+        return pa.map_(
+            data_type.key_field.with_type(with_leaves(data_type.key_type, leaf)),
+            data_type.item_field.with_type(with_leaves(data_type.item_type, leaf)),
+        )
+    if pa.types.is_fixed_size_list(data_type):
+        return pa.list_(
+            data_type.value_field.with_type(with_leaves(data_type.value_type, leaf)), data_type.list_size
+        )
+    if pa.types.is_list(data_type):
+        return pa.list_(data_type.value_field.with_type(with_leaves(data_type.value_type, leaf)))
+    if pa.types.is_large_list(data_type):
+        return pa.large_list(data_type.value_field.with_type(with_leaves(data_type.value_type, leaf)))
+    return data_type
+
+
 def without_views(data_type: pa.DataType) -> pa.DataType:
     """``data_type`` with each string or binary view (polars' Arrow text), at any depth of a
     struct, list or map, made its ``large_`` type: the same values, which pyarrow's take and
@@ -136,26 +166,13 @@ def without_views(data_type: pa.DataType) -> pa.DataType:
     >>> without_views(pa.struct([("p", pa.string_view()), ("n", pa.list_(pa.binary_view()))]))
     StructType(struct<p: large_string, n: list<item: large_binary>>)
     """
+    return with_leaves(data_type, _view_leaf)
+
+
+def _view_leaf(data_type: pa.DataType) -> pa.DataType | None:
     if pa.types.is_string_view(data_type):
         return pa.large_string()
-    if pa.types.is_binary_view(data_type):
-        return pa.large_binary()
-    if pa.types.is_struct(data_type):
-        return pa.struct([f.with_type(without_views(f.type)) for f in data_type])
-    if pa.types.is_map(data_type):
-        return pa.map_(
-            data_type.key_field.with_type(without_views(data_type.key_type)),
-            data_type.item_field.with_type(without_views(data_type.item_type)),
-        )
-    if pa.types.is_fixed_size_list(data_type):
-        return pa.list_(
-            data_type.value_field.with_type(without_views(data_type.value_type)), data_type.list_size
-        )
-    if pa.types.is_list(data_type):
-        return pa.list_(data_type.value_field.with_type(without_views(data_type.value_type)))
-    if pa.types.is_large_list(data_type):
-        return pa.large_list(data_type.value_field.with_type(without_views(data_type.value_type)))
-    return data_type  # list views are left: pyarrow 26 casts a sliced one to invalid offsets
+    return pa.large_binary() if pa.types.is_binary_view(data_type) else None
 
 
 def plain_schema(schema: pa.Schema) -> pa.Schema:

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from grpo_cli.columns import field_type, holds_type, is_text_type, without_views
+from grpo_cli.columns import field_type, holds_type, is_text_type, with_leaves, without_views
 
 
 def as_tensor(array: np.ndarray) -> torch.Tensor:
@@ -530,24 +530,13 @@ def integer_storage(data_type: pa.DataType) -> pa.DataType:
     >>> integer_storage(pa.struct([("t", pa.time64("ns")), ("d", pa.date32()), ("s", pa.string())]))
     StructType(struct<t: int64, d: int32, s: string>)
     """
-    if pa.types.is_temporal(data_type):
-        return pa.int32() if data_type.bit_width == 32 else pa.int64()
-    if pa.types.is_struct(data_type):
-        return pa.struct(
-            [
-                data_type.field(i).with_type(integer_storage(data_type.field(i).type))
-                for i in range(data_type.num_fields)
-            ]
-        )
-    if pa.types.is_fixed_size_list(data_type):
-        return pa.list_(
-            data_type.value_field.with_type(integer_storage(data_type.value_type)), data_type.list_size
-        )
-    if pa.types.is_large_list(data_type):
-        return pa.large_list(data_type.value_field.with_type(integer_storage(data_type.value_type)))
-    if pa.types.is_list(data_type):
-        return pa.list_(data_type.value_field.with_type(integer_storage(data_type.value_type)))
-    return data_type
+    return with_leaves(data_type, _temporal_storage)
+
+
+def _temporal_storage(data_type: pa.DataType) -> pa.DataType | None:
+    if not pa.types.is_temporal(data_type):
+        return None
+    return pa.int32() if data_type.bit_width == 32 else pa.int64()
 
 
 def _frozen(value: Any) -> Any:
