@@ -647,6 +647,10 @@ def test_trl_group_size_divides_every_run_of_a_prompt_the_first_and_last_of_a_fi
             "3 run(s) of one prompt span several groups of 8 (a prompt drawn twice in a row); they are "
             "split by position, as the trainer groups them",
         ]
+        assert dump.notes[-1] == (
+            "rewards: the reward-function columns correctness_reward, format_reward, each of weight 1 "
+            "(TRL's reward_weights are not in the dump; give -r NAME:WEIGHT to set them)"
+        )
         config = resolve_config({}, dump=dump.defaults)
         summary = compute_dataset(dump.inputs, tmp_path / "out.parquet", config)
     assert summary.groups == 10
