@@ -311,6 +311,11 @@ def test_the_summary_says_which_adapter_read_the_dump_and_how_the_key_was_derive
     result = cli("check", folder_of("verl-v1"), "--from", "verl")
     assert "a verl (v1 trainer) dump (3 file(s), steps 1-3)" in result.stderr
     assert "the part of uid before the first '_'" in result.stderr
+    for name in ("verl", "trl"):  # read as they are, and rewritten privately
+        summary = json.loads(
+            cli("check", folder_of(name), "--from", FROM[name], "--summary-json", "-", "-q").stdout
+        )
+        assert summary["input"]["path"] == str(folder_of(name))
 
 
 # --------------------------------------------------------------------------- the table API
