@@ -94,7 +94,7 @@ class KeyPrefix:
         values = text_kernel_input(values)
         if values.null_count:
             row = pc.index(pc.is_null(values), True).as_py()
-            raise GrpoError(f"{file}, record {row + 1}: the field {self.column} is null")
+            raise GrpoError(f"{_at(file, row, 'record')}: the field {self.column} is null")
         prefix = pc.list_element(pc.split_pattern(values, self.separator, max_splits=1), 0)
         return _with_column(table, DERIVED_KEY, prefix, file)
 
@@ -144,12 +144,12 @@ class PromptTokens:
         for row, (ids, mask) in enumerate(zip(tokens, masks, strict=True)):
             if ids is None or mask is None or len(ids) != len(mask):
                 raise GrpoError(
-                    f"{file}, line {row + 1}: {self.tokens} and {self.loss_mask} differ in length "
+                    f"{_at(file, row)}: {self.tokens} and {self.loss_mask} differ in length "
                     f"({_length(ids)} and {_length(mask)})"
                 )
             first = next((i for i, keep in enumerate(mask) if keep), None)
             if first is None:
-                raise GrpoError(f"{file}, line {row + 1}: {self.loss_mask} keeps no token (no response)")
+                raise GrpoError(f"{_at(file, row)}: {self.loss_mask} keeps no token (no response)")
             prompts.append(ids[:first])
         return _with_column(table, DERIVED_KEY, pa.array(prompts, pa.list_(pa.int64())), file)
 
@@ -910,6 +910,20 @@ def _with_column(table: pa.Table, name: str, values: Any, label: str) -> pa.Tabl
     return table.append_column(name, values)
 
 
+TABLE = "the table"
+"""The name a table held in memory (``of_table``) goes by in messages."""
+
+
+def _at(label: str, row: int, word: str = "line") -> str:
+    """Where the 0-based ``row`` of a dump file is (its 1-based line or record), or of a table
+    in memory (its row, 0-based as the table API counts).
+
+    >>> _at("3.jsonl", 0), _at(TABLE, 0)
+    ('3.jsonl, line 1', 'the table, row 0')
+    """
+    return f"{TABLE}, row {row}" if label == TABLE else f"{label}, {word} {row + 1}"
+
+
 def _one_element(table: pa.Table, name: str, label: str) -> pa.ChunkedArray:
     """A field written as one-element lists (``[x]``), as its elements."""
     column = table.column(name)
@@ -919,9 +933,7 @@ def _one_element(table: pa.Table, name: str, label: str) -> pa.ChunkedArray:
     wrong = pc.or_kleene(pc.is_null(lengths), pc.not_equal(lengths, 1))
     if pc.any(wrong).as_py():
         row = pc.index(wrong, True).as_py()
-        raise GrpoError(
-            f"{label}, line {row + 1}: the field {name} holds {lengths[row].as_py()} elements, not one"
-        )
+        raise GrpoError(f"{_at(label, row)}: the field {name} holds {lengths[row].as_py()} elements, not one")
     return pc.list_flatten(column)
 
 
@@ -934,7 +946,7 @@ def _per_token_value(table: pa.Table, advantages: str, mask: str, label: str) ->
     for row, (tokens, keep) in enumerate(zip(values, masks, strict=True)):
         if tokens is None or keep is None or len(tokens) != len(keep):
             raise GrpoError(
-                f"{label}, line {row + 1}: {advantages} and {mask} differ in length "
+                f"{_at(label, row)}: {advantages} and {mask} differ in length "
                 f"({_length(tokens)} and {_length(keep)})"
             )
         kept = {float(a) for a, k in zip(tokens, keep, strict=True) if k}
@@ -1076,11 +1088,11 @@ def of_table(
     if missing:
         raise GrpoError(f"the table is not a {dump.trainer} dump: it has no {', '.join(missing)} column")
     stepless = dump.step_from_file and dump.step_field not in table.schema.names
-    derived = _derived_table(dump, table, "the table", 0 if stepless else None)
+    derived = _derived_table(dump, table, TABLE, 0 if stepless else None)
     defaults = _defaults(dump)
     if isinstance(dump.group, ConsecutiveBlocks):
         runs = _run_lengths(table.column(dump.group.prompt))
-        files = [("the table", runs, "the table, row {}".format)]
+        files = [(TABLE, runs, functools.partial(_at, TABLE))]
         defaults["group_size"] = _block_size(dump.group.prompt, files, group_size, "group_size=", [])
         del defaults["group_col"]
         names = [f.name for f in table.schema if f.name not in dump.fields and pa.types.is_floating(f.type)]

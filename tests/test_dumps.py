@@ -363,7 +363,7 @@ def test_a_nemo_rl_table_is_one_step_unless_it_names_its_steps() -> None:
     broken = first.set_column(first.schema.get_field_index("rewards"), "rewards", pa.array(rewards))
     with pytest.raises(GrpoError) as refused:
         add_advantages(broken, from_="nemo-rl")
-    assert refused.value.message == "the table, line 2: the field rewards holds 2 elements, not one"
+    assert refused.value.message == "the table, row 1: the field rewards holds 2 elements, not one"
 
 
 def test_the_table_api_refuses_a_table_of_another_trainer() -> None:
