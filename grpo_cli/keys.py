@@ -85,13 +85,17 @@ def numpy_of(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return np.frombuffer(buffer, dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
 
 
-def _storage_type(data_type: pa.DataType) -> pa.DataType:
-    return pa.int32() if data_type.bit_width == 32 else pa.int64()
-
-
 def _comparable(data_type: pa.DataType) -> pa.DataType:
-    """The type a key column is compared in: an extension type's storage (a UUID's 16 bytes),
-    float16 as float32 (the same values; pyarrow does not compare float16)."""
+    """The type a key column is compared in: a temporal type's integer storage (Python objects
+    drop nanoseconds), string and binary views as their ``large_`` types (pyarrow takes and
+    hashes no views), an extension type's storage (a UUID's 16 bytes), float16 as float32 (the
+    same values; pyarrow does not compare float16).
+
+    >>> _comparable(pa.timestamp("ns")), _comparable(pa.string_view()), _comparable(pa.float16())
+    (DataType(int64), DataType(large_string), DataType(float))
+    """
+    storage = _temporal_storage(data_type)
+    data_type = storage if storage is not None else without_views(data_type)
     if isinstance(data_type, pa.BaseExtensionType):
         data_type = data_type.storage_type
     return pa.float32() if pa.types.is_float16(data_type) else data_type
@@ -340,9 +344,6 @@ class GroupKeyIndex:
 
     def _normalise(self, arrays: Sequence[pa.Array | pa.ChunkedArray]) -> pa.Table:
         columns = [a.cast(a.type.value_type) if pa.types.is_dictionary(a.type) else a for a in arrays]
-        # compare temporal keys on their integer storage: Python objects drop nanoseconds
-        columns = [c.cast(_storage_type(c.type)) if pa.types.is_temporal(c.type) else c for c in columns]
-        columns = [c if (plain := without_views(c.type)) == c.type else c.cast(plain) for c in columns]
         columns = [c if (same := _comparable(c.type)) == c.type else c.cast(same) for c in columns]
         if self._types is None:
             self._types = [c.type for c in columns]
