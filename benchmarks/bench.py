@@ -700,6 +700,79 @@ def _jsonl_reads(data_dir: Path, rows: int, options: list[str] | None = None) ->
         print(f"  {label:8s} {total / size:5.2f} bytes per byte, {opens} opens")
 
 
+def write_jsonl_of_size(path: Path, megabytes: int, *, key: str, columns: str) -> int:
+    """A JSON lines file of about ``megabytes`` MB: integer or 32-character text keys in groups of 8,
+    float64 rewards written in full; ``columns='several'`` adds a step, a score list and a prompt."""
+    rng = np.random.default_rng(megabytes)
+    per_row = (40 if key == "int" else 75) + (0 if columns == "one" else 110)
+    rows = max(8, megabytes * 1_000_000 // per_row // 8 * 8)
+    groups = np.repeat(np.arange(rows // 8), 8)
+    rewards = rng.random(rows).tolist()
+    keys = [f'"{g:032x}"' for g in groups.tolist()] if key == "string" else [str(g) for g in groups.tolist()]
+    with open(path, "w") as handle:
+        for start in range(0, rows, 100_000):
+            lines = []
+            for i in range(start, min(rows, start + 100_000)):
+                if columns == "one":
+                    lines.append(f'{{"group_id": {keys[i]}, "reward": {rewards[i]!r}}}\n')
+                else:
+                    lines.append(
+                        f'{{"group_id": {keys[i]}, "reward": {rewards[i]!r}, "step": {i // 4096}, '
+                        f'"scores": [{rewards[i]!r}, 1.0], "prompt": "solve problem {i // 8} step by step '
+                        f'and give the answer"}}\n'
+                    )
+            handle.write("".join(lines))
+    return rows
+
+
+def bench_jsonl_speed(data_dir: Path, sizes: tuple[int, ...] = (1, 10, 100), repeats: int = 3) -> None:
+    """check and compute on JSON lines of 1, 10 and 100 MB (integer and text keys, one and several
+    columns) beside the same rows as Parquet: whole processes, best of ``repeats``. A run's cost must
+    grow with its size, never faster (a 40 MB file once took hours)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    cli = [sys.executable, "-m", "grpo_cli"]
+    startup = best_of(
+        repeats, lambda: subprocess.run([sys.executable, "-c", "import grpo_cli.engines.local"], check=True)
+    )
+    print(
+        f"\nJSON lines beside Parquet, whole processes (best of {repeats}; start-up, the imports: {startup:.2f} s)"
+    )
+    print(
+        f"  {'file':34s} {'rows':>10s} {'command':8s} {'jsonl s':>8s} {'parquet s':>9s} {'ratio':>6s}"
+        f" {'jsonl MB/s':>10s}"
+    )
+    for megabytes in sizes:
+        for key in ("int", "string"):
+            for columns in ("one", "several"):
+                jsonl = data_dir / f"speed_{megabytes}mb_{key}_{columns}.jsonl"
+                parquet = jsonl.with_suffix(".parquet")
+                if not jsonl.exists():
+                    write_jsonl_of_size(jsonl, megabytes, key=key, columns=columns)
+                    import pyarrow.json as pa_json
+
+                    pq.write_table(pa_json.read_json(jsonl), parquet)
+                rows = pq.ParquetFile(parquet).metadata.num_rows
+                size = jsonl.stat().st_size / 1e6
+                out = data_dir / "speed_out.parquet"
+                for command in ("check", "compute"):
+
+                    def run(path: Path, command: str = command) -> Callable[[], None]:
+                        tail = ["--min-groups", "1"] if command == "check" else ["-o", str(out), "-f"]
+                        return lambda: subprocess.run(
+                            [*cli, command, str(path), "-q", *tail], check=True, stdout=subprocess.DEVNULL
+                        )
+
+                    text_s = best_of(repeats, run(jsonl))
+                    parquet_s = best_of(repeats, run(parquet))
+                    label = f"{size:6.1f} MB, {key} keys, {columns} column{'s' if columns != 'one' else ''}"
+                    work = text_s - startup  # past the imports: the reading, the passes, the write
+                    rate = f"{size / work:10.1f}" if work > 0.2 else f"{'(start-up)':>10s}"
+                    print(
+                        f"  {label:34s} {rows:10,d} {command:8s} {text_s:8.2f} {parquet_s:9.2f}"
+                        f" {text_s / parquet_s:5.2f}x {rate}"
+                    )
+
+
 SECTIONS = ["imports", "jsonl", "kernel", "keys", "dump", "files", "memory", "estimators", "ray"]
 """Every section, in the order a full run takes them."""
 
@@ -732,6 +805,7 @@ def main() -> None:
     if "imports" in sections:
         bench_imports()
     if "jsonl" in sections:
+        bench_jsonl_speed(args.data_dir, repeats=args.repeats)
         bench_jsonl_reads(args.data_dir)
     if "kernel" in sections:
         bench_kernel(args.rows, args.group_size, args.repeats)

@@ -259,6 +259,9 @@ def read_ahead(items: Iterator[_Item], *, depth: int = 1) -> Generator[_Item, No
     Decoding the next batch (pyarrow releases the GIL) overlaps the consumer's work on
     this one. The producer's exception is raised to the consumer where the item would
     have come; a consumer that stops early stops the producer, which closes ``items``.
+    The consumer waits at most :data:`PRODUCER_GRACE_SECONDS` for the producer's current
+    item (a run stopped by Ctrl-C or SIGTERM ends on time, whatever one item costs): the
+    producer, a daemon thread, stops at its next item.
 
     >>> list(read_ahead(iter(range(5))))
     [0, 1, 2, 3, 4]
@@ -298,7 +301,10 @@ def read_ahead(items: Iterator[_Item], *, depth: int = 1) -> Generator[_Item, No
             yield value
     finally:
         stop.set()
-        thread.join()
+        thread.join(PRODUCER_GRACE_SECONDS)
+
+
+PRODUCER_GRACE_SECONDS = 1.0
 
 
 def _rebatched(
@@ -917,8 +923,10 @@ def unify_jsonl_schema(shard: Shard, chunk_bytes: int = 32 << 20) -> pa.Schema:
     return schema
 
 
-# Integer literals of 16 digits or more may exceed 2**53, beyond which float64 rounds.
-_LONG_INTEGER = re.compile(rb"\d{16,}")
+# Integer literals of 16 digits or more may exceed 2**53, beyond which float64 rounds. The digits of
+# a fraction or an exponent are no integer literal: a float64 written in full (0.6369616873214543)
+# has 16 of them, and every line of a file of rewards would be parsed again.
+_LONG_INTEGER = re.compile(rb"(?<![\d.eE+])(?<![eE]-)\d{16,}(?![\d.eE])")
 
 
 def _check_exact_integers(shard: Shard, schema: pa.Schema, chunk_bytes: int = 32 << 20) -> None:
@@ -943,14 +951,18 @@ def _floating(schema: pa.Schema) -> list[pa.Field]:
 def _long_integer_lines(chunk: bytes, line_offset: int) -> list[tuple[int, bytes]]:
     """The lines of a chunk of whole lines that hold an integer literal of 16 digits or more, each
     with its 1-based number in the file (``line_offset`` lines come before the chunk)."""
-    found: dict[int, bytes] = {}
+    found: list[tuple[int, bytes]] = []
+    number, counted_to, end = line_offset + 1, 0, -1
     for match in _LONG_INTEGER.finditer(chunk):
+        if match.start() <= end:
+            continue  # a second literal on a line already taken
         start = chunk.rfind(b"\n", 0, match.start()) + 1
-        if start in found:
-            continue
+        number += chunk.count(b"\n", counted_to, start)  # each byte counted once: linear in the chunk
+        counted_to = start
         end = chunk.find(b"\n", match.end())
-        found[start] = chunk[start : end if end >= 0 else len(chunk)]
-    return [(line_offset + chunk.count(b"\n", 0, start) + 1, line) for start, line in found.items()]
+        end = end if end >= 0 else len(chunk)
+        found.append((number, chunk[start:end]))
+    return found
 
 
 def _check_integer_lines(shard: Shard, schema: pa.Schema, lines: list[tuple[int, bytes]]) -> None:
