@@ -731,11 +731,11 @@ def bench_jsonl_speed(data_dir: Path, sizes: tuple[int, ...] = (1, 10, 100), rep
     grow with its size, never faster (a 40 MB file once took hours)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     cli = [sys.executable, "-m", "grpo_cli"]
-    startup = best_of(
-        repeats, lambda: subprocess.run([sys.executable, "-c", "import grpo_cli.engines.local"], check=True)
-    )
+    imports = [sys.executable, "-c", "import grpo_cli.engines.local"]
+    startup = best_of(repeats, lambda: subprocess.run(imports, check=True))
     print(
-        f"\nJSON lines beside Parquet, whole processes (best of {repeats}; start-up, the imports: {startup:.2f} s)"
+        f"\nJSON lines beside Parquet, whole processes (best of {repeats}; "
+        f"start-up, the imports: {startup:.2f} s)"
     )
     print(
         f"  {'file':34s} {'rows':>10s} {'command':8s} {'jsonl s':>8s} {'parquet s':>9s} {'ratio':>6s}"
@@ -756,7 +756,7 @@ def bench_jsonl_speed(data_dir: Path, sizes: tuple[int, ...] = (1, 10, 100), rep
                 out = data_dir / "speed_out.parquet"
                 for command in ("check", "compute"):
 
-                    def run(path: Path, command: str = command) -> Callable[[], None]:
+                    def run(path: Path, command: str = command, out: Path = out) -> Callable[[], None]:
                         tail = ["--min-groups", "1"] if command == "check" else ["-o", str(out), "-f"]
                         return lambda: subprocess.run(
                             [*cli, command, str(path), "-q", *tail], check=True, stdout=subprocess.DEVNULL

@@ -31,11 +31,8 @@ def write_float_rewards_jsonl(path: Path, rows: int) -> Path:
     groups = np.repeat(np.arange(rows // 8, dtype=np.int64), 8)
     rewards = rng.random(rows)
     with open(path, "w") as handle:
-        handle.write(
-            "".join(
-                f'{{"group_id": {g}, "reward": {r!r}}}\n' for g, r in zip(groups.tolist(), rewards.tolist())
-            )
-        )
+        pairs = zip(groups.tolist(), rewards.tolist(), strict=True)
+        handle.write("".join(f'{{"group_id": {g}, "reward": {r!r}}}\n' for g, r in pairs))
     return path
 
 
