@@ -22,7 +22,13 @@ Numerical contract:
   rewards lie outside ``[2**-256, 2**256)`` in magnitude (``[2**-32, 2**32)`` in float32)
   is computed in units of a power of two (:func:`group_scale`), which is exact, so that
   squares neither overflow nor underflow. Ordinary rewards have scale 1 and take the
-  unscaled path, bit for bit.
+  unscaled path, bit for bit;
+* the same input gives the same bits on every CPU (x86-64 or ARM, any vector width, any
+  thread count): every float64 operation is an IEEE one (``+ - * /``, each correctly
+  rounded), :func:`sqrt_rn` where a square root is taken (torch's own ``sqrt`` goes through
+  the vector-math library of the CPU it runs on, which is not correctly rounded), and every
+  sum is a left fold in a set order (:func:`fold_sum`, the group folds), never a reduction
+  whose order follows the vector width or the threads.
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ __all__ = [
     "batch_std",
     "empty_group_stats",
     "flat_groups",
+    "fold_sum",
     "gpg_row_scale",
     "group_scale",
     "group_stats",
@@ -78,9 +85,81 @@ __all__ = [
     "prepare_normalization",
     "row_baseline_advantages",
     "shaped_rewards",
+    "sqrt_rn",
     "weighted_moments",
     "whitening",
 ]
+
+
+_SPLITTER = 134217729.0  # 2**27 + 1: Veltkamp's split of a float64 into two halves of 26 bits
+
+
+def sqrt_rn(x: Tensor) -> Tensor:
+    """The correctly rounded square root (IEEE 754's ``sqrt``), the same bits on every CPU.
+
+    ``torch.sqrt`` on the CPU goes through the vector-math library of the machine it runs on
+    (MKL's, chosen by CPU), whose float64 results are within an ulp but not always the nearest:
+    about 1 in 80 differs from ``math.sqrt``, and which ones depends on the CPU. Here each
+    root is brought to ``[0.7, 1.5)`` by an exact power of two, corrected to the nearest float64
+    by its exact residual ``x - y*y`` (Dekker's product, no fused multiply-add needed), and
+    scaled back. Zeros, infinities, NaN and negatives keep IEEE's answers. A float32 or float16
+    tensor takes the float64 root rounded once more, which is its own correctly rounded root.
+
+    ``x``: any shape, a floating dtype; the result has its shape and dtype.
+
+    >>> sqrt_rn(torch.tensor([2.0, 0.0, -1.0, float("inf")], dtype=torch.float64)).tolist()
+    [1.4142135623730951, 0.0, nan, inf]
+    >>> import math
+    >>> xs = torch.linspace(0.5, 1e6, 100_001, dtype=torch.float64)
+    >>> sqrt_rn(xs).tolist() == [math.sqrt(v) for v in xs.tolist()]
+    True
+    """
+    if not x.is_floating_point():
+        raise TypeError(f"sqrt_rn takes a floating tensor, got {x.dtype}")
+    if x.dtype != torch.float64:
+        return sqrt_rn(x.to(torch.float64)).to(x.dtype)
+    ordinary = torch.isfinite(x) & (x > 0)
+    mantissa, exponent = torch.frexp(torch.where(ordinary, x, torch.ones_like(x)))
+    odd = exponent % 2 != 0  # an even exponent halves exactly
+    mantissa = torch.where(odd, mantissa * 2, mantissa)  # in [0.5, 2): exact
+    half_exponent = torch.div(exponent - odd.to(exponent.dtype), 2, rounding_mode="floor")
+    root = mantissa.sqrt()
+    for _ in range(2):  # the library's root is within an ulp: one step corrects it, a second checks
+        root = _nearest_root(mantissa, root)
+    return torch.where(ordinary, torch.ldexp(root, half_exponent), x.sqrt())
+
+
+def _nearest_root(m: Tensor, y: Tensor) -> Tensor:
+    """``y`` (near ``sqrt(m)``, ``m`` in ``[0.5, 2)``) moved one float64 up or down where a
+    neighbour is nearer ``sqrt(m)``, from the exact residual ``r = m - y*y``: ``y`` is the nearest
+    where ``-y*gap_below < r <= y*gap_above`` (no root of a float64 lies halfway)."""
+    product = y * y
+    split = _SPLITTER * y
+    high = split - (split - y)
+    low = y - high
+    error = ((high * high - product) + 2 * high * low) + low * low  # y*y == product + error exactly
+    residual = (m - product) - error  # m - product is exact (Sterbenz): one rounding, far from the bounds
+    gap_above = torch.where(y >= 1, 2.0**-52, 2.0**-53).to(y.dtype)
+    gap_below = torch.where(y > 1, 2.0**-52, 2.0**-53).to(y.dtype)
+    up = torch.nextafter(y, torch.full_like(y, math.inf))
+    down = torch.nextafter(y, torch.zeros_like(y))
+    return torch.where(residual > y * gap_above, up, torch.where(residual <= -(y * gap_below), down, y))
+
+
+def fold_sum(values: Tensor, dim: int = 0) -> Tensor:
+    """The sum along ``dim`` as a left fold from ``+0.0``, in index order, the same bits on every
+    CPU and thread count (``Tensor.sum`` adds in an order that follows the vector width).
+
+    ``values``: any shape, a floating dtype; the result drops ``dim``.
+
+    >>> fold_sum(torch.tensor([1e16, 1.0, 1.0, -1e16], dtype=torch.float64)).item()
+    0.0
+    >>> fold_sum(torch.tensor([[0.1, 0.2, 0.3]], dtype=torch.float64), dim=1).tolist()
+    [0.6000000000000001]
+    """
+    if values.shape[dim] == 0:
+        return torch.zeros_like(values.sum(dim))
+    return torch.zeros_like(values.select(dim, 0)) + torch.cumsum(values, dim).select(dim, -1)
 
 
 class GroupAdvantages(TypedDict):
@@ -274,7 +353,7 @@ def group_std(stats: GroupStats, *, ddof: int = 0) -> Tensor:
     tensor([ 1.0000e+00, 1.0000e+300], dtype=torch.float64)
     """
     dof = (stats.count - ddof).clamp_min(1).to(stats.m2.dtype)
-    return (stats.m2 / dof).sqrt() * group_scale(stats)
+    return sqrt_rn(stats.m2 / dof) * group_scale(stats)
 
 
 def empty_group_stats(
@@ -754,7 +833,7 @@ def batch_std(stats: GroupStats, *, ddof: int = 0) -> Tensor:
 
 def _overall_std(stats: GroupStats, ddof: int) -> Tensor:
     n, _, m2, scale = _batch_moments_scaled(stats)
-    return (m2 / max(n - ddof, 1)).sqrt() * scale
+    return sqrt_rn(m2 / max(n - ddof, 1)) * scale
 
 
 def _batch_moments_scaled(stats: GroupStats) -> tuple[int, Tensor, Tensor, Tensor]:
@@ -768,14 +847,14 @@ def _batch_moments_scaled(stats: GroupStats) -> tuple[int, Tensor, Tensor, Tenso
     seen = stats.count > 0
     overall = _scales(stats.minimum[seen].min().reshape(1), stats.maximum[seen].max().reshape(1))
     if overall is None and _scales(stats.minimum, stats.maximum) is None:
-        mean = (weights * stats.mean).sum() / n
-        m2 = stats.m2.sum() + (weights * (stats.mean - mean) ** 2).sum()
+        mean = fold_sum(weights * stats.mean) / n
+        m2 = fold_sum(stats.m2) + fold_sum(weights * (stats.mean - mean) ** 2)
         return n, mean, m2, zero + 1
     scale = zero + 1 if overall is None else overall[0]
     means = torch.where(seen, stats.mean, torch.zeros_like(stats.mean)) / scale
     ratio = torch.where(seen, group_scale(stats) / scale, torch.zeros_like(stats.mean))
-    mean = (weights * means).sum() / n
-    m2 = (stats.m2 * ratio * ratio).sum() + (weights * (means - mean) ** 2).sum()
+    mean = fold_sum(weights * means) / n
+    m2 = fold_sum(stats.m2 * ratio * ratio) + fold_sum(weights * (means - mean) ** 2)
     return n, mean * scale, m2, scale
 
 
@@ -887,7 +966,7 @@ class Divisor:
             deviation = self.batch_std.expand_as(m2) if units is None else self.batch_std / units
         else:
             dof = (count - self.ddof).clamp_min(1).to(m2.dtype)
-            deviation = (m2 / dof).sqrt()
+            deviation = sqrt_rn(m2 / dof)
         eps: float | Tensor = self.epsilon if units is None else self.epsilon / units
         if self.epsilon_mode == "clamp":
             return (
@@ -1434,17 +1513,17 @@ def whitening(moments: WeightedMoments, *, method: str) -> BatchTransform:
     rows = moments.count.to(torch.float64)
     if method == "unbiased":
         variance = m2 / (weight - 1).clamp_min(1)
-        return BatchTransform(mean, torch.rsqrt(variance + 1e-8))
+        return BatchTransform(mean, 1 / sqrt_rn(variance + 1e-8))
     if method == "population":
         variance = m2 / weight.clamp_min(1)
-        return BatchTransform(mean, torch.rsqrt(variance.clamp_min(1e-8)))
+        return BatchTransform(mean, 1 / sqrt_rn(variance.clamp_min(1e-8)))
     if method == "trl-rloo":
-        rows_std = (m2 / (rows - 1).clamp_min(1)).sqrt()
+        rows_std = sqrt_rn(m2 / (rows - 1).clamp_min(1))
         return BatchTransform(mean, 1 / (rows_std + 1e-4))
     if method == "areal":
-        std = torch.where(weight > 1, (m2 / (weight - 1).clamp_min(1)).sqrt(), torch.ones_like(m2))
+        std = torch.where(weight > 1, sqrt_rn(m2 / (weight - 1).clamp_min(1)), torch.ones_like(m2))
         return BatchTransform(mean, 1 / (std + 1e-5))
-    sample_std = (m2 / (rows - 1).clamp_min(1)).sqrt()
+    sample_std = sqrt_rn(m2 / (rows - 1).clamp_min(1))
     if method == "trl":
         return BatchTransform(torch.zeros_like(mean), 1 / (sample_std + 1e-4))
     if method == "gdpo":
@@ -1612,7 +1691,7 @@ def pass_at_k_advantages(
         credit = own * ranked + after
         last_tie = torch.searchsorted(ranked, ranked, right=True) - 1  # each tie run's last credit
         credit = credit.gather(1, last_tie)
-        result[rows] = (credit - credit.mean(dim=1, keepdim=True)).flatten()
+        result[rows] = (credit - (fold_sum(credit, dim=1) / n)[:, None]).flatten()
     if active is not None:
         result = torch.where(active.to(x.device)[ids], result, torch.zeros_like(result))
     return result

@@ -347,15 +347,19 @@ def _significand_bits(values: torch.Tensor) -> torch.Tensor:
     significand = torch.ldexp(fraction, torch.full_like(fraction, FLOAT32_BITS, dtype=torch.int64))
     integer = significand.to(torch.int64)
     lowest = integer & -integer  # the lowest set bit
-    trailing = torch.where(integer > 0, torch.log2(lowest.clamp_min(1).to(torch.float64)), 0.0)
-    return torch.where(integer > 0, FLOAT32_BITS - trailing.to(torch.int64), 0)
+    trailing = _bit_length(lowest) - 1  # the lowest set bit's place, exactly (frexp, not a log)
+    return torch.where(integer > 0, FLOAT32_BITS - trailing, 0)
 
 
 def _bit_length(counts: torch.Tensor) -> torch.Tensor:
-    """Bits of each non-negative count (0 for 0, 1 for 1, 3 for 4)."""
-    return torch.where(counts > 0, torch.floor(torch.log2(counts.clamp_min(1).to(torch.float64))) + 1, 0).to(
-        torch.int64
-    )
+    """Bits of each non-negative count (0 for 0, 1 for 1, 3 for 4), from its exponent: exact, where
+    ``log2`` goes through the CPU's vector-math library.
+
+    >>> _bit_length(torch.tensor([0, 1, 4, 7, 8, 2**52 + 1])).tolist()
+    [0, 1, 3, 3, 4, 53]
+    """
+    _, exponent = torch.frexp(counts.clamp_min(1).to(torch.float64))
+    return torch.where(counts > 0, exponent.to(torch.int64), 0)
 
 
 def _group_divisor(stats: GroupStats, options: AdvantageOptions) -> torch.Tensor:
