@@ -102,16 +102,29 @@ class KeyPrefix:
 @dataclass(frozen=True)
 class ConsecutiveBlocks:
     """The group is a block of G consecutive rows of one file; G is given, or read from the
-    runs of equal ``prompt`` values (their greatest common divisor)."""
+    runs of equal ``prompt`` values (their greatest common divisor). ``within``: fields whose
+    change also ends a run (ROLL's ``domain``: two domains' prompts may share an ``id``, and
+    a block never holds two domains)."""
 
     prompt: str
+    within: tuple[str, ...] = ()
+    size_name: str = "num_generations"
 
     columns: tuple[str, ...] = ()
 
+    @property
+    def run_fields(self) -> list[str]:
+        """The fields whose values, taken together, stay the same along one prompt's rows."""
+        return [*self.within, self.prompt]
+
+    @property
+    def runs_of(self) -> str:
+        return " and ".join(self.run_fields)
+
     def describe(self) -> str:
         return (
-            "consecutive blocks of num_generations rows in each file (told from the runs of "
-            f"equal {self.prompt})"
+            f"consecutive blocks of {self.size_name} rows in each file (told from the runs of "
+            f"equal {self.runs_of})"
         )
 
     def derive(self, table: pa.Table, file: str) -> pa.Table:
@@ -301,9 +314,17 @@ DUMPS: dict[str, DumpFormat] = {
         layout="json-columns",
         fields=("global_step", "id", "responses", "scores"),
         rewards=("scores",),
-        group=KeyColumns(("global_step", "id"), "the prompt's id within a step"),
+        # RLVRPipeline.run: the step's rows in generation order (argsort of prompt_id), split by
+        # domain (DataProto.group_by), then reward_norm reshapes each domain's rows into blocks of
+        # num_return_sequences: a prompt's id is never read, and two domains' ids may collide
+        group=ConsecutiveBlocks("id", within=("domain",), size_name="num_return_sequences"),
         step_field="global_step",
         preset="roll",
+        notes=(
+            "ROLL normalises each domain's rows apart, in blocks of num_return_sequences in generation "
+            "order (RLVRPipeline.run, reward_norm): the groups here are those blocks, so prompts of "
+            "two domains that share an id stay apart, and a prompt drawn twice in a row is two groups",
+        ),
     ),
     "slime": DumpFormat(
         name="slime",
@@ -502,6 +523,7 @@ def open_dump(trainer: str, specs: Sequence[str], *, group_size: int | None = No
             opened.group_size = _blocks(dump.group, opened.inputs.shards, group_size, opened.notes)
             opened.defaults["group_size"] = opened.group_size
             del opened.defaults["group_col"]
+        if isinstance(dump.group, ConsecutiveBlocks) and not dump.rewards:  # TRL: a column per function
             opened.defaults["reward_col"] = _reward_functions(dump, opened.inputs.shards[0])
             opened.notes.append(
                 f"rewards: the reward-function columns {', '.join(opened.defaults['reward_col'])}, each of "
@@ -976,17 +998,24 @@ def _reward_functions(dump: DumpFormat, shard: Shard) -> list[str]:
 def _blocks(rule: ConsecutiveBlocks, shards: list[Shard], given: int | None, notes: list[str]) -> int:
     """The group size of a dump whose groups are consecutive blocks in each file (see
     :func:`_block_size`), read from the files' runs of equal prompts."""
-    from grpo_cli.readers import describe_row
+    from grpo_cli.readers import describe_row, read_schema
 
+    for shard in shards:
+        missing = [name for name in rule.within if name not in read_schema(shard).names]
+        if missing:
+            raise GrpoError(
+                f"{shard.display}: holds no {', '.join(missing)} field, which tells the trainer's groups "
+                "apart (the trainer writes it in every record)"
+            )
     files = [
         (
             shard.display,
-            _run_lengths(_whole_table(shard, [rule.prompt]).column(0)),
+            _run_lengths(*_whole_table(shard, rule.run_fields).columns),
             functools.partial(describe_row, shard),
         )
         for shard in shards
     ]
-    return _block_size(rule.prompt, files, given, "--group-size", notes)
+    return _block_size(rule.runs_of, files, given, "--group-size", notes, size_name=rule.size_name)
 
 
 def _block_size(
@@ -995,6 +1024,8 @@ def _block_size(
     given: int | None,
     option: str,
     notes: list[str],
+    *,
+    size_name: str = "num_generations",
 ) -> int:
     """``given``, or the greatest common divisor of the runs of equal ``prompt`` values; each
     file (its name, its runs' lengths, and how a row of it is named) must be whole groups, and
@@ -1019,13 +1050,12 @@ def _block_size(
             size = math.gcd(*(run for _, lengths, _ in files for run in lengths[1:-1]))
         if size <= 1:
             raise GrpoError(
-                f"{files[0][0]}: cannot tell num_generations from the dump (no two consecutive rows "
+                f"{files[0][0]}: cannot tell {size_name} from the dump (no two consecutive rows "
                 f"share a {prompt}); give {option}"
             )
         longer = sum(1 for run in runs if run > size)
         notes.append(
-            f"group size {size}: told from the runs of equal {prompt} (the dump does not "
-            "record num_generations)"
+            f"group size {size}: told from the runs of equal {prompt} (the dump does not record {size_name})"
         )
         if longer:
             notes.append(
@@ -1056,9 +1086,13 @@ def _block_size(
     return size
 
 
-def _run_lengths(values: pa.ChunkedArray) -> list[int]:
-    """Lengths of the runs of equal consecutive values."""
-    items = values.to_pylist()
+def _run_lengths(*columns: pa.ChunkedArray) -> list[int]:
+    """Lengths of the runs of equal consecutive values (of all ``columns`` together).
+
+    >>> _run_lengths(pa.chunked_array([["3", "3", "3", "3"]]), pa.chunked_array([["a", "a", "b", "b"]]))
+    [2, 2]
+    """
+    items = list(zip(*(column.to_pylist() for column in columns), strict=True))
     out, start = [], 0
     for i in range(1, len(items) + 1):
         if i == len(items) or items[i] != items[start]:
@@ -1091,10 +1125,16 @@ def of_table(
     derived = _derived_table(dump, table, TABLE, 0 if stepless else None)
     defaults = _defaults(dump)
     if isinstance(dump.group, ConsecutiveBlocks):
-        runs = _run_lengths(table.column(dump.group.prompt))
+        missing = [name for name in dump.group.within if name not in table.schema.names]
+        if missing:
+            raise GrpoError(f"the table is not a {dump.trainer} dump: it has no {', '.join(missing)} column")
+        runs = _run_lengths(*(table.column(name) for name in dump.group.run_fields))
         files = [(TABLE, runs, functools.partial(_at, TABLE))]
-        defaults["group_size"] = _block_size(dump.group.prompt, files, group_size, "group_size=", [])
+        defaults["group_size"] = _block_size(
+            dump.group.runs_of, files, group_size, "group_size=", [], size_name=dump.group.size_name
+        )
         del defaults["group_col"]
+    if isinstance(dump.group, ConsecutiveBlocks) and not dump.rewards:
         names = [f.name for f in table.schema if f.name not in dump.fields and pa.types.is_floating(f.type)]
         defaults["reward_col"] = names
     if "advantage" in table.schema.names:

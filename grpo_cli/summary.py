@@ -213,7 +213,7 @@ def build_summary(
         elapsed_seconds=elapsed,
         verify=verify,
         off_size_groups=off_size,
-        warnings=[*warnings, *grouping_warnings(sizes, options)],
+        warnings=[*warnings, *grouping_warnings(sizes, options, key_at)],
         trainer_filter=trainer_filter,
         group_size_counts=_size_counts(np.asarray(sizes)),
         tolerance=None
@@ -344,6 +344,24 @@ def _sort_key(key: Any) -> tuple[int, Any]:
     return (1, str(key))
 
 
+def _expected_constant_fraction(p: float, sizes: np.ndarray) -> float:
+    """The mean over groups of ``p**G + (1 - p)**G``, in exact rational arithmetic rounded once: the
+    same bits on every CPU (numpy's ``power`` takes the CPU's vector-math library).
+
+    >>> _expected_constant_fraction(0.5, np.array([2, 2, 4]))
+    0.375
+    """
+    from fractions import Fraction
+
+    rate = Fraction(p)
+    sizes_seen, groups = np.unique(sizes, return_counts=True)
+    total = sum(
+        (rate**size + (1 - rate) ** size) * int(n)
+        for size, n in zip(sizes_seen.tolist(), groups.tolist(), strict=True)
+    )
+    return float(total / int(groups.sum()))
+
+
 def _percentiles(values: np.ndarray) -> dict[str, float | None]:
     if values.size == 0:
         return {f"p{p}": None for p in PERCENTILES}
@@ -374,8 +392,7 @@ def _homogeneous(
     if not several.any():
         return None
     p = float(sums.sum() / count[scored].sum())
-    sizes = count[several]
-    expected = float(np.mean(p**sizes + (1 - p) ** sizes))
+    expected = _expected_constant_fraction(p, count[several])
     return {
         "observed": round(float(constant[several].mean()), 6),
         "expected": round(expected, 6),
@@ -443,17 +460,29 @@ def plain_key(key: Any) -> Any:
     return str(key)
 
 
-def grouping_warnings(sizes: np.ndarray, options: dict[str, Any]) -> list[str]:
+MERGED_EXAMPLES = 3
+"""How many keys of merged groups a warning names."""
+
+
+def grouping_warnings(
+    sizes: np.ndarray, options: dict[str, Any], key_at: Callable[[int], Any] | None = None
+) -> list[str]:
     """What the group sizes say about the grouping itself, as one line each.
 
     Trainers sample a fixed number G of rollouts per prompt: most groups of one size and some
-    of two or more times it means groups were merged (a prompt repeated within a step, or a
-    prompt key without the step); mostly singletons means the key names rollouts, not prompts.
+    of two or more times it means groups were merged (a prompt drawn twice in a step, the same
+    ID in two data sources, or a prompt key without the step), named by their first keys (from
+    ``key_at``); mostly singletons means the key names rollouts, not prompts.
 
     >>> grouping_warnings(np.array([8] * 10 + [16, 24]), {"group_cols": ["input"]})[0][:60]
     '2 of 12 groups have 2 or more times the 8 rows most groups h'
     >>> grouping_warnings(np.array([1, 1, 1, 2]), {"group_cols": ["uid"]})[0][:48]
     '3 of 4 groups are singletons: the group key uid '
+    >>> text = grouping_warnings(np.array([8, 8, 16]), {"group_cols": ["step", "id"], "batch_col": "step"},
+    ...                          key_at=lambda g: (1, str(g)))[0]
+    >>> print(text.split("sources)", 1)[1])
+    , e.g. key [1, "2"] (16 rows); where the trainer keeps a prompt's rollouts in consecutive rows, \
+--group-size 8 splits them
     """
     out: list[str] = []
     groups = int(sizes.size)
@@ -473,10 +502,20 @@ def grouping_warnings(sizes: np.ndarray, options: dict[str, Any]) -> list[str]:
         stepped = (
             len(options.get("group_cols") or []) > 1 and options.get("batch_col") in options["group_cols"]
         )
+        merged = np.flatnonzero((sizes > common) & (sizes % common == 0))[:MERGED_EXAMPLES]
+        named = ""
+        if key_at is not None:
+            shown = ", ".join(
+                f"{json.dumps(plain_key(key_at(int(g))), ensure_ascii=False)[:80]} ({int(sizes[g])} rows)"
+                for g in merged
+            )
+            named = f", e.g. key {shown}"
         out.append(
             f"{multiples:,} of {groups:,} groups have 2 or more times the {common} rows most groups have: "
-            "groups sharing a key were merged (a prompt repeated in a step"
+            "groups sharing a key were merged (a prompt drawn twice in a step, or one ID in two data sources"
             + (")" if stepped else f", or a prompt key {keys} without the step: add the step column with -g)")
+            + f"{named}; where the trainer keeps a prompt's rollouts in consecutive rows, "
+            f"--group-size {common} splits them"
         )
     return out
 

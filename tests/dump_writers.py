@@ -347,9 +347,32 @@ def write_nemo_rl(folder: Path, *, prompts: int = 160, n: int = 4, seed: int = 4
 # --------------------------------------------------------------------------- ROLL
 
 
-def write_roll(folder: Path, *, prompts: int = 80, n: int = 8, seed: int = 5) -> dict[str, Any]:
-    """ROLL's ``rollout_dump_data.step_{N}.jsonl``: ONE JSON object whose fields are columns."""
+class _GroupedProto:
+    """The fields of ROLL's ``DataProto`` that its ``group_by`` reads: no tensors, these columns."""
+
+    _batch = None
+    _remote_batch = None
+
+    def __init__(self, columns: dict[str, Any]) -> None:
+        self._non_tensor_batch = columns
+
+    def __len__(self) -> int:
+        return len(next(iter(self._non_tensor_batch.values())))
+
+
+def write_roll(folder: Path, *, prompts: int = 40, n: int = 8, seed: int = 5) -> dict[str, Any]:
+    """ROLL's ``rollout_dump_data.step_{N}.jsonl``: ONE JSON object whose fields are columns.
+
+    Each step is a multi-domain RLVR step as ``RLVRPipeline.run`` makes it: a ``math_rule`` and an
+    ``llm_judge`` batch, each drawn from its own dataset (so their ``id`` values overlap: math ``"3"``
+    and judge ``"3"`` in one step), concatenated in domain order (``DataProto.concat``) and dumped
+    in that order; one math prompt is drawn twice in a row (a dataset with a repeat). The truth is
+    ROLL's own grouping: the rows in generation order (``prompt_id``), ``DataProto.group_by("domain")``
+    (its code, executed), each domain's scores through ``reward_norm`` (executed, the grpo
+    estimator's group mean and std) in blocks of ``num_return_sequences``."""
     text = source(ROLL, "roll/pipeline/rlvr/utils.py")
+    functionals = source(ROLL, "roll/utils/functionals.py")
+    protocol = source(ROLL, "roll/distributed/scheduler/protocol.py")
 
     class Timer:
         def __init__(self, name: str, logger: Any) -> None:
@@ -371,29 +394,36 @@ def write_roll(folder: Path, *, prompts: int = 80, n: int = 8, seed: int = 5) ->
     }
     exec(columns_block, namespace)
     exec(_function(text, "write_to_json_process"), namespace)
+    norm: dict[str, Any] = {"torch": torch}
+    exec(_function(functionals, "reward_norm"), norm)
+    group_by = _cut(protocol, "group_key_values = []", "grouped_data[group_key] = self.select_idxs(indices)")
     write_data_block = _cut(
         text, "write_data = {k: copy.deepcopy(v)", "write_data['global_step'] = [global_step] * data_cnt"
     )
     rng = random.Random(seed)
     truth: dict[str, Any] = {}
     import copy
+    from collections import defaultdict
 
     for global_step in range(STEPS):
-        ids, prompt_texts, groups, scores = [], [], [], []
-        for p in range(prompts):
-            prompt_id = f"math-{global_step}-{p}"
-            prompt = _prompt(rng, global_step * 1000 + p)
-            for reward in _binary_or_partial(rng, n):
-                ids.append(prompt_id)
-                prompt_texts.append(prompt)
-                groups.append(prompt_id)
-                scores.append(reward)
+        ids, prompt_texts, domains, scores = [], [], [], []
+        for domain, count in (("math_rule", prompts), ("llm_judge", prompts // 2)):
+            drawn = list(range(count))
+            if domain == "math_rule":
+                drawn[5] = drawn[4]  # the dataset holds prompt 4 twice: drawn twice in a row
+            for p in drawn:
+                prompt = _prompt(rng, global_step * 1000 + p + (500 if domain == "llm_judge" else 0))
+                for reward in _binary_or_partial(rng, n):
+                    ids.append(str(p))  # each domain's dataset numbers its prompts from 0
+                    prompt_texts.append(prompt)
+                    domains.append(domain)
+                    scores.append(reward)
         data = types.SimpleNamespace(
             non_tensor_batch={
                 "id": np.array(ids, dtype=object),
                 "prompt": np.array(prompt_texts, dtype=object),
-                "source": np.array(["math"] * len(ids), dtype=object),
-                "domain": np.array(["math_rule"] * len(ids), dtype=object),
+                "source": np.array(["math" if d == "math_rule" else "judge" for d in domains], dtype=object),
+                "domain": np.array(domains, dtype=object),
             },
             batch={"responses": list(range(len(ids))), "scores": torch.tensor(scores, dtype=torch.float32)},
             meta_info={"temperature": 1.0},
@@ -404,7 +434,24 @@ def write_roll(folder: Path, *, prompts: int = 80, n: int = 8, seed: int = 5) ->
         local = {"data": data, "tokenizer": tokenizer, "copy": copy, "json": json, "global_step": global_step}
         exec(write_data_block, local)
         namespace["write_to_json_process"](str(folder), local["write_data"], namespace["COLUMMNS_CONFIG"])
-        truth[f"rollout_dump_data.step_{global_step}.jsonl"] = {"groups": groups}
+
+        # RLVRPipeline.run: prompt_id = arange in dump order, reorder by it, group_by("domain")
+        order = torch.argsort(torch.arange(len(ids)))
+
+        proto = _GroupedProto({"domain": data.non_tensor_batch["domain"][order.numpy()]})
+        grouping: dict[str, Any] = {"self": proto, "keys": ["domain"], "defaultdict": defaultdict}
+        exec(group_by.replace("self.select_idxs(indices)", "indices"), grouping)
+        groups: list[str] = [""] * len(ids)
+        advantages = [0.0] * len(ids)
+        for domain, indices in grouping["grouped_data"].items():
+            rows = order[indices]
+            normalised = norm["reward_norm"](
+                data.batch["scores"][rows], n_sample=n, norm_mean_type="group", norm_std_type="group"
+            )
+            for position, (row, value) in enumerate(zip(rows.tolist(), normalised.tolist(), strict=True)):
+                groups[row] = f"{global_step}/{domain}/{position // n}"
+                advantages[row] = value
+        truth[f"rollout_dump_data.step_{global_step}.jsonl"] = {"groups": groups, "advantage": advantages}
     return truth
 
 
