@@ -38,8 +38,16 @@ demo: $(BIN)/.runtime
 	$(BIN)/grpo-cli compute sample_data/rollouts.parquet -o out/rollouts_with_advantages.parquet \
 		--reward-col correct --force
 
+# The float tests again under the baseline capability and one thread (the suite itself runs at
+# this CPU's widest vector unit and its default threads): no result may depend on either.
+# tests/test_same_bits.py also runs whole processes under every capability this CPU has.
+FLOAT_TESTS := tests/test_kernel.py tests/test_kernel_pieces.py tests/test_same_bits.py \
+	tests/test_trainer_filters.py tests/test_magnitudes.py tests/test_verify.py tests/test_tolerance.py \
+	tests/test_properties.py tests/test_estimators.py tests/test_presets.py grpo_cli/kernel.py
+
 test: setup browser
 	$(BIN)/python -m pytest
+	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow" $(FLOAT_TESTS)
 
 lint: setup
 	$(BIN)/ruff check grpo_cli tests benchmarks sample_data docs

@@ -203,8 +203,20 @@ def kernel_contenders(ids: np.ndarray, rewards: np.ndarray, repeats: int) -> dic
         reward = df_pd["reward"].astype("float64")
         _ = (reward - grouped.transform("mean")) / (grouped.transform("std", ddof=0) + EPS)
 
+    from grpo_cli import kernel
+
+    def library_roots() -> None:
+        """The kernel as it was before its roots were correctly rounded: torch's own sqrt."""
+        exact = kernel.sqrt_rn
+        kernel.sqrt_rn = lambda x: x.sqrt()
+        try:
+            group_advantages(r_t, ids_t, EPS)
+        finally:
+            kernel.sqrt_rn = exact
+
     return {
         "grpo-cli kernel (torch, cpu)": best_of(repeats, lambda: group_advantages(r_t, ids_t, EPS)),
+        "  the same, torch's library sqrt": best_of(repeats, library_roots),
         "polars over()": best_of(repeats, lambda: df_pl.select(polars_expr())),
         "pandas groupby-transform": best_of(repeats, pandas_kernel),
     }
@@ -756,7 +768,7 @@ def bench_jsonl_speed(data_dir: Path, sizes: tuple[int, ...] = (1, 10, 100), rep
                 out = data_dir / "speed_out.parquet"
                 for command in ("check", "compute"):
 
-                    def run(path: Path, command: str = command, out: Path = out) -> Callable[[], None]:
+                    def run(path: Path, command: str = command, out: Path = out) -> Callable[[], object]:
                         tail = ["--min-groups", "1"] if command == "check" else ["-o", str(out), "-f"]
                         return lambda: subprocess.run(
                             [*cli, command, str(path), "-q", *tail], check=True, stdout=subprocess.DEVNULL

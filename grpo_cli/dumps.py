@@ -350,7 +350,10 @@ DUMPS: dict[str, DumpFormat] = {
         layout="jsonl",
         fields=("input_prompt", "output_response", "score", "data_source"),
         rewards=("score",),
-        group=KeyColumns(("step", "input_prompt"), "the decoded prompt text within an evaluation"),
+        group=KeyColumns(
+            ("step", "data_source", "input_prompt"),
+            "the decoded prompt text within an evaluation's data source (one file each)",
+        ),
         step_field="step",
         preset="verl",
         step_from_file=True,
@@ -375,7 +378,8 @@ DUMPS: dict[str, DumpFormat] = {
             "SkyRL's GRPO (compute_grpo_outcome_advantage) is verl's formula: sample std, "
             "+ 1e-6, a one-rollout group r / (1 + 1e-6); --preset verl",
             "an eval_only folder (an evaluation outside training) is read as step -1",
-            "a prompt drawn twice in one evaluation is one group here (its decoded text is the key)",
+            "a prompt drawn twice in one data source of an evaluation is one group here (its decoded "
+            "text is the key); the same text in two data sources is two groups, as in SkyRL",
         ),
     ),
     "prime-rl": DumpFormat(

@@ -1101,3 +1101,44 @@ def test_roll_a_dump_without_its_domain_field_is_refused_naming_it(tmp_path: Pat
     (folder / "rollout_dump_data.step_0.jsonl").write_text(json.dumps(columns) + "\n")
     with pytest.raises(GrpoError, match="holds no domain field, which tells the trainer's groups apart"):
         open_dump("roll", [str(folder)])
+
+
+def test_skyrl_the_same_prompt_in_two_data_sources_is_two_groups(tmp_path: Path) -> None:
+    """SkyRL writes one file per data source; a prompt text both sources hold (a benchmark shared
+    by two datasets) was one group of 2n under a (step, input_prompt) key."""
+    evals = tmp_path / "dumped_evals" / "global_step_5_evals"
+    shutil.copytree(folder_of("skyrl") / "dumped_evals" / "global_step_5_evals", evals)
+    first, second = (evals / "math500.jsonl"), (evals / "openai_gsm8k.jsonl")
+    shared = json.loads(first.read_text().splitlines()[0])["input_prompt"]
+    lines = [json.loads(line) for line in second.read_text().splitlines()]
+    theirs = lines[0]["input_prompt"]
+    for line in lines:
+        if line["input_prompt"] == theirs:
+            line["input_prompt"] = shared
+    second.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with opened("skyrl", [str(tmp_path / "dumped_evals")]) as dump:
+        config = resolve_config({}, dump=dump.defaults)
+        summary = compute_dataset(dump.inputs, tmp_path / "out.parquet", config)
+    assert summary.group_size["min"] == summary.group_size["max"], summary.group_size  # no group of 2n
+    assert "data_source" in summary.input["from"]["group_key"]
+
+
+def test_verl_a_prompt_drawn_twice_in_a_step_is_named_by_the_merged_groups_warning(
+    cli: Any, tmp_path: Path
+) -> None:
+    """verl gives each draw of a prompt its own uid, which its dump does not hold, and writes the
+    rows after _balance_batch: the two draws cannot be told apart, so the summary says so, naming
+    the merged key."""
+    folder = tmp_path / "verl"
+    folder.mkdir()
+    lines = [json.loads(line) for line in (folder_of("verl") / "1.jsonl").read_text().splitlines()]
+    inputs = list(dict.fromkeys(line["input"] for line in lines))
+    for line in lines:
+        if line["input"] == inputs[1]:
+            line["input"] = inputs[0]  # the dataset held the prompt twice: drawn twice this step
+    (folder / "1.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = cli("check", folder, "--from", "verl")
+    assert result.exit_code == 0, result.stderr
+    warning = next(line for line in result.stderr.splitlines() if line.startswith("warning: 1 of"))
+    assert "a prompt drawn twice in a step" in warning
+    assert f"e.g. key [1, {json.dumps(inputs[0])[:40]}" in warning and "(16 rows)" in warning
