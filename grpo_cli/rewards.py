@@ -20,7 +20,7 @@ import torch
 from grpo_cli.choices import RewardSum
 from grpo_cli.columns import column_of, field_type, is_numeric_type, is_text_type, text_kernel_input
 from grpo_cli.errors import GrpoError
-from grpo_cli.kernel import Normalization, apply_normalization
+from grpo_cli.kernel import Normalization, apply_normalization, fold_sum
 from grpo_cli.keys import arrow_of, as_tensor, numpy_of
 from grpo_cli.options import AdvantageOptions, RewardSpec
 from grpo_cli.readers import describe_row
@@ -234,7 +234,7 @@ def _weighted_sum(weighted: Sequence[torch.Tensor], *, nansum: bool) -> torch.Te
         return combined
     terms = torch.stack(list(weighted))
     missing = torch.isnan(terms)
-    total = torch.where(missing, torch.zeros_like(terms), terms).sum(dim=0)
+    total = fold_sum(torch.where(missing, torch.zeros_like(terms), terms), dim=0)  # in column order
     return torch.where(missing.all(dim=0), torch.full_like(total, float("nan")), total)
 
 
