@@ -99,11 +99,12 @@ def sqrt_rn(x: Tensor) -> Tensor:
 
     ``torch.sqrt`` on the CPU goes through the vector-math library of the machine it runs on
     (MKL's, chosen by CPU), whose float64 results are within an ulp but not always the nearest:
-    about 1 in 80 differs from ``math.sqrt``, and which ones depends on the CPU. Here each
-    root is brought to ``[0.7, 1.5)`` by an exact power of two, corrected to the nearest float64
-    by its exact residual ``x - y*y`` (Dekker's product, no fused multiply-add needed), and
-    scaled back. Zeros, infinities, NaN and negatives keep IEEE's answers. A float32 or float16
-    tensor takes the float64 root rounded once more, which is its own correctly rounded root.
+    about 1 in 80 differs from ``math.sqrt``, and which ones depends on the CPU. Here each root
+    is corrected to the nearest float64 by its exact residual ``x - y*y`` (Dekker's product, no
+    fused multiply-add needed); values beyond ``2**+-960``, where that product would overflow or
+    lose bits, are first brought near 1 by an exact power of two. Zeros, infinities, NaN and
+    negatives keep IEEE's answers. A float32 or float16 tensor takes the float64 root rounded
+    once more, which is its own correctly rounded root.
 
     ``x``: any shape, a floating dtype; the result has its shape and dtype.
 
@@ -118,32 +119,45 @@ def sqrt_rn(x: Tensor) -> Tensor:
         raise TypeError(f"sqrt_rn takes a floating tensor, got {x.dtype}")
     if x.dtype != torch.float64:
         return sqrt_rn(x.to(torch.float64)).to(x.dtype)
-    ordinary = torch.isfinite(x) & (x > 0)
+    if x.numel() and _DEKKER_LOW <= float(x.min()) and float(x.max()) <= _DEKKER_HIGH:  # NaN fails both
+        return _nearest_root(x, x.sqrt())  # the library's root is within an ulp: one step corrects it
+    return _scaled_sqrt_rn(x, torch.isfinite(x) & (x > 0))
+
+
+_DEKKER_LOW, _DEKKER_HIGH = 2.0**-960, 2.0**960
+"""Where Dekker's product of a root with itself neither overflows nor loses its low bits."""
+
+
+def _scaled_sqrt_rn(x: Tensor, ordinary: Tensor) -> Tensor:
+    """:func:`sqrt_rn` of any float64 values: each brought to ``[0.5, 2)`` by an even power of two."""
     mantissa, exponent = torch.frexp(torch.where(ordinary, x, torch.ones_like(x)))
     odd = exponent % 2 != 0  # an even exponent halves exactly
     mantissa = torch.where(odd, mantissa * 2, mantissa)  # in [0.5, 2): exact
     half_exponent = torch.div(exponent - odd.to(exponent.dtype), 2, rounding_mode="floor")
-    root = mantissa.sqrt()
-    for _ in range(2):  # the library's root is within an ulp: one step corrects it, a second checks
-        root = _nearest_root(mantissa, root)
+    root = _nearest_root(mantissa, mantissa.sqrt())
     return torch.where(ordinary, torch.ldexp(root, half_exponent), x.sqrt())
 
 
 def _nearest_root(m: Tensor, y: Tensor) -> Tensor:
-    """``y`` (near ``sqrt(m)``, ``m`` in ``[0.5, 2)``) moved one float64 up or down where a
-    neighbour is nearer ``sqrt(m)``, from the exact residual ``r = m - y*y``: ``y`` is the nearest
-    where ``-y*gap_below < r <= y*gap_above`` (no root of a float64 lies halfway)."""
+    """``y`` (within an ulp of ``sqrt(m)``, ``m`` in ``[2**-960, 2**960]``) moved one float64 up or
+    down where a neighbour is nearer ``sqrt(m)``, from the exact residual ``r = m - y*y``: ``y`` is
+    the nearest where ``-y*gap_below < r <= y*gap_above`` (no root of a float64 lies halfway, and
+    ``r`` and the bounds are multiples of ``ulp(y)**2``)."""
     product = y * y
     split = _SPLITTER * y
     high = split - (split - y)
     low = y - high
     error = ((high * high - product) + 2 * high * low) + low * low  # y*y == product + error exactly
     residual = (m - product) - error  # m - product is exact (Sterbenz): one rounding, far from the bounds
-    gap_above = torch.where(y >= 1, 2.0**-52, 2.0**-53).to(y.dtype)
-    gap_below = torch.where(y > 1, 2.0**-52, 2.0**-53).to(y.dtype)
-    up = torch.nextafter(y, torch.full_like(y, math.inf))
-    down = torch.nextafter(y, torch.zeros_like(y))
-    return torch.where(residual > y * gap_above, up, torch.where(residual <= -(y * gap_below), down, y))
+    bits = y.view(torch.int64)
+    # the gaps to the next float64 up and down, from the exponent bits (powers of two: exact products)
+    gap_above = torch.bitwise_and(bits, _EXPONENT_BITS).view(torch.float64) * 2.0**-52
+    gap_below = torch.bitwise_and(bits - 1, _EXPONENT_BITS).view(torch.float64) * 2.0**-52
+    step = (residual > y * gap_above).to(torch.int64) - (residual <= -(y * gap_below)).to(torch.int64)
+    return (bits + step).view(torch.float64)
+
+
+_EXPONENT_BITS = 0x7FF0000000000000
 
 
 def fold_sum(values: Tensor, dim: int = 0) -> Tensor:
