@@ -923,10 +923,7 @@ def unify_jsonl_schema(shard: Shard, chunk_bytes: int = 32 << 20) -> pa.Schema:
     return schema
 
 
-# Integer literals of 16 digits or more may exceed 2**53, beyond which float64 rounds. The digits of
-# a fraction or an exponent are no integer literal: a float64 written in full (0.6369616873214543)
-# has 16 of them, and every line of a file of rewards would be parsed again.
-_LONG_INTEGER = re.compile(rb"(?<![\d.eE+])(?<![eE]-)\d{16,}(?![\d.eE])")
+# Integer literals of 16 digits or more may exceed 2**53, beyond which float64 rounds.
 
 
 def _check_exact_integers(shard: Shard, schema: pa.Schema, chunk_bytes: int = 32 << 20) -> None:
@@ -950,19 +947,55 @@ def _floating(schema: pa.Schema) -> list[pa.Field]:
 
 def _long_integer_lines(chunk: bytes, line_offset: int) -> list[tuple[int, bytes]]:
     """The lines of a chunk of whole lines that hold an integer literal of 16 digits or more, each
-    with its 1-based number in the file (``line_offset`` lines come before the chunk)."""
-    found: list[tuple[int, bytes]] = []
-    number, counted_to, end = line_offset + 1, 0, -1
-    for match in _LONG_INTEGER.finditer(chunk):
-        if match.start() <= end:
-            continue  # a second literal on a line already taken
-        start = chunk.rfind(b"\n", 0, match.start()) + 1
-        number += chunk.count(b"\n", counted_to, start)  # each byte counted once: linear in the chunk
-        counted_to = start
-        end = chunk.find(b"\n", match.end())
-        end = end if end >= 0 else len(chunk)
-        found.append((number, chunk[start:end]))
+    with its 1-based number in the file (``line_offset`` lines come before the chunk).
+
+    A run of 16 digits or more is an integer literal unless a ``.``, an ``e``/``E`` (or ``e+``,
+    ``e-``) comes before it or a ``.``, ``e`` or ``E`` after it: a fraction or an exponent (a
+    float64 written in full has 16 fraction digits on every line). Found with vectorised byte
+    comparisons, linear in the chunk; digits inside a string count too (the line is parsed, and
+    its column's type decides).
+
+    >>> _long_integer_lines(b'{"a": 0.1234567890123456789}\\n{"b": -12345678901234567}\\n', 4)
+    [(6, b'{"b": -12345678901234567}')]
+    """
+    import numpy as np
+
+    data = np.frombuffer(chunk, dtype=np.uint8)
+    if data.size < _LONG_DIGITS:
+        return []
+    digit = (data >= ord("0")) & (data <= ord("9"))
+    edges = np.diff(digit.astype(np.int8), prepend=np.int8(0), append=np.int8(0))
+    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)  # runs [start, end)
+    long = ends - starts >= _LONG_DIGITS
+    starts, ends = starts[long], ends[long]
+    if not starts.size:
+        return []
+    before = np.where(starts > 0, data[np.maximum(starts - 1, 0)], ord(" "))
+    two_before = np.where(starts > 1, data[np.maximum(starts - 2, 0)], ord(" "))
+    after = np.where(ends < data.size, data[np.minimum(ends, data.size - 1)], ord(" "))
+
+    def one_of(values: Any, marks: bytes) -> Any:
+        return np.isin(values, np.frombuffer(marks, dtype=np.uint8))
+
+    exponent = one_of(two_before, _EXPONENT_MARKS) & (before == ord("-"))
+    literal = ~one_of(before, _BEFORE_NO_INTEGER) & ~exponent & ~one_of(after, _AFTER_NO_INTEGER)
+    starts = starts[literal]
+    if not starts.size:
+        return []
+    newlines = np.flatnonzero(data == ord("\n"))
+    lines = np.unique(np.searchsorted(newlines, starts))  # the line index of each literal
+    found = []
+    for line in lines.tolist():
+        begin = int(newlines[line - 1]) + 1 if line > 0 else 0
+        stop = int(newlines[line]) if line < newlines.size else len(chunk)
+        found.append((line_offset + line + 1, chunk[begin:stop]))
     return found
+
+
+_LONG_DIGITS = 16
+_EXPONENT_MARKS = b"eE"
+_BEFORE_NO_INTEGER = b"0123456789.eE+"  # a fraction's or an exponent's digits
+_AFTER_NO_INTEGER = b"0123456789.eE"
 
 
 def _check_integer_lines(shard: Shard, schema: pa.Schema, lines: list[tuple[int, bytes]]) -> None:
@@ -1170,9 +1203,8 @@ def _scan_nesting(shard: Shard, chunk: bytes, line_offset: int) -> int:
     ends = np.flatnonzero(data == ord("\n"))
     longest = int(np.diff(np.concatenate(([-1], ends, [data.size]))).max())
     starts = np.concatenate(([0], ends + 1))
-    opening = np.zeros(256, dtype=np.int64)
-    opening[[ord("["), ord("{")]] = 1
-    counts = np.add.reduceat(opening[data], starts[starts < data.size])
+    brackets = np.flatnonzero((data == ord("[")) | (data == ord("{")))  # a few a line: small
+    counts = np.bincount(np.searchsorted(ends, brackets), minlength=starts.size)
     for line in np.flatnonzero(counts > MAX_NESTING).tolist():
         end = int(ends[line]) if line < ends.size else data.size
         depth = _json_depth(chunk[int(starts[line]) : end])
