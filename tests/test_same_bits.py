@@ -57,6 +57,9 @@ def test_sqrt_rn_keeps_ieee_special_values_and_other_dtypes():
     roots = sqrt_rn(special)
     assert roots[:3].tolist() == [0.0, -0.0, math.inf] and math.copysign(1, roots[1].item()) == -1
     assert roots[3:].isnan().all()
+    in_range = sqrt_rn(torch.tensor([0.0, -0.0, 4.0, 2.0, 1e-300, 1e300], dtype=torch.float64))  # no scaling
+    assert in_range.tolist() == [0.0, -0.0, 2.0, math.sqrt(2.0), math.sqrt(1e-300), math.sqrt(1e300)]
+    assert math.copysign(1, in_range[1].item()) == -1
     values32 = torch.rand(100_000, dtype=torch.float32) * 1000
     expected = np.sqrt(values32.numpy())  # numpy's sqrt is the hardware's, correctly rounded
     assert (sqrt_rn(values32).numpy() == expected).all()
