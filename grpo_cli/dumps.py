@@ -127,6 +127,11 @@ class ConsecutiveBlocks:
             f"equal {self.runs_of})"
         )
 
+    def describe_size(self, size: int) -> str:
+        """The rule with the group size the run took."""
+        within = f", none across two {' or '.join(self.within)} values" if self.within else ""
+        return f"consecutive blocks of {size} rows in each file{within}"
+
     def derive(self, table: pa.Table, file: str) -> pa.Table:
         return table
 
@@ -487,9 +492,9 @@ class OpenedDump:
             "writer": self.dump.writer,
             "files": self.files,
             "steps": [self.steps[0], self.steps[-1]] if self.steps else None,
-            "group_key": self.dump.group.describe()
-            if self.group_size is None
-            else f"consecutive blocks of {self.group_size} rows in each file",
+            "group_key": self.dump.group.describe_size(self.group_size)
+            if isinstance(self.dump.group, ConsecutiveBlocks) and self.group_size is not None
+            else self.dump.group.describe(),
             "rewards": self.defaults.get("reward_col"),
             "notes": self.notes,
         }
