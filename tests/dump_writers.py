@@ -157,9 +157,13 @@ def write_verl_v1(folder: Path, *, prompts: int = 100, n: int = 6, seed: int = 2
         gts: list[str | None] = []
         scores: list[float] = []
         groups: list[str] = []
+        previous = ""
         for p in range(prompts):
             uid = str(uuid.UUID(int=rng.getrandbits(128)))
             prompt = _prompt(rng, step * 1000 + p)
+            if p % 25 == 7:  # the dataset holds the last prompt again: drawn twice, two uids
+                prompt = previous
+            previous = prompt
             for session, reward in enumerate(_binary_or_partial(rng, n)):
                 keys.append(f"{uid}_{session}_0")
                 inputs.append(prompt)
@@ -503,8 +507,12 @@ def write_slime(folder: Path, *, prompts: int = 64, n: int = 8, seed: int = 6) -
     index = 0
     for rollout_id in range(STEPS):
         samples, groups = [], []
+        previous = ""
         for group_index in range(prompts):
             prompt = _prompt(rng, rollout_id * 1000 + group_index)
+            if group_index % 25 == 7:  # the dataset holds the last prompt again: two sample groups
+                prompt = previous
+            previous = prompt
             for reward in _binary_or_partial(rng, n):
                 sample = Sample(
                     group_index=group_index,
