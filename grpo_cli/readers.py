@@ -949,14 +949,17 @@ def _long_integer_lines(chunk: bytes, line_offset: int) -> list[tuple[int, bytes
     """The lines of a chunk of whole lines that hold an integer literal of 16 digits or more, each
     with its 1-based number in the file (``line_offset`` lines come before the chunk).
 
-    A run of 16 digits or more is an integer literal unless a ``.``, an ``e``/``E`` (or ``e+``,
-    ``e-``) comes before it or a ``.``, ``e`` or ``E`` after it: a fraction or an exponent (a
-    float64 written in full has 16 fraction digits on every line). Found with vectorised byte
-    comparisons, linear in the chunk; digits inside a string count too (the line is parsed, and
-    its column's type decides).
+    A run of 16 digits or more is taken for an integer literal where JSON puts a value: after a
+    ``:``, ``[``, ``,`` or a blank (a ``-`` between), and before a ``,``, ``]``, ``}``, a blank or
+    the line's end. So a fraction or an exponent (a float64 written in full has 16 fraction
+    digits on every line) and the digits of a text ID (``"000000000000000000a1"``) are passed
+    over. Found with vectorised byte comparisons, linear in the chunk; a run inside a string
+    that looks like a value is parsed with its line, and its column's type decides.
 
     >>> _long_integer_lines(b'{"a": 0.1234567890123456789}\\n{"b": -12345678901234567}\\n', 4)
     [(6, b'{"b": -12345678901234567}')]
+    >>> _long_integer_lines(b'{"id": "00000000000000000000a1", "n": "12345678901234567"}\\n', 0)
+    []
     """
     import numpy as np
 
@@ -977,8 +980,10 @@ def _long_integer_lines(chunk: bytes, line_offset: int) -> list[tuple[int, bytes
     def one_of(values: Any, marks: bytes) -> Any:
         return np.isin(values, np.frombuffer(marks, dtype=np.uint8))
 
-    exponent = one_of(two_before, _EXPONENT_MARKS) & (before == ord("-"))
-    literal = ~one_of(before, _BEFORE_NO_INTEGER) & ~exponent & ~one_of(after, _AFTER_NO_INTEGER)
+    negative = (before == ord("-")) & one_of(two_before, _BEFORE_A_VALUE)
+    literal = (one_of(before, _BEFORE_A_VALUE) | negative) & (
+        one_of(after, _AFTER_A_VALUE) | (ends == data.size)
+    )
     starts = starts[literal]
     if not starts.size:
         return []
@@ -993,9 +998,8 @@ def _long_integer_lines(chunk: bytes, line_offset: int) -> list[tuple[int, bytes
 
 
 _LONG_DIGITS = 16
-_EXPONENT_MARKS = b"eE"
-_BEFORE_NO_INTEGER = b"0123456789.eE+"  # a fraction's or an exponent's digits
-_AFTER_NO_INTEGER = b"0123456789.eE"
+_BEFORE_A_VALUE = b":[, \t"
+_AFTER_A_VALUE = b",]} \t\r\n"
 
 
 def _check_integer_lines(shard: Shard, schema: pa.Schema, lines: list[tuple[int, bytes]]) -> None:

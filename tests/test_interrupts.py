@@ -54,13 +54,13 @@ def test_check_of_a_40_mb_json_lines_file_of_full_float64_rewards_ends(tmp_path)
 
 def test_the_integer_scan_takes_no_fraction_or_exponent_digits_for_an_integer():
     """Only integer literals of 16 digits or more can lose digits to float64: the fraction of a
-    float64 written in full, or an exponent, holds none of them."""
+    float64 written in full, an exponent, or a text of digits holds none of them."""
     lines = [
         b'{"reward": 0.6369616873214543, "x": 1.2345678901234567e-05}',
         b'{"reward": 1e-12345678901234567, "x": 2E+12345678901234567}',
         b'{"id": 12345678901234567}',
         b'{"id": -12345678901234567}',
-        b'{"id": "12345678901234567"}',
+        b'{"id": "12345678901234567", "uid": "00000000000000000000000000000a1f"}',
         b'{"id": 123456789012345, "reward": 0.5}',
         b'{"a": [1, 98765432109876543], "b": 11112222333344445}',
     ]
@@ -68,7 +68,6 @@ def test_the_integer_scan_takes_no_fraction_or_exponent_digits_for_an_integer():
     assert readers._long_integer_lines(chunk, 100) == [
         (103, lines[2]),
         (104, lines[3]),
-        (105, lines[4]),  # a string's digits: the line is parsed, and its column decides
         (107, lines[6]),  # one entry for a line holding two
     ]
 
