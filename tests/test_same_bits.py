@@ -80,6 +80,8 @@ def test_fold_sum_is_the_left_fold_in_index_order():
     assert fold_sum(torch.from_numpy(values), dim=1).tolist() == folds
     assert fold_sum(torch.from_numpy(values[0])).item() == folds[0]
     assert fold_sum(torch.zeros(0, dtype=torch.float64)).item() == 0.0
+    assert fold_sum(torch.zeros(3, 0, dtype=torch.float64), dim=1).tolist() == [0.0, 0.0, 0.0]
+    assert fold_sum(torch.tensor([[5.0], [-0.0]], dtype=torch.float64), dim=1).tolist() == [5.0, 0.0]
 
 
 def _stats(seed: int, groups: int = 3000) -> tuple[torch.Tensor, torch.Tensor, kernel.GroupStats]:
