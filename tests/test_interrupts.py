@@ -216,3 +216,28 @@ def _has_open(pid: int, path: Path) -> bool:
         return any(os.readlink(fd) == str(path) for fd in Path(f"/proc/{pid}/fd").iterdir())
     except OSError:
         return False
+
+
+@pytest.mark.parametrize(
+    ("chunk", "found"),
+    [
+        (b"1234567890123456", True),  # 16 digits, the whole chunk
+        (b"1234567890123456789\n", True),  # at the chunk's first byte
+        (b"-1234567890123456789", True),
+        (b"[1234567890123456789]", True),
+        (b"[-1234567890123456789]", True),
+        (b'{"a":1234567890123456789}', True),
+        (b'{"a":-1234567890123456789}', True),
+        (b"[1, 1234567890123456789", True),  # at the chunk's last byte
+        (b".1234567890123456789", False),  # a fraction
+        (b"e-1234567890123456789", False),  # an exponent
+        (b'{"a":x-1234567890123456789}', False),
+        (b'{"a": 12345678901234567.5}', False),
+        (b'{"a": 12345678901234567e3}', False),
+        (b'{"a": "x1234567890123456789"}', False),
+    ],
+)
+def test_the_integer_scan_at_every_edge_of_a_chunk(chunk, found):
+    """A literal at the chunk's first or last byte, after a sign, a bracket or a colon with no
+    blank; and the neighbours that make the same digits no integer literal."""
+    assert readers._long_integer_lines(chunk, 0) == ([(1, chunk.rstrip(b"\n"))] if found else [])

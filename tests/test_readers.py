@@ -905,3 +905,19 @@ def test_a_scanned_stream_stops_only_once_its_bytes_reach_stop_after(tmp_path, m
         scanner = readers._ScannedJsonl(shard, stop_after=stop_after)
         assert len(scanner.read(-1)) == expected, stop_after
         scanner.close()
+
+
+def test_the_nesting_scan_measures_each_line_and_reads_a_line_of_exactly_the_limit(tmp_path):
+    """The longest line counts its newline (the first line too; a last line without one as if it
+    had one); a line holding more brackets than the limit but nesting exactly 64 deep is read;
+    a deep line is named by its number in the file (one line before the chunk here)."""
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b"{}\n")
+    shard = shard_of(path, "jsonl")
+    assert readers._scan_nesting(shard, b"abc\nde", 0) == 4
+    assert readers._scan_nesting(shard, b"a\nbcdefg", 0) == 7  # as if it ended in one
+    assert readers._scan_nesting(shard, b"abcdef\n", 0) == 7
+    at_the_limit = b"[" * 64 + b"]" * 64 + b", [1]"
+    assert readers._scan_nesting(shard, b"{}\n" + at_the_limit + b"\n", 0) == len(at_the_limit) + 1
+    with pytest.raises(GrpoError, match="line 4: a value nests 65 levels deep"):
+        readers._scan_nesting(shard, b"{}\n" + at_the_limit + b"\n" + b"[" * 65 + b"]" * 65, 1)
