@@ -127,6 +127,10 @@ class ConsecutiveBlocks:
             f"equal {self.runs_of})"
         )
 
+    def missing(self, names: Sequence[str]) -> list[str]:
+        """The ``within`` fields a file or table with these column names lacks."""
+        return [name for name in self.within if name not in names]
+
     def describe_size(self, size: int) -> str:
         """The rule with the group size the run took."""
         within = f", none across two {' or '.join(self.within)} values" if self.within else ""
@@ -532,12 +536,13 @@ def open_dump(trainer: str, specs: Sequence[str], *, group_size: int | None = No
             opened.group_size = _blocks(dump.group, opened.inputs.shards, group_size, opened.notes)
             opened.defaults["group_size"] = opened.group_size
             del opened.defaults["group_col"]
-        if isinstance(dump.group, ConsecutiveBlocks) and not dump.rewards:  # TRL: a column per function
-            opened.defaults["reward_col"] = _reward_functions(dump, opened.inputs.shards[0])
-            opened.notes.append(
-                f"rewards: the reward-function columns {', '.join(opened.defaults['reward_col'])}, each of "
-                "weight 1 (TRL's reward_weights are not in the dump; give -r NAME:WEIGHT to set them)"
-            )
+            if not dump.rewards:  # TRL: a column per reward function
+                opened.defaults["reward_col"] = _reward_functions(dump, opened.inputs.shards[0])
+                opened.notes.append(
+                    f"rewards: the reward-function columns {', '.join(opened.defaults['reward_col'])}, "
+                    "each of weight 1 (TRL's reward_weights are not in the dump; give -r NAME:WEIGHT to "
+                    "set them)"
+                )
         if dump.advantage_col == "advantage" or _holds(opened.inputs.shards[0], "advantage"):
             opened.defaults["advantage_col"] = "recomputed_advantage"
     except BaseException:
@@ -1010,7 +1015,7 @@ def _blocks(rule: ConsecutiveBlocks, shards: list[Shard], given: int | None, not
     from grpo_cli.readers import describe_row, read_schema
 
     for shard in shards:
-        missing = [name for name in rule.within if name not in read_schema(shard).names]
+        missing = rule.missing(read_schema(shard).names)
         if missing:
             raise GrpoError(
                 f"{shard.display}: holds no {', '.join(missing)} field, which tells the trainer's groups "
@@ -1134,7 +1139,7 @@ def of_table(
     derived = _derived_table(dump, table, TABLE, 0 if stepless else None)
     defaults = _defaults(dump)
     if isinstance(dump.group, ConsecutiveBlocks):
-        missing = [name for name in dump.group.within if name not in table.schema.names]
+        missing = dump.group.missing(table.schema.names)
         if missing:
             raise GrpoError(f"the table is not a {dump.trainer} dump: it has no {', '.join(missing)} column")
         runs = _run_lengths(*(table.column(name) for name in dump.group.run_fields))
@@ -1143,9 +1148,11 @@ def of_table(
             dump.group.runs_of, files, group_size, "group_size=", [], size_name=dump.group.size_name
         )
         del defaults["group_col"]
-    if isinstance(dump.group, ConsecutiveBlocks) and not dump.rewards:
-        names = [f.name for f in table.schema if f.name not in dump.fields and pa.types.is_floating(f.type)]
-        defaults["reward_col"] = names
+        if not dump.rewards:  # TRL: a column per reward function
+            floats = [
+                f.name for f in table.schema if f.name not in dump.fields and pa.types.is_floating(f.type)
+            ]
+            defaults["reward_col"] = floats
     if "advantage" in table.schema.names:
         defaults["advantage_col"] = "recomputed_advantage"
     return derived, defaults

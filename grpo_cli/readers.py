@@ -923,9 +923,6 @@ def unify_jsonl_schema(shard: Shard, chunk_bytes: int = 32 << 20) -> pa.Schema:
     return schema
 
 
-# Integer literals of 16 digits or more may exceed 2**53, beyond which float64 rounds.
-
-
 def _check_exact_integers(shard: Shard, schema: pa.Schema, chunk_bytes: int = 32 << 20) -> None:
     """Refuse an integer that a floating-point column would round (IDs past 2**53 or 2**63).
 

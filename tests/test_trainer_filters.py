@@ -441,10 +441,15 @@ def test_check_slime_fallback_names_the_uneven_step(cli: Any, tmp_path: Path) ->
 DECISIONS = Path(__file__).parent / "snapshots" / "trainer-filter-decisions.json"
 
 
+def decision_groups() -> list[list[float]]:
+    """The groups whose decisions are recorded: mixed sizes, pairs, groups of eight."""
+    return groups_of(11) + groups_of(12, size=2) + groups_of(13, size=8)
+
+
 def _decisions() -> dict[str, str]:
     """Every rule's decisions on fixed groups, as strings of 0 and 1: each group in float64 and
     in float32, NeMo-RL's per-row rule, and the batch rules on batches of 7 groups."""
-    groups = groups_of(11) + groups_of(12, size=2) + groups_of(13, size=8)
+    groups = decision_groups()
     batches = [groups[i : i + 7] for i in range(0, len(groups), 7)]
 
     def bits(values: Any) -> str:
@@ -582,7 +587,7 @@ def rows_at_edge(group: np.ndarray, unit: float = U32) -> list[bool]:
 
 def _clear() -> dict[str, list[bool]]:
     """For every key of :func:`_decisions`, which of its groups (or rows) are clear of the edge."""
-    groups = groups_of(11) + groups_of(12, size=2) + groups_of(13, size=8)
+    groups = decision_groups()
     batches = [groups[i : i + 7] for i in range(0, len(groups), 7)]
     out: dict[str, list[bool]] = {}
     for name, rule in FILTERS.items():
@@ -607,7 +612,7 @@ def test_the_edge_holds_the_groups_whose_decision_moved_between_cpus() -> None:
     """The groups at which NeMo-RL's float32 rule decided otherwise on an AVX-512 Intel CPU than
     where the decisions were recorded (issue: groups 74-81 and 106-109) are at its edge; binary
     groups and dyadic constants are clear for every rule."""
-    groups = groups_of(11) + groups_of(12, size=2) + groups_of(13, size=8)
+    groups = decision_groups()
     for index in (74, 75, 76, 77, 80, 81, 106, 107, 108, 109):
         assert at_edge("nemo-rl", np.array(groups[index], dtype=np.float32)), (index, groups[index])
     for name in FILTERS:
