@@ -56,6 +56,17 @@ def arrow_of(values: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)])
 
 
+def scalar_of(value: float | int | bool, data_type: pa.DataType) -> pa.Scalar:
+    """An Arrow scalar of a numeric ``data_type`` (what a compute function compares with),
+    without pandas: ``pa.scalar`` and a plain Python number passed to ``pyarrow.compute``
+    import it, as ``pa.array`` would.
+
+    >>> scalar_of(1 << 53, pa.int64()), scalar_of(float("nan"), pa.float32()).type
+    (<pyarrow.Int64Scalar: 9007199254740992>, DataType(float))
+    """
+    return arrow_of(np.array([value], dtype=data_type.to_pandas_dtype()))[0]
+
+
 def numpy_of(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """An Arrow array of numbers or bools without nulls as NumPy (a view where it can be).
 

@@ -9,6 +9,7 @@ channel (their weighted sum, ``sum-then-normalize``) or one channel per column
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,7 +22,7 @@ from grpo_cli.choices import RewardSum
 from grpo_cli.columns import column_of, field_type, is_numeric_type, is_text_type, text_kernel_input
 from grpo_cli.errors import GrpoError
 from grpo_cli.kernel import Normalization, apply_normalization, fold_sum
-from grpo_cli.keys import arrow_of, as_tensor, numpy_of
+from grpo_cli.keys import arrow_of, as_tensor, numpy_of, scalar_of
 from grpo_cli.options import AdvantageOptions, RewardSpec
 from grpo_cli.readers import describe_row
 from grpo_cli.sources import Shard
@@ -158,7 +159,7 @@ class RewardReader:
             else:
                 flags = pc.equal(array, "length")
         elif is_numeric_type(array.type):
-            flags = pc.not_equal(array, pa.scalar(0, array.type))
+            flags = pc.not_equal(array, scalar_of(0, array.type))
         else:
             raise GrpoError(
                 f"{self.shard.display}: --truncated-col {name!r} has type {array.type}; it must be a "
@@ -195,10 +196,10 @@ class RewardReader:
         if pa.types.is_string(array.type):
             array = numbers_from_text(array, name, self.shard, first_row)
         if pa.types.is_integer(array.type) and array.type.bit_width == 64:
-            limit = pa.scalar(1 << 53, array.type)
+            limit = scalar_of(1 << 53, array.type)
             too_large = pc.greater(array, limit)
             if pa.types.is_signed_integer(array.type):
-                too_large = pc.or_(too_large, pc.less(array, pa.scalar(-(1 << 53), array.type)))
+                too_large = pc.or_(too_large, pc.less(array, scalar_of(-(1 << 53), array.type)))
             if pc.any(too_large).as_py():
                 index = int(pc.index(too_large, True).as_py())
                 raise GrpoError(
@@ -212,7 +213,7 @@ class RewardReader:
         elif pa.types.is_boolean(array.type) or pa.types.is_integer(array.type):
             array = pc.cast(array, pa.float64(), safe=False)
         if array.null_count:
-            array = array.fill_null(float("nan"))
+            array = pc.fill_null(array, scalar_of(math.nan, array.type))
         return as_tensor(numpy_of(array))
 
 

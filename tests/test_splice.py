@@ -363,22 +363,43 @@ def test_job_modules_do_not_import_torch() -> None:
     assert result.stdout.strip() == "False"
 
 
-def test_a_compute_run_imports_neither_pandas_nor_polars(tmp_path: Path) -> None:
-    """Each costs a quarter of a second of start-up; pyarrow's pa.array and to_numpy import
-    pandas when it is installed, and hashing keys imports polars (not needed for few keys)."""
+REWARD_KINDS = {
+    "float64": lambda rng, n: pa.array((rng.random(n) < 0.5).astype(np.float64)),
+    "int64": lambda rng, n: pa.array(rng.integers(0, 2, n)),
+    "bool": lambda rng, n: pa.array(rng.random(n) < 0.5),
+    "float32 with nulls": lambda rng, n: pa.array(
+        rng.random(n).astype(np.float32), mask=np.arange(n) % 97 == 5, type=pa.float32()
+    ),
+    "int64 with nulls": lambda rng, n: pa.array(rng.integers(0, 2, n), mask=np.arange(n) % 89 == 3),
+}
+
+
+@pytest.mark.parametrize("command", ["compute", "check"])
+@pytest.mark.parametrize("kind", REWARD_KINDS)
+def test_a_run_imports_neither_pandas_nor_polars(tmp_path: Path, command: str, kind: str) -> None:
+    """Each costs a quarter of a second of start-up: pyarrow imports pandas (where it is
+    installed) for ``pa.array``, ``pa.scalar``, ``to_numpy`` and a Python number handed to a
+    compute function, and hashing keys imports polars (not needed for few keys). The sample's
+    reward column is an int64, so every reward type a file may hold is run, both commands."""
     import subprocess
     import sys
 
+    rng = np.random.default_rng(0)
+    table = rollouts(4000).set_column(1, "reward", REWARD_KINDS[kind](rng, 4000))
     source = tmp_path / "in.parquet"
-    pq.write_table(rollouts(4000), source, row_group_size=1000)
+    pq.write_table(table, source, row_group_size=1000)
     out = tmp_path / "out.parquet"
+    arguments = [str(source), "-g", "uid", "--nan", "ignore", "-q"]
+    arguments += ["-o", str(out)] if command == "compute" else ["--min-groups", "1"]
     code = (
-        "import sys; from grpo_cli.jobs import compute_dataset; from grpo_cli.config import ComputeConfig; "
-        f"compute_dataset({str(source)!r}, {str(out)!r}, ComputeConfig(group_cols=('uid',))); "
+        "import sys; from grpo_cli.cli import app\n"
+        f"try: app([{command!r}, *{arguments!r}])\n"
+        "except SystemExit as done: assert done.code in (0, None), done.code\n"
         "print(sorted(m for m in ('pandas', 'polars') if m in sys.modules))"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert result.stdout.strip() == "[]"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_the_prefix_is_copied_before_the_engine_runs(tmp_path: Path) -> None:
