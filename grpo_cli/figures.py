@@ -109,26 +109,42 @@ def of_chunk(
     for figure in figures:
         values = figure.of_rows(rows)
         if figure.kind == "count":
-            out[figure.name] = np.bincount(ids[values], minlength=k).astype(np.int64)
+            if values.all():  # most counts hold every row or none: no copy of the IDs
+                out[figure.name] = np.bincount(ids, minlength=k).astype(np.int64)
+            elif not values.any():
+                out[figure.name] = np.zeros(k, dtype=np.int64)
+            else:
+                out[figure.name] = np.bincount(ids[values], minlength=k).astype(np.int64)
         else:
             out[figure.name] = np.bincount(ids, weights=values, minlength=k)
     return out
 
 
 def fold(
-    figures: Sequence[GroupFigure], totals: Mapping[str, np.ndarray], chunk: Mapping[str, np.ndarray]
+    figures: Sequence[GroupFigure],
+    totals: Mapping[str, np.ndarray],
+    chunk: Mapping[str, np.ndarray],
+    offset: int = 0,
 ) -> dict[str, np.ndarray]:
-    """Running totals with one more chunk's, by each figure's merge rule (groups grow as they appear)."""
+    """Running totals with one more chunk's, by each figure's merge rule (groups grow as they
+    appear); the chunk's figures are those of groups ``offset`` onwards.
+
+    >>> totals = {"rows": np.array([2, 1])}
+    >>> fold(wanted(())[:1], totals, {"rows": np.array([3, 4])}, offset=1)["rows"].tolist()
+    [2, 4, 4]
+    """
     out = {}
     for figure in figures:
         a, b = totals.get(figure.name), chunk[figure.name]
         if a is None:
-            out[figure.name] = b
-            continue
-        size = max(a.size, b.size)
-        out[figure.name] = MERGES[figure.merge].pair(
-            np.pad(a, (0, size - a.size)), np.pad(b, (0, size - b.size))
-        )
+            a = np.zeros(0, dtype=b.dtype)
+        size = max(a.size, offset + b.size)
+        merged = np.pad(a, (0, size - a.size))
+        end = offset + b.size
+        # outside the chunk's groups a total is kept as it is: adding the chunk's 0 there would
+        # change nothing (a bincount never sums to -0.0)
+        merged[offset:end] = MERGES[figure.merge].pair(merged[offset:end], b)
+        out[figure.name] = merged
     return out
 
 
@@ -178,8 +194,12 @@ class FigureAccumulator:
         )
         self._pending = [(ids[rows:], rest)] if ids.size > rows else []
         self._pending_rows = ids.size - rows
-        k = int(ids[:rows].max()) + 1 if rows else 0
-        self._totals = fold(self.figures, self._totals, of_chunk(self.figures, ids[:rows], k, head))
+        if not rows:
+            return
+        block = ids[:rows]
+        low, high = int(block.min()), int(block.max())  # the block's groups: few, for sorted input
+        chunk = of_chunk(self.figures, block - low if low else block, high - low + 1, head)
+        self._totals = fold(self.figures, self._totals, chunk, offset=low)
 
 
 def merge_by_group(

@@ -778,6 +778,45 @@ def _pad(stats: GroupStats, k: int) -> GroupStats:
     return _concat_stats(stats, extra)
 
 
+def _merge_at(stats: GroupStats | None, block: GroupStats, first_group: int) -> GroupStats:
+    """``stats`` merged with ``block``, the statistics of groups ``first_group`` onwards: bit
+    for bit ``merge_group_stats(stats, block placed at first_group)``, since merging with an
+    empty group returns the other side exactly, but merging only where both hold groups.
+
+    >>> a = group_stats(torch.tensor([1.0, 3.0, 5.0]), torch.tensor([0, 1, 1]))
+    >>> b = group_stats(torch.tensor([7.0, 2.0]), torch.tensor([0, 1]))
+    >>> _merge_at(a, b, 1).count.tolist(), _merge_at(a, b, 1).mean.tolist()
+    ([1, 3, 1], [1.0, 5.0, 2.0])
+    >>> _merge_at(a, b, 1) == merge_group_stats(a, b.placed(torch.tensor([1, 2]), 3))
+    True
+    """
+    if stats is None:
+        stats = empty_group_stats(
+            0, device=block.count.device, dtype=block.mean.dtype, count_extremes=block.counts_extremes
+        )
+    known = stats.num_groups
+    if first_group >= known:
+        return _concat_stats(_pad(stats, first_group), block)
+    overlap = min(known, first_group + block.num_groups) - first_group
+    end = first_group + overlap
+    parts = [
+        _slice_stats(stats, 0, first_group),
+        merge_group_stats(_slice_stats(stats, first_group, end), _slice_stats(block, 0, overlap)),
+        _slice_stats(stats, end, known),
+        _slice_stats(block, overlap, block.num_groups),
+    ]
+    merged = parts[0]
+    for part in parts[1:]:
+        if part.num_groups:
+            merged = _concat_stats(merged, part)
+    return merged
+
+
+def _slice_stats(stats: GroupStats, start: int, stop: int) -> GroupStats:
+    """Groups ``start`` to ``stop`` (views)."""
+    return stats._map(lambda t: t[start:stop])
+
+
 def _concat_stats(a: GroupStats, b: GroupStats) -> GroupStats:
     """Groups of ``a`` followed by groups of ``b``."""
 
@@ -1340,16 +1379,16 @@ class GroupStatsAccumulator:
             else []
         )
         self._pending_rows = rest_r.numel()
-        block = self._block_stats(head_r.to(self.device), head_i, head_v)
+        block, first_group = self._block_stats(head_r.to(self.device), head_i, head_v)
         self.rows_seen += rows
-        if self._stats is None:
-            self._stats = block
-        elif self.group_size is not None:  # blocks hold whole groups: stats concatenate
-            self._stats = _concat_stats(self._stats, block)
-        else:
-            self._stats = merge_group_stats(self._stats, block)
+        self._stats = _merge_at(self._stats, block, first_group)
 
-    def _block_stats(self, rewards: Tensor, ids: Tensor | None, valid: Tensor | None) -> GroupStats:
+    def _block_stats(
+        self, rewards: Tensor, ids: Tensor | None, valid: Tensor | None
+    ) -> tuple[GroupStats, int]:
+        """A block's statistics over the groups from its lowest ID to its highest, and that
+        lowest ID: a block of a few groups among millions (sorted or grouped input) is reduced
+        and merged over its own groups only."""
         if valid is not None:
             valid = valid.to(self.device)
         if self.group_size is not None:
@@ -1359,11 +1398,16 @@ class GroupStatsAccumulator:
                     f"the number of rows ({self.rows_seen + rewards.numel()}) is not divisible by "
                     f"group_size ({self.group_size})"
                 )
+            first_group = self.rows_seen // self.group_size  # blocks hold whole groups
         else:
             assert ids is not None
             ids = ids.to(self.device, torch.int64)
-            layout = _fast_layout(ids, int(ids.max()) + 1)
-        return _group_stats(rewards, layout, valid, count_extremes=self.count_extremes)
+            low, high = (int(v) for v in ids.aminmax())
+            first_group = low
+            if low:
+                ids = ids - low
+            layout = _fast_layout(ids, high - low + 1)
+        return _group_stats(rewards, layout, valid, count_extremes=self.count_extremes), first_group
 
 
 # --------------------------------------------------------------------------- batch whitening

@@ -286,9 +286,19 @@ def numbers_from_text(array: pa.Array, name: str, shard: Shard, first_row: int =
 
 
 def _finite(values: torch.Tensor) -> torch.Tensor | None:
-    """Validity mask, or ``None`` when every value is finite (the common case)."""
-    finite = torch.isfinite(values)
-    return None if bool(finite.all()) else finite
+    """Validity mask, or ``None`` when every value is finite (the common case).
+
+    On the CPU through NumPy, whose ``isfinite`` is a vector loop with no allocation
+    per call: torch's took a tenth of a 10M-row run.
+
+    >>> _finite(torch.tensor([1.0, 2.0])), _finite(torch.tensor([1.0, float("inf")]))
+    (None, tensor([ True, False]))
+    """
+    if values.device.type == "cpu" and values.dtype != torch.bfloat16:  # NumPy has no bfloat16
+        finite = np.isfinite(values.numpy())
+        return None if finite.all() else torch.from_numpy(finite)
+    mask = torch.isfinite(values)
+    return None if bool(mask.all()) else mask
 
 
 def advantage_dtype(types: Sequence[pa.DataType]) -> torch.dtype:
