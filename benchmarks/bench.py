@@ -9,6 +9,7 @@ even when the absolute seconds are not. Each figure is the best of ``--repeats``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -234,6 +235,7 @@ def bench_files(rows: int, group_size: int, repeats: int, data_dir: Path) -> Non
             results,
             ["I/O floor", "polars one-liner"],
         )
+        stage_table(src, out, repeats)
     out.unlink(missing_ok=True)
 
 
@@ -288,6 +290,40 @@ def bench_keys(rows: int, group_size: int, repeats: int, data_dir: Path) -> None
         results,
         [ours],
     )
+
+
+def stage_table(src: Path, out: Path, repeats: int) -> None:
+    """Where grpo-cli's time goes on one file (``grpo_cli.stages``), from its fastest run."""
+    from grpo_cli.stages import STAGES, recording
+
+    best: tuple[float, dict[str, float]] | None = None
+    for _ in range(repeats):
+        with recording() as clock:
+            start = time.perf_counter()
+            grpo_job(src, out)
+            wall = time.perf_counter() - start
+        if best is None or wall < best[0]:
+            best = (wall, dict(clock.seconds))
+    assert best is not None
+    wall, seconds = best
+    print(f"  where grpo-cli compute's {wall:.2f} s go (its fastest of {repeats} runs; threads overlap)")
+    print(f"    {'stage':22s} {'seconds':>8s} {'of wall':>8s}  what")
+    for name, what in STAGES:
+        if name in seconds:
+            print(f"    {name:22s} {seconds[name]:8.3f} {seconds[name] / wall:8.0%}  {what}")
+
+
+def machine() -> str:
+    """The CPU's model and the vector unit torch uses on it (the kernel's speed depends on both)."""
+    import torch
+
+    model = "unknown CPU"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{model}, torch capability {torch.backends.cpu.get_cpu_capability()}"
 
 
 def file_contenders(src: Path, out: Path, repeats: int) -> tuple[dict[str, float], str]:
@@ -811,7 +847,7 @@ def main() -> None:
 
     print(
         f"grpo-cli benchmarks: python {sys.version.split()[0]}, torch {torch.__version__}, "
-        f"{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads"
+        f"{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads\n{machine()}"
     )
     sections = args.only or SECTIONS
     if "imports" in sections:

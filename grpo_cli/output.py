@@ -38,6 +38,7 @@ from grpo_cli.file_names import PROVENANCE_KEY, READ_SUFFIXES, output_format
 from grpo_cli.guard import Claim
 from grpo_cli.sources import Shard
 from grpo_cli.splice import SplicedFile, SpliceRefused
+from grpo_cli.stages import timed
 
 if TYPE_CHECKING:
     from grpo_cli.config import ComputeConfig
@@ -98,7 +99,8 @@ class _WriterThread:
             task, must_run = item
             if self._error is None and (not self._stop or must_run):
                 try:
-                    task()
+                    with timed("write"):
+                        task()
                 except BaseException as exc:  # re-raised on the main thread by check()
                     self._error = exc
 
@@ -141,8 +143,9 @@ class _PrefixCopier:
             return
 
         def copy_all() -> None:
-            for file in files:
-                file.copy_prefix(cancelled=self._cancel.is_set)
+            with timed("copy"):
+                for file in files:
+                    file.copy_prefix(cancelled=self._cancel.is_set)
 
         self._thread = threading.Thread(target=copy_all, name="grpo-cli-copier", daemon=True)
         self._thread.start()

@@ -30,6 +30,7 @@ from grpo_cli.columns import MAX_NESTING, holds_type
 from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.file_names import PROVENANCE_KEY
 from grpo_cli.sources import Shard, decompressed
+from grpo_cli.stages import timed_items
 
 JSONL_BLOCK_BYTES = 8 << 20
 
@@ -278,7 +279,7 @@ def read_ahead(items: Iterator[_Item], *, depth: int = 1) -> Generator[_Item, No
 
     def produce() -> None:
         try:
-            for item in items:
+            for item in timed_items("read", items):
                 if not offer((False, item)):
                     return
             offer((True, None))

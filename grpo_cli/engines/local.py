@@ -62,6 +62,7 @@ from grpo_cli.readers import (
 )
 from grpo_cli.rewards import RewardBatch, RewardReader, new_column_arrays
 from grpo_cli.sources import InputSet, Shard
+from grpo_cli.stages import timed
 from grpo_cli.summary import ByValues, RunSummary, build_summary, input_info
 from grpo_cli.verify import Verifier
 
@@ -298,28 +299,29 @@ class _StatisticsPass:
             ids_np = self._encode(self.keys, key_columns, shard, what="group")
             self.spool.append(ids_np)
             ids = torch.from_numpy(ids_np)
-        chunk = RewardBatch.concat([r for _, r in self._pending])
-        group_ids = self._row_groups(ids)
-        self._check_batches(group_ids, shard)
-        lengths = torch.cat(self._pending_lengths).numpy() if self._pending_lengths else None
-        rows = RowInputs.of(chunk, lengths)
-        self.figure_totals.update(group_ids, rows)
-        self._top_two(chunk, group_ids)
-        if self.group_rewards is not None:
-            self.group_rewards.append((group_ids, chunk.combined.to(torch.float64), chunk.combined_valid))
-        if self.filter_rows is not None:  # --trainer-filter: each group's rewards, in input order
-            seen = chunk.unshaped if self.plan.config.filter_unshaped else chunk.combined
-            assert seen is not None
-            combined = seen.numpy()
-            scored = None if chunk.combined_valid is None else chunk.combined_valid.numpy()
-            self.filter_rows.append(
-                (group_ids, combined) if scored is None else (group_ids[scored], combined[scored])
-            )
-        channels = self.accumulators[: self.plan.channels]
-        for acc, values, valid in zip(channels, chunk.channels, chunk.channel_valid, strict=True):
-            acc.update(values, ids, valid)
-        if self.separate_summary:
-            self.accumulators[-1].update(chunk.combined, ids, chunk.combined_valid)
+        with timed("pass 1: statistics"):
+            chunk = RewardBatch.concat([r for _, r in self._pending])
+            group_ids = self._row_groups(ids)
+            self._check_batches(group_ids, shard)
+            lengths = torch.cat(self._pending_lengths).numpy() if self._pending_lengths else None
+            rows = RowInputs.of(chunk, lengths)
+            self.figure_totals.update(group_ids, rows)
+            self._top_two(chunk, group_ids)
+            if self.group_rewards is not None:
+                self.group_rewards.append((group_ids, chunk.combined.to(torch.float64), chunk.combined_valid))
+            if self.filter_rows is not None:  # --trainer-filter: each group's rewards, in input order
+                seen = chunk.unshaped if self.plan.config.filter_unshaped else chunk.combined
+                assert seen is not None
+                combined = seen.numpy()
+                scored = None if chunk.combined_valid is None else chunk.combined_valid.numpy()
+                self.filter_rows.append(
+                    (group_ids, combined) if scored is None else (group_ids[scored], combined[scored])
+                )
+            channels = self.accumulators[: self.plan.channels]
+            for acc, values, valid in zip(channels, chunk.channels, chunk.channel_valid, strict=True):
+                acc.update(values, ids, valid)
+            if self.separate_summary:
+                self.accumulators[-1].update(chunk.combined, ids, chunk.combined_valid)
         self._pending.clear()
         self._pending_lengths.clear()
         self._pending_rows = 0
@@ -438,7 +440,8 @@ class _StatisticsPass:
         self, keys: GroupKeyIndex, arrays: list[pa.ChunkedArray], shard: Shard, *, what: str
     ) -> np.ndarray:
         try:
-            return keys.encode(arrays)
+            with timed("key index"):
+                return keys.encode(arrays)
         except InvalidKeyError as bad:
             raise GrpoError(
                 f"{describe_row(shard, self._pending_start + bad.row)}: {what} key {bad.column!r} "
@@ -562,17 +565,18 @@ class LocalEngine:
             first = self._statistics(spool)
             if first.rows == 0 and output is not None:
                 raise GrpoError(f"{self.inputs.spec}: no rows; there is nothing to compute advantages for")
-            outcome = self.plan.outcome(
-                first.channel_stats,
-                first.summary_stats,
-                rows_per_group=first.rows_per_group,
-                rows=first.rows,
-                nan_rewards=first.nan_rewards,
-                batches=first.batches,
-                top_two=first.top_two,
-                length_sums=first.figures.get("length_sums"),
-                weighted_reward_sums=first.figures.get("weighted_reward_sums"),
-            )
+            with timed("outcome"):
+                outcome = self.plan.outcome(
+                    first.channel_stats,
+                    first.summary_stats,
+                    rows_per_group=first.rows_per_group,
+                    rows=first.rows,
+                    nan_rewards=first.nan_rewards,
+                    batches=first.batches,
+                    top_two=first.top_two,
+                    length_sums=first.figures.get("length_sums"),
+                    weighted_reward_sums=first.figures.get("weighted_reward_sums"),
+                )
             self._pass_at_k_rows = self._pass_at_k(first, outcome)
             if self.one_pass_dtype is not None:
                 advantage_range = self.plan.advantage_range_from_stats(outcome, self.one_pass_dtype)
@@ -584,11 +588,24 @@ class LocalEngine:
                     )
                 figures = self._advantages(first, outcome, spool.reader(), output)
                 advantage_range, verify_result = figures.advantage_range(), figures.verify_result()
-            output_info = output.commit() if output is not None else None
+            with timed("commit"):
+                output_info = output.commit() if output is not None else None
         finally:
             spool.close()
             if output is not None:
                 output.discard()
+        with timed("summary"):
+            return self._summary(first, outcome, output_info, advantage_range, verify_result, started)
+
+    def _summary(
+        self,
+        first: _Statistics,
+        outcome: GroupOutcome,
+        output_info: dict[str, Any] | None,
+        advantage_range: tuple[float, float] | None,
+        verify_result: dict[str, Any] | None,
+        started: float,
+    ) -> RunSummary:
         inputs = self.inputs
         return build_summary(
             outcome,
@@ -702,7 +719,9 @@ class LocalEngine:
                 if cached is not None:
                     shard_batches.append(batch)
                 lengths = reader.lengths(batch, length_col, shard_row) if length_col is not None else None
-                state.add(batch, reader.read(batch, shard_row), shard, shard_row, lengths)
+                with timed("rewards"):
+                    rewards = reader.read(batch, shard_row)
+                state.add(batch, rewards, shard, shard_row, lengths)
                 shard_row += batch.num_rows
                 self.bytes_read += batch.nbytes
                 if state.chunk_full:
@@ -743,7 +762,9 @@ class LocalEngine:
             columns = top_level(schema, columns)
         if self.in_memory and shard.format == "parquet" and columns is None:
             # Read whole: pyarrow decodes row groups and columns in parallel.
-            yield from read_table(shard).to_batches(max_chunksize=batch_rows)
+            with timed("read"):
+                table = read_table(shard)
+            yield from table.to_batches(max_chunksize=batch_rows)
             return
         # The next batch is decoded while this one's keys and rewards are processed.
         yield from read_ahead(iter_batches(shard, columns, batch_rows))
@@ -803,17 +824,19 @@ class LocalEngine:
                 n = batch.num_rows
                 ids = self._group_ids(global_row, n, take_ids)
                 assert reader is not None
-                rewards, result, batch_ids = self._row_advantages(
-                    batch, reader, ids, outcome, active_device, shard_row, global_row
-                )
-                result = plan.finish(result, batch_ids, outcome, scored=rewards.combined_valid).to(
-                    plan.output_dtype(batch.schema)
-                )
+                with timed("pass 2: advantages"):
+                    rewards, result, batch_ids = self._row_advantages(
+                        batch, reader, ids, outcome, active_device, shard_row, global_row
+                    )
+                    result = plan.finish(result, batch_ids, outcome, scored=rewards.combined_valid)
+                with timed("cast"):
+                    result = result.to(plan.output_dtype(batch.schema))
                 figures.observe(batch, result, rewards.combined, ids, shard, shard_row)
                 if writer is not None or spliced is not None:
-                    arrays = new_column_arrays(
-                        result, outcome.active[ids], ids.numpy(), outcome.group_columns
-                    )
+                    with timed("cast"):
+                        arrays = new_column_arrays(
+                            result, outcome.active[ids], ids.numpy(), outcome.group_columns
+                        )
                     if spliced is not None:
                         spliced.write_new(arrays)
                     elif writer is not None:
