@@ -29,11 +29,12 @@ import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from grpo_cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, EXIT_WRITTEN_THEN_FAILED, GrpoError, os_reason
 from grpo_cli.file_names import PARQUET_SUFFIXES, PROVENANCE_KEY
-from grpo_cli.scratch import scratch_file
+from grpo_cli.scratch import scratch_dir, scratch_file
+from grpo_cli.stores import WRITABLE_SCHEMES, CopiedPrefix, check_scheme, is_uri, local_path, redact
 
 _TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<token>[0-9a-f]{12})\.(?P<kind>tmp|old)$")
 
@@ -57,20 +58,34 @@ def _same_file(a: Path, b: Path) -> bool:
 
 @dataclass(frozen=True)
 class ProtectedInputs:
-    """What no output may touch: the resolved input files and the input directories named."""
+    """What no output may touch: the resolved input files and the input directories named,
+    and the object-store URIs read."""
 
     files: tuple[Path, ...] = ()
     directories: tuple[Path, ...] = ()
     labels: dict[Path, str] = field(default_factory=dict)
+    uris: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, files: Iterable[tuple[Path, str]], directories: Iterable[Path] = ()) -> ProtectedInputs:
+    def of(
+        cls, files: Iterable[tuple[Path, str]], directories: Iterable[Path] = (), uris: Iterable[str] = ()
+    ) -> ProtectedInputs:
         resolved = [(resolve(path), label) for path, label in files]
         return cls(
             files=tuple(p for p, _ in resolved),
             directories=tuple(resolve(d) for d in directories),
             labels=dict(resolved),
+            uris=tuple(uris),
         )
+
+    def remote_conflict(self, uri: str) -> str | None:
+        """Why writing the object-store ``uri`` (or below it) would touch an input read from a store."""
+        from grpo_cli.stores import same_or_within
+
+        for read in self.uris:
+            if same_or_within(uri, read) or same_or_within(read, uri):
+                return f"overwrite the input {redact(read)}"
+        return None
 
     def conflict(self, target: Path) -> str | None:
         """Why writing ``target`` (resolved) or anything inside it would touch an input."""
@@ -101,6 +116,13 @@ class Claim:
         self._lock: IO[bytes] | None = None
         self.committed = False
         self.force = False  # replace what exists at commit: --force, known when the claim is made
+        self.copied: dict[str, CopiedPrefix] = {}  # an object-store output's files made by copying
+        self.transfer: dict[str, Any] | None = None  # what committing an object-store output moved
+
+    def note_copied_prefix(self, name: str, source: str, length: int) -> None:
+        """The output file ``name`` (in the folder; ``""`` for a file) begins with the first
+        ``length`` bytes of the object ``source``: a store can copy them without moving them."""
+        self.copied[name] = CopiedPrefix(source, length)
 
     @property
     def display(self) -> str:
@@ -259,6 +281,50 @@ class StdoutClaim(Claim):
         pass
 
 
+class RemoteClaim(Claim):
+    """An output on an object store (``s3://``): written to a private scratch file or folder,
+    then uploaded whole when the run commits it (:class:`~grpo_cli.stores.S3Output`), so that
+    a failed run leaves nothing there. Checked when claimed: the bucket, the credentials,
+    and what already exists (replaced only with ``force``)."""
+
+    def __init__(self, guard: WriteGuard, uri: str, *, directory: bool, what: str, force: bool) -> None:
+        from grpo_cli.stores import S3Output
+
+        super().__init__(guard, Path(redact(uri)), Path(redact(uri)), directory=directory, what=what)
+        self.uri = redact(uri)
+        self.force = force
+        self.store = S3Output(uri, directory=directory)
+        self.store.check(force=force, what=what)
+
+    @property
+    def display(self) -> str:
+        return self.uri
+
+    def temp_path(self) -> Path:
+        if self._temp is None:
+            self._temp = scratch_dir(self.uri) if self.directory else scratch_file(self.uri)
+        return self._temp
+
+    def commit(self) -> None:
+        self.transfer = self.store.publish(self.temp_path(), self.copied)
+        self.committed = True
+        _remove(self.temp_path())
+
+    def discard(self) -> None:
+        if self._temp is not None:
+            _remove(self._temp)
+        self._temp = None
+
+    def _acquire(self) -> None:
+        pass
+
+    def _release(self) -> None:
+        self.discard()
+
+    def _remove_stale(self) -> None:
+        pass
+
+
 class WriteGuard:
     """Claims every path a run writes; release with :meth:`close` (or use ``with``).
 
@@ -295,6 +361,12 @@ class WriteGuard:
         ``directory``: a folder of Parquet shards rather than one file. ``what`` names
         the option in messages (``output``, ``summary``).
         """
+        if is_uri(os.fspath(path)):
+            uri = os.fspath(path)
+            if check_scheme(uri) == "file":
+                path = local_path(uri)
+            else:
+                return self._claim_remote(uri, directory=directory, force=force, what=what)
         shown = Path(path)
         if shown.name in ("", ".", "..") or os.fspath(path) == "-":
             raise GrpoError(f"{path}: not a usable {what} path")
@@ -313,6 +385,20 @@ class WriteGuard:
         self.claims.append(claim)
         claim._remove_stale()
         self._check_existing(claim, force=force, what=what)
+        return claim
+
+    def _claim_remote(self, uri: str, *, directory: bool, force: bool, what: str) -> Claim:
+        scheme = check_scheme(uri)
+        if scheme not in WRITABLE_SCHEMES:
+            raise GrpoError(
+                f"{redact(uri)}: grpo-cli writes to s3:// and local paths; write the {what} to a local "
+                f"path and upload it with the store's own tool"
+            )
+        reason = self.inputs.remote_conflict(uri) or self._clash(Path(redact(uri)))
+        if reason is not None:
+            raise GrpoError(f"{redact(uri)}: the {what} would {reason}; refusing to write there")
+        claim = RemoteClaim(self, uri, directory=directory, what=what, force=force)
+        self.claims.append(claim)
         return claim
 
     def claim_run(

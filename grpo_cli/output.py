@@ -437,6 +437,8 @@ class OutputTarget:
         if self.rewrite_reasons:
             info["rewrite_reason"] = self.rewrite_reasons[0]
         self.claim.commit()
+        if self.claim.transfer is not None:
+            info["transfer"] = self.claim.transfer
         return info
 
     def start_splices(self, shards: Sequence[Shard], refusal: str | None) -> None:
@@ -483,6 +485,10 @@ class OutputTarget:
         new_schema = pa.schema(list(schema)[len(schema) - new_columns :])
         metadata = {k: v for k, v in (schema.metadata or {}).items() if k == PROVENANCE_KEY}
         spliced.begin(new_schema, metadata, compression=self.compression)
+        if shard.remote is not None and shard.remote.startswith("s3://"):
+            # the output begins with the input's bytes up to its footer: S3 copies them itself
+            name = _shard_output_name(shard) if self.is_directory else ""
+            self.claim.note_copied_prefix(name, shard.remote, spliced.footer.start)
         self.methods["splice"] = self.methods.get("splice", 0) + 1
         writer = SplicedShardWriter(spliced, handle, self._thread)
         self._spliced.append(writer)

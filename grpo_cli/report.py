@@ -56,6 +56,20 @@ def summary_lines(summary: RunSummary) -> list[tuple[str, str]]:
         )
         if "rewrite_reason" in s.output and s.output.get("method") != "splice" and method != ", JSON lines":
             rows.append(("re-encoded because", s.output["rewrite_reason"]))
+        transfer = s.output.get("transfer")
+        if transfer is not None:
+            copied = transfer["bytes_copied_in_store"]
+            rows.append(
+                (
+                    "uploaded",
+                    f"{_bytes(transfer['bytes_uploaded'])} in {transfer['objects']} object(s)"
+                    + (
+                        f"; {_bytes(copied)} of the input's column chunks copied in the store"
+                        if copied
+                        else ""
+                    ),
+                )
+            )
     rows += [
         ("rows", f"{s.rows:,}"),
         ("groups", f"{s.groups:,}"),

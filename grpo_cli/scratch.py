@@ -69,6 +69,19 @@ def scratch_file(label: str) -> Path:
     return path
 
 
+def scratch_dir(label: str) -> Path:
+    """A new private folder in the system's temporary folder, removed by a later run if this
+    process dies, as :func:`scratch_file`'s files are."""
+    folder = Path(tempfile.gettempdir())
+    remove_stale_spools(folder)
+    path = folder / f"{_SPOOL_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    try:
+        path.mkdir(mode=0o700)
+    except OSError as exc:
+        raise GrpoError(f"{label}: cannot create a temporary folder in {folder} ({os_reason(exc)})") from None
+    return path
+
+
 def remove_stale_spools(folder: Path) -> None:
     try:
         entries = list(folder.iterdir())
@@ -77,6 +90,8 @@ def remove_stale_spools(folder: Path) -> None:
     for entry in entries:
         match = _SPOOL_NAME.match(entry.name)
         if match is not None and not _process_alive(int(match["pid"])):
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
             with contextlib.suppress(OSError):
                 entry.unlink()
 

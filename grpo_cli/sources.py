@@ -9,6 +9,7 @@ as JSON lines, element by element). Reading a shard is :mod:`grpo_cli.readers`' 
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import gzip
 import io
@@ -17,7 +18,7 @@ import os
 import sys
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -36,6 +37,7 @@ from grpo_cli.file_names import (
 )
 from grpo_cli.guard import ProtectedInputs
 from grpo_cli.scratch import spool
+from grpo_cli.stores import check_scheme, download, is_uri, list_files, local_path, redact, same_or_within
 
 _GLOB_CHARS = "*?["
 _MAGIC_COMPRESSION = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd"}
@@ -69,6 +71,7 @@ class Shard:
     record_word: str = "line"
     table: pa.Table | None = field(default=None, compare=False, repr=False)
     origin: Path | None = None  # the user's file a private rewrite of it (a trainer's dump) reads
+    remote: str | None = None  # the object-store URI a private copy was streamed from (stores)
     found: ShardFindings = field(default_factory=lambda: ShardFindings(), compare=False, repr=False)
 
     @property
@@ -78,8 +81,8 @@ class Shard:
     @property
     def source(self) -> Path | None:
         """The user's file this shard reads (a spooled JSON array's original), or ``None``
-        for standard input, a pipe or a table in memory."""
-        if self.table is not None or self.display.startswith("<"):
+        for standard input, a pipe, a table in memory or an object on a store (:attr:`remote`)."""
+        if self.table is not None or self.display.startswith("<") or self.remote is not None:
             return None
         if self.origin is not None:
             return self.origin
@@ -191,9 +194,10 @@ class InputSet:
         self.specs = [specs] if isinstance(specs, str) else list(specs)
         if not self.specs:
             raise GrpoError("no INPUT given")
-        self.spec = " ".join(self.specs)
+        self.spec = " ".join(redact(spec) for spec in self.specs)  # never a credential
         self._spools = contextlib.ExitStack()
         self.directories: list[Path] = []
+        self.uris: list[str] = []  # the object-store INPUTs named, which no output may replace
         try:
             if self.specs.count("-") > 1:
                 raise GrpoError("- (standard input) is named more than once; it can be read only once")
@@ -209,7 +213,7 @@ class InputSet:
         inputs = cls.__new__(cls)
         inputs.specs, inputs.spec = [label], label
         inputs._spools = contextlib.ExitStack()
-        inputs.directories = []
+        inputs.directories, inputs.uris = [], []
         inputs.shards = [Shard(Path(label), label, "table", table.nbytes, table=table)]
         return inputs
 
@@ -219,7 +223,7 @@ class InputSet:
         inputs = cls.__new__(cls)
         inputs.specs, inputs.spec = [label], label
         inputs._spools = spools
-        inputs.directories = []
+        inputs.directories, inputs.uris = [], []
         inputs.shards = shards
         inputs._refuse_repeats()
         return inputs
@@ -244,7 +248,7 @@ class InputSet:
     def protected(self) -> ProtectedInputs:
         """What no output of this run may touch: every input file and directory named."""
         files = [(s.source, s.display) for s in self.shards if s.source is not None]
-        return ProtectedInputs.of(files, self.directories)
+        return ProtectedInputs.of(files, self.directories, self.uris)
 
     def _refuse_repeats(self) -> None:
         seen: dict[tuple[int, int], Shard] = {}
@@ -261,6 +265,8 @@ class InputSet:
     def _resolve(self, spec: str, input_format: InputFormat | None, stdin: IO[bytes] | None) -> list[Shard]:
         if spec == "-":
             return [self._spooled(stdin or sys.stdin.buffer, "<stdin>", input_format)]
+        if is_uri(spec):
+            return self._remote(spec, input_format)
         path = Path(spec)
         if not os.path.exists(spec) and any(ch in spec for ch in _GLOB_CHARS):
             matches = sorted(p for p in glob.glob(spec, recursive=True) if os.path.isfile(p))
@@ -363,6 +369,36 @@ class InputSet:
         if fmt == "arrow" and compression is not None:
             raise GrpoError(f"{display}: a compressed Arrow file; decompress it first")
         return Shard(path, display, fmt, size, compression if fmt in ("jsonl", "csv") else None)
+
+    def _remote(self, spec: str, input_format: InputFormat | None) -> list[Shard]:
+        """An object-store INPUT: each file it names streamed to a private copy, read as a local
+        file and named by its URI (a ``file://`` URI is the local path)."""
+        if check_scheme(spec) == "file":
+            return self._resolve(local_path(spec), input_format, None)
+        if any(same_or_within(spec, seen) or same_or_within(seen, spec) for seen in self.uris):
+            raise GrpoError(f"{redact(spec)}: named twice; its rows would be read twice")
+        self.uris.append(spec)
+        shards = []
+        for file in list_files(spec):
+            display = redact(file.uri)
+            fmt = detect_format(file.name, input_format)
+            copy = self._spools.enter_context(
+                spool(None, label=display, write=functools.partial(download, file))
+            )
+            sniffed, compression = _sniff(copy, json_array=fmt in (None, "json"))
+            lowered = file.name.lower()
+            named = next((c for suffix, c in COMPRESSION_SUFFIXES.items() if lowered.endswith(suffix)), None)
+            if named is not None and named != compression:
+                compression, sniffed = named, "json" if fmt == "json" else sniffed
+            told = fmt or sniffed
+            if told is None:
+                raise GrpoError(
+                    f"{display}: cannot tell the format from the name; expected one of "
+                    f"{', '.join(READ_SUFFIXES)} or --input-format"
+                )
+            shard = self._typed(copy, display, told, file.size, sniffed, compression)
+            shards.append(replace(shard, remote=file.uri))
+        return shards
 
     def _spooled(self, stream: IO[bytes], label: str, input_format: InputFormat | None) -> Shard:
         # Two passes read the data twice: keep a private copy of a stream.

@@ -224,3 +224,87 @@ def bits(values: Any) -> Any:
 
     array = np.asarray(values)
     return array.view({8: np.uint64, 4: np.uint32, 2: np.uint16}[array.dtype.itemsize])
+
+
+# --------------------------------------------------------------------------- an S3 API server on loopback
+
+
+class S3Server:
+    """``moto_server`` in its own process on 127.0.0.1: a real S3 API over HTTP, started and
+    stopped by the tests. ``env`` is what a client needs to reach it (credentials moto accepts)."""
+
+    def __init__(self, *, enforce_auth: bool = False) -> None:
+        import os
+        import socket
+        import subprocess
+        import sys
+        import time
+        import urllib.request
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        server_env = dict(os.environ)
+        if enforce_auth:  # every request must be signed by a key moto's IAM knows: 403 otherwise
+            server_env["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"
+        self.endpoint = f"http://127.0.0.1:{port}"
+        command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+        self.process = subprocess.Popen(
+            command, env=server_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=1).close()
+                break
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError("moto_server did not start") from None
+                time.sleep(0.1)
+        self.env = {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "testing-key-id",
+            "AWS_SECRET_ACCESS_KEY": "testing-secret-never-printed",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/credentials",
+            "AWS_CONFIG_FILE": "/nonexistent/config",
+        }
+
+    def reset(self) -> None:
+        import urllib.request
+
+        urllib.request.urlopen(
+            urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST")
+        ).close()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Any:
+    pytest.importorskip("moto.server", reason="the object-storage tests need moto[server] (the dev extra)")
+    pytest.importorskip("boto3")
+    server = S3Server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A boto3 client of a fresh loopback S3 server, with the environment pointing at it and
+    one bucket, ``rollouts``."""
+    import boto3
+
+    s3_server.reset()
+    for name, value in s3_server.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    client = boto3.client("s3")
+    client.create_bucket(Bucket="rollouts")
+    return client

@@ -1,0 +1,545 @@
+"""Object storage: ``s3://``, ``gs://``, ``hf://`` and ``file://`` URIs wherever a path is taken.
+
+Inputs on a store are listed there (a file, or a folder's files in name order, as a local
+folder is read) and streamed to private scratch files that the engine reads as local ones;
+their messages and the output's provenance name the URI. ``s3://`` goes through boto3, which
+takes credentials and endpoints as AWS tools do (the environment, ``AWS_ENDPOINT_URL``,
+``AWS_PROFILE``, an instance role); ``gs://`` through gcsfs and ``hf://`` (a dataset repo's
+files) through huggingface_hub's file system, each an optional extra. ``file://`` is a local path.
+
+Outputs on S3 are written by :class:`S3Output` as multipart uploads that are completed only
+when every object of the run is whole, and aborted on every error and interrupt: an object
+appears complete or not at all. A spliced output whose input is an S3 object is made without
+moving the input's bytes: its unchanged column chunks are copied server-side
+(``UploadPartCopy`` with byte ranges) and only the new column chunks and the footer are
+uploaded. Credentials are never printed, nor written into provenance (:func:`redact`).
+
+>>> split_uri("s3://bucket/run/step-1.parquet"), split_uri("rollouts.parquet")
+(('s3', 'bucket/run/step-1.parquet'), None)
+>>> redact("s3://AKIA:secret@bucket/x.parquet")
+'s3://bucket/x.parquet'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shutil
+import urllib.parse
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from grpo_cli.errors import GrpoError, first_line
+from grpo_cli.file_names import OTHER_DATA_SUFFIXES, PARQUET_SUFFIXES, READ_SUFFIXES
+
+SCHEMES = ("s3", "gs", "gcs", "hf", "file")
+"""The URI schemes grpo-cli reads; ``gcs`` is another name for ``gs``."""
+WRITABLE_SCHEMES = ("s3", "file")
+_URI = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>.*)$")
+
+MIN_PART_BYTES = 5 << 20  # S3: every part of a multipart upload but the last
+PART_BYTES = 64 << 20  # what grpo-cli uploads or copies per part
+MAX_COPY_PART_BYTES = 5 << 30  # S3: the largest range one UploadPartCopy copies
+COPY_CHUNK = 8 << 20
+
+
+def split_uri(spec: str) -> tuple[str, str] | None:
+    """``(scheme, rest)`` of an object-store URI, ``None`` for a local path."""
+    match = _URI.match(spec)
+    if match is None:
+        return None
+    return match["scheme"].lower(), match["rest"]
+
+
+def is_uri(spec: str) -> bool:
+    """Whether ``spec`` names a file on a store (or a ``file://`` URI) rather than a local path."""
+    return split_uri(spec) is not None
+
+
+def redact(uri: str) -> str:
+    """``uri`` without any credentials in it (``scheme://user:secret@host/...``)."""
+    parts = split_uri(uri)
+    if parts is None:
+        return uri
+    scheme, rest = parts
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        authority = authority.rsplit("@", 1)[1]
+    return f"{scheme}://{authority}{slash}{path}"
+
+
+def local_path(uri: str) -> str:
+    """The local path a ``file://`` URI names.
+
+    >>> local_path("file:///data/run/step-1.parquet"), local_path("file://localhost/x.jsonl")
+    ('/data/run/step-1.parquet', '/x.jsonl')
+    """
+    parsed = urllib.parse.urlparse(uri)
+    if parsed.netloc not in ("", "localhost"):
+        raise GrpoError(f"{uri}: a file:// URI names a file on this machine (file:///path)")
+    return urllib.parse.unquote(parsed.path)
+
+
+def check_scheme(uri: str) -> str:
+    """The URI's scheme, refused in one line when grpo-cli reads no such store."""
+    parts = split_uri(uri)
+    assert parts is not None
+    scheme = parts[0]
+    if scheme not in SCHEMES:
+        raise GrpoError(
+            f"{redact(uri)}: grpo-cli reads {', '.join(s + '://' for s in SCHEMES)} URIs, not {scheme}://"
+        )
+    return scheme
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One file on a store: its URI and size."""
+
+    uri: str
+    size: int
+
+    @property
+    def name(self) -> str:
+        return self.uri.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _hidden(relative: str) -> bool:
+    """A path below the folder with a part starting with ``.`` or ``_`` (Spark's and Ray's own files)."""
+    return any(part.startswith((".", "_")) for part in relative.split("/") if part)
+
+
+# --------------------------------------------------------------------------- S3 (boto3)
+
+
+def _import_boto3() -> Any:
+    try:
+        import boto3
+    except ImportError:
+        raise GrpoError("s3:// needs boto3: pip install 'grpo-cli[s3]'") from None
+    return boto3
+
+
+def s3_client() -> Any:
+    """A boto3 S3 client as AWS tools configure it (environment, ``AWS_ENDPOINT_URL``,
+    profiles, instance roles), with bounded timeouts and retries."""
+    boto3 = _import_boto3()
+    from botocore.config import Config
+
+    config = Config(
+        connect_timeout=10,
+        read_timeout=60,
+        retries={"max_attempts": 5, "mode": "standard"},
+        s3={"addressing_style": "auto"},
+    )
+    return boto3.session.Session().client("s3", config=config)
+
+
+def bucket_and_key(uri: str) -> tuple[str, str]:
+    """The bucket and key of an ``s3://`` URI (credentials in it dropped)."""
+    rest = redact(uri).split("://", 1)[1]
+    bucket, _, key = rest.partition("/")
+    if not bucket:
+        raise GrpoError(f"{redact(uri)}: an s3:// URI names a bucket (s3://bucket/path)")
+    return bucket, key
+
+
+def s3_error(uri: str, exc: BaseException, doing: str) -> GrpoError:
+    """One line for what went wrong talking to S3, naming the URI and never a credential."""
+    from botocore import exceptions as bx
+
+    where = redact(uri)
+    if isinstance(exc, bx.NoCredentialsError | bx.PartialCredentialsError):
+        return GrpoError(
+            f"{where}: no AWS credentials to {doing} (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+            "or AWS_PROFILE)"
+        )
+    if isinstance(exc, bx.ClientError):
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code == "NoSuchBucket":
+            return GrpoError(f"{where}: the bucket {bucket_and_key(uri)[0]!r} does not exist")
+        if code in ("AccessDenied", "403", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+            return GrpoError(f"{where}: access denied ({code}, HTTP {status}) when trying to {doing}")
+        if code in ("NoSuchKey", "404", "NotFound"):
+            return GrpoError(f"{where}: no such object")
+        message = (str(error.get("Message") or code or exc).strip().splitlines() or ["no message"])[0]
+        return GrpoError(f"{where}: cannot {doing} ({code or 'error'}, HTTP {status}: {message})")
+    if isinstance(exc, bx.EndpointConnectionError | bx.ConnectTimeoutError | bx.ReadTimeoutError):
+        return GrpoError(f"{where}: cannot {doing}: the S3 endpoint does not answer ({first_line(exc)})")
+    if isinstance(exc, bx.BotoCoreError | OSError):
+        return GrpoError(f"{where}: cannot {doing} ({first_line(exc)})")
+    raise exc
+
+
+def _code(exc: BaseException) -> str | None:
+    """The error code of a boto3 ``ClientError`` (``None`` for anything else)."""
+    response = getattr(exc, "response", None)
+    return str(response.get("Error", {}).get("Code")) if isinstance(response, dict) else None
+
+
+@contextlib.contextmanager
+def _s3_errors(uri: str, doing: str) -> Iterator[None]:
+    from botocore import exceptions as bx
+
+    try:
+        yield
+    except (bx.BotoCoreError, bx.ClientError, OSError) as exc:
+        raise s3_error(uri, exc, doing) from None
+
+
+def _s3_list(uri: str) -> list[RemoteFile]:
+    client = s3_client()
+    bucket, key = bucket_and_key(uri)
+    with _s3_errors(uri, "list it"):
+        if key and not key.endswith("/"):
+            try:
+                head = client.head_object(Bucket=bucket, Key=key)
+            except Exception as exc:  # a folder has no object of its own: list below it
+                if _code(exc) not in ("404", "NoSuchKey", "NotFound"):
+                    raise
+            else:
+                return [RemoteFile(f"s3://{bucket}/{key}", int(head["ContentLength"]))]
+        prefix = key if not key or key.endswith("/") else key + "/"
+        found: list[RemoteFile] = []
+        folders: list[str] = []
+        for page in client.get_paginator("list_objects_v2").paginate(
+            Bucket=bucket, Prefix=prefix, Delimiter="/"
+        ):
+            for entry in page.get("Contents", []):
+                relative = entry["Key"][len(prefix) :]
+                if relative and not _hidden(relative):
+                    found.append(RemoteFile(f"s3://{bucket}/{entry['Key']}", int(entry["Size"])))
+            for common in page.get("CommonPrefixes", []):
+                relative = common["Prefix"][len(prefix) :]
+                if not _hidden(relative):
+                    folders.append(relative.rstrip("/"))
+    if not found and not folders:
+        raise GrpoError(f"{redact(uri)}: no such file or folder")
+    return _folder_files(uri, found, folders)
+
+
+def _s3_download(file: RemoteFile, target: IO[bytes]) -> None:
+    client = s3_client()
+    bucket, key = bucket_and_key(file.uri)
+    with _s3_errors(file.uri, "read it"):
+        body = client.get_object(Bucket=bucket, Key=key)["Body"]
+        try:
+            for chunk in iter(lambda: body.read(COPY_CHUNK), b""):
+                target.write(chunk)
+        finally:
+            body.close()
+
+
+# --------------------------------------------------------------------------- gs://, hf:// (fsspec)
+
+
+def _fsspec(uri: str) -> tuple[Any, str]:
+    """The fsspec file system of a ``gs://`` or ``hf://`` URI and the path on it."""
+    scheme, rest = split_uri(uri) or ("", "")
+    if scheme == "hf":
+        try:
+            from huggingface_hub import HfFileSystem
+        except ImportError:
+            raise GrpoError("hf:// needs huggingface_hub: pip install 'grpo-cli[hf]'") from None
+        return HfFileSystem(), rest
+    try:
+        import gcsfs
+    except ImportError:
+        raise GrpoError("gs:// needs gcsfs: pip install 'grpo-cli[gcs]'") from None
+    return gcsfs.GCSFileSystem(), rest
+
+
+def _fsspec_list(uri: str) -> list[RemoteFile]:
+    fs, path = _fsspec(uri)
+    scheme = check_scheme(uri)
+    try:
+        info = fs.info(path)
+        if info.get("type") != "directory":
+            return [RemoteFile(uri, int(info.get("size") or 0))]
+        entries = fs.ls(path, detail=True)
+    except FileNotFoundError:
+        raise GrpoError(f"{redact(uri)}: no such file or folder") from None
+    except Exception as exc:  # each library raises its own; all end here in one line
+        raise GrpoError(f"{redact(uri)}: cannot list it ({first_line(exc)})") from None
+    root = path.rstrip("/") + "/"
+    found, folders = [], []
+    for entry in entries:
+        relative = str(entry["name"])[len(root) :]
+        if _hidden(relative):
+            continue
+        if entry.get("type") == "directory":
+            folders.append(relative)
+        else:
+            found.append(RemoteFile(f"{scheme}://{entry['name']}", int(entry.get("size") or 0)))
+    return _folder_files(uri, found, folders)
+
+
+def _fsspec_download(file: RemoteFile, target: IO[bytes]) -> None:
+    fs, path = _fsspec(file.uri)
+    try:
+        with fs.open(path, "rb") as source:
+            shutil.copyfileobj(source, target, COPY_CHUNK)
+    except Exception as exc:
+        raise GrpoError(f"{redact(file.uri)}: cannot read it ({first_line(exc)})") from None
+
+
+# --------------------------------------------------------------------------- listing and staging
+
+
+def _folder_files(uri: str, found: list[RemoteFile], folders: list[str]) -> list[RemoteFile]:
+    """A folder's files of formats grpo-cli reads, in name order, as a local folder is read."""
+    if folders:
+        names = ", ".join(sorted(folders)[:3]) + (", ..." if len(folders) > 3 else "")
+        raise GrpoError(
+            f"{redact(uri)}: holds subfolders ({names}); grpo-cli reads the files of one folder: "
+            "name the subfolder to read"
+        )
+    readable = []
+    for file in sorted(found, key=lambda f: f.uri):
+        lowered = file.name.lower()
+        if lowered.endswith(READ_SUFFIXES):
+            readable.append(file)
+        elif lowered.endswith(OTHER_DATA_SUFFIXES):
+            raise GrpoError(
+                f"{redact(uri)}: the folder holds {file.name}, a format grpo-cli does not read; move it out"
+            )
+    if not readable:
+        raise GrpoError(f"{redact(uri)}: the folder holds no file of a format grpo-cli reads")
+    return readable
+
+
+def list_files(uri: str) -> list[RemoteFile]:
+    """The files an INPUT URI names: the object, or the folder's readable files in name order."""
+    scheme = check_scheme(uri)
+    if scheme == "s3":
+        return _s3_list(uri)
+    return _fsspec_list(uri)
+
+
+def download(file: RemoteFile, target: IO[bytes]) -> None:
+    """Stream ``file``'s bytes into ``target`` (a few MiB at a time, whatever its size)."""
+    if check_scheme(file.uri) == "s3":
+        _s3_download(file, target)
+    else:
+        _fsspec_download(file, target)
+
+
+def same_or_within(a: str, b: str) -> bool:
+    """Whether URI ``a`` is ``b`` or lies inside the folder ``b`` (credentials ignored)."""
+    a, b = redact(a).rstrip("/"), redact(b).rstrip("/")
+    return a == b or a.startswith(b + "/")
+
+
+# --------------------------------------------------------------------------- S3 output
+
+
+@dataclass(frozen=True)
+class CopiedPrefix:
+    """The first ``length`` bytes of an output file are those of the S3 object ``source``
+    (a spliced output's copied column chunks)."""
+
+    source: str
+    length: int
+
+
+@dataclass
+class _Upload:
+    key: str
+    upload_id: str
+    parts: list[dict[str, Any]]
+
+
+class S3Output:
+    """An ``s3://`` output: a file (one object) or a folder (one object per shard).
+
+    :meth:`check` runs when the output is claimed, before any work: the bucket must exist
+    and be reachable with the credentials at hand, and what is there is replaced only with
+    ``force``. :meth:`publish` uploads the finished local files, all or none.
+    """
+
+    def __init__(self, uri: str, *, directory: bool) -> None:
+        self.uri = redact(uri)
+        self.directory = directory
+        self.bucket, key = bucket_and_key(uri)
+        if not key or (key.endswith("/") and not directory):
+            raise GrpoError(f"{self.uri}: name the object to write (s3://bucket/path/out.parquet)")
+        self.key = key.rstrip("/")
+        self._client: Any = None
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = s3_client()
+        return self._client
+
+    def check(self, *, force: bool, what: str) -> None:
+        """Refuse, before any work, an output that cannot be written or would replace data."""
+        with _s3_errors(self.uri, f"write the {what} there"):
+            try:
+                self.client.head_bucket(Bucket=self.bucket)
+            except Exception as exc:  # HEAD has no body: a missing bucket is a bare 404
+                if _code(exc) in ("404", "NoSuchBucket", "NotFound"):
+                    raise GrpoError(f"{self.uri}: the bucket {self.bucket!r} does not exist") from None
+                raise
+            existing = self._existing()
+        if existing and not force:
+            shown = "holds objects" if self.directory else "exists"
+            raise GrpoError(f"{self.uri}: {shown}; pass --force to replace it")
+        if self.directory:
+            others = [key for key in existing if not key.lower().endswith(PARQUET_SUFFIXES)]
+            if others:
+                raise GrpoError(
+                    f"{self.uri}: holds {others[0].rsplit('/', 1)[-1]}, which is not a Parquet shard; "
+                    "grpo-cli replaces only a folder of Parquet shards (even with --force)"
+                )
+
+    def _existing(self) -> list[str]:
+        if not self.directory:
+            try:
+                self.client.head_object(Bucket=self.bucket, Key=self.key)
+            except Exception as exc:
+                if _code(exc) in ("404", "NoSuchKey", "NotFound"):
+                    return []
+                raise
+            return [self.key]
+        keys = []
+        for page in self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self.key + "/"
+        ):
+            keys += [entry["Key"] for entry in page.get("Contents", [])]
+        return keys
+
+    def publish(
+        self,
+        local: Path,
+        copied: dict[str, CopiedPrefix],
+        *,
+        progress: Callable[[int], None] | None = None,
+    ) -> dict[str, Any]:
+        """Upload ``local`` (the run's finished file, or folder of shards) as the output.
+
+        ``copied``: for each output file (by name in the folder; ``""`` for a file output)
+        whose first bytes are those of an S3 object, that object and how many bytes. Every
+        object is uploaded in parts first and completed only when all are whole; any error
+        or interrupt aborts them all. Returns the bytes uploaded and copied server-side.
+        """
+        files = sorted(local.iterdir()) if self.directory else [local]
+        uploads: list[_Upload] = []
+        uploaded = copied_bytes = 0
+        completed: list[str] = []
+        try:
+            with _s3_errors(self.uri, "upload the output"):
+                for file in files:
+                    name = file.name if self.directory else ""
+                    key = f"{self.key}/{file.name}" if self.directory else self.key
+                    upload = _Upload(
+                        key,
+                        self.client.create_multipart_upload(Bucket=self.bucket, Key=key)["UploadId"],
+                        [],
+                    )
+                    uploads.append(upload)
+                    sent, copied_here = self._parts(file, upload, copied.get(name), progress)
+                    uploaded += sent
+                    copied_bytes += copied_here
+                for upload in uploads:
+                    self.client.complete_multipart_upload(
+                        Bucket=self.bucket,
+                        Key=upload.key,
+                        UploadId=upload.upload_id,
+                        MultipartUpload={"Parts": upload.parts},
+                    )
+                    completed.append(upload.key)
+                if self.directory:
+                    self._remove_stale({upload.key for upload in uploads})
+        except BaseException:
+            self._abort(uploads, completed)
+            raise
+        return {
+            "uri": self.uri,
+            "objects": len(files),
+            "bytes_uploaded": uploaded,
+            "bytes_copied_in_store": copied_bytes,
+        }
+
+    def _parts(
+        self,
+        file: Path,
+        upload: _Upload,
+        prefix: CopiedPrefix | None,
+        progress: Callable[[int], None] | None,
+    ) -> tuple[int, int]:
+        size = file.stat().st_size
+        start = copied = 0
+        if prefix is not None and prefix.length >= MIN_PART_BYTES:
+            source_bucket, source_key = bucket_and_key(prefix.source)
+            for low, high in copy_ranges(prefix.length):
+                result = self.client.upload_part_copy(
+                    Bucket=self.bucket,
+                    Key=upload.key,
+                    UploadId=upload.upload_id,
+                    PartNumber=len(upload.parts) + 1,
+                    CopySource={"Bucket": source_bucket, "Key": source_key},
+                    CopySourceRange=f"bytes={low}-{high - 1}",
+                )
+                upload.parts.append(
+                    {"PartNumber": len(upload.parts) + 1, "ETag": result["CopyPartResult"]["ETag"]}
+                )
+            start = copied = prefix.length
+        sent = 0
+        with open(file, "rb") as handle:
+            handle.seek(start)
+            while start + sent < size or not upload.parts:  # an empty file is one empty part
+                body = handle.read(PART_BYTES)
+                result = self.client.upload_part(
+                    Bucket=self.bucket,
+                    Key=upload.key,
+                    UploadId=upload.upload_id,
+                    PartNumber=len(upload.parts) + 1,
+                    Body=body,
+                )
+                upload.parts.append({"PartNumber": len(upload.parts) + 1, "ETag": result["ETag"]})
+                sent += len(body)
+                if progress is not None:
+                    progress(len(body))
+        assert start + sent == size
+        return sent, copied
+
+    def _remove_stale(self, written: set[str]) -> None:
+        """A replaced folder's shards that this run did not write (``--force``)."""
+        stale = [key for key in self._existing() if key not in written]
+        for low in range(0, len(stale), 1000):
+            self.client.delete_objects(
+                Bucket=self.bucket, Delete={"Objects": [{"Key": key} for key in stale[low : low + 1000]]}
+            )
+
+    def _abort(self, uploads: list[_Upload], completed: list[str]) -> None:
+        """Leave nothing of a failed run: abort its uploads; remove objects it had completed."""
+        for upload in uploads:
+            if upload.key in completed:
+                with contextlib.suppress(Exception):
+                    self.client.delete_object(Bucket=self.bucket, Key=upload.key)
+            else:
+                with contextlib.suppress(Exception):
+                    self.client.abort_multipart_upload(
+                        Bucket=self.bucket, Key=upload.key, UploadId=upload.upload_id
+                    )
+
+
+def copy_ranges(length: int) -> list[tuple[int, int]]:
+    """Byte ranges ``[low, high)`` that cover ``length`` bytes in parts S3 copies: each at least
+    :data:`MIN_PART_BYTES` (``length`` itself must be) and at most :data:`MAX_COPY_PART_BYTES`.
+
+    >>> copy_ranges(150 << 20)
+    [(0, 52428800), (52428800, 104857600), (104857600, 157286400)]
+    >>> [high - low for low, high in copy_ranges((64 << 20) + 1)]
+    [33554433, 33554432]
+    """
+    if length < MIN_PART_BYTES:
+        raise ValueError(f"a copied part holds at least {MIN_PART_BYTES} bytes, not {length}")
+    count = max(1, -(-length // PART_BYTES))
+    size = -(-length // count)
+    return [(low, min(low + size, length)) for low in range(0, length, size)]

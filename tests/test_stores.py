@@ -1,0 +1,340 @@
+"""Object storage: s3:// inputs and outputs against a real S3 API server on loopback (moto's),
+file:// URIs as local paths, and what goes wrong on a store said in one line."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import Result
+
+from grpo_cli import stores
+from grpo_cli.errors import GrpoError
+from grpo_cli.file_names import PROVENANCE_KEY
+from grpo_cli.splice import read_footer
+from tests.conftest import S3Server, one_line_error, rollout_rows, write_parquet
+
+Cli = Callable[..., Result]
+
+
+def big_rollouts(path: Path, *, rows: int = 40_000, seed: int = 0) -> Path:
+    """About 10 MiB of Parquet (a completion column of random text), in several row groups:
+    large enough that its column chunks are copied in the store (parts of 5 MiB or more)."""
+    rng = np.random.default_rng(seed)
+    letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz ", dtype=np.uint8)
+    text = letters[rng.integers(0, letters.size, size=rows * 256)].tobytes()
+    offsets = np.arange(0, (rows + 1) * 256, 256, dtype=np.int32)
+    table = pa.table(
+        {
+            "uid": pa.array([f"prompt-{g}" for g in rng.permutation(rows) // 8]),
+            "completion": pa.StringArray.from_buffers(rows, pa.py_buffer(offsets), pa.py_buffer(text)),
+            "reward": (rng.random(rows) < 0.4).astype(np.float32),
+        }
+    )
+    pq.write_table(table, path, row_group_size=10_000)
+    return path
+
+
+def fetch(s3: Any, key: str, target: Path) -> Path:
+    s3.download_file("rollouts", key, str(target))
+    return target
+
+
+def keys(s3: Any, prefix: str = "") -> list[str]:
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket="rollouts", Prefix=prefix)
+    return [entry["Key"] for page in pages for entry in page.get("Contents", [])]
+
+
+def assert_same_rows(a: Path, b: Path) -> None:
+    """The same rows and columns, read back by pyarrow, polars and duckdb."""
+    left, right = pq.read_table(a), pq.read_table(b)
+    assert left.equals(right), (left.schema, right.schema)
+    assert pl.read_parquet(a).equals(pl.read_parquet(b))
+    query = "SELECT * FROM read_parquet('{}') ORDER BY ALL"
+    assert duckdb.execute(query.format(a)).fetchall() == duckdb.execute(query.format(b)).fetchall()
+
+
+def test_s3_to_s3_is_the_local_run_with_the_column_chunks_copied_in_the_store(
+    s3: Any, tmp_path: Path, cli: Cli
+) -> None:
+    source = big_rollouts(tmp_path / "run.parquet")
+    s3.upload_file(str(source), "rollouts", "run/step-1.parquet")
+    local = tmp_path / "local.parquet"
+    assert cli("compute", source, "-g", "uid", "-o", local, "-q").exit_code == 0
+
+    summary_path = tmp_path / "summary.json"
+    result = cli(
+        "compute", "s3://rollouts/run/step-1.parquet", "-g", "uid", "-o", "s3://rollouts/out/step-1.parquet",
+        "--summary-json", summary_path,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    remote = fetch(s3, "out/step-1.parquet", tmp_path / "remote.parquet")
+    assert_same_rows(
+        pq_without_provenance(local, tmp_path / "a.parquet"),
+        pq_without_provenance(remote, tmp_path / "b.parquet"),
+    )
+
+    output = json.loads(summary_path.read_text())["output"]
+    transfer = output["transfer"]
+    prefix = read_footer(source.open("rb")).start
+    assert output["method"] == "splice"
+    assert transfer["bytes_copied_in_store"] == prefix  # every input column chunk, not moved
+    assert transfer["bytes_uploaded"] == remote.stat().st_size - prefix  # new chunks and the footer
+    assert transfer["bytes_uploaded"] < source.stat().st_size / 10
+    assert "copied in the store" in result.stderr and "uploaded" in result.stderr
+    assert keys(s3) == ["out/step-1.parquet", "run/step-1.parquet"]
+    assert not s3.list_multipart_uploads(Bucket="rollouts").get("Uploads")
+
+
+def pq_without_provenance(path: Path, target: Path) -> Path:
+    """The file's rows with its provenance entry dropped (it names the input's path)."""
+    table = pq.read_table(path)
+    metadata = {k: v for k, v in (table.schema.metadata or {}).items() if k != PROVENANCE_KEY}
+    pq.write_table(table.replace_schema_metadata(metadata), target)
+    return target
+
+
+def test_a_folder_on_s3_to_a_folder_on_s3_one_object_per_shard(s3: Any, tmp_path: Path, cli: Cli) -> None:
+    rows = rollout_rows(n_groups=30, group_size=4, seed=3)
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for index in range(3):
+        shard = write_parquet(folder / f"part-{index}.parquet", rows[index * 40 : (index + 1) * 40])
+        s3.upload_file(str(shard), "rollouts", f"run/part-{index}.parquet")
+    s3.put_object(Bucket="rollouts", Key="run/_SUCCESS", Body=b"")  # Spark's marker: not a shard
+    assert cli("compute", folder, "-g", "group_id", "-o", tmp_path / "local", "-q").exit_code == 0
+    result = cli("compute", "s3://rollouts/run/", "-g", "group_id", "-o", "s3://rollouts/out/", "-q")
+    assert result.exit_code == 0, result.stderr
+    assert keys(s3, "out/") == [f"out/part-{index}.parquet" for index in range(3)]
+    for index in range(3):
+        remote = fetch(s3, f"out/part-{index}.parquet", tmp_path / f"remote-{index}.parquet")
+        local = tmp_path / "local" / f"part-{index}.parquet"
+        assert pq.read_table(remote).equals(pq.read_table(local))  # metadata (provenance) aside
+        assert pq.read_table(remote).column("advantage").equals(pq.read_table(local).column("advantage"))
+
+
+def test_check_and_a_summary_on_s3(s3: Any, tmp_path: Path, cli: Cli) -> None:
+    source = write_parquet(tmp_path / "in.parquet", rollout_rows())
+    s3.upload_file(str(source), "rollouts", "in.parquet")
+    result = cli(
+        "check", "s3://rollouts/in.parquet", "-g", "group_id", "--min-groups", "1",
+        "--summary-json", "s3://rollouts/reports/summary.json", "-q",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads(s3.get_object(Bucket="rollouts", Key="reports/summary.json")["Body"].read())
+    assert summary["input"]["path"] == "s3://rollouts/in.parquet"
+    assert summary["groups"] == 13
+
+
+def test_file_uris_are_local_paths(tmp_path: Path, cli: Cli) -> None:
+    source = write_parquet(tmp_path / "in.parquet", rollout_rows())
+    out = tmp_path / "out.parquet"
+    result = cli("compute", f"file://{source}", "-g", "group_id", "-o", f"file://{out}", "-q")
+    assert result.exit_code == 0, result.stderr
+    assert pq.read_table(out).num_rows == len(rollout_rows())
+    refused = cli("compute", f"file://{source}", "-g", "group_id", "-o", f"file://{source}", "-q", "--force")
+    one_line_error(refused, 2, "would overwrite the input")
+
+
+def test_an_existing_object_is_replaced_only_with_force(s3: Any, tmp_path: Path, cli: Cli) -> None:
+    source = write_parquet(tmp_path / "in.parquet", rollout_rows())
+    s3.upload_file(str(source), "rollouts", "in.parquet")
+    s3.put_object(Bucket="rollouts", Key="out.parquet", Body=b"keep me")
+    refused = cli("compute", "s3://rollouts/in.parquet", "-g", "group_id", "-o", "s3://rollouts/out.parquet")
+    one_line_error(refused, 2, "s3://rollouts/out.parquet", "exists", "--force")
+    assert s3.get_object(Bucket="rollouts", Key="out.parquet")["Body"].read() == b"keep me"
+    forced = cli(
+        "compute", "s3://rollouts/in.parquet", "-g", "group_id", "-o", "s3://rollouts/out.parquet", "-f"
+    )
+    assert forced.exit_code == 0, forced.stderr
+    assert s3.get_object(Bucket="rollouts", Key="out.parquet")["Body"].read()[:4] == b"PAR1"
+
+
+@pytest.mark.parametrize("output", ["s3://rollouts/in.parquet", "s3://rollouts/"])
+def test_an_output_over_an_input_on_the_store_is_refused(
+    s3: Any, tmp_path: Path, cli: Cli, output: str
+) -> None:
+    source = write_parquet(tmp_path / "in.parquet", rollout_rows())
+    s3.upload_file(str(source), "rollouts", "in.parquet")
+    before = s3.get_object(Bucket="rollouts", Key="in.parquet")["Body"].read()
+    refused = cli("compute", "s3://rollouts/in.parquet", "-g", "group_id", "-o", output, "-f")
+    one_line_error(refused, 2, "would overwrite the input s3://rollouts/in.parquet")
+    assert s3.get_object(Bucket="rollouts", Key="in.parquet")["Body"].read() == before
+
+
+def test_a_missing_bucket_or_object_is_one_line(s3: Any, tmp_path: Path, cli: Cli) -> None:
+    source = write_parquet(tmp_path / "in.parquet", rollout_rows())
+    s3.upload_file(str(source), "rollouts", "in.parquet")
+    missing_input = cli(
+        "compute", "s3://no-such-bucket/in.parquet", "-g", "group_id", "-o", tmp_path / "o.parquet"
+    )
+    one_line_error(missing_input, 2, "s3://no-such-bucket/in.parquet", "'no-such-bucket' does not exist")
+    missing_object = cli(
+        "compute", "s3://rollouts/nothing.parquet", "-g", "group_id", "-o", tmp_path / "o.parquet"
+    )
+    one_line_error(missing_object, 2, "s3://rollouts/nothing.parquet", "no such file or folder")
+    missing_output = cli(
+        "compute", "s3://rollouts/in.parquet", "-g", "group_id", "-o", "s3://elsewhere/o.parquet"
+    )
+    one_line_error(missing_output, 2, "s3://elsewhere/o.parquet", "'elsewhere' does not exist")
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_no_credentials_is_one_line_that_prints_none(
+    s3: Any, tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = write_parquet(tmp_path / "in.parquet", rollout_rows())
+    s3.upload_file(str(source), "rollouts", "in.parquet")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    result = cli("compute", "s3://rollouts/in.parquet", "-g", "group_id", "-o", tmp_path / "o.parquet")
+    one_line_error(result, 2, "s3://rollouts/in.parquet", "no AWS credentials")
+
+
+def test_a_403_is_one_line(tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("moto.server")
+    server = S3Server(enforce_auth=True)  # moto's IAM knows no key: every request is refused
+    try:
+        for name, value in server.env.items():
+            monkeypatch.setenv(name, value)
+        result = cli("compute", "s3://rollouts/in.parquet", "-g", "group_id", "-o", tmp_path / "o.parquet")
+        line = one_line_error(result, 2, "s3://rollouts/in.parquet", "access denied", "403")
+        assert "testing-secret-never-printed" not in line and "testing-key-id" not in line
+    finally:
+        server.stop()
+
+
+def test_credentials_in_a_uri_are_never_printed_nor_written(s3: Any, tmp_path: Path, cli: Cli) -> None:
+    source = write_parquet(tmp_path / "in.parquet", rollout_rows())
+    s3.upload_file(str(source), "rollouts", "in.parquet")
+    out = tmp_path / "out.parquet"
+    uri = "s3://KEYID:SECRET@rollouts/in.parquet"
+    result = cli("compute", uri, "-g", "group_id", "-o", out, "--summary-json", "-")
+    assert result.exit_code == 0, result.stderr
+    assert "SECRET" not in result.stdout + result.stderr and "KEYID" not in result.stdout + result.stderr
+    assert b"SECRET" not in out.read_bytes() and b"KEYID" not in out.read_bytes()
+    assert json.loads(result.stdout)["input"]["path"] == "s3://rollouts/in.parquet"
+
+
+def test_an_interrupted_upload_leaves_no_object_and_no_pending_upload(
+    s3: Any, tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows = rollout_rows(n_groups=30, group_size=4, seed=3)
+    for index in range(3):
+        shard = write_parquet(tmp_path / f"part-{index}.parquet", rows[index * 40 : (index + 1) * 40])
+        s3.upload_file(str(shard), "rollouts", f"run/part-{index}.parquet")
+    real_parts = stores.S3Output._parts
+    calls = []
+
+    def interrupted(self: stores.S3Output, *args: Any) -> Any:
+        calls.append(args)
+        if len(calls) == 3:  # two objects' parts are up, none completed
+            raise KeyboardInterrupt
+        return real_parts(self, *args)
+
+    monkeypatch.setattr(stores.S3Output, "_parts", interrupted)
+    result = cli("compute", "s3://rollouts/run/", "-g", "group_id", "-o", "s3://rollouts/out/")
+    assert result.exit_code == 130, result.stderr
+    assert keys(s3, "out/") == []
+    assert not s3.list_multipart_uploads(Bucket="rollouts").get("Uploads")
+
+
+def test_a_failed_completion_removes_the_objects_already_completed(
+    s3: Any, tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows = rollout_rows(n_groups=30, group_size=4, seed=3)
+    for index in range(3):
+        shard = write_parquet(tmp_path / f"part-{index}.parquet", rows[index * 40 : (index + 1) * 40])
+        s3.upload_file(str(shard), "rollouts", f"run/part-{index}.parquet")
+    import botocore.client
+
+    real_call = botocore.client.BaseClient._make_api_call
+    completions = []
+
+    def flaky(self: Any, operation: str, params: dict[str, Any]) -> Any:
+        if operation == "CompleteMultipartUpload":
+            completions.append(params["Key"])
+            if len(completions) == 2:
+                raise OSError("connection reset by peer")
+        return real_call(self, operation, params)
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", flaky)
+    result = cli("compute", "s3://rollouts/run/", "-g", "group_id", "-o", "s3://rollouts/out/")
+    one_line_error(result, 2, "s3://rollouts/out", "connection reset by peer")
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", real_call)
+    assert keys(s3, "out/") == []
+    assert not s3.list_multipart_uploads(Bucket="rollouts").get("Uploads")
+
+
+def test_a_server_that_dies_mid_upload_fails_the_run_in_one_line(
+    tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("moto.server")
+    import boto3
+
+    server = S3Server()
+    try:
+        for name, value in server.env.items():
+            monkeypatch.setenv(name, value)
+        client = boto3.client("s3")
+        client.create_bucket(Bucket="rollouts")
+        source = big_rollouts(tmp_path / "in.parquet", rows=8_000)
+        client.upload_file(str(source), "rollouts", "in.parquet")
+        real_parts = stores.S3Output._parts
+
+        def dies(self: stores.S3Output, *args: Any) -> Any:
+            server.stop()  # the store goes away between the run's work and its upload
+            return real_parts(self, *args)
+
+        monkeypatch.setattr(stores.S3Output, "_parts", dies)
+        result = cli("compute", "s3://rollouts/in.parquet", "-g", "uid", "-o", "s3://rollouts/out.parquet")
+        one_line_error(result, 2, "s3://rollouts/out.parquet", "does not answer")
+    finally:
+        server.stop()
+
+
+def test_thousands_of_shards_are_listed_in_name_order(s3: Any) -> None:
+    names = [f"run/part-{index:05d}.parquet" for index in range(2500)]
+    for name in reversed(names):
+        s3.put_object(Bucket="rollouts", Key=name, Body=b"PAR1")
+    listed = stores.list_files("s3://rollouts/run/")
+    assert [file.uri for file in listed] == [f"s3://rollouts/{name}" for name in names]
+
+
+def test_a_subfolder_or_a_foreign_data_file_is_refused(s3: Any) -> None:
+    s3.put_object(Bucket="rollouts", Key="run/part-0.parquet", Body=b"PAR1")
+    s3.put_object(Bucket="rollouts", Key="run/step-2/part-0.parquet", Body=b"PAR1")
+    with pytest.raises(GrpoError, match="holds subfolders"):
+        stores.list_files("s3://rollouts/run/")
+    s3.put_object(Bucket="rollouts", Key="flat/part-0.parquet", Body=b"PAR1")
+    s3.put_object(Bucket="rollouts", Key="flat/part-1.orc", Body=b"ORC")
+    with pytest.raises(GrpoError, match=r"part-1\.orc, a format grpo-cli does not read"):
+        stores.list_files("s3://rollouts/flat/")
+
+
+def test_copy_ranges_cover_the_prefix_in_parts_s3_accepts() -> None:
+    for length in (5 << 20, (5 << 20) + 1, 64 << 20, (64 << 20) + 1, 1 << 30, (3 << 30) + 12345):
+        ranges = stores.copy_ranges(length)
+        assert ranges[0][0] == 0 and ranges[-1][1] == length
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
+        assert all(stores.MIN_PART_BYTES <= high - low <= stores.MAX_COPY_PART_BYTES for low, high in ranges)
+    with pytest.raises(ValueError, match="at least"):
+        stores.copy_ranges((5 << 20) - 1)
+
+
+def test_gs_and_hf_outputs_are_refused_before_any_work(tmp_path: Path, cli: Cli) -> None:
+    source = write_parquet(tmp_path / "in.parquet", rollout_rows())
+    for output in ("gs://bucket/out.parquet", "hf://datasets/me/run/out.parquet"):
+        result = cli("compute", source, "-g", "group_id", "-o", output)
+        one_line_error(result, 2, output, "writes to s3:// and local paths")
+    unknown = cli("compute", "ftp://host/in.parquet", "-g", "group_id", "-o", tmp_path / "o.parquet")
+    one_line_error(unknown, 2, "ftp://host/in.parquet", "not ftp://")
