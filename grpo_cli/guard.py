@@ -238,7 +238,21 @@ class Claim:
             _remove(entry)
 
 
-class StdoutClaim(Claim):
+class _ScratchClaim(Claim):
+    """A claim whose temporary is a private scratch file, not a file beside a local target:
+    no lock file and no stale temporaries to look for there."""
+
+    def _acquire(self) -> None:
+        pass
+
+    def _release(self) -> None:
+        self.discard()
+
+    def _remove_stale(self) -> None:
+        pass
+
+
+class StdoutClaim(_ScratchClaim):
     """``-o -``: the rows go to a private temporary file, copied to standard output only
     when the whole run succeeded, so that a failed run writes nothing there."""
 
@@ -271,17 +285,8 @@ class StdoutClaim(Claim):
             self.committed = True  # from the first byte on, standard output was written
             _remove(temp)
 
-    def _acquire(self) -> None:
-        pass
 
-    def _release(self) -> None:
-        self.discard()
-
-    def _remove_stale(self) -> None:
-        pass
-
-
-class RemoteClaim(Claim):
+class RemoteClaim(_ScratchClaim):
     """An output on an object store (``s3://``): written to a private scratch file or folder,
     then uploaded whole when the run commits it (:class:`~grpo_cli.stores.S3Output`), so that
     a failed run leaves nothing there. Checked when claimed: the bucket, the credentials,
@@ -314,15 +319,6 @@ class RemoteClaim(Claim):
         if self._temp is not None:
             _remove(self._temp)
         self._temp = None
-
-    def _acquire(self) -> None:
-        pass
-
-    def _release(self) -> None:
-        self.discard()
-
-    def _remove_stale(self) -> None:
-        pass
 
 
 class WriteGuard:

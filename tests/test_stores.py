@@ -225,13 +225,18 @@ def test_credentials_in_a_uri_are_never_printed_nor_written(s3: Any, tmp_path: P
     assert json.loads(result.stdout)["input"]["path"] == "s3://rollouts/in.parquet"
 
 
-def test_an_interrupted_upload_leaves_no_object_and_no_pending_upload(
-    s3: Any, tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def three_shards_on_s3(s3: Any, tmp_path: Path) -> None:
+    """s3://rollouts/run/ holding part-0 to part-2.parquet, 40 rows each."""
     rows = rollout_rows(n_groups=30, group_size=4, seed=3)
     for index in range(3):
         shard = write_parquet(tmp_path / f"part-{index}.parquet", rows[index * 40 : (index + 1) * 40])
         s3.upload_file(str(shard), "rollouts", f"run/part-{index}.parquet")
+
+
+def test_an_interrupted_upload_leaves_no_object_and_no_pending_upload(
+    s3: Any, tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    three_shards_on_s3(s3, tmp_path)
     real_parts = stores.S3Output._parts
     calls = []
 
@@ -251,10 +256,7 @@ def test_an_interrupted_upload_leaves_no_object_and_no_pending_upload(
 def test_a_failed_completion_removes_the_objects_already_completed(
     s3: Any, tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    rows = rollout_rows(n_groups=30, group_size=4, seed=3)
-    for index in range(3):
-        shard = write_parquet(tmp_path / f"part-{index}.parquet", rows[index * 40 : (index + 1) * 40])
-        s3.upload_file(str(shard), "rollouts", f"run/part-{index}.parquet")
+    three_shards_on_s3(s3, tmp_path)
     import botocore.client
 
     real_call = botocore.client.BaseClient._make_api_call
