@@ -31,7 +31,7 @@ import os
 import re
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, Literal
 
@@ -44,6 +44,7 @@ from grpo_cli.columns import is_text_type, text_kernel_input
 from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.scratch import spool
 from grpo_cli.sources import InputSet, Shard
+from grpo_cli.stores import check_scheme, is_uri, local_path, redact, staged_tree
 
 Layout = Literal["jsonl", "parquet", "json-columns", "torch", "episodes"]
 RESPONSE_LENGTH = "response_length"
@@ -505,8 +506,68 @@ class OpenedDump:
 
 
 def open_dump(trainer: str, specs: Sequence[str], *, group_size: int | None = None) -> OpenedDump:
-    """Read the dump ``specs`` name (a dump folder, files, or a quoted glob) as ``trainer``
-    writes it. Use the returned inputs as a context manager.
+    """Read the dump ``specs`` name (a dump folder, files, or a quoted glob; or their URIs on
+    an object store) as ``trainer`` writes it. Use the returned inputs as a context manager.
+
+    A dump on a store is streamed to a private scratch folder laid out as on the store and read
+    there; its files are named by their URIs, in messages as in the summary.
+    """
+    if not any(is_uri(spec) for spec in specs):
+        return _open_local_dump(trainer, specs, group_size=group_size)
+    staging = contextlib.ExitStack()
+    try:
+        local_specs, names = [], {}
+        for spec in specs:
+            if not is_uri(spec):
+                local_specs.append(spec)
+            elif check_scheme(spec) == "file":
+                local_specs.append(local_path(spec))
+            else:
+                local = staging.enter_context(staged_tree(spec))
+                names[os.fspath(local)] = redact(spec).rstrip("/")
+                local_specs.append(os.fspath(local))
+        try:
+            opened = _open_local_dump(trainer, local_specs, group_size=group_size)
+        except GrpoError as exc:
+            raise GrpoError(_renamed(exc.message, names), exit_code=exc.exit_code) from None
+        inputs = opened.inputs
+        staged = tuple(names)
+        inputs.shards = [
+            replace(
+                shard,
+                display=_renamed(shard.display, names),
+                # a shard that reads the object's own bytes (not a rewrite of it) can be copied in the store
+                remote=_renamed(os.fspath(shard.path), names)
+                if os.fspath(shard.path).startswith(staged)
+                else None,
+            )
+            for shard in inputs.shards
+        ]
+        inputs.spec = " ".join(redact(spec) for spec in specs)
+        inputs.uris += [spec for spec in specs if is_uri(spec) and check_scheme(spec) != "file"]
+        inputs._spools.callback(staging.pop_all().close)
+        return opened
+    finally:
+        staging.close()
+
+
+def _on_store(shard: Shard, names: dict[str, str]) -> Shard:
+    """A shard of a staged dump, named by its URI; one that reads the object's own bytes (not
+    a private rewrite of it) keeps the object's URI, so that a store can copy them."""
+    path = os.fspath(shard.path)
+    remote = _renamed(path, names) if path.startswith(tuple(names)) else None
+    return replace(shard, display=_renamed(shard.display, names), remote=remote)
+
+
+def _renamed(text: str, names: dict[str, str]) -> str:
+    """``text`` with each scratch folder's path put back as the URI it was streamed from."""
+    for local, uri in names.items():
+        text = text.replace(local, uri)
+    return text
+
+
+def _open_local_dump(trainer: str, specs: Sequence[str], *, group_size: int | None) -> OpenedDump:
+    """:func:`open_dump` of local paths.
 
     Refused, in one line each: a folder with no such file, a gap in the steps of a trainer
     that writes every step, a file without the fields the trainer writes (naming the

@@ -23,6 +23,8 @@ uploaded. Credentials are never printed, nor written into provenance (:func:`red
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 import re
 import shutil
 import urllib.parse
@@ -124,7 +126,22 @@ def _import_boto3() -> Any:
 
 def s3_client() -> Any:
     """A boto3 S3 client as AWS tools configure it (environment, ``AWS_ENDPOINT_URL``,
-    profiles, instance roles), with bounded timeouts and retries."""
+    profiles, instance roles), with bounded timeouts and retries; one per configuration
+    (boto3's clients are thread-safe, and making one costs tens of milliseconds)."""
+    return _s3_client(tuple(os.environ.get(name) for name in _AWS_SETTINGS))
+
+
+_AWS_SETTINGS = tuple(
+    f"AWS_{name}"
+    for name in (
+        "ACCESS_KEY_ID", "SECRET_ACCESS_KEY", "SESSION_TOKEN", "PROFILE", "DEFAULT_REGION", "REGION",
+        "ENDPOINT_URL", "ENDPOINT_URL_S3", "CONFIG_FILE", "SHARED_CREDENTIALS_FILE", "EC2_METADATA_DISABLED",
+    )
+)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=8)
+def _s3_client(settings: tuple[str | None, ...]) -> Any:
     boto3 = _import_boto3()
     from botocore.config import Config
 
@@ -326,6 +343,70 @@ def download(file: RemoteFile, target: IO[bytes]) -> None:
         _s3_download(file, target)
     else:
         _fsspec_download(file, target)
+
+
+def walk(uri: str) -> tuple[bool, list[tuple[str, RemoteFile]]]:
+    """Whether ``uri`` is a folder, and every file below it (hidden ones too: a trainer's dump
+    is read as its writer laid it out), each with its path relative to ``uri``."""
+    scheme = check_scheme(uri)
+    if scheme == "s3":
+        client = s3_client()
+        bucket, key = bucket_and_key(uri)
+        with _s3_errors(uri, "list it"):
+            if key and not key.endswith("/"):
+                try:
+                    head = client.head_object(Bucket=bucket, Key=key)
+                except Exception as exc:
+                    if _code(exc) not in ("404", "NoSuchKey", "NotFound"):
+                        raise
+                else:
+                    file = RemoteFile(f"s3://{bucket}/{key}", int(head["ContentLength"]))
+                    return False, [(file.name, file)]
+            prefix = key if not key or key.endswith("/") else key + "/"
+            found = [
+                (entry["Key"][len(prefix) :], RemoteFile(f"s3://{bucket}/{entry['Key']}", int(entry["Size"])))
+                for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+                for entry in page.get("Contents", [])
+                if not entry["Key"].endswith("/")
+            ]
+    else:
+        fs, path = _fsspec(uri)
+        try:
+            info = fs.info(path)
+            if info.get("type") != "directory":
+                file = RemoteFile(uri, int(info.get("size") or 0))
+                return False, [(file.name, file)]
+            root = path.rstrip("/") + "/"
+            found = [
+                (name[len(root) :], RemoteFile(f"{scheme}://{name}", int(entry.get("size") or 0)))
+                for name, entry in fs.find(path, detail=True).items()
+            ]
+        except FileNotFoundError:
+            found = []
+        except Exception as exc:
+            raise GrpoError(f"{redact(uri)}: cannot list it ({first_line(exc)})") from None
+    if not found:
+        raise GrpoError(f"{redact(uri)}: no such file or folder")
+    return True, sorted(found)
+
+
+@contextlib.contextmanager
+def staged_tree(uri: str) -> Iterator[Path]:
+    """``uri`` (a file, or a folder with everything below it) streamed to a private scratch
+    folder, laid out as on the store; the local file or folder, removed on every exit path."""
+    from grpo_cli.scratch import scratch_dir
+
+    is_folder, files = walk(uri)
+    root = scratch_dir(redact(uri))
+    try:
+        for relative, file in files:
+            target = root.joinpath(*[part for part in relative.split("/") if part not in ("", ".", "..")])
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(target, "wb") as out:
+                download(file, out)
+        yield root if is_folder else root / files[0][0]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def same_or_within(a: str, b: str) -> bool:

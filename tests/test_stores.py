@@ -340,3 +340,47 @@ def test_gs_and_hf_outputs_are_refused_before_any_work(tmp_path: Path, cli: Cli)
         one_line_error(result, 2, output, "writes to s3:// and local paths")
     unknown = cli("compute", "ftp://host/in.parquet", "-g", "group_id", "-o", tmp_path / "o.parquet")
     one_line_error(unknown, 2, "ftp://host/in.parquet", "not ftp://")
+
+
+DUMPS = Path(__file__).resolve().parent.parent / "sample_data" / "dumps"
+DUMP_FOLDERS = {  # the sample dump folder: the trainer that reads it
+    "verl": "verl", "verl-v1": "verl", "trl": "trl", "nemo-rl": "nemo-rl", "roll": "roll",
+    "slime/rollout_data": "slime", "skyrl": "skyrl", "prime-rl": "prime-rl", "areal/rollout": "areal",
+    "open-instruct/rollouts": "open-instruct",
+}  # fmt: skip
+
+
+def upload_tree(s3: Any, folder: Path, prefix: str) -> None:
+    for file in sorted(folder.rglob("*")):
+        if file.is_file():
+            s3.upload_file(str(file), "rollouts", f"{prefix}/{file.relative_to(folder).as_posix()}")
+
+
+def comparable(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary without what names where the dump was read from, or when."""
+    summary = {k: v for k, v in summary.items() if k not in ("elapsed_seconds", "input", "warnings")}
+    return summary
+
+
+@pytest.mark.parametrize("name", list(DUMP_FOLDERS))
+def test_a_trainers_dump_on_s3_reads_as_the_local_dump(s3: Any, cli: Cli, name: str) -> None:
+    folder, trainer = DUMPS / name, DUMP_FOLDERS[name]
+    upload_tree(s3, folder, f"dumps/{name}")
+    uri = f"s3://rollouts/dumps/{name}/"
+    local = cli("check", "--from", trainer, folder, "--summary-json", "-", "-q")
+    remote = cli("check", "--from", trainer, uri, "--summary-json", "-", "-q")
+    assert local.exit_code == remote.exit_code, remote.stderr
+    local_summary, remote_summary = json.loads(local.stdout), json.loads(remote.stdout)
+    assert comparable(remote_summary) == comparable(local_summary)
+    assert remote_summary["input"]["path"] == uri
+    assert remote_summary["input"]["from"] == local_summary["input"]["from"]
+    assert [w.replace(str(folder), uri.rstrip("/")) for w in local_summary["warnings"]] == remote_summary[
+        "warnings"
+    ]
+
+
+def test_a_bad_dump_on_s3_is_named_by_its_uri(s3: Any, cli: Cli, tmp_path: Path) -> None:
+    s3.put_object(Bucket="rollouts", Key="dumps/verl/1.jsonl", Body=b'{"input": "q", "output": "a"}\n')
+    result = cli("check", "--from", "verl", "s3://rollouts/dumps/verl/", "-q")
+    line = one_line_error(result, 2, "s3://rollouts/dumps/verl")
+    assert "grpo-cli-spool" not in line and "/tmp" not in line
