@@ -183,8 +183,12 @@ def compute_dataset_ray(
         summary.elapsed_seconds = time.perf_counter() - started
         return summary
 
-    local_output = None if ray_engine.is_remote(output) else output
-    return _guarded(inputs.protected(), local_output, summary_json, directory=True, force=force, run=run)
+    # A local Ray instance writes on this machine: an s3:// output goes through the write guard
+    # (uploaded all or none when the run commits); a cluster's workers write a URI themselves.
+    guarded = not ray_engine.is_remote(output) or (address is None and output.startswith("s3://"))
+    return _guarded(
+        inputs.protected(), output if guarded else None, summary_json, directory=True, force=force, run=run
+    )
 
 
 def _local_job(

@@ -384,3 +384,39 @@ def test_a_bad_dump_on_s3_is_named_by_its_uri(s3: Any, cli: Cli, tmp_path: Path)
     result = cli("check", "--from", "verl", "s3://rollouts/dumps/verl/", "-q")
     line = one_line_error(result, 2, "s3://rollouts/dumps/verl")
     assert "grpo-cli-spool" not in line and "/tmp" not in line
+
+
+@pytest.mark.slow
+def test_both_engines_write_the_same_data_from_s3_to_s3(s3: Any, s3_server: S3Server, tmp_path: Path) -> None:
+    """The issue's command on each engine, as whole processes (Ray's workers take the
+    environment they start with): the same rows and advantages, bit for bit."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("the ray extra is not installed")
+    rows = rollout_rows(n_groups=200, group_size=8, seed=5)
+    for index in range(4):
+        shard = write_parquet(tmp_path / f"part-{index}.parquet", rows[index * 450 : (index + 1) * 450])
+        s3.upload_file(str(shard), "rollouts", f"run/part-{index}.parquet")
+    env = {**os.environ, **s3_server.env}
+    for engine in ("local", "ray"):
+        command = [sys.executable, "-m", "grpo_cli", "compute", "s3://rollouts/run/", "-g", "group_id"]
+        command += ["-o", f"s3://rollouts/out-{engine}/", "--engine", engine, "-q"]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+    tables = {}
+    for engine in ("local", "ray"):
+        files = [fetch(s3, key, tmp_path / key.replace("/", "_")) for key in keys(s3, f"out-{engine}/")]
+        assert files, engine
+        table = pa.concat_tables([pq.read_table(f) for f in files]).sort_by([("text", "ascending")])
+        tables[engine] = table
+    local, ray = tables["local"], tables["ray"]
+    assert local.num_rows == ray.num_rows == len(rows)
+    for name in local.column_names:
+        assert (
+            local.column(name).to_pylist() == ray.column(name).cast(local.schema.field(name).type).to_pylist()
+        ), name
+    assert not s3.list_multipart_uploads(Bucket="rollouts").get("Uploads")

@@ -775,12 +775,19 @@ def run_ray(
             config=config,
             provenance=plan.provenance([file.display for file in inputs.files], outcome),
         )
-        if claim is None:
+        if claim is None:  # a URI that a cluster's workers write to themselves
             out_ds.write_parquet(output)
             written: list[Path] = []
+            written_info = output_info(output, written)
+            extremes = None
         else:
             out_ds.write_parquet(str(claim.temp_path()))
-            written = commit_directory(claim)
+            written = sorted(claim.temp_path().glob("*.parquet"))
+            written_info = output_info(claim.display, written)  # before the commit: an upload removes them
+            extremes = advantage_range(written, config.advantage_col) if written else None
+            commit_directory(claim)
+            if claim.transfer is not None:
+                written_info["transfer"] = claim.transfer
     options = {
         **config.options_summary(),
         "device": "cpu",
@@ -795,12 +802,12 @@ def run_ray(
             inputs.spec, [file.shard() for file in inputs.files], stdin=False, bytes_decoded=total_bytes
         ),
         output={
-            **output_info(output, written),
+            **written_info,
             "method": "rewrite",
             "shards_by_method": {"rewrite": len(written)},
         },
         options=options,
-        advantage_range=advantage_range(written, config.advantage_col) if written else None,
+        advantage_range=extremes,
         mode="ray",
         device="cpu",
         elapsed=time.perf_counter() - started,
