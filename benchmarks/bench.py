@@ -441,26 +441,74 @@ def bench_ray(rows: int, group_size: int, repeats: int, data_dir: Path) -> None:
     folder = write_uid_shards(data_dir, rows, group_size, shards=8)
     out = Path(tempfile.mkdtemp(prefix="grpo-bench-", dir=data_dir))
     config = ComputeConfig()
+    startups = []
     try:
         results = {
             "local engine": best_of(
                 repeats, lambda: compute_dataset(folder, out / "local", config, force=True)
             ),
         }
-        start = time.perf_counter()
-        with ray_session(None):
-            startup = time.perf_counter() - start
-            results["ray engine (instance running)"] = best_of(
-                repeats, lambda: compute_dataset_ray(str(folder), str(out / "ray"), config, force=True)
-            )
+        for workers in (1, 2, 4):
+            start = time.perf_counter()
+            with ray_session(None, num_cpus=workers):
+                startups.append(time.perf_counter() - start)
+                results[f"ray engine, {workers} worker process(es)"] = best_of(
+                    repeats, lambda: compute_dataset_ray(str(folder), str(out / "ray"), config, force=True)
+                )
     finally:
         shutil.rmtree(out, ignore_errors=True)
-    title = f"engines, {rows:,} rows in 8 shards, {rows // group_size:,} string uids"
-    print(f"\n{title}; Ray start-up {startup:.2f} s (not included)")
+    title = f"engines, {rows:,} rows in 8 shards, {rows // group_size:,} string uids, {os.cpu_count()} CPUs"
+    print(f"\n{title}; Ray start-up {min(startups):.2f}-{max(startups):.2f} s (not included)")
     print(f"  {'contender':34s} {'seconds':>8s} {'Mrows/s':>8s} {'x local':>8s}")
     for name, seconds in results.items():
         ratio = seconds / results["local engine"]
         print(f"  {name:34s} {seconds:8.2f} {rows / seconds / 1e6:8.2f} {ratio:8.2f}")
+
+
+RAY_DRIVER = r"""
+import json, sys, time
+sys.path.insert(0, {root!r})
+from grpo_cli.config import ComputeConfig
+from grpo_cli.jobs import compute_dataset_ray
+start = time.perf_counter()
+compute_dataset_ray(sys.argv[1], sys.argv[2], ComputeConfig(), force=True)
+seconds = time.perf_counter() - start
+peak = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(json.dumps({{"seconds": seconds, "driver_peak_rss_mib": peak / 1024}}))
+"""
+
+
+def bench_ray_driver(data_dir: Path, group_counts: tuple[int, ...]) -> None:
+    """The Ray driver's peak memory against the number of groups (2 rows a group, int IDs
+    shuffled over 4 shards), each a fresh process that starts its own local instance."""
+    import shutil
+
+    print("\nray engine: the driver's peak resident memory against groups (fresh process each)")
+    print(f"  {'groups':>12s} {'rows':>12s} {'seconds':>8s} {'driver MiB':>11s}")
+    for groups in group_counts:
+        folder = data_dir / f"ray_groups_{groups}"
+        if not (folder.exists() and len(list(folder.glob("*.parquet"))) == 4):
+            folder.mkdir(parents=True, exist_ok=True)
+            rng = np.random.default_rng(6)
+            ids = rng.permutation(np.repeat(np.arange(groups, dtype=np.int64), 2))
+            rewards = (rng.random(ids.size) < 0.5).astype(np.float32)
+            table = pa.table({"group_id": ids, "reward": rewards})
+            per_shard = -(-ids.size // 4)
+            for s in range(4):
+                pq.write_table(table.slice(s * per_shard, per_shard), folder / f"part-{s}.parquet")
+        out = data_dir / f"ray_groups_out_{groups}"
+        done = subprocess.run(
+            [sys.executable, "-c", RAY_DRIVER.format(root=str(ROOT)), str(folder), str(out)],
+            capture_output=True,
+            text=True,
+        )
+        shutil.rmtree(out, ignore_errors=True)
+        if done.returncode:
+            print(f"  {groups:12,d} failed: {done.stderr.strip().splitlines()[-1:]}")
+            continue
+        figures = json.loads(done.stdout.strip().splitlines()[-1])
+        seconds, peak = figures["seconds"], figures["driver_peak_rss_mib"]
+        print(f"  {groups:12,d} {2 * groups:12,d} {seconds:8.2f} {peak:11.0f}")
 
 
 def bench_estimators(rows: int, group_size: int, repeats: int, data_dir: Path) -> None:
@@ -838,6 +886,9 @@ def main() -> None:
     parser.add_argument("--ray-rows", type=int, default=2_000_000)
     parser.add_argument("--dump-rows", type=int, default=400_000)
     parser.add_argument(
+        "--ray-max-groups-exponent", type=int, default=7, help="driver memory up to 10**N groups"
+    )
+    parser.add_argument(
         "--only",
         choices=SECTIONS,
         action="append",
@@ -869,6 +920,7 @@ def main() -> None:
         bench_estimators(args.rows // 5, args.group_size, args.repeats, args.data_dir)
     if "ray" in sections:
         bench_ray(args.ray_rows, args.group_size, args.repeats, args.data_dir)
+        bench_ray_driver(args.data_dir, tuple(10**e for e in range(5, args.ray_max_groups_exponent + 1)))
     print(f"\npeak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
 
 

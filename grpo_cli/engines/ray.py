@@ -90,8 +90,9 @@ def import_ray() -> Any:
 
 
 @contextmanager
-def ray_session(address: str | None, *, quiet: bool = True) -> Iterator[Any]:
-    """Join ``address`` (``auto`` or host:port), or start a private local instance.
+def ray_session(address: str | None, *, quiet: bool = True, num_cpus: int | None = None) -> Iterator[Any]:
+    """Join ``address`` (``auto`` or host:port), or start a private local instance (with
+    ``num_cpus`` worker slots: all of this machine's by default).
 
     A local instance is started quietly (no dashboard, no log forwarding, no usage
     stats), keeps its files and its auth token in a temporary folder rather than in
@@ -120,7 +121,11 @@ def ray_session(address: str | None, *, quiet: bool = True) -> Iterator[Any]:
         try:
             if temp_dir is not None:
                 ray.init(
-                    include_dashboard=False, log_to_driver=False, logging_level="ERROR", _temp_dir=temp_dir
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    logging_level="ERROR",
+                    _temp_dir=temp_dir,
+                    num_cpus=num_cpus,
                 )
             else:
                 ray.init(address=address, log_to_driver=False, logging_level="ERROR")
