@@ -426,16 +426,14 @@ def write_uid_shards(data_dir: Path, rows: int, group_size: int, shards: int) ->
 
 def bench_ray(rows: int, group_size: int, repeats: int, data_dir: Path) -> None:
     """The Ray engine beside the local engine on a sharded dataset (string uids)."""
+    import importlib.util
     import shutil
     import tempfile
 
     from grpo_cli.config import ComputeConfig
     from grpo_cli.jobs import compute_dataset
 
-    try:
-        from grpo_cli.engines.ray import ray_session
-        from grpo_cli.jobs import compute_dataset_ray
-    except ImportError:
+    if importlib.util.find_spec("ray") is None:
         print("\nray engine: not installed (pip install 'grpo-cli[ray]')")
         return
     folder = write_uid_shards(data_dir, rows, group_size, shards=8)
@@ -448,21 +446,47 @@ def bench_ray(rows: int, group_size: int, repeats: int, data_dir: Path) -> None:
                 repeats, lambda: compute_dataset(folder, out / "local", config, force=True)
             ),
         }
-        for workers in (1, 2, 4):
-            start = time.perf_counter()
-            with ray_session(None, num_cpus=workers):
-                startups.append(time.perf_counter() - start)
-                results[f"ray engine, {workers} worker process(es)"] = best_of(
-                    repeats, lambda: compute_dataset_ray(str(folder), str(out / "ray"), config, force=True)
-                )
+        for workers in (1, 2, 4):  # a fresh process each: one local Ray instance per process
+            script = RAY_WORKERS.format(root=str(ROOT))
+            done = subprocess.run(
+                [sys.executable, "-c", script, str(folder), str(out / "ray"), str(workers), str(repeats)],
+                capture_output=True,
+                text=True,
+            )
+            if done.returncode:
+                print(f"  ray engine, {workers} worker(s): failed: {done.stderr.strip().splitlines()[-1:]}")
+                continue
+            figures = json.loads(done.stdout.strip().splitlines()[-1])
+            startups.append(figures["startup"])
+            results[f"ray engine, {workers} worker process(es)"] = figures["seconds"]
     finally:
         shutil.rmtree(out, ignore_errors=True)
     title = f"engines, {rows:,} rows in 8 shards, {rows // group_size:,} string uids, {os.cpu_count()} CPUs"
-    print(f"\n{title}; Ray start-up {min(startups):.2f}-{max(startups):.2f} s (not included)")
+    started = f"Ray start-up {min(startups):.2f}-{max(startups):.2f} s (not included)" if startups else ""
+    print(f"\n{title}; {started}")
     print(f"  {'contender':34s} {'seconds':>8s} {'Mrows/s':>8s} {'x local':>8s}")
     for name, seconds in results.items():
         ratio = seconds / results["local engine"]
         print(f"  {name:34s} {seconds:8.2f} {rows / seconds / 1e6:8.2f} {ratio:8.2f}")
+
+
+RAY_WORKERS = r"""
+import json, sys, time
+sys.path.insert(0, {root!r})
+from grpo_cli.config import ComputeConfig
+from grpo_cli.engines.ray import ray_session
+from grpo_cli.jobs import compute_dataset_ray
+source, target, workers, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+start = time.perf_counter()
+with ray_session(None, num_cpus=workers):
+    startup = time.perf_counter() - start
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        compute_dataset_ray(source, target, ComputeConfig(), force=True)
+        best = min(best, time.perf_counter() - start)
+print(json.dumps({{"seconds": best, "startup": startup}}))
+"""
 
 
 RAY_DRIVER = r"""

@@ -482,8 +482,6 @@ def compute(input: InputArg, **values: Any) -> None:
 
         if values["report"] is not None and engine == "ray":
             raise GrpoError("--report draws a local run's figures; drop --engine ray or --report")
-        if values["from_"] is not None and engine == "ray":
-            raise GrpoError(f"--from {values['from_']} reads a dump with the local engine; drop --engine ray")
         dump = state.resources.enter_context(_opened_dump(input, values))
         derived = state.resources.enter_context(_derived(input, values, dump))
         if derived is not None:
@@ -497,7 +495,7 @@ def compute(input: InputArg, **values: Any) -> None:
             from grpo_cli.jobs import compute_dataset_ray
 
             summary = compute_dataset_ray(
-                input,
+                _inputs(input, dump, derived),
                 output,
                 config,
                 address=values["ray_address"],
@@ -603,10 +601,6 @@ def _derived(
         raise GrpoError(
             f"--from {values['from_']} derives the group key itself; --key-before, --blocks-per-file and "
             "--json-col are for dumps no adapter reads"
-        )
-    if values.get("engine") == "ray":
-        raise GrpoError(
-            "--key-before, --blocks-per-file and --json-col read with the local engine; drop --engine ray"
         )
     from grpo_cli.dumps import derived_inputs
 

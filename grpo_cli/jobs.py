@@ -145,7 +145,7 @@ def recorded_provenance(input: Inputs) -> dict[str, Any] | None:
 
 
 def compute_dataset_ray(
-    input: str | Sequence[str],
+    input: Inputs,
     output: str,
     config: ComputeConfig,
     *,
@@ -155,40 +155,52 @@ def compute_dataset_ray(
     quiet: bool = True,
     summary_json: PathLike | None = None,
 ) -> RunSummary:
-    """``grpo-cli compute --engine ray``: read Parquet, write a directory of Parquet files.
+    """``grpo-cli compute --engine ray``: read the input, write a directory of Parquet files.
 
-    ``input`` is a file, directory, glob or object-store URI, or a list of them. Local
-    outputs are claimed from the same write guard as the local engine's.
+    ``input`` is a file, directory, glob or object-store URI, or a list of them, or inputs
+    already resolved (a trainer's dump). Parquet files and URIs are read by Ray's tasks; every
+    other input is first written to private Parquet files on this machine, so it needs a local
+    Ray instance (no ``address``). Local outputs are claimed from the same write guard as the
+    local engine's.
     """
     from grpo_cli.engines import ray as ray_engine
 
     started = time.perf_counter()
-    ray_engine.check_ray_run(input, output, config, partitions=partitions)
-    inputs = ray_engine.resolve_inputs(input)
+    ray_engine.check_ray_run(output, config, partitions=partitions)
+    with contextlib.ExitStack() as staging:
+        specs = input if isinstance(input, InputSet) else _specs(input)
+        inputs = ray_engine.resolve_inputs(
+            specs, staging=staging, input_format=config.input_format, cluster=address is not None
+        )
 
-    def run(claim: Claim | None) -> RunSummary:
-        try:
-            summary = ray_engine.run_ray(
-                inputs, output, claim, config, address=address, partitions=partitions, quiet=quiet
-            )
-        except ray_engine.RowsUnknown:
-            # Ray's blocks lost each row's file and position: the local engine's first pass
-            # finds the same refusal and names the row, in the words it uses itself.
-            if len(inputs.paths) == len(inputs.shards):
-                from grpo_cli.engines.local import refuse_as_local
+        def run(claim: Claim | None) -> RunSummary:
+            try:
+                summary = ray_engine.run_ray(
+                    inputs, output, claim, config, address=address, partitions=partitions, quiet=quiet
+                )
+            except ray_engine.RowsUnknown:
+                # Ray's blocks lost each row's file and position: the local engine's first pass
+                # finds the same refusal and names the row, in the words it uses itself.
+                if len(inputs.paths) == len(inputs.shards):
+                    from grpo_cli.engines.local import refuse_as_local
 
-                with InputSet.of_shards(inputs.spec, inputs.shards, contextlib.ExitStack()) as local:
-                    refuse_as_local(local, config)
-            raise
-        summary.elapsed_seconds = time.perf_counter() - started
-        return summary
+                    with InputSet.of_shards(inputs.spec, inputs.shards, contextlib.ExitStack()) as local:
+                        refuse_as_local(local, config)
+                raise
+            summary.elapsed_seconds = time.perf_counter() - started
+            return summary
 
-    # A local Ray instance writes on this machine: an s3:// output goes through the write guard
-    # (uploaded all or none when the run commits); a cluster's workers write a URI themselves.
-    guarded = not ray_engine.is_remote(output) or (address is None and output.startswith("s3://"))
-    return _guarded(
-        inputs.protected(), output if guarded else None, summary_json, directory=True, force=force, run=run
-    )
+        # A local Ray instance writes on this machine: an s3:// output goes through the write guard
+        # (uploaded all or none when the run commits); a cluster's workers write a URI themselves.
+        guarded = not ray_engine.is_remote(output) or (address is None and output.startswith("s3://"))
+        return _guarded(
+            inputs.protected(),
+            output if guarded else None,
+            summary_json,
+            directory=True,
+            force=force,
+            run=run,
+        )
 
 
 def _local_job(

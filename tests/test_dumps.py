@@ -574,9 +574,14 @@ def test_the_file_names_a_refusal_shows_are_the_names_the_adapter_reads(
         assert _step_of(dump, made) == 7
 
 
-def test_ray_refuses_from_in_one_line(cli: Any, tmp_path: Path) -> None:
-    result = cli("compute", folder_of("verl"), "--from", "verl", "--engine", "ray", "-o", tmp_path / "o")
-    assert_one_line_error(result, "--from verl reads a dump with the local engine")
+def test_a_ray_cluster_refuses_a_dump_in_one_line(cli: Any, tmp_path: Path) -> None:
+    """A dump is read on this machine; a cluster's workers would not see its Parquet copies."""
+    result = cli(
+        "compute", folder_of("verl"), "--from", "verl", "--engine", "ray", "--ray-address", "127.0.0.1:1",
+        "-o", tmp_path / "o",
+    )  # fmt: skip
+    assert_one_line_error(result, "a Ray cluster's workers read Parquet files", "1.jsonl")
+    assert not (tmp_path / "o").exists()
 
 
 # --------------------------------------------------------------------------- pickles are data, never code

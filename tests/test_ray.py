@@ -253,10 +253,12 @@ def test_ray_option_errors(cli, sharded, tmp_path):
     assert result.exit_code == 2 and "name a directory" in result.stderr
     jsonl = tmp_path / "r.jsonl"
     jsonl.write_text('{"uid": "a", "reward": 1.0}\n')
-    result = cli("compute", jsonl, "-o", tmp_path / "y", "--engine", "ray", "-g", "uid")
-    assert result.exit_code == 2 and "--engine ray reads Parquet" in result.stderr
-    result = cli("compute", "-", "-o", tmp_path / "z", "--engine", "ray", "-g", "uid", input="")
-    assert result.exit_code == 2 and "not standard input" in result.stderr
+    cluster = ["--engine", "ray", "--ray-address", "127.0.0.1:1", "-g", "uid"]
+    result = cli("compute", jsonl, "-o", tmp_path / "y", *cluster)
+    assert result.exit_code == 2 and "a Ray cluster's workers read Parquet files" in result.stderr
+    result = cli("compute", "-", "-o", tmp_path / "z", *cluster, input='{"uid": "a", "reward": 1.0}\n')
+    assert result.exit_code == 2 and "a Ray cluster's workers read Parquet files" in result.stderr
+    assert not (tmp_path / "y").exists() and not (tmp_path / "z").exists()
 
 
 def test_missing_ray_extra_says_how_to_install(monkeypatch, cli, sharded, tmp_path):
@@ -446,3 +448,68 @@ def test_ray_merges_files_of_different_column_types(ray_instance, tmp_path):
         assert left.schema.field("advantage").type == pa.float64()  # float32 advantages widened exactly
         a, b = left.column("advantage").to_numpy(), right.column("advantage").to_numpy()
         assert np.array_equal(bits(a), bits(b)), block_rows
+
+
+def write_formats(folder: Path, table: pa.Table) -> dict[str, Path]:
+    """``table`` as JSON lines, CSV, Arrow IPC and a JSON array, each split over two files."""
+    import json
+
+    import pyarrow.csv as pa_csv
+    import pyarrow.feather as feather
+
+    paths = {}
+    half = table.num_rows // 2
+    for fmt in ("jsonl", "csv", "arrow", "json"):
+        target = folder / fmt
+        target.mkdir()
+        for index, part in enumerate((table.slice(0, half), table.slice(half))):
+            path = target / f"part-{index}.{fmt}"
+            rows = part.to_pylist()
+            if fmt == "jsonl":
+                path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+            elif fmt == "json":
+                path.write_text(json.dumps(rows))
+            elif fmt == "csv":
+                pa_csv.write_csv(part, path)
+            else:
+                feather.write_feather(part, path, compression="uncompressed")
+        paths[fmt] = target
+    return paths
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "arrow", "json"])
+def test_ray_reads_every_format_as_the_local_engine_does(ray_instance, sharded, tmp_path, fmt):
+    """A text or Arrow input is read by the local engine's readers into private Parquet files
+    that Ray's tasks read: the same rows, types, advantages (bit for bit) and summary."""
+    table = pa.concat_tables([pq.read_table(f) for f in sorted(sharded.glob("*.parquet"))])
+    table = table.select(["uid", "text", "correct", "reward", "step", "row_id"])
+    folder = write_formats(tmp_path, table)[fmt]
+    config = ComputeConfig(rewards=(RewardSpec("reward"),), group_cols=("uid",))
+    local = compute_dataset(folder, tmp_path / "local.parquet", config)
+    ray = compute_dataset_ray(str(folder), str(tmp_path / "ray_out"), config, partitions=3)
+    a, b = read_sorted(tmp_path / "local.parquet"), read_sorted(tmp_path / "ray_out")
+    assert a.num_rows == b.num_rows == table.num_rows
+    assert a.schema.equals(b.schema, check_metadata=False), (a.schema, b.schema)
+    for name in a.column_names:
+        assert a.column(name).equals(b.column(name)), name
+    assert np.array_equal(bits(a.column("advantage").to_numpy()), bits(b.column("advantage").to_numpy()))
+    compare_summaries(local.to_dict(), ray.to_dict())
+    assert ray.to_dict()["input"]["format"] == local.to_dict()["input"]["format"]
+    assert not list(tmp_path.glob(".*"))
+
+
+def test_ray_reads_a_trainers_dump_as_the_local_engine_does(ray_instance, tmp_path, cli):
+    dump = Path(__file__).resolve().parent.parent / "sample_data" / "dumps" / "verl"
+    common = ["--from", "verl", "--summary-json", "-", "-q"]
+    local = cli("compute", dump, "-o", tmp_path / "local.parquet", *common)
+    ray = cli("compute", dump, "-o", tmp_path / "ray_out", "--engine", "ray", *common)
+    assert local.exit_code == 0 and ray.exit_code == 0, ray.stderr
+    a = pq.read_table(tmp_path / "local.parquet")
+    b = pa.concat_tables([pq.read_table(f) for f in sorted((tmp_path / "ray_out").glob("*.parquet"))])
+    assert a.num_rows == b.num_rows
+    assert a.sort_by([("step", "ascending"), ("input", "ascending"), ("output", "ascending")]).equals(
+        b.sort_by([("step", "ascending"), ("input", "ascending"), ("output", "ascending")])
+    )
+    local_summary, ray_summary = json.loads(local.stdout), json.loads(ray.stdout)
+    compare_summaries(local_summary, ray_summary)
+    assert ray_summary["input"]["from"] == local_summary["input"]["from"]

@@ -26,6 +26,7 @@ per group) and Ray's ``Std`` aggregation (a Python path, ddof=1 by default).
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import math
@@ -49,6 +50,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from grpo_cli.choices import InputFormat
 from grpo_cli.columns import plain_schema
 from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError, first_line
@@ -178,16 +180,19 @@ _RAY_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_USAGE
 
 @dataclass(frozen=True)
 class InputFile:
-    """One Parquet file of the input, in input order: a local path or an object-store URI."""
+    """One Parquet file of the input, in input order: a local path or an object-store URI
+    (``staged``: a private Parquet copy of another format, on this machine's disk)."""
 
     source: str
     display: str
     rows: int
     size_bytes: int
+    staged: bool = False
+    format: str = "parquet"  # the format the user's file is in (a staged copy is Parquet)
 
     def shard(self) -> Shard:
-        """The file as the readers and the error messages name it."""
-        return Shard(Path(self.source), self.display, "parquet", self.size_bytes)
+        """The file as the plan and the error messages name it (a CSV's numbers are text)."""
+        return Shard(Path(self.source), self.display, self.format, self.size_bytes)
 
 
 @dataclass(frozen=True)
@@ -199,6 +204,7 @@ class RayInputs:
     files: list[InputFile]
     shards: list[Shard]
     directories: list[Path]
+    about: dict[str, Any] | None = None  # a trainer's dump: what read it (the summary's input.from)
 
     @property
     def paths(self) -> list[str]:
@@ -209,9 +215,7 @@ class RayInputs:
         return ProtectedInputs.of([(shard.path, shard.display) for shard in self.shards], self.directories)
 
 
-def check_ray_run(
-    input: str | Sequence[str], output: str, config: ComputeConfig, *, partitions: int | None
-) -> None:
+def check_ray_run(output: str, config: ComputeConfig, *, partitions: int | None) -> None:
     """Refuse, before any work, what ``--engine ray`` cannot do."""
     config.validate()
     if config.group_size is not None:
@@ -222,8 +226,6 @@ def check_ray_run(
         raise GrpoError(f"--partitions must be positive, got {partitions}")
     if config.device not in ("cpu", "auto"):
         raise GrpoError("--engine ray computes on the CPUs of the Ray workers; leave --device as cpu")
-    if "-" in ([input] if isinstance(input, str) else input):
-        raise GrpoError("--engine ray reads Parquet files, not standard input")
     estimator = config.advantage.estimator
     refusal = ESTIMATOR_SPECS[estimator].ray
     if refusal is not None:
@@ -239,30 +241,102 @@ def is_remote(path: str) -> bool:
     return "://" in path
 
 
-def resolve_inputs(input: str | Sequence[str]) -> RayInputs:
+def resolve_inputs(
+    input: str | Sequence[str] | InputSet,
+    *,
+    staging: contextlib.ExitStack,
+    input_format: InputFormat | None = None,
+    cluster: bool = False,
+) -> RayInputs:
     """Local files, directories and globs resolved to Parquet files; URIs listed on their file
-    system (a file, or a folder's Parquet files in name order)."""
+    system (a file, or a folder's Parquet files in name order).
+
+    Every other input (JSON lines, CSV, Arrow IPC, standard input, a trainer's dump: an
+    :class:`InputSet` already opened) is read by the local engine's readers, with their checks,
+    and written to a private Parquet file in ``staging`` (removed when it closes) that Ray's
+    tasks read: the same rows, columns and types, on this machine's disk. So they are refused
+    on a ``cluster``, whose workers do not see this machine's disk.
+    """
+    inputs = _resolve_inputs(input, staging, input_format)
+    staged = next((file for file in inputs.files if file.staged), None)
+    if cluster and staged is not None:
+        raise GrpoError(
+            f"{staged.display}: a Ray cluster's workers read Parquet files and object-store URIs; "
+            "JSON lines, CSV, Arrow, standard input and --from dumps run on a local Ray instance "
+            "(no --ray-address) or the local engine"
+        )
+    return inputs
+
+
+def _resolve_inputs(
+    input: str | Sequence[str] | InputSet, staging: contextlib.ExitStack, input_format: InputFormat | None
+) -> RayInputs:
+    if isinstance(input, InputSet):
+        return _resolved(input, staging, input.spec, [])
     specs = [input] if isinstance(input, str) else list(input)
     files: list[InputFile] = []
     shards: list[Shard] = []
     directories: list[Path] = []
+    about = None
     for spec in specs:
         if is_remote(spec):
             files += _remote_files(spec)
             continue
-        with InputSet(spec) as inputs:
-            for shard in inputs.shards:
-                if shard.format != "parquet":
-                    raise GrpoError(
-                        f"{shard.display}: --engine ray reads Parquet; "
-                        "read other formats with the local engine"
-                    )
-                files.append(
-                    InputFile(str(shard.path), shard.display, row_count(shard) or 0, shard.size_bytes)
-                )
-            shards += inputs.shards
-            directories += inputs.directories
-    return RayInputs(", ".join(specs), files, shards, directories)
+        inputs = staging.enter_context(InputSet(spec, input_format=input_format))
+        resolved = _resolved(inputs, staging, spec, files)
+        files, about = resolved.files, about or resolved.about
+        shards += inputs.shards
+        directories += inputs.directories
+    return RayInputs(", ".join(specs), files, shards, directories, about)
+
+
+def _resolved(
+    inputs: InputSet, staging: contextlib.ExitStack, spec: str, files: list[InputFile]
+) -> RayInputs:
+    """``inputs``' shards after ``files``: a Parquet file as it is, any other shard staged."""
+    files = list(files)
+    for shard in inputs.shards:
+        if shard.format == "parquet" and shard.source == shard.path:
+            files.append(InputFile(str(shard.path), shard.display, row_count(shard) or 0, shard.size_bytes))
+        else:
+            files.append(_staged_parquet(shard, staging))
+    return RayInputs(spec, files, list(inputs.shards), list(inputs.directories), inputs.about)
+
+
+def _staged_parquet(shard: Shard, staging: contextlib.ExitStack) -> InputFile:
+    """``shard`` as a private Parquet file, read through the local engine's reader (types settled
+    where a text file's column changes type after its first block, as the local engine settles them)."""
+    from grpo_cli.engines.local import MAX_TYPE_SETTLINGS
+    from grpo_cli.readers import SchemaDrift
+    from grpo_cli.scratch import spool
+
+    for _ in range(MAX_TYPE_SETTLINGS):
+        try:
+            path = staging.enter_context(
+                spool(None, label=shard.display, write=functools.partial(_write_parquet, shard))
+            )
+        except SchemaDrift as drift:
+            drift.settle()
+            continue
+        rows = pq.ParquetFile(path).metadata.num_rows
+        return InputFile(str(path), shard.display, rows, shard.size_bytes, staged=True, format=shard.format)
+    raise GrpoError(f"{shard.display}: the column types could not be settled")
+
+
+def _write_parquet(shard: Shard, out: Any) -> None:
+    from grpo_cli.readers import iter_batches, read_schema
+
+    writer = None
+    try:
+        for batch in iter_batches(shard, None, 1 << 16):
+            if writer is None:
+                writer = pq.ParquetWriter(out, batch.schema)
+            writer.write_batch(batch)
+        if writer is None:  # no rows: the schema alone
+            writer = pq.ParquetWriter(out, read_schema(shard))
+    finally:
+        if writer is not None:
+            writer.close()
 
 
 def _open_remote(uri: str) -> Any:
@@ -804,7 +878,11 @@ def run_ray(
     return build_summary(
         outcome,
         input=input_info(
-            inputs.spec, [file.shard() for file in inputs.files], stdin=False, bytes_decoded=total_bytes
+            inputs.spec,
+            [file.shard() for file in inputs.files],
+            stdin=inputs.spec == "-",
+            bytes_decoded=total_bytes,
+            about=inputs.about,
         ),
         output={
             **written_info,
