@@ -297,7 +297,9 @@ def _resolved(
     files = list(files)
     for shard in inputs.shards:
         if shard.format == "parquet" and shard.source == shard.path:
-            files.append(InputFile(str(shard.path), shard.display, row_count(shard) or 0, shard.size_bytes))
+            # absolute: a worker of a cluster runs in a folder of its own
+            source = os.path.abspath(shard.path)
+            files.append(InputFile(source, shard.display, row_count(shard) or 0, shard.size_bytes))
         else:
             files.append(_staged_parquet(shard, staging))
     return RayInputs(spec, files, list(inputs.shards), list(inputs.directories), inputs.about)
