@@ -552,15 +552,33 @@ def check(input: InputArg, **values: Any) -> None:
         )
         _check_stdout(summary_json)
         bounds = CheckBounds(**_targeted(values, "check", "bounds"))
-        summary = check_dataset(
-            _inputs(input, dump, derived),
-            bounds,
-            config,
-            force=values["force"],
-            progress=state.progress,
-            summary_json=_summary_file(summary_json),
-            report=values["report"],
-        )
+        if values["engine"] == "ray":
+            if values["report"] is not None:
+                raise GrpoError("--report draws a local run's figures; drop --engine ray or --report")
+            from grpo_cli.jobs import check_dataset_ray
+
+            summary = check_dataset_ray(
+                _inputs(input, dump, derived),
+                bounds,
+                config,
+                address=values["ray_address"],
+                partitions=values["partitions"],
+                quiet=values["quiet"],
+                summary_json=_summary_file(summary_json),
+                force=values["force"],
+            )
+        else:
+            if values["ray_address"] is not None or values["partitions"] is not None:
+                raise GrpoError("--ray-address and --partitions need --engine ray")
+            summary = check_dataset(
+                _inputs(input, dump, derived),
+                bounds,
+                config,
+                force=values["force"],
+                progress=state.progress,
+                summary_json=_summary_file(summary_json),
+                report=values["report"],
+            )
         state.close_progress()
         _report(
             summary,
@@ -571,7 +589,7 @@ def check(input: InputArg, **values: Any) -> None:
         )
         return EXIT_OK if all(c["passed"] for c in summary.checks) else EXIT_CHECK_FAILED
 
-    _run(values["debug"], body, bars=not values["quiet"])
+    _run(values["debug"], body, bars=not values["quiet"] and values["engine"] == "local")
 
 
 def _targeted(values: dict[str, Any], command: str, target: str) -> dict[str, Any]:

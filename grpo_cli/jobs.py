@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from grpo_cli.checks import CheckBounds, evaluate_checks
 from grpo_cli.config import ComputeConfig
+from grpo_cli.errors import GrpoError
 from grpo_cli.file_names import output_is_directory
 from grpo_cli.guard import (
     Claim,
@@ -144,6 +145,32 @@ def recorded_provenance(input: Inputs) -> dict[str, Any] | None:
     return None
 
 
+def check_dataset_ray(
+    input: Inputs,
+    bounds: CheckBounds,
+    config: ComputeConfig,
+    *,
+    address: str | None = None,
+    partitions: int | None = None,
+    quiet: bool = True,
+    summary_json: PathLike | None = None,
+    force: bool = False,
+) -> RunSummary:
+    """``grpo-cli check --engine ray``: the local engine's check figures from Ray's jobs, nothing written.
+
+    ``--verify`` (every row against the recomputed advantage) and ``--trainer-filter`` (every
+    group's rewards in one place) are the local engine's; they are refused before any work.
+    """
+    if config.verify is not None:
+        raise GrpoError("--verify compares every row with the local engine; drop --engine ray")
+    if config.trainer_filter is not None:
+        raise GrpoError("--trainer-filter runs with the local engine; drop --engine ray")
+    return _ray_job(
+        input, None, config, address=address, partitions=partitions, quiet=quiet,
+        summary_json=summary_json, force=force, bounds=bounds,
+    )  # fmt: skip
+
+
 def compute_dataset_ray(
     input: Inputs,
     output: str,
@@ -163,6 +190,24 @@ def compute_dataset_ray(
     Ray instance (no ``address``). Local outputs are claimed from the same write guard as the
     local engine's.
     """
+    return _ray_job(
+        input, output, config, address=address, partitions=partitions, quiet=quiet,
+        summary_json=summary_json, force=force,
+    )  # fmt: skip
+
+
+def _ray_job(
+    input: Inputs,
+    output: str | None,
+    config: ComputeConfig,
+    *,
+    address: str | None,
+    partitions: int | None,
+    quiet: bool,
+    summary_json: PathLike | None,
+    force: bool,
+    bounds: CheckBounds | None = None,
+) -> RunSummary:
     from grpo_cli.engines import ray as ray_engine
 
     started = time.perf_counter()
@@ -188,11 +233,16 @@ def compute_dataset_ray(
                         refuse_as_local(local, config)
                 raise
             summary.elapsed_seconds = time.perf_counter() - started
+            if bounds is not None:
+                pages = validate_pages(inputs.shards) if bounds.validate_pages else None
+                summary.checks = evaluate_checks(summary, bounds, pages=pages)
             return summary
 
         # A local Ray instance writes on this machine: an s3:// output goes through the write guard
         # (uploaded all or none when the run commits); a cluster's workers write a URI themselves.
-        guarded = not ray_engine.is_remote(output) or (address is None and output.startswith("s3://"))
+        guarded = output is not None and (
+            not ray_engine.is_remote(output) or (address is None and output.startswith("s3://"))
+        )
         return _guarded(
             inputs.protected(),
             output if guarded else None,

@@ -513,3 +513,42 @@ def test_ray_reads_a_trainers_dump_as_the_local_engine_does(ray_instance, tmp_pa
     local_summary, ray_summary = json.loads(local.stdout), json.loads(ray.stdout)
     compare_summaries(local_summary, ray_summary)
     assert ray_summary["input"]["from"] == local_summary["input"]["from"]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        AdvantageOptions(),  # the range follows from each group's extremes: no advantage job
+        AdvantageOptions.resolve(preset="roll", whiten="unbiased"),  # it does not: the rows' range
+    ],
+)
+def test_ray_checks_as_the_local_engine_does(ray_instance, sharded, tmp_path, options):
+    from grpo_cli.checks import CheckBounds
+    from grpo_cli.jobs import check_dataset, check_dataset_ray
+
+    config = ComputeConfig(rewards=(RewardSpec("reward"),), group_cols=("uid",), advantage=options)
+    bounds = CheckBounds(
+        max_inactive_fraction=0.3, min_groups=10, min_active_groups=10**6, validate_pages=True
+    )
+    local = check_dataset(sharded, bounds, config)
+    ray = check_dataset_ray(str(sharded), bounds, config, partitions=3)
+    compare_summaries(local.to_dict(), ray.to_dict())
+    assert ray.checks == local.checks and [c["passed"] for c in ray.checks] == [True, False, True, True]
+    assert ray.output is None and not list(tmp_path.iterdir())
+
+
+def test_ray_check_cli_and_what_it_refuses(ray_instance, sharded, tmp_path, cli):
+    common = [sharded, "-g", "uid", "--engine", "ray", "--min-groups", "1"]
+    result = cli("check", *common, "--summary-json", tmp_path / "s.json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads((tmp_path / "s.json").read_text())["options"]["engine"] == "ray"
+    failed = cli("check", *common, "--max-inactive-fraction", "0.01")
+    assert failed.exit_code == 1 and "FAIL" in failed.stderr
+    for extra, words in (
+        (["--verify-advantage-col", "reward"], "--verify compares every row"),
+        (["--trainer-filter", "dapo"], "--trainer-filter runs with the local engine"),
+        (["--report", tmp_path / "r.html"], "--report draws a local run's figures"),
+        (["--by", "step"], "--by reports per value with the local engine"),
+    ):
+        one_line_error(cli("check", *common, *extra), 2, words)
+    one_line_error(cli("check", sharded, "-g", "uid", "--partitions", "2"), 2, "need --engine ray")

@@ -215,7 +215,7 @@ class RayInputs:
         return ProtectedInputs.of([(shard.path, shard.display) for shard in self.shards], self.directories)
 
 
-def check_ray_run(output: str, config: ComputeConfig, *, partitions: int | None) -> None:
+def check_ray_run(output: str | None, config: ComputeConfig, *, partitions: int | None) -> None:
     """Refuse, before any work, what ``--engine ray`` cannot do."""
     config.validate()
     if config.group_size is not None:
@@ -232,7 +232,7 @@ def check_ray_run(output: str, config: ComputeConfig, *, partitions: int | None)
         raise GrpoError(
             f"--engine ray does not compute --estimator {estimator}: {refusal}; use the local engine"
         )
-    if not is_remote(output) and not output_is_directory(output):
+    if output is not None and not is_remote(output) and not output_is_directory(output):
         raise GrpoError(f"{output}: --engine ray writes a directory of Parquet files; name a directory")
 
 
@@ -798,7 +798,7 @@ class RowsUnknown(GrpoError):
 
 def run_ray(
     inputs: RayInputs,
-    output: str,
+    output: str | None,
     claim: Claim | None,
     config: ComputeConfig,
     *,
@@ -806,7 +806,8 @@ def run_ray(
     partitions: int | None,
     quiet: bool,
 ) -> RunSummary:
-    """The Ray Data jobs; writes to ``claim`` (a local directory) or to the URI ``output``.
+    """The Ray Data jobs; writes to ``claim`` (a local directory) or to the URI ``output``
+    (``None``: ``check``, which writes nothing and needs the advantages' range only).
 
     A null or NaN key, a group across two batches and (with ``--nan error``) a bad reward
     raise :class:`RowsUnknown`.
@@ -847,6 +848,15 @@ def run_ray(
             moments = _moments(ray, blocks, plan, {"keys": merged.keys, "outcome": outcome})
             outcome = replace(outcome, transform=plan.transform(moments))
         parts = advantage_parts(inputs.files, partition_count)
+        written: list[Path] = []
+        written_info: dict[str, Any] | None = None
+        dtypes = {plan.output_dtype(schema) for schema in schemas}
+        if output is None and plan.range_follows_from_stats and len(dtypes) == 1:
+            # check: the range follows from each group's extremes, computed as the rows would be
+            extremes = plan.advantage_range_from_stats(outcome, dtypes.pop())
+            return _summary(
+                inputs, plan, outcome, merged, parts, blocks, ray_startup, started, None, [], extremes
+            )
         out_ds = _block_dataset(
             ray,
             parts,
@@ -856,9 +866,12 @@ def run_ray(
             config=config,
             provenance=plan.provenance([file.display for file in inputs.files], outcome),
         )
-        if claim is None:  # a URI that a cluster's workers write to themselves
+        if output is None:  # check: the rows' range, nothing written
+            column = config.advantage_col
+            advantages = out_ds.select_columns([column])
+            extremes = (float(advantages.min(column)), float(advantages.max(column)))
+        elif claim is None:  # a URI that a cluster's workers write to themselves
             out_ds.write_parquet(output)
-            written: list[Path] = []
             written_info = output_info(output, written)
             extremes = None
         else:
@@ -869,28 +882,45 @@ def run_ray(
             commit_directory(claim)
             if claim.transfer is not None:
                 written_info["transfer"] = claim.transfer
+    return _summary(
+        inputs, plan, outcome, merged, parts, blocks, ray_startup, started, written_info, written, extremes
+    )
+
+
+def _summary(
+    inputs: RayInputs,
+    plan: RunPlan,
+    outcome: GroupOutcome,
+    merged: Any,
+    parts: list[Any],
+    blocks: list[Any],
+    ray_startup: float,
+    started: float,
+    written_info: dict[str, Any] | None,
+    written: list[Path],
+    extremes: tuple[float, float] | None,
+) -> RunSummary:
     options = {
-        **config.options_summary(),
+        **plan.config.options_summary(),
         "device": "cpu",
         "engine": "ray",
         "partitions": len(parts),
         "statistics_blocks": len(blocks),
         "ray_startup_seconds": round(ray_startup, 3),
     }
+    output = None
+    if written_info is not None:
+        output = {**written_info, "method": "rewrite", "shards_by_method": {"rewrite": len(written)}}
     return build_summary(
         outcome,
         input=input_info(
             inputs.spec,
             [file.shard() for file in inputs.files],
             stdin=inputs.spec == "-",
-            bytes_decoded=total_bytes,
+            bytes_decoded=sum(file.size_bytes for file in inputs.files),
             about=inputs.about,
         ),
-        output={
-            **written_info,
-            "method": "rewrite",
-            "shards_by_method": {"rewrite": len(written)},
-        },
+        output=output,
         options=options,
         advantage_range=extremes,
         mode="ray",
