@@ -548,7 +548,41 @@ def test_ray_check_cli_and_what_it_refuses(ray_instance, sharded, tmp_path, cli)
         (["--verify-advantage-col", "reward"], "--verify compares every row"),
         (["--trainer-filter", "dapo"], "--trainer-filter runs with the local engine"),
         (["--report", tmp_path / "r.html"], "--report draws a local run's figures"),
-        (["--by", "step"], "--by reports per value with the local engine"),
     ):
         one_line_error(cli("check", *common, *extra), 2, words)
     one_line_error(cli("check", sharded, "-g", "uid", "--partitions", "2"), 2, "need --engine ray")
+
+
+@pytest.mark.parametrize(
+    ("by", "batch_col"), [(("step",), None), (("step",), "step"), (("source", "step"), "step")]
+)
+def test_ray_reports_by_value_as_the_local_engine_does(ray_instance, sharded, tmp_path, by, batch_col):
+    import pyarrow.compute as pc
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for file in sorted(sharded.glob("*.parquet")):  # a second column constant in each group
+        table = pq.read_table(file)
+        source = pc.utf8_slice_codeunits(table.column("uid"), 0, 1)
+        pq.write_table(table.append_column("source", source), folder / file.name)
+    config = ComputeConfig(
+        rewards=(RewardSpec("reward"),), group_cols=("uid",), by_cols=by, batch_col=batch_col
+    )
+    local = compute_dataset(folder, tmp_path / "local.parquet", config).to_dict()
+    ray = compute_dataset_ray(str(folder), str(tmp_path / "ray_out"), config, partitions=3).to_dict()
+    compare_summaries(local, ray)
+    assert ray["by"] == local["by"] and set(ray["by"]) == set(by)
+
+
+def test_ray_refuses_a_group_across_two_by_values_in_the_local_engines_words(ray_instance, tmp_path, cli):
+    rows = [{"uid": f"g{i // 4}", "reward": float(i % 2), "step": 1} for i in range(40)]
+    rows[22]["step"] = 2  # group g5 spans steps 1 and 2
+    folder = tmp_path / "in"
+    folder.mkdir()
+    pq.write_table(pa.Table.from_pylist(rows[:20]), folder / "a.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[20:]), folder / "b.parquet")
+    local = cli("compute", folder, "-g", "uid", "--by", "step", "-o", tmp_path / "local.parquet")
+    ray = cli("compute", folder, "-g", "uid", "--by", "step", "-o", tmp_path / "ray", "--engine", "ray")
+    line = one_line_error(local, 2, "spans two values of --by 'step'")
+    assert one_line_error(ray, 2) == line
+    assert not (tmp_path / "ray").exists()

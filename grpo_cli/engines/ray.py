@@ -72,12 +72,22 @@ from grpo_cli.plan import BatchLayout, GroupOutcome, RunPlan, batch_of_groups
 from grpo_cli.readers import parquet_row_range, row_count
 from grpo_cli.rewards import RewardBatch, new_column_arrays
 from grpo_cli.sources import InputSet, Shard
-from grpo_cli.summary import RunSummary, build_summary, input_info
+from grpo_cli.summary import ByValues, RunSummary, build_summary, input_info
 
 PARTITION_BYTES = 256 << 20
 FIGURE_PREFIX = "__grpo_figure_"  # a block's per-group figures (figures.FIGURES)
-BATCH_FIELD = "__grpo_batch"  # the --batch-col value of the group's first row in the block
-BATCH_CLASH_FIELD = "__grpo_batch_clash"  # the group spans two batch values in this block
+VALUE_FIELD = "__grpo_value_{}"  # a one-value-per-group column's value at the group's first row in the block
+VALUE_CLASH_FIELD = "__grpo_value_clash_{}"  # the group spans two of its values in this block
+
+
+def value_columns(config: ComputeConfig) -> list[tuple[str, str, str]]:
+    """The columns that hold one value per group, with their option and why: --batch-col (its
+    training batch), then each --by column (its figures per value), in that order."""
+    columns = []
+    if config.batch_col is not None:
+        columns.append((config.batch_col, "--batch-col", "each group must lie in one training batch"))
+    columns += [(column, "--by", "each group must lie in one value of it") for column in config.by_cols]
+    return columns
 
 
 def import_ray() -> Any:
@@ -220,8 +230,6 @@ def check_ray_run(output: str | None, config: ComputeConfig, *, partitions: int 
     config.validate()
     if config.group_size is not None:
         raise GrpoError("--engine ray needs --group-col; --group-size depends on row order across files")
-    if config.by_cols:
-        raise GrpoError("--by reports per value with the local engine; run it without --engine ray")
     if partitions is not None and partitions < 1:
         raise GrpoError(f"--partitions must be positive, got {partitions}")
     if config.device not in ("cpu", "auto"):
@@ -491,11 +499,12 @@ def block_statistics(batch: pa.Table, blocks: list[list[FilePart]], config: Comp
     (index,) = batch.column("block").to_pylist()
     plan = RunPlan(config, device=_CPU)
     keys = GroupKeyIndex(config.group_cols)
-    batch_keys = GroupKeyIndex([config.batch_col]) if config.batch_col is not None else None
+    one_value = value_columns(config)
+    value_keys = [GroupKeyIndex([column]) for column, _, _ in one_value]
     length_col = config.length_col if "length_sums" in plan.needs else None  # opo sums them
     id_parts: list[np.ndarray] = []
-    batch_id_parts: list[np.ndarray] = []
-    batch_values: list[pa.Array] = []
+    value_id_parts: list[list[np.ndarray]] = [[] for _ in one_value]
+    value_parts: list[list[pa.Array]] = [[] for _ in one_value]
     reward_parts: list[RewardBatch] = []
     length_parts: list[torch.Tensor] = []
     first_record: pa.RecordBatch | None = None
@@ -506,12 +515,11 @@ def block_statistics(batch: pa.Table, blocks: list[list[FilePart]], config: Comp
                 first_record = record
             role = "group"
             id_parts.append(keys.encode([record.column(c) for c in config.group_cols]))
-            role = "batch"
-            if batch_keys is not None:
-                assert config.batch_col is not None
-                values = record.column(config.batch_col)
-                batch_id_parts.append(batch_keys.encode([values]))
-                batch_values.append(values)
+            for i, ((column, option, _), index_of) in enumerate(zip(one_value, value_keys, strict=True)):
+                role = option.removeprefix("--").replace("-col", "")
+                values = record.column(column)
+                value_id_parts[i].append(index_of.encode([values]))
+                value_parts[i].append(values)
             reader = plan.reward_reader(record.schema, part.file.shard())
             reward_parts.append(reader.read(record, part.start))
             if length_col is not None:
@@ -544,12 +552,13 @@ def block_statistics(batch: pa.Table, blocks: list[list[FilePart]], config: Comp
     table = keys.key_table(pa.Table.from_batches([first_record]))
     for name, value in columns.items():
         table = table.append_column(name, pa.array(value))
-    if batch_keys is not None:
-        _, split = batch_of_groups(ids_np, np.concatenate(batch_id_parts), k)
+    if one_value:
         _, first_rows = np.unique(ids_np, return_index=True)
-        values = pa.chunked_array([v.cast(batch_values[0].type) for v in batch_values])
-        table = table.append_column(BATCH_FIELD, values.take(pa.array(first_rows)))
-        table = table.append_column(BATCH_CLASH_FIELD, pa.array(split))
+    for i in range(len(one_value)):
+        _, split = batch_of_groups(ids_np, np.concatenate(value_id_parts[i]), k)
+        values = pa.chunked_array([v.cast(value_parts[i][0].type) for v in value_parts[i]])
+        table = table.append_column(VALUE_FIELD.format(i), values.take(pa.array(first_rows)))
+        table = table.append_column(VALUE_CLASH_FIELD.format(i), pa.array(split))
     table = table.append_column(GROUP_FIELD, pa.array(np.arange(k, dtype=np.int64)))
     return table.append_column(BLOCK_FIELD, pa.array(np.full(k, index, dtype=np.int64)))
 
@@ -580,6 +589,7 @@ class MergedStatistics:
     summary_stats: GroupStats
     figures: dict[str, np.ndarray]  # per group, each of figures.FIGURES the run wants
     batches: BatchLayout
+    by: list[ByValues]  # each --by column's value of every group
 
     @property
     def rows_per_group(self) -> np.ndarray:
@@ -599,12 +609,13 @@ class OrderedMerge:
     def __init__(self, plan: RunPlan) -> None:
         self.plan = plan
         self.keys = GroupKeyIndex(plan.config.group_cols)
-        self.batch_keys = GroupKeyIndex([BATCH_FIELD]) if plan.config.batch_col is not None else None
+        self.one_value = value_columns(plan.config)
+        self.value_keys = [GroupKeyIndex([VALUE_FIELD.format(i)]) for i in range(len(self.one_value))]
         self.channels: list[GroupStats | None] = [None] * plan.channels
         self.summary: GroupStats | None = None
         self.figures = wanted(plan.needs)
         self.totals: dict[str, np.ndarray] = {}
-        self.batch_of_group = np.zeros(0, dtype=np.int64)
+        self.value_of_group = [np.zeros(0, dtype=np.int64) for _ in self.one_value]
         self.first_table: pa.Table | None = None
 
     def add(self, partial: pa.Table) -> None:
@@ -631,24 +642,22 @@ class OrderedMerge:
             placed[ids_np] = values
             block[figure.name] = placed
         self.totals = fold(self.figures, self.totals, block)
-        if self.batch_keys is not None:
-            self._add_batches(partial, ids_np, k)
+        for i in range(len(self.one_value)):
+            self._add_values(i, partial, ids_np, k)
 
-    def _add_batches(self, partial: pa.Table, ids_np: np.ndarray, k: int) -> None:
-        """Each group's training batch (IDs in order of first appearance); a group across two is refused."""
-        assert self.batch_keys is not None
-        batch_ids = self.batch_keys.encode([partial.column(BATCH_FIELD)])
-        clash = partial.column(BATCH_CLASH_FIELD).to_numpy(zero_copy_only=False).astype(bool)
-        known = np.pad(self.batch_of_group, (0, k - self.batch_of_group.size), constant_values=-1)
-        clash |= (known[ids_np] >= 0) & (known[ids_np] != batch_ids)
+    def _add_values(self, i: int, partial: pa.Table, ids_np: np.ndarray, k: int) -> None:
+        """Each group's value of one-value column ``i`` (IDs in order of first appearance, which
+        is its values' order of first appearance in the rows); a group across two is refused."""
+        column, option, why = self.one_value[i]
+        value_ids = self.value_keys[i].encode([partial.column(VALUE_FIELD.format(i))])
+        clash = partial.column(VALUE_CLASH_FIELD.format(i)).to_numpy(zero_copy_only=False).astype(bool)
+        known = np.pad(self.value_of_group[i], (0, k - self.value_of_group[i].size), constant_values=-1)
+        clash |= (known[ids_np] >= 0) & (known[ids_np] != value_ids)
         if clash.any():
             key = partial.select(list(self.plan.config.group_cols)).slice(int(np.flatnonzero(clash)[0]), 1)
-            raise RowsUnknown(
-                f"group {key.to_pylist()[0]} spans two values of --batch-col {self.plan.config.batch_col!r}; "
-                "each group must lie in one training batch"
-            )
-        known[ids_np] = batch_ids
-        self.batch_of_group = known
+            raise RowsUnknown(f"group {key.to_pylist()[0]} spans two values of {option} {column!r}; {why}")
+        known[ids_np] = value_ids
+        self.value_of_group[i] = known
 
     def result(self) -> MergedStatistics:
         k = len(self.keys)
@@ -661,13 +670,26 @@ class OrderedMerge:
         if self.plan.channels > 1:
             summary = self.summary if self.summary is not None else empty_group_stats(k)
         totals = padded(self.figures, self.totals, k)
-        if self.batch_keys is None:
+        values = [
+            (
+                column,
+                self._of_groups(i, k),
+                [self.value_keys[i].key_at(v) for v in range(len(self.value_keys[i]))],
+            )
+            for i, (column, _, _) in enumerate(self.one_value)
+        ]
+        if self.plan.config.batch_col is None:
             batches = BatchLayout.of_groups(np.zeros(k, dtype=np.int64), totals, [None])
         else:
-            keys = [self.batch_keys.key_at(b) for b in range(len(self.batch_keys))]
-            batches = BatchLayout.of_groups(self.batch_of_group.clip(min=0), totals, keys)
+            _, of_group, keys = values.pop(0)
+            batches = BatchLayout.of_groups(of_group, totals, keys)
+        by = [ByValues(column, of_group, keys) for column, of_group, keys in values]
         empty = self.first_table if self.first_table is not None else _empty_keys(self.plan)
-        return MergedStatistics(self.keys.key_table(empty), channels, summary, totals, batches)
+        return MergedStatistics(self.keys.key_table(empty), channels, summary, totals, batches, by)
+
+    def _of_groups(self, i: int, k: int) -> np.ndarray:
+        known = self.value_of_group[i]
+        return np.pad(known, (0, max(0, k - known.size)))[:k].clip(min=0)
 
 
 def _empty_keys(plan: RunPlan) -> pa.Table:
@@ -927,6 +949,7 @@ def _summary(
         device="cpu",
         elapsed=time.perf_counter() - started,
         key_at=lambda group: _key_at(merged.keys, group),
+        by=merged.by,
     )
 
 
