@@ -498,18 +498,18 @@ def test_ray_reads_every_format_as_the_local_engine_does(ray_instance, sharded, 
     assert not list(tmp_path.glob(".*"))
 
 
-def test_ray_reads_a_trainers_dump_as_the_local_engine_does(ray_instance, tmp_path, cli):
-    dump = Path(__file__).resolve().parent.parent / "sample_data" / "dumps" / "verl"
-    common = ["--from", "verl", "--summary-json", "-", "-q"]
+@pytest.mark.parametrize("trainer", ["verl", "roll", "trl", "nemo-rl"])
+def test_ray_reads_a_trainers_dump_as_the_local_engine_does(ray_instance, tmp_path, cli, trainer):
+    """A dump read on this machine (roll's and trl's groups are blocks of rows by position:
+    --group-size), the same rows in the same order, bit for bit."""
+    dump = Path(__file__).resolve().parent.parent / "sample_data" / "dumps" / trainer
+    common = ["--from", trainer, "--summary-json", "-", "-q"]
     local = cli("compute", dump, "-o", tmp_path / "local.parquet", *common)
     ray = cli("compute", dump, "-o", tmp_path / "ray_out", "--engine", "ray", *common)
     assert local.exit_code == 0 and ray.exit_code == 0, ray.stderr
     a = pq.read_table(tmp_path / "local.parquet")
     b = pa.concat_tables([pq.read_table(f) for f in sorted((tmp_path / "ray_out").glob("*.parquet"))])
-    assert a.num_rows == b.num_rows
-    assert a.sort_by([("step", "ascending"), ("input", "ascending"), ("output", "ascending")]).equals(
-        b.sort_by([("step", "ascending"), ("input", "ascending"), ("output", "ascending")])
-    )
+    assert a.equals(b)
     local_summary, ray_summary = json.loads(local.stdout), json.loads(ray.stdout)
     compare_summaries(local_summary, ray_summary)
     assert ray_summary["input"]["from"] == local_summary["input"]["from"]
@@ -586,3 +586,44 @@ def test_ray_refuses_a_group_across_two_by_values_in_the_local_engines_words(ray
     line = one_line_error(local, 2, "spans two values of --by 'step'")
     assert one_line_error(ray, 2) == line
     assert not (tmp_path / "ray").exists()
+
+
+@pytest.mark.parametrize("group_size", [8, 4])
+def test_ray_groups_by_position_as_the_local_engine_does(ray_instance, tmp_path, group_size):
+    """--group-size: rows are groups by their position in the whole input, across file ends
+    (files of 30 rows: groups of 8 and of 4 straddle them), as the local engine forms them."""
+    rng = np.random.default_rng(4)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for index in range(4):
+        rewards = (rng.random(30) < 0.5).astype(np.float64) + rng.random(30) * 0.1 * (index % 2)
+        pq.write_table(pa.table({"row": np.arange(index * 30, (index + 1) * 30), "reward": rewards}),
+                       folder / f"part-{index}.parquet")  # fmt: skip
+    config = ComputeConfig(rewards=(RewardSpec("reward"),), group_cols=(), group_size=group_size)
+    if 120 % group_size:
+        pytest.skip("not a divisor")
+    local = compute_dataset(folder, tmp_path / "local", config)
+    ray = compute_dataset_ray(str(folder), str(tmp_path / "ray"), config, partitions=3)
+    a = pa.concat_tables([pq.read_table(f) for f in sorted((tmp_path / "local").glob("*.parquet"))]).sort_by(
+        "row"
+    )
+    b = pa.concat_tables([pq.read_table(f) for f in sorted((tmp_path / "ray").glob("*.parquet"))]).sort_by(
+        "row"
+    )
+    assert a.column_names == b.column_names == ["row", "reward", "advantage", "group_active"]
+    assert a.equals(b)
+    compare_summaries(local.to_dict(), ray.to_dict())
+    provenance = [
+        json.loads(pq.read_schema(f).metadata[b"grpo_cli"])["options"]
+        for f in (
+            sorted((tmp_path / "local").glob("*.parquet"))[0],
+            sorted((tmp_path / "ray").glob("*.parquet"))[0],
+        )
+    ]
+    assert provenance[0] == provenance[1] and provenance[0]["group_size"] == group_size
+
+
+def test_ray_refuses_a_group_size_that_does_not_divide_the_rows(ray_instance, sharded, tmp_path, cli):
+    result = cli("compute", sharded, "--group-size", "7", "-o", tmp_path / "o", "--engine", "ray")
+    one_line_error(result, 2, "--group-size 7 does not divide the")
+    assert not (tmp_path / "o").exists()

@@ -199,6 +199,7 @@ class InputFile:
     size_bytes: int
     staged: bool = False
     format: str = "parquet"  # the format the user's file is in (a staged copy is Parquet)
+    offset: int = 0  # the file's first row in the whole input (--group-size: rows are groups by position)
 
     def shard(self) -> Shard:
         """The file as the plan and the error messages name it (a CSV's numbers are text)."""
@@ -228,8 +229,6 @@ class RayInputs:
 def check_ray_run(output: str | None, config: ComputeConfig, *, partitions: int | None) -> None:
     """Refuse, before any work, what ``--engine ray`` cannot do."""
     config.validate()
-    if config.group_size is not None:
-        raise GrpoError("--engine ray needs --group-col; --group-size depends on row order across files")
     if partitions is not None and partitions < 1:
         raise GrpoError(f"--partitions must be positive, got {partitions}")
     if config.device not in ("cpu", "auto"):
@@ -266,6 +265,10 @@ def resolve_inputs(
     on a ``cluster``, whose workers do not see this machine's disk.
     """
     inputs = _resolve_inputs(input, staging, input_format)
+    offsets = itertools.accumulate((file.rows for file in inputs.files), initial=0)
+    inputs = replace(
+        inputs, files=[replace(f, offset=o) for f, o in zip(inputs.files, offsets, strict=False)]
+    )
     staged = next((file for file in inputs.files if file.staged), None)
     if cluster and staged is not None:
         raise GrpoError(
@@ -462,14 +465,35 @@ def advantage_parts(files: Sequence[InputFile], parts: int) -> list[list[FilePar
 
 
 def _read_block(
-    parts: Sequence[FilePart], columns: list[str] | None
+    parts: Sequence[FilePart], columns: list[str] | None, group_size: int | None = None
 ) -> list[tuple[FilePart, pa.RecordBatch]]:
-    """Each part's rows, the run's columns only."""
+    """Each part's rows, the run's columns only; with ``group_size`` (``--group-size``), a last
+    column :data:`ROW_GROUP_FIELD` holds each row's group: its position in the whole input
+    divided by the group size, the group the local engine gives it."""
     out = []
+    if columns is not None and group_size is not None:
+        columns = [c for c in columns if c != ROW_GROUP_FIELD]
     for part in parts:
         table = parquet_row_range(_open_file(part.file), part.file.display, columns, part.start, part.stop)
-        out.append((part, _record_batch(table.cast(plain_schema(table.schema)))))
+        table = table.cast(plain_schema(table.schema))
+        if group_size is not None:
+            first = part.file.offset + part.start
+            groups = np.arange(first, first + table.num_rows, dtype=np.int64) // group_size
+            table = table.append_column(ROW_GROUP_FIELD, pa.array(groups))
+        out.append((part, _record_batch(table)))
     return out
+
+
+ROW_GROUP_FIELD = "__grpo_row_group"  # --group-size: a row's group, as a key the Ray jobs match
+
+
+def keyed_by_position(config: ComputeConfig) -> ComputeConfig:
+    """The configuration Ray's jobs run: with ``--group-size``, the groups keyed by
+    :data:`ROW_GROUP_FIELD` (the blocks' statistics are those of the consecutive blocks, bit for
+    bit: the kernel gives a group the same statistics whichever path its chunk takes)."""
+    if config.group_size is None:
+        return config
+    return replace(config, group_cols=(ROW_GROUP_FIELD,), group_size=None)
 
 
 _CPU = torch.device("cpu")
@@ -491,7 +515,9 @@ def _refusal(message: str) -> pa.Table:
     return pa.table({ERROR_FIELD: [message]})
 
 
-def block_statistics(batch: pa.Table, blocks: list[list[FilePart]], config: ComputeConfig) -> pa.Table:
+def block_statistics(
+    batch: pa.Table, blocks: list[list[FilePart]], config: ComputeConfig, group_size: int | None = None
+) -> pa.Table:
     """One statistics block (its index in ``batch``): one row per group, in order of first
     appearance, with its key columns and the block's statistics and figures of the group,
     computed as the local engine computes a block's (:meth:`RunPlan.accumulators`,
@@ -510,7 +536,7 @@ def block_statistics(batch: pa.Table, blocks: list[list[FilePart]], config: Comp
     first_record: pa.RecordBatch | None = None
     role = ""
     try:
-        for part, record in _read_block(blocks[index], plan.input_columns):
+        for part, record in _read_block(blocks[index], plan.input_columns, group_size):
             if first_record is None:
                 first_record = record
             role = "group"
@@ -731,7 +757,12 @@ def _group_ids(batch: pa.RecordBatch, config: ComputeConfig, index: GroupKeyInde
 
 
 def block_moments(
-    batch: pa.Table, blocks: list[list[FilePart]], payload: Any, token: str, config: ComputeConfig
+    batch: pa.Table,
+    blocks: list[list[FilePart]],
+    payload: Any,
+    token: str,
+    config: ComputeConfig,
+    group_size: int | None = None,
 ) -> pa.Table:
     """One statistics block's weighted moments of the advantages per training batch (for a
     whitening), over its rows in input order as the local engine's moments pass cuts them."""
@@ -740,7 +771,7 @@ def block_moments(
     assert outcome.batches is not None
     values, weights, batch_ids, valid = [], [], [], []
     try:
-        for part, record in _read_block(blocks[index], plan.input_columns):
+        for part, record in _read_block(blocks[index], plan.input_columns, group_size):
             reader = plan.reward_reader(record.schema, part.file.shard())
             ids = as_tensor(_group_ids(record, config, keys))
             rewards, result, in_batch = plan.row_advantages(
@@ -781,6 +812,7 @@ def block_advantages(
     token: str,
     config: ComputeConfig,
     provenance: bytes,
+    group_size: int | None = None,
 ) -> pa.Table:
     """One part of the input (its index in ``batch``), every column in its file's own types, with
     the advantage and activity columns appended, rows in order.
@@ -790,9 +822,11 @@ def block_advantages(
     """
     (index,) = batch.column("block").to_pylist()
     plan, keys, outcome = _worker_state(payload, token, config)
-    ((part, record),) = _read_block(blocks[index], None)
-    reader = plan.reward_reader(record.schema, part.file.shard())
+    ((part, record),) = _read_block(blocks[index], None, group_size)
     ids_np = _group_ids(record, config, keys)
+    if group_size is not None:  # the key column is the jobs' own, not the output's
+        record = record.drop_columns([ROW_GROUP_FIELD])
+    reader = plan.reward_reader(record.schema, part.file.shard())
     rewards, result, batch_ids = plan.row_advantages(
         record, reader, as_tensor(ids_np), outcome, active_device=outcome.active, first_row=part.start
     )
@@ -835,12 +869,18 @@ def run_ray(
     raise :class:`RowsUnknown`.
     """
     started = time.perf_counter()
-    plan = RunPlan(config, device=_CPU)
-    schemas = _read_schemas(inputs.files, plan)
-    check_key_types(
-        [(file.display, schema) for file, schema in zip(inputs.files, schemas, strict=True)],
-        config.group_cols,
-    )
+    group_size = config.group_size
+    asked = RunPlan(config, device=_CPU)
+    plan = RunPlan(keyed_by_position(config), device=_CPU)  # what the jobs run
+    schemas = _read_schemas(inputs.files, asked)
+    total_rows = sum(file.rows for file in inputs.files)
+    if group_size is None:
+        check_key_types(
+            [(file.display, schema) for file, schema in zip(inputs.files, schemas, strict=True)],
+            config.group_cols,
+        )
+    elif total_rows % group_size:
+        raise GrpoError(f"--group-size {group_size} does not divide the {total_rows} rows of {inputs.spec}")
     total_bytes = sum(file.size_bytes for file in inputs.files)
     partition_count = partitions or max(1, math.ceil(total_bytes / PARTITION_BYTES))
     blocks = statistics_blocks(inputs.files, config.stats_block_rows)
@@ -848,7 +888,7 @@ def run_ray(
     # Ray prints warnings with print(): keep standard output for what the user asked for.
     with contextlib.redirect_stdout(sys.stderr), ray_session(address, quiet=quiet) as ray:
         ray_startup = time.perf_counter() - ray_start
-        merged = _statistics(ray, blocks, plan)
+        merged = _statistics(ray, blocks, plan, group_size)
         if int(merged.rows_per_group.sum()) == 0:
             raise GrpoError(f"{inputs.spec}: no rows; there is nothing to compute advantages for")
         if merged.nan_rewards and config.advantage.nan == "error":
@@ -867,7 +907,7 @@ def run_ray(
             weighted_reward_sums=merged.figures.get("weighted_reward_sums"),
         )
         if plan.needs_moments_pass:
-            moments = _moments(ray, blocks, plan, {"keys": merged.keys, "outcome": outcome})
+            moments = _moments(ray, blocks, plan, {"keys": merged.keys, "outcome": outcome}, group_size)
             outcome = replace(outcome, transform=plan.transform(moments))
         parts = advantage_parts(inputs.files, partition_count)
         written: list[Path] = []
@@ -877,7 +917,7 @@ def run_ray(
             # check: the range follows from each group's extremes, computed as the rows would be
             extremes = plan.advantage_range_from_stats(outcome, dtypes.pop())
             return _summary(
-                inputs, plan, outcome, merged, parts, blocks, ray_startup, started, None, [], extremes
+                inputs, config, outcome, merged, parts, blocks, ray_startup, started, None, [], extremes
             )
         out_ds = _block_dataset(
             ray,
@@ -885,8 +925,10 @@ def run_ray(
             block_advantages,
             payload=ray.put({"keys": merged.keys, "outcome": outcome}),
             token=uuid.uuid4().hex,
-            config=config,
-            provenance=plan.provenance([file.display for file in inputs.files], outcome),
+            config=plan.config,
+            # the options as asked (--group-size), as the local engine records them
+            provenance=asked.provenance([file.display for file in inputs.files], outcome),
+            group_size=group_size,
         )
         if output is None:  # check: the rows' range, nothing written
             column = config.advantage_col
@@ -905,13 +947,13 @@ def run_ray(
             if claim.transfer is not None:
                 written_info["transfer"] = claim.transfer
     return _summary(
-        inputs, plan, outcome, merged, parts, blocks, ray_startup, started, written_info, written, extremes
+        inputs, config, outcome, merged, parts, blocks, ray_startup, started, written_info, written, extremes
     )
 
 
 def _summary(
     inputs: RayInputs,
-    plan: RunPlan,
+    config: ComputeConfig,
     outcome: GroupOutcome,
     merged: Any,
     parts: list[Any],
@@ -923,7 +965,7 @@ def _summary(
     extremes: tuple[float, float] | None,
 ) -> RunSummary:
     options = {
-        **plan.config.options_summary(),
+        **config.options_summary(),
         "device": "cpu",
         "engine": "ray",
         "partitions": len(parts),
@@ -948,7 +990,7 @@ def _summary(
         mode="ray",
         device="cpu",
         elapsed=time.perf_counter() - started,
-        key_at=lambda group: _key_at(merged.keys, group),
+        key_at=None if config.group_size is not None else lambda group: _key_at(merged.keys, group),
         by=merged.by,
     )
 
@@ -985,24 +1027,32 @@ def _map_blocks(ray: Any, blocks: list[list[FilePart]], function: Any, **kwargs:
     return sorted(tables, key=position)
 
 
-def _statistics(ray: Any, blocks: list[list[FilePart]], plan: RunPlan) -> MergedStatistics:
+def _statistics(
+    ray: Any, blocks: list[list[FilePart]], plan: RunPlan, group_size: int | None
+) -> MergedStatistics:
     """Job 1: each statistics block reduced to per-group partials on a worker, then merged on
     the driver in input order."""
     merge = OrderedMerge(plan)
-    for table in _map_blocks(ray, blocks, block_statistics, config=plan.config):
+    for table in _map_blocks(ray, blocks, block_statistics, config=plan.config, group_size=group_size):
         merge.add(table)
     return merge.result()
 
 
 def _moments(
-    ray: Any, blocks: list[list[FilePart]], plan: RunPlan, payload: dict[str, Any]
+    ray: Any, blocks: list[list[FilePart]], plan: RunPlan, payload: dict[str, Any], group_size: int | None
 ) -> WeightedMoments:
     """The extra job of a batch transform: each statistics block's moments per batch, merged in
     block order as the local engine's moments pass merges them."""
     outcome: GroupOutcome = payload["outcome"]
     assert outcome.batches is not None
     tables = _map_blocks(
-        ray, blocks, block_moments, payload=ray.put(payload), token=uuid.uuid4().hex, config=plan.config
+        ray,
+        blocks,
+        block_moments,
+        payload=ray.put(payload),
+        token=uuid.uuid4().hex,
+        config=plan.config,
+        group_size=group_size,
     )
     total = weighted_moments(torch.zeros(0), None, torch.zeros(0, dtype=torch.int64), outcome.batches.count)
     for table in tables:
