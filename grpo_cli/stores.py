@@ -41,6 +41,9 @@ SCHEMES = ("s3", "gs", "gcs", "hf", "file")
 WRITABLE_SCHEMES = ("s3", "file")
 _URI = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>.*)$")
 
+CONNECT_TIMEOUT_SECONDS = 10
+READ_TIMEOUT_SECONDS = 60  # a server that stops answering fails the run after MAX_ATTEMPTS of this
+MAX_ATTEMPTS = 5
 MIN_PART_BYTES = 5 << 20  # S3: every part of a multipart upload but the last
 PART_BYTES = 64 << 20  # what grpo-cli uploads or copies per part
 MAX_COPY_PART_BYTES = 5 << 30  # S3: the largest range one UploadPartCopy copies
@@ -146,9 +149,9 @@ def _s3_client(settings: tuple[str | None, ...]) -> Any:
     from botocore.config import Config
 
     config = Config(
-        connect_timeout=10,
-        read_timeout=60,
-        retries={"max_attempts": 5, "mode": "standard"},
+        connect_timeout=CONNECT_TIMEOUT_SECONDS,
+        read_timeout=READ_TIMEOUT_SECONDS,
+        retries={"max_attempts": MAX_ATTEMPTS, "mode": "standard"},
         s3={"addressing_style": "auto"},
     )
     return boto3.session.Session().client("s3", config=config)

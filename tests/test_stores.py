@@ -420,3 +420,54 @@ def test_both_engines_write_the_same_data_from_s3_to_s3(s3: Any, s3_server: S3Se
             local.column(name).to_pylist() == ray.column(name).cast(local.schema.field(name).type).to_pylist()
         ), name
     assert not s3.list_multipart_uploads(Bucket="rollouts").get("Uploads")
+
+
+def test_a_server_that_never_answers_fails_the_run_in_one_line(
+    tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that takes connections and never answers: the client's read timeout and retries
+    end the run (shortened here: 0.5 s, 2 attempts), one line, nothing written."""
+    import socket
+    import threading
+    import time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])  # read nothing, answer nothing
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    monkeypatch.setattr(stores, "READ_TIMEOUT_SECONDS", 0.5)
+    monkeypatch.setattr(stores, "MAX_ATTEMPTS", 2)
+    stores._s3_client.cache_clear()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{listener.getsockname()[1]}")
+    for name, value in (
+        ("AWS_ACCESS_KEY_ID", "k"),
+        ("AWS_SECRET_ACCESS_KEY", "s"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ):
+        monkeypatch.setenv(name, value)
+    try:
+        start = time.monotonic()
+        result = cli("compute", "s3://rollouts/in.parquet", "-g", "uid", "-o", tmp_path / "out.parquet")
+        elapsed = time.monotonic() - start
+    finally:
+        stop.set()
+        thread.join()
+        for connection in held:
+            connection.close()
+        listener.close()
+        stores._s3_client.cache_clear()
+    one_line_error(result, 2, "s3://rollouts/in.parquet", "does not answer")
+    assert elapsed < 30
+    assert not (tmp_path / "out.parquet").exists()
