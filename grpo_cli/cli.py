@@ -505,8 +505,7 @@ def compute(input: InputArg, **values: Any) -> None:
                 summary_json=_summary_file(summary_json),
             )
         else:
-            if values["ray_address"] is not None or values["partitions"] is not None:
-                raise GrpoError("--ray-address and --partitions need --engine ray")
+            _refuse_ray_options(values)
             from grpo_cli.jobs import compute_dataset
 
             summary = compute_dataset(
@@ -568,8 +567,7 @@ def check(input: InputArg, **values: Any) -> None:
                 force=values["force"],
             )
         else:
-            if values["ray_address"] is not None or values["partitions"] is not None:
-                raise GrpoError("--ray-address and --partitions need --engine ray")
+            _refuse_ray_options(values)
             summary = check_dataset(
                 _inputs(input, dump, derived),
                 bounds,
@@ -590,6 +588,12 @@ def check(input: InputArg, **values: Any) -> None:
         return EXIT_OK if all(c["passed"] for c in summary.checks) else EXIT_CHECK_FAILED
 
     _run(values["debug"], body, bars=not values["quiet"] and values["engine"] == "local")
+
+
+def _refuse_ray_options(values: dict[str, Any]) -> None:
+    """The Ray engine's own options, given to the local engine."""
+    if values["ray_address"] is not None or values["partitions"] is not None:
+        raise GrpoError("--ray-address and --partitions need --engine ray")
 
 
 def _targeted(values: dict[str, Any], command: str, target: str) -> dict[str, Any]:

@@ -211,18 +211,25 @@ def _s3_errors(uri: str, doing: str) -> Iterator[None]:
         raise s3_error(uri, exc, doing) from None
 
 
+def _s3_size(client: Any, bucket: str, key: str) -> int | None:
+    """The object's size, or ``None`` where there is no such object (a folder has none)."""
+    if not key or key.endswith("/"):
+        return None
+    try:
+        return int(client.head_object(Bucket=bucket, Key=key)["ContentLength"])
+    except Exception as exc:
+        if _code(exc) in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise
+
+
 def _s3_list(uri: str) -> list[RemoteFile]:
     client = s3_client()
     bucket, key = bucket_and_key(uri)
     with _s3_errors(uri, "list it"):
-        if key and not key.endswith("/"):
-            try:
-                head = client.head_object(Bucket=bucket, Key=key)
-            except Exception as exc:  # a folder has no object of its own: list below it
-                if _code(exc) not in ("404", "NoSuchKey", "NotFound"):
-                    raise
-            else:
-                return [RemoteFile(f"s3://{bucket}/{key}", int(head["ContentLength"]))]
+        size = _s3_size(client, bucket, key)
+        if size is not None:
+            return [RemoteFile(f"s3://{bucket}/{key}", size)]
         prefix = key if not key or key.endswith("/") else key + "/"
         found: list[RemoteFile] = []
         folders: list[str] = []
@@ -356,15 +363,10 @@ def walk(uri: str) -> tuple[bool, list[tuple[str, RemoteFile]]]:
         client = s3_client()
         bucket, key = bucket_and_key(uri)
         with _s3_errors(uri, "list it"):
-            if key and not key.endswith("/"):
-                try:
-                    head = client.head_object(Bucket=bucket, Key=key)
-                except Exception as exc:
-                    if _code(exc) not in ("404", "NoSuchKey", "NotFound"):
-                        raise
-                else:
-                    file = RemoteFile(f"s3://{bucket}/{key}", int(head["ContentLength"]))
-                    return False, [(file.name, file)]
+            size = _s3_size(client, bucket, key)
+            if size is not None:
+                file = RemoteFile(f"s3://{bucket}/{key}", size)
+                return False, [(file.name, file)]
             prefix = key if not key or key.endswith("/") else key + "/"
             found = [
                 (entry["Key"][len(prefix) :], RemoteFile(f"s3://{bucket}/{entry['Key']}", int(entry["Size"])))
@@ -483,13 +485,7 @@ class S3Output:
 
     def _existing(self) -> list[str]:
         if not self.directory:
-            try:
-                self.client.head_object(Bucket=self.bucket, Key=self.key)
-            except Exception as exc:
-                if _code(exc) in ("404", "NoSuchKey", "NotFound"):
-                    return []
-                raise
-            return [self.key]
+            return [] if _s3_size(self.client, self.bucket, self.key) is None else [self.key]
         keys = []
         for page in self.client.get_paginator("list_objects_v2").paginate(
             Bucket=self.bucket, Prefix=self.key + "/"
