@@ -33,6 +33,9 @@ from grpo_cli.sources import Shard, decompressed
 from grpo_cli.stages import timed_items
 
 JSONL_BLOCK_BYTES = 8 << 20
+MAX_TYPE_SETTLINGS = (
+    64  # a run settles a text file's types at most this often: each widens a column's or unifies a file's
+)
 
 
 # --------------------------------------------------------------------------- schema and batches

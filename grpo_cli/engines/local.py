@@ -50,6 +50,7 @@ from grpo_cli.output import (
 from grpo_cli.plan import BatchLayout, GroupOutcome, RunPlan, batch_of_groups
 from grpo_cli.progress import NoProgress, Progress
 from grpo_cli.readers import (
+    MAX_TYPE_SETTLINGS,
     SchemaDrift,
     describe_row,
     estimated_memory_bytes,
@@ -73,7 +74,6 @@ MAX_BATCH_ROWS = 1 << 20
 # few keys are known keep the progress bar moving with the rows actually done.
 KEY_CHUNK_ROWS = 1 << 21
 MIN_KEY_CHUNK_ROWS = 1 << 18
-MAX_TYPE_SETTLINGS = 64  # each settling widens a column's type or unifies a file's
 SMALL_INPUT_ROWS = 100_000  # below this, keys are matched in a dict: no polars import
 
 

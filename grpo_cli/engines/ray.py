@@ -319,8 +319,7 @@ def _resolved(
 def _staged_parquet(shard: Shard, staging: contextlib.ExitStack) -> InputFile:
     """``shard`` as a private Parquet file, read through the local engine's reader (types settled
     where a text file's column changes type after its first block, as the local engine settles them)."""
-    from grpo_cli.engines.local import MAX_TYPE_SETTLINGS
-    from grpo_cli.readers import SchemaDrift
+    from grpo_cli.readers import MAX_TYPE_SETTLINGS, SchemaDrift
     from grpo_cli.scratch import spool
 
     for _ in range(MAX_TYPE_SETTLINGS):
