@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from grpo_cli import summarize
-from tests.conftest import assert_one_line_error, one_line_error
+from tests.conftest import assert_one_line_error
 
 
 def steps_table(seed: int, *, binary: bool) -> pa.Table:
@@ -248,16 +248,6 @@ def test_by_on_compute_reports_and_writes_the_data_unchanged(cli: Any, tmp_path:
         "code",
         "math",
     ]
-
-
-def test_ray_refuses_by_in_one_line(cli: Any, tmp_path: Path) -> None:
-    path = tmp_path / "steps.parquet"
-    pq.write_table(steps_table(5, binary=False), path)
-    one_line_error(
-        cli("compute", path, "-g", "uid", "--by", "step", "--engine", "ray", "-o", tmp_path / "o"),
-        2,
-        "--by reports per value with the local engine",
-    )
 
 
 def test_by_a_missing_column_is_refused_naming_it(cli: Any, tmp_path: Path) -> None:

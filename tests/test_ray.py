@@ -627,3 +627,27 @@ def test_ray_refuses_a_group_size_that_does_not_divide_the_rows(ray_instance, sh
     result = cli("compute", sharded, "--group-size", "7", "-o", tmp_path / "o", "--engine", "ray")
     one_line_error(result, 2, "--group-size 7 does not divide the")
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_two_runs_in_one_process_each_start_their_own_instance(tmp_path):
+    """A library user's second run (a second private instance in the process) timed out waiting
+    for its GCS: Ray keeps the auth token's path from its first import."""
+    import subprocess
+    import sys
+
+    source = tmp_path / "in.parquet"
+    pq.write_table(
+        pa.table({"uid": [f"g{i // 4}" for i in range(40)], "reward": [float(i % 3) for i in range(40)]}),
+        source,
+    )
+    code = (
+        "from grpo_cli.config import ComputeConfig\n"
+        "from grpo_cli.jobs import compute_dataset_ray\n"
+        "config = ComputeConfig(group_cols=('uid',))\n"
+        "for i in range(2):\n"
+        f"    print(compute_dataset_ray({str(source)!r}, {str(tmp_path)!r} + f'/out{{i}}', config).rows)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["40", "40"]

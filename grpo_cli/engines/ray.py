@@ -25,6 +25,7 @@ per group) and Ray's ``Std`` aggregation (a Python path, ddof=1 by default).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import itertools
@@ -118,14 +119,13 @@ def ray_session(address: str | None, *, quiet: bool = True, num_cpus: int | None
     saved_env = {k: os.environ.get(k) for k in _RAY_ENV}
     temp_dir = tempfile.mkdtemp(prefix="grpo-ray-", dir=_short_temp_root()) if address is None else None
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    fresh = running is None and saved_env["RAY_AUTH_MODE"] is None and not saved_env["RAY_AUTH_TOKEN"]
-    if temp_dir is not None and fresh:
-        # Ray reads the token when it is imported: set it first, in a file of our own.
-        token_path = Path(temp_dir) / "auth_token"
-        token_path.write_text(secrets.token_hex(32))
-        token_path.chmod(0o600)
+    unset = saved_env["RAY_AUTH_MODE"] is None and not saved_env["RAY_AUTH_TOKEN"]
+    # Ray reads the token's path when it is imported, once per process: every private instance of
+    # the process uses the one token file set before that import (a second instance started with
+    # another timed out waiting for its GCS).
+    if temp_dir is not None and unset and (running is None or _process_token.path is not None):
         os.environ["RAY_AUTH_MODE"] = "token"
-        os.environ["RAY_AUTH_TOKEN_PATH"] = str(token_path)
+        os.environ["RAY_AUTH_TOKEN_PATH"] = str(_process_token.get())
     ray = None
     try:
         ray = import_ray()
@@ -165,6 +165,27 @@ def ray_session(address: str | None, *, quiet: bool = True, num_cpus: int | None
                 os.environ[key] = value
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+class _ProcessToken:
+    """The auth token of this process's private Ray instances: a file in a private folder,
+    made once, removed when the interpreter exits."""
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+
+    def get(self) -> Path:
+        if self.path is None:
+            folder = Path(tempfile.mkdtemp(prefix="grpo-ray-token-", dir=_short_temp_root()))
+            atexit.register(shutil.rmtree, folder, ignore_errors=True)
+            path = folder / "auth_token"
+            path.write_text(secrets.token_hex(32))
+            path.chmod(0o600)
+            self.path = path
+        return self.path
+
+
+_process_token = _ProcessToken()
 
 
 def _short_temp_root() -> str | None:
