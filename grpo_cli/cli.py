@@ -480,8 +480,7 @@ def compute(input: InputArg, **values: Any) -> None:
     def body(state: _RunState) -> int:
         from grpo_cli.config import resolve_config
 
-        if values["report"] is not None and engine == "ray":
-            raise GrpoError("--report draws a local run's figures; drop --engine ray or --report")
+        _check_engine_options(values)
         dump = state.resources.enter_context(_opened_dump(input, values))
         derived = state.resources.enter_context(_derived(input, values, dump))
         if derived is not None:
@@ -505,7 +504,6 @@ def compute(input: InputArg, **values: Any) -> None:
                 summary_json=_summary_file(summary_json),
             )
         else:
-            _refuse_ray_options(values)
             from grpo_cli.jobs import compute_dataset
 
             summary = compute_dataset(
@@ -541,6 +539,7 @@ def check(input: InputArg, **values: Any) -> None:
         from grpo_cli.config import resolve_config
         from grpo_cli.jobs import check_dataset
 
+        _check_engine_options(values)
         dump = state.resources.enter_context(_opened_dump(input, values))
         derived = state.resources.enter_context(_derived(input, values, dump))
         if derived is not None:
@@ -552,8 +551,6 @@ def check(input: InputArg, **values: Any) -> None:
         _check_stdout(summary_json)
         bounds = CheckBounds(**_targeted(values, "check", "bounds"))
         if values["engine"] == "ray":
-            if values["report"] is not None:
-                raise GrpoError("--report draws a local run's figures; drop --engine ray or --report")
             from grpo_cli.jobs import check_dataset_ray
 
             summary = check_dataset_ray(
@@ -567,7 +564,6 @@ def check(input: InputArg, **values: Any) -> None:
                 force=values["force"],
             )
         else:
-            _refuse_ray_options(values)
             summary = check_dataset(
                 _inputs(input, dump, derived),
                 bounds,
@@ -590,9 +586,13 @@ def check(input: InputArg, **values: Any) -> None:
     _run(values["debug"], body, bars=not values["quiet"] and values["engine"] == "local")
 
 
-def _refuse_ray_options(values: dict[str, Any]) -> None:
-    """The Ray engine's own options, given to the local engine."""
-    if values["ray_address"] is not None or values["partitions"] is not None:
+def _check_engine_options(values: dict[str, Any]) -> None:
+    """Options of one engine given to the other: the Ray engine's own to the local engine, and
+    --report (the local run's figures) to the Ray engine."""
+    if values["engine"] == "ray":
+        if values["report"] is not None:
+            raise GrpoError("--report draws a local run's figures; drop --engine ray or --report")
+    elif values["ray_address"] is not None or values["partitions"] is not None:
         raise GrpoError("--ray-address and --partitions need --engine ray")
 
 

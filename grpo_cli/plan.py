@@ -105,6 +105,23 @@ class BatchLayout:
         return cls(of_group, rows, nonzero, keys)
 
 
+ONE_VALUE_REASONS = {
+    "--batch-col": "each group must lie in one training batch",
+    "--by": "each group must lie in one value of it",
+}
+"""Why a group may hold only one value of each such column, by option (both engines refuse in these words)."""
+
+
+def value_columns(config: ComputeConfig) -> list[tuple[str, str, str]]:
+    """The columns that hold one value per group, with their option and why: --batch-col (its
+    training batch), then each --by column (its figures per value), in that order."""
+    columns = []
+    if config.batch_col is not None:
+        columns.append((config.batch_col, "--batch-col", ONE_VALUE_REASONS["--batch-col"]))
+    columns += [(column, "--by", ONE_VALUE_REASONS["--by"]) for column in config.by_cols]
+    return columns
+
+
 def batch_of_groups(
     group_ids: np.ndarray, batch_ids: np.ndarray, num_groups: int
 ) -> tuple[np.ndarray, np.ndarray]:

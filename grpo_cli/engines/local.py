@@ -47,7 +47,7 @@ from grpo_cli.output import (
     open_output,
     splice_refusal,
 )
-from grpo_cli.plan import BatchLayout, GroupOutcome, RunPlan, batch_of_groups
+from grpo_cli.plan import ONE_VALUE_REASONS, BatchLayout, GroupOutcome, RunPlan, batch_of_groups
 from grpo_cli.progress import NoProgress, Progress
 from grpo_cli.readers import (
     MAX_TYPE_SETTLINGS,
@@ -363,7 +363,7 @@ class _StatisticsPass:
                 group_ids,
                 shard,
                 option="--batch-col",
-                why="each group must lie in one training batch",
+                why=ONE_VALUE_REASONS["--batch-col"],
             )
         for column, keys in self.by_keys.items():
             self.by_of_group[column] = self._values_of_groups(
@@ -373,7 +373,7 @@ class _StatisticsPass:
                 group_ids,
                 shard,
                 option="--by",
-                why="each group must lie in one value of it",
+                why=ONE_VALUE_REASONS["--by"],
             )
 
     def _values_of_groups(

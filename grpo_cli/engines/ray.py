@@ -69,7 +69,7 @@ from grpo_cli.kernel import (
 from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_types
 from grpo_cli.options import ESTIMATOR_SPECS
 from grpo_cli.output import advantage_range, commit_directory, output_info
-from grpo_cli.plan import BatchLayout, GroupOutcome, RunPlan, batch_of_groups
+from grpo_cli.plan import BatchLayout, GroupOutcome, RunPlan, batch_of_groups, value_columns
 from grpo_cli.readers import parquet_row_range, row_count
 from grpo_cli.rewards import RewardBatch, new_column_arrays
 from grpo_cli.sources import InputSet, Shard
@@ -79,16 +79,6 @@ PARTITION_BYTES = 256 << 20
 FIGURE_PREFIX = "__grpo_figure_"  # a block's per-group figures (figures.FIGURES)
 VALUE_FIELD = "__grpo_value_{}"  # a one-value-per-group column's value at the group's first row in the block
 VALUE_CLASH_FIELD = "__grpo_value_clash_{}"  # the group spans two of its values in this block
-
-
-def value_columns(config: ComputeConfig) -> list[tuple[str, str, str]]:
-    """The columns that hold one value per group, with their option and why: --batch-col (its
-    training batch), then each --by column (its figures per value), in that order."""
-    columns = []
-    if config.batch_col is not None:
-        columns.append((config.batch_col, "--batch-col", "each group must lie in one training batch"))
-    columns += [(column, "--by", "each group must lie in one value of it") for column in config.by_cols]
-    return columns
 
 
 def import_ray() -> Any:
