@@ -332,19 +332,14 @@ class InputSet:
         fmt = detect_format(path, input_format)
         if fmt is None:
             if strict:
-                raise GrpoError(
-                    f"{path}: cannot tell the format from the name; expected one of "
-                    f"{', '.join(READ_SUFFIXES)} or --input-format"
-                )
+                raise _unknown_format(path)
             return None
         try:
             size = os.path.getsize(path)
             sniffed, compression = _sniff(Path(path), json_array=fmt == "json")
         except OSError as exc:
             raise GrpoError(f"{path}: cannot read the file ({exc.strerror})") from None
-        named = next((c for suffix, c in COMPRESSION_SUFFIXES.items() if path.lower().endswith(suffix)), None)
-        if named is not None and named != compression:  # the name says compressed: it must be
-            compression, sniffed = named, "json" if fmt == "json" else sniffed
+        sniffed, compression = _as_named(path, fmt, sniffed, compression)
         return self._typed(Path(path), path, fmt, size, sniffed, compression)
 
     def _typed(
@@ -385,17 +380,10 @@ class InputSet:
             copy = self._spools.enter_context(
                 spool(None, label=display, write=functools.partial(download, file))
             )
-            sniffed, compression = _sniff(copy, json_array=fmt in (None, "json"))
-            lowered = file.name.lower()
-            named = next((c for suffix, c in COMPRESSION_SUFFIXES.items() if lowered.endswith(suffix)), None)
-            if named is not None and named != compression:
-                compression, sniffed = named, "json" if fmt == "json" else sniffed
+            sniffed, compression = _as_named(file.name, fmt, *_sniff(copy, json_array=fmt in (None, "json")))
             told = fmt or sniffed
             if told is None:
-                raise GrpoError(
-                    f"{display}: cannot tell the format from the name; expected one of "
-                    f"{', '.join(READ_SUFFIXES)} or --input-format"
-                )
+                raise _unknown_format(display)
             shard = self._typed(copy, display, told, file.size, sniffed, compression)
             shards.append(replace(shard, remote=file.uri))
         return shards
@@ -408,6 +396,23 @@ class InputSet:
             sniffed = "csv"
         fmt = input_format or sniffed or "jsonl"
         return self._typed(path, label, fmt, path.stat().st_size, sniffed, compression)
+
+
+def _as_named(
+    name: str, fmt: str | None, sniffed: str | None, compression: str | None
+) -> tuple[str | None, str | None]:
+    """(sniffed format, compression) once the name is heard: a name that says compressed must be."""
+    named = next((c for suffix, c in COMPRESSION_SUFFIXES.items() if name.lower().endswith(suffix)), None)
+    if named is not None and named != compression:
+        return ("json" if fmt == "json" else sniffed), named
+    return sniffed, compression
+
+
+def _unknown_format(display: str) -> GrpoError:
+    return GrpoError(
+        f"{display}: cannot tell the format from the name; expected one of "
+        f"{', '.join(READ_SUFFIXES)} or --input-format"
+    )
 
 
 def _saved_dataset_files(spec: str, folder: Path) -> list[Path] | None:
