@@ -44,6 +44,7 @@ from torch import Tensor
 from grpo_cli.choices import Baseline, EpsilonMode, NanPolicy, Scale, Singleton, Std, check_choice
 
 __all__ = [
+    "NO_ROW",
     "Baseline",
     "BatchTransform",
     "Divisor",
@@ -78,6 +79,7 @@ __all__ = [
     "merge_top_two",
     "merge_weighted_moments",
     "normalize_in_groups",
+    "padded_top_two",
     "pass_at_k_advantages",
     "pass_at_k_weights",
     "passk_advantages",
@@ -1592,26 +1594,38 @@ def whitening(moments: WeightedMoments, *, method: str) -> BatchTransform:
 # --------------------------------------------------------------------------- Pass@k
 
 
+NO_ROW = torch.iinfo(torch.int64).max
+""":attr:`TopTwo.best_row` of a group with no scored reward."""
+
+
 @dataclass(frozen=True)
 class TopTwo:
-    """Per group, the largest reward and the second largest (equal to it on a tie), float64.
+    """Per group, the largest reward and the second largest (equal to it on a tie), float64,
+    and ``best_row`` (int64): the input position of the first row whose reward is the largest.
 
-    An empty group has ``-inf`` for both; a one-rollout group ``-inf`` for the second.
+    An empty group has ``-inf`` for both and :data:`NO_ROW`; a one-rollout group ``-inf``
+    for the second. Every figure merges exactly, in any order (:func:`merge_top_two`).
     """
 
     first: Tensor
     second: Tensor
+    best_row: Tensor
 
 
-def group_top_two(values: Tensor, group_ids: Tensor, num_groups: int) -> TopTwo:
-    """The two largest values of each group, as ``torch.topk(rewards, 2)`` gives them.
+def group_top_two(
+    values: Tensor, group_ids: Tensor, num_groups: int, *, positions: Tensor | None = None
+) -> TopTwo:
+    """The two largest values of each group, as ``torch.topk(rewards, 2)`` gives them, and the
+    position of the first row holding the largest (``positions``: each value's row in the whole
+    input, int64 ``(N,)``; by default ``0 .. N-1``).
 
     >>> top = group_top_two(torch.tensor([0.25, 0.75, 0.75, 0.5]), torch.tensor([0, 0, 0, 1]), 2)
-    >>> top.first.tolist(), top.second.tolist()
-    ([0.75, 0.5], [0.75, -inf])
+    >>> top.first.tolist(), top.second.tolist(), top.best_row.tolist()
+    ([0.75, 0.5], [0.75, -inf], [1, 3])
     """
     x = values.to(torch.float64)
     ids = group_ids.to(torch.int64)
+    rows = torch.arange(x.numel(), device=x.device) if positions is None else positions.to(torch.int64)
     empty = torch.full((num_groups,), -math.inf, dtype=torch.float64, device=x.device)
     first = empty.clone().scatter_reduce_(0, ids, x, "amax")
     at_first = x == torch.take(first, ids)
@@ -1620,11 +1634,29 @@ def group_top_two(values: Tensor, group_ids: Tensor, num_groups: int) -> TopTwo:
     )
     below = torch.where(at_first, torch.full_like(x, -math.inf), x)
     second = empty.clone().scatter_reduce_(0, ids, below, "amax")
-    return TopTwo(first, torch.where(ties >= 2, first, second))
+    best_row = torch.full((num_groups,), NO_ROW, dtype=torch.int64, device=x.device)
+    best_row = best_row.scatter_reduce_(0, ids[at_first], rows[at_first], "amin")
+    return TopTwo(first, torch.where(ties >= 2, first, second), best_row)
+
+
+def padded_top_two(top: TopTwo, num_groups: int) -> TopTwo:
+    """``top`` with empty groups appended up to ``num_groups``.
+
+    >>> padded_top_two(group_top_two(torch.tensor([1.0]), torch.tensor([0]), 1), 2).best_row.tolist()
+    [0, 9223372036854775807]
+    """
+    extra = num_groups - top.first.numel()
+    if extra <= 0:
+        return top
+    pad = torch.full((extra,), -math.inf, dtype=torch.float64, device=top.first.device)
+    no_row = torch.full((extra,), NO_ROW, dtype=torch.int64, device=top.first.device)
+    return TopTwo(
+        torch.cat([top.first, pad]), torch.cat([top.second, pad]), torch.cat([top.best_row, no_row])
+    )
 
 
 def merge_top_two(a: TopTwo, b: TopTwo) -> TopTwo:
-    """The top two of the union of two sets of rows, per group."""
+    """The top two of the union of two sets of rows, per group, and its first best row."""
     first = torch.maximum(a.first, b.first)
     # on a tie of the two firsts, the second is that same value (-inf when both sides are empty)
     second = torch.where(
@@ -1632,7 +1664,12 @@ def merge_top_two(a: TopTwo, b: TopTwo) -> TopTwo:
         torch.maximum(a.second, b.first),
         torch.where(b.first > a.first, torch.maximum(b.second, a.first), a.first),
     )
-    return TopTwo(first, second)
+    best_row = torch.where(
+        a.first > b.first,
+        a.best_row,
+        torch.where(b.first > a.first, b.best_row, torch.minimum(a.best_row, b.best_row)),
+    )
+    return TopTwo(first, second, best_row)
 
 
 def passk_best_advantage(
@@ -1662,33 +1699,22 @@ def passk_best_advantage(
     return torch.where(active.to(gap.device), gap, torch.zeros_like(gap))
 
 
-def passk_advantages(
-    rewards: Tensor, group_ids: Tensor, top_first: Tensor, best: Tensor, claimed: Tensor
-) -> Tensor:
-    """Pass@k row advantages: ``best[g]`` on the first row of each group ``g`` (in row order)
-    whose reward equals ``top_first[g]``, 0 elsewhere; float64, shape of ``rewards`` ``(N,)``.
+def passk_advantages(group_ids: Tensor, positions: Tensor, best_row: Tensor, best: Tensor) -> Tensor:
+    """Pass@k row advantages: ``best[g]`` on group ``g``'s best row (the first, in input
+    order, whose reward is the group's largest: :attr:`TopTwo.best_row`), 0 elsewhere;
+    float64, shape ``(N,)`` of ``group_ids``. ``positions`` (int64 ``(N,)``) are the rows'
+    places in the whole input, so that any slice of the rows can be passed on its own.
 
-    ``claimed`` (bool, ``(K,)``) marks the groups whose best row an earlier chunk held; it is
-    updated in place, so that chunks of one run can be passed in order.
-
-    >>> claimed = torch.zeros(1, dtype=torch.bool)
-    >>> ids, top, best = torch.tensor([0, 0, 0]), torch.tensor([1.0]), torch.tensor([0.5])
-    >>> passk_advantages(torch.tensor([0.0, 1.0, 1.0]), ids, top, best, claimed)
+    >>> ids, best_row, best = torch.tensor([0, 0, 0]), torch.tensor([1]), torch.tensor([0.5])
+    >>> passk_advantages(ids, torch.tensor([0, 1, 2]), best_row, best)
     tensor([0.0000, 0.5000, 0.0000], dtype=torch.float64)
-    >>> passk_advantages(torch.tensor([1.0]), ids[:1], top, best, claimed)  # a later chunk
+    >>> passk_advantages(ids[:1], torch.tensor([2]), best_row, best)  # a later slice
     tensor([0.], dtype=torch.float64)
     """
     ids = group_ids.to(torch.int64)
-    at_best = (rewards.to(torch.float64) == top_first[ids]) & ~claimed[ids]
-    rows = at_best.nonzero().flatten()
-    result = torch.zeros(ids.numel(), dtype=torch.float64, device=rewards.device)
-    if rows.numel():
-        groups, inverse = torch.unique(ids[rows], return_inverse=True)
-        first_row = torch.full((groups.numel(),), ids.numel(), dtype=torch.int64, device=rows.device)
-        first_row = first_row.scatter_reduce_(0, inverse, rows, "amin")
-        result[first_row] = best[groups].to(torch.float64)
-        claimed[groups] = True
-    return result
+    at_best = positions.to(device=ids.device, dtype=torch.int64) == best_row.to(ids.device)[ids]
+    values = best.to(device=ids.device, dtype=torch.float64)[ids]
+    return torch.where(at_best, values, torch.zeros_like(values))
 
 
 def pass_at_k_weights(n: int, k: int) -> tuple[Tensor, Tensor]:

@@ -219,12 +219,10 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-Need = Literal[
-    "row_lengths", "row_baselines", "length_sums", "batch_nonzero", "top_two", "row_order", "group_rewards"
-]
+Need = Literal["row_lengths", "row_baselines", "length_sums", "batch_nonzero", "top_two", "group_rewards"]
 """What an estimator needs from pass 1 beyond a reward and a group per row: each row's length
 (``--length-col``) or baseline reward (``--baseline-col``), the groups' length sums, each batch's
-count of non-zero rewards, each group's top two rewards, the rows in input order, every
+count of non-zero rewards, each group's top two rewards and first best row, every
 reward of each group (held in memory: 16 bytes a row)."""
 
 
@@ -288,9 +286,8 @@ ESTIMATOR_SPECS: dict[str, EstimatorSpec] = {
     "grpo_passk": EstimatorSpec(
         {"baseline": "mean", "std": "sample"},
         "verl Pass@k: only a group's best rollout gets (r_max - r_second) / (sample std + eps)",
-        needs=("top_two", "row_order"),
+        needs=("top_two",),
         own_baseline=True,
-        ray="its best row is the first in input order, which Ray's parallel blocks do not keep",
     ),
     "maxrl": EstimatorSpec(
         {"baseline": "mean", "scale": "mean", "epsilon_mode": "clamp", "singleton": "zero"},

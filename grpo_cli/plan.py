@@ -37,6 +37,7 @@ from grpo_cli.kernel import (
     gpg_row_scale,
     group_std,
     length_weighted_baseline,
+    passk_advantages,
     passk_best_advantage,
     row_baseline_advantages,
     whitening,
@@ -477,11 +478,10 @@ class RunPlan:
         *,
         active_device: torch.Tensor,
         first_row: int = 0,
+        global_row: int = 0,
     ) -> tuple[RewardBatch, torch.Tensor, torch.Tensor]:
-        """One batch's rewards, its advantages before any batch transform (CPU), and batch IDs.
-
-        Every estimator but grpo_passk, whose best row depends on the rows before it (the
-        local engine applies it).
+        """One batch's rewards, its advantages before any batch transform (CPU), and batch IDs
+        (``first_row``: the batch's first row in its shard, ``global_row``: in the whole input).
         """
         config = self.config
         rewards = reader.read(batch, first_row)
@@ -504,6 +504,10 @@ class RunPlan:
             baseline = reader.column(batch, config.baseline_col, first_row)
             valid = torch.isfinite(rewards.combined) & torch.isfinite(baseline)
             result = row_baseline_advantages(rewards.combined, baseline, valid)
+        if outcome.best_advantage is not None:  # grpo_passk: the group's first best rollout only
+            assert outcome.top_two is not None
+            positions = torch.arange(global_row, global_row + ids.numel())
+            result = passk_advantages(ids.cpu(), positions, outcome.top_two.best_row, outcome.best_advantage)
         return rewards, result, batch_ids
 
     @property

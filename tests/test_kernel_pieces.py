@@ -6,6 +6,7 @@ Written against the mutants `make mutation` found alive (docs/mutation-report.md
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 from grpo_cli.errors import GrpoError
 from grpo_cli.kernel import (
+    NO_ROW,
     GroupStatsAccumulator,
     advantages_from_stats,
     apply_normalization,
@@ -28,6 +30,7 @@ from grpo_cli.kernel import (
     merge_top_two,
     merge_weighted_moments,
     normalize_in_groups,
+    passk_advantages,
     prepare_normalization,
     weighted_moments,
     whitening,
@@ -177,13 +180,46 @@ def test_top_two_of_halves_merge_into_the_top_two_of_the_whole(values, ids, cut)
     group = torch.tensor(ids[: len(values)], dtype=torch.int64)
     cut = min(cut, len(values))
     whole = group_top_two(x, group, 4)
-    merged = merge_top_two(group_top_two(x[:cut], group[:cut], 4), group_top_two(x[cut:], group[cut:], 4))
+    later = group_top_two(x[cut:], group[cut:], 4, positions=torch.arange(cut, len(values)))
+    merged = merge_top_two(group_top_two(x[:cut], group[:cut], 4), later)
     assert merged.first.tolist() == whole.first.tolist()
     assert merged.second.tolist() == whole.second.tolist()
-    for g in range(4):  # torch.topk's answer
+    assert merged.best_row.tolist() == whole.best_row.tolist()
+    for g in range(4):  # torch.topk's answer, and the first row that holds the largest
         members = x[group == g]
         top = torch.topk(members, min(2, members.numel())).values.tolist() + [-math.inf] * 2
         assert [whole.first[g].item(), whole.second[g].item()] == top[:2]
+        rows = [i for i in range(len(values)) if ids[i] == g and x[i] == top[0]]
+        assert whole.best_row[g].item() == (rows[0] if rows else NO_ROW)
+
+
+@given(
+    values=st.lists(st.integers(0, 2), min_size=1, max_size=24),
+    ids=st.lists(st.integers(0, 3), min_size=24, max_size=24),
+    cuts=st.lists(st.integers(0, 24), max_size=3),
+)
+def test_passk_advantages_of_any_slices_are_those_of_the_whole(values, ids, cuts):
+    """Each slice of the rows, passed on its own with its positions, gives its rows' part of
+    the whole's advantages: the best row is found by position, not by what came before."""
+    x = torch.tensor(values, dtype=torch.float64)
+    group = torch.tensor(ids[: len(values)], dtype=torch.int64)
+    top = group_top_two(x, group, 4)
+    best = torch.arange(1.0, 5.0, dtype=torch.float64)
+    positions = torch.arange(len(values))
+    whole = passk_advantages(group, positions, top.best_row, best)
+    bounds = [0, *sorted(min(c, len(values)) for c in cuts), len(values)]
+    pieces = [
+        passk_advantages(group[a:b], positions[a:b], top.best_row, best)
+        for a, b in itertools.pairwise(bounds)
+    ]
+    assert torch.equal(torch.cat(pieces), whole)
+    for g in range(4):  # one row of each group with rows gets its value: its first largest
+        rows = (group == g).nonzero().flatten().tolist()
+        if rows:
+            first_best = min(rows, key=lambda i: (-values[i], i))
+            assert whole.nonzero().flatten().tolist().count(first_best) == 1
+            assert whole[first_best].item() == best[g].item()
+            assert all(whole[i].item() == 0 for i in rows if i != first_best)
 
 
 def test_top_two_of_float32_rewards_are_those_of_their_float64_values():

@@ -12,7 +12,6 @@ the same, so both paths give bitwise identical results.
 from __future__ import annotations
 
 import collections
-import math
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -34,8 +33,8 @@ from grpo_cli.kernel import (
     WeightedMomentsAccumulator,
     group_top_two,
     merge_top_two,
+    padded_top_two,
     pass_at_k_advantages,
-    passk_advantages,
 )
 from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, arrow_of, as_tensor, check_key_types, is_key_type
 from grpo_cli.output import (
@@ -342,12 +341,15 @@ class _StatisticsPass:
             return
         k = int(group_ids.max()) + 1 if group_ids.size else 0
         rows, values = torch.from_numpy(group_ids), chunk.combined.to(torch.float64)
+        first = self._pending_first_global
+        positions = torch.arange(first, first + values.numel())
         if chunk.combined_valid is not None:
-            values, rows = values[chunk.combined_valid], rows[chunk.combined_valid]
-        top = group_top_two(values, rows, k)
+            valid = chunk.combined_valid
+            values, rows, positions = values[valid], rows[valid], positions[valid]
+        top = group_top_two(values, rows, k, positions=positions)
         if self.top_two is not None:
             size = max(k, self.top_two.first.numel())
-            top = merge_top_two(_pad_top_two(self.top_two, size), _pad_top_two(top, size))
+            top = merge_top_two(padded_top_two(self.top_two, size), padded_top_two(top, size))
         self.top_two = top
 
     def _check_batches(self, group_ids: np.ndarray, shard: Shard) -> None:
@@ -475,7 +477,7 @@ class _StatisticsPass:
             self.keys,
             cached,
             self.batch_layout(totals, num_groups),
-            None if self.top_two is None else _pad_top_two(self.top_two, num_groups),
+            None if self.top_two is None else padded_top_two(self.top_two, num_groups),
             self.by_values(num_groups),
             self.filter_rows,
             self.group_rewards,
@@ -546,7 +548,6 @@ class LocalEngine:
         self.one_pass_dtype = self._one_pass_dtype(writes_output)
         self.splice_refusal = splice_refusal(self.config, inputs.shards) if writes_output else "no output"
         self.bytes_read = 0
-        self._passk_claimed: torch.Tensor | None = None
         self._pass_at_k_rows: torch.Tensor | None = None  # pass_at_k: every row's advantage
 
     @property
@@ -803,7 +804,6 @@ class LocalEngine:
         figures = _Pass2Figures(verifier)
         provenance = plan.provenance([shard.display for shard in self.inputs.shards], outcome)
         active_device = outcome.active.to(plan.device)
-        self._passk_claimed = None
         self.progress.start("pass 2/2: advantages" if output else "pass 2/2: verify", first.rows)
         global_row = 0
         for index, (shard, schema) in enumerate(zip(self.inputs.shards, self.schemas, strict=True)):
@@ -890,10 +890,14 @@ class LocalEngine:
         """One batch's rewards, advantages before any batch transform (CPU), and batch IDs
         (``global_row``: the batch's first row in the whole input)."""
         rewards, result, batch_ids = self.plan.row_advantages(
-            batch, reader, ids, outcome, active_device=active_device, first_row=shard_row
+            batch,
+            reader,
+            ids,
+            outcome,
+            active_device=active_device,
+            first_row=shard_row,
+            global_row=global_row,
         )
-        if outcome.best_advantage is not None:  # grpo_passk: the group's first best rollout only
-            result = self._passk(rewards.combined, ids, outcome)
         if self._pass_at_k_rows is not None:  # pass_at_k: computed from pass 1's rewards
             result = self._pass_at_k_rows[global_row : global_row + ids.numel()]
         return rewards, result, batch_ids
@@ -918,20 +922,11 @@ class LocalEngine:
         )
         return rows
 
-    def _passk(self, rewards: torch.Tensor, ids: torch.Tensor, outcome: GroupOutcome) -> torch.Tensor:
-        """The best-rollout advantage on the first row of each group that reaches the maximum."""
-        assert outcome.best_advantage is not None and outcome.top_two is not None
-        claimed = self._passk_claimed
-        if claimed is None or claimed.numel() != outcome.active.numel():
-            claimed = self._passk_claimed = torch.zeros(outcome.active.numel(), dtype=torch.bool)
-        return passk_advantages(rewards, ids, outcome.top_two.first, outcome.best_advantage, claimed)
-
     def _moments(self, first: _Statistics, outcome: GroupOutcome, spool: _IdSpool) -> WeightedMoments:
         """The extra pass of a batch transform: weighted moments of the advantages per batch."""
         config, plan = self.config, self.plan
         assert outcome.batches is not None
         take_ids = spool.reader()
-        self._passk_claimed = None
         active_device = outcome.active.to(plan.device)
         total = WeightedMomentsAccumulator(
             num_batches=outcome.batches.count, block_rows=config.stats_block_rows
@@ -958,14 +953,6 @@ class LocalEngine:
                 self.progress.advance(n)
         self.progress.finish()
         return total.compute()
-
-
-def _pad_top_two(top: TopTwo, num_groups: int) -> TopTwo:
-    extra = num_groups - top.first.numel()
-    if extra <= 0:
-        return top
-    pad = torch.full((extra,), -math.inf, dtype=torch.float64)
-    return TopTwo(torch.cat([top.first, pad]), torch.cat([top.second, pad]))
 
 
 def _batch_rows_for(shard: Shard) -> int:

@@ -60,10 +60,14 @@ from grpo_cli.file_names import PARQUET_SUFFIXES, PROVENANCE_KEY, output_is_dire
 from grpo_cli.guard import Claim, ProtectedInputs
 from grpo_cli.kernel import (
     GroupStats,
+    TopTwo,
     WeightedMoments,
     empty_group_stats,
+    group_top_two,
     merge_group_stats,
+    merge_top_two,
     merge_weighted_moments,
+    padded_top_two,
     weighted_moments,
 )
 from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_types
@@ -542,6 +546,7 @@ def block_statistics(
     value_id_parts: list[list[np.ndarray]] = [[] for _ in one_value]
     value_parts: list[list[pa.Array]] = [[] for _ in one_value]
     reward_parts: list[RewardBatch] = []
+    first_rows: list[int] = []  # each part's first row in the whole input
     length_parts: list[torch.Tensor] = []
     first_record: pa.RecordBatch | None = None
     role = ""
@@ -558,6 +563,7 @@ def block_statistics(
                 value_parts[i].append(values)
             reader = plan.reward_reader(record.schema, part.file.shard())
             reward_parts.append(reader.read(record, part.start))
+            first_rows.append(part.file.offset + part.start)
             if length_col is not None:
                 length_parts.append(reader.lengths(record, length_col, part.start))
     except InvalidKeyError as bad:
@@ -584,6 +590,14 @@ def block_statistics(
     lengths = torch.cat(length_parts).numpy() if length_parts else None
     figures = of_chunk(wanted(plan.needs), ids_np, k, RowInputs.of(rewards, lengths))
     columns.update({FIGURE_PREFIX + name: values for name, values in figures.items()})
+    if "top_two" in plan.needs:
+        positions = np.concatenate(
+            [
+                np.arange(first, first + r.combined.numel())
+                for first, r in zip(first_rows, reward_parts, strict=True)
+            ]
+        )
+        columns.update(_top_two_columns(rewards, ids, torch.from_numpy(positions), k))
     assert first_record is not None  # a block holds at least one row
     table = keys.key_table(pa.Table.from_batches([first_record]))
     for name, value in columns.items():
@@ -597,6 +611,34 @@ def block_statistics(
         table = table.append_column(VALUE_CLASH_FIELD.format(i), pa.array(split))
     table = table.append_column(GROUP_FIELD, pa.array(np.arange(k, dtype=np.int64)))
     return table.append_column(BLOCK_FIELD, pa.array(np.full(k, index, dtype=np.int64)))
+
+
+TOP_TWO_FIELDS = {
+    "first": "__grpo_top_first",
+    "second": "__grpo_top_second",
+    "best_row": "__grpo_top_best_row",
+}
+
+
+def _top_two_columns(
+    rewards: RewardBatch, ids: torch.Tensor, positions: torch.Tensor, k: int
+) -> dict[str, Any]:
+    """grpo_passk: a block's top two rewards of each group and its first best row, as the local
+    engine reduces a chunk (the scored rows only; positions in the whole input)."""
+    values = rewards.combined.to(torch.float64)
+    valid = rewards.combined_valid
+    if valid is not None:
+        values, ids, positions = values[valid], ids[valid], positions[valid]
+    top = group_top_two(values, ids, k, positions=positions)
+    return {field: getattr(top, name).numpy() for name, field in TOP_TWO_FIELDS.items()}
+
+
+def _placed_top_two(partial: pa.Table, ids: torch.Tensor, k: int) -> TopTwo:
+    """A block's top two placed among the run's ``k`` groups (the others empty)."""
+    placed = padded_top_two(group_top_two(torch.zeros(0), torch.zeros(0, dtype=torch.int64), 0), k)
+    for name, field in TOP_TWO_FIELDS.items():
+        getattr(placed, name)[ids] = torch.from_numpy(partial.column(field).to_numpy())
+    return placed
 
 
 def _numpy(columns: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
@@ -626,6 +668,7 @@ class MergedStatistics:
     figures: dict[str, np.ndarray]  # per group, each of figures.FIGURES the run wants
     batches: BatchLayout
     by: list[ByValues]  # each --by column's value of every group
+    top_two: TopTwo | None  # grpo_passk
 
     @property
     def rows_per_group(self) -> np.ndarray:
@@ -653,6 +696,7 @@ class OrderedMerge:
         self.totals: dict[str, np.ndarray] = {}
         self.value_of_group = [np.zeros(0, dtype=np.int64) for _ in self.one_value]
         self.first_table: pa.Table | None = None
+        self.top_two: TopTwo | None = None  # grpo_passk
 
     def add(self, partial: pa.Table) -> None:
         """One block's partial rows (or a piece of them, in order)."""
@@ -678,6 +722,11 @@ class OrderedMerge:
             placed[ids_np] = values
             block[figure.name] = placed
         self.totals = fold(self.figures, self.totals, block)
+        if "top_two" in self.plan.needs:
+            top = _placed_top_two(partial, ids, k)
+            if self.top_two is not None:
+                top = merge_top_two(padded_top_two(self.top_two, k), top)
+            self.top_two = top
         for i in range(len(self.one_value)):
             self._add_values(i, partial, ids_np, k)
 
@@ -721,7 +770,8 @@ class OrderedMerge:
             batches = BatchLayout.of_groups(of_group, totals, keys)
         by = [ByValues(column, of_group, keys) for column, of_group, keys in values]
         empty = self.first_table if self.first_table is not None else _empty_keys(self.plan)
-        return MergedStatistics(self.keys.key_table(empty), channels, summary, totals, batches, by)
+        top_two = None if self.top_two is None else padded_top_two(self.top_two, k)
+        return MergedStatistics(self.keys.key_table(empty), channels, summary, totals, batches, by, top_two)
 
     def _of_groups(self, i: int, k: int) -> np.ndarray:
         known = self.value_of_group[i]
@@ -785,7 +835,13 @@ def block_moments(
             reader = plan.reward_reader(record.schema, part.file.shard())
             ids = as_tensor(_group_ids(record, config, keys))
             rewards, result, in_batch = plan.row_advantages(
-                record, reader, ids, outcome, active_device=outcome.active, first_row=part.start
+                record,
+                reader,
+                ids,
+                outcome,
+                active_device=outcome.active,
+                first_row=part.start,
+                global_row=part.file.offset + part.start,
             )
             values.append(result)
             if config.length_col is not None:
@@ -838,7 +894,13 @@ def block_advantages(
         record = record.drop_columns([ROW_GROUP_FIELD])
     reader = plan.reward_reader(record.schema, part.file.shard())
     rewards, result, batch_ids = plan.row_advantages(
-        record, reader, as_tensor(ids_np), outcome, active_device=outcome.active, first_row=part.start
+        record,
+        reader,
+        as_tensor(ids_np),
+        outcome,
+        active_device=outcome.active,
+        first_row=part.start,
+        global_row=part.file.offset + part.start,
     )
     advantages = plan.finish(result, batch_ids, outcome, scored=rewards.combined_valid).to(
         plan.output_dtype(record.schema)
@@ -913,6 +975,7 @@ def run_ray(
             rows=int(merged.rows_per_group.sum()),
             nan_rewards=merged.nan_rewards,
             batches=merged.batches,
+            top_two=merged.top_two,
             length_sums=merged.figures.get("length_sums"),
             weighted_reward_sums=merged.figures.get("weighted_reward_sums"),
         )
