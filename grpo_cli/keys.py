@@ -260,6 +260,41 @@ def _changed(table: pa.Table) -> np.ndarray:
     return changed
 
 
+def row_hashes(table: pa.Table) -> np.ndarray:
+    """A 64-bit hash of each row's key, int64 ``(rows,)``, the same in every process of one
+    installation: a single integer column is its own hash (its values as int64); other keys
+    are hashed by polars with a fixed seed. ``table`` holds the key columns, normalised as
+    :class:`GroupKeyIndex` holds them (no dictionaries, one comparable type per column).
+
+    >>> row_hashes(pa.table({"g": pa.array([3, -1], pa.int32())})).tolist()
+    [3, -1]
+    """
+    if table.num_columns == 1 and pa.types.is_integer(table.column(0).type):
+        column = table.column(0)
+        if column.type == pa.uint64():
+            values = numpy_of(column).view(np.int64)  # a bijection onto int64
+        else:
+            values = numpy_of(pc.cast(column, pa.int64()))
+        return np.ascontiguousarray(values)
+    import polars as pl
+
+    frame = pl.from_arrow(table, rechunk=False)
+    assert isinstance(frame, pl.DataFrame)
+    return frame.hash_rows(seed=0).to_numpy().view(np.int64)
+
+
+def key_buckets(table: pa.Table, buckets: int) -> np.ndarray:
+    """Each row's bucket in ``0 .. buckets - 1`` by its key's :func:`row_hashes` (mixed, so that
+    consecutive integer keys spread evenly): equal keys always share a bucket.
+
+    >>> key_buckets(pa.table({"g": [7, 7, 8]}), 4).tolist()[0] == key_buckets(pa.table({"g": [7]}), 4)[0]
+    True
+    """
+    hashes = row_hashes(table).view(np.uint64)
+    mixed = (hashes * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(32)
+    return (mixed % np.uint64(buckets)).astype(np.int64)
+
+
 class GroupKeyIndex:
     """Maps group-key rows to dense int64 IDs ``0..K-1`` in order of first appearance.
 
@@ -366,18 +401,7 @@ class GroupKeyIndex:
         return pa.table(columns, names=list(self.columns))
 
     def _row_hashes(self, table: pa.Table) -> torch.Tensor:
-        if not self._hashed:
-            column = table.column(0)
-            if column.type == pa.uint64():
-                values = numpy_of(column).view(np.int64)  # a bijection onto int64
-            else:
-                values = numpy_of(pc.cast(column, pa.int64()))
-            return as_tensor(np.ascontiguousarray(values))
-        import polars as pl
-
-        frame = pl.from_arrow(table, rechunk=False)
-        assert isinstance(frame, pl.DataFrame)
-        return as_tensor(frame.hash_rows(seed=0).to_numpy().view(np.int64))
+        return as_tensor(row_hashes(table))
 
     def _encode_hashed(self, table: pa.Table) -> torch.Tensor:
         hashes = self._row_hashes(table)

@@ -6,6 +6,7 @@ import builtins
 import importlib.util
 import json
 import random
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -14,11 +15,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError
 from grpo_cli.jobs import compute_dataset, compute_dataset_ray
 from grpo_cli.options import ESTIMATOR_SPECS, AdvantageOptions, RewardSpec
+from grpo_cli.plan import RunPlan
 from tests.conftest import PARITY_ESTIMATORS, PARITY_PRESETS, bits, one_line_error, parity_case
 
 if importlib.util.find_spec("ray") is None:  # not importorskip: Ray must not be imported yet
@@ -91,8 +94,11 @@ def compare_summaries(local: dict[str, Any], ray: dict[str, Any]) -> None:
         "group_size",
         "inactive_by_value",
         "nan_rewards",
+        "group_size_counts",
     ):
         assert local[key] == ray[key], key
+    # named by their keys, which only the reducers hold (absent when every group has one size)
+    assert local.get("off_size_groups") == ray.get("off_size_groups")
     for key in ("reward", "advantage"):
         assert ray[key] == local[key], key
     assert local["group_mean_histogram"]["counts"] == ray["group_mean_histogram"]["counts"]
@@ -378,12 +384,16 @@ BLOCKS_CASES = [
 
 @pytest.mark.parametrize(("rewards", "aggregation", "options", "columns"), BLOCKS_CASES)
 def test_ray_cuts_and_merges_the_statistics_blocks_as_the_local_engine_does(
-    ray_instance, sharded, tmp_path, rewards, aggregation, options, columns
+    ray_instance, sharded, tmp_path, rewards, aggregation, options, columns, monkeypatch
 ):
     """Statistics blocks of 1,500 rows: 14 blocks, several across a file's end, every group over
-    several of them. Each block is reduced on a worker and the driver merges them in input order,
+    several of them. Each block is reduced on a worker and cut by key into 5 buckets; each bucket
+    is merged in block order on a worker, and the driver orders the groups by first appearance;
     so the advantages (float64 here), the masks and the summary are the local engine's bits; the
     Ray engine used to merge its hash partitions' statistics in its own order (up to 4.5e-13 relative)."""
+    from grpo_cli.engines import ray as ray_engine
+
+    monkeypatch.setattr(ray_engine, "REDUCERS", 5)
     config = ComputeConfig(
         rewards=tuple(RewardSpec(r, 0.5 if i else 1.0) for i, r in enumerate(rewards)),
         group_cols=("uid",),
@@ -585,6 +595,35 @@ def test_ray_refuses_a_group_across_two_by_values_in_the_local_engines_words(ray
     assert not (tmp_path / "ray").exists()
 
 
+def test_ray_refuses_groups_across_two_by_values_found_by_several_reducers(
+    ray_instance, tmp_path, monkeypatch
+):
+    """Each group's four rows lie in four blocks of 8 rows; two groups span two --by values, each
+    found by the reducer of its own bucket: the run fails in the local engine's words, writes
+    nothing, and the clash the reducers report is one of the two."""
+    from grpo_cli.engines import ray as ray_engine
+
+    monkeypatch.setattr(ray_engine, "REDUCERS", 4)
+    rows = [{"uid": f"g{i % 200}", "reward": float(i % 3), "step": 1} for i in range(800)]
+    rows[350]["step"] = 2
+    rows[610]["step"] = 2
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), source)
+    config = ComputeConfig(group_cols=("uid",), by_cols=("step",), stats_block_rows=8)
+    with pytest.raises(GrpoError) as local:
+        compute_dataset(source, tmp_path / "local.parquet", config)
+    with pytest.raises(GrpoError) as ray:
+        compute_dataset_ray(str(source), str(tmp_path / "ray"), config)
+    assert "row 610: a group spans two values of --by 'step'" in local.value.message
+    assert ray.value.message == local.value.message
+    assert not (tmp_path / "ray").exists()
+    plan = RunPlan(config, device=torch.device("cpu"))
+    blocks = ray_engine.statistics_blocks([ray_engine.InputFile(str(source), "in", 800, 0)], 8)
+    with pytest.raises(ray_engine.RowsUnknown) as raw:
+        ray_engine._statistics(ray_instance, blocks, plan, None)
+    assert re.search(r"group \{'uid': 'g(150|10)'\} spans two values of --by 'step'", raw.value.message)
+
+
 @pytest.mark.parametrize("group_size", [8, 4])
 def test_ray_groups_by_position_as_the_local_engine_does(ray_instance, tmp_path, group_size):
     """--group-size: rows are groups by their position in the whole input, across file ends
@@ -629,13 +668,15 @@ def test_ray_refuses_a_group_size_that_does_not_divide_the_rows(ray_instance, sh
 @pytest.mark.slow
 def test_two_runs_in_one_process_each_start_their_own_instance(tmp_path):
     """A library user's second run (a second private instance in the process) timed out waiting
-    for its GCS: Ray keeps the auth token's path from its first import."""
+    for its GCS: Ray keeps the auth token's path from its first import. Each run's summary names
+    its off-size group by its key, which the object store held: the summary used to be built
+    after the instance stopped, and fetching the key then failed (owner unknown)."""
     import subprocess
     import sys
 
     source = tmp_path / "in.parquet"
     pq.write_table(
-        pa.table({"uid": [f"g{i // 4}" for i in range(40)], "reward": [float(i % 3) for i in range(40)]}),
+        pa.table({"uid": [f"g{i // 4}" for i in range(42)], "reward": [float(i % 3) for i in range(42)]}),
         source,
     )
     code = (
@@ -643,8 +684,9 @@ def test_two_runs_in_one_process_each_start_their_own_instance(tmp_path):
         "from grpo_cli.jobs import compute_dataset_ray\n"
         "config = ComputeConfig(group_cols=('uid',))\n"
         "for i in range(2):\n"
-        f"    print(compute_dataset_ray({str(source)!r}, {str(tmp_path)!r} + f'/out{{i}}', config).rows)\n"
+        f"    summary = compute_dataset_ray({str(source)!r}, {str(tmp_path)!r} + f'/out{{i}}', config)\n"
+        "    print(summary.rows, summary.to_dict()['off_size_groups']['examples'][0]['group'])\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["40", "40"]
+    assert done.stdout.split() == ["42", "g10", "42", "g10"]

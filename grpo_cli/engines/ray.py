@@ -7,18 +7,25 @@ statistics and figures, and merges the blocks in input order. A float sum depend
 of its terms, so the Ray engine makes the same cuts and the same merge:
 
 1. statistics: one Ray task per statistics block reads the block's row ranges of its files
-   (:func:`statistics_blocks`, only the run's columns, page CRCs verified) and reduces them to
-   one row per group with the kernel's accumulators (:func:`block_statistics`); the driver
-   takes the blocks' rows in block order, gives each group its ID (first appearance over the
-   whole input) and merges them as the local engine merges its blocks (:class:`OrderedMerge`);
+   (:func:`statistics_blocks`, only the run's columns, page CRCs verified), reduces them to
+   one row per group with the kernel's accumulators (:func:`block_statistics`) and cuts those
+   rows by their key's hash into one bucket per reducer (:func:`block_partials`). One task
+   per bucket takes its rows of every block in block order and merges each group as the local
+   engine merges its blocks (:func:`merge_bucket`, :class:`OrderedMerge`): a group's merged
+   figures depend on its own partial rows only, so they are the local engine's bits. The
+   driver receives each group's figures and where it first appeared (block, place in the
+   block), never a key or a partial row, and orders the groups by first appearance over the
+   whole input (:func:`_gathered`): the local engine's group IDs. The keys stay with the
+   reducers in the object store (:class:`BucketKeys`);
 2. moments (a batch whitening only): one task per statistics block computes the block's
    weighted moments per training batch; the driver merges them in block order;
 3. advantages: every block of the input, read by Ray Data, is joined with the per-group
-   statistics (broadcast once through the object store) and written out.
+   outcome (broadcast once through the object store; each worker process indexes the
+   buckets' keys once, with their run IDs) and written out.
 
-So the advantages, masks and summary are the local engine's, bit for bit. The driver matches
-one key per group per block: about one per group when a group's rows lie together (trainer
-dumps), up to one per row when they are spread over the whole input. Patterns measured to be
+So the advantages, masks and summary are the local engine's, bit for bit. The driver holds
+the run's per-group figures (about 80 bytes a group, with the outcome and the summary
+computed from them as the local engine computes them), not the keys. Patterns measured to be
 much slower and avoided here: ``groupby().map_groups()`` (one call and one Parquet row group
 per group) and Ray's ``Std`` aggregation (a Python path, ddof=1 by default).
 """
@@ -42,7 +49,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +77,7 @@ from grpo_cli.kernel import (
     padded_top_two,
     weighted_moments,
 )
-from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_types
+from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_types, key_buckets
 from grpo_cli.options import ESTIMATOR_SPECS
 from grpo_cli.output import advantage_range, commit_directory, output_info
 from grpo_cli.plan import BatchLayout, GroupOutcome, RunPlan, batch_of_groups, value_columns
@@ -81,7 +88,10 @@ from grpo_cli.summary import ByValues, RunSummary, build_summary, input_info
 
 PARTITION_BYTES = 256 << 20
 FIGURE_PREFIX = "__grpo_figure_"  # a block's per-group figures (figures.FIGURES)
-VALUE_FIELD = "__grpo_value_{}"  # a one-value-per-group column's value at the group's first row in the block
+VALUE_PREFIX = "__grpo_value_"
+VALUE_FIELD = (
+    VALUE_PREFIX + "{}"
+)  # a one-value-per-group column's value at the group's first row in the block
 VALUE_CLASH_FIELD = "__grpo_value_clash_{}"  # the group spans two of its values in this block
 
 
@@ -546,7 +556,7 @@ def block_statistics(
     value_id_parts: list[list[np.ndarray]] = [[] for _ in one_value]
     value_parts: list[list[pa.Array]] = [[] for _ in one_value]
     reward_parts: list[RewardBatch] = []
-    first_rows: list[int] = []  # each part's first row in the whole input
+    part_starts: list[int] = []  # each part's first row in the whole input
     length_parts: list[torch.Tensor] = []
     first_record: pa.RecordBatch | None = None
     role = ""
@@ -563,7 +573,7 @@ def block_statistics(
                 value_parts[i].append(values)
             reader = plan.reward_reader(record.schema, part.file.shard())
             reward_parts.append(reader.read(record, part.start))
-            first_rows.append(part.file.offset + part.start)
+            part_starts.append(part.file.offset + part.start)
             if length_col is not None:
                 length_parts.append(reader.lengths(record, length_col, part.start))
     except InvalidKeyError as bad:
@@ -594,7 +604,7 @@ def block_statistics(
         positions = np.concatenate(
             [
                 np.arange(first, first + r.combined.numel())
-                for first, r in zip(first_rows, reward_parts, strict=True)
+                for first, r in zip(part_starts, reward_parts, strict=True)
             ]
         )
         columns.update(_top_two_columns(rewards, ids, torch.from_numpy(positions), k))
@@ -636,8 +646,8 @@ def _top_two_columns(
 def _placed_top_two(partial: pa.Table, ids: torch.Tensor, k: int) -> TopTwo:
     """A block's top two placed among the run's ``k`` groups (the others empty)."""
     placed = padded_top_two(group_top_two(torch.zeros(0), torch.zeros(0, dtype=torch.int64), 0), k)
-    for name, field in TOP_TWO_FIELDS.items():
-        getattr(placed, name)[ids] = torch.from_numpy(partial.column(field).to_numpy())
+    for name, column in TOP_TWO_FIELDS.items():
+        getattr(placed, name)[ids] = torch.from_numpy(partial.column(column).to_numpy())
     return placed
 
 
@@ -658,11 +668,49 @@ def _stats_from_table(table: pa.Table, prefix: str) -> GroupStats:
     return GroupStats.from_columns(columns, prefix)
 
 
+@dataclass
+class BucketKeys:
+    """The run's group keys where the reducers left them, in the object store: bucket ``r``'s
+    keys (``tables[r]``, in its own order) laid end to end are at ``position``; the group at
+    position ``p`` has the run's ID ``ids[p]``, and group ``g`` is at ``positions[g]``."""
+
+    tables: list[Any]  # object references to pa.Table, or the tables
+    ids: np.ndarray
+    positions: np.ndarray
+    bucket_starts: np.ndarray
+    fetched: dict[int, pa.Table] = field(default_factory=dict)  # the buckets key_at has fetched
+
+    def key_at(self, group: int) -> Any:
+        """Group ``group``'s key: one value, or a tuple of several (one bucket fetched)."""
+        position = int(self.positions[group])
+        bucket = int(np.searchsorted(self.bucket_starts, position, side="right")) - 1
+        table = self.fetched.get(bucket)
+        if table is None:
+            table = self.fetched[bucket] = _fetched(self.tables[bucket])
+        values = tuple(
+            table.column(c)[position - int(self.bucket_starts[bucket])].as_py() for c in table.column_names
+        )
+        return values[0] if len(values) == 1 else values
+
+    def index(self, group_cols: Sequence[str]) -> GroupKeyIndex:
+        """Every key in an index whose IDs are the positions (each key is in one bucket)."""
+        index = GroupKeyIndex(group_cols)
+        for table in self.tables:
+            table = _fetched(table)
+            if table.num_rows:
+                index.encode([table.column(c) for c in group_cols])
+        return index
+
+
+def _fetched(table: Any) -> pa.Table:
+    return table if isinstance(table, pa.Table) else import_ray().get(table)
+
+
 @dataclass(frozen=True)
 class MergedStatistics:
     """The blocks' partial statistics merged in input order, one row per group (first appearance)."""
 
-    keys: pa.Table
+    keys: BucketKeys | None  # None in a reducer, which holds its keys itself
     channel_stats: list[GroupStats]
     summary_stats: GroupStats
     figures: dict[str, np.ndarray]  # per group, each of figures.FIGURES the run wants
@@ -680,10 +728,10 @@ class MergedStatistics:
 
 
 class OrderedMerge:
-    """The driver's half of the statistics job: each block's partial rows, taken in block order,
-    are given the run's group IDs (first appearance over the whole input) and merged into running
-    statistics and figures exactly as the local engine merges its blocks (Chan's rule, then each
-    figure's merge rule), so both engines give the same bits."""
+    """A reducer of the statistics job: its bucket's partial rows of each block, taken in block
+    order, are given IDs (first appearance in that order) and merged into running statistics and
+    figures exactly as the local engine merges its blocks (Chan's rule, then each figure's merge
+    rule), so each group's figures are the local engine's bits."""
 
     def __init__(self, plan: RunPlan) -> None:
         self.plan = plan
@@ -697,6 +745,7 @@ class OrderedMerge:
         self.value_of_group = [np.zeros(0, dtype=np.int64) for _ in self.one_value]
         self.first_table: pa.Table | None = None
         self.top_two: TopTwo | None = None  # grpo_passk
+        self.first_seen: list[np.ndarray] = []  # each group's first partial row: (block, group in block)
 
     def add(self, partial: pa.Table) -> None:
         """One block's partial rows (or a piece of them, in order)."""
@@ -704,9 +753,13 @@ class OrderedMerge:
             return
         if self.first_table is None:
             self.first_table = partial
+        known = len(self.keys)
         ids_np = self.keys.encode([partial.column(c) for c in self.plan.config.group_cols])
         k = len(self.keys)
         ids = torch.from_numpy(ids_np)
+        new = ids_np >= known  # the new groups' first rows, in ID order
+        seen = np.stack([partial.column(f).to_numpy()[new] for f in (BLOCK_FIELD, GROUP_FIELD)], axis=1)
+        self.first_seen.append(seen)
 
         def merged(total: GroupStats | None, prefix: str) -> GroupStats:
             block = _stats_from_table(partial, prefix).placed(ids, k)
@@ -763,19 +816,62 @@ class OrderedMerge:
             )
             for i, (column, _, _) in enumerate(self.one_value)
         ]
-        if self.plan.config.batch_col is None:
-            batches = BatchLayout.of_groups(np.zeros(k, dtype=np.int64), totals, [None])
-        else:
-            _, of_group, keys = values.pop(0)
-            batches = BatchLayout.of_groups(of_group, totals, keys)
-        by = [ByValues(column, of_group, keys) for column, of_group, keys in values]
-        empty = self.first_table if self.first_table is not None else _empty_keys(self.plan)
         top_two = None if self.top_two is None else padded_top_two(self.top_two, k)
-        return MergedStatistics(self.keys.key_table(empty), channels, summary, totals, batches, by, top_two)
+        return _merged(self.plan, None, channels, summary, totals, values, top_two)
 
     def _of_groups(self, i: int, k: int) -> np.ndarray:
         known = self.value_of_group[i]
         return np.pad(known, (0, max(0, k - known.size)))[:k].clip(min=0)
+
+    def bucket_table(self) -> pa.Table:
+        """A reducer's answer: one row per group of its bucket (in its own order of first
+        appearance) with its merged statistics, figures and one-value columns' values, and
+        where it first appeared (:data:`FIRST_SEEN_FIELDS`): no key."""
+        k = len(self.keys)
+        columns: dict[str, Any] = {}
+        merged = self.result()
+        for channel, stats in enumerate(merged.channel_stats):
+            columns.update(_numpy(stats.to_columns(_channel_prefix(channel))))
+        if self.plan.channels > 1:
+            columns.update(_numpy(merged.summary_stats.to_columns(_SUMMARY_PREFIX)))
+        columns.update({FIGURE_PREFIX + name: values for name, values in merged.figures.items()})
+        if merged.top_two is not None:
+            columns.update({f: getattr(merged.top_two, n).numpy() for n, f in TOP_TWO_FIELDS.items()})
+        for i in range(len(self.one_value)):
+            values = self.value_keys[i].key_table(_empty_values(i)).column(0)
+            columns[VALUE_FIELD.format(i)] = values.take(pa.array(self._of_groups(i, k)))
+        seen = np.concatenate(self.first_seen) if self.first_seen else np.zeros((0, 2), np.int64)
+        for at, name in enumerate(FIRST_SEEN_FIELDS):
+            columns[name] = seen[:, at]
+        return pa.table(columns)
+
+
+FIRST_SEEN_FIELDS = ("__grpo_first_block", "__grpo_first_group")  # a group's first partial row
+
+
+def _empty_values(i: int) -> pa.Table:
+    return pa.table({VALUE_FIELD.format(i): pa.array([], pa.null())})
+
+
+def _merged(
+    plan: RunPlan,
+    keys: BucketKeys | None,
+    channels: list[GroupStats],
+    summary: GroupStats,
+    totals: dict[str, np.ndarray],
+    values: list[tuple[str, np.ndarray, list[Any]]],
+    top_two: TopTwo | None,
+) -> MergedStatistics:
+    """The merged figures, with the batch layout and ``--by`` values of each group from the
+    one-value columns' ``values`` (column, each group's value ID, the values)."""
+    k = int(totals["rows"].size)
+    if plan.config.batch_col is None:
+        batches = BatchLayout.of_groups(np.zeros(k, dtype=np.int64), totals, [None])
+    else:
+        _, of_group, batch_keys = values.pop(0)
+        batches = BatchLayout.of_groups(of_group, totals, batch_keys)
+    by = [ByValues(column, of_group, value_keys) for column, of_group, value_keys in values]
+    return MergedStatistics(keys, channels, summary, totals, batches, by, top_two)
 
 
 def _empty_keys(plan: RunPlan) -> pa.Table:
@@ -785,9 +881,7 @@ def _empty_keys(plan: RunPlan) -> pa.Table:
 _WORKER_CACHE: dict[str, Any] = {}
 
 
-def _worker_state(
-    payload: Any, token: str, config: ComputeConfig
-) -> tuple[RunPlan, GroupKeyIndex, GroupOutcome]:
+def _worker_state(payload: Any, token: str, config: ComputeConfig) -> tuple[RunPlan, _RunIds, GroupOutcome]:
     """The plan, key index and outcome, built once per worker process and run."""
     cached = _WORKER_CACHE.get(token)
     if cached is None:
@@ -795,24 +889,31 @@ def _worker_state(
         if not isinstance(payload, dict):
             payload = import_ray().get(payload)
         plan = RunPlan(config, device=_CPU)
-        index = GroupKeyIndex(config.group_cols)
-        key_table: pa.Table = payload["keys"]
-        if key_table.num_rows:
-            index.encode([key_table.column(c) for c in config.group_cols])
-        cached = (plan, index, payload["outcome"])
+        keys: BucketKeys = payload["keys"]
+        cached = (plan, _RunIds(keys.index(config.group_cols), keys.ids), payload["outcome"])
         _WORKER_CACHE[token] = cached
     return cached
 
 
-def _group_ids(batch: pa.RecordBatch, config: ComputeConfig, index: GroupKeyIndex) -> np.ndarray:
+@dataclass(frozen=True)
+class _RunIds:
+    """A worker's map from keys to the run's group IDs: the keys' positions, then their IDs."""
+
+    index: GroupKeyIndex
+    ids: np.ndarray
+
+
+def _group_ids(batch: pa.RecordBatch, config: ComputeConfig, run_ids: _RunIds) -> np.ndarray:
     """The run's group IDs of a batch's rows (every key was seen by the statistics job)."""
-    ids = (
+    index = run_ids.index
+    positions = (
         index.encode([batch.column(c) for c in config.group_cols])
         if batch.num_rows
         else np.empty(0, np.int64)
     )
-    if ids.size and int(ids.max()) >= len(index):
+    if positions.size and int(positions.max()) >= len(index):
         raise RuntimeError("a group key appeared in pass 2 that pass 1 did not see")
+    ids: np.ndarray = run_ids.ids[positions]
     return ids
 
 
@@ -980,7 +1081,7 @@ def run_ray(
             weighted_reward_sums=merged.figures.get("weighted_reward_sums"),
         )
         if plan.needs_moments_pass:
-            moments = _moments(ray, blocks, plan, {"keys": merged.keys, "outcome": outcome}, group_size)
+            moments = _moments(ray, blocks, plan, _payload(merged, outcome), group_size)
             outcome = replace(outcome, transform=plan.transform(moments))
         parts = advantage_parts(inputs.files, partition_count)
         written: list[Path] = []
@@ -996,7 +1097,7 @@ def run_ray(
             ray,
             parts,
             block_advantages,
-            payload=ray.put({"keys": merged.keys, "outcome": outcome}),
+            payload=ray.put(_payload(merged, outcome)),
             token=uuid.uuid4().hex,
             config=plan.config,
             # the options as asked (--group-size), as the local engine records them
@@ -1019,9 +1120,20 @@ def run_ray(
             commit_directory(claim)
             if claim.transfer is not None:
                 written_info["transfer"] = claim.transfer
-    return _summary(
-        inputs, config, outcome, merged, parts, blocks, ray_startup, started, written_info, written, extremes
-    )
+        # in the session: the summary names groups by their keys, which the object store holds
+        return _summary(
+            inputs,
+            config,
+            outcome,
+            merged,
+            parts,
+            blocks,
+            ray_startup,
+            started,
+            written_info,
+            written,
+            extremes,
+        )
 
 
 def _summary(
@@ -1063,15 +1175,16 @@ def _summary(
         mode="ray",
         device="cpu",
         elapsed=time.perf_counter() - started,
-        key_at=None if config.group_size is not None else lambda group: _key_at(merged.keys, group),
+        key_at=None if config.group_size is not None or merged.keys is None else merged.keys.key_at,
         by=merged.by,
     )
 
 
-def _key_at(keys: pa.Table, group: int) -> Any:
-    """Group ``group``'s key from the merged key table: one value, or a tuple of several."""
-    values = tuple(keys.column(c)[group].as_py() for c in keys.column_names)
-    return values[0] if len(values) == 1 else values
+def _payload(merged: MergedStatistics, outcome: GroupOutcome) -> dict[str, Any]:
+    """What the workers of the moments and advantage jobs read once: the keys' buckets and IDs
+    (their tables stay in the object store) and the outcome."""
+    assert merged.keys is not None
+    return {"keys": replace(merged.keys, positions=np.zeros(0, np.int64)), "outcome": outcome}
 
 
 def _block_dataset(ray: Any, blocks: list[list[FilePart]], function: Any, **kwargs: Any) -> Any:
@@ -1100,15 +1213,165 @@ def _map_blocks(ray: Any, blocks: list[list[FilePart]], function: Any, **kwargs:
     return sorted(tables, key=position)
 
 
+REDUCERS: int | None = (
+    None  # the statistics job's reducers; None: one per CPU of the instance, at most one per block
+)
+
+
+def block_partials(
+    index: int, blocks: list[list[FilePart]], config: ComputeConfig, group_size: int | None, buckets: int
+) -> Any:
+    """Map task of the statistics job: block ``index``'s partial rows (:func:`block_statistics`)
+    cut into ``buckets`` tables by their key's bucket (:func:`~grpo_cli.keys.key_buckets`), each
+    in the block's order; a refusal goes to every bucket."""
+    table = block_statistics(pa.table({"block": [index]}), blocks, config, group_size)
+    if ERROR_FIELD in table.column_names:
+        parts = [table.append_column(BLOCK_FIELD, pa.array([index]))] * buckets
+    else:
+        which = key_buckets(table.select(list(config.group_cols)), buckets)
+        order = np.argsort(which, kind="stable")
+        bounds = np.searchsorted(which[order], np.arange(buckets + 1))
+        ordered = table.take(pa.array(order))
+        parts = [ordered.slice(start, stop - start) for start, stop in itertools.pairwise(bounds)]
+    return parts if buckets > 1 else parts[0]
+
+
+def merge_bucket(config: ComputeConfig, *partials: pa.Table) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """Reduce task of the statistics job: one bucket's partial rows of every block, in block
+    order, merged per group as the local engine merges its blocks (:class:`OrderedMerge`; a
+    group's figures depend on its own partial rows only, so the bits are the local engine's).
+
+    Returns where each of the bucket's groups first appeared (:data:`FIRST_SEEN_FIELDS`), its
+    figures (:meth:`OrderedMerge.bucket_table`) and its keys; or a refusal and two empty tables.
+    """
+    plan = RunPlan(config, device=_CPU)
+    merge = OrderedMerge(plan)
+    for partial in partials:
+        if ERROR_FIELD in partial.column_names:
+            return partial, pa.table({}), _empty_keys(plan)
+        try:
+            merge.add(partial)
+        except RowsUnknown as error:
+            block = partial.column(BLOCK_FIELD)[0].as_py()
+            refusal = _refusal(error.message).append_column(BLOCK_FIELD, pa.array([block]))
+            return refusal, pa.table({}), _empty_keys(plan)
+    empty = merge.first_table if merge.first_table is not None else _empty_keys(plan)
+    figures = merge.bucket_table()
+    first_seen = figures.select(list(FIRST_SEEN_FIELDS))
+    return first_seen, figures.drop_columns(list(FIRST_SEEN_FIELDS)), merge.keys.key_table(empty)
+
+
 def _statistics(
     ray: Any, blocks: list[list[FilePart]], plan: RunPlan, group_size: int | None
 ) -> MergedStatistics:
-    """Job 1: each statistics block reduced to per-group partials on a worker, then merged on
-    the driver in input order."""
-    merge = OrderedMerge(plan)
-    for table in _map_blocks(ray, blocks, block_statistics, config=plan.config, group_size=group_size):
-        merge.add(table)
-    return merge.result()
+    """Job 1: each statistics block reduced to per-group partials on a worker, cut by key
+    bucket; each bucket merged on a worker in block order; the driver takes the buckets'
+    figures (no key, no partial row) and puts the groups in the run's order, first appearance
+    over the whole input: by the block and place in it where each group first appeared."""
+    if not blocks:
+        return _gathered(plan, [], [], [])
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    buckets = max(1, min(len(blocks), REDUCERS or cpus))
+    shared = ray.put(blocks)
+    partial_refs = [
+        _task(ray, block_partials, num_returns=buckets).remote(i, shared, plan.config, group_size, buckets)
+        for i in range(len(blocks))
+    ]
+    per_block = [refs if buckets > 1 else [refs] for refs in partial_refs]
+    reduced = [
+        _task(ray, merge_bucket, num_returns=3).remote(plan.config, *[refs[r] for refs in per_block])
+        for r in range(buckets)
+    ]
+    first_seen = ray.get([seen for seen, _, _ in reduced])
+    errors = [t for t in first_seen if ERROR_FIELD in t.column_names]
+    if errors:
+        first = min(errors, key=lambda t: t.column(BLOCK_FIELD)[0].as_py())
+        raise RowsUnknown(first.column(ERROR_FIELD)[0].as_py())
+    return _gathered(
+        plan, first_seen, [figures for _, figures, _ in reduced], [keys for _, _, keys in reduced]
+    )
+
+
+_TASKS: dict[tuple[Any, int], Any] = {}
+
+
+def _task(ray: Any, function: Any, *, num_returns: int) -> Any:
+    """``function`` as a Ray task of one CPU with ``num_returns`` results (made once a process)."""
+    made = _TASKS.get((function, num_returns))
+    if made is None:
+        made = _TASKS[(function, num_returns)] = ray.remote(num_cpus=1, num_returns=num_returns)(function)
+    return made
+
+
+def _gathered(
+    plan: RunPlan, first_seen: list[pa.Table], figures: list[Any], key_tables: list[Any]
+) -> MergedStatistics:
+    """The buckets' figures in the run's group order (see :func:`_statistics`): each bucket's
+    table is fetched in turn and its columns put in place, so the driver holds the run's
+    figures and one bucket's at a time."""
+    starts = np.cumsum([0, *(t.num_rows for t in first_seen)], dtype=np.int64)
+    k = int(starts[-1])
+    seen = [
+        np.concatenate([t.column(f).to_numpy() for t in first_seen]) if k else np.zeros(0, np.int64)
+        for f in FIRST_SEEN_FIELDS
+    ]
+    positions = np.lexsort((seen[1], seen[0])).astype(np.int64)  # group g of the run is at positions[g]
+    del seen
+    ids = np.empty(k, dtype=np.int64)
+    ids[positions] = np.arange(k, dtype=np.int64)
+    numbers: dict[str, np.ndarray] = {}
+    values: dict[str, list[pa.ChunkedArray]] = {}
+    for bucket, ref in enumerate(figures):
+        table = _fetched(ref)
+        place = ids[starts[bucket] : starts[bucket + 1]]
+        for name in table.column_names:
+            column = table.column(name)
+            if name.startswith(VALUE_PREFIX):
+                values.setdefault(name, []).append(column)
+                continue
+            array = column.to_numpy()
+            if name not in numbers:
+                numbers[name] = np.zeros(k, dtype=array.dtype)
+            numbers[name][place] = array
+        del table
+    channels = [_stats_of(numbers, _channel_prefix(c), plan) for c in range(plan.channels)]
+    summary = channels[0] if plan.channels == 1 else _stats_of(numbers, _SUMMARY_PREFIX, plan)
+    totals = padded(
+        wanted(plan.needs),
+        {
+            f.name: numbers[FIGURE_PREFIX + f.name]
+            for f in wanted(plan.needs)
+            if FIGURE_PREFIX + f.name in numbers
+        },
+        k,
+    )
+    top_two = None
+    if "top_two" in plan.needs:
+        top_two = padded_top_two(group_top_two(torch.zeros(0), torch.zeros(0, dtype=torch.int64), 0), k)
+        if k:
+            top_two = TopTwo(
+                *(torch.from_numpy(numbers[TOP_TWO_FIELDS[n]]) for n in ("first", "second", "best_row"))
+            )
+    one_value = []
+    for i, (column, _, _) in enumerate(value_columns(plan.config)):
+        index = GroupKeyIndex([VALUE_FIELD.format(i)])
+        of_group = np.zeros(0, np.int64)
+        if k:
+            name = VALUE_FIELD.format(i)
+            parts = [pa.table({name: column}) for column in values[name]]
+            combined = pa.concat_tables(parts, promote_options="permissive").column(name)
+            of_group = index.encode([combined.take(pa.array(positions))])
+        one_value.append((column, of_group, [index.key_at(v) for v in range(len(index))]))
+    keys = BucketKeys(key_tables, ids, positions, starts[:-1])
+    return _merged(plan, keys, channels, summary, totals, one_value, top_two)
+
+
+def _stats_of(numbers: dict[str, np.ndarray], prefix: str, plan: RunPlan) -> GroupStats:
+    if not any(name.startswith(prefix) for name in numbers):  # no group
+        return empty_group_stats(0, count_extremes=plan.count_extremes and prefix != _SUMMARY_PREFIX)
+    return GroupStats.from_columns(
+        {name: torch.from_numpy(v) for name, v in numbers.items() if name.startswith(prefix)}, prefix
+    )
 
 
 def _moments(
