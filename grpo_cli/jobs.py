@@ -158,11 +158,10 @@ def check_dataset_ray(
 ) -> RunSummary:
     """``grpo-cli check --engine ray``: the local engine's check figures from Ray's jobs, nothing written.
 
-    ``--verify`` (every row against the recomputed advantage) and ``--trainer-filter`` (every
-    group's rewards in one place) are the local engine's; they are refused before any work.
+    ``--verify-advantage-col`` compares each part of the input on a worker and merges what
+    they saw; ``--trainer-filter`` (every group's rewards in one place) is the local engine's,
+    refused before any work.
     """
-    if config.verify is not None:
-        raise GrpoError("--verify compares every row with the local engine; drop --engine ray")
     if config.trainer_filter is not None:
         raise GrpoError("--trainer-filter runs with the local engine; drop --engine ray")
     return _ray_job(

@@ -33,7 +33,9 @@ Residue rows are reported but do not fail the check unless ``strict``.
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -42,13 +44,19 @@ import torch
 from grpo_cli.config import VerifySpec
 from grpo_cli.errors import GrpoError
 from grpo_cli.kernel import GroupStats, group_std
-from grpo_cli.keys import GroupKeyIndex, as_tensor
+from grpo_cli.keys import as_tensor
 from grpo_cli.options import AdvantageOptions
 from grpo_cli.rewards import numbers_from_text
 from grpo_cli.sources import Shard
 
 FLOAT32_BITS = 24
 """Significand bits of float32, the dtype the trainers compute advantages in."""
+
+
+class KeyNames(Protocol):
+    """What names a group by its ID (:class:`~grpo_cli.keys.GroupKeyIndex`, or the Ray engine's keys)."""
+
+    def key_at(self, group_id: int) -> Any: ...
 
 
 class Verifier:
@@ -63,9 +71,10 @@ class Verifier:
         spec: VerifySpec,
         stats: GroupStats,
         options: AdvantageOptions,
-        keys: GroupKeyIndex | None,
+        keys: KeyNames | None,
         *,
         batch_transform: bool = False,
+        first_row: int = 0,
     ) -> None:
         self.spec = spec
         self.keys = keys
@@ -100,6 +109,7 @@ class Verifier:
         self._pending_expected = torch.zeros(num_groups, dtype=torch.float64)
         self._shards: list[tuple[int, str]] = []  # (first global row, display) in row order
         self._settled = False
+        self._next_row = first_row  # the next batch's first row in the whole input
         self.compared = 0
         self.mismatched = 0
         self.residue = 0
@@ -132,8 +142,8 @@ class Verifier:
             if pa.types.is_float16(column.type):
                 self._unit_roundoff = 2.0**-11
         if not self._shards or self._shards[-1][1] != shard.display:
-            self._shards.append((self.compared - shard_row, shard.display))
-        first_global = self.compared
+            self._shards.append((self._next_row - shard_row, shard.display))
+        first_global = self._next_row
         given = as_tensor(
             pc.cast(column, pa.float64()).fill_null(float("nan")).to_numpy(zero_copy_only=False)
         )
@@ -148,6 +158,7 @@ class Verifier:
             bound = bound + torch.where(own_rule, 0.0, self._trainer_rounding(rewards, ids, expected))
         differs = ~(diff <= bound)  # NaN differs
         self.compared += given.numel()
+        self._next_row += given.numel()
         if diff.numel():
             finite = diff[torch.isfinite(diff)]
             if finite.numel():
@@ -241,6 +252,7 @@ class Verifier:
             "expected": expected,
             "actual": actual,
             "_row": global_row,
+            "_group": gid,
         }
 
     def _trainer_rounding(
@@ -297,6 +309,59 @@ class Verifier:
             residue |= others_identical & (others >= 2) & squares_can_round & same_sign & bounded
         return residue
 
+    def partial(self) -> VerifyPartial:
+        """What this verifier saw of its rows, for :meth:`merge` into the run's verifier (before
+        settling: a constant group's rows may lie in other parts)."""
+        touched = (self._pending > 0) | (self._given_low != math.inf) | (self._given_high != -math.inf)
+        groups = touched.nonzero().flatten()
+        return VerifyPartial(
+            compared=self.compared,
+            mismatched=self.mismatched,
+            residue=self.residue,
+            max_abs_diff=self.max_abs_diff,
+            examples=self.examples,
+            residue_examples=self.residue_examples,
+            shards=self._shards,
+            float32=self._float32,
+            unit_roundoff=self._unit_roundoff,
+            groups=groups,
+            given_low=self._given_low[groups],
+            given_high=self._given_high[groups],
+            pending=self._pending[groups],
+            pending_row=self._pending_row[groups],
+            pending_given=self._pending_given[groups],
+            pending_expected=self._pending_expected[groups],
+        )
+
+    def merge(self, part: VerifyPartial) -> None:
+        """Add what another verifier saw of the rows after those seen so far (parts in input
+        order): the result is that of one verifier over all the rows. Examples found without
+        the keys are named here."""
+        self.compared += part.compared
+        self.mismatched += part.mismatched
+        self.residue += part.residue
+        self.max_abs_diff = max(self.max_abs_diff, part.max_abs_diff)
+        if self._float32 is None and part.float32 is not None:
+            self._float32, self._unit_roundoff = part.float32, part.unit_roundoff
+        self._shards = sorted({*self._shards, *part.shards})
+        for mine, theirs in ((self.examples, part.examples), (self.residue_examples, part.residue_examples)):
+            for example in theirs:
+                key = self.keys.key_at(example["_group"]) if self.keys is not None else example["_group"]
+                mine.append({**example, "group": _jsonable(key)})
+            mine.sort(key=lambda e: e["_row"])
+            del mine[self.spec.max_examples :]
+        groups = part.groups
+        # NaN stays, as in the scatter that found them
+        self._given_low[groups] = torch.minimum(self._given_low[groups], part.given_low)
+        self._given_high[groups] = torch.maximum(self._given_high[groups], part.given_high)
+        self._pending[groups] += part.pending
+        # the first differing row of each group: the earlier part's, unless it had none
+        fresh = (self._pending_row[groups] < 0) & (part.pending_row >= 0)
+        targets = groups[fresh]
+        self._pending_row[targets] = part.pending_row[fresh]
+        self._pending_given[targets] = part.pending_given[fresh]
+        self._pending_expected[targets] = part.pending_expected[fresh]
+
     @property
     def passed(self) -> bool:
         self._settle()
@@ -319,6 +384,30 @@ class Verifier:
             "examples": [_public(e) for e in self.examples],
             "residue_examples": [_public(e) for e in self.residue_examples],
         }
+
+
+@dataclass(frozen=True)
+class VerifyPartial:
+    """What one :class:`Verifier` saw of a part of the rows (:meth:`Verifier.partial`): its
+    counts and examples, and its constant groups' given values and first differing rows
+    (``groups``: the groups it saw such rows of, int64; the other tensors per such group)."""
+
+    compared: int
+    mismatched: int
+    residue: int
+    max_abs_diff: float
+    examples: list[dict[str, Any]]
+    residue_examples: list[dict[str, Any]]
+    shards: list[tuple[int, str]]
+    float32: bool | None
+    unit_roundoff: float
+    groups: torch.Tensor
+    given_low: torch.Tensor
+    given_high: torch.Tensor
+    pending: torch.Tensor
+    pending_row: torch.Tensor
+    pending_given: torch.Tensor
+    pending_expected: torch.Tensor
 
 
 def _public(example: dict[str, Any]) -> dict[str, Any]:

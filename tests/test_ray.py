@@ -552,7 +552,6 @@ def test_ray_check_cli_and_what_it_refuses(ray_instance, sharded, tmp_path, cli)
     failed = cli("check", *common, "--max-inactive-fraction", "0.01")
     assert failed.exit_code == 1 and "FAIL" in failed.stderr
     for extra, words in (
-        (["--verify-advantage-col", "reward"], "--verify compares every row"),
         (["--trainer-filter", "dapo"], "--trainer-filter runs with the local engine"),
         (["--report", tmp_path / "r.html"], "--report draws a local run's figures"),
     ):
@@ -690,3 +689,60 @@ def test_two_runs_in_one_process_each_start_their_own_instance(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["42", "g10", "42", "g10"]
+
+
+@pytest.mark.parametrize("preset", [None, "verl"])
+def test_ray_verifies_as_the_local_engine_does(ray_instance, tmp_path, preset):
+    """check --verify-advantage-col on Ray: each of 5 parts is compared on a worker, and what
+    they saw is merged in input order. Constant groups' rows lie in several parts (shuffled over
+    3 files), so whether their differing rows are one value (residue) or not (mismatch) is
+    settled only after the merge; examples are the first rows over all parts, named by key."""
+    from grpo_cli.checks import CheckBounds
+    from grpo_cli.config import VerifySpec
+    from grpo_cli.jobs import check_dataset, check_dataset_ray
+
+    rng = np.random.default_rng(3)
+    groups, size = 300, 8
+    uid = np.repeat(np.arange(groups), size)
+    reward = np.where(uid % 3 == 0, 0.7804687, rng.random(uid.size))
+    order = rng.permutation(uid.size)
+    table = pa.table({"uid": [f"u{g}" for g in uid[order]], "reward": reward[order]})
+    folder = tmp_path / "in"
+    folder.mkdir()
+    options = AdvantageOptions.resolve(preset=preset) if preset else AdvantageOptions()
+    config = ComputeConfig(rewards=(RewardSpec("reward"),), group_cols=("uid",), advantage=options)
+    compute_dataset(_write(table, tmp_path / "whole.parquet"), tmp_path / "computed.parquet", config)
+    computed = pq.read_table(tmp_path / "computed.parquet")
+    given = computed.column("advantage").to_numpy().astype(np.float64).copy()
+    ids = uid[order]
+    rows = np.arange(uid.size)
+    # constant groups, one small value each: residue (or mismatch without a preset)
+    given[(ids % 6 == 0)] = 3e-4
+    first_of_group = np.unique(ids, return_index=True)[1]
+    given[first_of_group[(np.arange(groups) % 6 == 3)]] += 0.25  # one row off in other constant groups
+    given[(ids % 3 != 0) & (rows % 37 == 0)] += 0.05  # scattered mismatches
+    table = table.append_column("given", pa.array(given))
+    for f in range(3):
+        pq.write_table(table.slice(f * 800, 800), folder / f"part-{f}.parquet")
+    config = ComputeConfig(
+        rewards=(RewardSpec("reward"),),
+        group_cols=("uid",),
+        advantage=options,
+        verify=VerifySpec(column="given"),
+    )
+    bounds = CheckBounds()
+    local = check_dataset(folder, bounds, config).to_dict()
+    ray = check_dataset_ray(str(folder), bounds, config, partitions=5).to_dict()
+    assert ray["options"]["partitions"] == 6  # two parts a file
+    verify = local["verify"]
+    assert verify["mismatched"] > len(verify["examples"]) == VerifySpec(column="given").max_examples
+    if preset:
+        assert verify["residue"] > 0 and verify["residue_examples"]
+    assert ray["verify"] == verify
+    assert ray["advantage"] == local["advantage"]
+    compare_summaries(local, ray)
+
+
+def _write(table: pa.Table, path: Path) -> Path:
+    pq.write_table(table, path)
+    return path

@@ -6,6 +6,7 @@ that decide residue from mismatch, so that no constant in them can drift unnotic
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -618,3 +619,34 @@ def test_examples_name_the_group_by_its_key():
     verifier = Verifier(VerifySpec("a", atol=0.0, rtol=0.0), stats, AdvantageOptions(), keys)
     _compare(verifier, [-1.0, 1.0, 4.0, 1.0], [-1.0, 1.0, -1.0, 1.0], rewards, ids)
     assert [e["group"] for e in verifier.result()["examples"]] == ["p9"]
+
+
+class _Names:
+    def key_at(self, group_id: int) -> str:
+        return f"key-{group_id}"
+
+
+@pytest.mark.parametrize("cuts", [(4, 24), (3, 9, 22), (1, 5, 8, 13, 24), (8, 26)])
+def test_verifiers_of_parts_merged_in_order_are_one_verifier_over_all_rows(cuts):
+    """The Ray engine compares each part of the input with a verifier of its own (no keys) and
+    merges what they saw: the result is one verifier's over every row, examples named by key."""
+    groups = [[0.9, 0.9, 0.9, 1.0], [0.5] * 6, [0.1] * 8, [0.2, 0.7], [0.3] * 8]
+    rewards, ids, stats = stats_of(groups)
+    exact = [-0.0333, -0.0333, -0.0333, 0.1, *[0.0] * 14, -0.5, 0.5, *[0.0] * 8]
+    # lone-row residue, a constant group off in two rows of two parts, a constant group of one
+    # small value (residue), two plain mismatches, and a constant group whose parts each give
+    # one value, the later part the smaller (mismatches: two values)
+    given = [-0.0333, -0.0333, -0.0333, 235.9, 0.25, 0.0, 0.0, 0.0, 0.75, 0.0, *[1e-3] * 8, 0.5, 0.5]
+    given += [2e-3] * 4 + [1e-3] * 4
+    options = AdvantageOptions.resolve(preset="nemo-rl")
+    spec = VerifySpec("a", max_examples=2)
+    whole = Verifier(spec, stats, options, _Names())
+    _compare(whole, given, exact, rewards, ids)
+    merged = Verifier(spec, stats, options, _Names())
+    bounds = [0, *cuts, len(given)]
+    for start, stop in itertools.pairwise(bounds):
+        part = Verifier(spec, stats, options, None, first_row=start)
+        _compare(part, given[start:stop], exact[start:stop], rewards[start:stop], ids[start:stop], row=start)
+        merged.merge(part.partial())
+    assert merged.result() == whole.result()
+    assert whole.result()["mismatched"] >= 11 and whole.result()["residue"] >= 9

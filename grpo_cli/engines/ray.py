@@ -39,6 +39,7 @@ import itertools
 import logging
 import math
 import os
+import pickle
 import secrets
 import shutil
 import signal
@@ -85,6 +86,7 @@ from grpo_cli.readers import parquet_row_range, row_count
 from grpo_cli.rewards import RewardBatch, new_column_arrays
 from grpo_cli.sources import InputSet, Shard
 from grpo_cli.summary import ByValues, RunSummary, build_summary, input_info
+from grpo_cli.verify import Verifier
 
 PARTITION_BYTES = 256 << 20
 FIGURE_PREFIX = "__grpo_figure_"  # a block's per-group figures (figures.FIGURES)
@@ -1016,6 +1018,59 @@ def block_advantages(
     return out.replace_schema_metadata({**(out.schema.metadata or {}), PROVENANCE_KEY: provenance})
 
 
+def block_verify(
+    batch: pa.Table,
+    blocks: list[list[FilePart]],
+    payload: Any,
+    token: str,
+    config: ComputeConfig,
+    group_size: int | None = None,
+) -> pa.Table:
+    """``check --verify-advantage-col``: one part's advantages, computed as the advantage job
+    computes them (in the output's dtype), compared with the given column by a
+    :class:`~grpo_cli.verify.Verifier` of its own; returns what it saw (pickled, for
+    :meth:`~grpo_cli.verify.Verifier.merge`) and the part's advantage range."""
+    (index,) = batch.column("block").to_pylist()
+    plan, run_ids, outcome = _worker_state(payload, token, config)
+    assert config.verify is not None
+    columns = list(dict.fromkeys([*plan.input_columns, config.verify.column]))
+    try:
+        ((part, record),) = _read_block(blocks[index], columns, group_size)
+        ids = as_tensor(_group_ids(record, config, run_ids))
+        reader = plan.reward_reader(record.schema, part.file.shard())
+        first = part.file.offset + part.start
+        rewards, result, batch_ids = plan.row_advantages(
+            record, reader, ids, outcome, active_device=outcome.active, first_row=part.start, global_row=first
+        )
+        advantages = plan.finish(result, batch_ids, outcome, scored=rewards.combined_valid)
+        advantages = advantages.to(plan.output_dtype(record.schema))
+        verifier = Verifier(
+            config.verify,
+            outcome.stats,
+            config.advantage,
+            None,
+            batch_transform=plan.needs_moments_pass,
+            first_row=first,
+        )
+        column = record.column(config.verify.column)
+        verifier.compare(column, advantages, rewards.combined, ids, part.file.shard(), part.start)
+    except GrpoError as error:
+        return _refusal(error.message).append_column(BLOCK_FIELD, pa.array([index]))
+    low, high = (
+        (float(x) for x in torch.aminmax(advantages.to(torch.float64)))
+        if advantages.numel()
+        else (None, None)
+    )
+    return pa.table(
+        {
+            "partial": [pickle.dumps(verifier.partial())],
+            "low": pa.array([low], pa.float64()),
+            "high": pa.array([high], pa.float64()),
+            BLOCK_FIELD: [index],
+        }
+    )
+
+
 # --------------------------------------------------------------------------- the run
 
 
@@ -1087,6 +1142,22 @@ def run_ray(
         written: list[Path] = []
         written_info: dict[str, Any] | None = None
         dtypes = {plan.output_dtype(schema) for schema in schemas}
+        if output is None and config.verify is not None:
+            verified, extremes = _verify(ray, parts, plan, _payload(merged, outcome), group_size, merged.keys)
+            return _summary(
+                inputs,
+                config,
+                outcome,
+                merged,
+                parts,
+                blocks,
+                ray_startup,
+                started,
+                None,
+                [],
+                extremes,
+                verified,
+            )
         if output is None and plan.range_follows_from_stats and len(dtypes) == 1:
             # check: the range follows from each group's extremes, computed as the rows would be
             extremes = plan.advantage_range_from_stats(outcome, dtypes.pop())
@@ -1148,6 +1219,7 @@ def _summary(
     written_info: dict[str, Any] | None,
     written: list[Path],
     extremes: tuple[float, float] | None,
+    verified: dict[str, Any] | None = None,
 ) -> RunSummary:
     options = {
         **config.options_summary(),
@@ -1177,6 +1249,7 @@ def _summary(
         elapsed=time.perf_counter() - started,
         key_at=None if config.group_size is not None or merged.keys is None else merged.keys.key_at,
         by=merged.by,
+        verify=verified,
     )
 
 
@@ -1372,6 +1445,45 @@ def _stats_of(numbers: dict[str, np.ndarray], prefix: str, plan: RunPlan) -> Gro
     return GroupStats.from_columns(
         {name: torch.from_numpy(v) for name, v in numbers.items() if name.startswith(prefix)}, prefix
     )
+
+
+def _verify(
+    ray: Any,
+    parts: list[list[FilePart]],
+    plan: RunPlan,
+    payload: dict[str, Any],
+    group_size: int | None,
+    keys: BucketKeys | None,
+) -> tuple[dict[str, Any], tuple[float, float] | None]:
+    """``check --verify-advantage-col``: each part compared on a worker, what each saw merged
+    in input order into one verifier (the local engine's figures, examples named by key), and
+    the advantages' range."""
+    config = plan.config
+    outcome: GroupOutcome = payload["outcome"]
+    assert config.verify is not None
+    tables = _map_blocks(
+        ray,
+        parts,
+        block_verify,
+        payload=ray.put(payload),
+        token=uuid.uuid4().hex,
+        config=config,
+        group_size=group_size,
+    )
+    verifier = Verifier(
+        config.verify,
+        outcome.stats,
+        config.advantage,
+        None if group_size is not None else keys,
+        batch_transform=plan.needs_moments_pass,
+    )
+    lows, highs = [], []
+    for table in tables:
+        verifier.merge(pickle.loads(table.column("partial")[0].as_py()))
+        if table.column("low")[0].is_valid:
+            lows.append(table.column("low")[0].as_py())
+            highs.append(table.column("high")[0].as_py())
+    return verifier.result(), ((min(lows), max(highs)) if lows else None)
 
 
 def _moments(
