@@ -882,7 +882,8 @@ _ROWS = (
     Option(
         "partitions",
         ("--partitions",),
-        "With --engine ray: tasks, and output files, of the advantage job.",
+        "With --engine ray: tasks, and output files, of a re-encoding advantage job "
+        "(a spliced run has one per input file).",
         int | None,
         target="run",
         panel="Engine",

@@ -487,7 +487,7 @@ class OutputTarget:
         spliced.begin(new_schema, metadata, compression=self.compression)
         if shard.remote is not None and shard.remote.startswith("s3://"):
             # the output begins with the input's bytes up to its footer: S3 copies them itself
-            name = _shard_output_name(shard) if self.is_directory else ""
+            name = output_name_of(shard) if self.is_directory else ""
             self.claim.note_copied_prefix(name, shard.remote, spliced.footer.start)
         self.methods["splice"] = self.methods.get("splice", 0) + 1
         writer = SplicedShardWriter(spliced, handle, self._thread)
@@ -501,7 +501,7 @@ class OutputTarget:
         temp = self.claim.temp_path()
         if not self.is_directory:
             return temp
-        name = _shard_output_name(shard)
+        name = output_name_of(shard)
         if self._names.get(name, shard) is not shard:
             raise GrpoError(
                 f"{shard.display} and {self._names[name].display} would both be written to {self.path / name}"
@@ -636,7 +636,8 @@ def reencoding_refusal(shard: Shard) -> tuple[str | None, bool]:
     return None, int96
 
 
-def _shard_output_name(shard: Shard) -> str:
+def output_name_of(shard: Shard) -> str:
+    """The name of ``shard``'s output in an output directory (both engines)."""
     if shard.display == "<stdin>":
         return "stdin.parquet"
     name = Path(shard.display).name

@@ -295,10 +295,10 @@ def test_advantage_range_is_unknown_without_statistics(tmp_path):
         ("data.pq", "data.parquet"),
     ],
 )
-def test_shard_output_names_strip_the_whole_input_suffix(display, name):
-    from grpo_cli.output import _shard_output_name
+def testoutput_name_ofs_strip_the_whole_input_suffix(display, name):
+    from grpo_cli.output import output_name_of
 
-    assert _shard_output_name(Shard(Path(display), display, "jsonl", 0)) == name
+    assert output_name_of(Shard(Path(display), display, "jsonl", 0)) == name
 
 
 @pytest.mark.parametrize(

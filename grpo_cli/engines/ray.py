@@ -80,11 +80,12 @@ from grpo_cli.kernel import (
 )
 from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_types, key_buckets
 from grpo_cli.options import ESTIMATOR_SPECS
-from grpo_cli.output import advantage_range, commit_directory, output_info
+from grpo_cli.output import advantage_range, commit_directory, output_info, output_name_of, splice_refusal
 from grpo_cli.plan import BatchLayout, GroupOutcome, RunPlan, batch_of_groups, value_columns
 from grpo_cli.readers import parquet_row_range, row_count
 from grpo_cli.rewards import RewardBatch, new_column_arrays
 from grpo_cli.sources import InputSet, Shard
+from grpo_cli.splice import SplicedFile, SpliceRefused, read_footer
 from grpo_cli.summary import ByValues, RunSummary, build_summary, input_info
 from grpo_cli.verify import Verifier
 
@@ -1071,6 +1072,94 @@ def block_verify(
     )
 
 
+def block_splice(
+    batch: pa.Table,
+    blocks: list[list[FilePart]],
+    payload: Any,
+    token: str,
+    config: ComputeConfig,
+    provenance: bytes,
+    target: str,
+    group_size: int | None = None,
+) -> pa.Table:
+    """One input file (its index in ``batch``) spliced as the local engine splices a shard:
+    its bytes copied, the new columns (computed from the run's columns only) appended as
+    column chunks of each row group, the footer merged; written to ``target``'s folder under
+    the local engine's name for the shard. Returns the file's name, rows and advantage range."""
+    (index,) = batch.column("block").to_pylist()
+    plan, run_ids, outcome = _worker_state(payload, token, config)
+    ((part, record),) = _read_block(blocks[index], plan.input_columns, group_size)
+    shard = part.file.shard()
+    ids_np = _group_ids(record, config, run_ids)
+    reader = plan.reward_reader(record.schema, shard)
+    rewards, result, batch_ids = plan.row_advantages(
+        record,
+        reader,
+        as_tensor(ids_np),
+        outcome,
+        active_device=outcome.active,
+        first_row=part.start,
+        global_row=part.file.offset + part.start,
+    )
+    schema = pq.read_schema(part.file.source)
+    advantages = plan.finish(result, batch_ids, outcome, scored=rewards.combined_valid).to(
+        plan.output_dtype(schema)
+    )
+    ids = torch.from_numpy(ids_np)
+    arrays = new_column_arrays(advantages, outcome.active[ids], ids_np, outcome.group_columns)
+    output_schema = plan.output_schema(schema, provenance)
+    new_schema = pa.schema(list(output_schema)[len(output_schema) - len(plan.new_columns) :])
+    name = output_name_of(shard)
+    with open(Path(target) / name, "wb") as handle:
+        spliced = SplicedFile(Path(part.file.source), handle)
+        spliced.copy_prefix()
+        spliced.begin(new_schema, {PROVENANCE_KEY: provenance}, compression=config.compression)
+        if record.num_rows:
+            spliced.add(arrays)
+        spliced.close()
+    low, high = (
+        (float(x) for x in torch.aminmax(advantages.to(torch.float64)))
+        if advantages.numel()
+        else (None, None)
+    )
+    return pa.table(
+        {
+            "name": [name],
+            "low": pa.array([low], pa.float64()),
+            "high": pa.array([high], pa.float64()),
+            BLOCK_FIELD: [index],
+        }
+    )
+
+
+def splice_plan(inputs: RayInputs, config: ComputeConfig) -> str | None:
+    """Why this run's output is re-encoded rather than spliced, or ``None``: the local
+    engine's reasons (:func:`~grpo_cli.output.splice_refusal`), and the Ray engine's own
+    (a file on object storage, or staged from another format, is re-encoded; so is a file
+    the splice refuses, and two files of one name)."""
+    shards = [file.shard() for file in inputs.files]
+    refusal = splice_refusal(config, shards)
+    if refusal is not None:
+        return refusal
+    names: dict[str, str] = {}
+    for file, shard in zip(inputs.files, shards, strict=True):
+        if file.staged or is_remote(file.source):
+            where = "staged from another format" if file.staged else "on object storage"
+            return f"{file.display} is {where}; --engine ray splices local Parquet files only"
+        try:
+            with open(file.source, "rb") as source:
+                footer = read_footer(source)
+            if any(count == 0 for count in footer.row_counts()):
+                return f"{file.display}: it has an empty row group"
+        except (SpliceRefused, OSError) as refused:
+            return f"{file.display}: {first_line(refused)}"
+        name = output_name_of(shard)
+        if name in names:
+            return f"{file.display} and {names[name]} would both be written to {name}"
+        names[name] = file.display
+    return None
+
+
 # --------------------------------------------------------------------------- the run
 
 
@@ -1164,33 +1253,45 @@ def run_ray(
             return _summary(
                 inputs, config, outcome, merged, parts, blocks, ray_startup, started, None, [], extremes
             )
-        out_ds = _block_dataset(
-            ray,
-            parts,
-            block_advantages,
-            payload=ray.put(_payload(merged, outcome)),
-            token=uuid.uuid4().hex,
-            config=plan.config,
+        payload = ray.put(_payload(merged, outcome))
+        job = {
+            "payload": payload,
+            "token": uuid.uuid4().hex,
+            "config": plan.config,
             # the options as asked (--group-size), as the local engine records them
-            provenance=asked.provenance([file.display for file in inputs.files], outcome),
-            group_size=group_size,
-        )
+            "provenance": asked.provenance([file.display for file in inputs.files], outcome),
+            "group_size": group_size,
+        }
+        rewrite_reason = None if claim is None else splice_plan(inputs, config)
+        method = "rewrite"
         if output is None:  # check: the rows' range, nothing written
             column = config.advantage_col
-            advantages = out_ds.select_columns([column])
+            advantages = _block_dataset(ray, parts, block_advantages, **job).select_columns([column])
             extremes = (float(advantages.min(column)), float(advantages.max(column)))
         elif claim is None:  # a URI that a cluster's workers write to themselves
-            out_ds.write_parquet(output)
+            _block_dataset(ray, parts, block_advantages, **job).write_parquet(output)
             written_info = output_info(output, written)
             extremes = None
         else:
-            out_ds.write_parquet(str(claim.temp_path()))
+            if rewrite_reason is None:  # each task splices one input file, as the local engine does
+                method, parts = "splice", [[FilePart(file, 0, file.rows)] for file in inputs.files]
+                tables = _map_blocks(ray, parts, block_splice, target=str(claim.temp_path()), **job)
+                lows = [t.column("low")[0].as_py() for t in tables if t.column("low")[0].is_valid]
+                highs = [t.column("high")[0].as_py() for t in tables if t.column("high")[0].is_valid]
+                extremes = (min(lows), max(highs)) if lows else None
+            else:
+                _block_dataset(ray, parts, block_advantages, **job).write_parquet(str(claim.temp_path()))
             written = sorted(claim.temp_path().glob("*.parquet"))
             written_info = output_info(claim.display, written)  # before the commit: an upload removes them
-            extremes = advantage_range(written, config.advantage_col) if written else None
+            if rewrite_reason is not None:
+                extremes = advantage_range(written, config.advantage_col) if written else None
             commit_directory(claim)
             if claim.transfer is not None:
                 written_info["transfer"] = claim.transfer
+        if written_info is not None:
+            written_info = {**written_info, "method": method, "shards_by_method": {method: len(written)}}
+            if rewrite_reason is not None:
+                written_info["rewrite_reason"] = rewrite_reason
         # in the session: the summary names groups by their keys, which the object store holds
         return _summary(
             inputs,
@@ -1229,9 +1330,7 @@ def _summary(
         "statistics_blocks": len(blocks),
         "ray_startup_seconds": round(ray_startup, 3),
     }
-    output = None
-    if written_info is not None:
-        output = {**written_info, "method": "rewrite", "shards_by_method": {"rewrite": len(written)}}
+    output = written_info
     return build_summary(
         outcome,
         input=input_info(
