@@ -18,7 +18,6 @@ import pyarrow as pa
 
 from grpo_cli.checks import CheckBounds, evaluate_checks
 from grpo_cli.config import ComputeConfig
-from grpo_cli.errors import GrpoError
 from grpo_cli.file_names import output_is_directory
 from grpo_cli.guard import (
     Claim,
@@ -159,11 +158,9 @@ def check_dataset_ray(
     """``grpo-cli check --engine ray``: the local engine's check figures from Ray's jobs, nothing written.
 
     ``--verify-advantage-col`` compares each part of the input on a worker and merges what
-    they saw; ``--trainer-filter`` (every group's rewards in one place) is the local engine's,
-    refused before any work.
+    they saw; ``--trainer-filter`` gathers every scored row's group and reward on the driver,
+    in input order, as the local engine holds them.
     """
-    if config.trainer_filter is not None:
-        raise GrpoError("--trainer-filter runs with the local engine; drop --engine ray")
     return _ray_job(
         input, None, config, address=address, partitions=partitions, quiet=quiet,
         summary_json=summary_json, force=force, bounds=bounds,

@@ -1132,6 +1132,75 @@ def block_splice(
     )
 
 
+def block_filter_rows(
+    batch: pa.Table,
+    blocks: list[list[FilePart]],
+    payload: Any,
+    token: str,
+    config: ComputeConfig,
+    group_size: int | None = None,
+) -> pa.Table:
+    """``check --trainer-filter``: one part's scored rows, each row's run group ID and the
+    reward the trainer's rule sees (unshaped with ``--filter-unshaped``), in the rewards'
+    own dtype and input order, as the local engine's pass 1 keeps them."""
+    (index,) = batch.column("block").to_pylist()
+    plan, run_ids, _ = _worker_state(payload, token, config)
+    ((part, record),) = _read_block(blocks[index], plan.input_columns, group_size)
+    ids = _group_ids(record, config, run_ids)
+    rewards = plan.reward_reader(record.schema, part.file.shard()).read(record, part.start)
+    seen = rewards.unshaped if config.filter_unshaped else rewards.combined
+    assert seen is not None
+    values = seen.numpy()
+    if rewards.combined_valid is not None:
+        scored = rewards.combined_valid.numpy()
+        ids, values = ids[scored], values[scored]
+    return pa.table(
+        {
+            "group": ids,
+            "reward": values,
+            BLOCK_FIELD: np.full(ids.size, index, np.int64),
+            GROUP_FIELD: np.arange(ids.size, dtype=np.int64),  # the rows' order, should Ray cut the table
+        }
+    )
+
+
+def _trainer_filter(
+    ray: Any,
+    parts: list[list[FilePart]],
+    plan: RunPlan,
+    merged: MergedStatistics,
+    outcome: GroupOutcome,
+    job: dict[str, Any],
+) -> dict[str, Any]:
+    """``check --trainer-filter``: every scored row's group and reward gathered in input order
+    (16 bytes a row on the driver, as the local engine holds them), then the trainer's rule on
+    each group against the exact decision (:func:`~grpo_cli.trainer_filters.compare`)."""
+    from grpo_cli.trainer_filters import compare, split_by_group
+
+    config = plan.config
+    assert config.trainer_filter is not None
+    job = {name: value for name, value in job.items() if name != "provenance"}
+    tables = _map_blocks(ray, parts, block_filter_rows, **job)
+    ids = np.concatenate([t.column("group").to_numpy() for t in tables]) if tables else np.zeros(0, np.int64)
+    values = np.concatenate([t.column("reward").to_numpy() for t in tables]) if tables else np.zeros(0)
+    partition = None
+    if merged.by:
+        partition = (merged.by[0].column, merged.by[0].of_group, merged.by[0].keys)
+    elif config.batch_col is not None:
+        partition = (config.batch_col, merged.batches.of_group, merged.batches.keys)
+    key_at = None if job["group_size"] is not None or merged.keys is None else merged.keys.key_at
+    report = compare(
+        config.trainer_filter,
+        split_by_group(ids.astype(np.int64), values, int(outcome.active.numel())),
+        outcome.active.numpy().astype(bool),
+        key_at=key_at,
+        value_of_group=partition,
+    )
+    if config.advantage.shapes_rewards:
+        report["rewards"] = "unshaped" if config.filter_unshaped else "shaped"
+    return report
+
+
 def splice_plan(inputs: RayInputs, config: ComputeConfig) -> str | None:
     """Why this run's output is re-encoded rather than spliced, or ``None``: the local
     engine's reasons (:func:`~grpo_cli.output.splice_refusal`), and the Ray engine's own
@@ -1231,8 +1300,27 @@ def run_ray(
         written: list[Path] = []
         written_info: dict[str, Any] | None = None
         dtypes = {plan.output_dtype(schema) for schema in schemas}
-        if output is None and config.verify is not None:
-            verified, extremes = _verify(ray, parts, plan, _payload(merged, outcome), group_size, merged.keys)
+        job = {
+            "payload": ray.put(_payload(merged, outcome)),
+            "token": uuid.uuid4().hex,
+            "config": plan.config,
+            # the options as asked (--group-size), as the local engine records them
+            "provenance": asked.provenance([file.display for file in inputs.files], outcome),
+            "group_size": group_size,
+        }
+        if output is None:  # check: the figures and the advantages' range, nothing written
+            filtered = verified = None
+            if config.trainer_filter is not None:
+                filtered = _trainer_filter(ray, parts, plan, merged, outcome, job)
+            if config.verify is not None:
+                verified, extremes = _verify(ray, parts, plan, outcome, merged.keys, job)
+            elif plan.range_follows_from_stats and len(dtypes) == 1:
+                # the range follows from each group's extremes, computed as the rows would be
+                extremes = plan.advantage_range_from_stats(outcome, dtypes.pop())
+            else:
+                column = config.advantage_col
+                advantages = _block_dataset(ray, parts, block_advantages, **job).select_columns([column])
+                extremes = (float(advantages.min(column)), float(advantages.max(column)))
             return _summary(
                 inputs,
                 config,
@@ -1245,30 +1333,12 @@ def run_ray(
                 None,
                 [],
                 extremes,
-                verified,
+                verified=verified,
+                trainer_filter=filtered,
             )
-        if output is None and plan.range_follows_from_stats and len(dtypes) == 1:
-            # check: the range follows from each group's extremes, computed as the rows would be
-            extremes = plan.advantage_range_from_stats(outcome, dtypes.pop())
-            return _summary(
-                inputs, config, outcome, merged, parts, blocks, ray_startup, started, None, [], extremes
-            )
-        payload = ray.put(_payload(merged, outcome))
-        job = {
-            "payload": payload,
-            "token": uuid.uuid4().hex,
-            "config": plan.config,
-            # the options as asked (--group-size), as the local engine records them
-            "provenance": asked.provenance([file.display for file in inputs.files], outcome),
-            "group_size": group_size,
-        }
         rewrite_reason = None if claim is None else splice_plan(inputs, config)
         method = "rewrite"
-        if output is None:  # check: the rows' range, nothing written
-            column = config.advantage_col
-            advantages = _block_dataset(ray, parts, block_advantages, **job).select_columns([column])
-            extremes = (float(advantages.min(column)), float(advantages.max(column)))
-        elif claim is None:  # a URI that a cluster's workers write to themselves
+        if claim is None:  # a URI that a cluster's workers write to themselves
             _block_dataset(ray, parts, block_advantages, **job).write_parquet(output)
             written_info = output_info(output, written)
             extremes = None
@@ -1320,7 +1390,9 @@ def _summary(
     written_info: dict[str, Any] | None,
     written: list[Path],
     extremes: tuple[float, float] | None,
+    *,
     verified: dict[str, Any] | None = None,
+    trainer_filter: dict[str, Any] | None = None,
 ) -> RunSummary:
     options = {
         **config.options_summary(),
@@ -1349,6 +1421,7 @@ def _summary(
         key_at=None if config.group_size is not None or merged.keys is None else merged.keys.key_at,
         by=merged.by,
         verify=verified,
+        trainer_filter=trainer_filter,
     )
 
 
@@ -1550,30 +1623,22 @@ def _verify(
     ray: Any,
     parts: list[list[FilePart]],
     plan: RunPlan,
-    payload: dict[str, Any],
-    group_size: int | None,
+    outcome: GroupOutcome,
     keys: BucketKeys | None,
+    job: dict[str, Any],
 ) -> tuple[dict[str, Any], tuple[float, float] | None]:
     """``check --verify-advantage-col``: each part compared on a worker, what each saw merged
     in input order into one verifier (the local engine's figures, examples named by key), and
     the advantages' range."""
     config = plan.config
-    outcome: GroupOutcome = payload["outcome"]
     assert config.verify is not None
-    tables = _map_blocks(
-        ray,
-        parts,
-        block_verify,
-        payload=ray.put(payload),
-        token=uuid.uuid4().hex,
-        config=config,
-        group_size=group_size,
-    )
+    job = {name: value for name, value in job.items() if name != "provenance"}
+    tables = _map_blocks(ray, parts, block_verify, **job)
     verifier = Verifier(
         config.verify,
         outcome.stats,
         config.advantage,
-        None if group_size is not None else keys,
+        None if job["group_size"] is not None else keys,
         batch_transform=plan.needs_moments_pass,
     )
     lows, highs = [], []
