@@ -233,8 +233,7 @@ class EstimatorSpec:
     Its math is in :mod:`grpo_cli.kernel` (normalisation, whitening, :func:`~grpo_cli.kernel.gpg_row_scale`,
     :func:`~grpo_cli.kernel.length_weighted_baseline`, :func:`~grpo_cli.kernel.passk_advantages`,
     :func:`~grpo_cli.kernel.row_baseline_advantages`). ``own_baseline``: it subtracts a baseline of
-    its own, not the group mean of ``--baseline``. ``ray``: ``None`` where ``--engine ray``
-    computes it, else why not.
+    its own, not the group mean of ``--baseline``.
     """
 
     settings: dict[str, Any]
@@ -242,7 +241,6 @@ class EstimatorSpec:
     needs: tuple[Need, ...] = ()
     own_baseline: bool = False
     row_input: str = ""  # what its per-row column is, where it needs one
-    ray: str | None = None
     raw_reward: bool = False  # before the batch transform, the advantage is the reward itself
 
     @property
@@ -308,7 +306,6 @@ ESTIMATOR_SPECS: dict[str, EstimatorSpec] = {
         "the subset's best reward, centred in the group (--pass-k K)",
         needs=("group_rewards",),
         own_baseline=True,
-        ray="its credit needs every reward of a group in one place, which Ray's blocks do not hold",
     ),
 }
 """Every estimator, by name (the ``--estimator`` choices, in their documented order)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,6 +37,7 @@ from grpo_cli.kernel import (
     gpg_row_scale,
     group_std,
     length_weighted_baseline,
+    pass_at_k_advantages,
     passk_advantages,
     passk_best_advantage,
     row_baseline_advantages,
@@ -164,6 +165,7 @@ class GroupOutcome:
     group_baseline: torch.Tensor | None = None  # per group: opo's length-weighted mean reward
     top_two: TopTwo | None = None  # per group: grpo_passk's best two rewards
     best_advantage: torch.Tensor | None = None  # per group: grpo_passk's value for the best rollout
+    row_advantages: torch.Tensor | None = None  # per row, input order: pass_at_k's (0 where unscored)
 
     @property
     def dropped_groups(self) -> int:
@@ -373,6 +375,29 @@ class RunPlan:
             best_advantage=best_advantage,
         )
 
+    def with_group_rewards(
+        self,
+        outcome: GroupOutcome,
+        group_rewards: Sequence[tuple[np.ndarray, torch.Tensor, torch.Tensor | None]],
+    ) -> GroupOutcome:
+        """pass_at_k: ``outcome`` with every row's advantage (float64, input order; 0 where the
+        reward is not scored), from every row's group ID, combined reward (float64) and
+        scored mask, in input order, in pieces (both engines)."""
+        k = self.config.advantage.pass_k
+        assert k is not None
+        if not group_rewards:
+            return replace(outcome, row_advantages=torch.zeros(0, dtype=torch.float64))
+        ids = torch.from_numpy(np.concatenate([g for g, _, _ in group_rewards]))
+        values = torch.cat([v for _, v, _ in group_rewards])
+        valid = torch.cat(
+            [torch.ones(v.numel(), dtype=torch.bool) if m is None else m for _, v, m in group_rewards]
+        )
+        rows = torch.zeros(values.numel(), dtype=torch.float64)
+        rows[valid] = pass_at_k_advantages(
+            values[valid], ids[valid], int(outcome.active.numel()), k=k, active=outcome.active
+        )
+        return replace(outcome, row_advantages=rows)
+
     def _batch_std(self, channel_stats: Sequence[GroupStats], batches: BatchLayout) -> list[torch.Tensor]:
         """Per channel, the reward std of each group's batch, shape ``(num_groups,)``."""
         ddof = 1 if self.config.advantage.std == "sample" else 0
@@ -504,6 +529,8 @@ class RunPlan:
             baseline = reader.column(batch, config.baseline_col, first_row)
             valid = torch.isfinite(rewards.combined) & torch.isfinite(baseline)
             result = row_baseline_advantages(rewards.combined, baseline, valid)
+        if outcome.row_advantages is not None:  # pass_at_k: computed from every reward of each group
+            result = outcome.row_advantages[global_row : global_row + ids.numel()]
         if outcome.best_advantage is not None:  # grpo_passk: the group's first best rollout only
             assert outcome.top_two is not None
             positions = torch.arange(global_row, global_row + ids.numel())

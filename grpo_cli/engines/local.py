@@ -34,7 +34,6 @@ from grpo_cli.kernel import (
     group_top_two,
     merge_top_two,
     padded_top_two,
-    pass_at_k_advantages,
 )
 from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, arrow_of, as_tensor, check_key_types, is_key_type
 from grpo_cli.output import (
@@ -548,7 +547,6 @@ class LocalEngine:
         self.one_pass_dtype = self._one_pass_dtype(writes_output)
         self.splice_refusal = splice_refusal(self.config, inputs.shards) if writes_output else "no output"
         self.bytes_read = 0
-        self._pass_at_k_rows: torch.Tensor | None = None  # pass_at_k: every row's advantage
 
     @property
     def keeps_every_column(self) -> bool:
@@ -578,7 +576,8 @@ class LocalEngine:
                     length_sums=first.figures.get("length_sums"),
                     weighted_reward_sums=first.figures.get("weighted_reward_sums"),
                 )
-            self._pass_at_k_rows = self._pass_at_k(first, outcome)
+            if first.group_rewards is not None:  # pass_at_k
+                outcome = self.plan.with_group_rewards(outcome, first.group_rewards)
             if self.one_pass_dtype is not None:
                 advantage_range = self.plan.advantage_range_from_stats(outcome, self.one_pass_dtype)
                 verify_result = None
@@ -898,29 +897,7 @@ class LocalEngine:
             first_row=shard_row,
             global_row=global_row,
         )
-        if self._pass_at_k_rows is not None:  # pass_at_k: computed from pass 1's rewards
-            result = self._pass_at_k_rows[global_row : global_row + ids.numel()]
         return rewards, result, batch_ids
-
-    def _pass_at_k(self, first: _Statistics, outcome: GroupOutcome) -> torch.Tensor | None:
-        """pass_at_k: every row's advantage (float64, input order; 0 where the reward is not
-        scored), from every group's rewards as pass 1 held them."""
-        if first.group_rewards is None:
-            return None
-        k = self.config.advantage.pass_k
-        assert k is not None
-        if not first.group_rewards:
-            return torch.zeros(0, dtype=torch.float64)
-        ids = torch.from_numpy(np.concatenate([g for g, _, _ in first.group_rewards]))
-        values = torch.cat([v for _, v, _ in first.group_rewards])
-        valid = torch.cat(
-            [torch.ones(v.numel(), dtype=torch.bool) if m is None else m for _, v, m in first.group_rewards]
-        )
-        rows = torch.zeros(values.numel(), dtype=torch.float64)
-        rows[valid] = pass_at_k_advantages(
-            values[valid], ids[valid], int(outcome.active.numel()), k=k, active=outcome.active
-        )
-        return rows
 
     def _moments(self, first: _Statistics, outcome: GroupOutcome, spool: _IdSpool) -> WeightedMoments:
         """The extra pass of a batch transform: weighted moments of the advantages per batch."""

@@ -79,7 +79,6 @@ from grpo_cli.kernel import (
     weighted_moments,
 )
 from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_types, key_buckets
-from grpo_cli.options import ESTIMATOR_SPECS
 from grpo_cli.output import advantage_range, commit_directory, output_info, output_name_of, splice_refusal
 from grpo_cli.plan import BatchLayout, GroupOutcome, RunPlan, batch_of_groups, value_columns
 from grpo_cli.readers import parquet_row_range, row_count
@@ -261,12 +260,6 @@ def check_ray_run(output: str | None, config: ComputeConfig, *, partitions: int 
         raise GrpoError(f"--partitions must be positive, got {partitions}")
     if config.device not in ("cpu", "auto"):
         raise GrpoError("--engine ray computes on the CPUs of the Ray workers; leave --device as cpu")
-    estimator = config.advantage.estimator
-    refusal = ESTIMATOR_SPECS[estimator].ray
-    if refusal is not None:
-        raise GrpoError(
-            f"--engine ray does not compute --estimator {estimator}: {refusal}; use the local engine"
-        )
     if output is not None and not is_remote(output) and not output_is_directory(output):
         raise GrpoError(f"{output}: --engine ray writes a directory of Parquet files; name a directory")
 
@@ -1164,6 +1157,60 @@ def block_filter_rows(
     )
 
 
+def block_group_rewards(
+    batch: pa.Table,
+    blocks: list[list[FilePart]],
+    payload: Any,
+    token: str,
+    config: ComputeConfig,
+    group_size: int | None = None,
+) -> pa.Table:
+    """pass_at_k: one statistics block's rows, in input order: each row's run group ID, its
+    combined reward (float64) and whether it is scored, as the local engine's pass 1 keeps them."""
+    (index,) = batch.column("block").to_pylist()
+    plan, run_ids, _ = _worker_state(payload, token, config)
+    ids, values, scored = [], [], []
+    for part, record in _read_block(blocks[index], plan.input_columns, group_size):
+        rewards = plan.reward_reader(record.schema, part.file.shard()).read(record, part.start)
+        ids.append(_group_ids(record, config, run_ids))
+        values.append(rewards.combined.to(torch.float64).numpy())
+        valid = rewards.combined_valid
+        scored.append(np.ones(record.num_rows, bool) if valid is None else valid.numpy())
+    rows = int(sum(v.size for v in values))
+    return pa.table(
+        {
+            "group": np.concatenate(ids),
+            "reward": np.concatenate(values),
+            "scored": np.concatenate(scored),
+            BLOCK_FIELD: np.full(rows, index, np.int64),
+            GROUP_FIELD: np.arange(rows, dtype=np.int64),  # the rows' order, should Ray cut the table
+        }
+    )
+
+
+def _with_group_rewards(
+    ray: Any,
+    blocks: list[list[FilePart]],
+    plan: RunPlan,
+    merged: MergedStatistics,
+    outcome: GroupOutcome,
+    group_size: int | None,
+) -> GroupOutcome:
+    """pass_at_k: every row's group and reward gathered on the driver in input order (16 bytes a
+    row, as the local engine holds them), then every row's advantage (:meth:`RunPlan.with_group_rewards`)."""
+    job = {"payload": ray.put(_payload(merged, outcome)), "token": uuid.uuid4().hex}
+    tables = _map_blocks(ray, blocks, block_group_rewards, config=plan.config, group_size=group_size, **job)
+    pieces = [
+        (
+            t.column("group").to_numpy(),
+            torch.from_numpy(t.column("reward").to_numpy().copy()),
+            torch.from_numpy(t.column("scored").to_numpy(zero_copy_only=False).copy()),
+        )
+        for t in tables
+    ]
+    return plan.with_group_rewards(outcome, pieces)
+
+
 def _trainer_filter(
     ray: Any,
     parts: list[list[FilePart]],
@@ -1293,6 +1340,8 @@ def run_ray(
             length_sums=merged.figures.get("length_sums"),
             weighted_reward_sums=merged.figures.get("weighted_reward_sums"),
         )
+        if "group_rewards" in plan.needs:
+            outcome = _with_group_rewards(ray, blocks, plan, merged, outcome, group_size)
         if plan.needs_moments_pass:
             moments = _moments(ray, blocks, plan, _payload(merged, outcome), group_size)
             outcome = replace(outcome, transform=plan.transform(moments))
