@@ -986,22 +986,9 @@ def block_advantages(
     (index,) = batch.column("block").to_pylist()
     plan, keys, outcome = _worker_state(payload, token, config)
     ((part, record),) = _read_block(blocks[index], None, group_size)
-    ids_np = _group_ids(record, config, keys)
+    _, advantages, ids_np = _part_advantages(plan, keys, outcome, part, record, record.schema)
     if group_size is not None:  # the key column is the jobs' own, not the output's
         record = record.drop_columns([ROW_GROUP_FIELD])
-    reader = plan.reward_reader(record.schema, part.file.shard())
-    rewards, result, batch_ids = plan.row_advantages(
-        record,
-        reader,
-        as_tensor(ids_np),
-        outcome,
-        active_device=outcome.active,
-        first_row=part.start,
-        global_row=part.file.offset + part.start,
-    )
-    advantages = plan.finish(result, batch_ids, outcome, scored=rewards.combined_valid).to(
-        plan.output_dtype(record.schema)
-    )
     ids = torch.from_numpy(ids_np)
     arrays = new_column_arrays(advantages, outcome.active[ids], ids_np, outcome.group_columns)
     out = pa.Table.from_batches([record])
@@ -1030,39 +1017,70 @@ def block_verify(
     columns = list(dict.fromkeys([*plan.input_columns, config.verify.column]))
     try:
         ((part, record),) = _read_block(blocks[index], columns, group_size)
-        ids = as_tensor(_group_ids(record, config, run_ids))
-        reader = plan.reward_reader(record.schema, part.file.shard())
-        first = part.file.offset + part.start
-        rewards, result, batch_ids = plan.row_advantages(
-            record, reader, ids, outcome, active_device=outcome.active, first_row=part.start, global_row=first
-        )
-        advantages = plan.finish(result, batch_ids, outcome, scored=rewards.combined_valid)
-        advantages = advantages.to(plan.output_dtype(record.schema))
+        rewards, advantages, ids_np = _part_advantages(plan, run_ids, outcome, part, record, record.schema)
         verifier = Verifier(
             config.verify,
             outcome.stats,
             config.advantage,
             None,
             batch_transform=plan.needs_moments_pass,
-            first_row=first,
+            first_row=part.file.offset + part.start,
         )
         column = record.column(config.verify.column)
-        verifier.compare(column, advantages, rewards.combined, ids, part.file.shard(), part.start)
+        verifier.compare(
+            column, advantages, rewards.combined, as_tensor(ids_np), part.file.shard(), part.start
+        )
     except GrpoError as error:
         return _refusal(error.message).append_column(BLOCK_FIELD, pa.array([index]))
-    low, high = (
-        (float(x) for x in torch.aminmax(advantages.to(torch.float64)))
-        if advantages.numel()
-        else (None, None)
+    return _ranged(index, advantages, partial=pickle.dumps(verifier.partial()))
+
+
+def _part_advantages(
+    plan: RunPlan,
+    run_ids: _RunIds,
+    outcome: GroupOutcome,
+    part: FilePart,
+    record: pa.RecordBatch,
+    schema: pa.Schema,
+) -> tuple[RewardBatch, torch.Tensor, np.ndarray]:
+    """One part's rewards, its advantages in the output's dtype for ``schema`` (the file's),
+    and its rows' run group IDs, as the advantage job computes them."""
+    ids_np = _group_ids(record, plan.config, run_ids)
+    reader = plan.reward_reader(record.schema, part.file.shard())
+    rewards, result, batch_ids = plan.row_advantages(
+        record,
+        reader,
+        as_tensor(ids_np),
+        outcome,
+        active_device=outcome.active,
+        first_row=part.start,
+        global_row=part.file.offset + part.start,
     )
+    advantages = plan.finish(result, batch_ids, outcome, scored=rewards.combined_valid)
+    return rewards, advantages.to(plan.output_dtype(schema)), ids_np
+
+
+def _ranged(index: int, advantages: torch.Tensor, **values: Any) -> pa.Table:
+    """A task's one-row answer: ``values``, its advantages' range (nulls when it has none) and its part."""
+    low = high = None
+    if advantages.numel():
+        low, high = (float(x) for x in torch.aminmax(advantages.to(torch.float64)))
+    columns = {name: [value] for name, value in values.items()}
     return pa.table(
         {
-            "partial": [pickle.dumps(verifier.partial())],
+            **columns,
             "low": pa.array([low], pa.float64()),
             "high": pa.array([high], pa.float64()),
             BLOCK_FIELD: [index],
         }
     )
+
+
+def _range_of(tables: list[pa.Table]) -> tuple[float, float] | None:
+    """The advantages' range over the tasks' :func:`_ranged` answers."""
+    lows = [t.column("low")[0].as_py() for t in tables if t.column("low")[0].is_valid]
+    highs = [t.column("high")[0].as_py() for t in tables if t.column("high")[0].is_valid]
+    return (min(lows), max(highs)) if lows else None
 
 
 def block_splice(
@@ -1083,21 +1101,8 @@ def block_splice(
     plan, run_ids, outcome = _worker_state(payload, token, config)
     ((part, record),) = _read_block(blocks[index], plan.input_columns, group_size)
     shard = part.file.shard()
-    ids_np = _group_ids(record, config, run_ids)
-    reader = plan.reward_reader(record.schema, shard)
-    rewards, result, batch_ids = plan.row_advantages(
-        record,
-        reader,
-        as_tensor(ids_np),
-        outcome,
-        active_device=outcome.active,
-        first_row=part.start,
-        global_row=part.file.offset + part.start,
-    )
     schema = pq.read_schema(part.file.source)
-    advantages = plan.finish(result, batch_ids, outcome, scored=rewards.combined_valid).to(
-        plan.output_dtype(schema)
-    )
+    _, advantages, ids_np = _part_advantages(plan, run_ids, outcome, part, record, schema)
     ids = torch.from_numpy(ids_np)
     arrays = new_column_arrays(advantages, outcome.active[ids], ids_np, outcome.group_columns)
     output_schema = plan.output_schema(schema, provenance)
@@ -1110,19 +1115,7 @@ def block_splice(
         if record.num_rows:
             spliced.add(arrays)
         spliced.close()
-    low, high = (
-        (float(x) for x in torch.aminmax(advantages.to(torch.float64)))
-        if advantages.numel()
-        else (None, None)
-    )
-    return pa.table(
-        {
-            "name": [name],
-            "low": pa.array([low], pa.float64()),
-            "high": pa.array([high], pa.float64()),
-            BLOCK_FIELD: [index],
-        }
-    )
+    return _ranged(index, advantages, name=name)
 
 
 def block_filter_rows(
@@ -1395,9 +1388,7 @@ def run_ray(
             if rewrite_reason is None:  # each task splices one input file, as the local engine does
                 method, parts = "splice", [[FilePart(file, 0, file.rows)] for file in inputs.files]
                 tables = _map_blocks(ray, parts, block_splice, target=str(claim.temp_path()), **job)
-                lows = [t.column("low")[0].as_py() for t in tables if t.column("low")[0].is_valid]
-                highs = [t.column("high")[0].as_py() for t in tables if t.column("high")[0].is_valid]
-                extremes = (min(lows), max(highs)) if lows else None
+                extremes = _range_of(tables)
             else:
                 _block_dataset(ray, parts, block_advantages, **job).write_parquet(str(claim.temp_path()))
             written = sorted(claim.temp_path().glob("*.parquet"))
@@ -1690,13 +1681,9 @@ def _verify(
         None if job["group_size"] is not None else keys,
         batch_transform=plan.needs_moments_pass,
     )
-    lows, highs = [], []
     for table in tables:
         verifier.merge(pickle.loads(table.column("partial")[0].as_py()))
-        if table.column("low")[0].is_valid:
-            lows.append(table.column("low")[0].as_py())
-            highs.append(table.column("high")[0].as_py())
-    return verifier.result(), ((min(lows), max(highs)) if lows else None)
+    return verifier.result(), _range_of(tables)
 
 
 def _moments(
