@@ -502,6 +502,7 @@ def compute(input: InputArg, **values: Any) -> None:
                 force=values["force"],
                 quiet=values["quiet"],
                 summary_json=_summary_file(summary_json),
+                report=values["report"],
             )
         else:
             from grpo_cli.jobs import compute_dataset
@@ -562,6 +563,7 @@ def check(input: InputArg, **values: Any) -> None:
                 quiet=values["quiet"],
                 summary_json=_summary_file(summary_json),
                 force=values["force"],
+                report=values["report"],
             )
         else:
             summary = check_dataset(
@@ -587,12 +589,8 @@ def check(input: InputArg, **values: Any) -> None:
 
 
 def _check_engine_options(values: dict[str, Any]) -> None:
-    """Options of one engine given to the other: the Ray engine's own to the local engine, and
-    --report (the local run's figures) to the Ray engine."""
-    if values["engine"] == "ray":
-        if values["report"] is not None:
-            raise GrpoError("--report draws a local run's figures; drop --engine ray or --report")
-    elif values["ray_address"] is not None or values["partitions"] is not None:
+    """The Ray engine's own options given to the local engine."""
+    if values["engine"] != "ray" and (values["ray_address"] is not None or values["partitions"] is not None):
         raise GrpoError("--ray-address and --partitions need --engine ray")
 
 

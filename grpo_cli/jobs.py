@@ -154,6 +154,7 @@ def check_dataset_ray(
     quiet: bool = True,
     summary_json: PathLike | None = None,
     force: bool = False,
+    report: PathLike | None = None,
 ) -> RunSummary:
     """``grpo-cli check --engine ray``: the local engine's check figures from Ray's jobs, nothing written.
 
@@ -163,7 +164,7 @@ def check_dataset_ray(
     """
     return _ray_job(
         input, None, config, address=address, partitions=partitions, quiet=quiet,
-        summary_json=summary_json, force=force, bounds=bounds,
+        summary_json=summary_json, force=force, bounds=bounds, report=report,
     )  # fmt: skip
 
 
@@ -177,6 +178,7 @@ def compute_dataset_ray(
     force: bool = False,
     quiet: bool = True,
     summary_json: PathLike | None = None,
+    report: PathLike | None = None,
 ) -> RunSummary:
     """``grpo-cli compute --engine ray``: read the input, write a directory of Parquet files.
 
@@ -188,7 +190,7 @@ def compute_dataset_ray(
     """
     return _ray_job(
         input, output, config, address=address, partitions=partitions, quiet=quiet,
-        summary_json=summary_json, force=force,
+        summary_json=summary_json, force=force, report=report,
     )  # fmt: skip
 
 
@@ -203,11 +205,16 @@ def _ray_job(
     summary_json: PathLike | None,
     force: bool,
     bounds: CheckBounds | None = None,
+    report: PathLike | None = None,
 ) -> RunSummary:
     from grpo_cli.engines import ray as ray_engine
 
     started = time.perf_counter()
     ray_engine.check_ray_run(output, config, partitions=partitions)
+    if report is not None:
+        from grpo_cli.html_report import check_report_path
+
+        check_report_path(os.fspath(report))
     with contextlib.ExitStack() as staging:
         specs = input if isinstance(input, InputSet) else _specs(input)
         inputs = ray_engine.resolve_inputs(
@@ -246,6 +253,7 @@ def _ray_job(
             directory=True,
             force=force,
             run=run,
+            report=report,
         )
 
 
