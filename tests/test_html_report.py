@@ -48,9 +48,23 @@ def test_the_report_goes_through_the_guard(cli: Any, tmp_path: Path) -> None:
     assert both.exit_code == 2 and not out.exists()
 
 
-def test_ray_refuses_the_report_in_one_line(cli: Any, tmp_path: Path) -> None:
-    result = cli("compute", ROLL, "-o", tmp_path / "o", "--engine", "ray", "--report", tmp_path / "r.html")
-    assert_one_line_error(result, "--report draws a local run's figures")
+def test_ray_checks_the_report_path_before_any_work(cli: Any, tmp_path: Path) -> None:
+    """--engine ray draws the report too (test_ray.py compares its page with the local
+    engine's); a path it cannot write is refused before Ray starts, and nothing is written."""
+    result = cli(
+        "compute",
+        ROLL,
+        "--from",
+        "roll",
+        "-o",
+        tmp_path / "o",
+        "--engine",
+        "ray",
+        "--report",
+        tmp_path / "r.pdf",
+    )
+    assert_one_line_error(result, "an .html file", ".png or .svg")
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.skipif(
