@@ -67,6 +67,7 @@ __all__ = [
     "batch_moments",
     "batch_std",
     "empty_group_stats",
+    "empty_top_two",
     "flat_groups",
     "fold_sum",
     "gpg_row_scale",
@@ -1639,6 +1640,16 @@ def group_top_two(
     return TopTwo(first, torch.where(ties >= 2, first, second), best_row)
 
 
+def empty_top_two(num_groups: int, *, device: torch.device | str = "cpu") -> TopTwo:
+    """The top two of ``num_groups`` groups without a row: ``-inf``, ``-inf`` and :data:`NO_ROW`.
+
+    >>> empty_top_two(1).best_row.tolist()
+    [9223372036854775807]
+    """
+    pad = torch.full((num_groups,), -math.inf, dtype=torch.float64, device=device)
+    return TopTwo(pad, pad.clone(), torch.full((num_groups,), NO_ROW, dtype=torch.int64, device=device))
+
+
 def padded_top_two(top: TopTwo, num_groups: int) -> TopTwo:
     """``top`` with empty groups appended up to ``num_groups``.
 
@@ -1648,10 +1659,9 @@ def padded_top_two(top: TopTwo, num_groups: int) -> TopTwo:
     extra = num_groups - top.first.numel()
     if extra <= 0:
         return top
-    pad = torch.full((extra,), -math.inf, dtype=torch.float64, device=top.first.device)
-    no_row = torch.full((extra,), NO_ROW, dtype=torch.int64, device=top.first.device)
+    pad = empty_top_two(extra, device=top.first.device)
     return TopTwo(
-        torch.cat([top.first, pad]), torch.cat([top.second, pad]), torch.cat([top.best_row, no_row])
+        *(torch.cat([getattr(top, name), getattr(pad, name)]) for name in ("first", "second", "best_row"))
     )
 
 

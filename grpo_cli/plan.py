@@ -36,6 +36,7 @@ from grpo_cli.kernel import (
     batch_std,
     gpg_row_scale,
     group_std,
+    group_top_two,
     length_weighted_baseline,
     pass_at_k_advantages,
     passk_advantages,
@@ -48,7 +49,7 @@ from grpo_cli.options import ESTIMATOR_SPECS
 from grpo_cli.rewards import RewardBatch, RewardReader, advantage_dtype, combined_advantages
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from grpo_cli.sources import Shard
 
@@ -174,6 +175,17 @@ class GroupOutcome:
     @property
     def dropped_rows(self) -> int:
         return 0 if self.kept is None else int(self.rows_per_group[~self.kept.numpy()].sum())
+
+
+def scored_top_two(rewards: RewardBatch, ids: torch.Tensor, positions: torch.Tensor, k: int) -> TopTwo:
+    """grpo_passk: the top two combined rewards of each of ``k`` groups over a chunk's scored
+    rows, and each group's first best row (``positions``: the rows' places in the whole input;
+    both engines)."""
+    values = rewards.combined.to(torch.float64)
+    if rewards.combined_valid is not None:
+        valid = rewards.combined_valid
+        values, ids, positions = values[valid], ids[valid], positions[valid]
+    return group_top_two(values, ids, k, positions=positions)
 
 
 class RunPlan:
@@ -374,6 +386,51 @@ class RunPlan:
             top_two=top_two,
             best_advantage=best_advantage,
         )
+
+    def filter_rows(self, rewards: RewardBatch, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``--trainer-filter``: the scored rows' group IDs and the rewards the trainer's rule
+        sees (unshaped with ``--filter-unshaped``), in the rewards' own dtype (both engines)."""
+        seen = rewards.unshaped if self.config.filter_unshaped else rewards.combined
+        assert seen is not None
+        values = seen.numpy()
+        if rewards.combined_valid is None:
+            return ids, values
+        scored = rewards.combined_valid.numpy()
+        return ids[scored], values[scored]
+
+    def trainer_filter_report(
+        self,
+        ids: np.ndarray,
+        values: np.ndarray,
+        active: torch.Tensor,
+        *,
+        by: Sequence[Any],
+        batches: BatchLayout | None,
+        key_at: Callable[[int], Any] | None,
+    ) -> dict[str, Any]:
+        """``--trainer-filter``: the trainer's rule on each group (its rows' ``values`` in input
+        order, grouped by ``ids``) against the exact decision ``active``, per value of the first
+        ``--by`` column, else of ``--batch-col`` (both engines)."""
+        from grpo_cli.trainer_filters import compare, split_by_group
+
+        name = self.config.trainer_filter
+        assert name is not None
+        partition = None
+        if by:
+            partition = (by[0].column, by[0].of_group, by[0].keys)
+        elif self.config.batch_col is not None:
+            assert batches is not None
+            partition = (self.config.batch_col, batches.of_group, batches.keys)
+        report = compare(
+            name,
+            split_by_group(ids.astype(np.int64), values, int(active.numel())),
+            active.numpy().astype(bool),
+            key_at=key_at,
+            value_of_group=partition,
+        )
+        if self.config.advantage.shapes_rewards:
+            report["rewards"] = "unshaped" if self.config.filter_unshaped else "shaped"
+        return report
 
     def with_group_rewards(
         self,

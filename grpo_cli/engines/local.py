@@ -31,7 +31,6 @@ from grpo_cli.kernel import (
     TopTwo,
     WeightedMoments,
     WeightedMomentsAccumulator,
-    group_top_two,
     merge_top_two,
     padded_top_two,
 )
@@ -45,7 +44,14 @@ from grpo_cli.output import (
     open_output,
     splice_refusal,
 )
-from grpo_cli.plan import ONE_VALUE_REASONS, BatchLayout, GroupOutcome, RunPlan, batch_of_groups
+from grpo_cli.plan import (
+    ONE_VALUE_REASONS,
+    BatchLayout,
+    GroupOutcome,
+    RunPlan,
+    batch_of_groups,
+    scored_top_two,
+)
 from grpo_cli.progress import NoProgress, Progress
 from grpo_cli.readers import (
     MAX_TYPE_SETTLINGS,
@@ -308,13 +314,7 @@ class _StatisticsPass:
             if self.group_rewards is not None:
                 self.group_rewards.append((group_ids, chunk.combined.to(torch.float64), chunk.combined_valid))
             if self.filter_rows is not None:  # --trainer-filter: each group's rewards, in input order
-                seen = chunk.unshaped if self.plan.config.filter_unshaped else chunk.combined
-                assert seen is not None
-                combined = seen.numpy()
-                scored = None if chunk.combined_valid is None else chunk.combined_valid.numpy()
-                self.filter_rows.append(
-                    (group_ids, combined) if scored is None else (group_ids[scored], combined[scored])
-                )
+                self.filter_rows.append(self.plan.filter_rows(chunk, group_ids))
             channels = self.accumulators[: self.plan.channels]
             for acc, values, valid in zip(channels, chunk.channels, chunk.channel_valid, strict=True):
                 acc.update(values, ids, valid)
@@ -339,13 +339,9 @@ class _StatisticsPass:
         if "top_two" not in self.plan.needs:
             return
         k = int(group_ids.max()) + 1 if group_ids.size else 0
-        rows, values = torch.from_numpy(group_ids), chunk.combined.to(torch.float64)
         first = self._pending_first_global
-        positions = torch.arange(first, first + values.numel())
-        if chunk.combined_valid is not None:
-            valid = chunk.combined_valid
-            values, rows, positions = values[valid], rows[valid], positions[valid]
-        top = group_top_two(values, rows, k, positions=positions)
+        positions = torch.arange(first, first + chunk.combined.numel())
+        top = scored_top_two(chunk, torch.from_numpy(group_ids), positions, k)
         if self.top_two is not None:
             size = max(k, self.top_two.first.numel())
             top = merge_top_two(padded_top_two(self.top_two, size), padded_top_two(top, size))
@@ -631,34 +627,22 @@ class LocalEngine:
 
     def _trainer_filter(self, first: _Statistics, outcome: GroupOutcome) -> dict[str, Any] | None:
         """``--trainer-filter``: the trainer's rule on each group against the exact decision."""
-        name = self.config.trainer_filter
-        if name is None or first.filter_rows is None:
+        if self.config.trainer_filter is None or first.filter_rows is None:
             return None
-        from grpo_cli.trainer_filters import compare, split_by_group
-
-        num_groups = int(outcome.active.numel())
         ids = (
             np.concatenate([ids for ids, _ in first.filter_rows])
             if first.filter_rows
             else np.zeros(0, np.int64)
         )
         values = np.concatenate([v for _, v in first.filter_rows]) if first.filter_rows else np.zeros(0)
-        partition = None
-        if first.by:
-            partition = (first.by[0].column, first.by[0].of_group, first.by[0].keys)
-        elif self.config.batch_col is not None:
-            layout = first.batches
-            partition = (self.config.batch_col, layout.of_group, layout.keys)
-        report = compare(
-            name,
-            split_by_group(ids.astype(np.int64), values, num_groups),
-            outcome.active.numpy().astype(bool),
+        return self.plan.trainer_filter_report(
+            ids,
+            values,
+            outcome.active,
+            by=first.by,
+            batches=first.batches,
             key_at=first.keys.key_at if first.keys is not None else None,
-            value_of_group=partition,
         )
-        if self.config.advantage.shapes_rewards:
-            report["rewards"] = "unshaped" if self.config.filter_unshaped else "shaped"
-        return report
 
     def _block_warnings(self) -> list[str]:
         """With ``--group-size``: do the first blocks each hold one prompt (where a prompt-like

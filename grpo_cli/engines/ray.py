@@ -71,7 +71,7 @@ from grpo_cli.kernel import (
     TopTwo,
     WeightedMoments,
     empty_group_stats,
-    group_top_two,
+    empty_top_two,
     merge_group_stats,
     merge_top_two,
     merge_weighted_moments,
@@ -80,7 +80,7 @@ from grpo_cli.kernel import (
 )
 from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_types, key_buckets
 from grpo_cli.output import advantage_range, commit_directory, output_info, output_name_of, splice_refusal
-from grpo_cli.plan import BatchLayout, GroupOutcome, RunPlan, batch_of_groups, value_columns
+from grpo_cli.plan import BatchLayout, GroupOutcome, RunPlan, batch_of_groups, scored_top_two, value_columns
 from grpo_cli.readers import parquet_row_range, row_count
 from grpo_cli.rewards import RewardBatch, new_column_arrays
 from grpo_cli.sources import InputSet, Shard
@@ -91,9 +91,8 @@ from grpo_cli.verify import Verifier
 PARTITION_BYTES = 256 << 20
 FIGURE_PREFIX = "__grpo_figure_"  # a block's per-group figures (figures.FIGURES)
 VALUE_PREFIX = "__grpo_value_"
-VALUE_FIELD = (
-    VALUE_PREFIX + "{}"
-)  # a one-value-per-group column's value at the group's first row in the block
+# a one-value-per-group column's value at the group's first row in the block
+VALUE_FIELD = VALUE_PREFIX + "{}"
 VALUE_CLASH_FIELD = "__grpo_value_clash_{}"  # the group spans two of its values in this block
 
 
@@ -630,18 +629,14 @@ def _top_two_columns(
     rewards: RewardBatch, ids: torch.Tensor, positions: torch.Tensor, k: int
 ) -> dict[str, Any]:
     """grpo_passk: a block's top two rewards of each group and its first best row, as the local
-    engine reduces a chunk (the scored rows only; positions in the whole input)."""
-    values = rewards.combined.to(torch.float64)
-    valid = rewards.combined_valid
-    if valid is not None:
-        values, ids, positions = values[valid], ids[valid], positions[valid]
-    top = group_top_two(values, ids, k, positions=positions)
+    engine reduces a chunk (:func:`~grpo_cli.plan.scored_top_two`)."""
+    top = scored_top_two(rewards, ids, positions, k)
     return {field: getattr(top, name).numpy() for name, field in TOP_TWO_FIELDS.items()}
 
 
 def _placed_top_two(partial: pa.Table, ids: torch.Tensor, k: int) -> TopTwo:
     """A block's top two placed among the run's ``k`` groups (the others empty)."""
-    placed = padded_top_two(group_top_two(torch.zeros(0), torch.zeros(0, dtype=torch.int64), 0), k)
+    placed = empty_top_two(k)
     for name, column in TOP_TWO_FIELDS.items():
         getattr(placed, name)[ids] = torch.from_numpy(partial.column(column).to_numpy())
     return placed
@@ -1132,14 +1127,8 @@ def block_filter_rows(
     (index,) = batch.column("block").to_pylist()
     plan, run_ids, _ = _worker_state(payload, token, config)
     ((part, record),) = _read_block(blocks[index], plan.input_columns, group_size)
-    ids = _group_ids(record, config, run_ids)
     rewards = plan.reward_reader(record.schema, part.file.shard()).read(record, part.start)
-    seen = rewards.unshaped if config.filter_unshaped else rewards.combined
-    assert seen is not None
-    values = seen.numpy()
-    if rewards.combined_valid is not None:
-        scored = rewards.combined_valid.numpy()
-        ids, values = ids[scored], values[scored]
+    ids, values = plan.filter_rows(rewards, _group_ids(record, config, run_ids))
     return pa.table(
         {
             "group": ids,
@@ -1214,31 +1203,19 @@ def _trainer_filter(
 ) -> dict[str, Any]:
     """``check --trainer-filter``: every scored row's group and reward gathered in input order
     (16 bytes a row on the driver, as the local engine holds them), then the trainer's rule on
-    each group against the exact decision (:func:`~grpo_cli.trainer_filters.compare`)."""
-    from grpo_cli.trainer_filters import compare, split_by_group
-
-    config = plan.config
-    assert config.trainer_filter is not None
+    each group against the exact decision (:meth:`~grpo_cli.plan.RunPlan.trainer_filter_report`)."""
     job = {name: value for name, value in job.items() if name != "provenance"}
     tables = _map_blocks(ray, parts, block_filter_rows, **job)
     ids = np.concatenate([t.column("group").to_numpy() for t in tables]) if tables else np.zeros(0, np.int64)
     values = np.concatenate([t.column("reward").to_numpy() for t in tables]) if tables else np.zeros(0)
-    partition = None
-    if merged.by:
-        partition = (merged.by[0].column, merged.by[0].of_group, merged.by[0].keys)
-    elif config.batch_col is not None:
-        partition = (config.batch_col, merged.batches.of_group, merged.batches.keys)
-    key_at = None if job["group_size"] is not None or merged.keys is None else merged.keys.key_at
-    report = compare(
-        config.trainer_filter,
-        split_by_group(ids.astype(np.int64), values, int(outcome.active.numel())),
-        outcome.active.numpy().astype(bool),
-        key_at=key_at,
-        value_of_group=partition,
+    return plan.trainer_filter_report(
+        ids,
+        values,
+        outcome.active,
+        by=merged.by,
+        batches=merged.batches,
+        key_at=None if job["group_size"] is not None or merged.keys is None else merged.keys.key_at,
     )
-    if config.advantage.shapes_rewards:
-        report["rewards"] = "unshaped" if config.filter_unshaped else "shaped"
-    return report
 
 
 def splice_plan(inputs: RayInputs, config: ComputeConfig) -> str | None:
@@ -1498,9 +1475,8 @@ def _map_blocks(ray: Any, blocks: list[list[FilePart]], function: Any, **kwargs:
     return sorted(tables, key=position)
 
 
-REDUCERS: int | None = (
-    None  # the statistics job's reducers; None: one per CPU of the instance, at most one per block
-)
+# the statistics job's reducers; None: one per CPU of the instance, at most one per block
+REDUCERS: int | None = None
 
 
 def block_partials(
@@ -1632,7 +1608,7 @@ def _gathered(
     )
     top_two = None
     if "top_two" in plan.needs:
-        top_two = padded_top_two(group_top_two(torch.zeros(0), torch.zeros(0, dtype=torch.int64), 0), k)
+        top_two = empty_top_two(k)
         if k:
             top_two = TopTwo(
                 *(torch.from_numpy(numbers[TOP_TWO_FIELDS[n]]) for n in ("first", "second", "best_row"))
