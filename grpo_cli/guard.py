@@ -287,18 +287,18 @@ class StdoutClaim(_ScratchClaim):
 
 
 class RemoteClaim(_ScratchClaim):
-    """An output on an object store (``s3://``): written to a private scratch file or folder,
-    then uploaded whole when the run commits it (:class:`~grpo_cli.stores.S3Output`), so that
+    """An output on an object store (``s3://``, ``gs://``): written to a private scratch file or
+    folder, then uploaded whole when the run commits it (:func:`~grpo_cli.stores.store_output`), so that
     a failed run leaves nothing there. Checked when claimed: the bucket, the credentials,
     and what already exists (replaced only with ``force``)."""
 
     def __init__(self, guard: WriteGuard, uri: str, *, directory: bool, what: str, force: bool) -> None:
-        from grpo_cli.stores import S3Output
+        from grpo_cli.stores import store_output
 
         super().__init__(guard, Path(redact(uri)), Path(redact(uri)), directory=directory, what=what)
         self.uri = redact(uri)
         self.force = force
-        self.store = S3Output(uri, directory=directory)
+        self.store = store_output(uri, directory=directory)
         self.store.check(force=force, what=what)
 
     @property
@@ -387,8 +387,8 @@ class WriteGuard:
         scheme = check_scheme(uri)
         if scheme not in WRITABLE_SCHEMES:
             raise GrpoError(
-                f"{redact(uri)}: grpo-cli writes to s3:// and local paths; write the {what} to a local "
-                f"path and upload it with the store's own tool"
+                f"{redact(uri)}: grpo-cli writes to s3://, gs:// and local paths; write the {what} to a "
+                f"local path and upload it with the store's own tool"
             )
         reason = self.inputs.remote_conflict(uri) or self._clash(Path(redact(uri)))
         if reason is not None:

@@ -241,11 +241,10 @@ def _ray_job(
                 summary.checks = evaluate_checks(summary, bounds, pages=pages)
             return summary
 
-        # A local Ray instance writes on this machine: an s3:// output goes through the write guard
-        # (uploaded all or none when the run commits); a cluster's workers write a URI themselves.
-        guarded = output is not None and (
-            not ray_engine.is_remote(output) or (address is None and output.startswith("s3://"))
-        )
+        # A local Ray instance writes on this machine: every output goes through the write guard
+        # (one on a store uploaded all or none when the run commits, a store grpo-cli does not
+        # write refused before any work); a cluster's workers write a URI themselves.
+        guarded = output is not None and (not ray_engine.is_remote(output) or address is None)
         return _guarded(
             inputs.protected(),
             output if guarded else None,

@@ -38,7 +38,7 @@ from grpo_cli.file_names import OTHER_DATA_SUFFIXES, PARQUET_SUFFIXES, READ_SUFF
 
 SCHEMES = ("s3", "gs", "gcs", "hf", "file")
 """The URI schemes grpo-cli reads; ``gcs`` is another name for ``gs``."""
-WRITABLE_SCHEMES = ("s3", "file")
+WRITABLE_SCHEMES = ("s3", "gs", "gcs", "file")
 _URI = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>.*)$")
 
 CONNECT_TIMEOUT_SECONDS = 10
@@ -273,11 +273,35 @@ def _fsspec(uri: str) -> tuple[Any, str]:
         except ImportError:
             raise GrpoError("hf:// needs huggingface_hub: pip install 'grpo-cli[hf]'") from None
         return HfFileSystem(), rest
+    return gcs_filesystem(), rest
+
+
+def gcs_filesystem() -> Any:
+    """gcsfs's file system, configured as gcsfs configures it (``GOOGLE_APPLICATION_CREDENTIALS``,
+    gcloud's credentials, the metadata server, else anonymous; ``STORAGE_EMULATOR_HOST`` for
+    another endpoint), one per configuration.
+
+    It is ``gcsfs.core``'s class: the package's default one first asks the storage-control API
+    for the bucket's layout, which without a project's credentials logs a warning on the
+    terminal at every call, and reading and writing objects needs none of it. gcsfs's own log
+    lines are silenced: what goes wrong is said once, in grpo-cli's one line.
+    """
+    return _gcs_filesystem(tuple(os.environ.get(name) for name in _GCS_SETTINGS))
+
+
+_GCS_SETTINGS = ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT")
+
+
+@functools.lru_cache(maxsize=8)
+def _gcs_filesystem(settings: tuple[str | None, ...]) -> Any:
+    import logging
+
     try:
-        import gcsfs
+        from gcsfs.core import GCSFileSystem
     except ImportError:
         raise GrpoError("gs:// needs gcsfs: pip install 'grpo-cli[gcs]'") from None
-    return gcsfs.GCSFileSystem(), rest
+    logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
+    return GCSFileSystem(skip_instance_cache=True, use_listings_cache=False)
 
 
 def _fsspec_list(uri: str) -> list[RemoteFile]:
@@ -607,6 +631,125 @@ class S3Output:
                     self.client.abort_multipart_upload(
                         Bucket=self.bucket, Key=upload.key, UploadId=upload.upload_id
                     )
+
+
+class GcsOutput:
+    """A ``gs://`` output: a file (one object) or a folder (one object per shard), through gcsfs.
+
+    :meth:`check` runs when the output is claimed, before any work, as :class:`S3Output`'s.
+    :meth:`publish` streams each finished local file into a resumable upload, a few MiB at a
+    time, and finalises it only once the whole file is there: until then GCS shows no object,
+    and an upload never finalised is no object (GCS drops it after a week). A failure or an
+    interrupt removes the objects the run had finalised, so nothing of a failed run is left.
+    GCS copies no byte range server-side (its ``compose`` joins whole objects), so a spliced
+    output is uploaded whole.
+    """
+
+    def __init__(self, uri: str, *, directory: bool) -> None:
+        self.uri = redact(uri)
+        self.directory = directory
+        rest = self.uri.split("://", 1)[1]
+        self.bucket, _, key = rest.partition("/")
+        if not self.bucket or not key or (key.endswith("/") and not directory):
+            raise GrpoError(f"{self.uri}: name the object to write (gs://bucket/path/out.parquet)")
+        self.path = f"{self.bucket}/{key.rstrip('/')}"
+        self.fs = gcs_filesystem()
+
+    @contextlib.contextmanager
+    def _errors(self, doing: str) -> Iterator[None]:
+        try:
+            yield
+        except GrpoError:
+            raise
+        except FileNotFoundError:
+            raise GrpoError(f"{self.uri}: the bucket {self.bucket!r} does not exist") from None
+        except Exception as exc:  # gcsfs raises OSError, HttpError, ValueError, aiohttp's errors
+            text = first_line(exc)
+            if text.startswith("Forbidden") or "401" in text or "403" in text:
+                raise GrpoError(f"{self.uri}: access denied when trying to {doing} ({text})") from None
+            raise GrpoError(f"{self.uri}: cannot {doing} ({text})") from None
+
+    def check(self, *, force: bool, what: str) -> None:
+        """Refuse, before any work, an output that cannot be written or would replace data."""
+        with self._errors(f"write the {what} there"):
+            self.fs.info(self.bucket)  # a missing bucket: FileNotFoundError
+            existing = self._existing()
+        if existing and not force:
+            shown = "holds objects" if self.directory else "exists"
+            raise GrpoError(f"{self.uri}: {shown}; pass --force to replace it")
+        if self.directory:
+            others = [path for path in existing if not path.lower().endswith(PARQUET_SUFFIXES)]
+            if others:
+                raise GrpoError(
+                    f"{self.uri}: holds {others[0].rsplit('/', 1)[-1]}, which is not a Parquet shard; "
+                    "grpo-cli replaces only a folder of Parquet shards (even with --force)"
+                )
+
+    def _existing(self) -> list[str]:
+        self.fs.invalidate_cache()
+        if not self.directory:
+            return [self.path] if self.fs.isfile(self.path) else []
+        return sorted(self.fs.find(self.path + "/"))
+
+    def publish(
+        self,
+        local: Path,
+        copied: dict[str, CopiedPrefix],
+        *,
+        progress: Callable[[int], None] | None = None,
+    ) -> dict[str, Any]:
+        """Upload ``local`` (the run's finished file, or folder of shards) as the output, each
+        object finalised only when it is whole; any error or interrupt removes those finalised.
+        ``copied`` is unused: GCS uploads every byte. Returns the bytes uploaded."""
+        files = sorted(local.iterdir()) if self.directory else [local]
+        written: list[str] = []
+        uploaded = 0
+        try:
+            with self._errors("upload the output"):
+                for file in files:
+                    target = f"{self.path}/{file.name}" if self.directory else self.path
+                    written.append(target)  # removed on failure even if its finalising was cut short
+                    uploaded += self._upload(file, target, progress)
+                if self.directory:
+                    stale = [path for path in self._existing() if path not in written]
+                    if stale:
+                        self.fs.rm(stale)
+        except BaseException:
+            for target in written:
+                with contextlib.suppress(Exception):
+                    self.fs.rm_file(target)
+            raise
+        return {
+            "uri": self.uri,
+            "objects": len(files),
+            "bytes_uploaded": uploaded,
+            "bytes_copied_in_store": 0,
+        }
+
+    def _upload(self, file: Path, target: str, progress: Callable[[int], None] | None) -> int:
+        # autocommit=False: closing or collecting the handle never finalises a partial upload;
+        # only commit() does, once every byte is sent.
+        handle = self.fs.open(target, "wb", autocommit=False, block_size=PART_BYTES)
+        sent = 0
+        try:
+            with open(file, "rb") as source:
+                for chunk in iter(lambda: source.read(COPY_CHUNK), b""):
+                    handle.write(chunk)
+                    sent += len(chunk)
+                    if progress is not None:
+                        progress(len(chunk))
+            handle.flush(force=True)
+            handle.commit()
+        finally:
+            handle.close()
+        return sent
+
+
+def store_output(uri: str, *, directory: bool) -> S3Output | GcsOutput:
+    """The output on the store ``uri`` names (one of :data:`WRITABLE_SCHEMES` but ``file``)."""
+    if check_scheme(uri) == "s3":
+        return S3Output(uri, directory=directory)
+    return GcsOutput(uri, directory=directory)
 
 
 def copy_ranges(length: int) -> list[tuple[int, int]]:
