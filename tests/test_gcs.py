@@ -9,12 +9,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import Result
 
 from grpo_cli import stores
 from tests.conftest import (
+    GcsServer,
     assert_same_rows,
     one_line_error,
     pq_without_provenance,
@@ -249,21 +251,37 @@ def test_a_server_that_is_gone_is_one_line(tmp_path: Path, cli: Cli, monkeypatch
 
 
 @pytest.mark.slow
-def test_the_ray_engine_writes_to_gcs_through_the_same_guard(gcs: Any, tmp_path: Path, cli: Cli) -> None:
-    """A local Ray instance's output on gs:// is uploaded from this machine, all or none, with
-    the local engine's rows and advantages."""
+def test_both_engines_read_and_write_gcs_with_the_same_data(
+    gcs: Any, gcs_server: GcsServer, tmp_path: Path
+) -> None:
+    """``compute gs://rollouts/run/ -o gs://rollouts/out-ENGINE/`` on each engine, as whole
+    processes (Ray's workers take the environment they start with): the Ray engine lists and
+    reads gs:// through the same gcsfs file system, and its output goes through the same guard;
+    the same rows and advantages, bit for bit."""
+    import os
+    import subprocess
+    import sys
+
     pytest.importorskip("ray")
-    folder = three_shards(gcs, tmp_path)
+    rows = rollout_rows(n_groups=200, group_size=8, seed=5)
+    for index in range(4):
+        shard = write_parquet(tmp_path / f"part-{index}.parquet", rows[index * 450 : (index + 1) * 450])
+        gcs.put_file(str(shard), f"rollouts/run/part-{index}.parquet")
+    env = {**os.environ, **gcs_server.env}
     for engine in ("local", "ray"):
-        output = f"gs://rollouts/out-{engine}/"
-        result = cli("compute", folder, "-g", "group_id", "-o", output, "--engine", engine, "-q")
-        assert result.exit_code == 0, result.stderr
+        command = [sys.executable, "-m", "grpo_cli", "compute", "gs://rollouts/run/", "-g", "group_id"]
+        command += ["-o", f"gs://rollouts/out-{engine}/", "--engine", engine, "-q"]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
     tables = {}
     for engine in ("local", "ray"):
         names = objects(gcs, f"out-{engine}/")
         assert names, engine
         files = [fetch(gcs, name, tmp_path / name.replace("/", "_")) for name in names]
-        tables[engine] = pq.read_table(files).sort_by([("text", "ascending")])
+        tables[engine] = pa.concat_tables([pq.read_table(f) for f in files]).sort_by([("text", "ascending")])
     local, ray = tables["local"], tables["ray"]
+    assert local.num_rows == ray.num_rows == len(rows)
     for name in local.column_names:
-        assert local.column(name).to_pylist() == ray.column(name).to_pylist(), name
+        assert (
+            local.column(name).to_pylist() == ray.column(name).cast(local.schema.field(name).type).to_pylist()
+        ), name

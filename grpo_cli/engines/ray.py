@@ -85,6 +85,7 @@ from grpo_cli.readers import parquet_row_range, row_count
 from grpo_cli.rewards import RewardBatch, new_column_arrays
 from grpo_cli.sources import InputSet, Shard
 from grpo_cli.splice import SplicedFile, SpliceRefused, read_footer
+from grpo_cli.stores import gcs_filesystem
 from grpo_cli.summary import ByValues, RunSummary, build_summary, input_info
 from grpo_cli.verify import Verifier
 
@@ -372,10 +373,16 @@ def _write_parquet(shard: Shard, out: Any) -> None:
 
 
 def _open_remote(uri: str) -> Any:
-    """A URI's file system and the path on it."""
+    """A URI's file system and the path on it: ``gs://`` through gcsfs, as the local engine
+    reads it (the same credentials and ``STORAGE_EMULATOR_HOST``; pyarrow's own GCS client
+    waits minutes for a metadata server where there are no credentials), others through
+    pyarrow's file systems."""
     import pyarrow.fs as pafs
 
+    scheme, _, rest = uri.partition("://")
     try:
+        if scheme.lower() in ("gs", "gcs"):
+            return pafs.PyFileSystem(pafs.FSSpecHandler(gcs_filesystem())), rest
         return pafs.FileSystem.from_uri(uri)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise GrpoError(f"{uri}: cannot open its file system ({first_line(exc)})") from None
@@ -1358,7 +1365,9 @@ def run_ray(
         rewrite_reason = None if claim is None else splice_plan(inputs, config)
         method = "rewrite"
         if claim is None:  # a URI that a cluster's workers write to themselves
-            _block_dataset(ray, parts, block_advantages, **job).write_parquet(output)
+            _block_dataset(ray, parts, block_advantages, **job).write_parquet(
+                output, filesystem=_open_remote(output)[0]
+            )
             written_info = output_info(output, written)
             extremes = None
         else:
