@@ -447,6 +447,21 @@ def same_or_within(a: str, b: str) -> bool:
 # --------------------------------------------------------------------------- S3 output
 
 
+def refuse_to_replace(uri: str, existing: list[str], *, directory: bool, force: bool) -> None:
+    """Refuse an output whose place holds ``existing`` objects (their names), unless ``force``;
+    a folder output replaces only a folder of Parquet shards, even with ``force``."""
+    if existing and not force:
+        shown = "holds objects" if directory else "exists"
+        raise GrpoError(f"{uri}: {shown}; pass --force to replace it")
+    if directory:
+        others = [name for name in existing if not name.lower().endswith(PARQUET_SUFFIXES)]
+        if others:
+            raise GrpoError(
+                f"{uri}: holds {others[0].rsplit('/', 1)[-1]}, which is not a Parquet shard; "
+                "grpo-cli replaces only a folder of Parquet shards (even with --force)"
+            )
+
+
 @dataclass(frozen=True)
 class CopiedPrefix:
     """The first ``length`` bytes of an output file are those of the S3 object ``source``
@@ -496,16 +511,7 @@ class S3Output:
                     raise GrpoError(f"{self.uri}: the bucket {self.bucket!r} does not exist") from None
                 raise
             existing = self._existing()
-        if existing and not force:
-            shown = "holds objects" if self.directory else "exists"
-            raise GrpoError(f"{self.uri}: {shown}; pass --force to replace it")
-        if self.directory:
-            others = [key for key in existing if not key.lower().endswith(PARQUET_SUFFIXES)]
-            if others:
-                raise GrpoError(
-                    f"{self.uri}: holds {others[0].rsplit('/', 1)[-1]}, which is not a Parquet shard; "
-                    "grpo-cli replaces only a folder of Parquet shards (even with --force)"
-                )
+        refuse_to_replace(self.uri, existing, directory=self.directory, force=force)
 
     def _existing(self) -> list[str]:
         if not self.directory:
@@ -674,16 +680,7 @@ class GcsOutput:
         with self._errors(f"write the {what} there"):
             self.fs.info(self.bucket)  # a missing bucket: FileNotFoundError
             existing = self._existing()
-        if existing and not force:
-            shown = "holds objects" if self.directory else "exists"
-            raise GrpoError(f"{self.uri}: {shown}; pass --force to replace it")
-        if self.directory:
-            others = [path for path in existing if not path.lower().endswith(PARQUET_SUFFIXES)]
-            if others:
-                raise GrpoError(
-                    f"{self.uri}: holds {others[0].rsplit('/', 1)[-1]}, which is not a Parquet shard; "
-                    "grpo-cli replaces only a folder of Parquet shards (even with --force)"
-                )
+        refuse_to_replace(self.uri, existing, directory=self.directory, force=force)
 
     def _existing(self) -> list[str]:
         self.fs.invalidate_cache()

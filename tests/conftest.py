@@ -251,7 +251,64 @@ def pq_without_provenance(path: Path, target: Path) -> Path:
     return target
 
 
+def compute_on_both_engines(source: str, output_prefix: str, env: dict[str, str]) -> None:
+    """``compute SOURCE -g group_id -o PREFIX-ENGINE/`` on the local and the Ray engine, as whole
+    processes with ``env`` (Ray's workers take the environment they start with)."""
+    import subprocess
+    import sys
+
+    for engine in ("local", "ray"):
+        command = [sys.executable, "-m", "grpo_cli", "compute", source, "-g", "group_id"]
+        command += ["-o", f"{output_prefix}-{engine}/", "--engine", engine, "-q"]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, (engine, done.stderr)
+
+
+def assert_engines_agree(local_files: Sequence[Path], ray_files: Sequence[Path], rows: int) -> None:
+    """Both engines' output shards hold the same ``rows`` rows, every column's values equal
+    (the Ray engine's types cast to the local engine's), ordered by the ``text`` column."""
+    assert local_files and ray_files
+    local, ray = (
+        pa.concat_tables([pq.read_table(f) for f in files]).sort_by([("text", "ascending")])
+        for files in (local_files, ray_files)
+    )
+    assert local.num_rows == ray.num_rows == rows
+    for name in local.column_names:
+        expected = local.column(name).to_pylist()
+        assert ray.column(name).cast(local.schema.field(name).type).to_pylist() == expected, name
+
+
 # --------------------------------------------------------------------------- an S3 API server on loopback
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def start_server(command: list[str], env: dict[str, str], ready_url: str) -> Any:
+    """``command`` started in its own process, once ``ready_url`` answers (30 s at most)."""
+    import subprocess
+    import time
+    import urllib.request
+
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(ready_url, timeout=1).close()
+            return process
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                if process.poll() is None:
+                    process.kill()
+                process.wait()
+                raise RuntimeError(f"{command[2]} did not start") from None
+            time.sleep(0.1)
 
 
 class S3Server:
@@ -260,33 +317,15 @@ class S3Server:
 
     def __init__(self, *, enforce_auth: bool = False) -> None:
         import os
-        import socket
-        import subprocess
         import sys
-        import time
-        import urllib.request
 
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = free_port()
         server_env = dict(os.environ)
         if enforce_auth:  # every request must be signed by a key moto's IAM knows: 403 otherwise
             server_env["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"
         self.endpoint = f"http://127.0.0.1:{port}"
         command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
-        self.process = subprocess.Popen(
-            command, env=server_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=1).close()
-                break
-            except OSError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError("moto_server did not start") from None
-                time.sleep(0.1)
+        self.process = start_server(command, server_env, f"{self.endpoint}/moto-api/")
         self.env = {
             "AWS_ENDPOINT_URL": self.endpoint,
             "AWS_ACCESS_KEY_ID": "testing-key-id",
@@ -345,31 +384,13 @@ class GcsServer:
 
     def __init__(self) -> None:
         import os
-        import socket
-        import subprocess
         import sys
-        import time
-        import urllib.request
 
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = free_port()
         self.endpoint = f"http://127.0.0.1:{port}"
         command = [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1"]
         command += ["--port", str(port), "--in-memory", "--quiet"]
-        self.process = subprocess.Popen(
-            command, env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{self.endpoint}/", timeout=1).close()
-                break
-            except OSError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError("gcp-storage-emulator did not start") from None
-                time.sleep(0.1)
+        self.process = start_server(command, dict(os.environ), f"{self.endpoint}/")
         self.env = {"STORAGE_EMULATOR_HOST": self.endpoint}
 
     def reset(self, bucket: str) -> None:

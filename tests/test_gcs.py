@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import Result
@@ -17,7 +16,10 @@ from typer.testing import Result
 from grpo_cli import stores
 from tests.conftest import (
     GcsServer,
+    assert_engines_agree,
     assert_same_rows,
+    compute_on_both_engines,
+    free_port,
     one_line_error,
     pq_without_provenance,
     rollout_rows,
@@ -230,7 +232,6 @@ def test_a_run_that_fails_mid_upload_leaves_no_object(
 def test_a_server_that_is_gone_is_one_line(tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     """gcsfs tries each request 6 times, waiting about 1, 2, 4, 8 then 16 s between tries, then
     the run ends in one line; here the waits are skipped (and counted)."""
-    import socket
     import types
 
     retry = pytest.importorskip("gcsfs.retry")
@@ -240,10 +241,7 @@ def test_a_server_that_is_gone_is_one_line(tmp_path: Path, cli: Cli, monkeypatch
         waits.append(seconds)
 
     monkeypatch.setattr(retry, "asyncio", types.SimpleNamespace(sleep=no_wait))
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{free_port()}")
     source = write_parquet(tmp_path / "in.parquet", rollout_rows())
     result = cli("compute", source, "-g", "group_id", "-o", "gs://rollouts/out.parquet")
     one_line_error(result, 2, "gs://rollouts/out.parquet", "cannot write the output there")
@@ -259,29 +257,17 @@ def test_both_engines_read_and_write_gcs_with_the_same_data(
     reads gs:// through the same gcsfs file system, and its output goes through the same guard;
     the same rows and advantages, bit for bit."""
     import os
-    import subprocess
-    import sys
 
     pytest.importorskip("ray")
     rows = rollout_rows(n_groups=200, group_size=8, seed=5)
     for index in range(4):
         shard = write_parquet(tmp_path / f"part-{index}.parquet", rows[index * 450 : (index + 1) * 450])
         gcs.put_file(str(shard), f"rollouts/run/part-{index}.parquet")
-    env = {**os.environ, **gcs_server.env}
-    for engine in ("local", "ray"):
-        command = [sys.executable, "-m", "grpo_cli", "compute", "gs://rollouts/run/", "-g", "group_id"]
-        command += ["-o", f"gs://rollouts/out-{engine}/", "--engine", engine, "-q"]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr
-    tables = {}
-    for engine in ("local", "ray"):
-        names = objects(gcs, f"out-{engine}/")
-        assert names, engine
-        files = [fetch(gcs, name, tmp_path / name.replace("/", "_")) for name in names]
-        tables[engine] = pa.concat_tables([pq.read_table(f) for f in files]).sort_by([("text", "ascending")])
-    local, ray = tables["local"], tables["ray"]
-    assert local.num_rows == ray.num_rows == len(rows)
-    for name in local.column_names:
-        assert (
-            local.column(name).to_pylist() == ray.column(name).cast(local.schema.field(name).type).to_pylist()
-        ), name
+    compute_on_both_engines("gs://rollouts/run/", "gs://rollouts/out", {**os.environ, **gcs_server.env})
+    outputs = {
+        engine: [
+            fetch(gcs, name, tmp_path / name.replace("/", "_")) for name in objects(gcs, f"out-{engine}/")
+        ]
+        for engine in ("local", "ray")
+    }
+    assert_engines_agree(outputs["local"], outputs["ray"], len(rows))

@@ -20,7 +20,9 @@ from grpo_cli.errors import GrpoError
 from grpo_cli.splice import read_footer
 from tests.conftest import (
     S3Server,
+    assert_engines_agree,
     assert_same_rows,
+    compute_on_both_engines,
     one_line_error,
     pq_without_provenance,
     rollout_rows,
@@ -379,8 +381,6 @@ def test_both_engines_write_the_same_data_from_s3_to_s3(s3: Any, s3_server: S3Se
     environment they start with): the same rows and advantages, bit for bit."""
     import importlib.util
     import os
-    import subprocess
-    import sys
 
     if importlib.util.find_spec("ray") is None:
         pytest.skip("the ray extra is not installed")
@@ -388,24 +388,12 @@ def test_both_engines_write_the_same_data_from_s3_to_s3(s3: Any, s3_server: S3Se
     for index in range(4):
         shard = write_parquet(tmp_path / f"part-{index}.parquet", rows[index * 450 : (index + 1) * 450])
         s3.upload_file(str(shard), "rollouts", f"run/part-{index}.parquet")
-    env = {**os.environ, **s3_server.env}
-    for engine in ("local", "ray"):
-        command = [sys.executable, "-m", "grpo_cli", "compute", "s3://rollouts/run/", "-g", "group_id"]
-        command += ["-o", f"s3://rollouts/out-{engine}/", "--engine", engine, "-q"]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr
-    tables = {}
-    for engine in ("local", "ray"):
-        files = [fetch(s3, key, tmp_path / key.replace("/", "_")) for key in keys(s3, f"out-{engine}/")]
-        assert files, engine
-        table = pa.concat_tables([pq.read_table(f) for f in files]).sort_by([("text", "ascending")])
-        tables[engine] = table
-    local, ray = tables["local"], tables["ray"]
-    assert local.num_rows == ray.num_rows == len(rows)
-    for name in local.column_names:
-        assert (
-            local.column(name).to_pylist() == ray.column(name).cast(local.schema.field(name).type).to_pylist()
-        ), name
+    compute_on_both_engines("s3://rollouts/run/", "s3://rollouts/out", {**os.environ, **s3_server.env})
+    outputs = {
+        engine: [fetch(s3, key, tmp_path / key.replace("/", "_")) for key in keys(s3, f"out-{engine}/")]
+        for engine in ("local", "ray")
+    }
+    assert_engines_agree(outputs["local"], outputs["ray"], len(rows))
     assert not s3.list_multipart_uploads(Bucket="rollouts").get("Uploads")
 
 
