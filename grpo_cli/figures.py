@@ -12,7 +12,7 @@ statistics themselves (count, mean, M2, extremes) merge by Chan's rule in :mod:`
 
 >>> import numpy as np
 >>> rows = RowInputs(np.array([1.0, 0.0, np.nan]), np.array([True, True, False]), None)
->>> totals = of_chunk(wanted(()), np.array([0, 0, 1]), 2, rows)
+>>> totals = of_chunk(wanted(("batch_nonzero",)), np.array([0, 0, 1]), 2, rows)
 >>> {name: values.tolist() for name, values in totals.items()}
 {'rows': [2, 1], 'nan_rewards': [0, 1], 'nonzero_rewards': [1, 0]}
 """
@@ -81,7 +81,11 @@ FIGURES = (
     GroupFigure("rows", "count", "sum", lambda rows: np.ones(rows.combined.size, dtype=bool)),
     GroupFigure("nan_rewards", "count", "sum", lambda rows: ~rows.valid),
     GroupFigure(
-        "nonzero_rewards", "count", "sum", lambda rows: np.isfinite(rows.combined) & (rows.combined != 0)
+        "nonzero_rewards",
+        "count",
+        "sum",
+        lambda rows: np.isfinite(rows.combined) & (rows.combined != 0),
+        need="batch_nonzero",
     ),
     GroupFigure("length_sums", "sum", "sum", _lengths, need="length_sums"),
     GroupFigure(
@@ -92,8 +96,8 @@ FIGURES = (
         need="length_sums",
     ),
 )
-"""Every figure, in a fixed order: rows, unscorable rows and rows with a non-zero reward per
-group (GPG's alpha), and OPO's length sums."""
+"""Every figure, in a fixed order: rows and unscorable rows per group, then those an estimator
+needs: rows with a non-zero reward (GPG's alpha) and OPO's length sums."""
 
 
 def wanted(needs: Sequence[Need]) -> list[GroupFigure]:
@@ -152,7 +156,7 @@ class FigureAccumulator:
     """Rows fed in input order, cut into blocks at multiples of ``block_rows`` (as
     :class:`~grpo_cli.kernel.GroupStatsAccumulator` cuts them), each block's figures folded in.
 
-    >>> acc = FigureAccumulator(wanted(()), block_rows=2)
+    >>> acc = FigureAccumulator(wanted(("batch_nonzero",)), block_rows=2)
     >>> acc.update(np.array([0, 1, 1]), RowInputs(np.array([1.0, 0.0, 2.0]), np.ones(3, bool), None))
     >>> acc.compute()["nonzero_rewards"].tolist()
     [1, 1]

@@ -86,7 +86,8 @@ class BatchLayout:
 
     of_group: np.ndarray  # int64 (num_groups,)
     rows: np.ndarray  # int64 (num_batches,)
-    nonzero_rewards: np.ndarray  # int64 (num_batches,): rows whose reward is finite and not 0
+    nonzero_rewards: np.ndarray | None  # int64 (num_batches,): rows whose reward is finite and
+    # not 0, where the estimator needs them (GPG's alpha: "batch_nonzero")
     keys: list[Any]  # the batch column's value of each batch ID
 
     @property
@@ -104,7 +105,9 @@ class BatchLayout:
         """
         count = len(keys)
         rows = np.bincount(of_group, weights=figures["rows"], minlength=count).astype(np.int64)
-        nonzero = np.bincount(of_group, weights=figures["nonzero_rewards"], minlength=count).astype(np.int64)
+        nonzero = figures.get("nonzero_rewards")
+        if nonzero is not None:
+            nonzero = np.bincount(of_group, weights=nonzero, minlength=count).astype(np.int64)
         return cls(of_group, rows, nonzero, keys)
 
 
@@ -346,7 +349,7 @@ class RunPlan:
         options, needs = self.config.advantage, self.needs
         row_scale = group_baseline = best_advantage = None
         if "batch_nonzero" in needs:
-            assert batches is not None
+            assert batches is not None and batches.nonzero_rewards is not None
             row_scale = gpg_row_scale(
                 torch.from_numpy(batches.rows),
                 torch.from_numpy(batches.nonzero_rewards),
