@@ -564,9 +564,10 @@ class RunPlan:
         active_device: torch.Tensor,
         first_row: int = 0,
         global_row: int = 0,
-    ) -> tuple[RewardBatch, torch.Tensor, torch.Tensor]:
+    ) -> tuple[RewardBatch, torch.Tensor, torch.Tensor | None]:
         """One batch's rewards, its advantages before any batch transform (CPU), and batch IDs
-        (``first_row``: the batch's first row in its shard, ``global_row``: in the whole input).
+        where a batch transform or GPG reads them (``None`` elsewhere) (``first_row``: the
+        batch's first row in its shard, ``global_row``: in the whole input).
         """
         config = self.config
         rewards = reader.read(batch, first_row)
@@ -575,9 +576,12 @@ class RunPlan:
             rewards, ids, outcome.norms, active_device, weights=weights, device=self.device
         )
         result = result.cpu()
-        batches = outcome.batches
-        batch_ids = torch.from_numpy(batches.of_group)[ids] if batches is not None else torch.zeros_like(ids)
+        batch_ids = None  # a gather of every row: only where a batch transform or GPG reads it
+        if outcome.row_scale is not None or outcome.transform is not None or self.needs_moments_pass:
+            batches = outcome.batches
+            batch_ids = torch.zeros_like(ids) if batches is None else torch.from_numpy(batches.of_group)[ids]
         if outcome.row_scale is not None:  # gpg: alpha / f_norm of the row's batch
+            assert batch_ids is not None
             result = result.to(torch.float64) * outcome.row_scale[batch_ids]
         if outcome.group_baseline is not None:  # opo: the group's length-weighted mean reward
             valid = torch.isfinite(rewards.combined) & outcome.active[ids]
@@ -635,7 +639,7 @@ class RunPlan:
     def finish(
         self,
         advantages: torch.Tensor,
-        batch_ids: torch.Tensor,
+        batch_ids: torch.Tensor | None,
         outcome: GroupOutcome,
         *,
         scored: torch.Tensor | None = None,
@@ -647,6 +651,7 @@ class RunPlan:
         """
         result = advantages.cpu()
         if outcome.transform is not None:
+            assert batch_ids is not None  # row_advantages gives them wherever there is a transform
             result = outcome.transform.apply(result, batch_ids)
             if scored is not None:
                 result = torch.where(scored.cpu(), result, torch.zeros_like(result))

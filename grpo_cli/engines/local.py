@@ -869,9 +869,9 @@ class LocalEngine:
         active_device: torch.Tensor,
         shard_row: int,
         global_row: int,
-    ) -> tuple[RewardBatch, torch.Tensor, torch.Tensor]:
-        """One batch's rewards, advantages before any batch transform (CPU), and batch IDs
-        (``global_row``: the batch's first row in the whole input)."""
+    ) -> tuple[RewardBatch, torch.Tensor, torch.Tensor | None]:
+        """One batch's rewards, advantages before any batch transform (CPU), and batch IDs where
+        they are read (``global_row``: the batch's first row in the whole input)."""
         rewards, result, batch_ids = self.plan.row_advantages(
             batch,
             reader,
@@ -908,6 +908,7 @@ class LocalEngine:
                 lengths = (
                     None if config.length_col is None else reader.lengths(batch, config.length_col, shard_row)
                 )
+                assert batch_ids is not None  # a moments pass reads each row's batch
                 total.update(result, lengths, batch_ids, valid=rewards.combined_valid)
                 shard_row += n
                 global_row += n

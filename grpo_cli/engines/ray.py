@@ -945,6 +945,7 @@ def block_moments(
             values.append(result)
             if config.length_col is not None:
                 weights.append(reader.lengths(record, config.length_col, part.start))
+            assert in_batch is not None  # a moments pass reads each row's batch
             batch_ids.append(in_batch)
             valid.append(
                 torch.ones(result.numel(), dtype=torch.bool)
