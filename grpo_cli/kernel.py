@@ -887,9 +887,21 @@ def batch_std(stats: GroupStats, *, ddof: int = 0) -> Tensor:
     return _overall_std(stats, ddof)
 
 
+def batch_mean_std(stats: GroupStats, *, ddof: int = 0) -> tuple[int, Tensor, Tensor]:
+    """Count, mean and standard deviation of all rollouts, merged from the groups in one pass
+    over them: bit for bit :func:`batch_moments`' count and mean and :func:`batch_std`.
+
+    >>> stats = group_stats(torch.tensor([1.0, 3.0, 5.0, 7.0]), torch.tensor([0, 0, 1, 1]))
+    >>> n, mean, std = batch_mean_std(stats)
+    >>> n, mean.item(), std.item()
+    (4, 4.0, 2.23606797749979)
+    """
+    n, mean, m2, scale = _batch_moments_scaled(stats)
+    return n, mean, sqrt_rn(m2 / max(n - ddof, 1)) * scale
+
+
 def _overall_std(stats: GroupStats, ddof: int) -> Tensor:
-    n, _, m2, scale = _batch_moments_scaled(stats)
-    return sqrt_rn(m2 / max(n - ddof, 1)) * scale
+    return batch_mean_std(stats, ddof=ddof)[2]
 
 
 def _batch_moments_scaled(stats: GroupStats) -> tuple[int, Tensor, Tensor, Tensor]:

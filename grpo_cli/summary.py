@@ -142,7 +142,7 @@ def build_summary(
     its figures show: see :func:`grouping_warnings`). ``by``: each ``--by`` column's value of
     every group, for the figures per value (:func:`figures_by_value`).
     """
-    from grpo_cli.kernel import batch_moments, batch_std
+    from grpo_cli.kernel import batch_mean_std
 
     cpu = outcome.stats.to("cpu")
     rows_per_group = outcome.rows_per_group
@@ -155,12 +155,12 @@ def build_summary(
     sizes = rows_per_group  # rows, a null or NaN reward's included
     singleton = int((sizes == 1).sum())
 
-    n_all, mean_all, _ = batch_moments(cpu)
+    n_all, mean_all, std_all = batch_mean_std(cpu)
     reward: dict[str, float | None] = {"mean": None, "std": None, "min": None, "max": None}
     if n_all:  # a group with no reward holds the identities, +inf and -inf: no mask needed
         reward = {
             "mean": float(mean_all),
-            "std": float(batch_std(cpu)),
+            "std": float(std_all),
             "min": float(minimum.min()),
             "max": float(maximum.max()),
         }

@@ -21,6 +21,7 @@ from grpo_cli.kernel import (
     GroupStatsAccumulator,
     advantages_from_stats,
     apply_normalization,
+    batch_mean_std,
     batch_moments,
     batch_std,
     empty_group_stats,
@@ -255,6 +256,27 @@ def test_batch_moments_of_ordinary_and_tiny_groups_together():
     assert n == 4
     assert float(mean) == pytest.approx(float(exact_mean), rel=1e-15, abs=0)
     assert float(m2) == pytest.approx(float(sum((v - exact_mean) ** 2 for v in exact)), rel=1e-15, abs=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.floats(-1e3, 1e3), st.floats(-1e300, 1e300), st.sampled_from([0.0, 1e-300, -2e-200])),
+        min_size=1,
+        max_size=40,
+    ),
+    st.integers(1, 6),
+    st.integers(0, 1),
+)
+def test_batch_mean_std_is_batch_moments_and_batch_std_at_once(values, groups, ddof):
+    """The summary's one pass over the groups gives batch_moments' count and mean bits (its
+    standard deviation is batch_std's own, which the tests above pin)."""
+    x = torch.tensor(values, dtype=torch.float64)
+    stats = group_stats(x, torch.arange(x.numel()) % groups, groups)
+    n, mean, _ = batch_mean_std(stats, ddof=ddof)
+    n_moments, mean_moments, _ = batch_moments(stats)
+    assert n == n_moments
+    assert torch.equal(mean, mean_moments)
 
 
 @pytest.mark.parametrize("block_rows", [100, 4, 3])
