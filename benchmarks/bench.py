@@ -346,6 +346,9 @@ CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, {root!r})
 which, src, dst = sys.argv[1], sys.argv[2], sys.argv[3]
+if which.startswith("grpo-cli"):  # as the CLI does when a command runs
+    from grpo_cli.allocator import reuse_freed_memory
+    reuse_freed_memory()
 start = time.perf_counter()
 if which == "grpo-cli":
     from grpo_cli.jobs import compute_dataset
@@ -493,7 +496,10 @@ RAY_DRIVER = r"""
 import json, sys, threading, time
 sys.path.insert(0, {root!r})
 from grpo_cli.config import ComputeConfig
+from grpo_cli.allocator import reuse_freed_memory
 from grpo_cli.jobs import compute_dataset_ray
+
+reuse_freed_memory()  # the driver is the CLI's process, which does this when a command runs
 
 def status(field):
     return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field))
@@ -937,9 +943,14 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
+    from grpo_cli.allocator import reuse_freed_memory
+
+    # as grpo-cli does when a command runs (pyarrow and polars bring their own allocators)
+    reused = reuse_freed_memory()
     print(
         f"grpo-cli benchmarks: python {sys.version.split()[0]}, torch {torch.__version__}, "
-        f"{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads\n{machine()}"
+        f"{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads\n{machine()}\n"
+        f"malloc keeps large freed blocks for reuse (grpo_cli.allocator, as the CLI): {reused}"
     )
     sections = args.only or SECTIONS
     if "imports" in sections:

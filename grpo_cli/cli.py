@@ -343,6 +343,9 @@ def _run(debug: bool, body: Callable[[_RunState], int], *, bars: bool = False) -
     start, and put away before any message. SIGTERM and SIGHUP stop the run like Ctrl-C:
     every temporary is removed.
     """
+    from grpo_cli.allocator import reuse_freed_memory  # ctypes: not on the --help path
+
+    reuse_freed_memory()
     state = _RunState()
     handled = [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
     previous = {signum: signal.getsignal(signum) for signum in handled}
