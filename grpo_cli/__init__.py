@@ -31,10 +31,12 @@ __all__ = [
     "group_advantages",
     "group_stats",
     "merge_group_stats",
+    "reuse_freed_memory",
     "summarize",
 ]
 
 if TYPE_CHECKING:
+    from grpo_cli.allocator import reuse_freed_memory
     from grpo_cli.api import group_advantages
     from grpo_cli.config import ComputeConfig
     from grpo_cli.errors import GrpoError
@@ -58,6 +60,7 @@ _LAZY = {
     "GrpoError": "grpo_cli.errors",
     "add_advantages": "grpo_cli.tables",
     "summarize": "grpo_cli.tables",
+    "reuse_freed_memory": "grpo_cli.allocator",
 }
 
 
