@@ -34,9 +34,13 @@ OBJECT_STORE_BYTES = 80 << 20  # per node; the data decodes to about twice that
 
 
 def clean_env() -> dict[str, str]:
-    """This environment without a local Ray instance's auth settings (tests/test_ray.py sets them)."""
+    """This environment without a local Ray instance's auth settings (tests/test_ray.py sets them),
+    and token authentication off for every node and client alike: Ray's nodes turn it on when
+    they find a token in ``~/.ray/auth_token`` (one left there by any earlier Ray session), and
+    its CLI then fails to reach them."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env["RAY_USAGE_STATS_ENABLED"] = "0"
+    env["RAY_AUTH_MODE"] = "disabled"
     return env
 
 
