@@ -43,6 +43,23 @@ def best_of(repeats: int, fn: Callable[[], object]) -> float:
     return min(times)
 
 
+def best_interleaved(repeats: int, contenders: dict[str, Callable[[], object]]) -> dict[str, float]:
+    """Each contender's best time of ``repeats``, the contenders taking turns (one warm-up run
+    each first): a drift of the machine (another job, the host reclaiming memory) then touches
+    every contender alike, where timing one contender's runs after another's left its ratios
+    to the others at the mercy of when it ran."""
+    for fn in contenders.values():
+        fn()
+    best = dict.fromkeys(contenders, float("inf"))
+    for _ in range(repeats):
+        for name, fn in contenders.items():
+            gc.collect()
+            start = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
 def table_rows(title: str, rows: int, results: dict[str, float], ratio_to: list[str]) -> None:
     print(f"\n{title}")
     header = f"  {'contender':34s} {'seconds':>8s} {'Mrows/s':>8s}" + "".join(
@@ -215,12 +232,15 @@ def kernel_contenders(ids: np.ndarray, rewards: np.ndarray, repeats: int) -> dic
         finally:
             kernel.sqrt_rn = exact
 
-    return {
-        "grpo-cli kernel (torch, cpu)": best_of(repeats, lambda: group_advantages(r_t, ids_t, EPS)),
-        "  the same, torch's library sqrt": best_of(repeats, library_roots),
-        "polars over()": best_of(repeats, lambda: df_pl.select(polars_expr())),
-        "pandas groupby-transform": best_of(repeats, pandas_kernel),
-    }
+    return best_interleaved(
+        repeats,
+        {
+            "grpo-cli kernel (torch, cpu)": lambda: group_advantages(r_t, ids_t, EPS),
+            "  the same, torch's library sqrt": library_roots,
+            "polars over()": lambda: df_pl.select(polars_expr()),
+            "pandas groupby-transform": pandas_kernel,
+        },
+    )
 
 
 def bench_files(rows: int, group_size: int, repeats: int, data_dir: Path) -> None:
@@ -327,18 +347,19 @@ def machine() -> str:
 
 
 def file_contenders(src: Path, out: Path, repeats: int) -> tuple[dict[str, float], str]:
-    results = {
-        "I/O floor: pyarrow": best_of(repeats, lambda: io_floor_pyarrow(src, out)),
-        "I/O floor: polars": best_of(repeats, lambda: io_floor_polars(src, out)),
-    }
-    floor_name = min(results, key=results.__getitem__)
-    results["I/O floor"] = results[floor_name]
-    results["polars one-liner"] = best_of(repeats, lambda: polars_oneliner(src, out))
-    results["pandas groupby-transform"] = best_of(repeats, lambda: pandas_job(src, out))
-    results["grpo-cli compute"] = best_of(repeats, lambda: grpo_job(src, out))
-    results["grpo-cli compute (forced streaming)"] = best_of(
-        repeats, lambda: grpo_job(src, out, streaming=True)
+    results = best_interleaved(
+        repeats,
+        {
+            "I/O floor: pyarrow": lambda: io_floor_pyarrow(src, out),
+            "I/O floor: polars": lambda: io_floor_polars(src, out),
+            "polars one-liner": lambda: polars_oneliner(src, out),
+            "pandas groupby-transform": lambda: pandas_job(src, out),
+            "grpo-cli compute": lambda: grpo_job(src, out),
+            "grpo-cli compute (forced streaming)": lambda: grpo_job(src, out, streaming=True),
+        },
     )
+    floor_name = min(("I/O floor: pyarrow", "I/O floor: polars"), key=results.__getitem__)
+    results["I/O floor"] = results[floor_name]
     return results, floor_name
 
 
