@@ -27,6 +27,13 @@ M_MMAP_THRESHOLD = -3
 LARGEST_HEAP_BLOCK = 1 << 30
 """Blocks up to this size come from the heap; freed memory is returned once this much lies free."""
 
+MALLOC_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": str(LARGEST_HEAP_BLOCK),
+    "MALLOC_TRIM_THRESHOLD_": str(LARGEST_HEAP_BLOCK),
+}
+"""The same settings as glibc reads them from the environment when a process starts (the Ray
+engine's private instance passes them to its worker processes)."""
+
 _applied = False
 
 

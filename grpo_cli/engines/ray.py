@@ -59,6 +59,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from grpo_cli.allocator import MALLOC_ENV
 from grpo_cli.choices import InputFormat
 from grpo_cli.columns import plain_schema
 from grpo_cli.config import ComputeConfig
@@ -122,9 +123,12 @@ def ray_session(address: str | None, *, quiet: bool = True, num_cpus: int | None
     if running is not None and running.is_initialized():
         yield running
         return
-    saved_env = {k: os.environ.get(k) for k in _RAY_ENV}
+    saved_env = {k: os.environ.get(k) for k in (*_RAY_ENV, *MALLOC_ENV)}
     temp_dir = tempfile.mkdtemp(prefix="grpo-ray-", dir=_short_temp_root()) if address is None else None
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if temp_dir is not None:  # the private instance's workers keep freed blocks too (see allocator)
+        for setting, wanted_value in MALLOC_ENV.items():
+            os.environ.setdefault(setting, wanted_value)
     unset = saved_env["RAY_AUTH_MODE"] is None and not saved_env["RAY_AUTH_TOKEN"]
     # Ray reads the token's path when it is imported, once per process: every private instance of
     # the process uses the one token file set before that import (a second instance started with
