@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import urllib.parse
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -644,11 +645,13 @@ class GcsOutput:
 
     :meth:`check` runs when the output is claimed, before any work, as :class:`S3Output`'s.
     :meth:`publish` streams each finished local file into a resumable upload, a few MiB at a
-    time, and finalises it only once the whole file is there: until then GCS shows no object,
-    and an upload never finalised is no object (GCS drops it after a week). A failure or an
-    interrupt removes the objects the run had finalised, so nothing of a failed run is left.
-    GCS copies no byte range server-side (its ``compose`` joins whole objects), so a spliced
-    output is uploaded whole.
+    time, under a hidden staging name beside the output, and finalises it only once the whole
+    file is there (an upload never finalised is no object; GCS drops it after a week). Once
+    every file is up, each is copied into place inside the store (a rewrite: no byte leaves
+    GCS) and its staged object removed. A failure or an interrupt before then removes the staged
+    objects and leaves what was there as it was, so ``--force`` replaces an output only once
+    the whole new one is up. GCS copies no byte range server-side (its ``compose`` joins whole
+    objects), so a spliced output is uploaded whole.
     """
 
     def __init__(self, uri: str, *, directory: bool) -> None:
@@ -676,10 +679,11 @@ class GcsOutput:
             raise GrpoError(f"{self.uri}: cannot {doing} ({text})") from None
 
     def check(self, *, force: bool, what: str) -> None:
-        """Refuse, before any work, an output that cannot be written or would replace data."""
+        """Refuse, before any work, an output that cannot be written or would replace data
+        (the staged objects a killed run left in a folder are its own: replaced, never refused)."""
         with self._errors(f"write the {what} there"):
             self.fs.info(self.bucket)  # a missing bucket: FileNotFoundError
-            existing = self._existing()
+            existing = [path for path in self._existing() if not _GCS_STAGED.search(path)]
         refuse_to_replace(self.uri, existing, directory=self.directory, force=force)
 
     def _existing(self) -> list[str]:
@@ -695,33 +699,51 @@ class GcsOutput:
         *,
         progress: Callable[[int], None] | None = None,
     ) -> dict[str, Any]:
-        """Upload ``local`` (the run's finished file, or folder of shards) as the output, each
-        object finalised only when it is whole; any error or interrupt removes those finalised.
-        ``copied`` is unused: GCS uploads every byte. Returns the bytes uploaded."""
+        """Upload ``local`` (the run's finished file, or folder of shards) as the output: every
+        file staged whole, then each copied into place; any error or interrupt before that
+        removes what was staged. ``copied`` is unused: GCS uploads every byte. Returns the bytes
+        uploaded."""
         files = sorted(local.iterdir()) if self.directory else [local]
-        written: list[str] = []
+        token = uuid.uuid4().hex[:12]
+        staged: list[tuple[str, str]] = []  # (staging path, final path), each finalised whole
+        placed: list[str] = []  # final paths this run has copied into place
         uploaded = 0
         try:
             with self._errors("upload the output"):
                 for file in files:
-                    target = f"{self.path}/{file.name}" if self.directory else self.path
-                    written.append(target)  # removed on failure even if its finalising was cut short
-                    uploaded += self._upload(file, target, progress)
+                    final = f"{self.path}/{file.name}" if self.directory else self.path
+                    staging = self._staging(final, token)
+                    uploaded += self._upload(file, staging, progress)
+                    staged.append((staging, final))
+                for staging, final in staged:  # every file is up: into place, inside the store
+                    self.fs.copy(staging, final)
+                    placed.append(final)
                 if self.directory:
-                    stale = [path for path in self._existing() if path not in written]
+                    keep = set(placed) | {staging for staging, _ in staged}
+                    stale = [path for path in self._existing() if path not in keep]
                     if stale:
                         self.fs.rm(stale)
         except BaseException:
-            for target in written:
+            # what this run placed is removed (what it replaced is gone either way); what it
+            # only staged never touched the output
+            for path in [*placed, *(staging for staging, _ in staged)]:
                 with contextlib.suppress(Exception):
-                    self.fs.rm_file(target)
+                    self.fs.rm_file(path)
             raise
+        for staging, _ in staged:  # hidden names: a leftover would be skipped by every reader
+            with contextlib.suppress(Exception):
+                self.fs.rm_file(staging)
         return {
             "uri": self.uri,
             "objects": len(files),
             "bytes_uploaded": uploaded,
             "bytes_copied_in_store": 0,
         }
+
+    def _staging(self, final: str, token: str) -> str:
+        """A hidden name beside ``final`` for this run's upload of it (:data:`_GCS_STAGED`)."""
+        parent, _, name = final.rpartition("/")
+        return f"{parent}/.{name}.{token}.tmp"
 
     def _upload(self, file: Path, target: str, progress: Callable[[int], None] | None) -> int:
         # autocommit=False: closing or collecting the handle never finalises a partial upload;
@@ -740,6 +762,10 @@ class GcsOutput:
         finally:
             handle.close()
         return sent
+
+
+_GCS_STAGED = re.compile(r"/\.[^/]+\.[0-9a-f]{12}\.tmp$")
+"""A staged object's name (:meth:`GcsOutput._staging`)."""
 
 
 def store_output(uri: str, *, directory: bool) -> S3Output | GcsOutput:

@@ -229,6 +229,71 @@ def test_a_run_that_fails_mid_upload_leaves_no_object(
     assert objects(gcs, "run/") == [f"run/part-{index}.parquet" for index in range(3)]
 
 
+@pytest.mark.parametrize("output", ["gs://rollouts/out.parquet", "gs://rollouts/out/"])
+def test_a_forced_run_that_fails_leaves_what_it_was_to_replace(
+    gcs: Any, tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch, output: str
+) -> None:
+    """--force replaces what is there only once the whole output is up: a run whose upload is
+    cut off leaves the old object, or the old folder's every shard, as they were."""
+    three_shards(gcs, tmp_path)
+    old = (
+        {"out.parquet": b"the old output"}
+        if output.endswith(".parquet")
+        else {f"out/part-{index}.parquet": f"old shard {index}".encode() for index in range(3)}
+    )
+    for name, data in old.items():
+        gcs.pipe_file(f"rollouts/{name}", data)
+    uploads = []
+
+    def cut_off(self: stores.GcsOutput, file: Path, target: str, progress: Any) -> int:
+        uploads.append(target)
+        if len(uploads) == len(old):  # the last file's upload: every other one is up
+            raise OSError("connection reset by peer")
+        return real_upload(self, file, target, progress)
+
+    real_upload = stores.GcsOutput._upload
+    monkeypatch.setattr(stores.GcsOutput, "_upload", cut_off)
+    result = cli("compute", "gs://rollouts/run/", "-g", "group_id", "-o", output, "-f")
+    one_line_error(result, 2, output, "connection reset by peer")
+    assert sorted(objects(gcs)) == sorted([*old, *(f"run/part-{index}.parquet" for index in range(3))])
+    for name, data in old.items():
+        assert gcs.cat_file(f"rollouts/{name}") == data
+
+
+def test_a_failure_while_placing_the_files_leaves_no_object_of_the_run(
+    gcs: Any, tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every shard is up and the second copy into place fails: the first, already placed, and
+    every staged object are removed; nothing hidden is left behind."""
+    three_shards(gcs, tmp_path)
+    copies = []
+    store = stores.gcs_filesystem()  # the run's own (fsspec binds copy to each instance)
+    real_copy = store.copy
+
+    def flaky(source: str, target: str, **kwargs: Any) -> Any:
+        copies.append(target)
+        if len(copies) == 2:
+            raise OSError("connection reset by peer")
+        return real_copy(source, target, **kwargs)
+
+    monkeypatch.setattr(store, "copy", flaky)
+    result = cli("compute", "gs://rollouts/run/", "-g", "group_id", "-o", "gs://rollouts/out/")
+    one_line_error(result, 2, "gs://rollouts/out/", "connection reset by peer")
+    assert copies == ["rollouts/out/part-0.parquet", "rollouts/out/part-1.parquet"]
+    assert objects(gcs, "out/") == []
+
+
+def test_what_a_killed_run_staged_is_replaced_not_refused(gcs: Any, tmp_path: Path, cli: Cli) -> None:
+    """A run killed outright (SIGKILL) leaves its staged objects, hidden, in the folder: the
+    next run to that folder is not refused for them, and removes them with --force."""
+    three_shards(gcs, tmp_path)
+    leftover = "out/.part-0.parquet.0123456789ab.tmp"
+    gcs.pipe_file(f"rollouts/{leftover}", b"half a shard")
+    result = cli("compute", "gs://rollouts/run/", "-g", "group_id", "-o", "gs://rollouts/out/", "-f", "-q")
+    assert result.exit_code == 0, result.stderr
+    assert objects(gcs, "out/") == [f"out/part-{index}.parquet" for index in range(3)]
+
+
 def test_a_server_that_is_gone_is_one_line(tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     """gcsfs tries each request 6 times, waiting about 1, 2, 4, 8 then 16 s between tries, then
     the run ends in one line; here the waits are skipped (and counted)."""
