@@ -242,6 +242,39 @@ def test_an_interrupted_upload_leaves_no_object_and_no_pending_upload(
     assert not s3.list_multipart_uploads(Bucket="rollouts").get("Uploads")
 
 
+@pytest.mark.parametrize("output", ["s3://rollouts/out.parquet", "s3://rollouts/out/"])
+def test_a_forced_run_that_fails_leaves_what_it_was_to_replace(
+    s3: Any, tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch, output: str
+) -> None:
+    """--force replaces what is there only when every object is completed: a run cut off on
+    its last upload leaves the old object, or the old folder's every shard, as they were
+    (the neighbour of the same test for gs://)."""
+    three_shards_on_s3(s3, tmp_path)
+    old = (
+        {"out.parquet": b"the old output"}
+        if output.endswith(".parquet")
+        else {f"out/part-{index}.parquet": f"old shard {index}".encode() for index in range(3)}
+    )
+    for key, data in old.items():
+        s3.put_object(Bucket="rollouts", Key=key, Body=data)
+    real_parts = stores.S3Output._parts
+    calls = []
+
+    def cut_off(self: stores.S3Output, *args: Any) -> Any:
+        calls.append(args)
+        if len(calls) == len(old):
+            raise OSError("connection reset by peer")
+        return real_parts(self, *args)
+
+    monkeypatch.setattr(stores.S3Output, "_parts", cut_off)
+    result = cli("compute", "s3://rollouts/run/", "-g", "group_id", "-o", output, "-f")
+    one_line_error(result, 2, output, "connection reset by peer")
+    for key, data in old.items():
+        assert s3.get_object(Bucket="rollouts", Key=key)["Body"].read() == data
+    assert sorted(keys(s3)) == sorted([*old, *(f"run/part-{index}.parquet" for index in range(3))])
+    assert not s3.list_multipart_uploads(Bucket="rollouts").get("Uploads")
+
+
 def test_a_failed_completion_removes_the_objects_already_completed(
     s3: Any, tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
