@@ -812,3 +812,26 @@ def test_ray_applies_a_trainers_filter_as_the_local_engine_does(
     assert local["trainer_filter"]["groups"] == GROUPS
     assert ray["trainer_filter"] == local["trainer_filter"]
     compare_summaries(local, ray)
+
+
+def test_a_private_instance_writes_nothing_in_home_even_when_ray_was_imported_first(tmp_path):
+    """Ray, imported by something else first (a user's program, pytest.importorskip), has read
+    its auth settings already; without a token it then turns token auth on for a new local
+    instance and writes one to ~/.ray/auth_token, outside anything grpo-cli was asked to write,
+    and Ray clusters started later on the machine pick it up. Two private instances in a row."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import ray, ray.data\n"
+        "from grpo_cli.engines.ray import ray_session\n"
+        "for _ in range(2):\n"
+        "    with ray_session(None, num_cpus=1) as r:\n"
+        "        assert r.get(r.remote(lambda: 42).remote()) == 42\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["HOME"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not (tmp_path / ".ray").exists(), sorted(p.name for p in (tmp_path / ".ray").iterdir())

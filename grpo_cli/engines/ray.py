@@ -130,12 +130,16 @@ def ray_session(address: str | None, *, quiet: bool = True, num_cpus: int | None
         for setting, wanted_value in MALLOC_ENV.items():
             os.environ.setdefault(setting, wanted_value)
     unset = saved_env["RAY_AUTH_MODE"] is None and not saved_env["RAY_AUTH_TOKEN"]
-    # Ray reads the token's path when it is imported, once per process: every private instance of
-    # the process uses the one token file set before that import (a second instance started with
-    # another timed out waiting for its GCS).
-    if temp_dir is not None and unset and (running is None or _process_token.path is not None):
+    # Every private instance of the process uses one token file (a second instance started with
+    # another timed out waiting for its GCS). Ray reads its auth settings when it is imported:
+    # where something imported it first, it is told to read them again, since without a token it
+    # turns token auth on for a new local instance and writes one to ~/.ray/auth_token.
+    reread = temp_dir is not None and unset
+    if reread:
         os.environ["RAY_AUTH_MODE"] = "token"
         os.environ["RAY_AUTH_TOKEN_PATH"] = str(_process_token.get())
+        if running is not None:
+            _reread_ray_auth()
     ray = None
     try:
         ray = import_ray()
@@ -173,8 +177,24 @@ def ray_session(address: str | None, *, quiet: bool = True, num_cpus: int | None
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        if reread and "ray" in sys.modules:  # Ray sees the process's own settings again
+            _reread_ray_auth()
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _reread_ray_auth() -> None:
+    """Have an imported Ray read its auth settings (``RAY_AUTH_MODE``, the token) from the
+    environment again, as Ray itself does when it turns token auth on."""
+    import importlib
+
+    try:
+        raylet = importlib.import_module("ray._raylet")
+        config, loader = raylet.Config, raylet.AuthenticationTokenLoader
+    except (ImportError, AttributeError):  # a Ray without token auth
+        return
+    config.initialize("")
+    loader.instance().reset_cache()
 
 
 class _ProcessToken:
