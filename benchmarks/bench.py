@@ -369,7 +369,9 @@ sys.path.insert(0, {root!r})
 which, src, dst = sys.argv[1], sys.argv[2], sys.argv[3]
 if which.startswith("grpo-cli"):  # as the CLI does when a command runs
     from grpo_cli.allocator import reuse_freed_memory
+    from grpo_cli.threads import let_idle_threads_sleep
     reuse_freed_memory()
+    let_idle_threads_sleep()
 start = time.perf_counter()
 if which == "grpo-cli":
     from grpo_cli.jobs import compute_dataset
@@ -497,6 +499,11 @@ def bench_ray(rows: int, group_size: int, repeats: int, data_dir: Path) -> None:
 RAY_WORKERS = r"""
 import json, sys, time
 sys.path.insert(0, {root!r})
+from grpo_cli.allocator import reuse_freed_memory
+from grpo_cli.threads import let_idle_threads_sleep
+
+let_idle_threads_sleep()  # the driver is the CLI's process, which does these when a command runs
+reuse_freed_memory()
 from grpo_cli.config import ComputeConfig
 from grpo_cli.engines.ray import ray_session
 from grpo_cli.jobs import compute_dataset_ray
@@ -516,11 +523,13 @@ print(json.dumps({{"seconds": best, "startup": startup}}))
 RAY_DRIVER = r"""
 import json, sys, threading, time
 sys.path.insert(0, {root!r})
-from grpo_cli.config import ComputeConfig
 from grpo_cli.allocator import reuse_freed_memory
-from grpo_cli.jobs import compute_dataset_ray
+from grpo_cli.threads import let_idle_threads_sleep
 
-reuse_freed_memory()  # the driver is the CLI's process, which does this when a command runs
+let_idle_threads_sleep()  # the driver is the CLI's process, which does these when a command runs
+reuse_freed_memory()
+from grpo_cli.config import ComputeConfig
+from grpo_cli.jobs import compute_dataset_ray
 
 def status(field):
     return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field))
@@ -962,16 +971,20 @@ def main() -> None:
         action="append",
     )
     args = parser.parse_args()
+    from grpo_cli.allocator import reuse_freed_memory
+    from grpo_cli.threads import let_idle_threads_sleep
+
+    # as grpo-cli does when a command runs, before torch is imported (pyarrow and polars bring
+    # their own allocators and thread pools)
+    reused = reuse_freed_memory()
+    asleep = let_idle_threads_sleep()
     import torch
 
-    from grpo_cli.allocator import reuse_freed_memory
-
-    # as grpo-cli does when a command runs (pyarrow and polars bring their own allocators)
-    reused = reuse_freed_memory()
     print(
         f"grpo-cli benchmarks: python {sys.version.split()[0]}, torch {torch.__version__}, "
         f"{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads\n{machine()}\n"
-        f"malloc keeps large freed blocks for reuse (grpo_cli.allocator, as the CLI): {reused}"
+        f"malloc keeps large freed blocks for reuse (grpo_cli.allocator, as the CLI): {reused}\n"
+        f"OpenMP's idle threads sleep (grpo_cli.threads, as the CLI): {asleep}"
     )
     sections = args.only or SECTIONS
     if "imports" in sections:

@@ -344,8 +344,10 @@ def _run(debug: bool, body: Callable[[_RunState], int], *, bars: bool = False) -
     every temporary is removed.
     """
     from grpo_cli.allocator import reuse_freed_memory  # ctypes: not on the --help path
+    from grpo_cli.threads import let_idle_threads_sleep
 
     reuse_freed_memory()
+    let_idle_threads_sleep()  # before the command's work imports torch
     state = _RunState()
     handled = [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
     previous = {signum: signal.getsignal(signum) for signum in handled}

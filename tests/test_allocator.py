@@ -50,25 +50,28 @@ def test_large_temporaries_come_from_the_heap_once_freed_blocks_are_kept():
     assert int(first) == int(second) == 0  # from the heap, the second time from the first's block
 
 
-def test_the_ray_engines_private_workers_keep_freed_blocks_too():
-    """The private Ray instance starts its workers with glibc's settings in their environment
-    (glibc reads them when a process starts), and this process's environment is left as it was."""
+def test_the_ray_engines_private_workers_start_as_the_cli_runs():
+    """The private Ray instance starts its workers with glibc's malloc settings and OpenMP's wait
+    policy in their environment (both are read when a process starts), and this process's
+    environment is left as it was."""
     import os
 
     import pytest
 
     pytest.importorskip("ray")
     from grpo_cli.allocator import MALLOC_ENV
-    from grpo_cli.engines.ray import ray_session
+    from grpo_cli.engines.ray import WORKER_ENV, ray_session
+    from grpo_cli.threads import IDLE_THREADS_ENV
 
-    before = {name: os.environ.get(name) for name in MALLOC_ENV}
+    assert WORKER_ENV == {**MALLOC_ENV, **IDLE_THREADS_ENV}
+    before = {name: os.environ.get(name) for name in WORKER_ENV}
 
     def settings() -> dict[str, str | None]:
         import os
 
-        return {name: os.environ.get(name) for name in MALLOC_ENV}
+        return {name: os.environ.get(name) for name in WORKER_ENV}
 
     with ray_session(None, num_cpus=1) as ray:
         seen = ray.get(ray.remote(settings).remote())
-    assert seen == MALLOC_ENV
-    assert {name: os.environ.get(name) for name in MALLOC_ENV} == before
+    assert seen == WORKER_ENV
+    assert {name: os.environ.get(name) for name in WORKER_ENV} == before

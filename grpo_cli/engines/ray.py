@@ -88,9 +88,13 @@ from grpo_cli.sources import InputSet, Shard
 from grpo_cli.splice import SplicedFile, SpliceRefused, read_footer
 from grpo_cli.stores import gcs_filesystem
 from grpo_cli.summary import ByValues, RunSummary, build_summary, input_info
+from grpo_cli.threads import IDLE_THREADS_ENV
 from grpo_cli.verify import Verifier
 
 PARTITION_BYTES = 256 << 20
+WORKER_ENV = {**MALLOC_ENV, **IDLE_THREADS_ENV}
+"""Settings a process reads when it starts (glibc's malloc, OpenMP), for the private instance's
+workers: see :mod:`grpo_cli.allocator` and :mod:`grpo_cli.threads`."""
 FIGURE_PREFIX = "__grpo_figure_"  # a block's per-group figures (figures.FIGURES)
 VALUE_PREFIX = "__grpo_value_"
 # a one-value-per-group column's value at the group's first row in the block
@@ -123,11 +127,11 @@ def ray_session(address: str | None, *, quiet: bool = True, num_cpus: int | None
     if running is not None and running.is_initialized():
         yield running
         return
-    saved_env = {k: os.environ.get(k) for k in (*_RAY_ENV, *MALLOC_ENV)}
+    saved_env = {k: os.environ.get(k) for k in (*_RAY_ENV, *WORKER_ENV)}
     temp_dir = tempfile.mkdtemp(prefix="grpo-ray-", dir=_short_temp_root()) if address is None else None
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if temp_dir is not None:  # the private instance's workers keep freed blocks too (see allocator)
-        for setting, wanted_value in MALLOC_ENV.items():
+    if temp_dir is not None:  # the private instance's workers start as the CLI's process runs
+        for setting, wanted_value in WORKER_ENV.items():
             os.environ.setdefault(setting, wanted_value)
     unset = saved_env["RAY_AUTH_MODE"] is None and not saved_env["RAY_AUTH_TOKEN"]
     # Every private instance of the process uses one token file (a second instance started with
