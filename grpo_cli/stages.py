@@ -30,11 +30,12 @@ STAGES = (
     ("pass 1: statistics", "per-group statistics and figures"),
     ("outcome", "normalisation and activity of every group"),
     ("pass 2: advantages", "each row's advantage"),
+    ("group findings", "the summary's figures of the groups (on a thread of its own, beside pass 2)"),
     ("cast", "advantages to the output dtype, the new columns as Arrow arrays"),
     ("write", "writer thread: encoding and writing the output's columns"),
     ("copy", "copier thread: a spliced output's unchanged bytes"),
     ("commit", "waiting for the writer, fsync, moving the output into place"),
-    ("summary", "the run's summary"),
+    ("summary", "the run's summary (the group findings included, where they ran on this thread)"),
 )
 """Every stage a run records, in the order a run passes them, with what it covers."""
 

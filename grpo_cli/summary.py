@@ -118,42 +118,51 @@ def _finite_or_none(value: Any) -> Any:
     return value
 
 
-def build_summary(
+@dataclass(frozen=True)
+class GroupFindings:
+    """What the per-group outcome shows, whatever the run wrote: :class:`RunSummary`'s figures
+    of the groups (:func:`group_findings` computes them)."""
+
+    groups: int
+    active_groups: int
+    singleton_groups: int
+    group_size: dict[str, float | None]
+    reward: dict[str, float | None]
+    inactive_by_value: list[dict[str, Any]]
+    inactive_other_values: int
+    group_mean_histogram: dict[str, Any]
+    off_size_groups: dict[str, Any]
+    warnings: list[str]
+    group_size_counts: dict[str, int]
+    tolerance: dict[str, Any] | None
+    by: dict[str, list[dict[str, Any]]]
+
+
+def group_findings(
     outcome: GroupOutcome,
     *,
-    input: dict[str, Any],
-    output: dict[str, Any] | None,
     options: dict[str, Any],
-    advantage_range: tuple[float, float] | None,
-    mode: str,
-    device: str,
-    elapsed: float,
-    verify: dict[str, Any] | None = None,
     key_at: Callable[[int], Any] | None = None,
-    warnings: Sequence[str] = (),
     by: Sequence[ByValues] = (),
-    trainer_filter: dict[str, Any] | None = None,
-) -> RunSummary:
-    """The figures of a run from its per-group ``outcome`` and how it ran.
+) -> GroupFindings:
+    """The figures of the groups, from the run's per-group ``outcome`` alone (an engine may
+    compute them while it writes: nothing here reads the output).
 
-    ``input`` and ``output`` are the summary's ``input`` and ``output`` objects
-    (:func:`input_info` makes the first). ``key_at`` gives a group's key from its ID, to name
-    the groups off the common size; ``warnings`` are the engine's own (the summary adds those
-    its figures show: see :func:`grouping_warnings`). ``by``: each ``--by`` column's value of
-    every group, for the figures per value (:func:`figures_by_value`).
+    ``key_at`` gives a group's key from its ID, to name the groups off the common size;
+    ``by``: each ``--by`` column's value of every group, for the figures per value
+    (:func:`figures_by_value`). The warnings are those the figures show (see
+    :func:`grouping_warnings`).
     """
     from grpo_cli.kernel import batch_mean_std
 
     cpu = outcome.stats.to("cpu")
-    rows_per_group = outcome.rows_per_group
     count = cpu.count.numpy()
     mean = cpu.mean.numpy()
     minimum = cpu.minimum.numpy()
     maximum = cpu.maximum.numpy()
     active_np = outcome.active.numpy().astype(bool)
     groups = int(count.size)
-    sizes = rows_per_group  # rows, a null or NaN reward's included
-    singleton = int((sizes == 1).sum())
+    sizes = np.asarray(outcome.rows_per_group)  # rows, a null or NaN reward's included
 
     n_all, mean_all, std_all = batch_mean_std(cpu)
     reward: dict[str, float | None] = {"mean": None, "std": None, "min": None, "max": None}
@@ -170,33 +179,88 @@ def build_summary(
     constant = (~active_np) & (count >= 2) & (minimum == maximum)
     values, value_counts = np.unique(minimum[constant], return_counts=True)
     order = sorted(range(values.size), key=lambda i: (-int(value_counts[i]), float(values[i])))
-    inactive_by_value = [
-        {"value": float(values[i]), "groups": int(value_counts[i])} for i in order[:TOP_INACTIVE_VALUES]
-    ]
-    other = int(sum(int(value_counts[i]) for i in order[TOP_INACTIVE_VALUES:]))
 
-    histogram = group_mean_histogram(mean, count, minimum, maximum, cpu.m2.numpy(), sizes)
-    off_size = off_size_groups(sizes, key_at)
-
-    return RunSummary(
-        rows=outcome.rows,
+    return GroupFindings(
         groups=groups,
         active_groups=int(active_np.sum()),
-        inactive_groups=groups - int(active_np.sum()),
-        singleton_groups=singleton,
+        singleton_groups=int((sizes == 1).sum()),
         group_size={
             "min": int(sizes.min()) if groups else None,
             "median": float(np.median(sizes)) if groups else None,
             "max": int(sizes.max()) if groups else None,
         },
         reward=reward,
+        inactive_by_value=[
+            {"value": float(values[i]), "groups": int(value_counts[i])} for i in order[:TOP_INACTIVE_VALUES]
+        ],
+        inactive_other_values=int(sum(int(value_counts[i]) for i in order[TOP_INACTIVE_VALUES:])),
+        group_mean_histogram=group_mean_histogram(mean, count, minimum, maximum, cpu.m2.numpy(), sizes),
+        off_size_groups=off_size_groups(sizes, key_at),
+        warnings=grouping_warnings(sizes, options, key_at),
+        group_size_counts=_size_counts(sizes),
+        tolerance=None
+        if tolerance == 0
+        else {"tolerance": tolerance, "groups_beyond_exact": int(tolerated.sum())},
+        by={
+            values.column: figures_by_value(
+                values,
+                GroupFigures(
+                    count=count,
+                    mean=mean,
+                    m2=cpu.m2.numpy(),
+                    minimum=minimum,
+                    maximum=maximum,
+                    active=active_np,
+                    rows=sizes,
+                ),
+                run_range=(reward["min"], reward["max"]),
+            )
+            for values in by
+        },
+    )
+
+
+def build_summary(
+    outcome: GroupOutcome,
+    *,
+    input: dict[str, Any],
+    output: dict[str, Any] | None,
+    options: dict[str, Any],
+    advantage_range: tuple[float, float] | None,
+    mode: str,
+    device: str,
+    elapsed: float,
+    verify: dict[str, Any] | None = None,
+    key_at: Callable[[int], Any] | None = None,
+    warnings: Sequence[str] = (),
+    by: Sequence[ByValues] = (),
+    trainer_filter: dict[str, Any] | None = None,
+    findings: GroupFindings | None = None,
+) -> RunSummary:
+    """The figures of a run from its per-group ``outcome`` and how it ran.
+
+    ``input`` and ``output`` are the summary's ``input`` and ``output`` objects
+    (:func:`input_info` makes the first). ``warnings`` are the engine's own. ``findings``:
+    :func:`group_findings` of the same ``outcome``, ``options``, ``key_at`` and ``by``,
+    where the engine computed them already; otherwise they are computed here.
+    """
+    if findings is None:
+        findings = group_findings(outcome, options=options, key_at=key_at, by=by)
+    return RunSummary(
+        rows=outcome.rows,
+        groups=findings.groups,
+        active_groups=findings.active_groups,
+        inactive_groups=findings.groups - findings.active_groups,
+        singleton_groups=findings.singleton_groups,
+        group_size=findings.group_size,
+        reward=findings.reward,
         advantage={
             "min": advantage_range[0] if advantage_range else None,
             "max": advantage_range[1] if advantage_range else None,
         },
-        inactive_by_value=inactive_by_value,
-        inactive_other_values=other,
-        group_mean_histogram=histogram,
+        inactive_by_value=findings.inactive_by_value,
+        inactive_other_values=findings.inactive_other_values,
+        group_mean_histogram=findings.group_mean_histogram,
         nan_rewards=outcome.nan_rewards,
         dropped={
             "groups": outcome.dropped_groups,
@@ -212,29 +276,12 @@ def build_summary(
         device=device,
         elapsed_seconds=elapsed,
         verify=verify,
-        off_size_groups=off_size,
-        warnings=[*warnings, *grouping_warnings(sizes, options, key_at)],
+        off_size_groups=findings.off_size_groups,
+        warnings=[*warnings, *findings.warnings],
         trainer_filter=trainer_filter,
-        group_size_counts=_size_counts(np.asarray(sizes)),
-        tolerance=None
-        if tolerance == 0
-        else {"tolerance": tolerance, "groups_beyond_exact": int(tolerated.sum())},
-        by={
-            values.column: figures_by_value(
-                values,
-                GroupFigures(
-                    count=count,
-                    mean=mean,
-                    m2=cpu.m2.numpy(),
-                    minimum=minimum,
-                    maximum=maximum,
-                    active=active_np,
-                    rows=np.asarray(sizes),
-                ),
-                run_range=(reward["min"], reward["max"]),
-            )
-            for values in by
-        },
+        group_size_counts=findings.group_size_counts,
+        tolerance=findings.tolerance,
+        by=findings.by,
     )
 
 

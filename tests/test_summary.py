@@ -392,3 +392,47 @@ def test_grouping_warnings_name_the_group_size_option_and_see_merged_pairs():
     assert "the group key --group-size 8 seems to name rollouts" in singles[0]
     merged = grouping_warnings(np.array([2] * 10 + [4, 6]), {"group_cols": ["prompt"]})
     assert merged[0].startswith("2 of 12 groups have 2 or more times the 2 rows most groups have")
+
+
+def test_the_local_engine_computes_the_group_findings_beside_pass_2_and_raises_their_error(
+    tmp_path, monkeypatch
+):
+    """compute's figures of the groups run on a thread of their own while pass 2 writes (check
+    without a second pass computes them in line); an error there is the run's error, never a
+    summary quietly missing its figures."""
+    import threading
+
+    import grpo_cli.engines.local as local
+    import grpo_cli.summary as summary_module
+    from grpo_cli.checks import CheckBounds
+    from grpo_cli.jobs import check_dataset, compute_dataset
+    from tests.conftest import write_parquet
+
+    path = write_parquet(
+        tmp_path / "in.parquet", [{"group_id": i // 4, "reward": float(i % 3)} for i in range(16)]
+    )
+    real = summary_module.group_findings
+    threads: list[str] = []
+
+    def recorded(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(local, "group_findings", recorded)
+    beside = compute_dataset(path, tmp_path / "out.parquet")
+    in_line = check_dataset(path, CheckBounds())
+    assert threads == ["grpo-cli-beside", "MainThread"]
+    assert (
+        beside.to_dict()["reward"]
+        == in_line.to_dict()["reward"]
+        == summarize(outcome_of([float(i % 3) for i in range(16)], [i // 4 for i in range(16)])).to_dict()[
+            "reward"
+        ]
+    )
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug in the group figures")
+
+    monkeypatch.setattr(local, "group_findings", broken)
+    with pytest.raises(RuntimeError, match="a bug in the group figures"):
+        compute_dataset(path, tmp_path / "again.parquet")

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import collections
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import IO, Any
+from typing import IO, Any, Generic, TypeVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -68,7 +69,7 @@ from grpo_cli.readers import (
 from grpo_cli.rewards import RewardBatch, RewardReader, new_column_arrays
 from grpo_cli.sources import InputSet, Shard
 from grpo_cli.stages import timed
-from grpo_cli.summary import ByValues, RunSummary, build_summary, input_info
+from grpo_cli.summary import ByValues, GroupFindings, RunSummary, build_summary, group_findings, input_info
 from grpo_cli.verify import Verifier
 
 BATCH_BYTES = 64 << 20
@@ -574,6 +575,7 @@ class LocalEngine:
                 )
             if first.group_rewards is not None:  # pass_at_k
                 outcome = self.plan.with_group_rewards(outcome, first.group_rewards)
+            findings: _Beside[GroupFindings] | None = None
             if self.one_pass_dtype is not None:
                 advantage_range = self.plan.advantage_range_from_stats(outcome, self.one_pass_dtype)
                 verify_result = None
@@ -582,6 +584,9 @@ class LocalEngine:
                     outcome = replace(
                         outcome, transform=self.plan.transform(self._moments(first, outcome, spool))
                     )
+                # pass 2 waits on the writer about half its time: the summary's figures of the
+                # groups are computed meanwhile
+                findings = _Beside(self._findings, first, outcome)
                 figures = self._advantages(first, outcome, spool.reader(), output)
                 advantage_range, verify_result = figures.advantage_range(), figures.verify_result()
             with timed("commit"):
@@ -591,7 +596,24 @@ class LocalEngine:
             if output is not None:
                 output.discard()
         with timed("summary"):
-            return self._summary(first, outcome, output_info, advantage_range, verify_result, started)
+            return self._summary(
+                first,
+                outcome,
+                output_info,
+                advantage_range,
+                verify_result,
+                started,
+                findings.result() if findings is not None else self._findings(first, outcome),
+            )
+
+    def _findings(self, first: _Statistics, outcome: GroupOutcome) -> GroupFindings:
+        with timed("group findings"):
+            return group_findings(
+                outcome,
+                options=self.config.options_summary(),
+                key_at=first.keys.key_at if first.keys is not None else None,
+                by=first.by,
+            )
 
     def _summary(
         self,
@@ -601,6 +623,7 @@ class LocalEngine:
         advantage_range: tuple[float, float] | None,
         verify_result: dict[str, Any] | None,
         started: float,
+        findings: GroupFindings,
     ) -> RunSummary:
         inputs = self.inputs
         return build_summary(
@@ -623,6 +646,7 @@ class LocalEngine:
             warnings=self._block_warnings(),
             by=first.by,
             trainer_filter=self._trainer_filter(first, outcome),
+            findings=findings,
         )
 
     def _trainer_filter(self, first: _Statistics, outcome: GroupOutcome) -> dict[str, Any] | None:
@@ -915,6 +939,34 @@ class LocalEngine:
                 self.progress.advance(n)
         self.progress.finish()
         return total.compute()
+
+
+T = TypeVar("T")
+
+
+class _Beside(Generic[T]):
+    """``function(*args)`` run on a thread of its own while the caller goes on. :meth:`result`
+    waits for it and returns its value, or raises its error. The thread is a daemon: a run
+    that fails first leaves it to end on its own (it only computes)."""
+
+    def __init__(self, function: Callable[..., T], *args: Any) -> None:
+        self._value: T | None = None
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self._value = function(*args)
+            except BaseException as exc:  # re-raised by result(), on the caller's thread
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name="grpo-cli-beside", daemon=True)
+        self._thread.start()
+
+    def result(self) -> T:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return cast(T, self._value)
 
 
 def _batch_rows_for(shard: Shard) -> int:
