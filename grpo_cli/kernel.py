@@ -224,6 +224,10 @@ class GroupStats:
         """Move every statistic to ``device``."""
         return self._map(lambda t: t.to(device))
 
+    def groups(self, start: int, end: int) -> GroupStats:
+        """The statistics of groups ``start`` to ``end - 1`` (views: nothing is copied)."""
+        return self._map(lambda t: t[start:end])
+
     def _map(self, fn: Callable[[Tensor], Tensor]) -> GroupStats:
         return GroupStats(
             fn(self.count),
@@ -1079,6 +1083,52 @@ def prepare_normalization(
     ddof = 1 if std == "sample" else 0
     if scale == "mean" and baseline != "mean":
         raise ValueError("scale='mean' (MaxRL) divides by the group mean: use baseline='mean'")
+    if baseline != "mean" and (stats.at_minimum is None or stats.at_maximum is None):
+        raise ValueError("baseline='leave-one-out' needs stats computed with count_extremes=True")
+    if scale == "batch" and batch_std is None:
+        batch_std = _overall_std(stats, ddof)
+    divisor = Divisor(scale, ddof, epsilon, epsilon_mode, batch_std)
+    k = stats.num_groups
+    if k <= NORMALIZATION_CHUNK_GROUPS:
+        parts = _normalization_of(stats, divisor, baseline, singleton, inactive_tolerance)
+        return Normalization(stats, *parts[:3], divisor, singleton, *parts[3:])
+    # Chunk by chunk: every figure is a group's own, so the chunks' parts are the whole's, and
+    # a chunk's temporaries (a dozen per group in the roots) are a chunk's, not the run's.
+    active = torch.empty(k, dtype=torch.bool, device=stats.mean.device)
+    center = denominator = units = tolerated = None
+    if baseline == "mean":
+        center, denominator = torch.empty_like(stats.mean), torch.empty_like(stats.mean)
+    for start in range(0, k, NORMALIZATION_CHUNK_GROUPS):
+        end = min(start + NORMALIZATION_CHUNK_GROUPS, k)
+        part_active, part_center, part_denominator, part_units, part_tolerated = _normalization_of(
+            stats.groups(start, end), divisor, baseline, singleton, inactive_tolerance
+        )
+        active[start:end] = part_active
+        if center is not None and part_center is not None:
+            center[start:end] = part_center
+        if denominator is not None and part_denominator is not None:
+            denominator[start:end] = part_denominator
+        if part_units is not None:  # a chunk's units of 1 are no units: 1 where no chunk had them
+            if units is None:
+                units = torch.ones_like(stats.mean)
+            units[start:end] = part_units
+        if part_tolerated is not None:
+            if tolerated is None:
+                tolerated = torch.zeros(k, dtype=torch.bool, device=stats.mean.device)
+            tolerated[start:end] = part_tolerated
+    return Normalization(stats, active, center, denominator, divisor, singleton, units, tolerated)
+
+
+NORMALIZATION_CHUNK_GROUPS = 1 << 18
+"""Groups normalised at a time: their temporaries (about 100 bytes a group) stay a chunk's."""
+
+
+def _normalization_of(
+    stats: GroupStats, divisor: Divisor, baseline: Baseline, singleton: Singleton, inactive_tolerance: float
+) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+    """:func:`prepare_normalization` of some groups: their activity, center, denominator, units
+    and tolerated mask, each figure a group's own."""
+    scale, epsilon = divisor.scale, divisor.epsilon
     active = active_groups(stats, singleton=singleton, tolerance=inactive_tolerance)
     if scale == "mean":  # MaxRL: a group whose mean reward is <= 0 carries no signal (prime-rl)
         active = active & ((stats.mean > 0) | ((stats.count == 1) & (singleton == "raw")))
@@ -1087,9 +1137,6 @@ def prepare_normalization(
     tolerated = (
         (stats.maximum > stats.minimum) & ~active if inactive_tolerance > 0 or scale == "mean" else None
     )
-    if scale == "batch" and batch_std is None:
-        batch_std = _overall_std(stats, ddof)
-    divisor = Divisor(scale, ddof, epsilon, epsilon_mode, batch_std)
     units = _scales(stats.minimum, stats.maximum)
     center = denominator = None
     if baseline == "mean":
@@ -1105,9 +1152,7 @@ def prepare_normalization(
             lone_scale = torch.full_like(denominator, 1.0 if scale in ("none", "mean") else 1 + epsilon)
             denominator = torch.where(lone, lone_scale if units is None else lone_scale / units, denominator)
         denominator = torch.where(active, denominator, torch.ones_like(denominator))
-    elif stats.at_minimum is None or stats.at_maximum is None:
-        raise ValueError("baseline='leave-one-out' needs stats computed with count_extremes=True")
-    return Normalization(stats, active, center, denominator, divisor, singleton, units, tolerated)
+    return active, center, denominator, units, tolerated
 
 
 def apply_normalization(

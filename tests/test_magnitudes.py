@@ -17,6 +17,7 @@ from grpo_cli.kernel import (
     GroupStatsAccumulator,
     apply_normalization,
     batch_std,
+    group_stats,
     group_std,
     normalize_in_groups,
     prepare_normalization,
@@ -158,3 +159,56 @@ def test_group_scale_at_the_edges_of_the_ordinary_range(largest, scale):
     rewards = torch.tensor([largest, -largest / 2, 1.0, 1.5], dtype=torch.float64)
     got = group_scale(group_stats(rewards, torch.tensor([0, 0, 1, 1])))
     assert got.tolist() == [scale, 1.0]
+
+
+@pytest.mark.parametrize("baseline", ["mean", "leave-one-out"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"std": "sample", "epsilon_mode": "clamp"},
+        {"scale": "batch"},
+        {"scale": "none", "singleton": "raw"},
+        {"scale": "mean"},
+        {"epsilon_mode": "add-if-nonzero", "inactive_tolerance": 0.25},
+        {"singleton": "raw", "std": "sample"},
+    ],
+)
+def test_normalising_groups_chunk_by_chunk_gives_the_whole_runs_bits(monkeypatch, baseline, options):
+    """prepare_normalization takes the groups a chunk at a time (their temporaries a chunk's):
+    the centres, divisors, activity, units and tolerated groups are bit for bit those of one
+    pass over every group, with huge and tiny rewards in some chunks only (their units) and
+    singletons, zeros and constant groups among them."""
+    import grpo_cli.kernel as kernel
+    from tests.conftest import bits
+
+    if baseline == "leave-one-out" and options.get("scale") == "mean":
+        pytest.skip("scale='mean' takes the mean baseline")
+    generator = torch.Generator().manual_seed(7)
+    groups = 40
+    sizes = torch.randint(1, 5, (groups,), generator=generator)
+    ids = torch.repeat_interleave(torch.arange(groups), sizes)
+    rewards = torch.randint(-2, 3, (ids.numel(),), generator=generator).to(torch.float64) / 4
+    magnitude = torch.ones(groups, dtype=torch.float64)
+    magnitude[5], magnitude[6], magnitude[33] = 1e300, 1e-300, 2.0**300  # chunks 1 and 8 only
+    rewards = rewards * magnitude[ids]
+    stats = group_stats(rewards, ids, count_extremes=True)
+
+    def normalised(chunk: int) -> kernel.Normalization:
+        monkeypatch.setattr(kernel, "NORMALIZATION_CHUNK_GROUPS", chunk)
+        return prepare_normalization(stats, baseline=baseline, **options)
+
+    whole, chunked = normalised(groups), normalised(4)
+    for name in ("active", "center", "denominator", "units", "tolerated"):
+        a, b = getattr(whole, name), getattr(chunked, name)
+        assert (a is None) == (b is None), name
+        if a is not None and a.dtype == torch.bool:
+            assert torch.equal(a, b), name
+        elif a is not None:
+            assert bits(a.numpy()).tolist() == bits(b.numpy()).tolist(), name
+    assert (
+        bits(apply_normalization(rewards, ids, whole).numpy()).tolist()
+        == bits(apply_normalization(rewards, ids, chunked).numpy()).tolist()
+    )
+    ordinary = stats.groups(0, 4)  # no chunk of ordinary rewards has units
+    assert prepare_normalization(ordinary, baseline=baseline, **options).units is None
