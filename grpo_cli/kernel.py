@@ -34,7 +34,7 @@ Numerical contract:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar, TypedDict
 
@@ -909,25 +909,60 @@ def _overall_std(stats: GroupStats, ddof: int) -> Tensor:
 
 
 def _batch_moments_scaled(stats: GroupStats) -> tuple[int, Tensor, Tensor, Tensor]:
-    """Count, mean, and the centred sum of squares in units of ``scale**2`` (a power of two)."""
+    """Count, mean, and the centred sum of squares in units of ``scale**2`` (a power of two).
+
+    The groups are taken :data:`MOMENT_CHUNK_GROUPS` at a time, each sum a left fold carried
+    from chunk to chunk (:func:`_chunked_fold`): one fold over every group, without a
+    temporary of every group's size.
+    """
     n = int(stats.count.sum())
     dtype, device = stats.mean.dtype, stats.mean.device
     zero = torch.zeros((), dtype=dtype, device=device)
     if n == 0:
         return 0, zero, zero, zero + 1
-    weights = stats.count.to(dtype)
-    seen = stats.count > 0
-    overall = _scales(stats.minimum[seen].min().reshape(1), stats.maximum[seen].max().reshape(1))
-    if overall is None and _scales(stats.minimum, stats.maximum) is None:
-        mean = fold_sum(weights * stats.mean) / n
-        m2 = fold_sum(stats.m2) + fold_sum(weights * (stats.mean - mean) ** 2)
+    k = stats.num_groups
+    chunks = [
+        stats.groups(start, min(start + MOMENT_CHUNK_GROUPS, k)) for start in range(0, k, MOMENT_CHUNK_GROUPS)
+    ]
+    # the extremes of the groups that hold a reward (an empty group holds +inf and -inf)
+    low = torch.stack([torch.where(part.count > 0, part.minimum, torch.inf).min() for part in chunks]).min()
+    high = torch.stack([torch.where(part.count > 0, part.maximum, -torch.inf).max() for part in chunks]).max()
+    overall = _scales(low.reshape(1), high.reshape(1))
+    if overall is None and all(_scales(part.minimum, part.maximum) is None for part in chunks):
+        mean = _chunked_fold(chunks, lambda part: part.count.to(dtype) * part.mean, zero) / n
+        m2 = _chunked_fold(chunks, lambda part: part.m2, zero) + _chunked_fold(
+            chunks, lambda part: part.count.to(dtype) * (part.mean - mean) ** 2, zero
+        )
         return n, mean, m2, zero + 1
     scale = zero + 1 if overall is None else overall[0]
-    means = torch.where(seen, stats.mean, torch.zeros_like(stats.mean)) / scale
-    ratio = torch.where(seen, group_scale(stats) / scale, torch.zeros_like(stats.mean))
-    mean = fold_sum(weights * means) / n
-    m2 = fold_sum(stats.m2 * ratio * ratio) + fold_sum(weights * (means - mean) ** 2)
+
+    def means(part: GroupStats) -> Tensor:
+        return torch.where(part.count > 0, part.mean, torch.zeros_like(part.mean)) / scale
+
+    def ratio(part: GroupStats) -> Tensor:
+        return torch.where(part.count > 0, group_scale(part) / scale, torch.zeros_like(part.mean))
+
+    mean = _chunked_fold(chunks, lambda part: part.count.to(dtype) * means(part), zero) / n
+    m2 = _chunked_fold(chunks, lambda part: part.m2 * ratio(part) * ratio(part), zero) + _chunked_fold(
+        chunks, lambda part: part.count.to(dtype) * (means(part) - mean) ** 2, zero
+    )
     return n, mean * scale, m2, scale
+
+
+MOMENT_CHUNK_GROUPS = 1 << 20
+"""Groups whose terms of the batch moments are made at a time (see :func:`_batch_moments_scaled`)."""
+
+
+def _chunked_fold(
+    chunks: Sequence[GroupStats], terms: Callable[[GroupStats], Tensor], zero: Tensor
+) -> Tensor:
+    """:func:`fold_sum` of ``terms`` over the chunks' groups in order: each chunk's fold starts
+    from the sum so far, which is the one left fold from ``+0.0`` (a fold from ``+0.0`` never
+    reaches ``-0.0``, so ``+0.0 + total`` is ``total``)."""
+    total = zero
+    for part in chunks:
+        total = fold_sum(torch.cat([total.reshape(1), terms(part)]))
+    return total
 
 
 def advantages_from_stats(

@@ -594,14 +594,25 @@ def group_mean_histogram(
     if not means.size:
         return {"kind": "range", "edges": [], "counts": []}
     low, high = float(means.min()), float(means.max())
-    binary = bool(np.all(np.isin(minimum[seen], (0.0, 1.0))) and np.all(np.isin(maximum[seen], (0.0, 1.0))))
-    if binary:  # a [0, 1] group is binary when its spread is the largest [0, 1] values allow
-        p = means
-        binary = bool(np.allclose(m2[seen], count[seen] * p * (1 - p), rtol=1e-9, atol=1e-12))
     group_size = int(sizes[0]) if sizes.size and np.all(sizes == sizes[0]) else 0
+    # a chunk of groups at a time: the checks' temporaries are a chunk's, not the run's
+    chunks = [
+        slice(start, start + HISTOGRAM_CHUNK_GROUPS) for start in range(0, mean.size, HISTOGRAM_CHUNK_GROUPS)
+    ]
+    binary = all(
+        _binary(*(figure[part][seen[part]] for figure in (mean, count, minimum, maximum, m2)))
+        for part in chunks
+    )
     if binary and 1 <= group_size <= 64:
-        rates = np.rint(means * group_size).astype(np.int64)
-        per_rate = np.bincount(rates, minlength=group_size + 1)
+        per_rate = sum(
+            (
+                np.bincount(
+                    np.rint(mean[part][seen[part]] * group_size).astype(np.int64), minlength=group_size + 1
+                )
+                for part in chunks
+            ),
+            start=np.zeros(group_size + 1, dtype=np.int64),
+        )
         return {
             "kind": "solve_rate",
             "edges": [max(0.0, (k - 0.5) / group_size) for k in range(group_size + 1)] + [1.0],
@@ -613,6 +624,21 @@ def group_mean_histogram(
     kind, bounds = ("unit", (0.0, 1.0)) if low >= 0.0 and high <= 1.0 else ("range", (low, high))
     binned, bin_edges = np.histogram(means, bins=HISTOGRAM_BINS, range=bounds)
     return {"kind": kind, "edges": [float(e) for e in bin_edges], "counts": [int(c) for c in binned]}
+
+
+HISTOGRAM_CHUNK_GROUPS = 1 << 20
+"""Groups :func:`group_mean_histogram` checks at a time."""
+
+
+def _binary(
+    p: np.ndarray, count: np.ndarray, minimum: np.ndarray, maximum: np.ndarray, m2: np.ndarray
+) -> bool:
+    """Whether groups of rewards in {0, 1} (``p``: their means) are binary: their spread is the
+    largest that [0, 1] values allow."""
+    in_unit = bool(
+        np.all((minimum == 0.0) | (minimum == 1.0)) and np.all((maximum == 0.0) | (maximum == 1.0))
+    )
+    return in_unit and bool(np.allclose(m2, count * p * (1 - p), rtol=1e-9, atol=1e-12))
 
 
 def input_info(

@@ -37,9 +37,13 @@ def test_large_temporaries_come_from_the_heap_once_freed_blocks_are_kept():
     """Deterministic where page-fault counts are not (this VM's host reclaims idle pages, so a
     kept block may fault again): an 80 MB temporary is a block of its own, mapped afresh and
     unmapped when freed, until reuse_freed_memory(); then malloc serves it from its heap."""
+    import os
+
     import pytest
 
-    done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120)
+    # glibc's defaults: a Ray session open in this process (a module's fixture) sets its workers' ones
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120, env=env)
     if "mallinfo2" in done.stderr:
         pytest.skip("not glibc 2.33 or later: no mallinfo2 to read malloc's state")
     assert done.returncode == 0, done.stderr

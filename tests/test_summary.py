@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -436,3 +437,32 @@ def test_the_local_engine_computes_the_group_findings_beside_pass_2_and_raises_t
     monkeypatch.setattr(local, "group_findings", broken)
     with pytest.raises(RuntimeError, match="a bug in the group figures"):
         compute_dataset(path, tmp_path / "again.parquet")
+
+
+@pytest.mark.parametrize("spread_in_last_group", [False, True])
+def test_the_histogram_checks_its_groups_a_chunk_at_a_time_with_the_same_answer(
+    monkeypatch, spread_in_last_group
+):
+    """Binary rewards are told from the others chunk by chunk (the checks' temporaries a chunk's):
+    the same kind and counts as one check of every group, the one non-binary group in the last
+    chunk included, and empty groups skipped."""
+    import grpo_cli.summary as summary_module
+
+    rewards = [float(i % 3 == 0) for i in range(40)]
+    if spread_in_last_group:
+        rewards[-1] = 0.5  # the last group, in the last chunk, is not binary
+    outcome = outcome_of(rewards, [i // 4 for i in range(40)])
+    stats = outcome.stats
+    figures = [t.numpy() for t in (stats.mean, stats.count, stats.minimum, stats.maximum, stats.m2)]
+    mean, count, minimum, maximum, m2 = (
+        np.append(f, empty) for f, empty in zip(figures, [0.0, 0, np.inf, -np.inf, 0.0], strict=True)
+    )
+    sizes = np.append(outcome.rows_per_group, 4)
+
+    def histogram(chunk: int) -> dict[str, Any]:
+        monkeypatch.setattr(summary_module, "HISTOGRAM_CHUNK_GROUPS", chunk)
+        return summary_module.group_mean_histogram(mean, count, minimum, maximum, m2, sizes)
+
+    whole = histogram(1 << 20)
+    assert whole["kind"] == ("unit" if spread_in_last_group else "solve_rate")
+    assert histogram(3) == histogram(1) == whole

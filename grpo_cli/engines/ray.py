@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -1216,7 +1217,7 @@ def _with_group_rewards(
 ) -> GroupOutcome:
     """pass_at_k: every row's group and reward gathered on the driver in input order (16 bytes a
     row, as the local engine holds them), then every row's advantage (:meth:`RunPlan.with_group_rewards`)."""
-    job = {"payload": ray.put(_payload(merged, outcome)), "token": uuid.uuid4().hex}
+    job = {"payload": _payload(ray, merged, outcome), "token": uuid.uuid4().hex}
     tables = _map_blocks(ray, blocks, block_group_rewards, config=plan.config, group_size=group_size, **job)
     pieces = [
         (
@@ -1349,14 +1350,14 @@ def run_ray(
         if "group_rewards" in plan.needs:
             outcome = _with_group_rewards(ray, blocks, plan, merged, outcome, group_size)
         if plan.needs_moments_pass:
-            moments = _moments(ray, blocks, plan, _payload(merged, outcome), group_size)
+            moments = _moments(ray, blocks, plan, outcome, _payload(ray, merged, outcome), group_size)
             outcome = replace(outcome, transform=plan.transform(moments))
         parts = advantage_parts(inputs.files, partition_count)
         written: list[Path] = []
         written_info: dict[str, Any] | None = None
         dtypes = {plan.output_dtype(schema) for schema in schemas}
         job = {
-            "payload": ray.put(_payload(merged, outcome)),
+            "payload": _payload(ray, merged, outcome),
             "token": uuid.uuid4().hex,
             "config": plan.config,
             # the options as asked (--group-size), as the local engine records them
@@ -1480,11 +1481,48 @@ def _summary(
     )
 
 
-def _payload(merged: MergedStatistics, outcome: GroupOutcome) -> dict[str, Any]:
-    """What the workers of the moments and advantage jobs read once: the keys' buckets and IDs
-    (their tables stay in the object store) and the outcome."""
+def _payload(ray: Any, merged: MergedStatistics, outcome: GroupOutcome) -> Any:
+    """What the workers of the moments and advantage jobs read once, in the object store: the
+    keys' buckets and IDs (their tables are there already) and the outcome, its tensors
+    shipped as NumPy arrays (:func:`_shipped`)."""
     assert merged.keys is not None
-    return {"keys": replace(merged.keys, positions=np.zeros(0, np.int64)), "outcome": outcome}
+    return ray.put(
+        {"keys": replace(merged.keys, positions=np.zeros(0, np.int64)), "outcome": _shipped(outcome)}
+    )
+
+
+class _ShippedTensor:
+    """A CPU tensor on its way to Ray's object store as the NumPy array over its memory: Ray
+    stores an array's buffer without a copy, where a tensor is first pickled into a copy of its
+    bytes on the driver (about 100 bytes a group for an outcome: the driver's peak)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.array = tensor.numpy()
+
+    def __reduce__(self) -> tuple[Any, tuple[np.ndarray]]:
+        return _tensor_of, (self.array,)
+
+
+def _tensor_of(array: np.ndarray) -> torch.Tensor:
+    """A shipped tensor, back in a worker: a copy, since the object store's pages are read-only."""
+    return torch.from_numpy(array.copy())
+
+
+def _shipped(value: Any) -> Any:
+    """``value`` with each tensor in it (through dataclasses, lists, tuples and dicts) shipped as
+    a :class:`_ShippedTensor`, which a worker unpickles as the tensor; nothing is copied here."""
+    if isinstance(value, torch.Tensor):
+        return _ShippedTensor(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changed = {f.name: _shipped(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+        return replace(value, **changed)
+    if isinstance(value, list):
+        return [_shipped(item) for item in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_shipped(item) for item in value)
+    if isinstance(value, dict):
+        return {key: _shipped(item) for key, item in value.items()}
+    return value
 
 
 def _block_dataset(ray: Any, blocks: list[list[FilePart]], function: Any, **kwargs: Any) -> Any:
@@ -1701,17 +1739,22 @@ def _verify(
 
 
 def _moments(
-    ray: Any, blocks: list[list[FilePart]], plan: RunPlan, payload: dict[str, Any], group_size: int | None
+    ray: Any,
+    blocks: list[list[FilePart]],
+    plan: RunPlan,
+    outcome: GroupOutcome,
+    payload: Any,
+    group_size: int | None,
 ) -> WeightedMoments:
     """The extra job of a batch transform: each statistics block's moments per batch, merged in
-    block order as the local engine's moments pass merges them."""
-    outcome: GroupOutcome = payload["outcome"]
+    block order as the local engine's moments pass merges them (``payload``: the outcome's
+    :func:`_payload`)."""
     assert outcome.batches is not None
     tables = _map_blocks(
         ray,
         blocks,
         block_moments,
-        payload=ray.put(payload),
+        payload=payload,
         token=uuid.uuid4().hex,
         config=plan.config,
         group_size=group_size,
