@@ -1154,7 +1154,7 @@ def prepare_normalization(
     return Normalization(stats, active, center, denominator, divisor, singleton, units, tolerated)
 
 
-NORMALIZATION_CHUNK_GROUPS = 1 << 18
+NORMALIZATION_CHUNK_GROUPS = 1 << 20
 """Groups normalised at a time: their temporaries (about 100 bytes a group) stay a chunk's."""
 
 
