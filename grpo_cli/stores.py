@@ -670,13 +670,26 @@ class GcsOutput:
             yield
         except GrpoError:
             raise
-        except FileNotFoundError:
-            raise GrpoError(f"{self.uri}: the bucket {self.bucket!r} does not exist") from None
+        except FileNotFoundError as missing:
+            if not self._bucket_exists():
+                raise GrpoError(f"{self.uri}: the bucket {self.bucket!r} does not exist") from None
+            raise GrpoError(f"{self.uri}: cannot {doing} (not found: {first_line(missing)})") from None
         except Exception as exc:  # gcsfs raises OSError, HttpError, ValueError, aiohttp's errors
             text = first_line(exc)
             if text.startswith("Forbidden") or "401" in text or "403" in text:
                 raise GrpoError(f"{self.uri}: access denied when trying to {doing} ({text})") from None
             raise GrpoError(f"{self.uri}: cannot {doing} ({text})") from None
+
+    def _bucket_exists(self) -> bool:
+        """Whether the bucket is there (a not-found error names an object or the bucket);
+        ``True`` where the store cannot say, so that the error names what was not found."""
+        try:
+            self.fs.info(self.bucket)
+        except FileNotFoundError:
+            return False
+        except Exception:  # the first error is the one to report
+            return True
+        return True
 
     def check(self, *, force: bool, what: str) -> None:
         """Refuse, before any work, an output that cannot be written or would replace data

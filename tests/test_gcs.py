@@ -283,6 +283,27 @@ def test_a_failure_while_placing_the_files_leaves_no_object_of_the_run(
     assert objects(gcs, "out/") == []
 
 
+def test_a_staged_object_that_vanishes_is_named_not_taken_for_a_missing_bucket(
+    gcs: Any, tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Something removes a staged shard before it is copied into place: the run ends in one
+    line that says the object was not found (the bucket is there), and leaves nothing."""
+    three_shards(gcs, tmp_path)
+    store = stores.gcs_filesystem()
+    real_copy = store.copy
+
+    def vanished(source: str, target: str, **kwargs: Any) -> Any:
+        if target.endswith("part-1.parquet"):
+            store.rm(source)
+        return real_copy(source, target, **kwargs)
+
+    monkeypatch.setattr(store, "copy", vanished)
+    result = cli("compute", "gs://rollouts/run/", "-g", "group_id", "-o", "gs://rollouts/out/")
+    message = one_line_error(result, 2, "gs://rollouts/out/", "not found")
+    assert "does not exist" not in message
+    assert objects(gcs, "out/") == []
+
+
 def test_what_a_killed_run_staged_is_replaced_not_refused(gcs: Any, tmp_path: Path, cli: Cli) -> None:
     """A run killed outright (SIGKILL) leaves its staged objects, hidden, in the folder: the
     next run to that folder is not refused for them, and removes them with --force."""
