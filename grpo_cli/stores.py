@@ -676,7 +676,9 @@ class GcsOutput:
             raise GrpoError(f"{self.uri}: cannot {doing} (not found: {first_line(missing)})") from None
         except Exception as exc:  # gcsfs raises OSError, HttpError, ValueError, aiohttp's errors
             text = first_line(exc)
-            if text.startswith("Forbidden") or "401" in text or "403" in text:
+            # gcsfs raises a 403 as OSError("Forbidden: ...") and a 401 as HttpError(code=401);
+            # digits in a message (a port, an object's name) say nothing
+            if text.startswith("Forbidden") or getattr(exc, "code", None) in (401, 403):
                 raise GrpoError(f"{self.uri}: access denied when trying to {doing} ({text})") from None
             raise GrpoError(f"{self.uri}: cannot {doing} ({text})") from None
 

@@ -14,6 +14,7 @@ import pytest
 from typer.testing import Result
 
 from grpo_cli import stores
+from grpo_cli.errors import GrpoError
 from tests.conftest import (
     GcsServer,
     assert_engines_agree,
@@ -357,3 +358,32 @@ def test_both_engines_read_and_write_gcs_with_the_same_data(
         for engine in ("local", "ray")
     }
     assert_engines_agree(outputs["local"], outputs["ray"], len(rows))
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (403, "access denied when trying to write the output there (Forbidden: b/out.parquet"),
+        (401, "access denied when trying to write the output there (Invalid Credentials"),
+        (500, "cannot write the output there (Backend Error"),
+    ],
+)
+def test_gcs_errors_are_told_by_their_status_not_by_digits_in_the_text(status: int, expected: str) -> None:
+    """The errors are gcsfs's own (``validate_response``, as it raises them for each status):
+    a 401 or 403 is access denied, anything else says what failed; a connection refused on a
+    port whose number holds 403 is not access denied (it was, whenever the loopback server's
+    free port did)."""
+    retry = pytest.importorskip("gcsfs.retry")
+    output = stores.GcsOutput("gs://b/out.parquet", directory=False)
+    content = {
+        403: b"forbidden",
+        401: b'{"error": {"message": "Invalid Credentials"}}',
+        500: b"Backend Error",
+    }
+    with pytest.raises(GrpoError) as error, output._errors("write the output there"):
+        retry.validate_response(status, content[status], "b/out.parquet")
+    assert expected in error.value.message
+    refused = OSError("Cannot connect to host 127.0.0.1:42403 ssl:default [Connect call failed]")
+    with pytest.raises(GrpoError) as error, output._errors("write the output there"):
+        raise refused
+    assert error.value.message.startswith("gs://b/out.parquet: cannot write the output there (Cannot connect")
