@@ -617,6 +617,43 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet"]
 
 
+SLOW_FINDINGS = """
+import resource, signal, sys, time, torch
+import grpo_cli.engines.local as local
+from grpo_cli.cli import main
+
+def slow_findings(*args, **kwargs):  # still inside torch when the write fails and the run ends
+    x = torch.ones(1 << 20)
+    end = time.monotonic() + 2
+    while time.monotonic() < end:
+        x = x * 1.0
+    raise AssertionError("a failed run does not use its findings")
+
+local.group_findings = slow_findings
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+sys.argv = ["grpo-cli", "compute", sys.argv[1], "-o", sys.argv[2]]
+main()
+"""
+
+
+def test_a_failed_run_ends_in_its_line_while_the_summarys_thread_still_computes(tmp_path):
+    """The summary's group figures run on a thread beside pass 2: a run that fails meanwhile (a
+    full disk) waits for it before it ends, since a thread left inside torch at exit aborts the
+    process after the error's line ("terminate called without an active exception", exit -6)."""
+    source = write_parquet(tmp_path / "in.parquet", rollout_rows(n_groups=300, seed=1))
+    result = subprocess.run(
+        [sys.executable, "-c", SLOW_FINDINGS, str(source), str(tmp_path / "out.parquet")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot write the output" in lines[0], lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet"]
+
+
 def test_jsonl_field_first_seen_after_the_first_block_is_read(cli, tmp_path, monkeypatch):
     from grpo_cli import readers
 

@@ -557,6 +557,7 @@ class LocalEngine:
             for shard, schema in zip(self.inputs.shards, self.schemas, strict=True):
                 output.refuse_unwritable(shard, schema)
         spool = _IdSpool(on_disk=not self.in_memory)
+        findings: _Beside[GroupFindings] | None = None
         try:
             first = self._statistics(spool)
             if first.rows == 0 and output is not None:
@@ -575,7 +576,6 @@ class LocalEngine:
                 )
             if first.group_rewards is not None:  # pass_at_k
                 outcome = self.plan.with_group_rewards(outcome, first.group_rewards)
-            findings: _Beside[GroupFindings] | None = None
             if self.one_pass_dtype is not None:
                 advantage_range = self.plan.advantage_range_from_stats(outcome, self.one_pass_dtype)
                 verify_result = None
@@ -595,6 +595,8 @@ class LocalEngine:
             spool.close()
             if output is not None:
                 output.discard()
+            if findings is not None:  # a failed run too: see _Beside
+                findings.join()
         with timed("summary"):
             return self._summary(
                 first,
@@ -946,8 +948,9 @@ T = TypeVar("T")
 
 class _Beside(Generic[T]):
     """``function(*args)`` run on a thread of its own while the caller goes on. :meth:`result`
-    waits for it and returns its value, or raises its error. The thread is a daemon: a run
-    that fails first leaves it to end on its own (it only computes)."""
+    waits for it and returns its value, or raises its error. A run that fails first must still
+    :meth:`join` it: a thread inside torch when the process exits aborts the process (C++'s
+    "terminate called without an active exception", after the error's line)."""
 
     def __init__(self, function: Callable[..., T], *args: Any) -> None:
         self._value: T | None = None
@@ -961,6 +964,10 @@ class _Beside(Generic[T]):
 
         self._thread = threading.Thread(target=run, name="grpo-cli-beside", daemon=True)
         self._thread.start()
+
+    def join(self) -> None:
+        """Wait for the function to end (its value or error kept for :meth:`result`)."""
+        self._thread.join()
 
     def result(self) -> T:
         self._thread.join()
