@@ -939,11 +939,12 @@ def _batch_moments_scaled(stats: GroupStats) -> tuple[int, Tensor, Tensor, Tenso
     def means(part: GroupStats) -> Tensor:
         return torch.where(part.count > 0, part.mean, torch.zeros_like(part.mean)) / scale
 
-    def ratio(part: GroupStats) -> Tensor:
-        return torch.where(part.count > 0, group_scale(part) / scale, torch.zeros_like(part.mean))
+    def rescaled_m2(part: GroupStats) -> Tensor:  # each group's m2 in units of scale**2
+        ratio = torch.where(part.count > 0, group_scale(part) / scale, torch.zeros_like(part.mean))
+        return part.m2 * ratio * ratio
 
     mean = _chunked_fold(chunks, lambda part: part.count.to(dtype) * means(part), zero) / n
-    m2 = _chunked_fold(chunks, lambda part: part.m2 * ratio(part) * ratio(part), zero) + _chunked_fold(
+    m2 = _chunked_fold(chunks, rescaled_m2, zero) + _chunked_fold(
         chunks, lambda part: part.count.to(dtype) * (means(part) - mean) ** 2, zero
     )
     return n, mean * scale, m2, scale
