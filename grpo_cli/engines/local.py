@@ -970,7 +970,7 @@ class _Beside(Generic[T]):
         self._thread.join()
 
     def result(self) -> T:
-        self._thread.join()
+        self.join()
         if self._error is not None:
             raise self._error
         return cast(T, self._value)
