@@ -241,6 +241,14 @@ def assert_same_rows(a: Path, b: Path) -> None:
     assert duckdb.execute(query.format(a)).fetchall() == duckdb.execute(query.format(b)).fetchall()
 
 
+def previous_output(output: str) -> dict[str, bytes]:
+    """What an object-store output held before a forced run, by name under the bucket: the
+    one object of a file output, or three shards of a folder output (``.../out/``)."""
+    if output.endswith(".parquet"):
+        return {"out.parquet": b"the old output"}
+    return {f"out/part-{index}.parquet": f"old shard {index}".encode() for index in range(3)}
+
+
 def pq_without_provenance(path: Path, target: Path) -> Path:
     """The file's rows with its provenance entry dropped (it names the input's path)."""
     from grpo_cli.file_names import PROVENANCE_KEY

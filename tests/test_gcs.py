@@ -23,6 +23,7 @@ from tests.conftest import (
     free_port,
     one_line_error,
     pq_without_provenance,
+    previous_output,
     rollout_rows,
     write_parquet,
 )
@@ -237,11 +238,7 @@ def test_a_forced_run_that_fails_leaves_what_it_was_to_replace(
     """--force replaces what is there only once the whole output is up: a run whose upload is
     cut off leaves the old object, or the old folder's every shard, as they were."""
     three_shards(gcs, tmp_path)
-    old = (
-        {"out.parquet": b"the old output"}
-        if output.endswith(".parquet")
-        else {f"out/part-{index}.parquet": f"old shard {index}".encode() for index in range(3)}
-    )
+    old = previous_output(output)
     for name, data in old.items():
         gcs.pipe_file(f"rollouts/{name}", data)
     uploads = []

@@ -25,6 +25,7 @@ from tests.conftest import (
     compute_on_both_engines,
     one_line_error,
     pq_without_provenance,
+    previous_output,
     rollout_rows,
     write_parquet,
 )
@@ -250,11 +251,7 @@ def test_a_forced_run_that_fails_leaves_what_it_was_to_replace(
     its last upload leaves the old object, or the old folder's every shard, as they were
     (the neighbour of the same test for gs://)."""
     three_shards_on_s3(s3, tmp_path)
-    old = (
-        {"out.parquet": b"the old output"}
-        if output.endswith(".parquet")
-        else {f"out/part-{index}.parquet": f"old shard {index}".encode() for index in range(3)}
-    )
+    old = previous_output(output)
     for key, data in old.items():
         s3.put_object(Bucket="rollouts", Key=key, Body=data)
     real_parts = stores.S3Output._parts
