@@ -15,6 +15,7 @@ import json
 import os
 import random
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -44,29 +45,33 @@ def best_of(repeats: int, fn: Callable[[], object]) -> float:
     return min(times)
 
 
-def best_interleaved(repeats: int, contenders: dict[str, Callable[[], object]]) -> dict[str, float]:
-    """Each contender's best time of ``repeats``, the contenders taking turns (one warm-up run
-    each first): a drift of the machine (another job, the host reclaiming memory) then touches
-    every contender alike, where timing one contender's runs after another's left its ratios
-    to the others at the mercy of when it ran. Each round after the first takes them in a
-    new order (a seeded shuffle), so that no contender always runs after the same one: a run
-    after pandas' (which frees about 1 GiB) was measured slower, whichever contender it was
-    (+0.04 s for the I/O floor, +0.09 s for the polars one-liner on 10M sorted rows)."""
+def interleaved_times(repeats: int, contenders: dict[str, Callable[[], object]]) -> dict[str, list[float]]:
+    """Each contender's ``repeats`` times, the contenders taking turns (one warm-up run each
+    first): a drift of the machine (another job, the host reclaiming memory) then touches every
+    contender alike, where timing one contender's runs after another's left its ratios to the
+    others at the mercy of when it ran. Each round after the first takes them in a new order
+    (a seeded shuffle), so that no contender always runs after the same one: a run after
+    pandas' (which frees about 1 GiB) was measured slower, whichever contender it was (+0.04 s
+    for the I/O floor, +0.09 s for the polars one-liner on 10M sorted rows)."""
     for fn in contenders.values():
         fn()
-    best = dict.fromkeys(contenders, float("inf"))
+    times: dict[str, list[float]] = {name: [] for name in contenders}
     order = list(contenders)
     shuffler = random.Random(0)
     for round_ in range(repeats):
         if round_:
             shuffler.shuffle(order)
         for name in order:
-            fn = contenders[name]
             gc.collect()
             start = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - start)
-    return best
+            contenders[name]()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def best_interleaved(repeats: int, contenders: dict[str, Callable[[], object]]) -> dict[str, float]:
+    """Each contender's best time of ``repeats`` (see :func:`interleaved_times`)."""
+    return {name: min(times) for name, times in interleaved_times(repeats, contenders).items()}
 
 
 def table_rows(title: str, rows: int, results: dict[str, float], ratio_to: list[str]) -> None:
@@ -775,8 +780,8 @@ def bench_dump(rows: int, repeats: int, data_dir: Path) -> None:
     )
 
 
-def bench_imports() -> None:
-    print("\nstart-up (fresh interpreter, best of 5, side by side)")
+def bench_imports(repeats: int = 7) -> None:
+    print(f"\nstart-up (fresh interpreters taking turns, {repeats} rounds: median and best)")
     sample = str(ROOT / "sample_data" / "rollouts.parquet")
     scratch = ROOT / "benchmarks" / "data" / "startup.parquet"
     scratch.parent.mkdir(parents=True, exist_ok=True)
@@ -786,6 +791,7 @@ def bench_imports() -> None:
         ("grpo-cli --help path (grpo_cli.cli)", [sys.executable, "-c", "import grpo_cli.cli"]),
         ("grpo-cli compute path (engine+torch)", [sys.executable, "-c", "import grpo_cli.engines.local"]),
         ("grpo-cli check sample_data (whole run)", [*cli, "check", sample, "-q"]),
+        ("grpo-cli check sample_data, with its summary", [*cli, "check", sample]),
         (
             "grpo-cli compute sample_data (whole run)",
             [*cli, "compute", sample, "-o", str(scratch), "-q", "-f"],
@@ -793,28 +799,26 @@ def bench_imports() -> None:
         ("polars", [sys.executable, "-c", "import polars"]),
         ("pandas", [sys.executable, "-c", "import pandas"]),
     ]
-    rows.insert(4, ("grpo-cli check sample_data, with its summary", [*cli, "check", sample]))
     # An install's modules have bytecode caches (pip writes them; the first import writes a
     # source checkout's): a shell that turns them off compiles grpo_cli at every call.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    measured = {}
-    for label, command in rows:
 
-        def call(command: list[str] = command) -> None:
-            subprocess.run(
-                command, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-            )
+    def call(command: list[str]) -> Callable[[], object]:
+        return lambda: subprocess.run(
+            command, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
 
-        call()  # the warm-up writes the bytecode caches
-        measured[label] = best_of(5, call)
-        print(f"  {label:42s} {measured[label]:6.2f} s")
-    floor = measured["import torch (the floor)"]
+    times = interleaved_times(repeats, {label: call(command) for label, command in rows})
+    median = {label: statistics.median(runs) for label, runs in times.items()}
+    for label, runs in times.items():
+        print(f"  {label:44s} {median[label]:6.2f} s  (best {min(runs):.2f} s)")
+    floor = median["import torch (the floor)"]
     for label in (
         "grpo-cli check sample_data (whole run)",
         "grpo-cli check sample_data, with its summary",
         "grpo-cli compute sample_data (whole run)",
     ):
-        print(f"  {label} - import torch: {measured[label] - floor:+.2f} s (target +0.30 s)")
+        print(f"  {label} - import torch, medians: {median[label] - floor:+.2f} s (target +0.30 s)")
 
 
 def bench_jsonl_reads(data_dir: Path, sizes: tuple[int, ...] = (200_000, 700_000)) -> None:
