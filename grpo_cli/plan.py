@@ -267,6 +267,11 @@ class RunPlan:
             )
         for column in config.group_cols if config.group_size is None else ():
             column_type = field_type(schema, column)
+            if column_type is not None and pa.types.is_null(column_type):
+                raise GrpoError(
+                    f"{shard.display}: group column {column!r} holds only nulls (every key is null); "
+                    "null keys cannot be grouped"
+                )
             if not is_key_type(column_type):
                 raise GrpoError(
                     f"{shard.display}: group column {column!r} has type {column_type}; group keys must be "

@@ -96,7 +96,7 @@ class RewardReader:
         for spec in self.specs:
             column_type = field_type(schema, spec.column)
             assert column_type is not None  # the plan checked the columns
-            if not self._numeric(column_type):
+            if not (self._numeric(column_type) or pa.types.is_null(column_type)):
                 raise GrpoError(
                     f"{shard.display}: reward column {spec.column!r} has type {column_type}; "
                     "it must be numeric"
@@ -170,6 +170,8 @@ class RewardReader:
     def column(self, batch: pa.RecordBatch, name: str, first_row: int = 0) -> torch.Tensor:
         """Another numeric column of the batch (a length, a baseline) as float64, nulls as NaN."""
         array = column_of(batch, name)
+        if pa.types.is_null(array.type):
+            raise GrpoError(f"{self.shard.display}: column {name!r} holds only nulls; it must hold numbers")
         if not self._numeric(array.type):
             raise GrpoError(
                 f"{self.shard.display}: column {name!r} has type {array.type}; it must be numeric"
@@ -193,6 +195,8 @@ class RewardReader:
         return is_numeric_type(data_type) or (self.shard.format == "csv" and pa.types.is_string(data_type))
 
     def _column(self, array: pa.Array, name: str, first_row: int) -> torch.Tensor:
+        if pa.types.is_null(array.type):  # a column of only nulls, as JSON lines and CSV readers type it
+            array = pa.nulls(len(array), pa.float64())
         if pa.types.is_string(array.type):
             array = numbers_from_text(array, name, self.shard, first_row)
         if pa.types.is_integer(array.type) and array.type.bit_width == 64:
@@ -258,13 +262,15 @@ def numbers_from_text(array: pa.Array, name: str, shard: Shard, first_row: int =
     [1.0, 0.5, -0.001, None, nan]
     >>> numbers_from_text(pa.array(["True", "false"]), "r", shard).to_pylist()
     [1.0, 0.0]
+    >>> numbers_from_text(pa.array([None, None], pa.string()), "r", shard).to_pylist()
+    [None, None]
     >>> numbers_from_text(pa.array(["1", "9007199254740993"]), "r", shard)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     grpo_cli.errors.GrpoError: r.csv, row 1: column 'r' holds the integer 9007199254740993, which ...
     """
     is_number = pc.match_substring_regex(array, _NUMBER, ignore_case=True)
-    if not pc.all(is_number).as_py():
+    if not pc.all(is_number, min_count=0).as_py():  # min_count=0: a column of only nulls is all numbers
         if pc.all(pc.match_substring_regex(array, _BOOLEAN, ignore_case=True)).as_py():
             return pc.cast(pc.equal(pc.utf8_lower(array), "true"), pa.float64())
         bad = int(pc.index(pc.fill_null(is_number, True), False).as_py())
@@ -305,9 +311,14 @@ def advantage_dtype(types: Sequence[pa.DataType]) -> torch.dtype:
     """The advantage column's dtype for reward columns of ``types``.
 
     One floating column keeps its width; anything combined or converted is float32,
-    or float64 when a float64 or decimal column is involved.
+    or float64 when a float64, decimal or text column (CSV) is involved, or a column of
+    only nulls (type ``null``, as JSON lines and CSV readers type it: a JSON number reads
+    as float64).
+
+    >>> advantage_dtype([pa.float32()]), advantage_dtype([pa.int64()]), advantage_dtype([pa.null()])
+    (torch.float32, torch.float32, torch.float64)
     """
-    if any(pa.types.is_decimal(t) or pa.types.is_string(t) for t in types):
+    if any(pa.types.is_decimal(t) or pa.types.is_string(t) or pa.types.is_null(t) for t in types):
         return torch.float64
     floats = [t for t in types if pa.types.is_floating(t)]
     if len(types) == 1 and floats:

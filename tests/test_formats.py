@@ -11,6 +11,7 @@ import json
 import polars as pl
 import pyarrow as pa
 import pyarrow.feather as feather
+import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 import pytest
 
@@ -554,3 +555,69 @@ def test_csv_errors_name_the_line_an_editor_shows(cli, tmp_path):
     )
     (tmp_path / "v.csv").write_text('group_id,reward,t\n1,0,"a\nb"\n1,abc,x\n')
     one_line_error(cli("check", tmp_path / "v.csv"), 2, "v.csv, line 4: column 'reward' holds 'abc'")
+
+
+# --------------------------------------------------------------------------- columns of only nulls
+
+
+def _with_null_rewards(rows, groups):
+    """``rows`` with every reward of ``groups`` null."""
+    return [{**row, "reward": None} if row["group_id"] in groups else row for row in rows]
+
+
+@pytest.mark.parametrize("writer", ["jsonl", "parquet", "csv"])
+def test_a_shard_whose_rewards_are_all_null_is_null_rewards_not_a_type_error(cli, tmp_path, writer):
+    """The JSON lines reader types a column of only nulls ``null`` (so may a Parquet writer),
+    and a CSV column of only empty cells is text with no value: its rewards are null, as a
+    float column's nulls are. ``--nan ignore`` leaves them out and the run goes on, ``--nan
+    error`` names the first. A step whose reward model failed is one such shard beside the
+    others; it was refused as a column that must be numeric (CSV: "holds None")."""
+    groups = {row["group_id"] for row in ROWS[:12]}
+    null_shard = [row for row in ROWS if row["group_id"] in groups]
+    rest = [row for row in ROWS if row["group_id"] not in groups]
+    typed = write_parquet(tmp_path / "typed.parquet", _with_null_rewards(rest + null_shard, groups))
+    expected = cli("compute", typed, "-o", tmp_path / "typed_out.parquet", "--nan", "ignore", "-q")
+    assert expected.exit_code == 0, expected.stderr
+    folder = tmp_path / "dump"
+    folder.mkdir()
+    if writer == "jsonl":
+        write_jsonl(folder / "a.jsonl", rest)
+        write_jsonl(folder / "b.jsonl", _with_null_rewards(null_shard, groups))
+        assert pa.types.is_null(pa_json.read_json(folder / "b.jsonl").schema.field("reward").type)
+    elif writer == "parquet":
+        write_parquet(folder / "a.parquet", rest)
+        write_parquet(folder / "b.parquet", _with_null_rewards(null_shard, groups))
+        assert pa.types.is_null(pq.read_schema(folder / "b.parquet").field("reward").type)
+    else:
+        (folder / "a.csv").write_text(pl.DataFrame(rest).write_csv())
+        (folder / "b.csv").write_text(pl.DataFrame(_with_null_rewards(null_shard, groups)).write_csv())
+        assert ",," in (folder / "b.csv").read_text() or ",\n" in (folder / "b.csv").read_text()
+    result = cli("compute", folder, "-o", tmp_path / "out", "--nan", "ignore", "-q")
+    assert result.exit_code == 0, result.stderr
+    got = pl.concat([pl.read_parquet(tmp_path / "out" / f"{name}.parquet") for name in ("a", "b")])
+    want = pl.read_parquet(tmp_path / "typed_out.parquet")
+    assert got["advantage"].to_list() == want["advantage"].to_list()
+    assert got["group_active"].to_list() == want["group_active"].to_list()
+    assert not any(pl.read_parquet(tmp_path / "out" / "b.parquet")["group_active"])
+    one_line_error(cli("check", folder, "-q"), 2, f"b.{writer}", "reward is null", "--nan ignore")
+
+
+def test_a_key_or_length_column_of_only_nulls_is_one_line(cli, tmp_path):
+    rows = [{"uid": None, "reward": 1.0, "n": None}, {"uid": None, "reward": 0.0, "n": None}]
+    source = write_jsonl(tmp_path / "nulls.jsonl", rows)
+    one_line_error(cli("check", source, "-g", "uid"), 2, "group column 'uid' holds only nulls")
+    keyed = write_jsonl(tmp_path / "keyed.jsonl", [{**row, "uid": 1} for row in rows])
+    result = cli(
+        "compute",
+        keyed,
+        "-g",
+        "uid",
+        "--estimator",
+        "reinforce_plus_plus_baseline",
+        "--length-col",
+        "n",
+        "-o",
+        tmp_path / "o.parquet",
+    )
+    one_line_error(result, 2, "column 'n' holds only nulls")
+    assert not (tmp_path / "o.parquet").exists()
