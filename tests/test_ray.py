@@ -504,6 +504,31 @@ def test_ray_reads_every_format_as_the_local_engine_does(ray_instance, sharded, 
     assert not list(tmp_path.glob(".*"))
 
 
+def test_ray_reads_a_shard_of_only_null_rewards_as_the_local_engine_does(ray_instance, tmp_path):
+    """A JSON lines shard whose rewards are all null (typed ``null`` by the reader) beside one
+    of numbers: with ``--nan ignore``, the local engine's rows, advantages and summary."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    numbers = [{"uid": g, "reward": float(i % 2), "row_id": 2 * g + i} for g in range(3) for i in range(2)]
+    nulls = [{"uid": 10 + g, "reward": None, "row_id": 6 + 2 * g + i} for g in range(2) for i in range(2)]
+    for name, rows in (("a", numbers), ("b", nulls)):
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = ComputeConfig(group_cols=("uid",), advantage=AdvantageOptions(nan="ignore"))
+    local = compute_dataset(folder, tmp_path / "local", config)
+    ray = compute_dataset_ray(str(folder), str(tmp_path / "ray_out"), config)
+    a, b = (
+        pa.concat_tables(
+            [pq.read_table(f) for f in sorted(out.glob("*.parquet"))], promote_options="permissive"
+        ).sort_by("row_id")
+        for out in (tmp_path / "local", tmp_path / "ray_out")
+    )
+    assert a.num_rows == b.num_rows == 10
+    for name in ("advantage", "group_active"):
+        assert a.column(name).equals(b.column(name)), name
+    compare_summaries(local.to_dict(), ray.to_dict())
+    assert (local.nan_rewards, local.active_groups) == (4, 3)
+
+
 @pytest.mark.parametrize("trainer", ["verl", "roll", "trl", "nemo-rl"])
 def test_ray_reads_a_trainers_dump_as_the_local_engine_does(ray_instance, tmp_path, cli, trainer):
     """A dump read on this machine (roll's and trl's groups are blocks of rows by position:
