@@ -35,7 +35,7 @@ def reference_advantages(
     batch_std = 0.0
     if kept:
         batch_mean = math.fsum(kept) / len(kept)
-        batch_std = math.sqrt(math.fsum((v - batch_mean) ** 2 for v in kept) / max(len(kept) - ddof, 1))
+        batch_std = _deviation(kept, batch_mean, max(len(kept) - ddof, 1))
 
     def divide(centred: float, deviation: float) -> float:
         if scale == "none":
@@ -63,7 +63,7 @@ def reference_advantages(
             continue
         mean = math.fsum(group) / n
         if baseline == "mean":
-            sd = math.sqrt(math.fsum((v - mean) ** 2 for v in group) / max(n - ddof, 1))
+            sd = _deviation(group, mean, max(n - ddof, 1))
             for i in idx:
                 out[i] = divide(values[i] - mean, sd)
         else:
@@ -71,6 +71,16 @@ def reference_advantages(
                 others = group[:j] + group[j + 1 :]
                 m = math.fsum(others) / len(others)
                 dof = max(len(others) - ddof, 1)
-                sd = math.sqrt(math.fsum((v - m) ** 2 for v in others) / dof)
+                sd = _deviation(others, m, dof)
                 out[i] = divide(values[i] - m, sd)
     return out, active
+
+
+def _deviation(values: Sequence[float], mean: float, dof: int) -> float:
+    """``sqrt(sum((v - mean)**2) / dof)``, the squares taken in units of the largest
+    deviation: squared as they are, deviations below 1e-154 underflow to 0 (a group of
+    rewards near 1e-300 had no spread) and above 1e154 overflow."""
+    largest = max(abs(v - mean) for v in values)
+    if largest == 0.0:
+        return 0.0
+    return largest * math.sqrt(math.fsum(((v - mean) / largest) ** 2 for v in values) / dof)
