@@ -1,0 +1,261 @@
+"""A whole run against the slow float64 reference, over drawn inputs and options.
+
+Each example writes a small rollout dataset in a drawn format and layout (Parquet with small
+row groups, a folder of Parquet shards, JSON lines, CSV), with drawn key and reward types,
+bad rewards and reward options, runs ``compute`` through the library entry (readers, key
+index, both passes, the writer), and checks what a user reads back: each row's advantage
+against :func:`tests.reference.reference_advantages` (within the rounding of the reference's
+exact sums against the kernel's left folds), each group's mask, the rows kept and their order,
+the input columns unchanged, the summary's counts and reward figures, and ``check``'s
+advantage range against ``compute``'s. This differential run found a JSON lines shard of only
+null rewards refused as a type error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.json as pa_json
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from grpo_cli.checks import CheckBounds
+from grpo_cli.config import ComputeConfig
+from grpo_cli.errors import GrpoError
+from grpo_cli.jobs import check_dataset, compute_dataset
+from grpo_cli.options import AdvantageOptions
+from tests.reference import reference_advantages
+
+KEY_TYPES = {
+    "int64": pa.int64(),
+    "int32": pa.int32(),
+    "uint64": pa.uint64(),
+    "string": pa.string(),
+    "large_string": pa.large_string(),
+    "dictionary": pa.string(),
+}
+REWARD_TYPES = {"float32": pa.float32(), "float64": pa.float64(), "int8": pa.int8(), "bool": pa.bool_()}
+TEXT_FORMATS = ("jsonl", "csv")  # carry plain keys only: no dictionary, no uint64 past int64
+
+
+def _key(kind: str, group: int) -> Any:
+    if kind in ("int64", "int32"):
+        return group * 7 - 20
+    if kind == "uint64":
+        return (1 << 63) + group
+    return f"prompt-{group:04d}"
+
+
+@st.composite
+def datasets(draw: st.DrawFn) -> dict[str, Any]:
+    sizes = draw(st.lists(st.integers(1, 6), min_size=1, max_size=30))
+    rows_of = [g for g, size in enumerate(sizes) for _ in range(size)]
+    layout = draw(st.sampled_from(["sorted", "shuffled"]))
+    if layout == "shuffled":
+        rows_of = draw(st.permutations(rows_of))
+    key_kind = draw(st.sampled_from(sorted(KEY_TYPES)))
+    reward_kind = draw(st.sampled_from(sorted(REWARD_TYPES)))
+    if reward_kind in ("float32", "float64"):
+        value = st.sampled_from([0.0, 1.0, 0.5, -2.25]) | st.floats(-1e3, 1e3, width=32)
+        bad = st.sampled_from([None, math.nan, math.inf])
+    elif reward_kind == "int8":
+        value, bad = st.integers(-5, 5), st.just(None)
+    else:
+        value, bad = st.booleans(), st.just(None)
+    with_bad = draw(st.booleans())
+    values = [draw(bad if with_bad and draw(st.integers(0, 9)) == 0 else value) for _ in rows_of]
+    fmt = draw(st.sampled_from(["parquet", "shards", "jsonl", "csv"]))
+    if fmt in TEXT_FORMATS and key_kind in ("dictionary", "uint64", "large_string"):
+        fmt = "parquet"
+    return {
+        "rows_of": rows_of,
+        "key_kind": key_kind,
+        "reward_kind": reward_kind,
+        "values": values,
+        "format": fmt,
+        "row_group_size": draw(st.sampled_from([3, 17, 1 << 20])),
+        "cut": draw(st.floats(0, 1)),
+    }
+
+
+def _write(tmp: Path, case: dict[str, Any]) -> tuple[Path, pa.Table]:
+    keys = pa.array([_key(case["key_kind"], g) for g in case["rows_of"]], KEY_TYPES[case["key_kind"]])
+    if case["key_kind"] == "dictionary":
+        keys = keys.dictionary_encode()
+    table = pa.table(
+        {
+            "uid": keys,
+            "reward": pa.array(case["values"], REWARD_TYPES[case["reward_kind"]], from_pandas=False),
+            "row": pa.array([f"r{i}" for i in range(len(case["rows_of"]))]),
+        }
+    )
+    fmt = case["format"]
+    if fmt == "parquet":
+        path = tmp / "in.parquet"
+        pq.write_table(table, path, row_group_size=case["row_group_size"])
+    elif fmt == "shards":
+        path = tmp / "in"
+        path.mkdir()
+        cut = int(case["cut"] * table.num_rows)
+        for index, (start, stop) in enumerate(((0, cut), (cut, table.num_rows))):
+            pq.write_table(table.slice(start, stop - start), path / f"part-{index}.parquet")
+    elif fmt == "jsonl":
+        path = tmp / "in.jsonl"
+        lines = []
+        for row in table.to_pylist():
+            reward = row["reward"]
+            if isinstance(reward, float) and not math.isfinite(reward):
+                reward = None  # JSON holds no NaN nor infinity
+            lines.append(json.dumps({**row, "reward": reward}) + "\n")
+        path.write_text("".join(lines))
+    else:
+        path = tmp / "in.csv"
+        pa_csv.write_csv(table, path)
+    return path, table
+
+
+def _rewards_as_read(path: Path, case: dict[str, Any], table: pa.Table) -> list[float | None]:
+    """The rewards as grpo-cli reads them: a text format's numbers are its text's."""
+    if case["format"] == "jsonl":
+        column = pa_json.read_json(path).column("reward")
+    elif case["format"] == "csv":
+        column = pa_csv.read_csv(path).column("reward")
+    else:
+        column = table.column("reward")
+    return [None if v is None else float(v) for v in column.to_pylist()]
+
+
+def _allowed(expected: float, group: list[float], divisor: float, dtype: np.dtype) -> float:
+    """The distance allowed from the reference: a few ulps of the output dtype, and the
+    rounding of a mean of the group's magnitude (the reference's sums are exact, the kernel's
+    are left folds) divided by the group's divisor."""
+    ulps = 8 * float(np.spacing(np.abs(np.array(expected, dtype=dtype))))
+    largest = max(abs(v) for v in group)
+    return ulps + 64 * 2.3e-16 * largest / max(divisor, 1e-6)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    case=datasets(),
+    std=st.sampled_from(["population", "sample"]),
+    scale=st.sampled_from(["group", "batch", "none"]),
+    epsilon_mode=st.sampled_from(["add", "clamp", "add-if-nonzero"]),
+    singleton=st.sampled_from(["zero", "raw"]),
+    nan=st.sampled_from(["error", "ignore"]),
+    batch_rows=st.sampled_from([None, 1, 5]),
+    streaming=st.booleans(),
+    stats_block_rows=st.sampled_from([3, 16, 1 << 22]),
+    drop_inactive=st.booleans(),
+)
+def test_a_run_gives_the_references_advantages_masks_rows_and_summary(
+    tmp_path_factory: pytest.TempPathFactory,
+    case: dict[str, Any],
+    std: str,
+    scale: str,
+    epsilon_mode: str,
+    singleton: str,
+    nan: str,
+    batch_rows: int | None,
+    streaming: bool,
+    stats_block_rows: int,
+    drop_inactive: bool,
+) -> None:
+    tmp = tmp_path_factory.mktemp("run")
+    source, table = _write(tmp, case)
+    config = ComputeConfig(
+        group_cols=("uid",),
+        advantage=AdvantageOptions(
+            std=std, scale=scale, epsilon_mode=epsilon_mode, singleton=singleton, nan=nan
+        ),
+        batch_rows=batch_rows,
+        memory_budget_bytes=0 if streaming else 1 << 30,
+        stats_block_rows=stats_block_rows,
+        drop_inactive=drop_inactive,
+    )
+    rewards = _rewards_as_read(source, case, table)
+    valid = [v is not None and math.isfinite(v) for v in rewards]
+    out = tmp / ("out" if case["format"] == "shards" else "out.parquet")
+    if nan == "error" and not all(valid):
+        with pytest.raises(GrpoError, match="null, NaN or infinite"):
+            compute_dataset(source, out, config)
+        assert not out.exists()
+        return
+    summary = compute_dataset(source, out, config)
+    files = sorted(out.glob("*.parquet")) if out.is_dir() else [out]
+    got = pa.concat_tables([pq.read_table(f) for f in files], promote_options="permissive")
+
+    rows_of = case["rows_of"]
+    expected, active = reference_advantages(
+        [v if ok else 0.0 for v, ok in zip(rewards, valid, strict=True)],  # type: ignore[misc]
+        rows_of,
+        std=std,
+        scale=scale,
+        epsilon_mode=epsilon_mode,
+        singleton=singleton,
+        valid=valid,
+    )
+    kept = [i for i in range(len(rows_of)) if not drop_inactive or active.get(rows_of[i], False)]
+    assert [int(r[1:]) for r in got.column("row").to_pylist()] == kept  # the rows kept, in order
+    if case["format"] in ("parquet", "shards"):
+        for name in table.column_names:
+            before = table.column(name).take(pa.array(kept, pa.int64())).to_pylist()
+            after = got.column(name).to_pylist()
+            assert all(a == b or (a != a and b != b) for a, b in zip(before, after, strict=True)), name
+
+    members: dict[int, list[float]] = {}
+    for i, g in enumerate(rows_of):
+        if valid[i]:
+            members.setdefault(g, []).append(rewards[i])  # type: ignore[arg-type]
+    ddof = 1 if std == "sample" else 0
+    everything = [v for vs in members.values() for v in vs]
+    batch_sd = float(np.std(everything, ddof=ddof)) if len(everything) > ddof else 0.0
+    advantages = got.column("advantage").to_numpy(zero_copy_only=False)
+    masks = got.column("group_active").to_pylist()
+    for place, i in enumerate(kept):
+        g = rows_of[i]
+        assert masks[place] == active.get(g, False), (i, g)
+        if not valid[i]:
+            assert advantages[place] == 0.0
+            continue
+        group = members[g]
+        divisor = {"none": 1.0, "batch": batch_sd}.get(
+            scale, float(np.std(group, ddof=ddof)) if len(group) > ddof else 0.0
+        )
+        allowed = _allowed(expected[i], group, divisor, advantages.dtype)
+        assert abs(float(advantages[place]) - expected[i]) <= allowed, (
+            i,
+            float(advantages[place]),
+            expected[i],
+        )
+
+    sizes = [rows_of.count(g) for g in sorted(set(rows_of))]
+    assert (summary.groups, summary.active_groups) == (
+        len(sizes),
+        sum(active.get(g, False) for g in set(rows_of)),
+    )
+    assert (summary.rows, summary.nan_rewards, summary.singleton_groups) == (
+        len(rows_of),
+        valid.count(False),
+        sizes.count(1),
+    )
+    assert (summary.group_size["min"], summary.group_size["max"]) == (min(sizes), max(sizes))
+    if everything:
+        assert (summary.reward["min"], summary.reward["max"]) == (min(everything), max(everything))
+        mean, got_mean = math.fsum(everything) / len(everything), summary.reward["mean"]
+        assert got_mean is not None and abs(got_mean - mean) <= 1e-12 * max(abs(v) for v in everything)
+    if not drop_inactive:
+        checked = check_dataset(source, CheckBounds(), config)
+        assert checked.advantage == summary.advantage  # from the statistics where it can be
+        if advantages.size:
+            assert (float(advantages.min()), float(advantages.max())) == (
+                summary.advantage["min"],
+                summary.advantage["max"],
+            )
