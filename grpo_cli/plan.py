@@ -631,8 +631,8 @@ class RunPlan:
         norm = outcome.norms[0]
         stats = norm.stats
         seen = (stats.count > 0).nonzero().flatten()
-        if not seen.numel():
-            return None
+        if not seen.numel():  # no reward counts: every row left out has advantage 0, as pass 2 writes
+            return (0.0, 0.0) if outcome.nan_rewards else None
         values = torch.cat([stats.minimum[seen], stats.maximum[seen]])
         ids = torch.cat([seen, seen])
         advantages = apply_normalization(values, ids, norm).to(dtype).to(torch.float64)

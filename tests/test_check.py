@@ -382,6 +382,27 @@ def test_one_pass_check_reports_the_advantage_range_compute_writes(cli, tmp_path
     assert json.loads(made.stdout)["advantage"] == advantage
 
 
+@pytest.mark.parametrize("nulls", ["all", "some"])
+def test_one_pass_check_reports_the_range_compute_writes_where_rewards_are_left_out(cli, tmp_path, nulls):
+    """``--nan ignore`` writes advantage 0 on each row it leaves out, so the range holds 0; where
+    every reward was left out, no group statistic is seen and check reported no range at all
+    (found by the end-to-end property test's differential run)."""
+    rows = [
+        {"group_id": g, "reward": None if nulls == "all" or i == 0 else float(i)}
+        for g in (1, 2)
+        for i in range(3)
+    ]
+    path = write_parquet(tmp_path / "in.parquet", rows)
+    out = tmp_path / "out.parquet"
+    made = cli("compute", path, "-o", out, "--nan", "ignore", "--summary-json", "-", "-q")
+    checked = cli("check", path, "--nan", "ignore", "--summary-json", "-", "-q")
+    assert made.exit_code == checked.exit_code == 0, (made.stderr, checked.stderr)
+    written = pq.read_table(out).column("advantage").to_pylist()
+    advantage = json.loads(checked.stdout)["advantage"]
+    assert (advantage["min"], advantage["max"]) == (min(written), max(written))
+    assert json.loads(made.stdout)["advantage"] == advantage
+
+
 @pytest.mark.parametrize(("color", "escapes"), [("always", True), ("never", False), ("auto", False)])
 def test_pass_and_fail_are_coloured_only_when_asked_or_on_a_terminal(cli, data, color, escapes):
     path, _ = data
