@@ -269,8 +269,8 @@ class RunPlan:
             column_type = field_type(schema, column)
             if column_type is not None and pa.types.is_null(column_type):
                 raise GrpoError(
-                    f"{shard.display}: group column {column!r} holds only nulls (every key is null); "
-                    "null keys cannot be grouped"
+                    f"{shard.display}: group column {column!r} has type null: it holds only nulls "
+                    "(every key is null), and null keys cannot be grouped"
                 )
             if not is_key_type(column_type):
                 raise GrpoError(

@@ -605,7 +605,9 @@ def test_a_shard_whose_rewards_are_all_null_is_null_rewards_not_a_type_error(cli
 def test_a_key_or_length_column_of_only_nulls_is_one_line(cli, tmp_path):
     rows = [{"uid": None, "reward": 1.0, "n": None}, {"uid": None, "reward": 0.0, "n": None}]
     source = write_jsonl(tmp_path / "nulls.jsonl", rows)
-    one_line_error(cli("check", source, "-g", "uid"), 2, "group column 'uid' holds only nulls")
+    one_line_error(
+        cli("check", source, "-g", "uid"), 2, "group column 'uid' has type null: it holds only nulls"
+    )
     keyed = write_jsonl(tmp_path / "keyed.jsonl", [{**row, "uid": 1} for row in rows])
     result = cli(
         "compute",
