@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import ClassVar, TypedDict
+from typing import Any, ClassVar, TypedDict
 
 import torch
 from torch import Tensor
@@ -205,7 +205,11 @@ class GroupStats:
 
     ``at_minimum`` and ``at_maximum`` (int64, optional) count the rollouts equal to the
     minimum and the maximum: the leave-one-out baseline needs them to know exactly when
-    the *other* rollouts of a group are all identical.
+    the *other* rollouts of a group are all identical. ``but_max`` and ``but_min`` (optional,
+    with them) are the statistics of each group without its first rollout at the maximum
+    (the minimum), in row order: the others of a lone extreme, whose spread the reverse
+    update cannot take from ``m2`` where that rollout dominates it (``[1, 1, 1.0000001,
+    100]``: the others' M2, about 7e-15, is below the rounding of the group's, about 7350).
     """
 
     count: Tensor
@@ -215,6 +219,8 @@ class GroupStats:
     maximum: Tensor
     at_minimum: Tensor | None = None
     at_maximum: Tensor | None = None
+    but_max: GroupStats | None = None
+    but_min: GroupStats | None = None
 
     @property
     def num_groups(self) -> int:
@@ -237,6 +243,8 @@ class GroupStats:
             fn(self.maximum),
             None if self.at_minimum is None else fn(self.at_minimum),
             None if self.at_maximum is None else fn(self.at_maximum),
+            None if self.but_max is None else self.but_max._map(fn),
+            None if self.but_min is None else self.but_min._map(fn),
         )
 
     FIELDS: ClassVar[tuple[str, ...]] = (
@@ -248,7 +256,11 @@ class GroupStats:
         "at_minimum",
         "at_maximum",
     )
-    """Every statistic, in order; the last two are optional (``count_extremes``)."""
+    """Every statistic, in order; the last two are optional (``count_extremes``, which also
+    brings :attr:`LEAVE_OUTS`)."""
+
+    LEAVE_OUTS: ClassVar[tuple[str, ...]] = ("but_max", "but_min")
+    """The statistics without a lone extreme, each a :class:`GroupStats` (``count_extremes``)."""
 
     @property
     def counts_extremes(self) -> bool:
@@ -269,17 +281,24 @@ class GroupStats:
             value = getattr(self, name)
             if value is not None:
                 columns[prefix + name] = value
+        for name in self.LEAVE_OUTS:
+            nested: GroupStats | None = getattr(self, name)
+            if nested is not None:
+                columns.update(nested.to_columns(f"{prefix}{name}_"))
         return columns
 
     @classmethod
     def from_columns(cls, columns: Mapping[str, Tensor], prefix: str = "") -> GroupStats:
         """The inverse of :meth:`to_columns`; the extreme counts are read when present."""
         optional = cls.FIELDS[5:]
-        values = {
+        values: dict[str, Any] = {
             name: columns[prefix + name]
             for name in cls.FIELDS
             if name not in optional or prefix + name in columns
         }
+        for name in cls.LEAVE_OUTS:
+            if f"{prefix}{name}_count" in columns:
+                values[name] = cls.from_columns(columns, f"{prefix}{name}_")
         return cls(**values)
 
     def select(self, groups: Tensor) -> GroupStats:
@@ -287,8 +306,8 @@ class GroupStats:
         return self._map(lambda t: t[groups.to(t.device)])
 
     def without_extremes(self) -> GroupStats:
-        """The same statistics without ``at_minimum`` and ``at_maximum``."""
-        return replace(self, at_minimum=None, at_maximum=None)
+        """The same statistics without ``at_minimum``, ``at_maximum`` and the leave-outs."""
+        return replace(self, at_minimum=None, at_maximum=None, but_max=None, but_min=None)
 
     def placed(self, group_ids: Tensor, num_groups: int) -> GroupStats:
         """Statistics for ``num_groups`` groups: entry ``i`` of these at group ``group_ids[i]``.
@@ -309,8 +328,13 @@ class GroupStats:
                 return None
             return target.index_copy(0, group_ids, values.to(target.dtype))
 
+        def nested(stats: GroupStats | None) -> GroupStats | None:
+            return None if stats is None else stats.placed(group_ids, num_groups)
+
         return GroupStats(
-            **{name: put(getattr(out, name), getattr(self, name)) for name in self.FIELDS}  # type: ignore[arg-type]
+            **{name: put(getattr(out, name), getattr(self, name)) for name in self.FIELDS},  # type: ignore[arg-type]
+            but_max=nested(self.but_max),
+            but_min=nested(self.but_min),
         )
 
     def __eq__(self, other: object) -> bool:
@@ -399,6 +423,8 @@ def empty_group_stats(
         maximum=torch.full((num_groups,), -math.inf, dtype=acc, device=device),
         at_minimum=torch.zeros(num_groups, dtype=torch.int64, device=device) if count_extremes else None,
         at_maximum=torch.zeros(num_groups, dtype=torch.int64, device=device) if count_extremes else None,
+        but_max=empty_group_stats(num_groups, device=device, dtype=acc) if count_extremes else None,
+        but_min=empty_group_stats(num_groups, device=device, dtype=acc) if count_extremes else None,
     )
 
 
@@ -591,14 +617,26 @@ def _group_stats(flat: Tensor, layout: _Layout, valid: Tensor | None, *, count_e
     x = flat.to(acc)
     k = layout.num_groups
     if layout.group_size is not None and valid is None:
-        stats = _block_stats(x.view(k, layout.group_size))
+        g = layout.group_size
+        rows = x.view(k, g)
+        stats = _block_stats(rows)
         if not count_extremes:
             return stats
-        rows = x.view(k, layout.group_size)
+        at_min, at_max = rows == stats.minimum[:, None], rows == stats.maximum[:, None]
+
+        def but(at_extreme: Tensor) -> GroupStats:  # each row less its first rollout at the extreme
+            if g == 1:
+                return empty_group_stats(k, device=x.device, dtype=x.dtype)
+            column = torch.arange(g, device=x.device).expand(k, g)
+            first = torch.where(at_extreme, column, g).amin(dim=1)
+            return _block_stats(rows[column != first[:, None]].view(k, g - 1))
+
         return replace(
             stats,
-            at_minimum=(rows == stats.minimum[:, None]).sum(dim=1),
-            at_maximum=(rows == stats.maximum[:, None]).sum(dim=1),
+            at_minimum=at_min.sum(dim=1),
+            at_maximum=at_max.sum(dim=1),
+            but_max=but(at_max),
+            but_min=but(at_min),
         )
     ids = _row_group_ids(layout, flat.device)
     if valid is not None:
@@ -606,13 +644,24 @@ def _group_stats(flat: Tensor, layout: _Layout, valid: Tensor | None, *, count_e
     stats = _scatter_stats(x, ids, k)
     if not count_extremes:
         return stats
-    at_min = (x == torch.take(stats.minimum, ids)).to(torch.int64)
-    at_max = (x == torch.take(stats.maximum, ids)).to(torch.int64)
+    at_min = x == torch.take(stats.minimum, ids)
+    at_max = x == torch.take(stats.maximum, ids)
     zeros = torch.zeros(k, dtype=torch.int64, device=x.device)
+    position = torch.arange(x.numel(), device=x.device)
+
+    def scattered_but(at_extreme: Tensor) -> GroupStats:  # the rows less each group's first at the extreme
+        first = torch.full((k,), x.numel(), dtype=torch.int64, device=x.device).scatter_reduce_(
+            0, ids[at_extreme], position[at_extreme], "amin"
+        )
+        kept = position != torch.take(first, ids)
+        return _scatter_stats(x[kept], ids[kept], k)
+
     return replace(
         stats,
-        at_minimum=zeros.index_add(0, ids, at_min),
-        at_maximum=zeros.index_add(0, ids, at_max),
+        at_minimum=zeros.index_add(0, ids, at_min.to(torch.int64)),
+        at_maximum=zeros.index_add(0, ids, at_max.to(torch.int64)),
+        but_max=scattered_but(at_max),
+        but_min=scattered_but(at_min),
     )
 
 
@@ -765,7 +814,29 @@ def merge_group_stats(a: GroupStats, b: GroupStats) -> GroupStats:
         at_minimum = _merge_extreme_count(a.minimum, a.at_minimum, b.minimum, b.at_minimum)
     if a.at_maximum is not None and b.at_maximum is not None:
         at_maximum = _merge_extreme_count(-a.maximum, a.at_maximum, -b.maximum, b.at_maximum)
-    return GroupStats(count, mean, m2, minimum, maximum, at_minimum, at_maximum)
+    but_max = but_min = None
+    if a.but_max is not None and b.but_max is not None:
+        but_max = _merge_leave_out(a, a.but_max, b, b.but_max, b.maximum > a.maximum)
+    if a.but_min is not None and b.but_min is not None:
+        but_min = _merge_leave_out(a, a.but_min, b, b.but_min, b.minimum < a.minimum)
+    return GroupStats(count, mean, m2, minimum, maximum, at_minimum, at_maximum, but_max, but_min)
+
+
+def _merge_leave_out(
+    a: GroupStats, a_but: GroupStats, b: GroupStats, b_but: GroupStats, left_out_in_b: Tensor
+) -> GroupStats:
+    """The statistics of the union of ``a`` (earlier rows) and ``b`` (later rows) without the
+    first rollout at its extreme: where that rollout lies in ``b`` (``left_out_in_b``: ``b``'s
+    extreme beats ``a``'s strictly, so a tie keeps the earlier one), all of ``a`` with ``b``
+    less it, else ``a`` less it with all of ``b``. Every side is a Chan merge of disjoint sets."""
+    with_b_left_out = merge_group_stats(a.without_extremes(), b_but)
+    with_a_left_out = merge_group_stats(a_but, b.without_extremes())
+    return GroupStats.from_columns(
+        {
+            name: torch.where(left_out_in_b, value, with_a_left_out.to_columns()[name])
+            for name, value in with_b_left_out.to_columns().items()
+        }
+    )
 
 
 def _merge_extreme_count(a_value: Tensor, a_count: Tensor, b_value: Tensor, b_count: Tensor) -> Tensor:
@@ -830,6 +901,9 @@ def _concat_stats(a: GroupStats, b: GroupStats) -> GroupStats:
     def cat(x: Tensor | None, y: Tensor | None) -> Tensor | None:
         return None if x is None or y is None else torch.cat((x, y))
 
+    def nested(x: GroupStats | None, y: GroupStats | None) -> GroupStats | None:
+        return None if x is None or y is None else _concat_stats(x, y)
+
     return GroupStats(
         torch.cat((a.count, b.count)),
         torch.cat((a.mean, b.mean)),
@@ -838,6 +912,8 @@ def _concat_stats(a: GroupStats, b: GroupStats) -> GroupStats:
         torch.cat((a.maximum, b.maximum)),
         cat(a.at_minimum, b.at_minimum),
         cat(a.at_maximum, b.at_maximum),
+        nested(a.but_max, b.but_max),
+        nested(a.but_min, b.but_min),
     )
 
 
@@ -1055,12 +1131,19 @@ class Divisor:
     batch_std: Tensor | None
 
     def of(
-        self, m2: Tensor, count: Tensor, units: Tensor | None = None, mean: Tensor | None = None
+        self,
+        m2: Tensor,
+        count: Tensor,
+        units: Tensor | None = None,
+        mean: Tensor | None = None,
+        *,
+        deviation: Tensor | None = None,
     ) -> Tensor:
         """Per-group (or per-row, for leave-one-out) divisor for groups with ``count`` and ``m2``
         (``scale="mean"``: the groups' ``mean``, MaxRL's divisor).
 
-        ``m2`` and the result are in ``units`` (powers of two; ``None``: 1).
+        ``m2`` and the result are in ``units`` (powers of two; ``None``: 1); ``deviation``, in
+        ``units`` too, is the standard deviation where the caller has it (``scale="group"``).
         """
         one = torch.ones_like(m2) if units is None else 1 / units
         if self.scale == "none":
@@ -1072,7 +1155,7 @@ class Divisor:
         elif self.scale == "batch":
             assert self.batch_std is not None
             deviation = self.batch_std.expand_as(m2) if units is None else self.batch_std / units
-        else:
+        elif deviation is None:
             dof = (count - self.ddof).clamp_min(1).to(m2.dtype)
             deviation = sqrt_rn(m2 / dof)
         eps: float | Tensor = self.epsilon if units is None else self.epsilon / units
@@ -1277,13 +1360,30 @@ def _leave_one_out(x: Tensor, ids: Tensor, norm: Normalization) -> Tensor:
     others_n = n - 1
     at_min = torch.take(stats.at_minimum, ids).to(x.dtype)
     at_max = torch.take(stats.at_maximum, ids).to(x.dtype)
-    lone_max = (x == torch.take(stats.maximum, ids)) & (at_max == 1) & (at_min == others_n)
-    lone_min = (x == torch.take(stats.minimum, ids)) & (at_min == 1) & (at_max == others_n)
-    m2_others = torch.where(lone_max | lone_min, torch.zeros_like(m2_others), m2_others)
+    lone_max = (x == torch.take(stats.maximum, ids)) & (at_max == 1)
+    lone_min = (x == torch.take(stats.minimum, ids)) & (at_min == 1)
+    identical = (lone_max & (at_min == others_n)) | (lone_min & (at_max == others_n))
+    m2_others = torch.where(identical, torch.zeros_like(m2_others), m2_others)
     divisor = norm.divisor
     if divisor.batch_std is not None and divisor.batch_std.numel() > 1:  # one per group: per row here
         divisor = replace(divisor, batch_std=torch.take(divisor.batch_std, ids))
-    denominator = divisor.of(m2_others, (n - 1).to(torch.int64), units)
+    spread: Tensor | None = None  # the others' standard deviation, in the groups' units
+    if divisor.scale == "group":
+        # It cancels too where the row left out dominates the group's M2 (an outlier): then it is
+        # the group's lone maximum or minimum, whose others' statistics the group carries.
+        dof = (others_n - divisor.ddof).clamp_min(1)
+        spread = sqrt_rn(m2_others / dof)
+        for lone, without in ((lone_max, stats.but_max), (lone_min, stats.but_min)):
+            if without is None or not bool((lone & ~identical).any()):
+                continue
+            without_scale = _scales(torch.take(without.minimum, ids), torch.take(without.maximum, ids))
+            exact = sqrt_rn(torch.take(without.m2, ids) / dof)
+            if without_scale is not None:
+                exact = exact * without_scale
+            if units is not None:
+                exact = exact / units
+            spread = torch.where(lone & ~identical, exact, spread)
+    denominator = divisor.of(m2_others, (n - 1).to(torch.int64), units, deviation=spread)
     out = centred / denominator
     return torch.where(row_active, out, torch.zeros_like(out))
 

@@ -14,6 +14,7 @@ from grpo_cli.kernel import (
     active_groups,
     advantages_from_stats,
     apply_normalization,
+    group_scale,
     group_stats,
     merge_group_stats,
     normalize_in_groups,
@@ -212,6 +213,83 @@ def test_estimator_options_match_reference(baseline, epsilon_mode, singleton, st
     options = dict(baseline=baseline, epsilon_mode=epsilon_mode, singleton=singleton, std=std)
     out = normalize_in_groups(rewards, ids, 1e-3, **options)  # type: ignore[arg-type]
     assert_matches_reference(rewards, ids, out, epsilon=1e-3, **options)
+
+
+OUTLIER_GROUPS = [
+    [1.0, 1.0, 1.0000001, 100.0],  # the others' M2 (7e-15) below the rounding of the group's (7350)
+    [-5e4, 0.25, 0.5, 0.25 + 2**-40, 0.375],  # a lone minimum
+    [3.0, 1e-6, 2e-6, 1e-6],  # the outlier first
+    [1e300, 1.0, 2.0],  # a group scaled by 2**997 whose others have scale 1
+    [7.0, 7.0, 7.0, 7.5, 7.0],  # others identical: nothing to divide by, exactly
+    [2.0, 9.0, 9.0, 1.0],  # extremes tied at the maximum, lone at the minimum
+]
+
+
+def _outlier_case() -> tuple[torch.Tensor, torch.Tensor]:
+    rewards = [v for group in OUTLIER_GROUPS for v in group]
+    ids = [g for g, group in enumerate(OUTLIER_GROUPS) for _ in group]
+    return torch.tensor(rewards, dtype=torch.float64), torch.tensor(ids)
+
+
+@pytest.mark.parametrize("std", ["population", "sample"])
+@pytest.mark.parametrize("epsilon_mode", ["add", "add-if-nonzero"])
+def test_leave_one_out_divides_a_lone_outlier_by_its_others_spread(std, epsilon_mode):
+    """The others' M2 of a row was the group's M2 less the row's share (the reverse update),
+    which cancels where that row dominates the group: the 100.0 above got 5.07e7 where the
+    formula gives 9.36e7 under NeMo-RL's options. Such a row is its group's lone maximum or
+    minimum, and the statistics now carry each group without it: the reference's values, to
+    its rounding."""
+    rewards, ids = _outlier_case()
+    options = dict(baseline="leave-one-out", std=std, epsilon_mode=epsilon_mode)
+    out = normalize_in_groups(rewards, ids, 1e-6, **options)  # type: ignore[arg-type]
+    expected, _ = reference_advantages(rewards.tolist(), ids.tolist(), epsilon=1e-6, **options)
+    torch.testing.assert_close(
+        out["advantages"], torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=0
+    )
+    if std == "sample" and epsilon_mode == "add-if-nonzero":  # NeMo-RL's options
+        assert out["advantages"][3].item() == pytest.approx(93596219.6996397, rel=1e-12)
+
+
+@pytest.mark.parametrize("block_rows", [1, 2, 3, 5, 7, 1 << 20])
+def test_the_groups_without_their_extremes_merge_across_blocks(block_rows):
+    """Each block's statistics without its first rollout at the extreme, merged in row order
+    (where the later block's extreme beats the earlier's strictly, it is the one left out):
+    the statistics of the whole group without its first rollout at the extreme, to the rounding
+    of Chan's merge (never to the group's M2: the outlier is not in them), and bit for bit the
+    same however the rows are fed in (both engines cut the same blocks). The whole group's are
+    those of the list without that rollout, bit for bit."""
+    rewards, ids = _outlier_case()
+    order = torch.randperm(rewards.numel(), generator=torch.Generator().manual_seed(5))
+    rewards, ids = rewards[order], ids[order]
+    whole = group_stats(rewards, ids, count_extremes=True)
+    fed = []
+    for chunk in (1, 3, rewards.numel()):
+        acc = GroupStatsAccumulator(block_rows=block_rows, count_extremes=True)
+        for start in range(0, rewards.numel(), chunk):
+            acc.update(rewards[start : start + chunk], ids[start : start + chunk])
+        fed.append(acc.compute())
+    assert fed[0] == fed[1] == fed[2]
+    for name in GroupStats.LEAVE_OUTS:
+        got, want = getattr(fed[0], name), getattr(whole, name)
+        assert torch.equal(got.count, want.count) and torch.equal(got.minimum, want.minimum), name
+        torch.testing.assert_close(got.mean, want.mean, rtol=1e-15, atol=0)
+        torch.testing.assert_close(
+            got.m2 * group_scale(got) ** 2, want.m2 * group_scale(want) ** 2, rtol=1e-8, atol=0
+        )  # Chan's merge of [1, 1] and [1.0000001] rounds its means' difference: 1e-9 of the 7e-15
+    for g in range(len(OUTLIER_GROUPS)):
+        values = rewards[ids == g].tolist()
+        for name, extreme in (("but_max", max(values)), ("but_min", min(values))):
+            rest = list(values)
+            rest.remove(extreme)  # the first at the extreme, in row order
+            expected = group_stats(
+                torch.tensor(rest, dtype=torch.float64), torch.zeros(len(rest), dtype=torch.long)
+            )
+            got = getattr(whole, name)
+            assert (got.count[g].item(), got.mean[g].item(), got.m2[g].item()) == (
+                expected.count[0].item(),
+                expected.mean[0].item(),
+                expected.m2[0].item(),
+            ), (g, name)
 
 
 # --------------------------------------------------------------------------- contract details
@@ -501,8 +579,11 @@ def test_group_stats_column_form_round_trips_and_places():
     ids = torch.tensor([0, 0, 1, 1, 2])
     stats = group_stats(r, ids, count_extremes=True)
     columns = stats.to_columns("p_")
-    assert sorted(columns) == sorted(f"p_{name}" for name in GroupStats.FIELDS)
+    nested = [f"p_{out}_{name}" for out in GroupStats.LEAVE_OUTS for name in GroupStats.FIELDS[:5]]
+    assert sorted(columns) == sorted([f"p_{name}" for name in GroupStats.FIELDS] + nested)
     assert GroupStats.from_columns(columns, "p_") == stats
+    restored = GroupStats.from_columns(columns, "p_")
+    assert restored.but_max is not None and restored.but_max == stats.but_max
     assert GroupStats.from_columns(stats.without_extremes().to_columns()) == stats.without_extremes()
     plain = stats.without_extremes()
     assert plain.at_minimum is None and plain.at_maximum is None and not plain.counts_extremes
@@ -512,6 +593,7 @@ def test_group_stats_column_form_round_trips_and_places():
     assert placed.mean.tolist() == [0.0, 2.0, 0.0, 9.0]
     assert placed.minimum.tolist() == [math.inf, 1.0, math.inf, 9.0]
     assert placed.at_maximum is not None and placed.at_maximum.tolist() == [0, 1, 0, 1]
+    assert placed.but_max is not None and placed.but_max.count.tolist() == [0, 1, 0, 0]  # 1.0 without 3.0
     empty = empty_group_stats(2, dtype=torch.float32, count_extremes=True)
     assert (empty.mean.dtype, empty.count.dtype, empty.at_minimum.dtype) == (  # type: ignore[union-attr]
         torch.float32,

@@ -414,6 +414,46 @@ def test_ray_cuts_and_merges_the_statistics_blocks_as_the_local_engine_does(
     assert ray.to_dict()["options"]["statistics_blocks"] == 14
 
 
+def test_ray_divides_a_lone_outlier_by_its_others_spread_as_the_local_engine_does(
+    ray_instance, tmp_path, monkeypatch
+):
+    """Leave-one-out under NeMo-RL's options, groups with a lone outlier spread over statistics
+    blocks of 5 rows and 3 reducers: each block's statistics without its extremes merge as the
+    local engine merges them, so a lone outlier's advantage (divided by its others' spread) is
+    the local engine's bits, and the formula's value."""
+    from grpo_cli.engines import ray as ray_engine
+
+    monkeypatch.setattr(ray_engine, "REDUCERS", 3)
+    rng = np.random.default_rng(9)
+    rows = []
+    for g in range(40):
+        values = [*(1.0 + rng.integers(0, 3, 7) * 1e-7).tolist(), float(rng.choice([100.0, -100.0, 1.0]))]
+        rows += [(g, v) for v in values]
+    order = rng.permutation(len(rows))
+    table = pa.table(
+        {
+            "uid": pa.array([rows[i][0] for i in order], pa.int64()),
+            "reward": pa.array([rows[i][1] for i in order], pa.float64()),
+            "row_id": pa.array(np.arange(len(rows))),
+        }
+    )
+    folder = tmp_path / "in"
+    folder.mkdir()
+    pq.write_table(table.slice(0, 150), folder / "part-0.parquet")
+    pq.write_table(table.slice(150), folder / "part-1.parquet")
+    config = ComputeConfig(
+        group_cols=("uid",), advantage=AdvantageOptions.resolve(preset="nemo-rl"), stats_block_rows=5
+    )
+    compute_dataset(folder, tmp_path / "local", config)
+    compute_dataset_ray(str(folder), str(tmp_path / "ray_out"), config, partitions=2)
+    left, right = read_sorted(tmp_path / "local"), read_sorted(tmp_path / "ray_out")
+    assert np.array_equal(
+        bits(left.column("advantage").to_numpy()), bits(right.column("advantage").to_numpy())
+    )
+    advantages = left.column("advantage").to_numpy()
+    assert np.abs(advantages).max() > 1e7  # an outlier over a spread of about 5e-8, + 1e-6
+
+
 def test_ray_reads_a_uri_as_it_reads_a_folder(ray_instance, sharded, tmp_path):
     """An object-store input is listed and read through pyarrow's file systems (here file://):
     the same files in the same order as the local folder, so the same bits."""
