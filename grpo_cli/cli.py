@@ -14,7 +14,7 @@ import re
 import signal
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from inspect import Parameter, Signature, signature
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -84,21 +84,34 @@ def _label(param: Any) -> None:
     if getattr(param, "is_flag", False):
         param.metavar = ""
         return
-    descriptor = param.type_descriptor
-    if descriptor.is_choice:
-        choices = [str(choice) for choice in descriptor.choices or ()]
-        if len("|".join(choices)) <= 30:
-            param.metavar = "|".join(choices)
+    choices, annotation = _value_type(param)
+    if choices is not None:
+        names = [str(choice) for choice in choices]
+        if len("|".join(names)) <= 30:
+            param.metavar = "|".join(names)
         else:
             param.metavar = param.name.upper()
-            if not all(choice in (param.help or "") for choice in choices):
-                param.help = f"{param.help} One of: {', '.join(choices)}."
-    elif descriptor.annotation is int:
+            if not all(name in (param.help or "") for name in names):
+                param.help = f"{param.help} One of: {', '.join(names)}."
+    elif annotation is int:
         param.metavar = "N"
-    elif descriptor.annotation is float:
+    elif annotation is float:
         param.metavar = "F"
     else:
         param.metavar = param.name.upper()
+
+
+def _value_type(param: Any) -> tuple[Sequence[Any] | None, type | None]:
+    """A parameter's choices (``None``: any value) and its value's type (``int``, ``float``, or
+    ``None`` for any other), read from Typer 0.29's descriptor or, before 0.29, from the Click
+    type it converts with (``Choice``, ``IntRange``, ...): pyproject admits both."""
+    descriptor = getattr(param, "type_descriptor", None)
+    if descriptor is not None:
+        return (descriptor.choices if descriptor.is_choice else None), descriptor.annotation
+    click_type = param.type
+    numeric = {"integer": int, "int": int, "float": float}
+    name = getattr(click_type, "name", "").removesuffix(" range")
+    return getattr(click_type, "choices", None), numeric.get(name)
 
 
 def _label_types(command: Any) -> None:

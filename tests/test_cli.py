@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import grpo_cli
-from grpo_cli.cli import app
+from grpo_cli.cli import _label, app
 from tests.conftest import assert_one_line_error, digest, rollout_rows, write_jsonl, write_parquet
 from tests.reference import reference_advantages
 
@@ -550,6 +550,27 @@ def test_help_is_grouped_with_examples_and_exit_codes(cli, command):
         assert panel in text, panel
     assert ("Output" if command == "compute" else "Checks") in text
     assert f"grpo-cli {command} " in text
+
+
+@pytest.mark.parametrize(
+    ("make_type", "label"),
+    [
+        (lambda click: click.Choice(["error", "ignore"]), "error|ignore"),
+        (lambda click: click.IntRange(min=1), "N"),
+        (lambda click: click.INT, "N"),
+        (lambda click: click.FloatRange(min=0.0), "F"),
+        (lambda click: click.FLOAT, "F"),
+        (lambda click: click.STRING, "NAME"),
+    ],
+)
+def test_help_labels_read_the_click_types_of_typer_before_0_29(make_type, label):
+    """pyproject admits Typer 0.19 on, whose parameters carry a Click type where 0.29's carry a
+    ``type_descriptor``: every command's help read the descriptor and failed with a traceback
+    under an older Typer a user already had (seen with 0.19.2 and 0.28.0)."""
+    click = pytest.importorskip("click")  # Ray's dependency; Typer 0.29 vendors its own
+    option = click.Option(["--name"], type=make_type(click), help="Something.")
+    _label(option)
+    assert option.metavar == label
 
 
 def test_shell_completion_is_offered(cli):
