@@ -73,9 +73,11 @@ bench-quick: setup
 
 # The CUDA path in one call, where a GPU is lent: the CUDA tests, the kernel on 10^8 and 10^9
 # rollouts against the device's copy bandwidth, compute --device cuda against --device cpu.
-# Exits 1 without CUDA.
-gpu-check: setup
-	$(BIN)/python benchmarks/gpu_check.py
+# Exits 1 without CUDA. On a machine whose Python already holds a CUDA build of torch (and no
+# network for the set-up), name it: `make gpu-check GPU_PYTHON=python3`.
+GPU_PYTHON ?=
+gpu-check: $(if $(GPU_PYTHON),,setup)
+	$(or $(GPU_PYTHON),$(BIN)/python) benchmarks/gpu_check.py
 
 # Mutation testing of the modules whose bugs corrupt data silently (over 2 hours on
 # 2 cores); writes docs/mutation-report.md and fails below the targets. One thread per
