@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -133,20 +134,51 @@ def _rewards_as_read(path: Path, case: dict[str, Any], table: pa.Table) -> list[
     return [None if v is None else float(v) for v in column.to_pylist()]
 
 
-def _allowed(expected: float, group: list[float], divisor: float, dtype: np.dtype) -> float:
+def _allowed(
+    expected: float, group: list[float], divisor: float, dtype: np.dtype, cancel: float = 1.0
+) -> float:
     """The distance allowed from the reference: a few ulps of the output dtype, and the
     rounding of a mean of the group's magnitude (the reference's sums are exact, the kernel's
-    are left folds) divided by the group's divisor."""
+    are left folds) divided by the divisor. ``cancel`` (leave-one-out): the group's M2 over the
+    others', by which the reverse update magnifies the M2's rounding."""
     ulps = 8 * float(np.spacing(np.abs(np.array(expected, dtype=dtype))))
     largest = max(abs(v) for v in group)
-    return ulps + 64 * 2.3e-16 * largest / max(divisor, 1e-6)
+    return ulps + 64 * 2.3e-16 * (largest / max(divisor, 1e-6) + abs(expected) * cancel)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def _m2(values: list[float]) -> float:
+    mean = math.fsum(values) / len(values)
+    return math.fsum((v - mean) ** 2 for v in values)
+
+
+SHAPINGS = [
+    {},
+    {"reward_bias": 0.5, "reward_scale": 2.0},
+    {"reward_bias": -1.0, "reward_scale": 0.25, "reward_clip": (-1.0, 1.0)},
+    {"reward_clip": (0.0, 0.5)},
+]
+
+
+def _shaped(reward: float, shaping: dict[str, Any]) -> float:
+    """``(r + bias) * scale``, then the clamp, in float64 as the README gives them."""
+    value = (reward + shaping.get("reward_bias", 0.0)) * shaping.get("reward_scale", 1.0)
+    low, high = shaping.get("reward_clip", (-math.inf, math.inf))
+    return min(max(value, low), high)
+
+
+EXAMPLES = int(os.environ.get("GRPO_PROPERTY_EXAMPLES", "40"))  # more for a differential fuzz
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     case=datasets(),
     std=st.sampled_from(["population", "sample"]),
     scale=st.sampled_from(["group", "batch", "none"]),
+    baseline=st.sampled_from(["mean", "leave-one-out"]),
+    epsilon=st.sampled_from([1e-6, 1e-4, 0.5]),
+    clip=st.sampled_from([None, (-1.0, 1.0), (-0.25, 3.0)]),
+    shaping=st.sampled_from(SHAPINGS),
+    tolerance=st.sampled_from([0.0, 0.3]),
     epsilon_mode=st.sampled_from(["add", "clamp", "add-if-nonzero"]),
     singleton=st.sampled_from(["zero", "raw"]),
     nan=st.sampled_from(["error", "ignore"]),
@@ -160,6 +192,11 @@ def test_a_run_gives_the_references_advantages_masks_rows_and_summary(
     case: dict[str, Any],
     std: str,
     scale: str,
+    baseline: str,
+    epsilon: float,
+    clip: tuple[float, float] | None,
+    shaping: dict[str, Any],
+    tolerance: float,
     epsilon_mode: str,
     singleton: str,
     nan: str,
@@ -173,7 +210,16 @@ def test_a_run_gives_the_references_advantages_masks_rows_and_summary(
     config = ComputeConfig(
         group_cols=("uid",),
         advantage=AdvantageOptions(
-            std=std, scale=scale, epsilon_mode=epsilon_mode, singleton=singleton, nan=nan
+            std=std,
+            scale=scale,
+            baseline=baseline,
+            epsilon=epsilon,
+            clip=clip,
+            epsilon_mode=epsilon_mode,
+            singleton=singleton,
+            nan=nan,
+            inactive_tolerance=tolerance,
+            **shaping,
         ),
         batch_rows=batch_rows,
         memory_budget_bytes=0 if streaming else 1 << 30,
@@ -182,6 +228,7 @@ def test_a_run_gives_the_references_advantages_masks_rows_and_summary(
     )
     rewards = _rewards_as_read(source, case, table)
     valid = [v is not None and math.isfinite(v) for v in rewards]
+    rewards = [_shaped(v, shaping) if ok else v for v, ok in zip(rewards, valid, strict=True)]  # type: ignore[arg-type]
     out = tmp / ("out" if case["format"] == "shards" else "out.parquet")
     if nan == "error" and not all(valid):
         with pytest.raises(GrpoError, match="null, NaN or infinite"):
@@ -197,11 +244,20 @@ def test_a_run_gives_the_references_advantages_masks_rows_and_summary(
         [v if ok else 0.0 for v, ok in zip(rewards, valid, strict=True)],  # type: ignore[misc]
         rows_of,
         std=std,
+        epsilon=epsilon,
         scale=scale,
+        baseline=baseline,
         epsilon_mode=epsilon_mode,
         singleton=singleton,
         valid=valid,
     )
+    for g in set(rows_of) if tolerance else ():  # a group spanning at most T is inactive
+        group = [rewards[i] for i in range(len(rows_of)) if rows_of[i] == g and valid[i]]
+        if len(group) > 1 and max(group) - min(group) <= tolerance:  # type: ignore[type-var, operator]
+            active[g] = False
+            expected = [0.0 if rows_of[i] == g else e for i, e in enumerate(expected)]
+    if clip is not None:
+        expected = [min(max(value, clip[0]), clip[1]) for value in expected]
     kept = [i for i in range(len(rows_of)) if not drop_inactive or active.get(rows_of[i], False)]
     assert [int(r[1:]) for r in got.column("row").to_pylist()] == kept  # the rows kept, in order
     if case["format"] in ("parquet", "shards"):
@@ -226,10 +282,17 @@ def test_a_run_gives_the_references_advantages_masks_rows_and_summary(
             assert advantages[place] == 0.0
             continue
         group = members[g]
+        spread, cancel = group, 1.0
+        if baseline == "leave-one-out" and len(group) > 1:
+            spread = list(group)
+            spread.remove(rewards[i])  # type: ignore[arg-type]
+            lone = group.count(rewards[i]) == 1 and rewards[i] in (min(group), max(group))
+            # a lone extreme is divided by its others' own statistics; the rest by the reverse update
+            cancel = 1.0 if lone else _m2(group) / max(_m2(spread), 1e-300)
         divisor = {"none": 1.0, "batch": batch_sd}.get(
-            scale, float(np.std(group, ddof=ddof)) if len(group) > ddof else 0.0
+            scale, float(np.std(spread, ddof=ddof)) if len(spread) > ddof else 0.0
         )
-        allowed = _allowed(expected[i], group, divisor, advantages.dtype)
+        allowed = _allowed(expected[i], group, divisor, advantages.dtype, cancel)
         assert abs(float(advantages[place]) - expected[i]) <= allowed, (
             i,
             float(advantages[place]),
