@@ -321,6 +321,34 @@ class RemoteClaim(_ScratchClaim):
         self._temp = None
 
 
+class StagedRemoteClaim(RemoteClaim):
+    """An object-store folder that other machines fill (a Ray cluster's workers, which cannot
+    reach this machine's disk): they write its shards under a hidden staging folder beside it
+    (:meth:`staging_uri`), and the commit copies them into place inside the store, so that a
+    failed run leaves nothing there and ``--force`` replaces an output only once the whole new
+    one is written. Checked when claimed, as :class:`RemoteClaim`."""
+
+    def __init__(self, guard: WriteGuard, uri: str, *, what: str, force: bool) -> None:
+        super().__init__(guard, uri, directory=True, what=what, force=force)
+        self._staged = False
+
+    def staging_uri(self) -> str:
+        self._staged = True
+        return self.store.staging_uri(self.token)
+
+    def temp_path(self) -> Path:
+        raise TypeError(f"{self.uri} is written on the store by other machines: use staging_uri()")
+
+    def commit(self) -> None:
+        self.transfer = self.store.place_staged(self.staging_uri())
+        self.committed = True
+
+    def discard(self) -> None:
+        if self._staged and not self.committed:
+            self.store.remove_staged(self.staging_uri())
+        self._staged = False
+
+
 class WriteGuard:
     """Claims every path a run writes; release with :meth:`close` (or use ``with``).
 
@@ -350,19 +378,29 @@ class WriteGuard:
             claim._release()
 
     def claim(
-        self, path: str | os.PathLike[str], *, directory: bool, force: bool, what: str = "output"
+        self,
+        path: str | os.PathLike[str],
+        *,
+        directory: bool,
+        force: bool,
+        what: str = "output",
+        written_elsewhere: bool = False,
     ) -> Claim:
         """Check ``path`` and lock it for this run, before any work is done.
 
         ``directory``: a folder of Parquet shards rather than one file. ``what`` names
-        the option in messages (``output``, ``summary``).
+        the option in messages (``output``, ``summary``). ``written_elsewhere``: other
+        machines write the folder's shards (a Ray cluster's workers); on an object store they
+        write them to a staging folder there (:class:`StagedRemoteClaim`).
         """
         if is_uri(os.fspath(path)):
             uri = os.fspath(path)
             if check_scheme(uri) == "file":
                 path = local_path(uri)
             else:
-                return self._claim_remote(uri, directory=directory, force=force, what=what)
+                return self._claim_remote(
+                    uri, directory=directory, force=force, what=what, staged=written_elsewhere
+                )
         shown = Path(path)
         if shown.name in ("", ".", "..") or os.fspath(path) == "-":
             raise GrpoError(f"{path}: not a usable {what} path")
@@ -383,7 +421,7 @@ class WriteGuard:
         self._check_existing(claim, force=force, what=what)
         return claim
 
-    def _claim_remote(self, uri: str, *, directory: bool, force: bool, what: str) -> Claim:
+    def _claim_remote(self, uri: str, *, directory: bool, force: bool, what: str, staged: bool) -> Claim:
         scheme = check_scheme(uri)
         if scheme not in WRITABLE_SCHEMES:
             raise GrpoError(
@@ -393,7 +431,11 @@ class WriteGuard:
         reason = self.inputs.remote_conflict(uri) or self._clash(Path(redact(uri)))
         if reason is not None:
             raise GrpoError(f"{redact(uri)}: the {what} would {reason}; refusing to write there")
-        claim = RemoteClaim(self, uri, directory=directory, what=what, force=force)
+        claim = (
+            StagedRemoteClaim(self, uri, what=what, force=force)
+            if staged and directory
+            else RemoteClaim(self, uri, directory=directory, what=what, force=force)
+        )
         self.claims.append(claim)
         return claim
 
@@ -405,18 +447,20 @@ class WriteGuard:
         directory: bool,
         force: bool,
         report: str | os.PathLike[str] | None = None,
+        written_elsewhere: bool = False,
     ) -> tuple[Claim | None, Claim | None, Claim | None]:
         """Claim a run's data output, summary file and HTML report (each may be ``None``), in
         that order.
 
-        An output of ``-`` is standard output (JSON lines).
+        An output of ``-`` is standard output (JSON lines). ``written_elsewhere``: as
+        :meth:`claim`'s, for the data output.
         """
         claim: Claim | None = None
         if output is not None and os.fspath(output) == "-":
             claim = StdoutClaim(self)
             self.claims.append(claim)
         elif output is not None:
-            claim = self.claim(output, directory=directory, force=force)
+            claim = self.claim(output, directory=directory, force=force, written_elsewhere=written_elsewhere)
         summary = (
             self.claim(summary_json, directory=False, force=force, what="summary")
             if summary_json is not None

@@ -241,18 +241,18 @@ def _ray_job(
                 summary.checks = evaluate_checks(summary, bounds, pages=pages)
             return summary
 
-        # A local Ray instance writes on this machine: every output goes through the write guard
-        # (one on a store uploaded all or none when the run commits, a store grpo-cli does not
-        # write refused before any work); a cluster's workers write a URI themselves.
-        guarded = output is not None and (not ray_engine.is_remote(output) or address is None)
+        # Every output goes through the write guard. A local Ray instance writes on this machine
+        # (an output on a store is uploaded all or none when the run commits); a cluster's workers
+        # write a store's output to a staging folder there, moved into place when the run commits.
         return _guarded(
             inputs.protected(),
-            output if guarded else None,
+            output,
             summary_json,
             directory=True,
             force=force,
             run=run,
             report=report,
+            written_elsewhere=address is not None,
         )
 
 
@@ -303,11 +303,17 @@ def _guarded(
     force: bool,
     run: Callable[[Claim | None], RunSummary],
     report: PathLike | None = None,
+    written_elsewhere: bool = False,
 ) -> RunSummary:
     """Claim the outputs, run, then write the summary file; every failure after the commit says so."""
     with WriteGuard(protected) as guard:
         claim, summary_claim, report_claim = guard.claim_run(
-            output, summary_json, directory=directory, force=force, report=report
+            output,
+            summary_json,
+            directory=directory,
+            force=force,
+            report=report,
+            written_elsewhere=written_elsewhere,
         )
         with reported_after_commit(claim):
             summary = run(claim)

@@ -563,14 +563,17 @@ def commit_directory(claim: Claim) -> list[Path]:
     return sorted(claim.resolved.glob("*.parquet"))
 
 
-def advantage_range(files: list[Path], column: str) -> tuple[float, float] | None:
-    """The extremes of ``column`` over Parquet ``files``, from their column statistics.
+def advantage_range(
+    files: Sequence[Path | str], column: str, *, filesystem: Any = None
+) -> tuple[float, float] | None:
+    """The extremes of ``column`` over Parquet ``files`` (paths on ``filesystem``, a pyarrow
+    file system; local by default), from their column statistics.
 
     ``None`` when a non-empty row group has no statistics.
     """
     low, high = math.inf, -math.inf
     for file in files:
-        meta = pq.read_metadata(file)
+        meta = pq.read_metadata(file, filesystem=filesystem)
         index = meta.schema.to_arrow_schema().get_field_index(column)
         for group in range(meta.num_row_groups):
             stats = meta.row_group(group).column(index).statistics

@@ -64,6 +64,11 @@ def summary_lines(summary: RunSummary) -> list[tuple[str, str]]:
                     "uploaded",
                     f"{_bytes(transfer['bytes_uploaded'])} in {transfer['objects']} object(s)"
                     + (
+                        " by the Ray workers, then copied into place in the store"
+                        if transfer.get("uploaded_by") == "workers"
+                        else ""
+                    )
+                    + (
                         f"; {_bytes(copied)} of the input's column chunks copied in the store"
                         if copied
                         else ""

@@ -619,6 +619,94 @@ class S3Output:
         assert start + sent == size
         return sent, copied
 
+    def staging_uri(self, token: str) -> str:
+        """A hidden folder beside the output for a run whose shards other machines write (a
+        Ray cluster's workers): :meth:`place_staged` moves them into place."""
+        parent, _, name = self.key.rpartition("/")
+        return f"s3://{self.bucket}/{parent + '/' if parent else ''}.{name}.{token}.tmp/"
+
+    def place_staged(self, staging: str) -> dict[str, Any]:
+        """Copy every object under ``staging`` (:meth:`staging_uri`) into the output folder,
+        inside the store (no byte leaves it), then remove the replaced folder's other shards
+        and the staging folder. An error or interrupt before the end removes what this run
+        placed and what it staged, and leaves what was there as it was. Returns the objects and
+        their bytes (uploaded by the machines that wrote them)."""
+        _, prefix = bucket_and_key(staging)
+        placed: list[str] = []
+        try:
+            with _s3_errors(self.uri, "move the output into place"):
+                # a folder's marker (an empty object named "folder/") is no shard
+                staged = [(key, size) for key, size in self._listed(prefix) if not key.endswith("/")]
+                for key, size in staged:
+                    final = f"{self.key}/{key[len(prefix) :]}"
+                    self._copy_in_store(key, final, size)
+                    placed.append(final)
+                self._remove_stale(set(placed))
+        except BaseException:
+            for key in placed:
+                with contextlib.suppress(Exception):
+                    self.client.delete_object(Bucket=self.bucket, Key=key)
+            self.remove_staged(staging)
+            raise
+        self.remove_staged(staging)
+        return {
+            "uri": self.uri,
+            "objects": len(staged),
+            "bytes_uploaded": sum(size for _, size in staged),
+            "bytes_copied_in_store": 0,
+            "uploaded_by": "workers",
+        }
+
+    def remove_staged(self, staging: str) -> None:
+        """Remove what a run staged (best effort: the run's own error is the one to report)."""
+        _, prefix = bucket_and_key(staging)
+        with contextlib.suppress(Exception):
+            keys = [key for key, _ in self._listed(prefix)]
+            for low in range(0, len(keys), 1000):
+                self.client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": [{"Key": key} for key in keys[low : low + 1000]]}
+                )
+
+    def _listed(self, prefix: str) -> list[tuple[str, int]]:
+        found = []
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+            found += [(entry["Key"], int(entry["Size"])) for entry in page.get("Contents", [])]
+        return sorted(found)
+
+    def _copy_in_store(self, source: str, key: str, size: int) -> None:
+        """One object copied inside the bucket: whole up to 5 GiB (S3's limit for one copy),
+        in ranged parts above that."""
+        if size <= MAX_COPY_PART_BYTES:
+            self.client.copy_object(
+                Bucket=self.bucket, Key=key, CopySource={"Bucket": self.bucket, "Key": source}
+            )
+            return
+        upload = _Upload(
+            key, self.client.create_multipart_upload(Bucket=self.bucket, Key=key)["UploadId"], []
+        )
+        try:
+            for low, high in copy_ranges(size):
+                result = self.client.upload_part_copy(
+                    Bucket=self.bucket,
+                    Key=key,
+                    UploadId=upload.upload_id,
+                    PartNumber=len(upload.parts) + 1,
+                    CopySource={"Bucket": self.bucket, "Key": source},
+                    CopySourceRange=f"bytes={low}-{high - 1}",
+                )
+                upload.parts.append(
+                    {"PartNumber": len(upload.parts) + 1, "ETag": result["CopyPartResult"]["ETag"]}
+                )
+            self.client.complete_multipart_upload(
+                Bucket=self.bucket,
+                Key=key,
+                UploadId=upload.upload_id,
+                MultipartUpload={"Parts": upload.parts},
+            )
+        except BaseException:
+            self._abort([upload], [])
+            raise
+
     def _remove_stale(self, written: set[str]) -> None:
         """A replaced folder's shards that this run did not write (``--force``)."""
         stale = [key for key in self._existing() if key not in written]
@@ -754,6 +842,54 @@ class GcsOutput:
             "bytes_uploaded": uploaded,
             "bytes_copied_in_store": 0,
         }
+
+    def staging_uri(self, token: str) -> str:
+        """A hidden folder beside the output for a run whose shards other machines write (a
+        Ray cluster's workers): :meth:`place_staged` moves them into place."""
+        parent, _, name = self.path.rpartition("/")
+        return f"gs://{parent}/.{name}.{token}.tmp/"
+
+    def place_staged(self, staging: str) -> dict[str, Any]:
+        """Copy every object under ``staging`` (:meth:`staging_uri`) into the output folder,
+        inside the store, then remove the replaced folder's other shards and the staging
+        folder; all or none, as :meth:`S3Output.place_staged`."""
+        prefix = staging.split("://", 1)[1].rstrip("/")
+        placed: list[str] = []
+        try:
+            with self._errors("move the output into place"):
+                self.fs.invalidate_cache()
+                found = self.fs.find(prefix, detail=True).items()
+                staged = sorted((path, int(info["size"])) for path, info in found if not path.endswith("/"))
+                for path, _ in staged:
+                    final = f"{self.path}/{path[len(prefix) + 1 :]}"
+                    self.fs.copy(path, final)
+                    placed.append(final)
+                stale = [path for path in self._existing() if path not in set(placed)]
+                if stale:
+                    self.fs.rm(stale)
+        except BaseException:
+            for path in placed:
+                with contextlib.suppress(Exception):
+                    self.fs.rm_file(path)
+            self.remove_staged(staging)
+            raise
+        self.remove_staged(staging)
+        return {
+            "uri": self.uri,
+            "objects": len(staged),
+            "bytes_uploaded": sum(size for _, size in staged),
+            "bytes_copied_in_store": 0,
+            "uploaded_by": "workers",
+        }
+
+    def remove_staged(self, staging: str) -> None:
+        """Remove what a run staged (best effort: the run's own error is the one to report)."""
+        prefix = staging.split("://", 1)[1].rstrip("/")
+        with contextlib.suppress(Exception):
+            self.fs.invalidate_cache()
+            found = self.fs.find(prefix)
+            if found:
+                self.fs.rm(found)
 
     def _staging(self, final: str, token: str) -> str:
         """A hidden name beside ``final`` for this run's upload of it (:data:`_GCS_STAGED`)."""

@@ -384,3 +384,44 @@ def test_gcs_errors_are_told_by_their_status_not_by_digits_in_the_text(status: i
     with pytest.raises(GrpoError) as error, output._errors("write the output there"):
         raise refused
     assert error.value.message.startswith("gs://b/out.parquet: cannot write the output there (Cannot connect")
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["placed", "cut-off"])
+def test_shards_staged_by_a_cluster_are_copied_into_place_or_none(
+    gcs: Any, monkeypatch: pytest.MonkeyPatch, fail: bool
+) -> None:
+    """A Ray cluster's workers write gs:// shards to a hidden folder beside the output; the
+    driver copies them into place inside the store and removes the replaced shards and the
+    staging folder, or (a copy cut off) removes what it placed and staged, leaving the old
+    output as it was (the neighbour of the s3:// tests)."""
+    old = previous_output("gs://rollouts/out/")
+    for name, data in old.items():
+        gcs.pipe_file(f"rollouts/{name}", data)
+    output = stores.GcsOutput("gs://rollouts/out/", directory=True)
+    staging = output.staging_uri("0123456789ab")
+    assert staging == "gs://rollouts/.out.0123456789ab.tmp/"
+    shards = {"9f-000000-0.parquet": b"new shard 0" * 1000, "9f-000001-0.parquet": b"new shard 1"}
+    for name, data in shards.items():
+        gcs.pipe_file(f"rollouts/.out.0123456789ab.tmp/{name}", data)
+    if fail:
+        real_copy, copies = output.fs.copy, []
+
+        def cut_off(source: str, target: str, **kwargs: Any) -> Any:
+            copies.append(target)
+            if len(copies) == 2:
+                raise OSError("connection reset by peer")
+            return real_copy(source, target, **kwargs)
+
+        monkeypatch.setattr(output.fs, "copy", cut_off)
+        with pytest.raises(GrpoError, match="connection reset by peer"):
+            output.place_staged(staging)
+        assert objects(gcs) == sorted(old)
+        for name, data in old.items():
+            assert gcs.cat_file(f"rollouts/{name}") == data
+        return
+    transfer = output.place_staged(staging)
+    assert objects(gcs) == [f"out/{name}" for name in sorted(shards)]
+    for name, data in shards.items():
+        assert gcs.cat_file(f"rollouts/out/{name}") == data
+    assert transfer["objects"] == 2 and transfer["uploaded_by"] == "workers"
+    assert transfer["bytes_uploaded"] == sum(len(data) for data in shards.values())

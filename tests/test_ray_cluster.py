@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -24,6 +25,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.conftest import rollout_rows, write_parquet
+
 if importlib.util.find_spec("ray") is None:
     pytest.skip("the ray extra is not installed", allow_module_level=True)
 
@@ -33,15 +36,19 @@ RAY = str(Path(sys.executable).with_name("ray"))
 OBJECT_STORE_BYTES = 80 << 20  # per node; the data decodes to about twice that
 
 
+STORE_ENV: dict[str, str] = {}  # a loopback S3 server's settings, where moto is installed
+
+
 def clean_env() -> dict[str, str]:
     """This environment without a local Ray instance's auth settings (tests/test_ray.py sets them),
     and token authentication off for every node and client alike: Ray's nodes turn it on when
     they find a token in ``~/.ray/auth_token`` (one left there by any earlier Ray session), and
-    its CLI then fails to reach them."""
+    its CLI then fails to reach them. The nodes and the driver reach the loopback S3 server
+    (a worker takes its node's environment)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     env["RAY_AUTH_MODE"] = "disabled"
-    return env
+    return {**env, **STORE_ENV}
 
 
 class LoopbackCluster:
@@ -120,7 +127,9 @@ class LoopbackCluster:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[LoopbackCluster]:
+def cluster(request: pytest.FixtureRequest) -> Iterator[LoopbackCluster]:
+    if importlib.util.find_spec("moto") is not None and importlib.util.find_spec("boto3") is not None:
+        STORE_ENV.update(request.getfixturevalue("s3_server").env)  # before the nodes start
     cluster = LoopbackCluster(workers=2)
     try:
         yield cluster
@@ -196,3 +205,65 @@ def test_a_worker_node_killed_mid_job_leaves_a_whole_output_or_none(
         assert stderr.strip().splitlines()[-1].startswith("error: "), stderr[-2000:]
         assert not (tmp_path / "ray").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left
+
+
+def test_a_clusters_output_on_s3_is_staged_on_the_store_then_placed_whole(
+    cluster: LoopbackCluster, tmp_path: Path
+) -> None:
+    """The workers write the shards to a hidden folder beside the output, and the driver copies
+    them into place when every task is done. Before, they wrote into the output through Ray
+    Data, which appends: a second run without --force added a second set of shards."""
+    if not STORE_ENV:
+        pytest.skip("the object-storage tests need moto[server] and boto3 (the dev extra)")
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=STORE_ENV["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                      aws_access_key_id=STORE_ENV["AWS_ACCESS_KEY_ID"],
+                      aws_secret_access_key=STORE_ENV["AWS_SECRET_ACCESS_KEY"])  # fmt: skip
+    bucket = f"cluster-{os.getpid()}"
+    s3.create_bucket(Bucket=bucket)
+    rows = rollout_rows(n_groups=3000, group_size=8, seed=9)
+    (tmp_path / "run").mkdir()
+    for index in range(3):
+        shard = write_parquet(
+            tmp_path / "run" / f"part-{index}.parquet", rows[index * 8000 : (index + 1) * 8000]
+        )
+        s3.upload_file(str(shard), bucket, f"run/part-{index}.parquet")
+
+    def objects() -> dict[str, int]:
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+        return {entry["Key"]: entry["Size"] for page in pages for entry in page.get("Contents", [])}
+
+    def output() -> pa.Table:
+        files = []
+        for key in sorted(key for key in objects() if key.startswith("out/")):
+            files.append(tmp_path / key.replace("/", "_"))
+            s3.download_file(bucket, key, str(files[-1]))
+        return pa.concat_tables([pq.read_table(f) for f in files])
+
+    assert grpo("compute", tmp_path / "run", "-g", "group_id", "-o", tmp_path / "local", "-q").returncode == 0
+    command = ("compute", f"s3://{bucket}/run/", "-o", f"s3://{bucket}/out/", "-g", "group_id", "-q",
+               "--engine", "ray", "--ray-address", cluster.address,
+               "--summary-json", tmp_path / "summary.json")  # fmt: skip
+    first = grpo(*command)
+    assert first.returncode == 0, first.stderr
+    written = objects()
+    assert output().equals(read_folder(tmp_path / "local"))
+    assert [key for key in written if not key.startswith(("run/", "out/"))] == []  # no staging left
+    assert not s3.list_multipart_uploads(Bucket=bucket).get("Uploads")
+    transfer = json.loads((tmp_path / "summary.json").read_text())["output"]["transfer"]
+    shards = [key for key in written if key.startswith("out/")]
+    assert transfer["objects"] == len(shards) and transfer["uploaded_by"] == "workers"
+    assert transfer["bytes_uploaded"] == sum(written[key] for key in shards)
+
+    again = grpo(*command, "-f")  # not again without --force: an existing output is refused
+    refused = grpo(*command)
+    assert refused.returncode == 2 and "holds objects; pass --force" in refused.stderr, refused.stderr
+    assert again.returncode == 0, again.stderr
+    assert len([key for key in objects() if key.startswith("out/")]) == len(shards)  # replaced, not added to
+    assert output().equals(read_folder(tmp_path / "local"))
+    over_input = grpo(*command[:3], f"s3://{bucket}/run/", *command[4:], "-f")
+    assert over_input.returncode == 2 and "refusing to write there" in over_input.stderr
+    assert sorted(key for key in objects() if key.startswith("run/")) == [
+        f"run/part-{i}.parquet" for i in range(3)
+    ]

@@ -476,3 +476,125 @@ def test_a_server_that_never_answers_fails_the_run_in_one_line(
     one_line_error(result, 2, "s3://rollouts/in.parquet", "does not answer")
     assert elapsed < 30
     assert not (tmp_path / "out.parquet").exists()
+
+
+# A Ray cluster's workers write an object-store output themselves: the driver claims it from the
+# write guard before it joins the cluster (the address below has no cluster: a refusal comes first).
+ON_A_CLUSTER = ("--engine", "ray", "--ray-address", "127.0.0.1:1")
+
+
+@pytest.mark.parametrize(
+    "engine", [(), ("--engine", "ray"), ON_A_CLUSTER], ids=["local", "ray", "ray-cluster"]
+)
+def test_an_output_on_the_store_is_refused_where_the_guard_refuses_on_every_engine(
+    s3: Any, tmp_path: Path, cli: Cli, engine: tuple[str, ...]
+) -> None:
+    """Before, the Ray engine protected no input on a store: --force over the input's folder
+    replaced its shards (a local Ray instance) or added a second set (a cluster, whose workers
+    wrote through Ray Data, which appends, also over an existing output without --force)."""
+    three_shards_on_s3(s3, tmp_path)
+    s3.put_object(Bucket="rollouts", Key="out/part-0.parquet", Body=b"an earlier run")
+    before = sorted(keys(s3))
+    compute = ("compute", "s3://rollouts/run/", "-g", "group_id")
+    one_line_error(cli(*compute, "-o", "s3://rollouts/out/", *engine), 2, "holds objects", "--force")
+    for output in ("s3://rollouts/run/", "s3://rollouts/run/sub/", "s3://rollouts/"):
+        refused = cli(*compute, "-o", output, "-f", *engine)
+        one_line_error(refused, 2, "would overwrite the input s3://rollouts/run", "refusing to write there")
+    missing = cli(*compute, "-o", "s3://no-such-bucket/out/", *engine)
+    one_line_error(missing, 2, "the bucket 'no-such-bucket' does not exist")
+    assert sorted(keys(s3)) == before
+
+
+@pytest.mark.parametrize("engine", [(), ("--engine", "ray")], ids=["local", "ray"])
+def test_a_file_uri_input_is_protected_as_its_local_path(
+    tmp_path: Path, cli: Cli, engine: tuple[str, ...]
+) -> None:
+    folder = tmp_path / "run"
+    folder.mkdir()
+    write_parquet(folder / "part-0.parquet", rollout_rows())
+    before = sorted(folder.iterdir())
+    for output in (folder, folder / "out"):
+        refused = cli("compute", folder.as_uri(), "-g", "group_id", "-o", output, "-f", *engine)
+        one_line_error(refused, 2, "refusing to write there")
+    assert sorted(folder.iterdir()) == before
+
+
+def staged_shards(
+    s3: Any, output: stores.S3Output, token: str = "0123456789ab"
+) -> tuple[str, dict[str, bytes]]:
+    """Two shards under the output's staging folder, as a cluster's workers leave them."""
+    staging = output.staging_uri(token)
+    shards = {"9f-000000-0.parquet": b"new shard 0" * 1000, "9f-000001-0.parquet": b"new shard 1"}
+    for name, data in shards.items():
+        s3.put_object(Bucket="rollouts", Key=stores.bucket_and_key(staging)[1] + name, Body=data)
+    return staging, shards
+
+
+def test_shards_staged_by_a_cluster_are_copied_into_place_in_the_store(s3: Any) -> None:
+    old = previous_output("s3://rollouts/out/")
+    for key, data in old.items():
+        s3.put_object(Bucket="rollouts", Key=key, Body=data)
+    output = stores.S3Output("s3://rollouts/out/", directory=True)
+    staging, shards = staged_shards(s3, output)
+    assert staging == "s3://rollouts/.out.0123456789ab.tmp/"  # beside the output: no reader sees it
+    transfer = output.place_staged(staging)
+    assert sorted(keys(s3)) == [f"out/{name}" for name in sorted(shards)]  # old shards and staging gone
+    for name, data in shards.items():
+        assert s3.get_object(Bucket="rollouts", Key=f"out/{name}")["Body"].read() == data
+    assert transfer == {
+        "uri": "s3://rollouts/out/",
+        "objects": 2,
+        "bytes_uploaded": sum(len(data) for data in shards.values()),
+        "bytes_copied_in_store": 0,
+        "uploaded_by": "workers",
+    }
+    nested = stores.S3Output("s3://rollouts/runs/7/out", directory=True)
+    assert nested.staging_uri("0123456789ab") == "s3://rollouts/runs/7/.out.0123456789ab.tmp/"
+
+
+def test_a_staged_output_cut_off_while_placed_leaves_what_was_there(
+    s3: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import botocore.client
+
+    old = previous_output("s3://rollouts/out/")
+    for key, data in old.items():
+        s3.put_object(Bucket="rollouts", Key=key, Body=data)
+    output = stores.S3Output("s3://rollouts/out/", directory=True)
+    staging, _ = staged_shards(s3, output)
+    real_call = botocore.client.BaseClient._make_api_call
+    copies = []
+
+    def flaky(self: Any, operation: str, params: dict[str, Any]) -> Any:
+        if operation == "CopyObject":
+            copies.append(params["Key"])
+            if len(copies) == 2:
+                raise OSError("connection reset by peer")
+        return real_call(self, operation, params)
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", flaky)
+    with pytest.raises(GrpoError, match="connection reset by peer") as raised:
+        output.place_staged(staging)
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", real_call)
+    assert "s3://rollouts/out" in raised.value.message
+    assert sorted(keys(s3)) == sorted(old)  # the first copy removed, the staging folder too
+    for key, data in old.items():
+        assert s3.get_object(Bucket="rollouts", Key=key)["Body"].read() == data
+
+
+def test_a_staged_shard_over_one_copys_limit_is_copied_in_ranged_parts(
+    s3: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """S3 copies at most 5 GiB in one request: above that, a multipart upload of ranged copies
+    (the limit lowered here, to 8 MiB, for a 12 MiB shard: two parts of 6 MiB)."""
+    monkeypatch.setattr(stores, "MAX_COPY_PART_BYTES", 8 << 20)
+    monkeypatch.setattr(stores, "PART_BYTES", 8 << 20)
+    output = stores.S3Output("s3://rollouts/out/", directory=True)
+    staging = output.staging_uri("0123456789ab")
+    data = np.random.default_rng(0).bytes(12 << 20)
+    s3.put_object(Bucket="rollouts", Key=".out.0123456789ab.tmp/big.parquet", Body=data)
+    output.place_staged(staging)
+    assert s3.head_object(Bucket="rollouts", Key="out/big.parquet")["ETag"].endswith('-2"')  # two parts
+    assert s3.get_object(Bucket="rollouts", Key="out/big.parquet")["Body"].read() == data
+    assert keys(s3) == ["out/big.parquet"]
+    assert not s3.list_multipart_uploads(Bucket="rollouts").get("Uploads")

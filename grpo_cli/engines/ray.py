@@ -67,7 +67,7 @@ from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.figures import RowInputs, fold, of_chunk, padded, wanted
 from grpo_cli.file_names import PARQUET_SUFFIXES, PROVENANCE_KEY, output_is_directory
-from grpo_cli.guard import Claim, ProtectedInputs
+from grpo_cli.guard import Claim, ProtectedInputs, StagedRemoteClaim
 from grpo_cli.kernel import (
     GroupStats,
     TopTwo,
@@ -87,7 +87,7 @@ from grpo_cli.readers import parquet_row_range, row_count
 from grpo_cli.rewards import RewardBatch, new_column_arrays
 from grpo_cli.sources import InputSet, Shard
 from grpo_cli.splice import SplicedFile, SpliceRefused, read_footer
-from grpo_cli.stores import gcs_filesystem
+from grpo_cli.stores import check_scheme, gcs_filesystem, local_path
 from grpo_cli.summary import ByValues, RunSummary, build_summary, input_info
 from grpo_cli.threads import IDLE_THREADS_ENV
 from grpo_cli.verify import Verifier
@@ -272,14 +272,25 @@ class RayInputs:
     shards: list[Shard]
     directories: list[Path]
     about: dict[str, Any] | None = None  # a trainer's dump: what read it (the summary's input.from)
+    uris: list[str] = field(default_factory=list)  # the URIs named as inputs
 
     @property
     def paths(self) -> list[str]:
         return [file.source for file in self.files]
 
     def protected(self) -> ProtectedInputs:
-        """What no output of this run may touch: every local input file and directory."""
-        return ProtectedInputs.of([(shard.path, shard.display) for shard in self.shards], self.directories)
+        """What no output of this run may touch: every input file and folder, local or on a
+        store (a ``file://`` URI is its local path)."""
+        files = [(shard.path, shard.display) for shard in self.shards]
+        directories, uris = list(self.directories), []
+        for uri in self.uris:
+            if check_scheme(uri) != "file":
+                uris.append(uri)
+            elif Path(local_path(uri)).is_dir():
+                directories.append(Path(local_path(uri)))
+            else:
+                files.append((Path(local_path(uri)), uri))
+        return ProtectedInputs.of(files, directories, uris)
 
 
 def check_ray_run(output: str | None, config: ComputeConfig, *, partitions: int | None) -> None:
@@ -338,17 +349,19 @@ def _resolve_inputs(
     files: list[InputFile] = []
     shards: list[Shard] = []
     directories: list[Path] = []
+    uris: list[str] = []
     about = None
     for spec in specs:
         if is_remote(spec):
             files += _remote_files(spec)
+            uris.append(spec)
             continue
         inputs = staging.enter_context(InputSet(spec, input_format=input_format))
         resolved = _resolved(inputs, staging, spec, files)
         files, about = resolved.files, about or resolved.about
         shards += inputs.shards
         directories += inputs.directories
-    return RayInputs(", ".join(specs), files, shards, directories, about)
+    return RayInputs(", ".join(specs), files, shards, directories, about, uris)
 
 
 def _resolved(
@@ -363,7 +376,9 @@ def _resolved(
             files.append(InputFile(source, shard.display, row_count(shard) or 0, shard.size_bytes))
         else:
             files.append(_staged_parquet(shard, staging))
-    return RayInputs(spec, files, list(inputs.shards), list(inputs.directories), inputs.about)
+    return RayInputs(
+        spec, files, list(inputs.shards), list(inputs.directories), inputs.about, list(inputs.uris)
+    )
 
 
 def _staged_parquet(shard: Shard, staging: contextlib.ExitStack) -> InputFile:
@@ -415,6 +430,19 @@ def _open_remote(uri: str) -> Any:
         return pafs.FileSystem.from_uri(uri)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise GrpoError(f"{uri}: cannot open its file system ({first_line(exc)})") from None
+
+
+STAGED_REWRITE_REASON = (
+    "a Ray cluster's workers write an object-store output themselves, and splicing copies "
+    "the input's column chunks into files on this machine"
+)
+
+
+def _files_under(filesystem: Any, folder: str) -> list[str]:
+    import pyarrow.fs as pafs
+
+    found = filesystem.get_file_info(pafs.FileSelector(folder, recursive=True))
+    return sorted(info.path for info in found if info.type == pafs.FileType.File)
 
 
 def _remote_files(uri: str) -> list[InputFile]:
@@ -1392,15 +1420,29 @@ def run_ray(
                 verified=verified,
                 trainer_filter=filtered,
             )
-        rewrite_reason = None if claim is None else splice_plan(inputs, config)
+        assert claim is not None
         method = "rewrite"
-        if claim is None:  # a URI that a cluster's workers write to themselves
+        rewrite_reason: str | None
+        if isinstance(claim, StagedRemoteClaim):  # a cluster's workers write to the store
+            rewrite_reason = STAGED_REWRITE_REASON
+            filesystem, staging = _open_remote(claim.staging_uri())
             _block_dataset(ray, parts, block_advantages, **job).write_parquet(
-                output, filesystem=_open_remote(output)[0]
+                staging, filesystem=filesystem, try_create_dir=False
             )
-            written_info = output_info(output, written)
-            extremes = None
+            extremes = advantage_range(
+                _files_under(filesystem, staging), config.advantage_col, filesystem=filesystem
+            )
+            claim.commit()
+            assert claim.transfer is not None
+            shards = claim.transfer["objects"]
+            written_info = {
+                "path": claim.display,
+                "shards": shards,
+                "bytes": claim.transfer["bytes_uploaded"],
+            }
+            written_info.update(transfer=claim.transfer, method=method, shards_by_method={method: shards})
         else:
+            rewrite_reason = splice_plan(inputs, config)
             if rewrite_reason is None:  # each task splices one input file, as the local engine does
                 method, parts = "splice", [[FilePart(file, 0, file.rows)] for file in inputs.files]
                 tables = _map_blocks(ray, parts, block_splice, target=str(claim.temp_path()), **job)
@@ -1414,10 +1456,9 @@ def run_ray(
             commit_directory(claim)
             if claim.transfer is not None:
                 written_info["transfer"] = claim.transfer
-        if written_info is not None:
             written_info = {**written_info, "method": method, "shards_by_method": {method: len(written)}}
-            if rewrite_reason is not None:
-                written_info["rewrite_reason"] = rewrite_reason
+        if rewrite_reason is not None:
+            written_info["rewrite_reason"] = rewrite_reason
         # in the session: the summary names groups by their keys, which the object store holds
         return _summary(
             inputs,
