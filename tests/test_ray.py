@@ -262,6 +262,43 @@ def test_ray_option_errors(cli, sharded, tmp_path):
     assert not (tmp_path / "y").exists() and not (tmp_path / "z").exists()
 
 
+def test_an_address_nothing_answers_at_is_one_line_at_once(sharded, tmp_path):
+    """Ray retries a cluster address that nothing answers at for many minutes, printing a warning
+    every few seconds (seen for over 5 minutes with 127.0.0.1:1): grpo-cli asks first, once. A
+    whole process: this one holds a Ray instance, which a run joins whatever the address."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as probe:  # a port that was free a moment ago: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "grpo_cli", "compute", str(sharded), "-o", str(tmp_path / "out"),
+               "-g", "uid", "--engine", "ray", "--ray-address", f"127.0.0.1:{port}"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"error: cannot join the Ray cluster at 127.0.0.1:{port} (Connection refused)"
+    ]
+    assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_the_reachability_probe_answers_for_host_and_port_only(monkeypatch):
+    import socket
+
+    from grpo_cli.engines.ray import _check_reachable
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        _check_reachable(f"127.0.0.1:{server.getsockname()[1]}")  # something answers: no error
+    for left_to_ray in ("auto", "ray://127.0.0.1:1", "local"):
+        _check_reachable(left_to_ray)
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: (_ for _ in ()).throw(TimeoutError()))
+    with pytest.raises(ConnectionError, match="nothing answered there within 10 s"):
+        _check_reachable("10.255.255.1:6379")
+
+
 def test_missing_ray_extra_says_how_to_install(monkeypatch, cli, sharded, tmp_path):
     real_import = builtins.__import__
 

@@ -64,7 +64,7 @@ from grpo_cli.allocator import MALLOC_ENV
 from grpo_cli.choices import InputFormat
 from grpo_cli.columns import plain_schema
 from grpo_cli.config import ComputeConfig
-from grpo_cli.errors import GrpoError, first_line
+from grpo_cli.errors import GrpoError, first_line, os_reason
 from grpo_cli.figures import RowInputs, fold, of_chunk, padded, wanted
 from grpo_cli.file_names import PARQUET_SUFFIXES, PROVENANCE_KEY, output_is_directory
 from grpo_cli.guard import Claim, ProtectedInputs, StagedRemoteClaim
@@ -159,6 +159,7 @@ def ray_session(address: str | None, *, quiet: bool = True, num_cpus: int | None
                     num_cpus=num_cpus,
                 )
             else:
+                _check_reachable(address)
                 ray.init(address=address, log_to_driver=False, logging_level="ERROR")
         except (ConnectionError, RuntimeError) as exc:
             where = "start a local Ray instance" if address is None else f"join the Ray cluster at {address}"
@@ -186,6 +187,29 @@ def ray_session(address: str | None, *, quiet: bool = True, num_cpus: int | None
             _reread_ray_auth()
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+JOIN_TIMEOUT_SECONDS = 10.0
+
+
+def _check_reachable(address: str) -> None:
+    """Refuse a ``host:port`` that nothing answers at within :data:`JOIN_TIMEOUT_SECONDS`:
+    Ray itself retries such an address for many minutes, logging each try to the terminal.
+    ``auto`` and ``ray://`` client addresses are left to Ray.
+
+    >>> _check_reachable("auto")
+    """
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=JOIN_TIMEOUT_SECONDS).close()
+    except OSError as exc:
+        if isinstance(exc, TimeoutError):
+            raise ConnectionError(f"nothing answered there within {JOIN_TIMEOUT_SECONDS:g} s") from None
+        raise ConnectionError(os_reason(exc)) from None
 
 
 def _reread_ray_auth() -> None:
