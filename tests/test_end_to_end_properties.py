@@ -163,7 +163,7 @@ def _shaped(reward: float, shaping: dict[str, Any]) -> float:
     """``(r + bias) * scale``, then the clamp, in float64 as the README gives them."""
     value = (reward + shaping.get("reward_bias", 0.0)) * shaping.get("reward_scale", 1.0)
     low, high = shaping.get("reward_clip", (-math.inf, math.inf))
-    return min(max(value, low), high)
+    return float(min(max(value, low), high))
 
 
 EXAMPLES = int(os.environ.get("GRPO_PROPERTY_EXAMPLES", "40"))  # more for a differential fuzz
@@ -252,8 +252,8 @@ def test_a_run_gives_the_references_advantages_masks_rows_and_summary(
         valid=valid,
     )
     for g in set(rows_of) if tolerance else ():  # a group spanning at most T is inactive
-        group = [rewards[i] for i in range(len(rows_of)) if rows_of[i] == g and valid[i]]
-        if len(group) > 1 and max(group) - min(group) <= tolerance:  # type: ignore[type-var, operator]
+        spanned = [float(rewards[i]) for i in range(len(rows_of)) if rows_of[i] == g and valid[i]]  # type: ignore[arg-type]
+        if len(spanned) > 1 and max(spanned) - min(spanned) <= tolerance:
             active[g] = False
             expected = [0.0 if rows_of[i] == g else e for i, e in enumerate(expected)]
     if clip is not None:
@@ -283,10 +283,11 @@ def test_a_run_gives_the_references_advantages_masks_rows_and_summary(
             continue
         group = members[g]
         spread, cancel = group, 1.0
+        own = float(rewards[i])  # type: ignore[arg-type]
         if baseline == "leave-one-out" and len(group) > 1:
             spread = list(group)
-            spread.remove(rewards[i])  # type: ignore[arg-type]
-            lone = group.count(rewards[i]) == 1 and rewards[i] in (min(group), max(group))
+            spread.remove(own)
+            lone = group.count(own) == 1 and own in (min(group), max(group))
             # a lone extreme is divided by its others' own statistics; the rest by the reverse update
             cancel = 1.0 if lone else _m2(group) / max(_m2(spread), 1e-300)
         divisor = {"none": 1.0, "batch": batch_sd}.get(
