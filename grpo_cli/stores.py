@@ -628,34 +628,24 @@ class S3Output:
     def place_staged(self, staging: str) -> dict[str, Any]:
         """Copy every object under ``staging`` (:meth:`staging_uri`) into the output folder,
         inside the store (no byte leaves it), then remove the replaced folder's other shards
-        and the staging folder. An error or interrupt before the end removes what this run
-        placed and what it staged, and leaves what was there as it was. Returns the objects and
-        their bytes (uploaded by the machines that wrote them)."""
+        and the staging folder: :func:`place_staged`."""
+        return place_staged(self, staging)
+
+    def _errors(self, doing: str) -> contextlib.AbstractContextManager[None]:
+        return _s3_errors(self.uri, doing)
+
+    def _staged(self, staging: str) -> list[tuple[str, str, int]]:
+        """Each object under ``staging``: its key, its name there, its size."""
         _, prefix = bucket_and_key(staging)
-        placed: list[str] = []
-        try:
-            with _s3_errors(self.uri, "move the output into place"):
-                # a folder's marker (an empty object named "folder/") is no shard
-                staged = [(key, size) for key, size in self._listed(prefix) if not key.endswith("/")]
-                for key, size in staged:
-                    final = f"{self.key}/{key[len(prefix) :]}"
-                    self._copy_in_store(key, final, size)
-                    placed.append(final)
-                self._remove_stale(set(placed))
-        except BaseException:
-            for key in placed:
-                with contextlib.suppress(Exception):
-                    self.client.delete_object(Bucket=self.bucket, Key=key)
-            self.remove_staged(staging)
-            raise
-        self.remove_staged(staging)
-        return {
-            "uri": self.uri,
-            "objects": len(staged),
-            "bytes_uploaded": sum(size for _, size in staged),
-            "bytes_copied_in_store": 0,
-            "uploaded_by": "workers",
-        }
+        return [
+            (key, key[len(prefix) :], size) for key, size in self._listed(prefix) if not key.endswith("/")
+        ]
+
+    def _final(self, name: str) -> str:
+        return f"{self.key}/{name}"
+
+    def _remove_object(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=key)
 
     def remove_staged(self, staging: str) -> None:
         """Remove what a run staged (best effort: the run's own error is the one to report)."""
@@ -852,35 +842,34 @@ class GcsOutput:
     def place_staged(self, staging: str) -> dict[str, Any]:
         """Copy every object under ``staging`` (:meth:`staging_uri`) into the output folder,
         inside the store, then remove the replaced folder's other shards and the staging
-        folder; all or none, as :meth:`S3Output.place_staged`."""
+        folder: :func:`place_staged`."""
+        return place_staged(self, staging)
+
+    def _staged(self, staging: str) -> list[tuple[str, str, int]]:
+        """Each object under ``staging``: its path, its name there, its size."""
         prefix = staging.split("://", 1)[1].rstrip("/")
-        placed: list[str] = []
-        try:
-            with self._errors("move the output into place"):
-                self.fs.invalidate_cache()
-                found = self.fs.find(prefix, detail=True).items()
-                staged = sorted((path, int(info["size"])) for path, info in found if not path.endswith("/"))
-                for path, _ in staged:
-                    final = f"{self.path}/{path[len(prefix) + 1 :]}"
-                    self.fs.copy(path, final)
-                    placed.append(final)
-                stale = [path for path in self._existing() if path not in set(placed)]
-                if stale:
-                    self.fs.rm(stale)
-        except BaseException:
-            for path in placed:
-                with contextlib.suppress(Exception):
-                    self.fs.rm_file(path)
-            self.remove_staged(staging)
-            raise
-        self.remove_staged(staging)
-        return {
-            "uri": self.uri,
-            "objects": len(staged),
-            "bytes_uploaded": sum(size for _, size in staged),
-            "bytes_copied_in_store": 0,
-            "uploaded_by": "workers",
-        }
+        self.fs.invalidate_cache()
+        found = self.fs.find(prefix, detail=True).items()
+        return sorted(
+            (path, path[len(prefix) + 1 :], int(info["size"]))
+            for path, info in found
+            if not path.endswith("/")
+        )
+
+    def _final(self, name: str) -> str:
+        return f"{self.path}/{name}"
+
+    def _copy_in_store(self, source: str, target: str, size: int) -> None:
+        self.fs.copy(source, target)
+
+    def _remove_object(self, path: str) -> None:
+        self.fs.rm_file(path)
+
+    def _remove_stale(self, written: set[str]) -> None:
+        """A replaced folder's shards that this run did not write (``--force``)."""
+        stale = [path for path in self._existing() if path not in written]
+        if stale:
+            self.fs.rm(stale)
 
     def remove_staged(self, staging: str) -> None:
         """Remove what a run staged (best effort: the run's own error is the one to report)."""
@@ -917,6 +906,37 @@ class GcsOutput:
 
 _GCS_STAGED = re.compile(r"/\.[^/]+\.[0-9a-f]{12}\.tmp$")
 """A staged object's name (:meth:`GcsOutput._staging`)."""
+
+
+def place_staged(output: S3Output | GcsOutput, staging: str) -> dict[str, Any]:
+    """Copy the shards other machines (a Ray cluster's workers) wrote under ``staging``, a
+    hidden folder beside the folder ``output``, into it inside the store, then remove the
+    folder's shards that this run did not write and the staging folder. An error or interrupt
+    before the end removes what this run placed and what it staged, and leaves what was there
+    as it was. Returns the objects and their bytes (uploaded by the machines that wrote them)."""
+    placed: list[str] = []
+    try:
+        with output._errors("move the output into place"):
+            staged = output._staged(staging)
+            for source, name, size in staged:
+                final = output._final(name)
+                output._copy_in_store(source, final, size)
+                placed.append(final)
+            output._remove_stale(set(placed))
+    except BaseException:
+        for final in placed:
+            with contextlib.suppress(Exception):
+                output._remove_object(final)
+        output.remove_staged(staging)
+        raise
+    output.remove_staged(staging)
+    return {
+        "uri": output.uri,
+        "objects": len(staged),
+        "bytes_uploaded": sum(size for _, _, size in staged),
+        "bytes_copied_in_store": 0,
+        "uploaded_by": "workers",
+    }
 
 
 def store_output(uri: str, *, directory: bool) -> S3Output | GcsOutput:
