@@ -262,6 +262,33 @@ def test_ray_option_errors(cli, sharded, tmp_path):
     assert not (tmp_path / "y").exists() and not (tmp_path / "z").exists()
 
 
+@pytest.mark.parametrize("rewrite", [False, True], ids=["splice", "rewrite"])
+def test_an_output_short_of_rows_is_never_moved_into_place(
+    ray_instance, sharded, tmp_path, monkeypatch, rewrite
+):
+    """A cluster's workers that write a local path on their own disks leave only some shards
+    where the driver looks: the rows in the files' footers are counted before the commit. Here
+    the files Ray wrote lose one shard (the splice: the first task's) or all but 100 rows."""
+    from grpo_cli.engines import ray as ray_engine
+
+    if rewrite:
+        real_dataset = ray_engine._block_dataset
+        monkeypatch.setattr(ray_engine, "_block_dataset", lambda *a, **k: real_dataset(*a, **k).limit(100))
+    else:
+        real_map = ray_engine._map_blocks
+
+        def lose_one(ray, parts, task, **job):
+            tables = real_map(ray, parts, task, **job)
+            sorted(Path(job["target"]).glob("*.parquet"))[0].unlink()
+            return tables
+
+        monkeypatch.setattr(ray_engine, "_map_blocks", lose_one)
+    config = ComputeConfig(rewards=(RewardSpec("reward"),), group_cols=("uid",), rewrite=rewrite)
+    with pytest.raises(GrpoError, match=r"the Ray workers' files hold [\d,]+ of the output's 19,\d{3} rows"):
+        compute_dataset_ray(str(sharded), str(tmp_path / "out"), config, partitions=3)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_address_nothing_answers_at_is_one_line_at_once(sharded, tmp_path):
     """Ray retries a cluster address that nothing answers at for many minutes, printing a warning
     every few seconds (seen for over 5 minutes with 127.0.0.1:1): grpo-cli asks first, once. A

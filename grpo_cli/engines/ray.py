@@ -463,6 +463,22 @@ STAGED_REWRITE_REASON = (
 )
 
 
+def _check_every_row_written(
+    files: Sequence[Path | str], outcome: GroupOutcome, display: str, *, filesystem: Any = None
+) -> None:
+    """Refuse to commit an output whose files (from their footers) hold fewer or more rows than
+    the run writes: a cluster's workers that wrote a local path on their own disks (no file
+    system shared at that path) leave only some of the shards where the driver looks."""
+    expected = outcome.rows - outcome.dropped_rows
+    found = sum(pq.read_metadata(file, filesystem=filesystem).num_rows for file in files)
+    if found != expected:
+        raise GrpoError(
+            f"{display}: the Ray workers' files hold {found:,} of the output's {expected:,} rows where "
+            "this machine sees them, so nothing was written; on a cluster, write to object storage "
+            "or to a file system every node shares at the same path"
+        )
+
+
 def _files_under(filesystem: Any, folder: str) -> list[str]:
     import pyarrow.fs as pafs
 
@@ -1454,9 +1470,9 @@ def run_ray(
             _block_dataset(ray, parts, block_advantages, **job).write_parquet(
                 staging, filesystem=filesystem, try_create_dir=False
             )
-            extremes = advantage_range(
-                _files_under(filesystem, staging), config.advantage_col, filesystem=filesystem
-            )
+            staged = _files_under(filesystem, staging)
+            _check_every_row_written(staged, outcome, claim.display, filesystem=filesystem)
+            extremes = advantage_range(staged, config.advantage_col, filesystem=filesystem)
             claim.commit()
             assert claim.transfer is not None
             shards = claim.transfer["objects"]
@@ -1475,6 +1491,7 @@ def run_ray(
             else:
                 _block_dataset(ray, parts, block_advantages, **job).write_parquet(str(claim.temp_path()))
             written = sorted(claim.temp_path().glob("*.parquet"))
+            _check_every_row_written(written, outcome, claim.display)
             written_info = output_info(claim.display, written)  # before the commit: an upload removes them
             if rewrite_reason is not None:
                 extremes = advantage_range(written, config.advantage_col) if written else None
