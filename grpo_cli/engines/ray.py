@@ -159,7 +159,7 @@ def ray_session(address: str | None, *, quiet: bool = True, num_cpus: int | None
                     num_cpus=num_cpus,
                 )
             else:
-                assert address is not None  # no private instance: a cluster's
+                assert address is not None  # no private instance is started: one is joined
                 _check_reachable(address)
                 ray.init(address=address, log_to_driver=False, logging_level="ERROR")
         except (ConnectionError, RuntimeError) as exc:
