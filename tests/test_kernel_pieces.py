@@ -707,3 +707,37 @@ def test_figures_of_chunks_cut_across_blocks_are_the_figures_of_all_rows(block_r
     assert totals.keys() == expected.keys()
     for name, values in expected.items():
         np.testing.assert_allclose(totals[name], values, rtol=1e-12, err_msg=name)
+
+
+def test_statistics_side_by_side_are_the_serial_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The min and max, the sum and the count, and the two deviation sums run two at a time on
+    two threads (torch's one-dimensional CPU scatters are serial): the same bits as one after
+    the other, and an error on the helper thread reaches the caller."""
+    from grpo_cli import kernel
+
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.arange(40_000).repeat_interleave(5)
+    ids = ids[torch.randperm(ids.numel(), generator=gen)]
+    rewards = torch.rand(ids.numel(), generator=gen, dtype=torch.float64) * 3 - 1
+    threads = []
+    real_side_by_side = kernel._side_by_side
+
+    def counted(first, second, rows):  # type: ignore[no-untyped-def]
+        threads.append(rows.numel() >= kernel.SIDE_BY_SIDE_MIN_ROWS and torch.get_num_threads() > 1)
+        return real_side_by_side(first, second, rows)
+
+    monkeypatch.setattr(kernel, "_side_by_side", counted)
+    side_by_side = kernel.group_stats(rewards, ids)
+    # one thread (the Makefile's second run of the float tests): one after the other
+    assert threads and all(threads) == (torch.get_num_threads() > 1)
+    monkeypatch.setattr(kernel, "SIDE_BY_SIDE_MIN_ROWS", 1 << 60)
+    serial = kernel.group_stats(rewards, ids)
+    for name in ("count", "mean", "m2", "minimum", "maximum"):
+        assert torch.equal(getattr(side_by_side, name), getattr(serial, name)), name
+    monkeypatch.setattr(kernel, "SIDE_BY_SIDE_MIN_ROWS", 1)
+
+    def fails() -> torch.Tensor:
+        raise ValueError("on the helper thread")
+
+    with pytest.raises(ValueError, match="on the helper thread"):
+        real_side_by_side(fails, lambda: torch.zeros(1), torch.zeros(2))
