@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -239,6 +240,24 @@ def assert_same_rows(a: Path, b: Path) -> None:
     assert pl.read_parquet(a).equals(pl.read_parquet(b))
     query = "SELECT * FROM read_parquet('{}') ORDER BY ALL"
     assert duckdb.execute(query.format(a)).fetchall() == duckdb.execute(query.format(b)).fetchall()
+
+
+def big_rollouts(path: Path, *, rows: int = 40_000, seed: int = 0) -> Path:
+    """About 10 MiB of Parquet (a completion column of random text), in several row groups:
+    large enough that its column chunks are copied in the store (parts of 5 MiB or more)."""
+    rng = np.random.default_rng(seed)
+    letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz ", dtype=np.uint8)
+    text = letters[rng.integers(0, letters.size, size=rows * 256)].tobytes()
+    offsets = np.arange(0, (rows + 1) * 256, 256, dtype=np.int32)
+    table = pa.table(
+        {
+            "uid": pa.array([f"prompt-{g}" for g in rng.permutation(rows) // 8]),
+            "completion": pa.StringArray.from_buffers(rows, pa.py_buffer(offsets), pa.py_buffer(text)),
+            "reward": (rng.random(rows) < 0.4).astype(np.float32),
+        }
+    )
+    pq.write_table(table, path, row_group_size=10_000)
+    return path
 
 
 def previous_output(output: str) -> dict[str, bytes]:

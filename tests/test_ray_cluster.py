@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import rollout_rows, write_parquet
+from tests.conftest import big_rollouts, rollout_rows, write_parquet
 
 if importlib.util.find_spec("ray") is None:
     pytest.skip("the ray extra is not installed", allow_module_level=True)
@@ -251,7 +251,9 @@ def test_a_clusters_output_on_s3_is_staged_on_the_store_then_placed_whole(
     assert output().equals(read_folder(tmp_path / "local"))
     assert [key for key in written if not key.startswith(("run/", "out/"))] == []  # no staging left
     assert not s3.list_multipart_uploads(Bucket=bucket).get("Uploads")
-    transfer = json.loads((tmp_path / "summary.json").read_text())["output"]["transfer"]
+    summary = json.loads((tmp_path / "summary.json").read_text())["output"]
+    assert summary["method"] == "splice"  # each task splices its shard and uploads it to the staging folder
+    transfer = summary["transfer"]
     shards = [key for key in written if key.startswith("out/")]
     assert transfer["objects"] == len(shards) and transfer["uploaded_by"] == "workers"
     assert transfer["bytes_uploaded"] == sum(written[key] for key in shards)
@@ -267,3 +269,20 @@ def test_a_clusters_output_on_s3_is_staged_on_the_store_then_placed_whole(
     assert sorted(key for key in objects() if key.startswith("run/")) == [
         f"run/part-{i}.parquet" for i in range(3)
     ]
+
+    # A shard with 5 MiB or more before its footer: the task copies those bytes inside the store
+    # (UploadPartCopy) and uploads the new columns and the footer, as the local engine does.
+    big = big_rollouts(tmp_path / "big.parquet")
+    s3.upload_file(str(big), bucket, "big/part-0.parquet")
+    engines = {"local": [], "ray": ["--engine", "ray", "--ray-address", cluster.address]}
+    for engine, options in engines.items():
+        done = grpo("compute", f"s3://{bucket}/big/", "-g", "uid", "-q", "-o", f"s3://{bucket}/big-{engine}/",
+                    "--summary-json", tmp_path / f"{engine}.json", *options)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    local, ray = (s3.get_object(Bucket=bucket, Key=f"big-{engine}/part-0.parquet")["Body"].read()
+                  for engine in ("local", "ray"))  # fmt: skip
+    assert local == ray
+    transfer = json.loads((tmp_path / "ray.json").read_text())["output"]["transfer"]
+    assert transfer["bytes_copied_in_store"] > 0.9 * big.stat().st_size > 10 * transfer["bytes_uploaded"]
+    assert transfer["bytes_copied_in_store"] + transfer["bytes_uploaded"] == len(ray)
+    assert [key for key in objects() if ".tmp/" in key] == []

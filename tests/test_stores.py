@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import Result
@@ -22,6 +21,7 @@ from tests.conftest import (
     S3Server,
     assert_engines_agree,
     assert_same_rows,
+    big_rollouts,
     compute_on_both_engines,
     one_line_error,
     pq_without_provenance,
@@ -31,24 +31,6 @@ from tests.conftest import (
 )
 
 Cli = Callable[..., Result]
-
-
-def big_rollouts(path: Path, *, rows: int = 40_000, seed: int = 0) -> Path:
-    """About 10 MiB of Parquet (a completion column of random text), in several row groups:
-    large enough that its column chunks are copied in the store (parts of 5 MiB or more)."""
-    rng = np.random.default_rng(seed)
-    letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz ", dtype=np.uint8)
-    text = letters[rng.integers(0, letters.size, size=rows * 256)].tobytes()
-    offsets = np.arange(0, (rows + 1) * 256, 256, dtype=np.int32)
-    table = pa.table(
-        {
-            "uid": pa.array([f"prompt-{g}" for g in rng.permutation(rows) // 8]),
-            "completion": pa.StringArray.from_buffers(rows, pa.py_buffer(offsets), pa.py_buffer(text)),
-            "reward": (rng.random(rows) < 0.4).astype(np.float32),
-        }
-    )
-    pq.write_table(table, path, row_group_size=10_000)
-    return path
 
 
 def fetch(s3: Any, key: str, target: Path) -> Path:
@@ -597,4 +579,49 @@ def test_a_staged_shard_over_one_copys_limit_is_copied_in_ranged_parts(
     assert s3.head_object(Bucket="rollouts", Key="out/big.parquet")["ETag"].endswith('-2"')  # two parts
     assert s3.get_object(Bucket="rollouts", Key="out/big.parquet")["Body"].read() == data
     assert keys(s3) == ["out/big.parquet"]
+    assert not s3.list_multipart_uploads(Bucket="rollouts").get("Uploads")
+
+
+@pytest.mark.slow
+def test_both_engines_splice_s3_to_s3_copying_the_column_chunks_in_the_store(
+    s3: Any, s3_server: S3Server, tmp_path: Path
+) -> None:
+    """The issue's command on each engine, as whole processes: the Ray engine's tasks splice
+    each object as the local engine does (before, it re-encoded every column of an input on a
+    store), so both write the same bytes and upload only the new column chunks and footers, the
+    input's bytes copied inside the store."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("the ray extra is not installed")
+    sizes = 0
+    for index in range(2):
+        shard = big_rollouts(tmp_path / f"part-{index}.parquet", seed=index)
+        sizes += shard.stat().st_size
+        s3.upload_file(str(shard), "rollouts", f"run/part-{index}.parquet")
+    summaries = {}
+    for engine in ("local", "ray"):
+        summary = tmp_path / f"{engine}.json"
+        command = [sys.executable, "-m", "grpo_cli", "compute", "s3://rollouts/run/", "-g", "uid", "-q",
+                   "-o", f"s3://rollouts/out-{engine}/", "--engine", engine,
+                   "--summary-json", str(summary)]  # fmt: skip
+        done = subprocess.run(
+            command, env={**os.environ, **s3_server.env}, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, (engine, done.stderr)
+        summaries[engine] = json.loads(summary.read_text())["output"]
+    for index in range(2):
+        key = f"part-{index}.parquet"
+        local, ray = (s3.get_object(Bucket="rollouts", Key=f"out-{engine}/{key}")["Body"].read()
+                      for engine in ("local", "ray"))  # fmt: skip
+        assert local == ray, index
+    local, ray = summaries["local"], summaries["ray"]
+    assert ray["method"] == local["method"] == "splice"
+    assert (
+        ray["transfer"]["bytes_copied_in_store"] == local["transfer"]["bytes_copied_in_store"] > 0.9 * sizes
+    )
+    assert ray["transfer"]["bytes_uploaded"] == local["transfer"]["bytes_uploaded"] < 0.1 * sizes
     assert not s3.list_multipart_uploads(Bucket="rollouts").get("Uploads")

@@ -67,7 +67,7 @@ from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError, first_line, os_reason
 from grpo_cli.figures import RowInputs, fold, of_chunk, padded, wanted
 from grpo_cli.file_names import PARQUET_SUFFIXES, PROVENANCE_KEY, output_is_directory
-from grpo_cli.guard import Claim, ProtectedInputs, StagedRemoteClaim
+from grpo_cli.guard import Claim, ProtectedInputs, RemoteClaim, StagedRemoteClaim
 from grpo_cli.kernel import (
     GroupStats,
     TopTwo,
@@ -87,7 +87,7 @@ from grpo_cli.readers import parquet_row_range, row_count
 from grpo_cli.rewards import RewardBatch, new_column_arrays
 from grpo_cli.sources import InputSet, Shard
 from grpo_cli.splice import SplicedFile, SpliceRefused, read_footer
-from grpo_cli.stores import check_scheme, gcs_filesystem, local_path
+from grpo_cli.stores import CopiedPrefix, check_scheme, gcs_filesystem, local_path, store_output
 from grpo_cli.summary import ByValues, RunSummary, build_summary, input_info
 from grpo_cli.threads import IDLE_THREADS_ENV
 from grpo_cli.verify import Verifier
@@ -455,12 +455,6 @@ def _open_remote(uri: str) -> Any:
         return pafs.FileSystem.from_uri(uri)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise GrpoError(f"{uri}: cannot open its file system ({first_line(exc)})") from None
-
-
-STAGED_REWRITE_REASON = (
-    "a Ray cluster's workers write an object-store output themselves, and splicing copies "
-    "the input's column chunks into files on this machine"
-)
 
 
 def _check_every_row_written(
@@ -1202,21 +1196,68 @@ def block_splice(
     plan, run_ids, outcome = _worker_state(payload, token, config)
     ((part, record),) = _read_block(blocks[index], plan.input_columns, group_size)
     shard = part.file.shard()
-    schema = pq.read_schema(part.file.source)
-    _, advantages, ids_np = _part_advantages(plan, run_ids, outcome, part, record, schema)
-    ids = torch.from_numpy(ids_np)
-    arrays = new_column_arrays(advantages, outcome.active[ids], ids_np, outcome.group_columns)
-    output_schema = plan.output_schema(schema, provenance)
-    new_schema = pa.schema(list(output_schema)[len(output_schema) - len(plan.new_columns) :])
-    name = output_name_of(shard)
-    with open(Path(target) / name, "wb") as handle:
-        spliced = SplicedFile(Path(part.file.source), handle)
-        spliced.copy_prefix()
-        spliced.begin(new_schema, {PROVENANCE_KEY: provenance}, compression=config.compression)
-        if record.num_rows:
-            spliced.add(arrays)
-        spliced.close()
-    return _ranged(index, advantages, name=name)
+    with _local_copy(part.file) as source:
+        schema = pq.read_schema(source)
+        _, advantages, ids_np = _part_advantages(plan, run_ids, outcome, part, record, schema)
+        ids = torch.from_numpy(ids_np)
+        arrays = new_column_arrays(advantages, outcome.active[ids], ids_np, outcome.group_columns)
+        output_schema = plan.output_schema(schema, provenance)
+        new_schema = pa.schema(list(output_schema)[len(output_schema) - len(plan.new_columns) :])
+        name = output_name_of(shard)
+        from grpo_cli.scratch import scratch_dir
+
+        folder = scratch_dir(name) if is_remote(target) else Path(target)
+        try:
+            with open(folder / name, "wb") as handle:
+                spliced = SplicedFile(source, handle)
+                spliced.copy_prefix()
+                spliced.begin(new_schema, {PROVENANCE_KEY: provenance}, compression=config.compression)
+                if record.num_rows:
+                    spliced.add(arrays)
+                spliced.close()
+            # the output's first bytes are the input's up to its footer: a store may copy them itself
+            prefix = CopiedPrefix(part.file.source, spliced.footer.start)
+            transfer = {}
+            if is_remote(target):  # a staging folder on a store: this task uploads its file
+                copied = {"": prefix} if prefix.source.startswith("s3://") else {}
+                transfer = store_output(target + name, directory=False).publish(folder / name, copied)
+        finally:
+            if is_remote(target):
+                shutil.rmtree(folder, ignore_errors=True)
+    return _ranged(
+        index,
+        advantages,
+        name=name,
+        source=prefix.source,
+        prefix=prefix.length,
+        uploaded=transfer.get("bytes_uploaded", 0),
+        copied=transfer.get("bytes_copied_in_store", 0),
+    )
+
+
+def _footer_source(file: InputFile) -> Any:
+    """A handle on ``file`` that :func:`~grpo_cli.splice.read_footer` reads (ranged reads of an
+    object on a store: its footer only)."""
+    if not is_remote(file.source) or check_scheme(file.source) == "file":
+        return open(local_path(file.source) if is_remote(file.source) else file.source, "rb")
+    return _open_file(file)
+
+
+@contextmanager
+def _local_copy(file: InputFile) -> Iterator[Path]:
+    """``file`` as a path on this machine: a local file itself, an object on a store copied
+    to a private scratch file (removed on exit), as the local engine splices it."""
+    if not is_remote(file.source) or check_scheme(file.source) == "file":
+        yield Path(local_path(file.source) if is_remote(file.source) else file.source)
+        return
+    from grpo_cli.scratch import spool
+
+    def download(out: Any) -> None:
+        with _open_file(file) as remote:
+            shutil.copyfileobj(remote, out, 8 << 20)
+
+    with spool(None, label=file.display, write=download) as path:
+        yield Path(path)
 
 
 def block_filter_rows(
@@ -1335,11 +1376,10 @@ def splice_plan(inputs: RayInputs, config: ComputeConfig) -> str | None:
         return refusal
     names: dict[str, str] = {}
     for file, shard in zip(inputs.files, shards, strict=True):
-        if file.staged or is_remote(file.source):
-            where = "staged from another format" if file.staged else "on object storage"
-            return f"{file.display} is {where}; --engine ray splices local Parquet files only"
+        if file.staged:
+            return f"{file.display} is staged from another format; --engine ray splices Parquet files only"
         try:
-            with open(file.source, "rb") as source:
+            with _footer_source(file) as source:
                 footer = read_footer(source)
             if any(count == 0 for count in footer.row_counts()):
                 return f"{file.display}: it has an empty row group"
@@ -1465,22 +1505,28 @@ def run_ray(
         method = "rewrite"
         rewrite_reason: str | None
         if isinstance(claim, StagedRemoteClaim):  # a cluster's workers write to the store
-            rewrite_reason = STAGED_REWRITE_REASON
+            rewrite_reason = splice_plan(inputs, config)
             filesystem, staging = _open_remote(claim.staging_uri())
-            _block_dataset(ray, parts, block_advantages, **job).write_parquet(
-                staging, filesystem=filesystem, try_create_dir=False
-            )
+            if rewrite_reason is None:  # each task splices one input file and uploads it
+                method, parts = "splice", [[FilePart(file, 0, file.rows)] for file in inputs.files]
+                tables = _map_blocks(ray, parts, block_splice, target=claim.staging_uri(), **job)
+                extremes = _range_of(tables)
+            else:
+                _block_dataset(ray, parts, block_advantages, **job).write_parquet(
+                    staging, filesystem=filesystem, try_create_dir=False
+                )
             staged = _files_under(filesystem, staging)
             _check_every_row_written(staged, outcome, claim.display, filesystem=filesystem)
-            extremes = advantage_range(staged, config.advantage_col, filesystem=filesystem)
+            if rewrite_reason is not None:
+                extremes = advantage_range(staged, config.advantage_col, filesystem=filesystem)
             claim.commit()
             assert claim.transfer is not None
+            written_bytes = claim.transfer["bytes_uploaded"]  # the staged objects' sizes
+            if method == "splice":  # what the tasks uploaded, and what they copied in the store
+                claim.transfer["bytes_uploaded"] = sum(t.column("uploaded")[0].as_py() for t in tables)
+                claim.transfer["bytes_copied_in_store"] = sum(t.column("copied")[0].as_py() for t in tables)
             shards = claim.transfer["objects"]
-            written_info = {
-                "path": claim.display,
-                "shards": shards,
-                "bytes": claim.transfer["bytes_uploaded"],
-            }
+            written_info = {"path": claim.display, "shards": shards, "bytes": written_bytes}
             written_info.update(transfer=claim.transfer, method=method, shards_by_method={method: shards})
         else:
             rewrite_reason = splice_plan(inputs, config)
@@ -1488,6 +1534,13 @@ def run_ray(
                 method, parts = "splice", [[FilePart(file, 0, file.rows)] for file in inputs.files]
                 tables = _map_blocks(ray, parts, block_splice, target=str(claim.temp_path()), **job)
                 extremes = _range_of(tables)
+                if isinstance(claim, RemoteClaim):  # an S3 input's bytes are copied in the store
+                    for table in tables:
+                        source = table.column("source")[0].as_py()
+                        if source.startswith("s3://"):
+                            claim.note_copied_prefix(
+                                table.column("name")[0].as_py(), source, table.column("prefix")[0].as_py()
+                            )
             else:
                 _block_dataset(ray, parts, block_advantages, **job).write_parquet(str(claim.temp_path()))
             written = sorted(claim.temp_path().glob("*.parquet"))
