@@ -1368,8 +1368,8 @@ def _trainer_filter(
 def splice_plan(inputs: RayInputs, config: ComputeConfig) -> str | None:
     """Why this run's output is re-encoded rather than spliced, or ``None``: the local
     engine's reasons (:func:`~grpo_cli.output.splice_refusal`), and the Ray engine's own
-    (a file on object storage, or staged from another format, is re-encoded; so is a file
-    the splice refuses, and two files of one name)."""
+    (a file staged from another format is re-encoded; so is a file the splice refuses, and
+    two files of one name)."""
     shards = [file.shard() for file in inputs.files]
     refusal = splice_refusal(config, shards)
     if refusal is not None:
