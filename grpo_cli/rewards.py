@@ -120,6 +120,8 @@ class RewardReader:
             unshaped = combined
             combined = self._shaped(combined, batch, first_row)
         combined_valid = _finite(combined)
+        if unshaped is not None:  # a bad reward as read stays bad: --reward-clip turns inf into a bound
+            combined_valid = _both(combined_valid, _finite(unshaped))
         if self.per_column:
             scaled = [v.to(torch.float64) for v in values]
             return RewardBatch(scaled, [_finite(v) for v in scaled], combined, combined_valid)
@@ -305,6 +307,17 @@ def _finite(values: torch.Tensor) -> torch.Tensor | None:
         return None if finite.all() else torch.from_numpy(finite)
     mask = torch.isfinite(values)
     return None if bool(mask.all()) else mask
+
+
+def _both(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    """Two :func:`_finite` masks in one (``None``: every value finite in both).
+
+    >>> _both(None, torch.tensor([True, False])), _both(None, None)
+    (tensor([ True, False]), None)
+    """
+    if a is None or b is None:
+        return b if a is None else a
+    return a & b
 
 
 def advantage_dtype(types: Sequence[pa.DataType]) -> torch.dtype:

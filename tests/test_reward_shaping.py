@@ -426,3 +426,28 @@ def test_a_truncation_flag_of_another_type_is_refused_in_one_line(cli: Any, tmp_
         "--truncated-col 'cut' has type list<element: int64>; it must be a boolean, a number or a finish "
         "reason",
     )
+
+
+@pytest.mark.parametrize(
+    "shaping", [["--reward-clip", "-1", "1"], ["--preset", "areal"]], ids=["reward-clip", "areal"]
+)
+def test_an_infinite_reward_stays_a_bad_reward_whatever_the_clip(
+    cli: Any, tmp_path: Path, shaping: list[str]
+) -> None:
+    """--reward-clip turned an infinite reward into its bound and counted it as a reward: the
+    check that refuses a null, NaN or infinite reward passed it (found by the whole-run fuzz).
+    A bad reward as read is bad after any transform: refused, or left out with --nan ignore."""
+    path = tmp_path / "r.parquet"
+    rewards = [0.0, 1.0, float("inf"), 1.0, 0.0, 1.0, 0.5, 0.25]
+    pq.write_table(pa.table({"uid": ["a"] * 4 + ["b"] * 4, "reward": rewards}), path)
+    refused = cli("compute", path, "-g", "uid", *shaping, "-o", tmp_path / "x.parquet")
+    assert_one_line_error(refused, "reward", "infinite")
+    assert "row 2" in refused.stderr
+    assert not (tmp_path / "x.parquet").exists()
+    out = tmp_path / "out.parquet"
+    left_out = cli(
+        "compute", path, "-g", "uid", *shaping, "--nan", "ignore", "-o", out, "--summary-json", "-", "-q"
+    )
+    assert left_out.exit_code == 0, left_out.stderr
+    assert json.loads(left_out.stdout)["nan_rewards"] == 1
+    assert pq.read_table(out).column("advantage")[2].as_py() == 0.0
