@@ -625,3 +625,46 @@ def test_both_engines_splice_s3_to_s3_copying_the_column_chunks_in_the_store(
     )
     assert ray["transfer"]["bytes_uploaded"] == local["transfer"]["bytes_uploaded"] < 0.1 * sizes
     assert not s3.list_multipart_uploads(Bucket="rollouts").get("Uploads")
+
+
+def test_the_ray_driver_reads_each_objects_footer_once_and_side_by_side(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Listing an input folder reads each object's footer (its rows and schema) 16 at a time,
+    and the schema check reuses it: one after the other, three passes of a request each cost
+    200 objects behind a 20 ms round trip 34.6 s of the driver's time before any work (3.3 s now)."""
+    import contextlib
+
+    from grpo_cli.config import ComputeConfig
+    from grpo_cli.engines import ray as ray_engine
+    from grpo_cli.plan import RunPlan
+
+    three_shards_on_s3(s3, tmp_path)
+    with contextlib.ExitStack() as staging:
+        inputs = ray_engine.resolve_inputs("s3://rollouts/run/", staging=staging)
+    assert [file.rows for file in inputs.files] == [40, 40, 40]
+    monkeypatch.setattr(ray_engine, "_open_file", lambda file: pytest.fail(f"{file.source} read again"))
+    config = ComputeConfig(group_cols=("group_id",))
+    schemas = ray_engine._read_schemas(inputs.files, RunPlan(config, device=ray_engine._CPU))
+    assert [schema.names for schema in schemas] == [["group_id", "step", "text", "correct", "reward"]] * 3
+
+
+def test_side_by_side_requests_keep_the_order_and_raise_the_first_error() -> None:
+    import threading
+    import time
+
+    from grpo_cli.engines.ray import side_by_side_requests
+
+    threads = set()
+
+    def read(item: int) -> int:
+        threads.add(threading.get_ident())
+        time.sleep(0.01 * (5 - item))  # the later items finish first
+        if item >= 3:
+            raise OSError(f"object {item} is gone")
+        return item * 10
+
+    assert side_by_side_requests(read, [0, 1, 2]) == [0, 10, 20]
+    assert len(threads) > 1
+    with pytest.raises(OSError, match="object 3 is gone"):
+        side_by_side_requests(read, [0, 1, 2, 3, 4])

@@ -49,11 +49,11 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -281,6 +281,7 @@ class InputFile:
     staged: bool = False
     format: str = "parquet"  # the format the user's file is in (a staged copy is Parquet)
     offset: int = 0  # the file's first row in the whole input (--group-size: rows are groups by position)
+    schema: pa.Schema | None = field(default=None, compare=False)  # an object's, read with its row count
 
     def shard(self) -> Shard:
         """The file as the plan and the error messages name it (a CSV's numbers are text)."""
@@ -498,17 +499,46 @@ def _remote_files(uri: str) -> list[InputFile]:
             entries = [f for f in entries if not _hidden(f.path[len(root) :])]
         else:
             entries = [info]
-        files = []
-        for entry in entries:
+
+        def described(entry: Any) -> InputFile:
             source = f"{scheme}://{entry.path}"
             with fs.open_input_file(entry.path) as handle:
-                rows = pq.ParquetFile(handle).metadata.num_rows
-            files.append(InputFile(source, source, rows, entry.size or 0))
+                metadata = pq.ParquetFile(handle).metadata
+            return InputFile(
+                source, source, metadata.num_rows, entry.size or 0, schema=metadata.schema.to_arrow_schema()
+            )
+
+        files = side_by_side_requests(described, entries)
     except (pa.ArrowException, OSError) as exc:
         raise GrpoError(f"{uri}: not a readable Parquet input ({first_line(exc)})") from None
     if not files:
         raise GrpoError(f"{uri}: no Parquet files")
     return files
+
+
+STORE_REQUESTS_AT_ONCE = 16
+"""How many objects' footers the driver reads at once: each read is a request to the store."""
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+
+def side_by_side_requests(read: Callable[[T], U], items: Sequence[T]) -> list[U]:
+    """``read(item)`` for each item, in order, :data:`STORE_REQUESTS_AT_ONCE` at a time: one
+    after the other, each request waits out the store's round trip (200 objects behind 20 ms
+    took 10 s a pass, three passes). The first error, in the items' order, is raised.
+
+    >>> side_by_side_requests(lambda x: x * 2, [1, 2, 3])
+    [2, 4, 6]
+    """
+    if len(items) < 2:
+        return [read(item) for item in items]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(
+        min(STORE_REQUESTS_AT_ONCE, len(items)), thread_name_prefix="grpo-cli-footers"
+    ) as pool:
+        return list(pool.map(read, items))
 
 
 def _hidden(relative: str) -> bool:
@@ -1235,6 +1265,16 @@ def block_splice(
     )
 
 
+def _splice_refusal_of(file: InputFile) -> str | None:
+    """Why ``file`` cannot be spliced (its footer read by the splice's own parser), or ``None``."""
+    try:
+        with _footer_source(file) as source:
+            footer = read_footer(source)
+    except (SpliceRefused, OSError) as refused:
+        return first_line(refused)
+    return "it has an empty row group" if any(count == 0 for count in footer.row_counts()) else None
+
+
 def _footer_source(file: InputFile) -> Any:
     """A handle on ``file`` that :func:`~grpo_cli.splice.read_footer` reads (ranged reads of an
     object on a store: its footer only)."""
@@ -1374,17 +1414,14 @@ def splice_plan(inputs: RayInputs, config: ComputeConfig) -> str | None:
     refusal = splice_refusal(config, shards)
     if refusal is not None:
         return refusal
+    staged = next((file for file in inputs.files if file.staged), None)
+    if staged is not None:
+        return f"{staged.display} is staged from another format; --engine ray splices Parquet files only"
     names: dict[str, str] = {}
-    for file, shard in zip(inputs.files, shards, strict=True):
-        if file.staged:
-            return f"{file.display} is staged from another format; --engine ray splices Parquet files only"
-        try:
-            with _footer_source(file) as source:
-                footer = read_footer(source)
-            if any(count == 0 for count in footer.row_counts()):
-                return f"{file.display}: it has an empty row group"
-        except (SpliceRefused, OSError) as refused:
-            return f"{file.display}: {first_line(refused)}"
+    refusals = side_by_side_requests(_splice_refusal_of, inputs.files)
+    for file, shard, refused in zip(inputs.files, shards, refusals, strict=True):
+        if refused is not None:
+            return f"{file.display}: {refused}"
         name = output_name_of(shard)
         if name in names:
             return f"{file.display} and {names[name]} would both be written to {name}"
@@ -1907,13 +1944,18 @@ def _moments(
     return total
 
 
+def _read_schema(file: InputFile) -> pa.Schema:
+    if file.schema is not None:  # an object's, read when it was listed
+        return file.schema
+    try:
+        return pq.read_schema(_open_file(file))
+    except (pa.ArrowException, OSError) as exc:
+        raise GrpoError(f"{file.display}: not a readable Parquet file ({first_line(exc)})") from None
+
+
 def _read_schemas(files: list[InputFile], plan: RunPlan) -> list[pa.Schema]:
     schemas = []
-    for file in files:
-        try:
-            schema = pq.read_schema(_open_file(file))
-        except (pa.ArrowException, OSError) as exc:
-            raise GrpoError(f"{file.display}: not a readable Parquet file ({first_line(exc)})") from None
+    for file, schema in zip(files, side_by_side_requests(_read_schema, files), strict=True):
         plan.check_columns(file.shard(), schema, writes_output=True)
         for column in (*plan.input_columns, *([plan.config.verify.column] if plan.config.verify else [])):
             if column not in schema.names:
