@@ -517,12 +517,7 @@ class S3Output:
     def _existing(self) -> list[str]:
         if not self.directory:
             return [] if _s3_size(self.client, self.bucket, self.key) is None else [self.key]
-        keys = []
-        for page in self.client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=self.key + "/"
-        ):
-            keys += [entry["Key"] for entry in page.get("Contents", [])]
-        return keys
+        return [key for key, _ in self._listed(self.key + "/")]
 
     def publish(
         self,
@@ -586,19 +581,7 @@ class S3Output:
         size = file.stat().st_size
         start = copied = 0
         if prefix is not None and prefix.length >= MIN_PART_BYTES:
-            source_bucket, source_key = bucket_and_key(prefix.source)
-            for low, high in copy_ranges(prefix.length):
-                result = self.client.upload_part_copy(
-                    Bucket=self.bucket,
-                    Key=upload.key,
-                    UploadId=upload.upload_id,
-                    PartNumber=len(upload.parts) + 1,
-                    CopySource={"Bucket": source_bucket, "Key": source_key},
-                    CopySourceRange=f"bytes={low}-{high - 1}",
-                )
-                upload.parts.append(
-                    {"PartNumber": len(upload.parts) + 1, "ETag": result["CopyPartResult"]["ETag"]}
-                )
+            self._copy_parts(upload, *bucket_and_key(prefix.source), prefix.length)
             start = copied = prefix.length
         sent = 0
         with open(file, "rb") as handle:
@@ -651,11 +634,7 @@ class S3Output:
         """Remove what a run staged (best effort: the run's own error is the one to report)."""
         _, prefix = bucket_and_key(staging)
         with contextlib.suppress(Exception):
-            keys = [key for key, _ in self._listed(prefix)]
-            for low in range(0, len(keys), 1000):
-                self.client.delete_objects(
-                    Bucket=self.bucket, Delete={"Objects": [{"Key": key} for key in keys[low : low + 1000]]}
-                )
+            self._delete([key for key, _ in self._listed(prefix)])
 
     def _listed(self, prefix: str) -> list[tuple[str, int]]:
         found = []
@@ -675,18 +654,7 @@ class S3Output:
             key, self.client.create_multipart_upload(Bucket=self.bucket, Key=key)["UploadId"], []
         )
         try:
-            for low, high in copy_ranges(size):
-                result = self.client.upload_part_copy(
-                    Bucket=self.bucket,
-                    Key=key,
-                    UploadId=upload.upload_id,
-                    PartNumber=len(upload.parts) + 1,
-                    CopySource={"Bucket": self.bucket, "Key": source},
-                    CopySourceRange=f"bytes={low}-{high - 1}",
-                )
-                upload.parts.append(
-                    {"PartNumber": len(upload.parts) + 1, "ETag": result["CopyPartResult"]["ETag"]}
-                )
+            self._copy_parts(upload, self.bucket, source, size)
             self.client.complete_multipart_upload(
                 Bucket=self.bucket,
                 Key=key,
@@ -697,12 +665,30 @@ class S3Output:
             self._abort([upload], [])
             raise
 
+    def _copy_parts(self, upload: _Upload, source_bucket: str, source_key: str, length: int) -> None:
+        """The first ``length`` bytes of an object, copied inside the store as the upload's next
+        parts (:func:`copy_ranges`)."""
+        for low, high in copy_ranges(length):
+            result = self.client.upload_part_copy(
+                Bucket=self.bucket,
+                Key=upload.key,
+                UploadId=upload.upload_id,
+                PartNumber=len(upload.parts) + 1,
+                CopySource={"Bucket": source_bucket, "Key": source_key},
+                CopySourceRange=f"bytes={low}-{high - 1}",
+            )
+            upload.parts.append(
+                {"PartNumber": len(upload.parts) + 1, "ETag": result["CopyPartResult"]["ETag"]}
+            )
+
     def _remove_stale(self, written: set[str]) -> None:
         """A replaced folder's shards that this run did not write (``--force``)."""
-        stale = [key for key in self._existing() if key not in written]
-        for low in range(0, len(stale), 1000):
+        self._delete([key for key in self._existing() if key not in written])
+
+    def _delete(self, keys: list[str]) -> None:
+        for low in range(0, len(keys), 1000):  # S3 deletes at most 1000 objects a request
             self.client.delete_objects(
-                Bucket=self.bucket, Delete={"Objects": [{"Key": key} for key in stale[low : low + 1000]]}
+                Bucket=self.bucket, Delete={"Objects": [{"Key": key} for key in keys[low : low + 1000]]}
             )
 
     def _abort(self, uploads: list[_Upload], completed: list[str]) -> None:
@@ -847,7 +833,7 @@ class GcsOutput:
 
     def _staged(self, staging: str) -> list[tuple[str, str, int]]:
         """Each object under ``staging``: its path, its name there, its size."""
-        prefix = staging.split("://", 1)[1].rstrip("/")
+        prefix = _gcs_folder(staging)
         self.fs.invalidate_cache()
         found = self.fs.find(prefix, detail=True).items()
         return sorted(
@@ -873,7 +859,7 @@ class GcsOutput:
 
     def remove_staged(self, staging: str) -> None:
         """Remove what a run staged (best effort: the run's own error is the one to report)."""
-        prefix = staging.split("://", 1)[1].rstrip("/")
+        prefix = _gcs_folder(staging)
         with contextlib.suppress(Exception):
             self.fs.invalidate_cache()
             found = self.fs.find(prefix)
@@ -902,6 +888,11 @@ class GcsOutput:
         finally:
             handle.close()
         return sent
+
+
+def _gcs_folder(uri: str) -> str:
+    """A ``gs://`` folder as gcsfs names it: ``bucket/path``, no trailing slash."""
+    return uri.split("://", 1)[1].rstrip("/")
 
 
 _GCS_STAGED = re.compile(r"/\.[^/]+\.[0-9a-f]{12}\.tmp$")
