@@ -563,17 +563,18 @@ def commit_directory(claim: Claim) -> list[Path]:
     return sorted(claim.resolved.glob("*.parquet"))
 
 
-def advantage_range(
-    files: Sequence[Path | str], column: str, *, filesystem: Any = None
-) -> tuple[float, float] | None:
-    """The extremes of ``column`` over Parquet ``files`` (paths on ``filesystem``, a pyarrow
-    file system; local by default), from their column statistics.
+def advantage_range(files: list[Path], column: str) -> tuple[float, float] | None:
+    """The extremes of ``column`` over Parquet ``files``, from their column statistics.
 
     ``None`` when a non-empty row group has no statistics.
     """
+    return footers_range([pq.read_metadata(file) for file in files], column)
+
+
+def footers_range(footers: Sequence[pq.FileMetaData], column: str) -> tuple[float, float] | None:
+    """:func:`advantage_range` over Parquet footers already read (files on a store, say)."""
     low, high = math.inf, -math.inf
-    for file in files:
-        meta = pq.read_metadata(file, filesystem=filesystem)
+    for meta in footers:
         index = meta.schema.to_arrow_schema().get_field_index(column)
         for group in range(meta.num_row_groups):
             stats = meta.row_group(group).column(index).statistics

@@ -81,7 +81,7 @@ from grpo_cli.kernel import (
     weighted_moments,
 )
 from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_types, key_buckets
-from grpo_cli.output import advantage_range, commit_directory, output_info, output_name_of, splice_refusal
+from grpo_cli.output import commit_directory, footers_range, output_info, output_name_of, splice_refusal
 from grpo_cli.plan import BatchLayout, GroupOutcome, RunPlan, batch_of_groups, scored_top_two, value_columns
 from grpo_cli.readers import parquet_row_range, row_count
 from grpo_cli.rewards import RewardBatch, new_column_arrays
@@ -312,10 +312,12 @@ class RayInputs:
         for uri in self.uris:
             if check_scheme(uri) != "file":
                 uris.append(uri)
-            elif Path(local_path(uri)).is_dir():
-                directories.append(Path(local_path(uri)))
+                continue
+            path = Path(local_path(uri))
+            if path.is_dir():
+                directories.append(path)
             else:
-                files.append((Path(local_path(uri)), uri))
+                files.append((path, uri))
         return ProtectedInputs.of(files, directories, uris)
 
 
@@ -458,20 +460,23 @@ def _open_remote(uri: str) -> Any:
         raise GrpoError(f"{uri}: cannot open its file system ({first_line(exc)})") from None
 
 
-def _check_every_row_written(
+def _written_footers(
     files: Sequence[Path | str], outcome: GroupOutcome, display: str, *, filesystem: Any = None
-) -> None:
-    """Refuse to commit an output whose files (from their footers) hold fewer or more rows than
-    the run writes: a cluster's workers that wrote a local path on their own disks (no file
-    system shared at that path) leave only some of the shards where the driver looks."""
+) -> list[pq.FileMetaData]:
+    """The footers of the files Ray wrote (``filesystem``: a store's), read once, side by side;
+    refused where they hold fewer or more rows than the run writes: a cluster's workers that
+    wrote a local path on their own disks (no file system shared at that path) leave only some
+    of the shards where the driver looks."""
+    footers = side_by_side_requests(functools.partial(pq.read_metadata, filesystem=filesystem), files)
     expected = outcome.rows - outcome.dropped_rows
-    found = sum(pq.read_metadata(file, filesystem=filesystem).num_rows for file in files)
+    found = sum(footer.num_rows for footer in footers)
     if found != expected:
         raise GrpoError(
             f"{display}: the Ray workers' files hold {found:,} of the output's {expected:,} rows where "
             "this machine sees them, so nothing was written; on a cluster, write to object storage "
             "or to a file system every node shares at the same path"
         )
+    return footers
 
 
 def _files_under(filesystem: Any, folder: str) -> list[str]:
@@ -1275,20 +1280,27 @@ def _splice_refusal_of(file: InputFile) -> str | None:
     return "it has an empty row group" if any(count == 0 for count in footer.row_counts()) else None
 
 
+def _on_this_machine(file: InputFile) -> Path | None:
+    """``file``'s local path (a ``file://`` URI's too), or ``None`` for an object on a store."""
+    if not is_remote(file.source):
+        return Path(file.source)
+    return Path(local_path(file.source)) if check_scheme(file.source) == "file" else None
+
+
 def _footer_source(file: InputFile) -> Any:
     """A handle on ``file`` that :func:`~grpo_cli.splice.read_footer` reads (ranged reads of an
     object on a store: its footer only)."""
-    if not is_remote(file.source) or check_scheme(file.source) == "file":
-        return open(local_path(file.source) if is_remote(file.source) else file.source, "rb")
-    return _open_file(file)
+    path = _on_this_machine(file)
+    return _open_file(file) if path is None else open(path, "rb")
 
 
 @contextmanager
 def _local_copy(file: InputFile) -> Iterator[Path]:
     """``file`` as a path on this machine: a local file itself, an object on a store copied
     to a private scratch file (removed on exit), as the local engine splices it."""
-    if not is_remote(file.source) or check_scheme(file.source) == "file":
-        yield Path(local_path(file.source) if is_remote(file.source) else file.source)
+    path = _on_this_machine(file)
+    if path is not None:
+        yield path
         return
     from grpo_cli.scratch import spool
 
@@ -1553,9 +1565,9 @@ def run_ray(
                     staging, filesystem=filesystem, try_create_dir=False
                 )
             staged = _files_under(filesystem, staging)
-            _check_every_row_written(staged, outcome, claim.display, filesystem=filesystem)
+            footers = _written_footers(staged, outcome, claim.display, filesystem=filesystem)
             if rewrite_reason is not None:
-                extremes = advantage_range(staged, config.advantage_col, filesystem=filesystem)
+                extremes = footers_range(footers, config.advantage_col)
             claim.commit()
             assert claim.transfer is not None
             written_bytes = claim.transfer["bytes_uploaded"]  # the staged objects' sizes
@@ -1581,10 +1593,10 @@ def run_ray(
             else:
                 _block_dataset(ray, parts, block_advantages, **job).write_parquet(str(claim.temp_path()))
             written = sorted(claim.temp_path().glob("*.parquet"))
-            _check_every_row_written(written, outcome, claim.display)
+            footers = _written_footers(written, outcome, claim.display)
             written_info = output_info(claim.display, written)  # before the commit: an upload removes them
             if rewrite_reason is not None:
-                extremes = advantage_range(written, config.advantage_col) if written else None
+                extremes = footers_range(footers, config.advantage_col)
             commit_directory(claim)
             if claim.transfer is not None:
                 written_info["transfer"] = claim.transfer
