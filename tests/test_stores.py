@@ -3,9 +3,10 @@ file:// URIs as local paths, and what goes wrong on a store said in one line."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +198,28 @@ def test_credentials_in_a_uri_are_never_printed_nor_written(s3: Any, tmp_path: P
     assert json.loads(result.stdout)["input"]["path"] == "s3://rollouts/in.parquet"
 
 
+@contextlib.contextmanager
+def second_call_fails(operation: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Inside the block, the second S3 request of ``operation`` fails as a reset connection."""
+    import botocore.client
+
+    real_call = botocore.client.BaseClient._make_api_call
+    calls = []
+
+    def flaky(self: Any, name: str, params: dict[str, Any]) -> Any:
+        if name == operation:
+            calls.append(params["Key"])
+            if len(calls) == 2:
+                raise OSError("connection reset by peer")
+        return real_call(self, name, params)
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", flaky)
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", real_call)
+
+
 def three_shards_on_s3(s3: Any, tmp_path: Path) -> None:
     """s3://rollouts/run/ holding part-0 to part-2.parquet, 40 rows each."""
     rows = rollout_rows(n_groups=30, group_size=4, seed=3)
@@ -258,22 +281,9 @@ def test_a_failed_completion_removes_the_objects_already_completed(
     s3: Any, tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     three_shards_on_s3(s3, tmp_path)
-    import botocore.client
-
-    real_call = botocore.client.BaseClient._make_api_call
-    completions = []
-
-    def flaky(self: Any, operation: str, params: dict[str, Any]) -> Any:
-        if operation == "CompleteMultipartUpload":
-            completions.append(params["Key"])
-            if len(completions) == 2:
-                raise OSError("connection reset by peer")
-        return real_call(self, operation, params)
-
-    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", flaky)
-    result = cli("compute", "s3://rollouts/run/", "-g", "group_id", "-o", "s3://rollouts/out/")
+    with second_call_fails("CompleteMultipartUpload", monkeypatch):
+        result = cli("compute", "s3://rollouts/run/", "-g", "group_id", "-o", "s3://rollouts/out/")
     one_line_error(result, 2, "s3://rollouts/out", "connection reset by peer")
-    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", real_call)
     assert keys(s3, "out/") == []
     assert not s3.list_multipart_uploads(Bucket="rollouts").get("Uploads")
 
@@ -537,27 +547,16 @@ def test_shards_staged_by_a_cluster_are_copied_into_place_in_the_store(s3: Any) 
 def test_a_staged_output_cut_off_while_placed_leaves_what_was_there(
     s3: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import botocore.client
-
     old = previous_output("s3://rollouts/out/")
     for key, data in old.items():
         s3.put_object(Bucket="rollouts", Key=key, Body=data)
     output = stores.S3Output("s3://rollouts/out/", directory=True)
     staging, _ = staged_shards(s3, output)
-    real_call = botocore.client.BaseClient._make_api_call
-    copies = []
-
-    def flaky(self: Any, operation: str, params: dict[str, Any]) -> Any:
-        if operation == "CopyObject":
-            copies.append(params["Key"])
-            if len(copies) == 2:
-                raise OSError("connection reset by peer")
-        return real_call(self, operation, params)
-
-    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", flaky)
-    with pytest.raises(GrpoError, match="connection reset by peer") as raised:
+    with (
+        second_call_fails("CopyObject", monkeypatch),
+        pytest.raises(GrpoError, match="connection reset by peer") as raised,
+    ):
         output.place_staged(staging)
-    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", real_call)
     assert "s3://rollouts/out" in raised.value.message
     assert sorted(keys(s3)) == sorted(old)  # the first copy removed, the staging folder too
     for key, data in old.items():
@@ -633,8 +632,6 @@ def test_the_ray_driver_reads_each_objects_footer_once_and_side_by_side(
     """Listing an input folder reads each object's footer (its rows and schema) 16 at a time,
     and the schema check reuses it: one after the other, three passes of a request each cost
     200 objects behind a 20 ms round trip 34.6 s of the driver's time before any work (3.3 s now)."""
-    import contextlib
-
     from grpo_cli.config import ComputeConfig
     from grpo_cli.engines import ray as ray_engine
     from grpo_cli.plan import RunPlan
