@@ -1511,7 +1511,6 @@ def run_ray(
             moments = _moments(ray, blocks, plan, outcome, _payload(ray, merged, outcome), group_size)
             outcome = replace(outcome, transform=plan.transform(moments))
         parts = advantage_parts(inputs.files, partition_count)
-        written: list[Path] = []
         written_info: dict[str, Any] | None = None
         dtypes = {plan.output_dtype(schema) for schema in schemas}
         job = {
@@ -1545,62 +1544,60 @@ def run_ray(
                 ray_startup,
                 started,
                 None,
-                [],
                 extremes,
                 verified=verified,
                 trainer_filter=filtered,
             )
         assert claim is not None
+        # A cluster's workers write a store's output to its staging folder there; otherwise Ray
+        # writes to the claim's temporary folder on this machine.
+        filesystem: Any = None
+        if isinstance(claim, StagedRemoteClaim):
+            target = claim.staging_uri()
+            filesystem, folder = _open_remote(target)
+        else:
+            target = folder = str(claim.temp_path())
+        rewrite_reason = splice_plan(inputs, config)
         method = "rewrite"
-        rewrite_reason: str | None
-        if isinstance(claim, StagedRemoteClaim):  # a cluster's workers write to the store
-            rewrite_reason = splice_plan(inputs, config)
-            filesystem, staging = _open_remote(claim.staging_uri())
-            if rewrite_reason is None:  # each task splices one input file and uploads it
-                method, parts = "splice", [[FilePart(file, 0, file.rows)] for file in inputs.files]
-                tables = _map_blocks(ray, parts, block_splice, target=claim.staging_uri(), **job)
-                extremes = _range_of(tables)
-            else:
-                _block_dataset(ray, parts, block_advantages, **job).write_parquet(
-                    staging, filesystem=filesystem, try_create_dir=False
-                )
-            staged = _files_under(filesystem, staging)
-            footers = _written_footers(staged, outcome, claim.display, filesystem=filesystem)
-            if rewrite_reason is not None:
-                extremes = footers_range(footers, config.advantage_col)
+        if rewrite_reason is None:  # each task splices one input file, as the local engine does
+            method, parts = "splice", [[FilePart(file, 0, file.rows)] for file in inputs.files]
+            tables = _map_blocks(ray, parts, block_splice, target=target, **job)
+            extremes = _range_of(tables)
+        else:
+            _block_dataset(ray, parts, block_advantages, **job).write_parquet(
+                folder, filesystem=filesystem, try_create_dir=filesystem is None
+            )
+        written: list[Path | str] = (
+            [*_files_under(filesystem, folder)] if filesystem else [*sorted(Path(folder).glob("*.parquet"))]
+        )
+        footers = _written_footers(written, outcome, claim.display, filesystem=filesystem)
+        if rewrite_reason is not None:
+            extremes = footers_range(footers, config.advantage_col)
+        if isinstance(claim, StagedRemoteClaim):
             claim.commit()
             assert claim.transfer is not None
-            written_bytes = claim.transfer["bytes_uploaded"]  # the staged objects' sizes
+            written_info = {
+                "path": claim.display,
+                "shards": len(written),
+                "bytes": claim.transfer["bytes_uploaded"],
+            }
             if method == "splice":  # what the tasks uploaded, and what they copied in the store
                 claim.transfer["bytes_uploaded"] = sum(t.column("uploaded")[0].as_py() for t in tables)
                 claim.transfer["bytes_copied_in_store"] = sum(t.column("copied")[0].as_py() for t in tables)
-            shards = claim.transfer["objects"]
-            written_info = {"path": claim.display, "shards": shards, "bytes": written_bytes}
-            written_info.update(transfer=claim.transfer, method=method, shards_by_method={method: shards})
         else:
-            rewrite_reason = splice_plan(inputs, config)
-            if rewrite_reason is None:  # each task splices one input file, as the local engine does
-                method, parts = "splice", [[FilePart(file, 0, file.rows)] for file in inputs.files]
-                tables = _map_blocks(ray, parts, block_splice, target=str(claim.temp_path()), **job)
-                extremes = _range_of(tables)
-                if isinstance(claim, RemoteClaim):  # an S3 input's bytes are copied in the store
-                    for table in tables:
-                        source = table.column("source")[0].as_py()
-                        if source.startswith("s3://"):
-                            claim.note_copied_prefix(
-                                table.column("name")[0].as_py(), source, table.column("prefix")[0].as_py()
-                            )
-            else:
-                _block_dataset(ray, parts, block_advantages, **job).write_parquet(str(claim.temp_path()))
-            written = sorted(claim.temp_path().glob("*.parquet"))
-            footers = _written_footers(written, outcome, claim.display)
-            written_info = output_info(claim.display, written)  # before the commit: an upload removes them
-            if rewrite_reason is not None:
-                extremes = footers_range(footers, config.advantage_col)
+            if method == "splice" and isinstance(claim, RemoteClaim):  # S3 inputs' bytes copied in the store
+                for table in tables:
+                    source = table.column("source")[0].as_py()
+                    if source.startswith("s3://"):
+                        claim.note_copied_prefix(
+                            table.column("name")[0].as_py(), source, table.column("prefix")[0].as_py()
+                        )
+            # before the commit: an upload removes them
+            written_info = output_info(claim.display, [Path(file) for file in written])
             commit_directory(claim)
-            if claim.transfer is not None:
-                written_info["transfer"] = claim.transfer
-            written_info = {**written_info, "method": method, "shards_by_method": {method: len(written)}}
+        if claim.transfer is not None:
+            written_info["transfer"] = claim.transfer
+        written_info.update(method=method, shards_by_method={method: len(written)})
         if rewrite_reason is not None:
             written_info["rewrite_reason"] = rewrite_reason
         # in the session: the summary names groups by their keys, which the object store holds
@@ -1614,7 +1611,6 @@ def run_ray(
             ray_startup,
             started,
             written_info,
-            written,
             extremes,
         )
 
@@ -1629,7 +1625,6 @@ def _summary(
     ray_startup: float,
     started: float,
     written_info: dict[str, Any] | None,
-    written: list[Path],
     extremes: tuple[float, float] | None,
     *,
     verified: dict[str, Any] | None = None,
