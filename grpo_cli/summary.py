@@ -254,9 +254,11 @@ def build_summary(
         singleton_groups=findings.singleton_groups,
         group_size=findings.group_size,
         reward=findings.reward,
+        # a zero's sign depends on where the engine cut the rows (and Parquet statistics
+        # store a zero minimum as -0.0): the summary says 0.0
         advantage={
-            "min": advantage_range[0] if advantage_range else None,
-            "max": advantage_range[1] if advantage_range else None,
+            "min": advantage_range[0] + 0.0 if advantage_range else None,
+            "max": advantage_range[1] + 0.0 if advantage_range else None,
         },
         inactive_by_value=findings.inactive_by_value,
         inactive_other_values=findings.inactive_other_values,

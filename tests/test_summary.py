@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -215,6 +216,39 @@ def test_dropped_groups_and_rows_come_from_the_filter():
     text = render_plain(summary)
     assert "dropped                    3 groups, 6 rows; 2 rows written" in text
     assert f"because                  {outside}: 1 groups, 3 rows" in text
+
+
+def test_a_zero_in_the_advantage_range_is_reported_as_positive_zero():
+    """A zero's sign depends on where an engine cut its rows, and a Parquet footer stores a zero
+    minimum as -0.0 (the Ray engine reads its range there): the summary says 0.0 either way."""
+    summary = summarize(outcome_of(REWARDS, IDS), advantage_range=(-0.0, -0.0))
+    assert json.loads(summary.to_json())["advantage"] == {"min": 0.0, "max": 0.0}
+    assert math.copysign(1.0, summary.advantage["min"]) == math.copysign(1.0, summary.advantage["max"]) == 1.0
+    assert summarize(outcome_of(REWARDS, IDS), advantage_range=(-2.5, -0.0)).advantage == {
+        "min": -2.5,
+        "max": 0.0,
+    }
+
+
+def test_the_advantage_range_is_that_of_the_rows_written(tmp_path):
+    """With rows filtered out, the summary's advantage range is the output's: a dropped group's
+    larger advantages are not in it (the Ray engine reads it from the written files)."""
+    from grpo_cli.jobs import compute_dataset
+
+    source, out = tmp_path / "in.parquet", tmp_path / "out.parquet"
+    # group a: mean 0.5, advantages +-1; group b: mean 0.25, one 1 among three 0s (+1.73, -0.58)
+    pq.write_table(
+        pa.table({"uid": ["a", "a", "b", "b", "b", "b"], "reward": [0.0, 1.0, 1.0, 0.0, 0.0, 0.0]}), source
+    )
+    summary = compute_dataset(source, out, ComputeConfig(group_cols=("uid",), keep_mean_range=(0.4, 0.6)))
+    written = pq.read_table(out).column("advantage").to_numpy()
+    assert written.size == 2
+    assert (summary.advantage["min"], summary.advantage["max"]) == (
+        float(written.min()),
+        float(written.max()),
+    )
+    everything = compute_dataset(source, tmp_path / "all.parquet", ComputeConfig(group_cols=("uid",)))
+    assert everything.advantage["max"] > summary.advantage["max"]
 
 
 def test_json_has_no_nan_and_optional_keys_only_when_present():

@@ -499,9 +499,13 @@ class _Pass2Figures:
         ids: torch.Tensor,
         shard: Shard,
         shard_row: int,
+        written: torch.Tensor | None = None,
     ) -> None:
-        if advantages.numel():
-            low, high = torch.aminmax(advantages.to(torch.float64))
+        """One batch's advantages: their range over the rows ``written`` (bool, the rows
+        the filters keep; every row where ``None``), all of them verified."""
+        kept = advantages if written is None else advantages[written]
+        if kept.numel():
+            low, high = torch.aminmax(kept.to(torch.float64))
             self.minimum = min(self.minimum, float(low))
             self.maximum = max(self.maximum, float(high))
         if self.verifier is not None:
@@ -840,7 +844,8 @@ class LocalEngine:
                     result = plan.finish(result, batch_ids, outcome, scored=rewards.combined_valid)
                 with timed("cast"):
                     result = result.to(plan.output_dtype(batch.schema))
-                figures.observe(batch, result, rewards.combined, ids, shard, shard_row)
+                written = None if outcome.kept is None else outcome.kept[ids]
+                figures.observe(batch, result, rewards.combined, ids, shard, shard_row, written)
                 if writer is not None or spliced is not None:
                     with timed("cast"):
                         arrays = new_column_arrays(
@@ -850,8 +855,8 @@ class LocalEngine:
                         spliced.write_new(arrays)
                     elif writer is not None:
                         out_batch = pa.RecordBatch.from_arrays([*batch.columns, *arrays], schema=out_schema)
-                        if outcome.kept is not None:
-                            out_batch = filter_rows(out_batch, arrow_of(outcome.kept[ids].numpy()))
+                        if written is not None:
+                            out_batch = filter_rows(out_batch, arrow_of(written.numpy()))
                         writer.write(out_batch)
                 if first.cached is None:
                     self.bytes_read += batch.nbytes
