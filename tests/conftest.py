@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -11,8 +12,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import strategies as st
 from typer.testing import CliRunner, Result
 
 from grpo_cli.choices import Estimator, Preset, choices_of
@@ -460,3 +463,107 @@ def gcs(gcs_server: GcsServer, monkeypatch: pytest.MonkeyPatch) -> Any:
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
     return GCSFileSystem(skip_instance_cache=True, token="anon")
+
+
+# --------------------------------------------------------------------------- drawn rollout datasets
+
+KEY_TYPES = {
+    "int64": pa.int64(),
+    "int32": pa.int32(),
+    "uint64": pa.uint64(),
+    "string": pa.string(),
+    "large_string": pa.large_string(),
+    "dictionary": pa.string(),
+}
+REWARD_TYPES = {"float32": pa.float32(), "float64": pa.float64(), "int8": pa.int8(), "bool": pa.bool_()}
+TEXT_FORMATS = ("jsonl", "csv")  # carry plain keys only: no dictionary, no uint64 past int64
+
+
+def _case_key(kind: str, group: int) -> Any:
+    if kind in ("int64", "int32"):
+        return group * 7 - 20
+    if kind == "uint64":
+        return (1 << 63) + group
+    return f"prompt-{group:04d}"
+
+
+@st.composite
+def rollout_cases(draw: st.DrawFn) -> dict[str, Any]:
+    """A small rollout dataset, drawn: up to 30 groups of 1 to 6 rows, sorted or shuffled; the
+    key's type, the reward's type and its bad values (null, NaN, infinity); the format (a
+    Parquet file with small row groups, a folder of two Parquet shards cut anywhere, JSON lines,
+    CSV). :func:`write_case` writes it."""
+    sizes = draw(st.lists(st.integers(1, 6), min_size=1, max_size=30))
+    rows_of = [g for g, size in enumerate(sizes) for _ in range(size)]
+    layout = draw(st.sampled_from(["sorted", "shuffled"]))
+    if layout == "shuffled":
+        rows_of = draw(st.permutations(rows_of))
+    key_kind = draw(st.sampled_from(sorted(KEY_TYPES)))
+    reward_kind = draw(st.sampled_from(sorted(REWARD_TYPES)))
+    if reward_kind in ("float32", "float64"):
+        value = st.sampled_from([0.0, 1.0, 0.5, -2.25]) | st.floats(-1e3, 1e3, width=32)
+        bad = st.sampled_from([None, math.nan, math.inf])
+    elif reward_kind == "int8":
+        value, bad = st.integers(-5, 5), st.just(None)
+    else:
+        value, bad = st.booleans(), st.just(None)
+    with_bad = draw(st.booleans())
+    values = [draw(bad if with_bad and draw(st.integers(0, 9)) == 0 else value) for _ in rows_of]
+    fmt = draw(st.sampled_from(["parquet", "shards", "jsonl", "csv"]))
+    if fmt in TEXT_FORMATS and key_kind in ("dictionary", "uint64", "large_string"):
+        fmt = "parquet"
+    return {
+        "rows_of": rows_of,
+        "key_kind": key_kind,
+        "reward_kind": reward_kind,
+        "values": values,
+        "format": fmt,
+        "row_group_size": draw(st.sampled_from([3, 17, 1 << 20])),
+        "cut": draw(st.floats(0, 1)),
+    }
+
+
+def write_case(tmp: Path, case: dict[str, Any]) -> tuple[Path, pa.Table]:
+    """A :func:`rollout_cases` dataset written under ``tmp`` (columns uid, reward, and row, the
+    row's place as ``r<i>``): its path and the table written."""
+    keys = pa.array([_case_key(case["key_kind"], g) for g in case["rows_of"]], KEY_TYPES[case["key_kind"]])
+    if case["key_kind"] == "dictionary":
+        keys = keys.dictionary_encode()
+    table = pa.table(
+        {
+            "uid": keys,
+            "reward": pa.array(case["values"], REWARD_TYPES[case["reward_kind"]], from_pandas=False),
+            "row": pa.array([f"r{i}" for i in range(len(case["rows_of"]))]),
+        }
+    )
+    fmt = case["format"]
+    if fmt == "parquet":
+        path = tmp / "in.parquet"
+        pq.write_table(table, path, row_group_size=case["row_group_size"])
+    elif fmt == "shards":
+        path = tmp / "in"
+        path.mkdir()
+        cut = int(case["cut"] * table.num_rows)
+        for index, (start, stop) in enumerate(((0, cut), (cut, table.num_rows))):
+            pq.write_table(table.slice(start, stop - start), path / f"part-{index}.parquet")
+    elif fmt == "jsonl":
+        path = tmp / "in.jsonl"
+        lines = []
+        for row in table.to_pylist():
+            reward = row["reward"]
+            if isinstance(reward, float) and not math.isfinite(reward):
+                reward = None  # JSON holds no NaN nor infinity
+            lines.append(json.dumps({**row, "reward": reward}) + "\n")
+        path.write_text("".join(lines))
+    else:
+        path = tmp / "in.csv"
+        pa_csv.write_csv(table, path)
+    return path, table
+
+
+REWARD_SHAPINGS = [
+    {},
+    {"reward_bias": 0.5, "reward_scale": 2.0},
+    {"reward_bias": -1.0, "reward_scale": 0.25, "reward_clip": (-1.0, 1.0)},
+    {"reward_clip": (0.0, 0.5)},
+]

@@ -13,7 +13,6 @@ null rewards refused as a type error.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -33,94 +32,8 @@ from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError
 from grpo_cli.jobs import check_dataset, compute_dataset
 from grpo_cli.options import AdvantageOptions
+from tests.conftest import REWARD_SHAPINGS, rollout_cases, write_case
 from tests.reference import reference_advantages
-
-KEY_TYPES = {
-    "int64": pa.int64(),
-    "int32": pa.int32(),
-    "uint64": pa.uint64(),
-    "string": pa.string(),
-    "large_string": pa.large_string(),
-    "dictionary": pa.string(),
-}
-REWARD_TYPES = {"float32": pa.float32(), "float64": pa.float64(), "int8": pa.int8(), "bool": pa.bool_()}
-TEXT_FORMATS = ("jsonl", "csv")  # carry plain keys only: no dictionary, no uint64 past int64
-
-
-def _key(kind: str, group: int) -> Any:
-    if kind in ("int64", "int32"):
-        return group * 7 - 20
-    if kind == "uint64":
-        return (1 << 63) + group
-    return f"prompt-{group:04d}"
-
-
-@st.composite
-def datasets(draw: st.DrawFn) -> dict[str, Any]:
-    sizes = draw(st.lists(st.integers(1, 6), min_size=1, max_size=30))
-    rows_of = [g for g, size in enumerate(sizes) for _ in range(size)]
-    layout = draw(st.sampled_from(["sorted", "shuffled"]))
-    if layout == "shuffled":
-        rows_of = draw(st.permutations(rows_of))
-    key_kind = draw(st.sampled_from(sorted(KEY_TYPES)))
-    reward_kind = draw(st.sampled_from(sorted(REWARD_TYPES)))
-    if reward_kind in ("float32", "float64"):
-        value = st.sampled_from([0.0, 1.0, 0.5, -2.25]) | st.floats(-1e3, 1e3, width=32)
-        bad = st.sampled_from([None, math.nan, math.inf])
-    elif reward_kind == "int8":
-        value, bad = st.integers(-5, 5), st.just(None)
-    else:
-        value, bad = st.booleans(), st.just(None)
-    with_bad = draw(st.booleans())
-    values = [draw(bad if with_bad and draw(st.integers(0, 9)) == 0 else value) for _ in rows_of]
-    fmt = draw(st.sampled_from(["parquet", "shards", "jsonl", "csv"]))
-    if fmt in TEXT_FORMATS and key_kind in ("dictionary", "uint64", "large_string"):
-        fmt = "parquet"
-    return {
-        "rows_of": rows_of,
-        "key_kind": key_kind,
-        "reward_kind": reward_kind,
-        "values": values,
-        "format": fmt,
-        "row_group_size": draw(st.sampled_from([3, 17, 1 << 20])),
-        "cut": draw(st.floats(0, 1)),
-    }
-
-
-def _write(tmp: Path, case: dict[str, Any]) -> tuple[Path, pa.Table]:
-    keys = pa.array([_key(case["key_kind"], g) for g in case["rows_of"]], KEY_TYPES[case["key_kind"]])
-    if case["key_kind"] == "dictionary":
-        keys = keys.dictionary_encode()
-    table = pa.table(
-        {
-            "uid": keys,
-            "reward": pa.array(case["values"], REWARD_TYPES[case["reward_kind"]], from_pandas=False),
-            "row": pa.array([f"r{i}" for i in range(len(case["rows_of"]))]),
-        }
-    )
-    fmt = case["format"]
-    if fmt == "parquet":
-        path = tmp / "in.parquet"
-        pq.write_table(table, path, row_group_size=case["row_group_size"])
-    elif fmt == "shards":
-        path = tmp / "in"
-        path.mkdir()
-        cut = int(case["cut"] * table.num_rows)
-        for index, (start, stop) in enumerate(((0, cut), (cut, table.num_rows))):
-            pq.write_table(table.slice(start, stop - start), path / f"part-{index}.parquet")
-    elif fmt == "jsonl":
-        path = tmp / "in.jsonl"
-        lines = []
-        for row in table.to_pylist():
-            reward = row["reward"]
-            if isinstance(reward, float) and not math.isfinite(reward):
-                reward = None  # JSON holds no NaN nor infinity
-            lines.append(json.dumps({**row, "reward": reward}) + "\n")
-        path.write_text("".join(lines))
-    else:
-        path = tmp / "in.csv"
-        pa_csv.write_csv(table, path)
-    return path, table
 
 
 def _rewards_as_read(path: Path, case: dict[str, Any], table: pa.Table) -> list[float | None]:
@@ -151,14 +64,6 @@ def _m2(values: list[float]) -> float:
     return math.fsum((v - mean) ** 2 for v in values)
 
 
-SHAPINGS = [
-    {},
-    {"reward_bias": 0.5, "reward_scale": 2.0},
-    {"reward_bias": -1.0, "reward_scale": 0.25, "reward_clip": (-1.0, 1.0)},
-    {"reward_clip": (0.0, 0.5)},
-]
-
-
 def _shaped(reward: float, shaping: dict[str, Any]) -> float:
     """``(r + bias) * scale``, then the clamp, in float64 as the README gives them."""
     value = (reward + shaping.get("reward_bias", 0.0)) * shaping.get("reward_scale", 1.0)
@@ -171,13 +76,13 @@ EXAMPLES = int(os.environ.get("GRPO_PROPERTY_EXAMPLES", "40"))  # more for a dif
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    case=datasets(),
+    case=rollout_cases(),
     std=st.sampled_from(["population", "sample"]),
     scale=st.sampled_from(["group", "batch", "none"]),
     baseline=st.sampled_from(["mean", "leave-one-out"]),
     epsilon=st.sampled_from([1e-6, 1e-4, 0.5]),
     clip=st.sampled_from([None, (-1.0, 1.0), (-0.25, 3.0)]),
-    shaping=st.sampled_from(SHAPINGS),
+    shaping=st.sampled_from(REWARD_SHAPINGS),
     tolerance=st.sampled_from([0.0, 0.3]),
     epsilon_mode=st.sampled_from(["add", "clamp", "add-if-nonzero"]),
     singleton=st.sampled_from(["zero", "raw"]),
@@ -206,7 +111,7 @@ def test_a_run_gives_the_references_advantages_masks_rows_and_summary(
     drop_inactive: bool,
 ) -> None:
     tmp = tmp_path_factory.mktemp("run")
-    source, table = _write(tmp, case)
+    source, table = write_case(tmp, case)
     config = ComputeConfig(
         group_cols=("uid",),
         advantage=AdvantageOptions(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import importlib.util
 import json
+import os
 import random
 import re
 import warnings
@@ -17,13 +18,24 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError
 from grpo_cli.jobs import compute_dataset, compute_dataset_ray
 from grpo_cli.options import AdvantageOptions, RewardSpec
 from grpo_cli.plan import RunPlan
-from tests.conftest import PARITY_ESTIMATORS, PARITY_PRESETS, bits, one_line_error, parity_case
+from tests.conftest import (
+    PARITY_ESTIMATORS,
+    PARITY_PRESETS,
+    REWARD_SHAPINGS,
+    bits,
+    one_line_error,
+    parity_case,
+    rollout_cases,
+    write_case,
+)
 
 if importlib.util.find_spec("ray") is None:  # not importorskip: Ray must not be imported yet
     pytest.skip("the ray extra is not installed", allow_module_level=True)
@@ -100,8 +112,8 @@ def compare_summaries(local: dict[str, Any], ray: dict[str, Any]) -> None:
         assert local[key] == ray[key], key
     # named by their keys, which only the reducers hold (absent when every group has one size)
     assert local.get("off_size_groups") == ray.get("off_size_groups")
-    for key in ("reward", "advantage"):
-        assert ray[key] == local[key], key
+    for key in ("reward", "advantage"):  # as JSON: -0.0 and 0.0 differ
+        assert json.dumps(ray[key]) == json.dumps(local[key]), key
     assert local["group_mean_histogram"]["counts"] == ray["group_mean_histogram"]["counts"]
 
 
@@ -964,3 +976,121 @@ def test_a_private_instance_writes_nothing_in_home_even_when_ray_was_imported_fi
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert not (tmp_path / ".ray").exists(), sorted(p.name for p in (tmp_path / ".ray").iterdir())
+
+
+def test_an_output_whose_every_row_is_filtered_out_keeps_its_schema_in_one_file(ray_instance, tmp_path):
+    """Ray Data writes no file for no rows: the output is still one Parquet file of no rows with
+    the local engine's columns and provenance, not an empty folder that no reader can open."""
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"uid": ["a", "a", "b", "b"], "reward": [1.0, 1.0, 0.0, 0.0]}), source)
+    config = ComputeConfig(group_cols=("uid",), drop_inactive=True)
+    local = compute_dataset(source, tmp_path / "local.parquet", config)
+    ray = compute_dataset_ray(str(source), str(tmp_path / "ray"), config)
+    (written,) = (tmp_path / "ray").glob("*.parquet")
+    left, right = pq.read_table(tmp_path / "local.parquet"), pq.read_table(written)
+    assert left.num_rows == right.num_rows == 0
+    assert left.schema.equals(right.schema, check_metadata=False)
+    assert json.loads(right.schema.metadata[b"grpo_cli"])["groups"] == 2
+    assert ray.output["shards"] == 1 and ray.dropped == local.dropped
+    assert local.advantage == ray.advantage == {"min": None, "max": None}
+
+
+RAY_EXAMPLES = int(os.environ.get("GRPO_RAY_PROPERTY_EXAMPLES", "20"))  # more for a differential fuzz
+
+
+@settings(
+    max_examples=RAY_EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    case=rollout_cases(),
+    std=st.sampled_from(["population", "sample"]),
+    scale=st.sampled_from(["group", "batch", "none"]),
+    baseline=st.sampled_from(["mean", "leave-one-out"]),
+    clip=st.sampled_from([None, (-1.0, 1.0)]),
+    shaping=st.sampled_from(REWARD_SHAPINGS),
+    tolerance=st.sampled_from([0.0, 0.3]),
+    singleton=st.sampled_from(["zero", "raw"]),
+    nan=st.sampled_from(["error", "ignore"]),
+    stats_block_rows=st.sampled_from([3, 16, 1 << 22]),
+    drop_inactive=st.booleans(),
+    keep_mean_range=st.sampled_from([None, (0.2, 0.8)]),
+    partitions=st.sampled_from([None, 1, 3]),
+)
+def test_ray_writes_and_checks_what_the_local_engine_does_on_drawn_rollouts(
+    ray_instance,
+    tmp_path_factory,
+    case,
+    std,
+    scale,
+    baseline,
+    clip,
+    shaping,
+    tolerance,
+    singleton,
+    nan,
+    stats_block_rows,
+    drop_inactive,
+    keep_mean_range,
+    partitions,
+):
+    """A differential run over drawn datasets (formats, key and reward types, bad rewards,
+    statistics blocks cut anywhere) and options: ``compute`` writes the local engine's rows,
+    columns and types, bit for bit, or fails as it does; its summary and ``check``'s are the
+    local engine's. It found an output whose every row was filtered out written as no file at
+    all, and a summary's zero range reported as -0.0 (a Parquet footer's minimum)."""
+    from grpo_cli.checks import CheckBounds
+    from grpo_cli.jobs import check_dataset, check_dataset_ray
+
+    tmp = tmp_path_factory.mktemp("drawn")
+    source, _ = write_case(tmp, case)
+    config = ComputeConfig(
+        group_cols=("uid",),
+        advantage=AdvantageOptions(
+            std=std,
+            scale=scale,
+            baseline=baseline,
+            clip=clip,
+            singleton=singleton,
+            nan=nan,
+            inactive_tolerance=tolerance,
+            **shaping,
+        ),
+        stats_block_rows=stats_block_rows,
+        drop_inactive=drop_inactive,
+        keep_mean_range=keep_mean_range,
+    )
+    outcomes = []
+    for run in (
+        lambda: compute_dataset(source, tmp / "local.parquet", config),
+        lambda: compute_dataset_ray(str(source), str(tmp / "ray"), config, partitions=partitions),
+    ):
+        try:
+            outcomes.append(run().to_dict())
+        except GrpoError as error:
+            outcomes.append(error)
+    local, ray = outcomes
+    assert isinstance(local, GrpoError) == isinstance(ray, GrpoError), (local, ray)
+    if isinstance(local, GrpoError):
+        assert not (tmp / "local.parquet").exists() and not (tmp / "ray").exists()
+        return
+    left = pq.read_table(tmp / "local.parquet")
+    right = pa.concat_tables(
+        [pq.read_table(f) for f in sorted((tmp / "ray").glob("*.parquet"))], promote_options="permissive"
+    )
+    assert left.schema.equals(right.schema, check_metadata=False)
+    for name in left.column_names:
+        a, b = left.column(name), right.column(name)
+        if pa.types.is_floating(a.type):
+            assert np.array_equal(bits(a.to_numpy()), bits(b.to_numpy())), name
+        else:
+            assert a.equals(b), name
+    compare_summaries(local, ray)
+    assert local["dropped"] == ray["dropped"]
+    if not drop_inactive and keep_mean_range is None:
+        checked_local = check_dataset(source, CheckBounds(), config).to_dict()
+        checked_ray = check_dataset_ray(str(source), CheckBounds(), config, partitions=partitions).to_dict()
+        compare_summaries(checked_local, checked_ray)
+        assert checked_local["advantage"] == local["advantage"]

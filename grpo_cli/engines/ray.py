@@ -444,6 +444,14 @@ def _write_parquet(shard: Shard, out: Any) -> None:
             writer.close()
 
 
+def _write_empty(schema: pa.Schema, folder: str, filesystem: Any) -> str:
+    """One Parquet file of no rows with the output's ``schema`` in ``folder``: an output whose
+    rows were all filtered out keeps its columns and provenance, as the local engine's does."""
+    path = f"{folder.rstrip('/')}/part-00000.parquet"
+    pq.write_table(schema.empty_table(), path, filesystem=filesystem)
+    return path
+
+
 def _open_remote(uri: str) -> Any:
     """A URI's file system and the path on it: ``gs://`` through gcsfs, as the local engine
     reads it (the same credentials and ``STORAGE_EMULATOR_HOST``; pyarrow's own GCS client
@@ -1570,6 +1578,9 @@ def run_ray(
         written: list[Path | str] = (
             [*_files_under(filesystem, folder)] if filesystem else [*sorted(Path(folder).glob("*.parquet"))]
         )
+        if not written:  # Ray Data writes no file for no rows (every group filtered out)
+            schema = asked.output_schema(schemas[0], job["provenance"])
+            written = [_write_empty(schema, folder, filesystem)]
         footers = _written_footers(written, outcome, claim.display, filesystem=filesystem)
         if rewrite_reason is not None:
             extremes = footers_range(footers, config.advantage_col)
