@@ -991,7 +991,7 @@ def test_an_output_whose_every_row_is_filtered_out_keeps_its_schema_in_one_file(
     assert left.num_rows == right.num_rows == 0
     assert left.schema.equals(right.schema, check_metadata=False)
     assert json.loads(right.schema.metadata[b"grpo_cli"])["groups"] == 2
-    assert ray.output["shards"] == 1 and ray.dropped == local.dropped
+    assert ray.output is not None and ray.output["shards"] == 1 and ray.dropped == local.dropped
     assert local.advantage == ray.advantage == {"min": None, "max": None}
 
 
