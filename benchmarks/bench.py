@@ -788,6 +788,8 @@ def bench_imports(repeats: int = 7) -> None:
     cli = [sys.executable, "-m", "grpo_cli"]
     rows: list[tuple[str, list[str]]] = [
         ("import torch (the floor)", [sys.executable, "-c", "import torch"]),
+        # grpo-cli ends its process without the interpreter's teardown (grpo_cli.cli._end_process)
+        ("import torch, ended as grpo-cli ends", [sys.executable, "-c", "import torch, os; os._exit(0)"]),
         ("grpo-cli --help path (grpo_cli.cli)", [sys.executable, "-c", "import grpo_cli.cli"]),
         ("grpo-cli compute path (engine+torch)", [sys.executable, "-c", "import grpo_cli.engines.local"]),
         ("grpo-cli check sample_data (whole run)", [*cli, "check", sample, "-q"]),
@@ -819,6 +821,8 @@ def bench_imports(repeats: int = 7) -> None:
         "grpo-cli compute sample_data (whole run)",
     ):
         print(f"  {label} - import torch, medians: {median[label] - floor:+.2f} s (target +0.30 s)")
+    ended = median["import torch, ended as grpo-cli ends"]
+    print(f"  torch's teardown at exit, which grpo-cli skips: {floor - ended:.2f} s (medians)")
 
 
 def bench_jsonl_reads(data_dir: Path, sizes: tuple[int, ...] = (200_000, 700_000)) -> None:

@@ -6,6 +6,7 @@ and ``--version`` answer at once.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import io
@@ -13,6 +14,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from inspect import Parameter, Signature, signature
@@ -766,6 +768,39 @@ def inspect(
     _run(values["debug"], body)
 
 
-def main() -> None:
-    """Console-script entry point."""
-    app()
+def main() -> NoReturn:
+    """Console-script entry point (and ``python -m grpo_cli``): runs the command, then ends the
+    process with its exit code (:func:`_end_process`)."""
+    try:
+        app()
+    except SystemExit as done:
+        _end_process(done.code)
+    _end_process(EXIT_OK)
+
+
+def _end_process(code: str | int | None) -> NoReturn:
+    """End the process with ``code`` (a ``SystemExit`` code) once everything it wrote is out,
+    without the interpreter's teardown: freeing torch's modules and C++ state at exit takes about
+    0.3 s, as long as the rest of a run on a small file. Every output is already committed (fsync,
+    rename) by then; the exit handlers run and standard output and error are flushed here. While
+    another thread still runs, the interpreter's own exit, which waits for it, is taken instead."""
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.exit(code)
+    if code is None:
+        status = EXIT_OK
+    elif isinstance(code, int):
+        status = code
+    else:  # as the interpreter does with sys.exit("message")
+        sys.stderr.write(f"{code}\n")
+        status = 1
+    atexit._run_exitfuncs()
+    try:
+        if sys.stdout is not None:  # None: the shell closed it (>&-)
+            sys.stdout.flush()
+    except BrokenPipeError:
+        status = status or EXIT_BROKEN_PIPE
+    except OSError:
+        status = status or EXIT_INTERNAL
+    with contextlib.suppress(OSError, AttributeError):
+        sys.stderr.flush()
+    os._exit(status)
