@@ -1536,7 +1536,9 @@ class GroupStatsAccumulator:
     ``block_rows``), whatever the sizes of the chunks fed in. Each block goes through
     :func:`group_stats` and the blocks are combined with :func:`merge_group_stats`, so
     the result depends only on the rows and their order: a file read in one piece and
-    the same rows streamed in many small batches give bitwise identical statistics.
+    the same rows streamed in many small batches give bitwise identical statistics. With
+    ``group_size``, a group across a block's edge is cut there as IDs would cut it, so the
+    statistics are bit for bit those of the same rows given IDs ``row // group_size``.
 
     Args:
         device: where the statistics live.
@@ -1562,10 +1564,8 @@ class GroupStatsAccumulator:
     ) -> None:
         if block_rows < 1:
             raise ValueError(f"block_rows must be positive, got {block_rows}")
-        if group_size is not None:
-            if group_size < 1:
-                raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
-            block_rows = max(group_size, block_rows - block_rows % group_size)
+        if group_size is not None and group_size < 1:
+            raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
         self.device = torch.device(device)
         self.block_rows = block_rows
         self.group_size = group_size
@@ -1589,6 +1589,11 @@ class GroupStatsAccumulator:
 
     def compute(self, num_groups: int | None = None) -> GroupStats:
         """Statistics of every row fed so far, padded to ``num_groups`` groups if given."""
+        rows = self.rows_seen + self._pending_rows
+        if self.group_size is not None and rows % self.group_size:
+            raise ValueError(
+                f"the number of rows ({rows}) is not divisible by group_size ({self.group_size})"
+            )
         if self._pending_rows:
             self._flush(self._pending_rows)
         stats = self._stats or empty_group_stats(0, device=self.device, count_extremes=self.count_extremes)
@@ -1635,13 +1640,7 @@ class GroupStatsAccumulator:
         if valid is not None:
             valid = valid.to(self.device)
         if self.group_size is not None:
-            layout = _Layout(rewards.numel() // self.group_size, group_size=self.group_size)
-            if rewards.numel() % self.group_size:
-                raise ValueError(
-                    f"the number of rows ({self.rows_seen + rewards.numel()}) is not divisible by "
-                    f"group_size ({self.group_size})"
-                )
-            first_group = self.rows_seen // self.group_size  # blocks hold whole groups
+            return self._consecutive_block_stats(rewards, valid), self.rows_seen // self.group_size
         else:
             assert ids is not None
             ids = ids.to(self.device, torch.int64)
@@ -1651,6 +1650,31 @@ class GroupStatsAccumulator:
                 ids = ids - low
             layout = _fast_layout(ids, high - low + 1)
         return _group_stats(rewards, layout, valid, count_extremes=self.count_extremes), first_group
+
+    def _consecutive_block_stats(self, rewards: Tensor, valid: Tensor | None) -> GroupStats:
+        """A block of consecutive groups of ``group_size``, from its first group on: a group
+        across the block's edge is cut there, as IDs cut it (its rows in this block are one
+        group of their own); the whole groups between go the fixed-size path, which gives a
+        group the bits the IDs path would."""
+        g, n = self.group_size, rewards.numel()
+        assert g is not None
+        head = min(n, -self.rows_seen % g)  # the end of a group begun in the block before
+        whole = (n - head) // g * g
+        pieces = [(0, head, 1), (head, head + whole, whole // g), (head + whole, n, 1)]
+        parts = [
+            _group_stats(
+                rewards[start:stop],
+                _Layout(groups, group_size=(stop - start) // groups),
+                None if valid is None else valid[start:stop],
+                count_extremes=self.count_extremes,
+            )
+            for start, stop, groups in pieces
+            if stop > start
+        ]
+        stats = parts[0]
+        for part in parts[1:]:
+            stats = _concat_stats(stats, part)
+        return stats
 
 
 # --------------------------------------------------------------------------- batch whitening

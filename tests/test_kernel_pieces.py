@@ -321,6 +321,38 @@ def test_rows_not_divisible_by_the_group_size_are_counted_across_blocks():
         acc.compute()
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    group_size=st.integers(1, 9),
+    groups=st.integers(1, 30),
+    block_rows=st.integers(1, 40),
+    chunks=st.lists(st.integers(1, 50), min_size=1, max_size=8),
+    count_extremes=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_a_group_size_accumulates_the_bits_of_ids_row_over_group_size_whatever_the_blocks(
+    group_size, groups, block_rows, chunks, count_extremes, seed
+):
+    """A group across a statistics block's edge is cut there as IDs cut it: --group-size and the
+    same rows keyed by ``row // group_size`` (-g, or the Ray engine's keys) give the same bits.
+    The blocks were rounded down to whole groups with a group size, a cut IDs do not make."""
+    rows = group_size * groups
+    rewards = torch.rand(rows, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 7 - 3
+    ids = torch.arange(rows) // group_size
+    by_size = GroupStatsAccumulator(
+        block_rows=block_rows, group_size=group_size, count_extremes=count_extremes
+    )
+    by_ids = GroupStatsAccumulator(block_rows=block_rows, count_extremes=count_extremes)
+    start = 0
+    for size in itertools.cycle(chunks):
+        if start >= rows:
+            break
+        by_size.update(rewards[start : start + size])
+        by_ids.update(rewards[start : start + size], ids[start : start + size])
+        start += size
+    assert by_size.compute() == by_ids.compute()
+
+
 def test_ids_in_equal_contiguous_blocks_give_the_group_size_result_bit_for_bit():
     g = torch.Generator().manual_seed(0)
     rewards = torch.rand(64 * 50, generator=g, dtype=torch.float64) * 3.7 + 1e3

@@ -770,10 +770,17 @@ def test_ray_refuses_groups_across_two_by_values_found_by_several_reducers(
     assert re.search(r"group \{'uid': 'g(150|10)'\} spans two values of --by 'step'", raw.value.message)
 
 
-@pytest.mark.parametrize("group_size", [8, 4])
-def test_ray_groups_by_position_as_the_local_engine_does(ray_instance, tmp_path, group_size):
+@pytest.mark.parametrize(
+    ("group_size", "block_rows", "preset"),
+    [(8, None, None), (4, None, None), (3, 16, None), (6, 16, "nemo-rl")],
+)
+def test_ray_groups_by_position_as_the_local_engine_does(
+    ray_instance, tmp_path, group_size, block_rows, preset
+):
     """--group-size: rows are groups by their position in the whole input, across file ends
-    (files of 30 rows: groups of 8 and of 4 straddle them), as the local engine forms them."""
+    (files of 30 rows: groups of 8 and of 4 straddle them), as the local engine forms them; and
+    across the statistics blocks' edges where the group size does not divide the block (the
+    local engine rounded its blocks down to whole groups, Ray cut them where IDs cut them)."""
     rng = np.random.default_rng(4)
     folder = tmp_path / "in"
     folder.mkdir()
@@ -781,9 +788,13 @@ def test_ray_groups_by_position_as_the_local_engine_does(ray_instance, tmp_path,
         rewards = (rng.random(30) < 0.5).astype(np.float64) + rng.random(30) * 0.1 * (index % 2)
         pq.write_table(pa.table({"row": np.arange(index * 30, (index + 1) * 30), "reward": rewards}),
                        folder / f"part-{index}.parquet")  # fmt: skip
-    config = ComputeConfig(rewards=(RewardSpec("reward"),), group_cols=(), group_size=group_size)
-    if 120 % group_size:
-        pytest.skip("not a divisor")
+    config = ComputeConfig(
+        rewards=(RewardSpec("reward"),),
+        group_cols=(),
+        group_size=group_size,
+        advantage=AdvantageOptions.resolve(preset=preset),
+        **({"stats_block_rows": block_rows} if block_rows else {}),
+    )
     local = compute_dataset(folder, tmp_path / "local", config)
     ray = compute_dataset_ray(str(folder), str(tmp_path / "ray"), config, partitions=3)
     a = pa.concat_tables([pq.read_table(f) for f in sorted((tmp_path / "local").glob("*.parquet"))]).sort_by(
