@@ -7,18 +7,22 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.feather as feather
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from grpo_cli import readers
 from grpo_cli.errors import GrpoError
 from grpo_cli.sources import InputSet
-from tests.conftest import one_line_error, rollout_rows, write_jsonl, write_parquet
+from tests.conftest import one_line_error, rollout_cases, rollout_rows, write_case, write_jsonl, write_parquet
 
 ROWS = rollout_rows(n_groups=20, seed=3)
 
@@ -623,3 +627,47 @@ def test_a_key_or_length_column_of_only_nulls_is_one_line(cli, tmp_path):
     )
     one_line_error(result, 2, "column 'n' holds only nulls")
     assert not (tmp_path / "o.parquet").exists()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    case=rollout_cases(),
+    preset=st.sampled_from([None, "trl", "nemo-rl", "areal"]),
+    stats_cols=st.booleans(),
+    suffix=st.sampled_from([".jsonl", ".jsonl.gz"]),
+    drop_inactive=st.booleans(),
+)
+def test_a_json_lines_output_holds_the_parquet_outputs_values(
+    tmp_path_factory, case, preset, stats_cols, suffix, drop_inactive
+):
+    """Every row and column of ``-o x.jsonl`` reads back as the Parquet output's: the same keys
+    in order, the same values; a float32 as the shortest decimal of the same float32 (read back
+    as float32, its bits), NaN and infinities as null; a run refused for one is refused for both."""
+    from grpo_cli.config import ComputeConfig
+    from grpo_cli.jobs import compute_dataset
+    from grpo_cli.options import AdvantageOptions
+
+    tmp = tmp_path_factory.mktemp("jsonl_out")
+    source, _ = write_case(tmp, case)
+    config = ComputeConfig(
+        group_cols=("uid",),
+        advantage=AdvantageOptions.resolve(preset=preset, nan="ignore"),
+        stats_cols=stats_cols,
+        drop_inactive=drop_inactive,
+    )
+    compute_dataset(source, tmp / "out.parquet", config)
+    compute_dataset(source, tmp / f"out{suffix}", config)
+    table = pq.read_table(tmp / "out.parquet")
+    float32 = {f.name for f in table.schema if f.type == pa.float32()}
+    with (gzip.open if suffix.endswith(".gz") else open)(tmp / f"out{suffix}", "rt") as lines:
+        written = [json.loads(line) for line in lines]
+    assert len(written) == table.num_rows
+    for expected, got in zip(table.to_pylist(), written, strict=True):
+        assert list(got) == list(expected)
+        for name, value in expected.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                assert got[name] is None, name
+            elif name in float32 and value is not None:
+                assert np.float32(got[name]).tobytes() == np.float32(value).tobytes(), name
+            else:
+                assert got[name] == value and type(got[name]) is type(value), name
