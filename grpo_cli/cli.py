@@ -799,8 +799,10 @@ def _end_process(code: str | int | None) -> NoReturn:
             sys.stdout.flush()
     except BrokenPipeError:
         status = status or EXIT_BROKEN_PIPE
-    except OSError:
-        status = status or EXIT_INTERNAL
+    except OSError as exc:  # what was left in the buffer (the command flushes what it writes)
+        with contextlib.suppress(OSError, AttributeError):
+            sys.stderr.write(f"error: cannot write to standard output ({exc.strerror or exc})\n")
+        status = status or EXIT_WRITTEN_THEN_FAILED
     with contextlib.suppress(OSError, AttributeError):
         sys.stderr.flush()
     os._exit(status)

@@ -670,6 +670,24 @@ def test_the_process_ends_with_the_commands_code_its_output_flushed_and_exit_han
     assert usage.returncode == 2 and "error:" in usage.stderr
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_what_is_left_for_a_full_standard_output_at_the_end_fails_in_one_line(tmp_path):
+    late = "import atexit\natexit.register(sys.stdout.write, 'x' * 100)"
+    script = f"import sys\n{late}\nsys.argv = ['grpo-cli', 'check', {str(SAMPLE)!r}, '-q']\n"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-c", script + "from grpo_cli.cli import main\nmain()\n"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+            timeout=300,
+        )
+    assert done.returncode == 3
+    assert done.stderr == "error: cannot write to standard output (No space left on device)\n"
+
+
 def test_a_thread_still_running_at_the_end_is_waited_for(tmp_path):
     """A thread that is not a daemon keeps the interpreter's own exit, which waits for it."""
     thread = (
