@@ -556,7 +556,7 @@ def sample():
         anon[0] = max(anon[0], status("RssAnon:"))
 threading.Thread(target=sample, daemon=True).start()
 start = time.perf_counter()
-compute_dataset_ray(sys.argv[1], sys.argv[2], ComputeConfig(), force=True)
+compute_dataset_ray(sys.argv[1], sys.argv[2], ComputeConfig(stats_block_rows=int(sys.argv[3])), force=True)
 seconds = time.perf_counter() - start
 done.set()
 print(json.dumps({{"seconds": seconds, "driver_peak_rss_mib": status("VmHWM:") / 1024,
@@ -564,42 +564,52 @@ print(json.dumps({{"seconds": seconds, "driver_peak_rss_mib": status("VmHWM:") /
 """
 
 
-def bench_ray_driver(data_dir: Path, group_counts: tuple[int, ...]) -> None:
-    """The Ray driver's peak memory against the number of groups (2 rows a group, int IDs
-    shuffled over 4 shards), each a fresh process that starts its own local instance."""
-    import shutil
-
+def bench_ray_driver(data_dir: Path, group_counts: tuple[int, ...], task_counts: tuple[int, ...]) -> None:
+    """The Ray driver's peak memory and wall time against the number of groups (2 rows a group,
+    int IDs shuffled over 4 shards), then against the statistics tasks at 10^6 groups (the
+    blocks cut smaller); each a fresh process that starts its own local instance."""
     print("\nray engine: the driver's peak memory against groups (fresh process each; resident:")
     print("VmHWM, with the object store's pages it maps; own: the peak of RssAnon, sampled)")
-    print(f"  {'groups':>12s} {'rows':>12s} {'seconds':>8s} {'resident MiB':>13s} {'own MiB':>8s}")
+    header = (
+        f"  {'groups':>12s} {'rows':>12s} {'tasks':>6s} {'seconds':>8s} {'resident MiB':>13s} {'own MiB':>8s}"
+    )
+    print(header)
     for groups in group_counts:
-        folder = data_dir / f"ray_groups_{groups}"
-        if not (folder.exists() and len(list(folder.glob("*.parquet"))) == 4):
-            folder.mkdir(parents=True, exist_ok=True)
-            rng = np.random.default_rng(6)
-            ids = rng.permutation(np.repeat(np.arange(groups, dtype=np.int64), 2))
-            rewards = (rng.random(ids.size) < 0.5).astype(np.float32)
-            table = pa.table({"group_id": ids, "reward": rewards})
-            per_shard = -(-ids.size // 4)
-            for s in range(4):
-                pq.write_table(table.slice(s * per_shard, per_shard), folder / f"part-{s}.parquet")
-        out = data_dir / f"ray_groups_out_{groups}"
-        done = subprocess.run(
-            [sys.executable, "-c", RAY_DRIVER.format(root=str(ROOT)), str(folder), str(out)],
-            capture_output=True,
-            text=True,
-        )
-        shutil.rmtree(out, ignore_errors=True)
-        if done.returncode:
-            print(f"  {groups:12,d} failed: {done.stderr.strip().splitlines()[-1:]}")
-            continue
-        figures = json.loads(done.stdout.strip().splitlines()[-1])
-        seconds, peak, own = (
-            figures["seconds"],
-            figures["driver_peak_rss_mib"],
-            figures["driver_peak_anon_mib"],
-        )
-        print(f"  {groups:12,d} {2 * groups:12,d} {seconds:8.2f} {peak:13.0f} {own:8.0f}")
+        _ray_driver_run(data_dir, groups, 1 << 22)
+    groups = 10**6
+    print(f"\nray engine: the driver against its statistics tasks ({groups:,} groups, blocks cut smaller)")
+    print(header)
+    for tasks in task_counts:
+        _ray_driver_run(data_dir, groups, -(-2 * groups // tasks))
+
+
+def _ray_driver_run(data_dir: Path, groups: int, block_rows: int) -> None:
+    import shutil
+
+    folder = data_dir / f"ray_groups_{groups}"
+    if not (folder.exists() and len(list(folder.glob("*.parquet"))) == 4):
+        folder.mkdir(parents=True, exist_ok=True)
+        rng = np.random.default_rng(6)
+        ids = rng.permutation(np.repeat(np.arange(groups, dtype=np.int64), 2))
+        rewards = (rng.random(ids.size) < 0.5).astype(np.float32)
+        table = pa.table({"group_id": ids, "reward": rewards})
+        per_shard = -(-ids.size // 4)
+        for s in range(4):
+            pq.write_table(table.slice(s * per_shard, per_shard), folder / f"part-{s}.parquet")
+    out = data_dir / f"ray_groups_out_{groups}"
+    done = subprocess.run(
+        [sys.executable, "-c", RAY_DRIVER.format(root=str(ROOT)), str(folder), str(out), str(block_rows)],
+        capture_output=True,
+        text=True,
+    )
+    shutil.rmtree(out, ignore_errors=True)
+    if done.returncode:
+        print(f"  {groups:12,d} failed: {done.stderr.strip().splitlines()[-1:]}")
+        return
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    seconds, peak, own = figures["seconds"], figures["driver_peak_rss_mib"], figures["driver_peak_anon_mib"]
+    tasks = -(-2 * groups // block_rows)
+    print(f"  {groups:12,d} {2 * groups:12,d} {tasks:6d} {seconds:8.2f} {peak:13.0f} {own:8.0f}")
 
 
 def bench_estimators(rows: int, group_size: int, repeats: int, data_dir: Path) -> None:
@@ -1023,7 +1033,9 @@ def main() -> None:
         bench_estimators(args.rows // 5, args.group_size, args.repeats, args.data_dir)
     if "ray" in sections:
         bench_ray(args.ray_rows, args.group_size, args.repeats, args.data_dir)
-        bench_ray_driver(args.data_dir, tuple(10**e for e in range(5, args.ray_max_groups_exponent + 1)))
+        bench_ray_driver(
+            args.data_dir, tuple(10**e for e in range(5, args.ray_max_groups_exponent + 1)), (1, 4, 16, 64)
+        )
     print(f"\npeak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
 
 
