@@ -1029,6 +1029,7 @@ RAY_EXAMPLES = int(os.environ.get("GRPO_RAY_PROPERTY_EXAMPLES", "20"))  # more f
     drop_inactive=st.booleans(),
     keep_mean_range=st.sampled_from([None, (0.2, 0.8)]),
     partitions=st.sampled_from([None, 1, 3]),
+    group_size=st.sampled_from([None, 2, 3]),
 )
 def test_ray_writes_and_checks_what_the_local_engine_does_on_drawn_rollouts(
     ray_instance,
@@ -1046,19 +1047,22 @@ def test_ray_writes_and_checks_what_the_local_engine_does_on_drawn_rollouts(
     drop_inactive,
     keep_mean_range,
     partitions,
+    group_size,
 ):
     """A differential run over drawn datasets (formats, key and reward types, bad rewards,
     statistics blocks cut anywhere) and options: ``compute`` writes the local engine's rows,
     columns and types, bit for bit, or fails as it does; its summary and ``check``'s are the
-    local engine's. It found an output whose every row was filtered out written as no file at
-    all, and a summary's zero range reported as -0.0 (a Parquet footer's minimum)."""
+    local engine's; rows grouped by key, or by position (--group-size, the blocks cut anywhere).
+    It found an output whose every row was filtered out written as no file at all, and a
+    summary's zero range reported as -0.0 (a Parquet footer's minimum)."""
     from grpo_cli.checks import CheckBounds
     from grpo_cli.jobs import check_dataset, check_dataset_ray
 
     tmp = tmp_path_factory.mktemp("drawn")
     source, _ = write_case(tmp, case)
     config = ComputeConfig(
-        group_cols=("uid",),
+        group_cols=() if group_size else ("uid",),
+        group_size=group_size,
         advantage=AdvantageOptions(
             std=std,
             scale=scale,
