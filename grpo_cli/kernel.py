@@ -930,6 +930,11 @@ def _merge_at(stats: GroupStats | None, block: GroupStats, first_group: int) -> 
         _slice_stats(stats, end, known),
         _slice_stats(block, overlap, block.num_groups),
     ]
+    return _concat_all(parts)
+
+
+def _concat_all(parts: Sequence[GroupStats]) -> GroupStats:
+    """The groups of ``parts`` one after the other (a part without groups adds none)."""
     merged = parts[0]
     for part in parts[1:]:
         if part.num_groups:
@@ -1641,15 +1646,13 @@ class GroupStatsAccumulator:
             valid = valid.to(self.device)
         if self.group_size is not None:
             return self._consecutive_block_stats(rewards, valid), self.rows_seen // self.group_size
-        else:
-            assert ids is not None
-            ids = ids.to(self.device, torch.int64)
-            low, high = (int(v) for v in ids.aminmax())
-            first_group = low
-            if low:
-                ids = ids - low
-            layout = _fast_layout(ids, high - low + 1)
-        return _group_stats(rewards, layout, valid, count_extremes=self.count_extremes), first_group
+        assert ids is not None
+        ids = ids.to(self.device, torch.int64)
+        low, high = (int(v) for v in ids.aminmax())
+        if low:
+            ids = ids - low
+        layout = _fast_layout(ids, high - low + 1)
+        return _group_stats(rewards, layout, valid, count_extremes=self.count_extremes), low
 
     def _consecutive_block_stats(self, rewards: Tensor, valid: Tensor | None) -> GroupStats:
         """A block of consecutive groups of ``group_size``, from its first group on: a group
@@ -1661,20 +1664,18 @@ class GroupStatsAccumulator:
         head = min(n, -self.rows_seen % g)  # the end of a group begun in the block before
         whole = (n - head) // g * g
         pieces = [(0, head, 1), (head, head + whole, whole // g), (head + whole, n, 1)]
-        parts = [
-            _group_stats(
-                rewards[start:stop],
-                _Layout(groups, group_size=(stop - start) // groups),
-                None if valid is None else valid[start:stop],
-                count_extremes=self.count_extremes,
-            )
-            for start, stop, groups in pieces
-            if stop > start
-        ]
-        stats = parts[0]
-        for part in parts[1:]:
-            stats = _concat_stats(stats, part)
-        return stats
+        return _concat_all(
+            [
+                _group_stats(
+                    rewards[start:stop],
+                    _Layout(groups, group_size=(stop - start) // groups),
+                    None if valid is None else valid[start:stop],
+                    count_extremes=self.count_extremes,
+                )
+                for start, stop, groups in pieces
+                if stop > start
+            ]
+        )
 
 
 # --------------------------------------------------------------------------- batch whitening
