@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -641,13 +642,22 @@ def test_install_completion_for_the_shell_named(cli, tmp_path, monkeypatch, shel
 SAMPLE = Path(grpo_cli.__file__).resolve().parent.parent / "sample_data" / "rollouts.parquet"
 
 
-def _process(code: str, tmp_path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``code`` (setting things up), then grpo-cli's entry point with ``args``, in a process."""
+def _process(
+    code: str, tmp_path, *args: str, stdout: Any = subprocess.PIPE
+) -> subprocess.CompletedProcess[str]:
+    """``code`` (setting things up), then grpo-cli's entry point with ``args``, in a process
+    (its standard output to ``stdout``, captured by default)."""
     argv = ["grpo-cli", *args]
     script = f"import sys\n{code}\nsys.argv = {argv!r}\nfrom grpo_cli.cli import main\nmain()\n"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout as users have it
     return subprocess.run(
-        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env=env,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
     )
 
 
@@ -673,17 +683,8 @@ def test_the_process_ends_with_the_commands_code_its_output_flushed_and_exit_han
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 def test_what_is_left_for_a_full_standard_output_at_the_end_fails_in_one_line(tmp_path):
     late = "import atexit\natexit.register(sys.stdout.write, 'x' * 100)"
-    script = f"import sys\n{late}\nsys.argv = ['grpo-cli', 'check', {str(SAMPLE)!r}, '-q']\n"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     with open("/dev/full", "w") as full:
-        done = subprocess.run(
-            [sys.executable, "-c", script + "from grpo_cli.cli import main\nmain()\n"],
-            stdout=full,
-            stderr=subprocess.PIPE,
-            env=env,
-            text=True,
-            timeout=300,
-        )
+        done = _process(late, tmp_path, "check", str(SAMPLE), "-q", stdout=full)
     assert done.returncode == 3
     assert done.stderr == "error: cannot write to standard output (No space left on device)\n"
 

@@ -642,7 +642,7 @@ def test_a_json_lines_output_holds_the_parquet_outputs_values(
 ):
     """Every row and column of ``-o x.jsonl`` reads back as the Parquet output's: the same keys
     in order, the same values; a float32 as the shortest decimal of the same float32 (read back
-    as float32, its bits), NaN and infinities as null; a run refused for one is refused for both."""
+    as float32, its bits), NaN and infinities as null."""
     from grpo_cli.config import ComputeConfig
     from grpo_cli.jobs import compute_dataset
     from grpo_cli.options import AdvantageOptions
