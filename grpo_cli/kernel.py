@@ -367,6 +367,10 @@ def _scales(minimum: Tensor, maximum: Tensor) -> Tensor | None:
     maxexp = math.frexp(torch.finfo(minimum.dtype).max)[1]  # 1024 for float64, 128 for float32
     limit = maxexp // 4
     magnitude = torch.maximum(minimum.abs(), maximum.abs())
+    # the test below, by comparisons alone (frexp is several times slower): most runs stop here
+    tiny = (magnitude > 0) & (magnitude < 2.0**-limit)
+    if not bool((tiny | ((magnitude >= 2.0**limit) & (magnitude < math.inf))).any()):
+        return None
     _, exponent = torch.frexp(magnitude)  # magnitude = m * 2**exponent, m in [0.5, 1)
     ordinary = (magnitude == 0) | ~torch.isfinite(magnitude) | ((exponent > -limit) & (exponent <= limit))
     if bool(ordinary.all()):

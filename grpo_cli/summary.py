@@ -601,15 +601,19 @@ def group_mean_histogram(
     chunks = [
         slice(start, start + HISTOGRAM_CHUNK_GROUPS) for start in range(0, mean.size, HISTOGRAM_CHUNK_GROUPS)
     ]
+    every_group_seen = means.size == mean.size
+
+    def of_seen(figure: np.ndarray, part: slice) -> np.ndarray:
+        return figure[part] if every_group_seen else figure[part][seen[part]]
+
     binary = all(
-        _binary(*(figure[part][seen[part]] for figure in (mean, count, minimum, maximum, m2)))
-        for part in chunks
+        _binary(*(of_seen(figure, part) for figure in (mean, count, minimum, maximum, m2))) for part in chunks
     )
     if binary and 1 <= group_size <= 64:
         per_rate = sum(
             (
                 np.bincount(
-                    np.rint(mean[part][seen[part]] * group_size).astype(np.int64), minlength=group_size + 1
+                    np.rint(of_seen(mean, part) * group_size).astype(np.int64), minlength=group_size + 1
                 )
                 for part in chunks
             ),
@@ -640,7 +644,11 @@ def _binary(
     in_unit = bool(
         np.all((minimum == 0.0) | (minimum == 1.0)) and np.all((maximum == 0.0) | (maximum == 1.0))
     )
-    return in_unit and bool(np.allclose(m2, count * p * (1 - p), rtol=1e-9, atol=1e-12))
+    if not in_unit:
+        return False
+    # np.allclose's test, written out: every figure here is finite, which its extra passes handle
+    largest = count * p * (1 - p)
+    return bool((np.abs(m2 - largest) <= 1e-12 + 1e-9 * np.abs(largest)).all())
 
 
 def input_info(
