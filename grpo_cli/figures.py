@@ -3,11 +3,12 @@
 A figure is a count or a sum per group: each row contributes a value (:attr:`GroupFigure.of_rows`),
 a block's figure is the per-group total of its rows, and two partial figures of the same groups
 merge by their rule (``"sum"``), as torchmetrics' ``add_state(..., dist_reduce_fx="sum")``
-declares a metric's state. Rows are cut into blocks at the fixed row positions where the kernel's
-accumulators cut theirs (:class:`FigureAccumulator`), each block's totals are computed
-(:func:`of_chunk`) and folded into the running totals in input order (:func:`fold`): a float sum
-then depends only on the rows and their order, never on the sizes of the chunks read, and the Ray
-engine, which reduces each block on a worker, folds the same blocks in the same order. The group
+declares a metric's state. For a float sum, rows are cut into blocks at the fixed row positions
+where the kernel's accumulators cut theirs (:class:`FigureAccumulator`), each block's totals are
+computed (:func:`of_chunk`) and folded into the running totals in input order (:func:`fold`): the
+sum then depends only on the rows and their order, never on the sizes of the chunks read, and the
+Ray engine, which reduces each block on a worker, folds the same blocks in the same order. A count
+is exact in any order, so it is folded a chunk at a time as the rows come. The group
 statistics themselves (count, mean, M2, extremes) merge by Chan's rule in :mod:`grpo_cli.kernel`.
 
 >>> import numpy as np
@@ -153,8 +154,9 @@ def fold(
 
 
 class FigureAccumulator:
-    """Rows fed in input order, cut into blocks at multiples of ``block_rows`` (as
-    :class:`~grpo_cli.kernel.GroupStatsAccumulator` cuts them), each block's figures folded in.
+    """Rows fed in input order. Counts are folded a chunk at a time: an integer total is the
+    same in any order. Float sums are cut into blocks at multiples of ``block_rows`` (as
+    :class:`~grpo_cli.kernel.GroupStatsAccumulator` cuts them), each block's totals folded in.
 
     >>> acc = FigureAccumulator(wanted(("batch_nonzero",)), block_rows=2)
     >>> acc.update(np.array([0, 1, 1]), RowInputs(np.array([1.0, 0.0, 2.0]), np.ones(3, bool), None))
@@ -163,7 +165,8 @@ class FigureAccumulator:
     """
 
     def __init__(self, figures: Sequence[GroupFigure], *, block_rows: int) -> None:
-        self.figures = figures
+        self.counts = [figure for figure in figures if figure.kind == "count"]
+        self.sums = [figure for figure in figures if figure.kind == "sum"]
         self.block_rows = block_rows
         self._pending: list[tuple[np.ndarray, RowInputs]] = []
         self._pending_rows = 0
@@ -171,6 +174,10 @@ class FigureAccumulator:
 
     def update(self, ids: np.ndarray, rows: RowInputs) -> None:
         """Add a chunk: each row's group ID and what it contributes from."""
+        if ids.size:
+            self._fold(self.counts, ids, rows)
+        if not self.sums:
+            return
         self._pending.append((ids, rows))
         self._pending_rows += ids.size
         while self._pending_rows >= self.block_rows:
@@ -198,12 +205,13 @@ class FigureAccumulator:
         )
         self._pending = [(ids[rows:], rest)] if ids.size > rows else []
         self._pending_rows = ids.size - rows
-        if not rows:
-            return
-        block = ids[:rows]
-        low, high = int(block.min()), int(block.max())  # the block's groups: few, for sorted input
-        chunk = of_chunk(self.figures, block - low if low else block, high - low + 1, head)
-        self._totals = fold(self.figures, self._totals, chunk, offset=low)
+        if rows:
+            self._fold(self.sums, ids[:rows], head)
+
+    def _fold(self, figures: Sequence[GroupFigure], ids: np.ndarray, rows: RowInputs) -> None:
+        low, high = int(ids.min()), int(ids.max())  # the rows' groups: few, for sorted input
+        chunk = of_chunk(figures, ids - low if low else ids, high - low + 1, rows)
+        self._totals.update(fold(figures, self._totals, chunk, offset=low))
 
 
 def merge_by_group(
