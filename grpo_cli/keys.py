@@ -315,8 +315,9 @@ class GroupKeyIndex:
         first key. ``exact=True`` keeps the dict whatever the size."""
         self.columns = tuple(columns)
         self._types: list[pa.DataType] | None = None
-        self._sorted_hashes = torch.empty(0, dtype=torch.int64)
-        self._sorted_ids = torch.empty(0, dtype=torch.int64)
+        # the known hashes, sorted, and their IDs: pieces laid end to end (joined when searched)
+        self._hash_parts: list[torch.Tensor] = []
+        self._id_parts: list[torch.Tensor] = []
         self._rep_chunks: list[pa.Table] = []
         self._reps: pa.Table | None = None
         self._count = 0
@@ -361,12 +362,12 @@ class GroupKeyIndex:
             self._start_hashing()
         if self._exact is not None:
             return self._encode_exact(table)
-        saved = (self._sorted_hashes, self._sorted_ids, list(self._rep_chunks), self._count)
+        saved = (list(self._hash_parts), list(self._id_parts), list(self._rep_chunks), self._count)
         ids = self._encode_hashed(table)
         if not self._hashed or self._matches_representatives(table, ids):
             return ids.numpy()
         # A 64-bit hash collision: undo this chunk and match on the values from now on.
-        self._sorted_hashes, self._sorted_ids, self._rep_chunks, self._count = saved
+        self._hash_parts, self._id_parts, self._rep_chunks, self._count = saved
         self._reps = None
         self._exact = self._exact_lookup()
         self._stay_exact = True
@@ -379,7 +380,7 @@ class GroupKeyIndex:
             if bool((hashes[1:] == hashes[:-1]).any()):
                 self._stay_exact = True
                 return
-            self._sorted_hashes, self._sorted_ids = hashes, order
+            self._hash_parts, self._id_parts = [hashes], [order]
         self._exact = None
 
     # ----------------------------------------------------------------- hashing
@@ -410,8 +411,8 @@ class GroupKeyIndex:
             # Sorted integer keys (or their run heads): every key is new and comes in
             # order, so the IDs follow on and the sorted hashes grow at the end.
             ids = torch.arange(self._count, self._count + hashes.numel())
-            self._sorted_hashes = torch.cat((self._sorted_hashes, hashes))
-            self._sorted_ids = torch.cat((self._sorted_ids, ids))
+            self._hash_parts.append(hashes)  # joined only when a chunk is searched: no copy per chunk
+            self._id_parts.append(ids)
             self._add_groups(table)
             return ids
         n = hashes.numel()
@@ -421,7 +422,7 @@ class GroupKeyIndex:
         )
         # Each distinct hash of the chunk is looked up among the known ones (a binary search);
         # the new ones are then merged in by position, so the known hashes stay sorted.
-        known, known_ids = self._sorted_hashes, self._sorted_ids
+        known, known_ids = self._sorted()
         k = known.numel()
         position = torch.searchsorted(known, uniques)
         found = torch.zeros(uniques.numel(), dtype=torch.bool)
@@ -441,15 +442,22 @@ class GroupKeyIndex:
             merged_ids = torch.empty(k + new.numel(), dtype=torch.int64)
             merged[is_new], merged_ids[is_new] = uniques[new], unique_ids[new]
             merged[~is_new], merged_ids[~is_new] = known, known_ids
-            self._sorted_hashes, self._sorted_ids = merged, merged_ids
+            self._hash_parts, self._id_parts = [merged], [merged_ids]
         return unique_ids[inverse]
 
     def _all_new_in_order(self, values: torch.Tensor) -> bool:
         """Whether ``values`` (one chunk's, never empty) rise strictly, from above every
         value already known."""
-        known = self._sorted_hashes
         rising = bool((values[1:] > values[:-1]).all())
-        return rising and (not known.numel() or bool(values[0] > known[-1]))
+        return rising and (not self._hash_parts or bool(values[0] > self._hash_parts[-1][-1]))
+
+    def _sorted(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The known hashes, sorted, and their IDs, each one tensor."""
+        if not self._hash_parts:
+            return torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64)
+        if len(self._hash_parts) > 1:
+            self._hash_parts, self._id_parts = [torch.cat(self._hash_parts)], [torch.cat(self._id_parts)]
+        return self._hash_parts[0], self._id_parts[0]
 
     def _add_groups(self, keys: pa.Table) -> None:
         """New groups, one row of ``keys`` each, take the next IDs."""
