@@ -505,7 +505,7 @@ class _Pass2Figures:
         the filters keep; every row where ``None``), all of them verified."""
         kept = advantages if written is None else advantages[written]
         if kept.numel():
-            low, high = torch.aminmax(kept.to(torch.float64))
+            low, high = torch.aminmax(kept)  # in the advantages' dtype: float() of either is exact
             self.minimum = min(self.minimum, float(low))
             self.maximum = max(self.maximum, float(high))
         if self.verifier is not None:
