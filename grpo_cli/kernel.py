@@ -465,7 +465,8 @@ def _check_epsilon(epsilon: float) -> None:
         raise ValueError(f"epsilon must be a positive finite number, got {epsilon!r}")
 
 
-def _check_group_ids(rewards: Tensor, group_ids: Tensor) -> None:
+def _check_group_ids(rewards: Tensor, group_ids: Tensor) -> int:
+    """Refuse IDs that are no group IDs for ``rewards``; the highest ID (-1 for none)."""
     if not isinstance(group_ids, Tensor):
         raise ValueError(f"group_ids must be a torch.Tensor, got {type(group_ids).__name__}")
     if group_ids.dtype.is_floating_point or group_ids.dtype.is_complex or group_ids.dtype == torch.bool:
@@ -479,10 +480,14 @@ def _check_group_ids(rewards: Tensor, group_ids: Tensor) -> None:
         raise ValueError(
             f"rewards and group_ids must be on the same device, got {rewards.device} and {group_ids.device}"
         )
-    if group_ids.numel() and int(group_ids.min()) < 0:
+    if not group_ids.numel():
+        return -1
+    lowest, highest = torch.aminmax(group_ids)  # one pass over the IDs for both
+    if int(lowest) < 0:
         flat = group_ids.reshape(-1)
         first = int((flat < 0).nonzero()[0])
         raise ValueError(f"group_ids must be non-negative, got {int(flat[first])} at index {first}")
+    return int(highest)
 
 
 # --------------------------------------------------------------------------- layouts
@@ -502,9 +507,8 @@ def _layout(rewards: Tensor, group_ids: Tensor | None, group_size: int | None) -
     if group_ids is not None and group_size is not None:
         raise ValueError("pass either group_ids or group_size, not both")
     if group_ids is not None:
-        _check_group_ids(rewards, group_ids)
+        num_groups = _check_group_ids(rewards, group_ids) + 1
         flat_ids = group_ids.reshape(-1).to(torch.int64)
-        num_groups = int(flat_ids.max()) + 1 if flat_ids.numel() else 0
         return rewards.reshape(-1), _fast_layout(flat_ids, num_groups)
     if group_size is not None:
         if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
