@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import re
 import shutil
@@ -273,7 +274,10 @@ def _fsspec(uri: str) -> tuple[Any, str]:
             from huggingface_hub import HfFileSystem
         except ImportError:
             raise GrpoError("hf:// needs huggingface_hub: pip install 'grpo-cli[hf]'") from None
-        return HfFileSystem(), rest
+        # its retries log a line each on the terminal: what goes wrong is said once, in grpo-cli's line
+        logging.getLogger("huggingface_hub").setLevel(logging.CRITICAL)
+        # a file system of its own: fsspec would share one, whose listings are never read again
+        return HfFileSystem(skip_instance_cache=True), rest
     return gcs_filesystem(), rest
 
 
@@ -295,14 +299,35 @@ _GCS_SETTINGS = ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "GOO
 
 @functools.lru_cache(maxsize=8)
 def _gcs_filesystem(settings: tuple[str | None, ...]) -> Any:
-    import logging
-
     try:
         from gcsfs.core import GCSFileSystem
     except ImportError:
         raise GrpoError("gs:// needs gcsfs: pip install 'grpo-cli[gcs]'") from None
     logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
     return GCSFileSystem(skip_instance_cache=True, use_listings_cache=False)
+
+
+def _not_found(uri: str, missing: FileNotFoundError) -> GrpoError:
+    """What a file system's "not found" means. huggingface_hub's raises it for a repo the Hub
+    refused too: a gated repo (its conditions not accepted), and, without a token, any repo it
+    does not show (HTTP 401: a private repo, or none by that name)."""
+    cause = missing.__cause__
+    status = getattr(getattr(cause, "response", None), "status_code", None)
+    where = redact(uri)
+    if type(cause).__name__ == "GatedRepoError":
+        return GrpoError(
+            f"{where}: a gated repo, and the Hub refused access (HTTP {status}): accept its "
+            "conditions on the Hub and set HF_TOKEN to a token of that account"
+        )
+    if status in (401, 403):
+        from huggingface_hub import get_token  # HF_TOKEN, else the token `hf auth login` saved
+
+        token = "to the token at hand" if get_token() else "without a token (HF_TOKEN)"
+        return GrpoError(
+            f"{where}: the Hub shows no such repo {token} (HTTP {status}): check its name, "
+            "or set HF_TOKEN to a token that can read it"
+        )
+    return GrpoError(f"{where}: no such file or folder")
 
 
 def _fsspec_list(uri: str) -> list[RemoteFile]:
@@ -313,8 +338,8 @@ def _fsspec_list(uri: str) -> list[RemoteFile]:
         if info.get("type") != "directory":
             return [RemoteFile(uri, int(info.get("size") or 0))]
         entries = fs.ls(path, detail=True)
-    except FileNotFoundError:
-        raise GrpoError(f"{redact(uri)}: no such file or folder") from None
+    except FileNotFoundError as missing:
+        raise _not_found(uri, missing) from None
     except Exception as exc:  # each library raises its own; all end here in one line
         raise GrpoError(f"{redact(uri)}: cannot list it ({first_line(exc)})") from None
     root = path.rstrip("/") + "/"
@@ -411,8 +436,8 @@ def walk(uri: str) -> tuple[bool, list[tuple[str, RemoteFile]]]:
                 (name[len(root) :], RemoteFile(f"{scheme}://{name}", int(entry.get("size") or 0)))
                 for name, entry in fs.find(path, detail=True).items()
             ]
-        except FileNotFoundError:
-            found = []
+        except FileNotFoundError as missing:
+            raise _not_found(uri, missing) from None
         except Exception as exc:
             raise GrpoError(f"{redact(uri)}: cannot list it ({first_line(exc)})") from None
     if not found:

@@ -465,6 +465,43 @@ def gcs(gcs_server: GcsServer, monkeypatch: pytest.MonkeyPatch) -> Any:
     return GCSFileSystem(skip_instance_cache=True, token="anon")
 
 
+# --------------------------------------------------------------------------- a Hugging Face Hub on loopback
+
+
+def point_huggingface_hub_at(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """huggingface_hub's endpoint, as ``HF_ENDPOINT`` sets it when it is imported."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    monkeypatch.setattr(
+        constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}"
+    )
+
+
+@pytest.fixture(scope="session")
+def hub_server() -> Any:
+    pytest.importorskip("huggingface_hub", reason="the hf:// tests need huggingface_hub (hf extra)")
+    from tests.hub_server import HubServer
+
+    server = HubServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def hub(hub_server: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    """The loopback Hub (:class:`tests.hub_server.HubServer`) with no repo, and huggingface_hub
+    pointed at it, without a token (none from the environment nor from a saved login)."""
+    from huggingface_hub import constants
+
+    hub_server.reset()
+    point_huggingface_hub_at(hub_server.endpoint, monkeypatch)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    monkeypatch.setenv("HF_ENDPOINT", hub_server.endpoint)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    return hub_server
+
+
 # --------------------------------------------------------------------------- drawn rollout datasets
 
 KEY_TYPES = {
