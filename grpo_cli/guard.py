@@ -34,7 +34,15 @@ from typing import IO, Any
 from grpo_cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, EXIT_WRITTEN_THEN_FAILED, GrpoError, os_reason
 from grpo_cli.file_names import PARQUET_SUFFIXES, PROVENANCE_KEY
 from grpo_cli.scratch import scratch_dir, scratch_file
-from grpo_cli.stores import WRITABLE_SCHEMES, CopiedPrefix, check_scheme, is_uri, local_path, redact
+from grpo_cli.stores import (
+    HF_STAGING_REFUSAL,
+    WRITABLE_SCHEMES,
+    CopiedPrefix,
+    check_scheme,
+    is_uri,
+    local_path,
+    redact,
+)
 
 _TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<token>[0-9a-f]{12})\.(?P<kind>tmp|old)$")
 
@@ -425,9 +433,11 @@ class WriteGuard:
         scheme = check_scheme(uri)
         if scheme not in WRITABLE_SCHEMES:
             raise GrpoError(
-                f"{redact(uri)}: grpo-cli writes to s3://, gs:// and local paths; write the {what} to a "
-                f"local path and upload it with the store's own tool"
+                f"{redact(uri)}: grpo-cli writes to s3://, gs://, hf:// and local paths; write the {what} "
+                f"to a local path and upload it with the store's own tool"
             )
+        if staged and directory and scheme == "hf":
+            raise GrpoError(HF_STAGING_REFUSAL.format(uri=redact(uri)))
         reason = self.inputs.remote_conflict(uri) or self._clash(Path(redact(uri)))
         if reason is not None:
             raise GrpoError(f"{redact(uri)}: the {what} would {reason}; refusing to write there")

@@ -8,7 +8,12 @@ this one is written from the client's calls, as huggingface_hub 2.4 makes them:
 - ``GET /api/datasets/{owner}/{name}/tree/{rev}/{path}``: a folder's entries (``list_repo_tree``,
   ``?recursive=true`` for everything below it);
 - ``POST /api/datasets/{owner}/{name}/paths-info/{rev}``: some paths' entries (a form of ``paths``);
-- ``GET /datasets/{owner}/{name}/resolve/{rev}/{path}``: a file's bytes, a ``Range`` of them.
+- ``GET /datasets/{owner}/{name}/resolve/{rev}/{path}``: a file's bytes, a ``Range`` of them;
+- ``POST /api/datasets/{owner}/{name}/preupload/{rev}``: how each file of a commit is sent (here
+  always ``regular``: inline in the commit; the Hub sends Parquet through LFS or Xet, which is
+  huggingface_hub's own path, not tested here);
+- ``POST /api/datasets/{owner}/{name}/commit/{rev}``: a commit (NDJSON: a header, added and
+  deleted files), applied whole; a ``parentCommit`` that is not the branch's head is a 412.
 
 A missing repo, revision or path is a 404 with the Hub's ``X-Error-Code``, which the client turns
 into its exceptions; :attr:`HubServer.refusal` answers every request with a status and code
@@ -18,6 +23,7 @@ request for a file's bytes.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import threading
@@ -38,6 +44,8 @@ class HubServer:
         self.refusal: tuple[int, str] | None = None
         self.download_refusal: tuple[int, str] | None = None  # the files' bytes only
         self.requests: list[str] = []
+        self.commits: dict[tuple[str, str], int] = {}  # (repo, branch) -> commits made
+        self.refuse_commits: tuple[int, str] | None = None
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -62,8 +70,9 @@ class HubServer:
 
     def reset(self) -> None:
         self.repos.clear()
-        self.refusal = self.download_refusal = None
+        self.refusal = self.download_refusal = self.refuse_commits = None
         self.requests.clear()
+        self.commits.clear()
 
     def stop(self) -> None:
         self._server.shutdown()
@@ -98,7 +107,7 @@ class HubServer:
         if files is None:
             return
         if what == "revision":
-            commit = hashlib.sha1(f"{repo}@{revision}".encode()).hexdigest()
+            commit = self.head(repo, revision)
             siblings = [{"rfilename": path} for path in sorted(files)]
             self._json(
                 request, {"id": repo, "sha": commit, "private": False, "siblings": siblings}, head=head
@@ -110,12 +119,58 @@ class HubServer:
                 self._error(request, 404, "EntryNotFound", head=head)
             else:
                 self._json(request, _tree(files, folder, recursive=recursive), head=head)
+        elif what == "preupload":
+            asked = json.loads(body)["files"]
+            modes = [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in asked]
+            self._json(request, {"files": modes}, head=head)
+        elif what == "commit":
+            self._commit(request, repo, revision, files, body, head=head)
         elif what == "paths-info":
             paths = urllib.parse.parse_qs(body.decode()).get("paths", [])
             entries = [_entry(files, path.strip("/")) for path in paths]
             self._json(request, [entry for entry in entries if entry is not None], head=head)
         else:
             self._error(request, 404, "NotFound", head=head)
+
+    def head(self, repo: str, branch: str) -> str:
+        """The branch's head commit: it moves with each commit made."""
+        made = self.commits.get((repo, branch), 0)
+        return hashlib.sha1(f"{repo}@{branch}#{made}".encode()).hexdigest()
+
+    def _commit(
+        self,
+        request: BaseHTTPRequestHandler,
+        repo: str,
+        branch: str,
+        files: Files,
+        body: bytes,
+        *,
+        head: bool,
+    ) -> None:
+        if self.refuse_commits is not None:
+            self._error(request, *self.refuse_commits, head=head)
+            return
+        lines = [json.loads(line) for line in body.splitlines() if line.strip()]
+        header = lines[0]["value"]
+        if header.get("parentCommit") not in (None, self.head(repo, branch)):
+            self._error(request, 412, "PreconditionFailed", head=head)
+            return
+        changed = dict(files)
+        for line in lines[1:]:
+            value = line["value"]
+            if line["key"] == "file":
+                changed[value["path"]] = base64.b64decode(value["content"])
+            elif line["key"] == "deletedFile":
+                del changed[value["path"]]
+            else:
+                self._error(request, 400, f"Unsupported{line['key']}", head=head)
+                return
+        files.clear()
+        files.update(changed)
+        self.commits[(repo, branch)] = self.commits.get((repo, branch), 0) + 1
+        commit = self.head(repo, branch)
+        url = f"{self.endpoint}/datasets/{repo}/commit/{commit}"
+        self._json(request, {"commitUrl": url, "commitOid": commit, "pullRequestUrl": None}, head=head)
 
     def _file(
         self, request: BaseHTTPRequestHandler, repo: str, revision: str, path: str, *, head: bool
@@ -129,7 +184,7 @@ class HubServer:
         data = files[path]
         headers = {
             "ETag": f'"{hashlib.sha1(data).hexdigest()}"',
-            "X-Repo-Commit": hashlib.sha1(f"{repo}@{revision}".encode()).hexdigest(),
+            "X-Repo-Commit": self.head(repo, revision),
             "Accept-Ranges": "bytes",
             "Content-Type": "application/octet-stream",
         }

@@ -17,10 +17,12 @@ from typer.testing import Result
 
 from tests.conftest import (
     assert_engines_agree,
+    assert_same_rows,
     compute_on_both_engines,
     free_port,
     one_line_error,
     point_huggingface_hub_at,
+    pq_without_provenance,
     rollout_rows,
     write_parquet,
 )
@@ -206,3 +208,95 @@ def test_both_engines_read_a_repos_folder_with_the_same_data(hub: Any, tmp_path:
     compute_on_both_engines("hf://datasets/me/run/data/", str(tmp_path / "out"), env)
     outputs = {engine: sorted((tmp_path / f"out-{engine}").glob("*.parquet")) for engine in ("local", "ray")}
     assert_engines_agree(outputs["local"], outputs["ray"], 800)
+
+
+# --------------------------------------------------------------------------- hf:// outputs
+
+
+def test_a_file_output_is_one_commit_of_the_local_runs_file(hub: Any, tmp_path: Path, cli: Cli) -> None:
+    source = write_parquet(tmp_path / "in.parquet", rollout_rows(n_groups=30, group_size=4, seed=8))
+    hub.repos["me/out"] = {"main": {"README.md": b"# rollouts\n"}}
+    local = cli("compute", source, "-g", "group_id", "-o", tmp_path / "local.parquet", "-q")
+    assert local.exit_code == 0, local.stderr
+    uri = "hf://datasets/me/out/advantages/step-1.parquet"
+    result = cli("compute", source, "-g", "group_id", "-o", uri, "--summary-json", tmp_path / "s.json", "-q")
+    assert result.exit_code == 0, result.stderr
+    files = hub.repos["me/out"]["main"]
+    assert sorted(files) == ["README.md", "advantages/step-1.parquet"]
+    (tmp_path / "remote.parquet").write_bytes(files["advantages/step-1.parquet"])
+    assert_same_rows(
+        pq_without_provenance(tmp_path / "local.parquet", tmp_path / "a.parquet"),
+        pq_without_provenance(tmp_path / "remote.parquet", tmp_path / "b.parquet"),
+    )
+    transfer = json.loads((tmp_path / "s.json").read_text())["output"]["transfer"]
+    assert transfer["commit"] == hub.head("me/out", "main") and hub.commits == {("me/out", "main"): 1}
+    assert transfer["bytes_uploaded"] == len(files["advantages/step-1.parquet"])
+
+    again = cli("compute", source, "-g", "group_id", "-o", uri)
+    one_line_error(again, 2, uri, "exists", "--force")
+    assert hub.commits == {("me/out", "main"): 1}
+
+
+def test_a_folder_output_replaces_the_old_shards_in_the_same_commit(
+    hub: Any, tmp_path: Path, cli: Cli
+) -> None:
+    _, files = two_shards(tmp_path)
+    hub.repos["me/run"] = {"main": files}
+    hub.repos["me/out"] = {"main": {"out/part-9.parquet": b"an old shard", "keep.txt": b"x"}}
+    refused = cli(
+        "compute", "hf://datasets/me/run/data/", "-g", "group_id", "-o", "hf://datasets/me/out/out/"
+    )
+    one_line_error(refused, 2, "hf://datasets/me/out/out/", "holds objects", "--force")
+    assert hub.commits == {}
+    forced = cli(
+        "compute", "hf://datasets/me/run/data/", "-g", "group_id", "-o", "hf://datasets/me/out/out/",
+        "--summary-json", "hf://datasets/me/out/summary.json", "-f", "-q",
+    )  # fmt: skip
+    assert forced.exit_code == 0, forced.stderr
+    written = hub.repos["me/out"]["main"]
+    assert sorted(written) == ["keep.txt", "out/part-0.parquet", "out/part-1.parquet", "summary.json"]
+    assert json.loads(written["summary.json"])["output"]["path"] == "hf://datasets/me/out/out/"
+    assert hub.commits == {("me/out", "main"): 2}  # the shards (and the stale one's removal), the summary
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "fragments"),
+    [
+        (403, "Forbidden", ("access denied when trying to commit the output", "HTTP 403")),
+        (412, "PreconditionFailed", ("the branch moved while the run wrote", "nothing was committed")),
+        (500, "Internal", ("cannot commit the output",)),
+    ],
+)
+def test_a_refused_commit_is_one_line_and_changes_nothing(
+    hub: Any, tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch, status: int, code: str,
+    fragments: tuple[str, ...],
+) -> None:  # fmt: skip
+    import types
+
+    from huggingface_hub.utils import _http
+
+    monkeypatch.setattr(_http, "time", types.SimpleNamespace(sleep=lambda seconds: None))
+    source = write_parquet(tmp_path / "in.parquet", rollout_rows())
+    hub.repos["me/out"] = {"main": {"README.md": b"# rollouts\n"}}
+    hub.refuse_commits = (status, code)
+    uri = "hf://datasets/me/out/step.parquet"
+    one_line_error(cli("compute", source, "-g", "group_id", "-o", uri), 2, uri, *fragments)
+    assert hub.repos["me/out"]["main"] == {"README.md": b"# rollouts\n"} and hub.commits == {}
+
+
+def test_an_output_the_hub_cannot_take_is_refused_before_any_work(hub: Any, tmp_path: Path, cli: Cli) -> None:
+    source = write_parquet(tmp_path / "in.parquet", rollout_rows())
+    hub.repos["me/run"] = {"main": {"data/step.parquet": parquet_bytes(rollout_rows())}}
+    cases = {
+        "hf://datasets/me/none/out.parquet": "no such repo or branch on the Hub",
+        "hf://datasets/me/run@nobranch/out.parquet": "no such repo or branch on the Hub",
+        "hf://datasets/me/run/data/step.parquet": "exists",
+        "hf://datasets/me/run": "name the file to write",
+    }
+    for uri, fragment in cases.items():
+        one_line_error(cli("compute", source, "-g", "group_id", "-o", uri), 2, uri, fragment)
+    over = cli(
+        "compute", "hf://datasets/me/run/data/", "-g", "group_id", "-o", "hf://datasets/me/run/data/", "-f"
+    )
+    one_line_error(over, 2, "overwrite the input hf://datasets/me/run/data/")
+    assert hub.commits == {}

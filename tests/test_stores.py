@@ -344,11 +344,7 @@ def test_copy_ranges_cover_the_prefix_in_parts_s3_accepts() -> None:
         stores.copy_ranges((5 << 20) - 1)
 
 
-def test_an_hf_output_is_refused_before_any_work(tmp_path: Path, cli: Cli) -> None:
-    source = write_parquet(tmp_path / "in.parquet", rollout_rows())
-    output = "hf://datasets/me/run/out.parquet"
-    result = cli("compute", source, "-g", "group_id", "-o", output)
-    one_line_error(result, 2, output, "writes to s3://, gs:// and local paths")
+def test_a_scheme_grpo_cli_does_not_read_is_refused_before_any_work(tmp_path: Path, cli: Cli) -> None:
     unknown = cli("compute", "ftp://host/in.parquet", "-g", "group_id", "-o", tmp_path / "o.parquet")
     one_line_error(unknown, 2, "ftp://host/in.parquet", "not ftp://")
 
