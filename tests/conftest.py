@@ -281,6 +281,20 @@ def pq_without_provenance(path: Path, target: Path) -> Path:
     return target
 
 
+def assert_dump_checks_as_local(cli: Callable[..., Result], trainer: str, folder: Path, uri: str) -> None:
+    """``check --from TRAINER`` of a dump copied to a store (``uri``) gives the summary of the
+    local ``folder``, but for what names the input and the timings."""
+    local = cli("check", "--from", trainer, folder, "--summary-json", "-", "-q")
+    remote = cli("check", "--from", trainer, uri, "--summary-json", "-", "-q")
+    assert local.exit_code == remote.exit_code, remote.stderr
+    drop = ("elapsed_seconds", "input", "warnings")
+    local_summary, remote_summary = json.loads(local.stdout), json.loads(remote.stdout)
+    assert {k: v for k, v in remote_summary.items() if k not in drop} == {
+        k: v for k, v in local_summary.items() if k not in drop
+    }
+    assert remote_summary["input"]["path"] == uri
+
+
 def compute_on_both_engines(source: str, output_prefix: str, env: dict[str, str]) -> None:
     """``compute SOURCE -g group_id -o PREFIX-ENGINE/`` on the local and the Ray engine, as whole
     processes with ``env`` (Ray's workers take the environment they start with)."""

@@ -17,6 +17,7 @@ from grpo_cli import stores
 from grpo_cli.errors import GrpoError
 from tests.conftest import (
     GcsServer,
+    assert_dump_checks_as_local,
     assert_engines_agree,
     assert_same_rows,
     compute_on_both_engines,
@@ -110,15 +111,7 @@ def test_check_reads_a_trainers_dump_on_gcs_as_the_local_dump(gcs: Any, cli: Cli
     for file in sorted(folder.rglob("*")):
         if file.is_file():
             gcs.put_file(str(file), f"rollouts/dumps/verl/{file.relative_to(folder).as_posix()}")
-    local = cli("check", "--from", "verl", folder, "--summary-json", "-", "-q")
-    remote = cli("check", "--from", "verl", "gs://rollouts/dumps/verl/", "--summary-json", "-", "-q")
-    assert local.exit_code == remote.exit_code, remote.stderr
-    drop = ("elapsed_seconds", "input", "warnings")
-    local_summary, remote_summary = json.loads(local.stdout), json.loads(remote.stdout)
-    assert {k: v for k, v in remote_summary.items() if k not in drop} == {
-        k: v for k, v in local_summary.items() if k not in drop
-    }
-    assert remote_summary["input"]["path"] == "gs://rollouts/dumps/verl/"
+    assert_dump_checks_as_local(cli, "verl", folder, "gs://rollouts/dumps/verl/")
 
 
 def test_an_existing_object_or_folder_is_replaced_only_with_force(gcs: Any, tmp_path: Path, cli: Cli) -> None:

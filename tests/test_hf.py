@@ -16,6 +16,7 @@ import pytest
 from typer.testing import Result
 
 from tests.conftest import (
+    assert_dump_checks_as_local,
     assert_engines_agree,
     assert_same_rows,
     compute_on_both_engines,
@@ -122,15 +123,7 @@ def test_a_trainers_dump_on_the_hub_checks_as_the_local_dump(hub: Any, cli: Cli)
         if file.is_file()
     }
     hub.repos["me/run"] = {"main": files}
-    local = cli("check", "--from", "verl", folder, "--summary-json", "-", "-q")
-    remote = cli("check", "--from", "verl", "hf://datasets/me/run/dumps/verl/", "--summary-json", "-", "-q")
-    assert local.exit_code == remote.exit_code, remote.stderr
-    drop = ("elapsed_seconds", "input", "warnings")
-    local_summary, remote_summary = json.loads(local.stdout), json.loads(remote.stdout)
-    assert {k: v for k, v in remote_summary.items() if k not in drop} == {
-        k: v for k, v in local_summary.items() if k not in drop
-    }
-    assert remote_summary["input"]["path"] == "hf://datasets/me/run/dumps/verl/"
+    assert_dump_checks_as_local(cli, "verl", folder, "hf://datasets/me/run/dumps/verl/")
 
 
 @pytest.mark.parametrize(
