@@ -184,10 +184,12 @@ def test_a_download_that_keeps_failing_is_one_line_after_the_retries(
 
 
 @pytest.mark.slow
-def test_both_engines_read_a_repos_folder_with_the_same_data(hub: Any, tmp_path: Path) -> None:
-    """``compute hf://datasets/me/run/data/ -o DIR-ENGINE/`` on each engine, as whole processes
-    (``HF_ENDPOINT`` set for them): the Ray engine reads the repo's files through the same file
-    system into private Parquet files; the same rows and advantages, bit for bit."""
+def test_both_engines_read_and_write_a_repo_with_the_same_data(hub: Any, tmp_path: Path) -> None:
+    """``compute hf://datasets/me/run/data/ -o hf://datasets/me/run/out-ENGINE/`` on each engine,
+    as whole processes (``HF_ENDPOINT`` set for them): the Ray engine reads the repo's files
+    through the same file system into private Parquet files, and its output is committed from
+    this machine as the local engine's; the same rows and advantages, bit for bit, one commit
+    each."""
     import os
 
     pytest.importorskip("ray")
@@ -198,9 +200,18 @@ def test_both_engines_read_a_repos_folder_with_the_same_data(hub: Any, tmp_path:
     }
     hub.repos["me/run"] = {"main": files}
     env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf-home")}
-    compute_on_both_engines("hf://datasets/me/run/data/", str(tmp_path / "out"), env)
-    outputs = {engine: sorted((tmp_path / f"out-{engine}").glob("*.parquet")) for engine in ("local", "ray")}
+    compute_on_both_engines("hf://datasets/me/run/data/", "hf://datasets/me/run/out", env)
+    outputs: dict[str, list[Path]] = {}
+    for engine in ("local", "ray"):
+        folder = tmp_path / engine
+        folder.mkdir()
+        prefix = f"out-{engine}/"
+        for name, data in hub.repos["me/run"]["main"].items():
+            if name.startswith(prefix):
+                (folder / name[len(prefix) :]).write_bytes(data)
+        outputs[engine] = sorted(folder.glob("*.parquet"))
     assert_engines_agree(outputs["local"], outputs["ray"], 800)
+    assert hub.commits == {("me/run", "main"): 2}
 
 
 # --------------------------------------------------------------------------- hf:// outputs
