@@ -35,9 +35,10 @@ from grpo_cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, EXIT_WRITTEN_THEN_FAIL
 from grpo_cli.file_names import PARQUET_SUFFIXES, PROVENANCE_KEY
 from grpo_cli.scratch import scratch_dir, scratch_file
 from grpo_cli.stores import (
-    HF_STAGING_REFUSAL,
     WRITABLE_SCHEMES,
     CopiedPrefix,
+    GcsOutput,
+    S3Output,
     check_scheme,
     is_uri,
     local_path,
@@ -337,23 +338,31 @@ class StagedRemoteClaim(RemoteClaim):
     one is written. Checked when claimed, as :class:`RemoteClaim`."""
 
     def __init__(self, guard: WriteGuard, uri: str, *, what: str, force: bool) -> None:
+        if check_scheme(uri) == "hf":
+            raise GrpoError(
+                f"{redact(uri)}: an hf:// output is one commit made from this machine, which a Ray "
+                "cluster's workers cannot add to; write to s3://, gs:// or a path every node shares, "
+                "or leave out --ray-address"
+            )
         super().__init__(guard, uri, directory=True, what=what, force=force)
+        assert isinstance(self.store, S3Output | GcsOutput)
+        self.staged_store = self.store
         self._staged = False
 
     def staging_uri(self) -> str:
         self._staged = True
-        return self.store.staging_uri(self.token)
+        return self.staged_store.staging_uri(self.token)
 
     def temp_path(self) -> Path:
         raise TypeError(f"{self.uri} is written on the store by other machines: use staging_uri()")
 
     def commit(self) -> None:
-        self.transfer = self.store.place_staged(self.staging_uri())
+        self.transfer = self.staged_store.place_staged(self.staging_uri())
         self.committed = True
 
     def discard(self) -> None:
         if self._staged and not self.committed:
-            self.store.remove_staged(self.staging_uri())
+            self.staged_store.remove_staged(self.staging_uri())
         self._staged = False
 
 
@@ -436,8 +445,6 @@ class WriteGuard:
                 f"{redact(uri)}: grpo-cli writes to s3://, gs://, hf:// and local paths; write the {what} "
                 f"to a local path and upload it with the store's own tool"
             )
-        if staged and directory and scheme == "hf":
-            raise GrpoError(HF_STAGING_REFUSAL.format(uri=redact(uri)))
         reason = self.inputs.remote_conflict(uri) or self._clash(Path(redact(uri)))
         if reason is not None:
             raise GrpoError(f"{redact(uri)}: the {what} would {reason}; refusing to write there")

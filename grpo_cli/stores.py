@@ -308,10 +308,10 @@ def _gcs_filesystem(settings: tuple[str | None, ...]) -> Any:
     return GCSFileSystem(skip_instance_cache=True, use_listings_cache=False)
 
 
-def _not_found(uri: str, missing: FileNotFoundError) -> GrpoError:
-    """What a file system's "not found" means. huggingface_hub's raises it for a repo the Hub
-    refused too: a gated repo (its conditions not accepted), and, without a token, any repo it
-    does not show (HTTP 401: a private repo, or none by that name)."""
+def _not_found(uri: str, missing: FileNotFoundError, absent: str = "no such file or folder") -> GrpoError:
+    """What a file system's "not found" means: ``absent``, or a refusal. huggingface_hub's raises
+    it for a repo the Hub refused too: a gated repo (its conditions not accepted), and, without a
+    token, any repo it does not show (HTTP 401: a private repo, or none by that name)."""
     cause = missing.__cause__
     status = getattr(getattr(cause, "response", None), "status_code", None)
     where = redact(uri)
@@ -328,7 +328,7 @@ def _not_found(uri: str, missing: FileNotFoundError) -> GrpoError:
             f"{where}: the Hub shows no such repo {token} (HTTP {status}): check its name, "
             "or set HF_TOKEN to a token that can read it"
         )
-    return GrpoError(f"{where}: no such file or folder")
+    return GrpoError(f"{where}: {absent}")
 
 
 def _fsspec_list(uri: str) -> list[RemoteFile]:
@@ -919,12 +919,6 @@ class GcsOutput:
 # --------------------------------------------------------------------------- hf:// output
 
 
-HF_STAGING_REFUSAL = (
-    "{uri}: an hf:// output is one commit made from this machine, which a Ray cluster's workers "
-    "cannot add to; write to s3://, gs:// or a path every node shares, or leave out --ray-address"
-)
-
-
 class HfOutput:
     """An ``hf://`` output: a file, or a folder of shards, in a Hub repo (a dataset's, or a model's),
     at a branch (``owner/name@BRANCH/path``; ``main`` where none is named).
@@ -952,13 +946,11 @@ class HfOutput:
         try:
             resolved = self.fs.resolve_path(self.path)
         except FileNotFoundError as missing:
-            error = _not_found(self.uri, missing)
-            if error.message.endswith("no such file or folder"):
-                error = GrpoError(
-                    f"{self.uri}: no such repo or branch on the Hub; create the repo first "
-                    "(hf repo create OWNER/NAME --repo-type dataset)"
-                )
-            raise error from None
+            absent = (
+                "no such repo or branch on the Hub; create the repo first "
+                "(hf repo create OWNER/NAME --repo-type dataset)"
+            )
+            raise _not_found(self.uri, missing, absent) from None
         if not hasattr(resolved, "repo_id"):
             raise GrpoError(f"{self.uri}: grpo-cli writes to a repo's files, not to an hf:// bucket")
         if not resolved.path_in_repo:
@@ -1024,15 +1016,6 @@ class HfOutput:
             "bytes_copied_in_store": 0,
             "commit": commit.oid,
         }
-
-    def staging_uri(self, token: str) -> str:
-        raise GrpoError(HF_STAGING_REFUSAL.format(uri=self.uri))  # refused when claimed
-
-    def place_staged(self, staging: str) -> dict[str, Any]:
-        raise AssertionError("hf:// outputs are never staged (staging_uri refuses)")
-
-    def remove_staged(self, staging: str) -> None:
-        pass
 
 
 @contextlib.contextmanager

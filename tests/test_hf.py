@@ -304,3 +304,15 @@ def test_an_output_the_hub_cannot_take_is_refused_before_any_work(hub: Any, tmp_
     )
     one_line_error(over, 2, "overwrite the input hf://datasets/me/run/data/")
     assert hub.commits == {}
+
+
+def test_an_output_a_ray_clusters_workers_would_write_is_refused_when_claimed(hub: Any) -> None:
+    """``--ray-address`` has the workers write the output's shards: one commit made from this
+    machine cannot take them, so the claim is refused before the Hub is asked anything."""
+    from grpo_cli.errors import GrpoError
+    from grpo_cli.guard import ProtectedInputs, WriteGuard
+
+    with WriteGuard(ProtectedInputs.of([])) as guard, pytest.raises(GrpoError) as refused:
+        guard.claim("hf://datasets/me/out/out/", directory=True, force=False, written_elsewhere=True)
+    assert "an hf:// output is one commit made from this machine" in refused.value.message
+    assert "--ray-address" in refused.value.message and hub.requests == []
