@@ -27,6 +27,7 @@ import contextlib
 import functools
 import logging
 import os
+import posixpath
 import re
 import shutil
 import urllib.parse
@@ -466,9 +467,40 @@ def staged_tree(uri: str) -> Iterator[Path]:
 
 
 def same_or_within(a: str, b: str) -> bool:
-    """Whether URI ``a`` is ``b`` or lies inside the folder ``b`` (credentials ignored)."""
-    a, b = redact(a).rstrip("/"), redact(b).rstrip("/")
+    """Whether URI ``a`` is ``b`` or lies inside the folder ``b``: credentials ignored, and each
+    place however it is spelled (:func:`place_of`).
+
+    >>> same_or_within("hf://datasets/me/run@main/./data/x.parquet", "hf://datasets/me/run/data/")
+    True
+    >>> same_or_within("gcs://bucket/run/x.parquet", "gs://bucket/run"), same_or_within("s3://b/x2", "s3://b/x")
+    (True, False)
+    """
+    a, b = place_of(a), place_of(b)
     return a == b or a.startswith(b + "/")
+
+
+def place_of(uri: str) -> str:
+    """One spelling of the place ``uri`` names: ``gcs://`` as ``gs://``; a Hub path with its repo
+    type, its repo in lower case (the Hub may take a name in another case: two spellings are one
+    place rather than risk an input), its revision (``main`` where none is named, ``refs/heads/``
+    dropped) and its path without ``.`` segments; no trailing slash."""
+    scheme, rest = split_uri(redact(uri)) or ("", uri)
+    if scheme == "gcs":
+        scheme = "gs"
+    if scheme == "hf":
+        try:
+            from huggingface_hub import parse_hf_uri
+
+            parsed = parse_hf_uri(f"hf://{rest}")
+        except Exception:  # not a Hub path: compared as written (reading it fails in its own line)
+            return f"hf://{rest}".rstrip("/")
+        revision = parsed.revision or "main"
+        revision = revision.removeprefix("refs/heads/")
+        path = posixpath.normpath(parsed.path_in_repo or ".").lstrip("/")
+        path = "" if path == "." else path
+        where = f"{parsed.type}/{parsed.id.lower()}@{urllib.parse.quote(revision, safe='')}"
+        return f"hf://{where}/{path}".rstrip("/")
+    return f"{scheme}://{rest}".rstrip("/") if scheme else uri.rstrip("/")
 
 
 # --------------------------------------------------------------------------- S3 output

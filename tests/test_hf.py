@@ -299,10 +299,16 @@ def test_an_output_the_hub_cannot_take_is_refused_before_any_work(hub: Any, tmp_
     }
     for uri, fragment in cases.items():
         one_line_error(cli("compute", source, "-g", "group_id", "-o", uri), 2, uri, fragment)
-    over = cli(
-        "compute", "hf://datasets/me/run/data/", "-g", "group_id", "-o", "hf://datasets/me/run/data/", "-f"
-    )
-    one_line_error(over, 2, "overwrite the input hf://datasets/me/run/data/")
+    for spelled in (
+        "hf://datasets/me/run/data/",
+        "hf://datasets/me/run@main/data/",  # the default branch, named
+        "hf://datasets/me/run@refs%2Fheads%2Fmain/data/",
+        "hf://datasets/me/run/./data/",
+        "hf://datasets/Me/Run/data/step.parquet",  # compared in lower case, to be safe
+    ):
+        over = cli("compute", "hf://datasets/me/run/data/", "-g", "group_id", "-o", spelled, "-f")
+        one_line_error(over, 2, spelled, "overwrite the input hf://datasets/me/run/data/")
+    assert hub.repos["me/run"]["main"] == {"data/step.parquet": parquet_bytes(rollout_rows())}
     assert hub.commits == {}
 
 
