@@ -8,19 +8,18 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from grpo_cli.findings import GroupFindings, findings_of, parts_of, plain_key
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from grpo_cli.plan import GroupOutcome
+    from grpo_cli.plan import GroupOutcome, OutcomeTotals
     from grpo_cli.sources import Shard
-
-HISTOGRAM_BINS = 10
-TOP_INACTIVE_VALUES = 10
 
 
 @dataclass
@@ -118,26 +117,6 @@ def _finite_or_none(value: Any) -> Any:
     return value
 
 
-@dataclass(frozen=True)
-class GroupFindings:
-    """What the per-group outcome shows, whatever the run wrote: :class:`RunSummary`'s figures
-    of the groups (:func:`group_findings` computes them)."""
-
-    groups: int
-    active_groups: int
-    singleton_groups: int
-    group_size: dict[str, float | None]
-    reward: dict[str, float | None]
-    inactive_by_value: list[dict[str, Any]]
-    inactive_other_values: int
-    group_mean_histogram: dict[str, Any]
-    off_size_groups: dict[str, Any]
-    warnings: list[str]
-    group_size_counts: dict[str, int]
-    tolerance: dict[str, Any] | None
-    by: dict[str, list[dict[str, Any]]]
-
-
 def group_findings(
     outcome: GroupOutcome,
     *,
@@ -146,82 +125,52 @@ def group_findings(
     by: Sequence[ByValues] = (),
 ) -> GroupFindings:
     """The figures of the groups, from the run's per-group ``outcome`` alone (an engine may
-    compute them while it writes: nothing here reads the output).
+    compute them while it writes: nothing here reads the output), made from parts of
+    :data:`FINDINGS_CHUNK_GROUPS` groups merged as the Ray engine merges its buckets'
+    (:mod:`grpo_cli.findings`).
 
     ``key_at`` gives a group's key from its ID, to name the groups off the common size;
     ``by``: each ``--by`` column's value of every group, for the figures per value
-    (:func:`figures_by_value`). The warnings are those the figures show (see
-    :func:`grouping_warnings`).
+    (:func:`figures_by_value`).
     """
-    from grpo_cli.kernel import batch_mean_std
+    from grpo_cli.kernel import group_scale
 
     cpu = outcome.stats.to("cpu")
-    count = cpu.count.numpy()
-    mean = cpu.mean.numpy()
-    minimum = cpu.minimum.numpy()
-    maximum = cpu.maximum.numpy()
-    active_np = outcome.active.numpy().astype(bool)
-    groups = int(count.size)
-    sizes = np.asarray(outcome.rows_per_group)  # rows, a null or NaN reward's included
-
-    n_all, mean_all, std_all = batch_mean_std(cpu)
-    reward: dict[str, float | None] = {"mean": None, "std": None, "min": None, "max": None}
-    if n_all:  # a group with no reward holds the identities, +inf and -inf: no mask needed
-        reward = {
-            "mean": float(mean_all),
-            "std": float(std_all),
-            "min": float(minimum.min()),
-            "max": float(maximum.max()),
-        }
-
-    tolerance = float(options.get("inactive_tolerance") or 0.0)
-    tolerated = (~active_np) & (maximum > minimum)
-    constant = (~active_np) & (count >= 2) & (minimum == maximum)
-    values, value_counts = np.unique(minimum[constant], return_counts=True)
-    order = sorted(range(values.size), key=lambda i: (-int(value_counts[i]), float(values[i])))
-
-    return GroupFindings(
-        groups=groups,
-        active_groups=int(active_np.sum()),
-        singleton_groups=int((sizes == 1).sum()),
-        group_size={
-            "min": int(sizes.min()) if groups else None,
-            "median": float(np.median(sizes)) if groups else None,
-            "max": int(sizes.max()) if groups else None,
-        },
-        reward=reward,
-        inactive_by_value=[
-            {"value": float(values[i]), "groups": int(value_counts[i])} for i in order[:TOP_INACTIVE_VALUES]
-        ],
-        inactive_other_values=int(sum(int(value_counts[i]) for i in order[TOP_INACTIVE_VALUES:])),
-        group_mean_histogram=group_mean_histogram(mean, count, minimum, maximum, cpu.m2.numpy(), sizes),
-        off_size_groups=off_size_groups(sizes, key_at),
-        warnings=grouping_warnings(sizes, options, key_at),
-        group_size_counts=_size_counts(sizes),
-        tolerance=None
-        if tolerance == 0
-        else {"tolerance": tolerance, "groups_beyond_exact": int(tolerated.sum())},
-        by={
-            values.column: figures_by_value(
-                values,
-                GroupFigures(
-                    count=count,
-                    mean=mean,
-                    m2=cpu.m2.numpy(),
-                    minimum=minimum,
-                    maximum=maximum,
-                    active=active_np,
-                    rows=sizes,
-                ),
-                run_range=(reward["min"], reward["max"]),
-            )
-            for values in by
-        },
+    figures = GroupFigures(
+        count=cpu.count.numpy(),
+        mean=cpu.mean.numpy(),
+        m2=cpu.m2.numpy(),
+        minimum=cpu.minimum.numpy(),
+        maximum=cpu.maximum.numpy(),
+        active=outcome.active.numpy().astype(bool),
+        rows=np.asarray(outcome.rows_per_group),  # rows, a null or NaN reward's included
+    )
+    parts = parts_of(
+        count=figures.count,
+        mean=figures.mean,
+        m2=figures.m2,
+        m2_scale=group_scale(cpu).numpy(),
+        minimum=figures.minimum,
+        maximum=figures.maximum,
+        active=figures.active,
+        rows=figures.rows,
+        key_at=key_at,
+        chunk=FINDINGS_CHUNK_GROUPS,
+    )
+    findings = findings_of(parts, options=options)
+    run_range = (findings.reward["min"], findings.reward["max"])
+    return replace(
+        findings,
+        by={values.column: figures_by_value(values, figures, run_range=run_range) for values in by},
     )
 
 
+FINDINGS_CHUNK_GROUPS = 1 << 20
+"""Groups :func:`group_findings` takes at a time (the temporaries are a chunk's)."""
+
+
 def build_summary(
-    outcome: GroupOutcome,
+    outcome: GroupOutcome | OutcomeTotals,
     *,
     input: dict[str, Any],
     output: dict[str, Any] | None,
@@ -242,12 +191,19 @@ def build_summary(
     ``input`` and ``output`` are the summary's ``input`` and ``output`` objects
     (:func:`input_info` makes the first). ``warnings`` are the engine's own. ``findings``:
     :func:`group_findings` of the same ``outcome``, ``options``, ``key_at`` and ``by``,
-    where the engine computed them already; otherwise they are computed here.
+    where the engine computed them already; otherwise they are computed here. An engine
+    that holds no per-group outcome gives its :class:`~grpo_cli.plan.OutcomeTotals` and the
+    findings merged from its parts (:func:`grpo_cli.findings.merged_findings`).
     """
+    from grpo_cli.plan import GroupOutcome
+
     if findings is None:
+        if not isinstance(outcome, GroupOutcome):
+            raise TypeError("build_summary needs the findings of an outcome given by its totals")
         findings = group_findings(outcome, options=options, key_at=key_at, by=by)
+    totals = outcome.totals if isinstance(outcome, GroupOutcome) else outcome
     return RunSummary(
-        rows=outcome.rows,
+        rows=totals.rows,
         groups=findings.groups,
         active_groups=findings.active_groups,
         inactive_groups=findings.groups - findings.active_groups,
@@ -263,13 +219,13 @@ def build_summary(
         inactive_by_value=findings.inactive_by_value,
         inactive_other_values=findings.inactive_other_values,
         group_mean_histogram=findings.group_mean_histogram,
-        nan_rewards=outcome.nan_rewards,
+        nan_rewards=totals.nan_rewards,
         dropped={
-            "groups": outcome.dropped_groups,
-            "rows": outcome.dropped_rows,
-            "reasons": outcome.drop_reasons,
-            "by_reason": outcome.drops_by_reason,
-            "rows_written": outcome.rows - outcome.dropped_rows,
+            "groups": totals.dropped_groups,
+            "rows": totals.dropped_rows,
+            "reasons": list(totals.drop_reasons),
+            "by_reason": list(totals.drops_by_reason),
+            "rows_written": totals.rows - totals.dropped_rows,
         },
         input=input,
         output=output,
@@ -285,16 +241,6 @@ def build_summary(
         tolerance=findings.tolerance,
         by=findings.by,
     )
-
-
-SIZE_COUNTS_SHOWN = 64
-
-
-def _size_counts(sizes: np.ndarray) -> dict[str, int]:
-    """Groups of each size (the most common :data:`SIZE_COUNTS_SHOWN` sizes), by size."""
-    values, counts = np.unique(sizes, return_counts=True)
-    top = np.argsort(-counts, kind="stable")[:SIZE_COUNTS_SHOWN]
-    return {str(int(values[i])): int(counts[i]) for i in sorted(top, key=lambda i: int(values[i]))}
 
 
 @dataclass(frozen=True)
@@ -463,192 +409,6 @@ def short_key(key: Any) -> str:
     """
     text = repr(key) if isinstance(key, str) else str(key)
     return text if len(text) <= KEY_TEXT_LIMIT else f"{text[: KEY_TEXT_LIMIT - 1]}…"
-
-
-OFF_SIZE_EXAMPLES = 5
-
-
-def common_size(sizes: np.ndarray) -> tuple[int, int]:
-    """The most common group size (the smallest of them on a tie) and how many groups have it.
-
-    >>> common_size(np.array([8, 8, 16, 3, 3]))
-    (3, 2)
-    """
-    values, counts = np.unique(sizes, return_counts=True)
-    most = int(np.argmax(counts))
-    return int(values[most]), int(counts[most])
-
-
-def off_size_groups(sizes: np.ndarray, key_at: Callable[[int], Any] | None) -> dict[str, Any]:
-    """The groups whose size is not the most common one: how many, and the first few.
-
-    >>> off_size_groups(np.array([8, 8, 16, 8, 3]), None)
-    {'common_size': 8, 'groups': 2, 'examples': [{'group': 2, 'rows': 16}, {'group': 4, 'rows': 3}]}
-    >>> off_size_groups(np.array([4, 4]), None)
-    {}
-    """
-    if not sizes.size:
-        return {}
-    common, _ = common_size(sizes)
-    off = np.flatnonzero(sizes != common)
-    if not off.size:
-        return {}
-    examples = [
-        {"group": plain_key(key_at(int(g))) if key_at is not None else int(g), "rows": int(sizes[g])}
-        for g in off[:OFF_SIZE_EXAMPLES]
-    ]
-    return {"common_size": common, "groups": int(off.size), "examples": examples}
-
-
-def plain_key(key: Any) -> Any:
-    """A group key as JSON data: tuples as lists, other objects as their text."""
-    if isinstance(key, tuple):
-        return [plain_key(k) for k in key]
-    if isinstance(key, str | int | float | bool) or key is None:
-        return key
-    return str(key)
-
-
-MERGED_EXAMPLES = 3
-"""How many keys of merged groups a warning names."""
-
-
-def grouping_warnings(
-    sizes: np.ndarray, options: dict[str, Any], key_at: Callable[[int], Any] | None = None
-) -> list[str]:
-    """What the group sizes say about the grouping itself, as one line each.
-
-    Trainers sample a fixed number G of rollouts per prompt: most groups of one size and some
-    of two or more times it means groups were merged (a prompt drawn twice in a step, the same
-    ID in two data sources, or a prompt key without the step), named by their first keys (from
-    ``key_at``); mostly singletons means the key names rollouts, not prompts.
-
-    >>> grouping_warnings(np.array([8] * 10 + [16, 24]), {"group_cols": ["input"]})[0][:60]
-    '2 of 12 groups have 2 or more times the 8 rows most groups h'
-    >>> grouping_warnings(np.array([1, 1, 1, 2]), {"group_cols": ["uid"]})[0][:48]
-    '3 of 4 groups are singletons: the group key uid '
-    >>> text = grouping_warnings(np.array([8, 8, 16]), {"group_cols": ["step", "id"], "batch_col": "step"},
-    ...                          key_at=lambda g: (1, str(g)))[0]
-    >>> print(text.split("sources)", 1)[1])
-    , e.g. key [1, "2"] (16 rows); where the trainer keeps a prompt's rollouts in consecutive rows, \
---group-size 8 splits them
-    """
-    out: list[str] = []
-    groups = int(sizes.size)
-    if groups < 2:
-        return out
-    keys = ", ".join(options.get("group_cols") or []) or f"--group-size {options.get('group_size')}"
-    singletons = int((sizes == 1).sum())
-    if singletons * 2 > groups:
-        out.append(
-            f"{singletons:,} of {groups:,} groups are singletons: the group key {keys} seems to name "
-            "rollouts, not prompts (a uid per rollout, a path or a timestamp in the prompt?)"
-        )
-        return out
-    common, groups_of_common = common_size(sizes)
-    multiples = int(((sizes > common) & (sizes % common == 0)).sum()) if common > 1 else 0
-    if multiples and groups_of_common * 2 > groups:
-        stepped = (
-            len(options.get("group_cols") or []) > 1 and options.get("batch_col") in options["group_cols"]
-        )
-        merged = np.flatnonzero((sizes > common) & (sizes % common == 0))[:MERGED_EXAMPLES]
-        named = ""
-        if key_at is not None:
-            shown = ", ".join(
-                f"{json.dumps(plain_key(key_at(int(g))), ensure_ascii=False)[:80]} ({int(sizes[g])} rows)"
-                for g in merged
-            )
-            named = f", e.g. key {shown}"
-        out.append(
-            f"{multiples:,} of {groups:,} groups have 2 or more times the {common} rows most groups have: "
-            "groups sharing a key were merged (a prompt drawn twice in a step, or one ID in two data sources"
-            + (")" if stepped else f", or a prompt key {keys} without the step: add the step column with -g)")
-            + f"{named}; where the trainer keeps a prompt's rollouts in consecutive rows, "
-            f"--group-size {common} splits them"
-        )
-    return out
-
-
-def group_mean_histogram(
-    mean: np.ndarray,
-    count: np.ndarray,
-    minimum: np.ndarray,
-    maximum: np.ndarray,
-    m2: np.ndarray,
-    sizes: np.ndarray,
-) -> dict[str, Any]:
-    """The distribution of the groups' mean rewards, binned to be read at a glance.
-
-    ``kind`` says how: ``solve_rate`` for binary rewards in groups of one size G (one bar
-    per attainable rate k/G, ``labels`` "k/G"); ``unit`` for means in [0, 1] (ten bins over
-    [0, 1]); ``range`` otherwise (ten bins from the lowest to the highest mean); ``single``
-    when every group has the same mean (one bar). ``edges`` has one more entry than
-    ``counts``.
-
-    >>> h = group_mean_histogram(np.array([0.0, 0.5, 0.5, 1.0]), np.array([2, 2, 2, 2]),
-    ...     np.array([0.0, 0.0, 0.0, 1.0]), np.array([0.0, 1.0, 1.0, 1.0]),
-    ...     np.array([0.0, 0.5, 0.5, 0.0]), np.array([2, 2, 2, 2]))
-    >>> h["kind"], h["labels"], h["counts"]
-    ('solve_rate', ['0/2', '1/2', '2/2'], [1, 2, 1])
-    """
-    seen = count > 0
-    means = mean[seen]
-    if not means.size:
-        return {"kind": "range", "edges": [], "counts": []}
-    low, high = float(means.min()), float(means.max())
-    group_size = int(sizes[0]) if sizes.size and np.all(sizes == sizes[0]) else 0
-    # a chunk of groups at a time: the checks' temporaries are a chunk's, not the run's
-    chunks = [
-        slice(start, start + HISTOGRAM_CHUNK_GROUPS) for start in range(0, mean.size, HISTOGRAM_CHUNK_GROUPS)
-    ]
-    every_group_seen = means.size == mean.size
-
-    def of_seen(figure: np.ndarray, part: slice) -> np.ndarray:
-        return figure[part] if every_group_seen else figure[part][seen[part]]
-
-    binary = all(
-        _binary(*(of_seen(figure, part) for figure in (mean, count, minimum, maximum, m2))) for part in chunks
-    )
-    if binary and 1 <= group_size <= 64:
-        per_rate = sum(
-            (
-                np.bincount(
-                    np.rint(of_seen(mean, part) * group_size).astype(np.int64), minlength=group_size + 1
-                )
-                for part in chunks
-            ),
-            start=np.zeros(group_size + 1, dtype=np.int64),
-        )
-        return {
-            "kind": "solve_rate",
-            "edges": [max(0.0, (k - 0.5) / group_size) for k in range(group_size + 1)] + [1.0],
-            "counts": [int(c) for c in per_rate],
-            "labels": [f"{k}/{group_size}" for k in range(group_size + 1)],
-        }
-    if low == high:
-        return {"kind": "single", "edges": [low, high], "counts": [int(means.size)]}
-    kind, bounds = ("unit", (0.0, 1.0)) if low >= 0.0 and high <= 1.0 else ("range", (low, high))
-    binned, bin_edges = np.histogram(means, bins=HISTOGRAM_BINS, range=bounds)
-    return {"kind": kind, "edges": [float(e) for e in bin_edges], "counts": [int(c) for c in binned]}
-
-
-HISTOGRAM_CHUNK_GROUPS = 1 << 20
-"""Groups :func:`group_mean_histogram` checks at a time."""
-
-
-def _binary(
-    p: np.ndarray, count: np.ndarray, minimum: np.ndarray, maximum: np.ndarray, m2: np.ndarray
-) -> bool:
-    """Whether groups of rewards in {0, 1} (``p``: their means) are binary: their spread is the
-    largest that [0, 1] values allow."""
-    in_unit = bool(
-        np.all((minimum == 0.0) | (minimum == 1.0)) and np.all((maximum == 0.0) | (maximum == 1.0))
-    )
-    if not in_unit:
-        return False
-    # np.allclose's test, written out: every figure here is finite, which its extra passes handle
-    largest = count * p * (1 - p)
-    return bool((np.abs(m2 - largest) <= 1e-12 + 1e-9 * np.abs(largest)).all())
 
 
 def input_info(

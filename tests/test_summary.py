@@ -14,19 +14,12 @@ import pytest
 import torch
 
 from grpo_cli.config import ComputeConfig
+from grpo_cli.findings import SIZE_COUNTS_SHOWN, TOP_INACTIVE_VALUES, GroupPart, findings_of
 from grpo_cli.kernel import group_stats
 from grpo_cli.plan import GroupOutcome, RunPlan
 from grpo_cli.report import check_lines, render_compact, render_plain
 from grpo_cli.sources import Shard
-from grpo_cli.summary import (
-    SIZE_COUNTS_SHOWN,
-    TOP_INACTIVE_VALUES,
-    RunSummary,
-    _size_counts,
-    build_summary,
-    grouping_warnings,
-    input_info,
-)
+from grpo_cli.summary import RunSummary, build_summary, input_info
 
 # group 0 active (1, 3); group 1 constant 4; group 2 a singleton 7; group 3 constant 0
 REWARDS = [1.0, 3.0, 4.0, 4.0, 7.0, 0.0, 0.0, 0.0]
@@ -40,6 +33,33 @@ def outcome_of(rewards, ids, config: ComputeConfig | None = None) -> GroupOutcom
     rows_per_group = np.bincount(np.asarray(ids, dtype=np.int64))
     plan = RunPlan(config or ComputeConfig())
     return plan.outcome([stats], stats, rows_per_group=rows_per_group, rows=len(rewards), nan_rewards=0)
+
+
+def part_of(count, mean, m2, minimum, maximum, rows, *, active=None, key_at=None) -> GroupPart:
+    """Groups given by their figures (an inactive group where ``active`` is left out)."""
+    arrays = [np.asarray(a, dtype=np.float64) for a in (mean, m2)]
+    count, rows = np.asarray(count, dtype=np.int64), np.asarray(rows, dtype=np.int64)
+    return GroupPart(
+        count=count,
+        mean=arrays[0],
+        m2=arrays[1],
+        m2_scale=np.ones(count.size),
+        minimum=np.asarray(minimum, dtype=np.float64),
+        maximum=np.asarray(maximum, dtype=np.float64),
+        active=np.zeros(count.size, bool) if active is None else np.asarray(active, bool),
+        rows=rows,
+        order=np.arange(count.size, dtype=np.int64),
+        label_at=key_at,
+        named=key_at is not None,
+    )
+
+
+def of_sizes(sizes, options, key_at=None):
+    """The findings of groups of these sizes, each holding its rows' reward 1.0."""
+    sizes = np.asarray(sizes)
+    ones = np.ones(sizes.size)
+    part = part_of(sizes, ones, np.zeros(sizes.size), ones, ones, sizes, key_at=key_at)
+    return findings_of([part], options=options)
 
 
 def summarize(outcome: GroupOutcome, **overrides) -> RunSummary:
@@ -126,34 +146,20 @@ def test_solve_rate_bars_are_centred_on_k_over_g():
 
 @pytest.mark.parametrize(("size", "kind"), [(64, "solve_rate"), (65, "single")])
 def test_solve_rates_are_binned_for_groups_of_up_to_64(size, kind):
-    from grpo_cli.summary import group_mean_histogram
-
     solved = size // 2
     p = solved / size
-    histogram = group_mean_histogram(
-        np.array([p]),
-        np.array([size]),
-        np.array([0.0]),
-        np.array([1.0]),
-        np.array([size * p * (1 - p)]),
-        np.array([size]),
-    )
+    part = part_of([size], [p], [size * p * (1 - p)], [0.0], [1.0], [size], active=[True])
+    histogram = findings_of([part], options={}).group_mean_histogram
     assert histogram["kind"] == kind
     if kind == "solve_rate":
         assert len(histogram["counts"]) == size + 1 and histogram["counts"][solved] == 1
 
 
 def test_a_group_with_no_valid_reward_is_left_out_of_the_histogram():
-    from grpo_cli.summary import group_mean_histogram
-
-    histogram = group_mean_histogram(
-        np.array([0.5, 0.0]),
-        np.array([2, 0]),
-        np.array([0.0, math.inf]),
-        np.array([1.0, -math.inf]),
-        np.array([0.5, 0.0]),
-        np.array([2, 2]),
+    part = part_of(
+        [2, 0], [0.5, 0.0], [0.5, 0.0], [0.0, math.inf], [1.0, -math.inf], [2, 2], active=[True, False]
     )
+    histogram = findings_of([part], options={}).group_mean_histogram
     assert (histogram["kind"], histogram["counts"]) == ("solve_rate", [0, 1, 0])
 
 
@@ -416,17 +422,18 @@ def test_size_counts_keep_the_most_common_sizes_and_the_smallest_on_a_tie():
     twice = [s for s in range(1, 101) if s % 3 == 0]
     once = [s for s in range(1, 101) if s % 3]
     sizes = np.array(sorted([*twice, *twice, *once]))
-    shown = _size_counts(sizes)
+    shown = of_sizes(sizes, {}).group_size_counts
     expected = sorted([*twice, *once[: SIZE_COUNTS_SHOWN - len(twice)]])
     assert [int(k) for k in shown] == expected
     assert all(shown[str(s)] == 2 for s in twice)
 
 
 def test_grouping_warnings_name_the_group_size_option_and_see_merged_pairs():
-    singles = grouping_warnings(np.array([1, 1, 1, 2]), {"group_cols": [], "group_size": 8})
+    singles = of_sizes([1, 1, 1, 2], {"group_cols": [], "group_size": 8}).warnings
     assert "the group key --group-size 8 seems to name rollouts" in singles[0]
-    merged = grouping_warnings(np.array([2] * 10 + [4, 6]), {"group_cols": ["prompt"]})
+    merged = of_sizes([2] * 10 + [4, 6], {"group_cols": ["prompt"]}, key_at=lambda g: f"p{g}").warnings
     assert merged[0].startswith("2 of 12 groups have 2 or more times the 2 rows most groups have")
+    assert 'e.g. key "p10" (4 rows), "p11" (6 rows);' in merged[0]
 
 
 def test_the_local_engine_computes_the_group_findings_beside_pass_2_and_raises_their_error(
@@ -474,29 +481,35 @@ def test_the_local_engine_computes_the_group_findings_beside_pass_2_and_raises_t
 
 
 @pytest.mark.parametrize("spread_in_last_group", [False, True])
-def test_the_histogram_checks_its_groups_a_chunk_at_a_time_with_the_same_answer(
-    monkeypatch, spread_in_last_group
-):
-    """Binary rewards are told from the others chunk by chunk (the checks' temporaries a chunk's):
-    the same kind and counts as one check of every group, the one non-binary group in the last
-    chunk included, and empty groups skipped."""
-    import grpo_cli.summary as summary_module
+def test_the_findings_of_groups_cut_into_parts_are_those_of_one_part(spread_in_last_group):
+    """Binary rewards are told from the others part by part (the checks' temporaries a part's,
+    as the Ray engine's buckets hold them): the same kind and counts as one part of every group,
+    the one non-binary group in the last part included, and empty groups skipped."""
+    from grpo_cli.findings import parts_of
 
     rewards = [float(i % 3 == 0) for i in range(40)]
     if spread_in_last_group:
-        rewards[-1] = 0.5  # the last group, in the last chunk, is not binary
+        rewards[-1] = 0.5  # the last group, in the last part, is not binary
     outcome = outcome_of(rewards, [i // 4 for i in range(40)])
     stats = outcome.stats
-    figures = [t.numpy() for t in (stats.mean, stats.count, stats.minimum, stats.maximum, stats.m2)]
-    mean, count, minimum, maximum, m2 = (
-        np.append(f, empty) for f, empty in zip(figures, [0.0, 0, np.inf, -np.inf, 0.0], strict=True)
+    figures = [t.numpy() for t in (stats.count, stats.mean, stats.m2, stats.minimum, stats.maximum)]
+    count, mean, m2, minimum, maximum = (
+        np.append(f, empty) for f, empty in zip(figures, [0, 0.0, 0.0, np.inf, -np.inf], strict=True)
     )
-    sizes = np.append(outcome.rows_per_group, 4)
+    arrays = dict(
+        count=count,
+        mean=mean,
+        m2=m2,
+        m2_scale=np.ones(count.size),
+        minimum=minimum,
+        maximum=maximum,
+        active=np.append(outcome.active.numpy(), False),
+        rows=np.append(outcome.rows_per_group, 4),
+    )
 
-    def histogram(chunk: int) -> dict[str, Any]:
-        monkeypatch.setattr(summary_module, "HISTOGRAM_CHUNK_GROUPS", chunk)
-        return summary_module.group_mean_histogram(mean, count, minimum, maximum, m2, sizes)
+    def findings(chunk: int) -> Any:
+        return findings_of(parts_of(**arrays, key_at=None, chunk=chunk), options={})
 
-    whole = histogram(1 << 20)
-    assert whole["kind"] == ("unit" if spread_in_last_group else "solve_rate")
-    assert histogram(3) == histogram(1) == whole
+    whole = findings(1 << 20)
+    assert whole.group_mean_histogram["kind"] == ("unit" if spread_in_last_group else "solve_rate")
+    assert findings(3) == findings(1) == whole

@@ -27,6 +27,7 @@ from grpo_cli.columns import column_of, filter_rows, top_level
 from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError
 from grpo_cli.figures import FigureAccumulator, RowInputs, padded, wanted
+from grpo_cli.findings import GroupFindings
 from grpo_cli.kernel import (
     GroupStats,
     TopTwo,
@@ -69,7 +70,7 @@ from grpo_cli.readers import (
 from grpo_cli.rewards import RewardBatch, RewardReader, new_column_arrays
 from grpo_cli.sources import InputSet, Shard
 from grpo_cli.stages import timed
-from grpo_cli.summary import ByValues, GroupFindings, RunSummary, build_summary, group_findings, input_info
+from grpo_cli.summary import ByValues, RunSummary, build_summary, group_findings, input_info
 from grpo_cli.verify import Verifier
 
 BATCH_BYTES = 64 << 20

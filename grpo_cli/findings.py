@@ -1,0 +1,566 @@
+"""The summary's figures of the groups as partial findings that merge exactly, in any order.
+
+A run's groups may be held in parts (chunks of groups on one machine, or the buckets of the Ray
+engine's reducers, each holding the groups whose key hashes to it). Each part reports what it
+sees in two rounds, and the parts' reports merge by rules that give the same result whichever
+way the groups were cut and in whatever order the parts arrive:
+
+- round 1 (:class:`FirstRound`): counts, the sizes' counts, extremes, the constant groups' values
+  and the exact sum of the rewards;
+- the run's figures that round 2 needs (:class:`RunFigures`): the reward mean, the common group
+  size, the histogram's kind and bounds;
+- round 2 (:class:`SecondRound`): the exact sum of squared deviations from the run's mean, the
+  histogram's counts, and the first groups (in the run's order) off the common size.
+
+Sums are exact (:class:`ExactSum`: every term's bits kept in one integer, rounded once at the
+end), so the reward mean and standard deviation are the same bits for any cut and any order:
+a float sum folded left to right would depend on the order of the groups, which only a
+machine holding all of them knows.
+
+>>> import numpy as np
+>>> part = GroupPart(count=np.array([2, 2]), mean=np.array([0.5, 1.0]), m2=np.array([0.5, 0.0]),
+...     m2_scale=np.ones(2), minimum=np.array([0.0, 1.0]), maximum=np.array([1.0, 1.0]),
+...     active=np.array([True, False]), rows=np.array([2, 2]), order=np.array([0, 1]))
+>>> findings = findings_of([part], options={})
+>>> findings.reward, findings.groups, findings.active_groups
+({'mean': 0.75, 'std': 0.4330127018922193, 'min': 0.0, 'max': 1.0}, 2, 1)
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+HISTOGRAM_BINS = 10
+TOP_INACTIVE_VALUES = 10
+OFF_SIZE_EXAMPLES = 5
+MERGED_EXAMPLES = 3
+"""How many keys of merged groups a warning names."""
+SIZE_COUNTS_SHOWN = 64
+
+_LOWEST_EXPONENT = -4500
+"""Every term of an :class:`ExactSum` is a multiple of ``2**_LOWEST_EXPONENT``: below the
+smallest float64 (``2**-1074``) times the smallest squares and products the summary forms."""
+_BIN_TERMS = 1 << 26
+"""Terms summed per exponent in one float64 bincount: 27-bit halves of a 53-bit mantissa add up
+exactly below ``2**53``."""
+
+
+@dataclass(frozen=True)
+class ExactSum:
+    """A sum of float64 terms kept exactly: ``scaled * 2**_LOWEST_EXPONENT``, plus the sum of
+    any infinite or NaN terms (``special``). Adding two is exact, so parts merge in any order.
+
+    >>> total = ExactSum.of(np.array([1e16, 1.0, 1.0, -1e16]))
+    >>> total.value(), (total + ExactSum.of(np.array([0.5]))).value()
+    (2.0, 2.5)
+    """
+
+    scaled: int = 0
+    special: float = 0.0
+
+    @classmethod
+    def of(cls, terms: np.ndarray, exponents: np.ndarray | None = None) -> ExactSum:
+        """The exact sum of ``terms * 2**exponents`` (float64 and int64 arrays, one shape;
+        ``exponents`` defaults to 0), whatever their magnitudes: no product overflows."""
+        terms = np.asarray(terms, dtype=np.float64).ravel()
+        finite = np.isfinite(terms)
+        special = 0.0
+        if not finite.all():
+            with np.errstate(invalid="ignore"):  # inf - inf is NaN, whatever the order
+                special = float(np.sum(terms[~finite]))
+            terms = terms[finite]
+            exponents = None if exponents is None else np.asarray(exponents).ravel()[finite]
+        mantissa, exponent = np.frexp(terms)  # terms = mantissa * 2**exponent, |mantissa| in [0.5, 1)
+        whole = (mantissa * 2.0**53).astype(np.int64)  # exact: 53 significant bits
+        exponent = exponent.astype(np.int64) - 53
+        if exponents is not None:
+            exponent = exponent + np.asarray(exponents, dtype=np.int64).ravel()
+        nonzero = whole != 0
+        whole, exponent = whole[nonzero], exponent[nonzero]
+        scaled = 0
+        if whole.size:
+            low_exponent = int(exponent.min())
+            if low_exponent < _LOWEST_EXPONENT:
+                raise ValueError(f"a term below 2**{_LOWEST_EXPONENT} cannot be summed exactly")
+            bins = exponent - low_exponent
+            high, low = whole >> 26, whole & ((1 << 26) - 1)  # whole = high * 2**26 + low
+            width = int(bins.max()) + 1
+            for start in range(0, whole.size, _BIN_TERMS):
+                part = slice(start, start + _BIN_TERMS)
+                highs = np.bincount(bins[part], weights=high[part], minlength=width)
+                lows = np.bincount(bins[part], weights=low[part], minlength=width)
+                for at in np.flatnonzero((highs != 0) | (lows != 0)):
+                    shift = int(at) + low_exponent - _LOWEST_EXPONENT
+                    scaled += ((int(highs[at]) << 26) + int(lows[at])) << shift
+        return cls(scaled, special)
+
+    def __add__(self, other: ExactSum) -> ExactSum:
+        return ExactSum(self.scaled + other.scaled, self.special + other.special)
+
+    def ratio(self, divisor: int, *, scale_exponent: int = 0) -> float:
+        """``sum / divisor / 2**scale_exponent``, rounded once (``divisor`` > 0); +-inf past
+        the float64 range."""
+        if self.special != 0.0:  # an infinite or NaN term (NaN != 0.0 too)
+            return self.special
+        try:  # an integer quotient is rounded once
+            return self.scaled / (divisor << (scale_exponent - _LOWEST_EXPONENT))
+        except OverflowError:
+            return math.inf if self.scaled > 0 else -math.inf
+
+    def value(self) -> float:
+        """The sum, rounded once."""
+        return self.ratio(1)
+
+
+@dataclass(frozen=True)
+class GroupPart:
+    """Some of a run's groups, each array of shape ``(k,)``: the valid rewards' ``count``
+    (int64), ``mean``, ``m2`` in units of ``m2_scale**2`` (powers of two, see
+    :func:`grpo_cli.kernel.group_scale`), ``minimum`` and ``maximum`` (float64; an empty group
+    holds +inf and -inf), whether each is ``active`` (bool), its ``rows`` (a null or NaN reward's
+    included) and its place in the run's order of groups (``order``, int64: the group ID, or
+    any key that sorts as the IDs do). ``label_at(i)`` names group ``i`` of the part: its key
+    where ``named``, else its ID."""
+
+    count: np.ndarray
+    mean: np.ndarray
+    m2: np.ndarray
+    m2_scale: np.ndarray
+    minimum: np.ndarray
+    maximum: np.ndarray
+    active: np.ndarray
+    rows: np.ndarray
+    order: np.ndarray
+    label_at: Callable[[int], Any] | None = None
+    named: bool = False
+
+    def label(self, i: int) -> Any:
+        return self.label_at(i) if self.label_at is not None else int(self.order[i])
+
+    def slice(self, start: int, stop: int, *, label_at: Callable[[int], Any] | None = None) -> GroupPart:
+        """Groups ``start`` to ``stop - 1`` (views), named by ``label_at`` of the run's group."""
+        pieces = {
+            name: getattr(self, name)[start:stop]
+            for name in ("count", "mean", "m2", "m2_scale", "minimum", "maximum", "active", "rows", "order")
+        }
+        return replace(self, **pieces, label_at=label_at)
+
+
+def _min(values: np.ndarray, identity: float) -> float:
+    return float(values.min()) if values.size else identity
+
+
+def _max(values: np.ndarray, identity: float) -> float:
+    return float(values.max()) if values.size else identity
+
+
+def _binary(part: GroupPart, seen: np.ndarray) -> bool:
+    """Whether the seen groups' rewards are all in {0, 1} with the largest spread [0, 1] allows
+    (``m2 = count * p * (1 - p)``): binary rewards."""
+    minimum, maximum = part.minimum[seen], part.maximum[seen]
+    if not (np.all((minimum == 0.0) | (minimum == 1.0)) and np.all((maximum == 0.0) | (maximum == 1.0))):
+        return False
+    p, count = part.mean[seen], part.count[seen]
+    largest = count * p * (1 - p)
+    # np.allclose's test, written out: every figure here is finite, which its extra passes handle
+    return bool((np.abs(part.m2[seen] - largest) <= 1e-12 + 1e-9 * np.abs(largest)).all())
+
+
+@dataclass(frozen=True)
+class FirstRound:
+    """What a part of the groups shows on its own; ``+`` merges two parts' (any order)."""
+
+    groups: int = 0
+    active_groups: int = 0
+    singleton_groups: int = 0
+    size_counts: Counter[int] = field(default_factory=Counter)
+    rewards: int = 0  # valid rewards
+    reward_low: float = math.inf
+    reward_high: float = -math.inf
+    reward_sum: ExactSum = ExactSum()
+    seen_groups: int = 0  # groups holding a valid reward
+    mean_low: float = math.inf
+    mean_high: float = -math.inf
+    binary: bool = True
+    constant_values: Counter[float] = field(default_factory=Counter)
+    tolerated_groups: int = 0  # inactive within --inactive-tolerance, not exactly constant
+
+    @classmethod
+    def of(cls, part: GroupPart) -> FirstRound:
+        seen = part.count > 0
+        inactive = ~part.active
+        constant = inactive & (part.count >= 2) & (part.minimum == part.maximum)
+        # + 0.0: a constant group of -0.0 and one of 0.0 share a value, whichever part comes first
+        values, counts = np.unique(part.minimum[constant] + 0.0, return_counts=True)
+        sizes, size_counts = np.unique(part.rows, return_counts=True)
+        # each group's sum count * mean, rounded once as a product (never overflowing)
+        mantissa, exponent = np.frexp(part.mean)
+        return cls(
+            groups=int(part.count.size),
+            active_groups=int(part.active.sum()),
+            singleton_groups=int((part.rows == 1).sum()),
+            size_counts=Counter(dict(zip(sizes.tolist(), size_counts.tolist(), strict=True))),
+            rewards=int(part.count.sum()),
+            reward_low=_min(part.minimum[seen], math.inf),
+            reward_high=_max(part.maximum[seen], -math.inf),
+            reward_sum=ExactSum.of(part.count * mantissa, exponent),
+            seen_groups=int(seen.sum()),
+            mean_low=_min(part.mean[seen], math.inf),
+            mean_high=_max(part.mean[seen], -math.inf),
+            binary=_binary(part, seen),
+            constant_values=Counter(dict(zip(values.tolist(), counts.tolist(), strict=True))),
+            tolerated_groups=int((inactive & (part.maximum > part.minimum)).sum()),
+        )
+
+    def __add__(self, other: FirstRound) -> FirstRound:
+        return FirstRound(
+            groups=self.groups + other.groups,
+            active_groups=self.active_groups + other.active_groups,
+            singleton_groups=self.singleton_groups + other.singleton_groups,
+            size_counts=self.size_counts + other.size_counts,
+            rewards=self.rewards + other.rewards,
+            reward_low=min(self.reward_low, other.reward_low),
+            reward_high=max(self.reward_high, other.reward_high),
+            reward_sum=self.reward_sum + other.reward_sum,
+            seen_groups=self.seen_groups + other.seen_groups,
+            mean_low=min(self.mean_low, other.mean_low),
+            mean_high=max(self.mean_high, other.mean_high),
+            binary=self.binary and other.binary,
+            constant_values=self.constant_values + other.constant_values,
+            tolerated_groups=self.tolerated_groups + other.tolerated_groups,
+        )
+
+
+def common_size(size_counts: Counter[int]) -> tuple[int, int]:
+    """The most common group size (the smallest of them on a tie) and how many groups have it.
+
+    >>> common_size(Counter({8: 2, 16: 1, 3: 2}))
+    (3, 2)
+    """
+    size, count = min(size_counts.items(), key=lambda item: (-item[1], item[0]))
+    return size, count
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """What round 2 needs from the whole run's round 1."""
+
+    reward_mean: float
+    scale_exponent: int  # the reward's power-of-two scale: deviations are squared in its units
+    common_size: int
+    histogram: tuple[str, float, float, int]  # kind, low and high bound, the group size of solve_rate
+
+    @classmethod
+    def of(cls, first: FirstRound) -> RunFigures:
+        mean = first.reward_sum.ratio(first.rewards) if first.rewards else 0.0
+        magnitude = max(abs(first.reward_low), abs(first.reward_high)) if first.rewards else 0.0
+        # deviations from the mean are at most twice the largest magnitude: in units of 2**scale
+        # they stay below 4, and their squares neither overflow nor lose the largest ones' bits
+        scale = math.frexp(magnitude)[1] if magnitude and math.isfinite(magnitude) else 0
+        common = common_size(first.size_counts)[0] if first.groups else 0
+        uniform = len(first.size_counts) == 1
+        if not first.seen_groups:
+            histogram = ("none", 0.0, 0.0, 0)
+        elif first.binary and uniform and 1 <= common <= 64:
+            histogram = ("solve_rate", 0.0, 1.0, common)
+        elif first.mean_low == first.mean_high:
+            histogram = ("single", first.mean_low, first.mean_high, 0)
+        elif first.mean_low >= 0.0 and first.mean_high <= 1.0:
+            histogram = ("unit", 0.0, 1.0, 0)
+        else:
+            histogram = ("range", first.mean_low, first.mean_high, 0)
+        return cls(mean, scale, common, histogram)
+
+
+@dataclass(frozen=True)
+class Example:
+    """A group a warning or the off-size figures name: its place in the run's order, its
+    label (key or ID) and rows."""
+
+    order: int
+    label: Any
+    rows: int
+
+
+@dataclass(frozen=True)
+class SecondRound:
+    """What a part shows once the run's figures are known; ``+`` merges (any order)."""
+
+    squares: ExactSum = ExactSum()  # the sum over the rewards of (reward - run mean)**2
+    histogram: tuple[int, ...] = ()
+    off_size: tuple[Example, ...] = ()  # the part's first OFF_SIZE_EXAMPLES, in the run's order
+    merged: tuple[Example, ...] = ()  # its first MERGED_EXAMPLES of 2 or more times the common size
+
+    @classmethod
+    def of(cls, part: GroupPart, run: RunFigures) -> SecondRound:
+        seen = part.count > 0
+        count, mean = part.count[seen], part.mean[seen]
+        m2_mantissa, m2_exponent = np.frexp(part.m2[seen])
+        _, scale_exponent = np.frexp(part.m2_scale[seen])  # a power of two 2**(e - 1)
+        within = ExactSum.of(m2_mantissa, m2_exponent + 2 * (scale_exponent.astype(np.int64) - 1))
+        unit = math.ldexp(1.0, -run.scale_exponent)
+        deviation = mean * unit - run.reward_mean * unit  # exact scalings: the rounding of mean - run mean
+        squared_mantissa, squared_exponent = np.frexp(deviation * deviation)
+        between = ExactSum.of(count * squared_mantissa, squared_exponent + 2 * run.scale_exponent)
+        kind, low, high, size = run.histogram
+        if kind == "solve_rate":
+            binned = np.bincount(np.rint(mean * size).astype(np.int64), minlength=size + 1)
+        elif kind == "single":
+            binned = np.array([mean.size])
+        elif kind in ("unit", "range"):
+            binned, _ = np.histogram(mean, bins=HISTOGRAM_BINS, range=(low, high))
+        else:
+            binned = np.zeros(0, np.int64)
+        common = run.common_size
+        off = np.flatnonzero(part.rows != common)
+        merged = np.flatnonzero((part.rows > common) & (part.rows % common == 0)) if common > 1 else off[:0]
+        return cls(
+            squares=within + between,
+            histogram=tuple(int(c) for c in binned),
+            off_size=_first(part, off, OFF_SIZE_EXAMPLES),
+            merged=_first(part, merged, MERGED_EXAMPLES),
+        )
+
+    def __add__(self, other: SecondRound) -> SecondRound:
+        histogram = (
+            tuple(a + b for a, b in zip(self.histogram, other.histogram, strict=True))
+            if self.histogram and other.histogram
+            else self.histogram or other.histogram
+        )
+        return SecondRound(
+            squares=self.squares + other.squares,
+            histogram=histogram,
+            off_size=tuple(heapq.nsmallest(OFF_SIZE_EXAMPLES, (*self.off_size, *other.off_size), key=_order)),
+            merged=tuple(heapq.nsmallest(MERGED_EXAMPLES, (*self.merged, *other.merged), key=_order)),
+        )
+
+
+def _order(example: Example) -> int:
+    return example.order
+
+
+def _first(part: GroupPart, where: np.ndarray, n: int) -> tuple[Example, ...]:
+    """The first ``n`` of the part's groups ``where`` in the run's order."""
+    if not where.size:
+        return ()
+    picked = where[np.argsort(part.order[where], kind="stable")[:n]]
+    return tuple(Example(int(part.order[i]), part.label(int(i)), int(part.rows[i])) for i in picked)
+
+
+@dataclass(frozen=True)
+class GroupFindings:
+    """What the per-group outcome shows, whatever the run wrote: the summary's figures of the
+    groups (:func:`findings_of` makes them from the parts' rounds)."""
+
+    groups: int
+    active_groups: int
+    singleton_groups: int
+    group_size: dict[str, float | None]
+    reward: dict[str, float | None]
+    inactive_by_value: list[dict[str, Any]]
+    inactive_other_values: int
+    group_mean_histogram: dict[str, Any]
+    off_size_groups: dict[str, Any]
+    warnings: list[str]
+    group_size_counts: dict[str, int]
+    tolerance: dict[str, Any] | None
+    by: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+
+def findings_of(parts: Iterable[GroupPart], *, options: dict[str, Any]) -> GroupFindings:
+    """The findings of the groups ``parts`` hold between them (each group in one part), both
+    rounds run here; an engine that holds its parts elsewhere runs :meth:`FirstRound.of` and
+    :meth:`SecondRound.of` where they are and :func:`merged_findings` on what they send."""
+    held = list(parts)
+    first = sum((FirstRound.of(part) for part in held), FirstRound())
+    run = RunFigures.of(first)
+    second = sum((SecondRound.of(part, run) for part in held), SecondRound())
+    named = any(part.named for part in held)
+    return merged_findings(first, second, options=options, named=named)
+
+
+def merged_findings(
+    first: FirstRound, second: SecondRound, *, options: dict[str, Any], named: bool
+) -> GroupFindings:
+    """The findings from every part's two rounds, merged (``named``: the examples are keys)."""
+    run = RunFigures.of(first)
+    groups = first.groups
+    reward: dict[str, float | None] = {"mean": None, "std": None, "min": None, "max": None}
+    if first.rewards:
+        # the mean of squares in units of 4**scale, rounded once, then its root, rounded once
+        variance = second.squares.ratio(first.rewards, scale_exponent=2 * run.scale_exponent)
+        reward = {
+            "mean": run.reward_mean,
+            "std": math.ldexp(math.sqrt(variance), run.scale_exponent),
+            "min": first.reward_low,
+            "max": first.reward_high,
+        }
+    values = sorted(first.constant_values.items(), key=lambda item: (-item[1], item[0]))
+    tolerance = float(options.get("inactive_tolerance") or 0.0)
+    return GroupFindings(
+        groups=groups,
+        active_groups=first.active_groups,
+        singleton_groups=first.singleton_groups,
+        group_size=_size_figures(first.size_counts),
+        reward=reward,
+        inactive_by_value=[{"value": float(v), "groups": int(n)} for v, n in values[:TOP_INACTIVE_VALUES]],
+        inactive_other_values=sum(int(n) for _, n in values[TOP_INACTIVE_VALUES:]),
+        group_mean_histogram=_histogram(run, second),
+        off_size_groups=_off_size(first, second, named=named),
+        warnings=_warnings(first, second, options, named=named),
+        group_size_counts=_size_counts(first.size_counts),
+        tolerance=None
+        if tolerance == 0
+        else {"tolerance": tolerance, "groups_beyond_exact": first.tolerated_groups},
+    )
+
+
+def _size_figures(size_counts: Counter[int]) -> dict[str, float | None]:
+    """The smallest, median and largest group size, from the sizes' counts."""
+    if not size_counts:
+        return {"min": None, "median": None, "max": None}
+    sizes = sorted(size_counts)
+    total = sum(size_counts.values())
+    ends = np.cumsum([size_counts[s] for s in sizes])
+
+    def at(rank: int) -> int:  # the size of the rank-th smallest group (from 0)
+        return sizes[int(np.searchsorted(ends, rank, side="right"))]
+
+    median = (at((total - 1) // 2) + at(total // 2)) / 2
+    return {"min": sizes[0], "median": float(median), "max": sizes[-1]}
+
+
+def _size_counts(size_counts: Counter[int]) -> dict[str, int]:
+    """Groups of each size (the most common :data:`SIZE_COUNTS_SHOWN` sizes), by size."""
+    top = sorted(size_counts.items(), key=lambda item: (-item[1], item[0]))[:SIZE_COUNTS_SHOWN]
+    return {str(size): count for size, count in sorted(top)}
+
+
+def _histogram(run: RunFigures, second: SecondRound) -> dict[str, Any]:
+    """The distribution of the groups' mean rewards (see :func:`grpo_cli.summary.group_findings`)."""
+    kind, low, high, size = run.histogram
+    counts = list(second.histogram)
+    if kind == "none":
+        return {"kind": "range", "edges": [], "counts": []}
+    if kind == "solve_rate":
+        return {
+            "kind": "solve_rate",
+            "edges": [max(0.0, (k - 0.5) / size) for k in range(size + 1)] + [1.0],
+            "counts": counts,
+            "labels": [f"{k}/{size}" for k in range(size + 1)],
+        }
+    if kind == "single":
+        return {"kind": "single", "edges": [low, high], "counts": counts}
+    edges = np.histogram_bin_edges(np.zeros(0), bins=HISTOGRAM_BINS, range=(low, high))
+    return {"kind": kind, "edges": [float(e) for e in edges], "counts": counts}
+
+
+def _off_size(first: FirstRound, second: SecondRound, *, named: bool) -> dict[str, Any]:
+    """The groups whose size is not the most common one: how many, and the first few."""
+    if not first.groups:
+        return {}
+    common, of_common = common_size(first.size_counts)
+    if of_common == first.groups:
+        return {}
+    examples = [
+        {"group": plain_key(e.label) if named else int(e.label), "rows": e.rows} for e in second.off_size
+    ]
+    return {"common_size": common, "groups": first.groups - of_common, "examples": examples}
+
+
+def plain_key(key: Any) -> Any:
+    """A group key as JSON data: tuples as lists, other objects as their text.
+
+    >>> plain_key((1, "a")), plain_key(2.5)
+    ([1, 'a'], 2.5)
+    """
+    if isinstance(key, tuple):
+        return [plain_key(k) for k in key]
+    if isinstance(key, str | int | float | bool) or key is None:
+        return key
+    return str(key)
+
+
+def _warnings(first: FirstRound, second: SecondRound, options: dict[str, Any], *, named: bool) -> list[str]:
+    """What the group sizes say about the grouping itself, as one line each.
+
+    Trainers sample a fixed number G of rollouts per prompt: most groups of one size and some
+    of two or more times it means groups were merged (a prompt drawn twice in a step, the same
+    ID in two data sources, or a prompt key without the step), named by their first keys;
+    mostly singletons means the key names rollouts, not prompts.
+    """
+    groups = first.groups
+    if groups < 2:
+        return []
+    keys = ", ".join(options.get("group_cols") or []) or f"--group-size {options.get('group_size')}"
+    if first.singleton_groups * 2 > groups:
+        return [
+            f"{first.singleton_groups:,} of {groups:,} groups are singletons: the group key {keys} seems "
+            "to name rollouts, not prompts (a uid per rollout, a path or a timestamp in the prompt?)"
+        ]
+    common, groups_of_common = common_size(first.size_counts)
+    multiples = (
+        sum(n for size, n in first.size_counts.items() if size > common and size % common == 0)
+        if common > 1
+        else 0
+    )
+    if not (multiples and groups_of_common * 2 > groups):
+        return []
+    stepped = len(options.get("group_cols") or []) > 1 and options.get("batch_col") in options["group_cols"]
+    named_text = ""
+    if named:
+        shown = ", ".join(
+            f"{json.dumps(plain_key(e.label), ensure_ascii=False)[:80]} ({e.rows} rows)"
+            for e in second.merged
+        )
+        named_text = f", e.g. key {shown}"
+    return [
+        f"{multiples:,} of {groups:,} groups have 2 or more times the {common} rows most groups have: "
+        "groups sharing a key were merged (a prompt drawn twice in a step, or one ID in two data sources"
+        + (")" if stepped else f", or a prompt key {keys} without the step: add the step column with -g)")
+        + f"{named_text}; where the trainer keeps a prompt's rollouts in consecutive rows, "
+        f"--group-size {common} splits them"
+    ]
+
+
+def parts_of(
+    *,
+    count: np.ndarray,
+    mean: np.ndarray,
+    m2: np.ndarray,
+    m2_scale: np.ndarray,
+    minimum: np.ndarray,
+    maximum: np.ndarray,
+    active: np.ndarray,
+    rows: np.ndarray,
+    key_at: Callable[[int], Any] | None,
+    chunk: int,
+) -> list[GroupPart]:
+    """A run's groups in ID order as parts of ``chunk`` groups (their temporaries a chunk's),
+    each named by ``key_at`` of the run's group ID where there are keys."""
+    order = np.arange(count.size, dtype=np.int64)
+    whole = GroupPart(
+        count, mean, m2, m2_scale, minimum, maximum, active, rows, order, None, key_at is not None
+    )
+    parts = []
+    for start in range(0, max(count.size, 1), chunk):
+        label_at = None if key_at is None else _shifted(key_at, start)
+        parts.append(whole.slice(start, start + chunk, label_at=label_at))
+    return parts
+
+
+def _shifted(key_at: Callable[[int], Any], start: int) -> Callable[[int], Any]:
+    return lambda i: key_at(start + i)
+
+
+def findings_parts(values: Sequence[GroupPart]) -> list[GroupPart]:
+    """The parts that hold groups (an empty run is one empty part)."""
+    return [part for part in values if part.count.size] or list(values[:1])
