@@ -83,10 +83,8 @@ class ExactSum:
         exponent = exponent.astype(np.int64) - 53
         if exponents is not None:
             exponent = exponent + np.asarray(exponents, dtype=np.int64).ravel()
-        nonzero = whole != 0
-        whole, exponent = whole[nonzero], exponent[nonzero]
         scaled = 0
-        if whole.size:
+        if whole.size:  # a zero adds nothing to its exponent's bin, whatever that exponent is
             low_exponent = int(exponent.min())
             if low_exponent < _LOWEST_EXPONENT:
                 raise ValueError(f"a term below 2**{_LOWEST_EXPONENT} cannot be summed exactly")
@@ -124,8 +122,8 @@ class ExactSum:
 class GroupPart:
     """Some of a run's groups, each array of shape ``(k,)``: the valid rewards' ``count``
     (int64), ``mean``, ``m2`` in units of ``m2_scale**2`` (powers of two, see
-    :func:`grpo_cli.kernel.group_scale`), ``minimum`` and ``maximum`` (float64; an empty group
-    holds +inf and -inf), whether each is ``active`` (bool), its ``rows`` (a null or NaN reward's
+    :func:`grpo_cli.kernel.group_scale`; ``None``: every scale is 1), ``minimum`` and
+    ``maximum`` (float64; an empty group holds +inf and -inf), whether each is ``active`` (bool), its ``rows`` (a null or NaN reward's
     included) and its place in the run's order of groups (``order``, int64: the group ID, or
     any key that sorts as the IDs do). ``label_at(i)`` names group ``i`` of the part: its key
     where ``named``, else its ID."""
@@ -133,7 +131,7 @@ class GroupPart:
     count: np.ndarray
     mean: np.ndarray
     m2: np.ndarray
-    m2_scale: np.ndarray
+    m2_scale: np.ndarray | None
     minimum: np.ndarray
     maximum: np.ndarray
     active: np.ndarray
@@ -149,8 +147,9 @@ class GroupPart:
         """Groups ``start`` to ``stop - 1`` (views), named by ``label_at`` of the run's group."""
         pieces = {
             name: getattr(self, name)[start:stop]
-            for name in ("count", "mean", "m2", "m2_scale", "minimum", "maximum", "active", "rows", "order")
+            for name in ("count", "mean", "m2", "minimum", "maximum", "active", "rows", "order")
         }
+        pieces["m2_scale"] = None if self.m2_scale is None else self.m2_scale[start:stop]
         return replace(self, **pieces, label_at=label_at)
 
 
@@ -303,9 +302,12 @@ class SecondRound:
     def of(cls, part: GroupPart, run: RunFigures) -> SecondRound:
         seen = part.count > 0
         count, mean = part.count[seen], part.mean[seen]
-        m2_mantissa, m2_exponent = np.frexp(part.m2[seen])
-        _, scale_exponent = np.frexp(part.m2_scale[seen])  # a power of two 2**(e - 1)
-        within = ExactSum.of(m2_mantissa, m2_exponent + 2 * (scale_exponent.astype(np.int64) - 1))
+        if part.m2_scale is None:  # every group of ordinary magnitude: m2 in reward units
+            within = ExactSum.of(part.m2[seen])
+        else:
+            m2_mantissa, m2_exponent = np.frexp(part.m2[seen])
+            _, scale_exponent = np.frexp(part.m2_scale[seen])  # a power of two 2**(e - 1)
+            within = ExactSum.of(m2_mantissa, m2_exponent + 2 * (scale_exponent.astype(np.int64) - 1))
         unit = math.ldexp(1.0, -run.scale_exponent)
         deviation = mean * unit - run.reward_mean * unit  # exact scalings: the rounding of mean - run mean
         squared_mantissa, squared_exponent = np.frexp(deviation * deviation)
@@ -536,7 +538,7 @@ def parts_of(
     count: np.ndarray,
     mean: np.ndarray,
     m2: np.ndarray,
-    m2_scale: np.ndarray,
+    m2_scale: np.ndarray | None,
     minimum: np.ndarray,
     maximum: np.ndarray,
     active: np.ndarray,

@@ -395,6 +395,15 @@ def group_scale(stats: GroupStats) -> Tensor:
     return torch.ones_like(stats.mean) if scale is None else scale
 
 
+def group_scales(stats: GroupStats) -> Tensor | None:
+    """:func:`group_scale`, or ``None`` where every group's scale is 1 (no tensor made).
+
+    >>> group_scales(group_stats(torch.tensor([1.0, 2.0], dtype=torch.float64), torch.tensor([0, 1]))) is None
+    True
+    """
+    return _scales(stats.minimum, stats.maximum)
+
+
 def group_std(stats: GroupStats, *, ddof: int = 0) -> Tensor:
     """Per-group standard deviation (``ddof=1``: Bessel-corrected), in reward units.
 

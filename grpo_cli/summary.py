@@ -133,7 +133,7 @@ def group_findings(
     ``by``: each ``--by`` column's value of every group, for the figures per value
     (:func:`figures_by_value`).
     """
-    from grpo_cli.kernel import group_scale
+    from grpo_cli.kernel import group_scales
 
     cpu = outcome.stats.to("cpu")
     figures = GroupFigures(
@@ -149,7 +149,7 @@ def group_findings(
         count=figures.count,
         mean=figures.mean,
         m2=figures.m2,
-        m2_scale=group_scale(cpu).numpy(),
+        m2_scale=_numpy_or_none(group_scales(cpu)),
         minimum=figures.minimum,
         maximum=figures.maximum,
         active=figures.active,
@@ -163,6 +163,10 @@ def group_findings(
         findings,
         by={values.column: figures_by_value(values, figures, run_range=run_range) for values in by},
     )
+
+
+def _numpy_or_none(values: Any) -> np.ndarray | None:
+    return None if values is None else values.numpy()
 
 
 FINDINGS_CHUNK_GROUPS = 1 << 20
