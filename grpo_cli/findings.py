@@ -124,9 +124,9 @@ class GroupPart:
     (int64), ``mean``, ``m2`` in units of ``m2_scale**2`` (powers of two, see
     :func:`grpo_cli.kernel.group_scale`; ``None``: every scale is 1), ``minimum`` and
     ``maximum`` (float64; an empty group holds +inf and -inf), whether each is ``active``
-    (bool), its ``rows`` (a null or NaN reward's included) and its place in the run's order of groups (``order``, int64: the group ID, or
-    any key that sorts as the IDs do). ``label_at(i)`` names group ``i`` of the part: its key
-    where ``named``, else its ID."""
+    (bool), its ``rows`` (a null or NaN reward's included) and its place in the run's order
+    of groups (``order``, int64: the group ID, or any key that sorts as the IDs do).
+    ``label_at(i)`` names group ``i`` of the part: its key where ``named``, else its ID."""
 
     count: np.ndarray
     mean: np.ndarray
