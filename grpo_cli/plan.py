@@ -196,12 +196,11 @@ class GroupOutcome:
 
 @dataclass(frozen=True)
 class OutcomeTotals:
-    """A run's counts from its outcome (:attr:`GroupOutcome.totals`); the totals of parts of
-    the groups add up to the run's (``+``: the Ray engine's buckets).
+    """A run's counts from its outcome (:attr:`GroupOutcome.totals`): what the summary and the
+    provenance report besides the findings of the groups.
 
-    >>> part = OutcomeTotals(rows=4, nan_rewards=0, groups=2, active_groups=1)
-    >>> (part + part).active_groups
-    2
+    >>> OutcomeTotals(rows=4, nan_rewards=0, groups=2, active_groups=1).dropped_rows
+    0
     """
 
     rows: int
@@ -212,22 +211,6 @@ class OutcomeTotals:
     dropped_rows: int = 0
     drop_reasons: tuple[str, ...] = ()
     drops_by_reason: tuple[dict[str, Any], ...] = ()
-
-    def __add__(self, other: OutcomeTotals) -> OutcomeTotals:
-        drops = tuple(
-            {**a, "groups": a["groups"] + b["groups"], "rows": a["rows"] + b["rows"]}
-            for a, b in zip(self.drops_by_reason, other.drops_by_reason, strict=True)
-        )
-        return OutcomeTotals(
-            rows=self.rows + other.rows,
-            nan_rewards=self.nan_rewards + other.nan_rewards,
-            groups=self.groups + other.groups,
-            active_groups=self.active_groups + other.active_groups,
-            dropped_groups=self.dropped_groups + other.dropped_groups,
-            dropped_rows=self.dropped_rows + other.dropped_rows,
-            drop_reasons=self.drop_reasons,
-            drops_by_reason=drops,
-        )
 
 
 def scored_top_two(rewards: RewardBatch, ids: torch.Tensor, positions: torch.Tensor, k: int) -> TopTwo:
@@ -657,20 +640,6 @@ class RunPlan:
         return rewards, result, batch_ids
 
     @property
-    def groups_decide_alone(self) -> bool:
-        """Whether each group's outcome (its normalisation, activity, filters and the figures
-        pass 2 reads) follows from its own statistics alone, with no figure of its batch or of
-        the whole run: then parts of the groups can each compute theirs where they are (the
-        Ray engine's reducers). Not so with ``--batch-col``, ``--scale batch``, a batch
-        transform, GPG's batch alpha or pass@k's per-row advantages."""
-        return (
-            self.config.batch_col is None
-            and self.config.advantage.scale != "batch"
-            and not self.needs_moments_pass
-            and not {"batch_nonzero", "group_rewards"} & set(self.needs)
-        )
-
-    @property
     def range_follows_from_stats(self) -> bool:
         """Whether the advantages' min and max follow from the group statistics alone.
 
@@ -754,7 +723,7 @@ class RunPlan:
             out = out.append(f)
         return out.with_metadata({**(schema.metadata or {}), PROVENANCE_KEY: provenance})
 
-    def provenance(self, inputs: Sequence[str], outcome: GroupOutcome | OutcomeTotals | None = None) -> bytes:
+    def provenance(self, inputs: Sequence[str], outcome: GroupOutcome | None = None) -> bytes:
         """The ``grpo_cli`` key-value entry of every Parquet output: how it was made.
 
         JSON: ``version``, ``options`` (every option in force, after the preset, as in the
@@ -770,7 +739,7 @@ class RunPlan:
             "inputs": list(inputs),
         }
         if outcome is not None:
-            totals = outcome.totals if isinstance(outcome, GroupOutcome) else outcome
+            totals = outcome.totals
             record.update(
                 rows=totals.rows,
                 groups=totals.groups,

@@ -18,7 +18,7 @@ from grpo_cli.findings import GroupFindings, findings_of, parts_of, plain_key
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from grpo_cli.plan import GroupOutcome, OutcomeTotals
+    from grpo_cli.plan import GroupOutcome
     from grpo_cli.sources import Shard
 
 
@@ -174,7 +174,7 @@ FINDINGS_CHUNK_GROUPS = 1 << 20
 
 
 def build_summary(
-    outcome: GroupOutcome | OutcomeTotals,
+    outcome: GroupOutcome,
     *,
     input: dict[str, Any],
     output: dict[str, Any] | None,
@@ -195,17 +195,11 @@ def build_summary(
     ``input`` and ``output`` are the summary's ``input`` and ``output`` objects
     (:func:`input_info` makes the first). ``warnings`` are the engine's own. ``findings``:
     :func:`group_findings` of the same ``outcome``, ``options``, ``key_at`` and ``by``,
-    where the engine computed them already; otherwise they are computed here. An engine
-    that holds no per-group outcome gives its :class:`~grpo_cli.plan.OutcomeTotals` and the
-    findings merged from its parts (:func:`grpo_cli.findings.merged_findings`).
+    where the engine computed them already; otherwise they are computed here.
     """
-    from grpo_cli.plan import GroupOutcome
-
     if findings is None:
-        if not isinstance(outcome, GroupOutcome):
-            raise TypeError("build_summary needs the findings of an outcome given by its totals")
         findings = group_findings(outcome, options=options, key_at=key_at, by=by)
-    totals = outcome.totals if isinstance(outcome, GroupOutcome) else outcome
+    totals = outcome.totals
     return RunSummary(
         rows=totals.rows,
         groups=findings.groups,
