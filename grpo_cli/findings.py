@@ -199,7 +199,7 @@ class FirstRound:
         constant = inactive & (part.count >= 2) & (part.minimum == part.maximum)
         # + 0.0: a constant group of -0.0 and one of 0.0 share a value, whichever part comes first
         values, counts = np.unique(part.minimum[constant] + 0.0, return_counts=True)
-        sizes, size_counts = np.unique(part.rows, return_counts=True)
+        sizes, size_counts = _value_counts(part.rows)
         # each group's sum count * mean, rounded once as a product (never overflowing)
         mantissa, exponent = np.frexp(part.mean)
         return cls(
@@ -236,6 +236,20 @@ class FirstRound:
             constant_values=self.constant_values + other.constant_values,
             tolerated_groups=self.tolerated_groups + other.tolerated_groups,
         )
+
+
+def _value_counts(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct sizes and how many groups have each: counted, not sorted, where the sizes
+    are small next to the groups (as group sizes are).
+
+    >>> [a.tolist() for a in _value_counts(np.array([8, 8, 3]))]
+    [[3, 8], [1, 2]]
+    """
+    if rows.size and int(rows.min()) >= 0 and int(rows.max()) <= 4 * rows.size:
+        counts = np.bincount(rows)
+        sizes = np.flatnonzero(counts)
+        return sizes, counts[sizes]
+    return np.unique(rows, return_counts=True)
 
 
 def common_size(size_counts: Counter[int]) -> tuple[int, int]:
