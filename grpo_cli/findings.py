@@ -1,7 +1,8 @@
 """The summary's figures of the groups as partial findings that merge exactly, in any order.
 
-A run's groups may be held in parts (chunks of groups on one machine, or the buckets of the Ray
-engine's reducers, each holding the groups whose key hashes to it). Each part reports what it
+A run's groups may be held in parts: chunks of groups on one machine (the local engine), or,
+for a Ray run, its reducers' buckets (each the groups whose key hashes to it; the Ray engine
+still gathers the groups on its driver first). Each part reports what it
 sees in two rounds, and the parts' reports merge by rules that give the same result whichever
 way the groups were cut and in whatever order the parts arrive:
 

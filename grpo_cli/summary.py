@@ -126,8 +126,8 @@ def group_findings(
 ) -> GroupFindings:
     """The figures of the groups, from the run's per-group ``outcome`` alone (an engine may
     compute them while it writes: nothing here reads the output), made from parts of
-    :data:`FINDINGS_CHUNK_GROUPS` groups merged as the Ray engine merges its buckets'
-    (:mod:`grpo_cli.findings`).
+    :data:`FINDINGS_CHUNK_GROUPS` groups through the exact merge of :mod:`grpo_cli.findings`
+    (which parts held on other machines can use too).
 
     ``key_at`` gives a group's key from its ID, to name the groups off the common size;
     ``by``: each ``--by`` column's value of every group, for the figures per value
