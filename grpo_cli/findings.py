@@ -33,7 +33,7 @@ import heapq
 import json
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -576,8 +576,3 @@ def parts_of(
 
 def _shifted(key_at: Callable[[int], Any], start: int) -> Callable[[int], Any]:
     return lambda i: key_at(start + i)
-
-
-def findings_parts(values: Sequence[GroupPart]) -> list[GroupPart]:
-    """The parts that hold groups (an empty run is one empty part)."""
-    return [part for part in values if part.count.size] or list(values[:1])
