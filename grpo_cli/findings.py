@@ -72,34 +72,44 @@ class ExactSum:
         """The exact sum of ``terms * 2**exponents`` (float64 and int64 arrays, one shape;
         ``exponents`` defaults to 0), whatever their magnitudes: no product overflows."""
         terms = np.asarray(terms, dtype=np.float64).ravel()
-        finite = np.isfinite(terms)
         special = 0.0
-        if not finite.all():
+        with np.errstate(over="ignore", invalid="ignore"):
+            finite_sum = math.isfinite(float(np.sum(terms)))  # one pass: no term is inf or NaN
+        if not finite_sum:
+            finite = np.isfinite(terms)
             with np.errstate(invalid="ignore"):  # inf - inf is NaN, whatever the order
                 special = float(np.sum(terms[~finite]))
             terms = terms[finite]
             exponents = None if exponents is None else np.asarray(exponents).ravel()[finite]
-        mantissa, exponent = np.frexp(terms)  # terms = mantissa * 2**exponent, |mantissa| in [0.5, 1)
-        whole = (mantissa * 2.0**53).astype(np.int64)  # exact: 53 significant bits
-        exponent = exponent.astype(np.int64) - 53
-        if exponents is not None:
-            exponent = exponent + np.asarray(exponents, dtype=np.int64).ravel()
-        scaled = 0
-        if whole.size:  # a zero adds nothing to its exponent's bin, whatever that exponent is
-            low_exponent = int(exponent.min())
-            if low_exponent < _LOWEST_EXPONENT:
-                raise ValueError(f"a term below 2**{_LOWEST_EXPONENT} cannot be summed exactly")
-            bins = exponent - low_exponent
-            high, low = whole >> 26, whole & ((1 << 26) - 1)  # whole = high * 2**26 + low
-            width = int(bins.max()) + 1
-            for start in range(0, whole.size, _BIN_TERMS):
-                part = slice(start, start + _BIN_TERMS)
-                highs = np.bincount(bins[part], weights=high[part], minlength=width)
-                lows = np.bincount(bins[part], weights=low[part], minlength=width)
-                for at in np.flatnonzero((highs != 0) | (lows != 0)):
-                    shift = int(at) + low_exponent - _LOWEST_EXPONENT
-                    scaled += ((int(highs[at]) << 26) + int(lows[at])) << shift
-        return cls(scaled, special)
+        if exponents is None:
+            return cls(_extracted(terms), special)
+        return cls(_binned(terms, np.asarray(exponents, dtype=np.int64).ravel()), special)
+
+    @classmethod
+    def of_products(cls, counts: np.ndarray, values: np.ndarray) -> ExactSum:
+        """The exact sum of ``counts * values`` (int64 and float64, one shape), each product
+        rounded once to float64 as a product of the two, never overflowing.
+
+        >>> ExactSum.of_products(np.array([3, 2]), np.array([1e308, -1e308])).value()
+        1e+308
+        """
+        with np.errstate(over="ignore", invalid="ignore"):
+            products = counts * values
+            if math.isfinite(float(np.sum(products))):
+                # every float is a multiple of 2**-1074, so a product with an integer that
+                # lands below the normal range is exact: these are the products rounded once
+                return cls.of(products)
+        mantissa, exponent = np.frexp(values)
+        return cls.of(counts * mantissa, exponent)
+
+    def times_power_of_two(self, power: int) -> ExactSum:
+        """The sum times ``2**power``, exactly (the terms' bits stay above
+        ``2**_LOWEST_EXPONENT``: ``power`` within +-2048 of the terms' own exponents)."""
+        if power >= 0:  # an infinite or NaN special stays what it is
+            return ExactSum(self.scaled << power, self.special)
+        if self.scaled % (1 << -power):
+            raise ValueError(f"the sum times 2**{power} is below 2**{_LOWEST_EXPONENT}")
+        return ExactSum(self.scaled >> -power, self.special)
 
     def __add__(self, other: ExactSum) -> ExactSum:
         return ExactSum(self.scaled + other.scaled, self.special + other.special)
@@ -117,6 +127,76 @@ class ExactSum:
     def value(self) -> float:
         """The sum, rounded once."""
         return self.ratio(1)
+
+
+_EXTRACTION_ROUNDS = 4
+"""Rounds of :func:`_extracted` before what is left is summed by exponent bins."""
+
+
+def _extracted(terms: np.ndarray) -> int:
+    """The exact sum of finite float64 ``terms`` in units of ``2**_LOWEST_EXPONENT``.
+
+    Rump, Ogita and Oishi's error-free extraction (Accurate floating-point summation, 2008):
+    with ``sigma = 2**k`` at least ``n + 1`` times every term's magnitude, ``q = (sigma + p) -
+    sigma`` is ``p`` rounded to a multiple of ``2**(k - 53)`` and ``p - q`` is exact, so the
+    ``q`` add up exactly in float64 in any order (their sum stays within ``2**53`` units).
+    Each round takes about 53 - log2(n) bits of every term; most terms a summary sums (counts
+    times means of a few rewards) are done in one or two. What is left after
+    :data:`_EXTRACTION_ROUNDS`, or near the ends of the float64 range, goes to :func:`_binned`.
+
+    >>> _extracted(np.array([1e16, 1.0, -1e16, 0.5])) == 3 << (-1 - _LOWEST_EXPONENT)
+    True
+    """
+    if not terms.size:
+        return 0
+    headroom_bits = int(terms.size).bit_length()  # 2**headroom_bits > n
+    remainder = terms
+    buffer = np.empty_like(terms)
+    scaled = 0
+    for _ in range(_EXTRACTION_ROUNDS):
+        largest = max(float(remainder.max()), -float(remainder.min()))
+        if largest == 0.0:
+            return scaled
+        k = math.frexp(largest)[1] + headroom_bits  # largest < 2**(k - headroom_bits)
+        if k > 1023 or k - 53 < -1022:  # sigma not a float, or its units below the normal range
+            break
+        sigma = math.ldexp(1.0, k)
+        extracted = np.add(remainder, sigma, out=buffer)
+        extracted -= sigma
+        units = int(math.ldexp(float(np.sum(extracted)), 53 - k))  # exact: an integer below 2**53
+        scaled += units << (k - 53 - _LOWEST_EXPONENT)
+        if remainder is terms:
+            remainder = terms - extracted
+        else:
+            remainder -= extracted
+    return scaled + _binned(remainder, None)
+
+
+def _binned(terms: np.ndarray, exponents: np.ndarray | None) -> int:
+    """The exact sum of finite ``terms * 2**exponents`` in units of ``2**_LOWEST_EXPONENT``:
+    each term's 53-bit mantissa, cut in halves of 27 and 26 bits, added per exponent in float64
+    (exact up to ``2**26`` terms a bin), then shifted into one integer."""
+    mantissa, exponent = np.frexp(terms)  # terms = mantissa * 2**exponent, |mantissa| in [0.5, 1)
+    whole = (mantissa * 2.0**53).astype(np.int64)  # exact: 53 significant bits
+    exponent = exponent.astype(np.int64) - 53
+    if exponents is not None:
+        exponent = exponent + exponents
+    scaled = 0
+    if whole.size:  # a zero adds nothing to its exponent's bin, whatever that exponent is
+        low_exponent = int(exponent.min())
+        if low_exponent < _LOWEST_EXPONENT:
+            raise ValueError(f"a term below 2**{_LOWEST_EXPONENT} cannot be summed exactly")
+        bins = exponent - low_exponent
+        high, low = whole >> 26, whole & ((1 << 26) - 1)  # whole = high * 2**26 + low
+        width = int(bins.max()) + 1
+        for start in range(0, whole.size, _BIN_TERMS):
+            part = slice(start, start + _BIN_TERMS)
+            highs = np.bincount(bins[part], weights=high[part], minlength=width)
+            lows = np.bincount(bins[part], weights=low[part], minlength=width)
+            for at in np.flatnonzero((highs != 0) | (lows != 0)):
+                shift = int(at) + low_exponent - _LOWEST_EXPONENT
+                scaled += ((int(highs[at]) << 26) + int(lows[at])) << shift
+    return scaled
 
 
 @dataclass(frozen=True)
@@ -162,16 +242,37 @@ def _max(values: np.ndarray, identity: float) -> float:
     return float(values.max()) if values.size else identity
 
 
-def _binary(part: GroupPart, seen: np.ndarray) -> bool:
-    """Whether the seen groups' rewards are all in {0, 1} with the largest spread [0, 1] allows
-    (``m2 = count * p * (1 - p)``): binary rewards."""
-    minimum, maximum = part.minimum[seen], part.maximum[seen]
-    if not (np.all((minimum == 0.0) | (minimum == 1.0)) and np.all((maximum == 0.0) | (maximum == 1.0))):
+def _holding_rewards(part: GroupPart) -> GroupPart:
+    """The part's groups that hold a valid reward: the part itself where every group does."""
+    seen = part.count > 0
+    if seen.all():
+        return part
+    pieces = {
+        name: getattr(part, name)[seen]
+        for name in ("count", "mean", "m2", "minimum", "maximum", "active", "rows", "order")
+    }
+    pieces["m2_scale"] = None if part.m2_scale is None else part.m2_scale[seen]
+    return replace(part, **pieces)
+
+
+def _binary(seen: GroupPart, low: float, high: float) -> bool:
+    """Whether the groups' rewards (every group holding one, all within [``low``, ``high``])
+    are all in {0, 1} with the largest spread [0, 1] allows (``m2 = count * p * (1 - p)``):
+    binary rewards."""
+    if low < 0.0 or high > 1.0:
         return False
-    p, count = part.mean[seen], part.count[seen]
-    largest = count * p * (1 - p)
-    # np.allclose's test, written out: every figure here is finite, which its extra passes handle
-    return bool((np.abs(part.m2[seen] - largest) <= 1e-12 + 1e-9 * np.abs(largest)).all())
+    # within [0, 1], a group's extreme is 0 or 1 where each non-zero one is 1
+    for extreme in (seen.minimum, seen.maximum):
+        if np.count_nonzero(extreme) != np.count_nonzero(extreme == 1.0):
+            return False
+    largest = seen.count * seen.mean
+    largest *= 1.0 - seen.mean
+    # np.allclose's test, written out (every figure here is finite and largest >= 0)
+    tolerance = largest * 1e-9
+    tolerance += 1e-12
+    difference = seen.m2 - largest
+    np.abs(difference, out=difference)
+    return bool((difference <= tolerance).all())
 
 
 @dataclass(frozen=True)
@@ -195,29 +296,28 @@ class FirstRound:
 
     @classmethod
     def of(cls, part: GroupPart) -> FirstRound:
-        seen = part.count > 0
+        seen = _holding_rewards(part)
         inactive = ~part.active
         constant = inactive & (part.count >= 2) & (part.minimum == part.maximum)
         # + 0.0: a constant group of -0.0 and one of 0.0 share a value, whichever part comes first
         values, counts = np.unique(part.minimum[constant] + 0.0, return_counts=True)
         sizes, size_counts = _value_counts(part.rows)
-        # each group's sum count * mean, rounded once as a product (never overflowing)
-        mantissa, exponent = np.frexp(part.mean)
+        low, high = _min(seen.minimum, math.inf), _max(seen.maximum, -math.inf)
         return cls(
             groups=int(part.count.size),
-            active_groups=int(part.active.sum()),
-            singleton_groups=int((part.rows == 1).sum()),
+            active_groups=int(np.count_nonzero(part.active)),
+            singleton_groups=int(np.count_nonzero(part.rows == 1)),
             size_counts=Counter(dict(zip(sizes.tolist(), size_counts.tolist(), strict=True))),
-            rewards=int(part.count.sum()),
-            reward_low=_min(part.minimum[seen], math.inf),
-            reward_high=_max(part.maximum[seen], -math.inf),
-            reward_sum=ExactSum.of(part.count * mantissa, exponent),
-            seen_groups=int(seen.sum()),
-            mean_low=_min(part.mean[seen], math.inf),
-            mean_high=_max(part.mean[seen], -math.inf),
-            binary=_binary(part, seen),
+            rewards=int(seen.count.sum()),
+            reward_low=low,
+            reward_high=high,
+            reward_sum=ExactSum.of_products(seen.count, seen.mean),  # each group's sum
+            seen_groups=int(seen.count.size),
+            mean_low=_min(seen.mean, math.inf),
+            mean_high=_max(seen.mean, -math.inf),
+            binary=_binary(seen, low, high),
             constant_values=Counter(dict(zip(values.tolist(), counts.tolist(), strict=True))),
-            tolerated_groups=int((inactive & (part.maximum > part.minimum)).sum()),
+            tolerated_groups=int(np.count_nonzero(inactive & (part.maximum > part.minimum))),
         )
 
     def __add__(self, other: FirstRound) -> FirstRound:
@@ -315,18 +415,19 @@ class SecondRound:
 
     @classmethod
     def of(cls, part: GroupPart, run: RunFigures) -> SecondRound:
-        seen = part.count > 0
-        count, mean = part.count[seen], part.mean[seen]
-        if part.m2_scale is None:  # every group of ordinary magnitude: m2 in reward units
-            within = ExactSum.of(part.m2[seen])
+        seen = _holding_rewards(part)
+        count, mean = seen.count, seen.mean
+        if seen.m2_scale is None:  # every group of ordinary magnitude: m2 in reward units
+            within = ExactSum.of(seen.m2)
         else:
-            m2_mantissa, m2_exponent = np.frexp(part.m2[seen])
-            _, scale_exponent = np.frexp(part.m2_scale[seen])  # a power of two 2**(e - 1)
+            m2_mantissa, m2_exponent = np.frexp(seen.m2)
+            _, scale_exponent = np.frexp(seen.m2_scale)  # a power of two 2**(e - 1)
             within = ExactSum.of(m2_mantissa, m2_exponent + 2 * (scale_exponent.astype(np.int64) - 1))
         unit = math.ldexp(1.0, -run.scale_exponent)
         deviation = mean * unit - run.reward_mean * unit  # exact scalings: the rounding of mean - run mean
-        squared_mantissa, squared_exponent = np.frexp(deviation * deviation)
-        between = ExactSum.of(count * squared_mantissa, squared_exponent + 2 * run.scale_exponent)
+        between = ExactSum.of_products(count, deviation * deviation).times_power_of_two(
+            2 * run.scale_exponent
+        )
         kind, low, high, size = run.histogram
         if kind == "solve_rate":
             binned = np.bincount(np.rint(mean * size).astype(np.int64), minlength=size + 1)
