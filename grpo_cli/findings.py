@@ -430,7 +430,8 @@ class SecondRound:
         )
         kind, low, high, size = run.histogram
         if kind == "solve_rate":
-            binned = np.bincount(np.rint(mean * size).astype(np.int64), minlength=size + 1)
+            solved = mean * size
+            binned = np.bincount(np.rint(solved, out=solved).astype(np.int64), minlength=size + 1)
         elif kind == "single":
             binned = np.array([mean.size])
         elif kind in ("unit", "range"):
@@ -439,7 +440,8 @@ class SecondRound:
             binned = np.zeros(0, np.int64)
         common = run.common_size
         off = np.flatnonzero(part.rows != common)
-        merged = np.flatnonzero((part.rows > common) & (part.rows % common == 0)) if common > 1 else off[:0]
+        off_rows = part.rows[off]  # few: the modulo runs on these alone
+        merged = off[(off_rows > common) & (off_rows % common == 0)] if common > 1 else off[:0]
         return cls(
             squares=within + between,
             histogram=tuple(int(c) for c in binned),
