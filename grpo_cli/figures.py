@@ -170,7 +170,11 @@ class FigureAccumulator:
         self.block_rows = block_rows
         self._pending: list[tuple[np.ndarray, RowInputs]] = []
         self._pending_rows = 0
-        self._totals: dict[str, np.ndarray] = {}
+        # each figure's totals at the front of a buffer that grows by doubling: a chunk's groups
+        # are mostly new ones (sorted input), and growing by copying every chunk was quadratic
+        self._buffers: dict[str, np.ndarray] = {}
+        self._sizes: dict[str, int] = {}  # the groups each figure has seen
+        self._handed_out: set[str] = set()  # compute() gave views: the next fold copies first
 
     def update(self, ids: np.ndarray, rows: RowInputs) -> None:
         """Add a chunk: each row's group ID and what it contributes from."""
@@ -187,7 +191,8 @@ class FigureAccumulator:
         """Each figure's totals over the rows fed so far (as long as the groups seen)."""
         if self._pending_rows:
             self._flush(self._pending_rows)
-        return self._totals
+        self._handed_out = set(self._buffers)
+        return {name: buffer[: self._sizes[name]] for name, buffer in self._buffers.items()}
 
     def _flush(self, rows: int) -> None:
         ids = np.concatenate([i for i, _ in self._pending])
@@ -211,7 +216,21 @@ class FigureAccumulator:
     def _fold(self, figures: Sequence[GroupFigure], ids: np.ndarray, rows: RowInputs) -> None:
         low, high = int(ids.min()), int(ids.max())  # the rows' groups: few, for sorted input
         chunk = of_chunk(figures, ids - low if low else ids, high - low + 1, rows)
-        self._totals.update(fold(figures, self._totals, chunk, offset=low))
+        for figure in figures:
+            buffer = self._buffers.get(figure.name)
+            self._sizes[figure.name] = max(self._sizes.get(figure.name, 0), high + 1)
+            if buffer is None or buffer.size <= high or figure.name in self._handed_out:
+                self._handed_out.discard(figure.name)
+                grown = np.zeros(
+                    max(high + 1, 2 * (0 if buffer is None else buffer.size)), chunk[figure.name].dtype
+                )
+                if buffer is not None:
+                    grown[: buffer.size] = buffer
+                buffer = self._buffers[figure.name] = grown
+            # a group not seen before holds 0 there, and 0 + a bincount's total is the total
+            # (a bincount never sums to -0.0), as fold() pads and merges
+            at = buffer[low : high + 1]
+            at[...] = MERGES[figure.merge].pair(at, chunk[figure.name])
 
 
 def merge_by_group(

@@ -920,34 +920,71 @@ def _pad(stats: GroupStats, k: int) -> GroupStats:
     return _concat_stats(stats, extra)
 
 
-def _merge_at(stats: GroupStats | None, block: GroupStats, first_group: int) -> GroupStats:
-    """``stats`` merged with ``block``, the statistics of groups ``first_group`` onwards: bit
-    for bit ``merge_group_stats(stats, block placed at first_group)``, since merging with an
-    empty group returns the other side exactly, but merging only where both hold groups.
+class _RunningStats:
+    """Statistics of the groups seen so far, grown in place: each block's statistics, of
+    groups ``first_group`` onwards, merged bit for bit as ``merge_group_stats(stats, block
+    placed at first_group)`` (merging with an empty group returns the other side exactly), but
+    only where both hold groups. The groups live at the front of tensors whose capacity
+    doubles, so a run of many blocks copies each group a bounded number of times, where
+    concatenating every block onto the totals copied them all each time (quadratic in the
+    blocks).
 
     >>> a = group_stats(torch.tensor([1.0, 3.0, 5.0]), torch.tensor([0, 1, 1]))
     >>> b = group_stats(torch.tensor([7.0, 2.0]), torch.tensor([0, 1]))
-    >>> _merge_at(a, b, 1).count.tolist(), _merge_at(a, b, 1).mean.tolist()
+    >>> running = _RunningStats()
+    >>> running.merge_at(a, 0); running.merge_at(b, 1)
+    >>> running.stats().count.tolist(), running.stats().mean.tolist()
     ([1, 3, 1], [1.0, 5.0, 2.0])
-    >>> _merge_at(a, b, 1) == merge_group_stats(a, b.placed(torch.tensor([1, 2]), 3))
+    >>> running.stats() == merge_group_stats(a, b.placed(torch.tensor([1, 2]), 3))
     True
     """
-    if stats is None:
-        stats = empty_group_stats(
-            0, device=block.count.device, dtype=block.mean.dtype, count_extremes=block.counts_extremes
-        )
-    known = stats.num_groups
-    if first_group >= known:
-        return _concat_stats(_pad(stats, first_group), block)
-    overlap = min(known, first_group + block.num_groups) - first_group
-    end = first_group + overlap
-    parts = [
-        _slice_stats(stats, 0, first_group),
-        merge_group_stats(_slice_stats(stats, first_group, end), _slice_stats(block, 0, overlap)),
-        _slice_stats(stats, end, known),
-        _slice_stats(block, overlap, block.num_groups),
-    ]
-    return _concat_all(parts)
+
+    def __init__(self) -> None:
+        self._storage: GroupStats | None = None  # capacity groups, the first `size` seen
+        self.size = 0
+        self._handed_out = False  # stats() gave views: the next merge writes to a new storage
+
+    def merge_at(self, block: GroupStats, first_group: int) -> None:
+        end = first_group + block.num_groups
+        storage = self._storage
+        if storage is None or storage.num_groups < end or self._handed_out:
+            self._handed_out = False
+            grown = empty_group_stats(
+                max(end, 2 * (0 if storage is None else storage.num_groups)),
+                device=block.count.device,
+                dtype=block.mean.dtype,
+                count_extremes=block.counts_extremes,
+            )
+            if storage is not None:
+                _assign(grown.groups(0, self.size), storage.groups(0, self.size))
+            storage = self._storage = grown
+        overlap = max(0, min(self.size, end) - first_group)
+        if overlap:
+            seen = storage.groups(first_group, first_group + overlap)
+            _assign(seen, merge_group_stats(seen, block.groups(0, overlap)))
+        # beyond the groups seen the storage holds empty groups: the block's own figures go there
+        _assign(storage.groups(first_group + overlap, end), block.groups(overlap, block.num_groups))
+        self.size = max(self.size, end)
+
+    def stats(self) -> GroupStats | None:
+        """The groups seen so far, or ``None`` before any block (views of the storage, which
+        later merges leave as they are)."""
+        if self._storage is None:
+            return None
+        self._handed_out = True
+        return self._storage.groups(0, self.size)
+
+
+def _assign(target: GroupStats, source: GroupStats) -> None:
+    """Copy ``source``'s statistics into ``target``'s tensors (views of one shape)."""
+    for name in ("count", "mean", "m2", "minimum", "maximum", "at_minimum", "at_maximum"):
+        to, values = getattr(target, name), getattr(source, name)
+        if to is not None and values is not None:
+            to.copy_(values)
+    for name in ("but_max", "but_min"):
+        to, values = getattr(target, name), getattr(source, name)
+        if to is not None and values is not None:
+            _assign(to, values)
 
 
 def _concat_all(parts: Sequence[GroupStats]) -> GroupStats:
@@ -1595,7 +1632,7 @@ class GroupStatsAccumulator:
         self.rows_seen = 0
         self._pending: list[tuple[Tensor, Tensor | None, Tensor | None]] = []
         self._pending_rows = 0
-        self._stats: GroupStats | None = None
+        self._running = _RunningStats()
 
     def update(self, rewards: Tensor, group_ids: Tensor | None = None, valid: Tensor | None = None) -> None:
         """Add a chunk of 1-D rewards (with their group IDs unless ``group_size`` was set)."""
@@ -1618,7 +1655,9 @@ class GroupStatsAccumulator:
             )
         if self._pending_rows:
             self._flush(self._pending_rows)
-        stats = self._stats or empty_group_stats(0, device=self.device, count_extremes=self.count_extremes)
+        stats = self._running.stats() or empty_group_stats(
+            0, device=self.device, count_extremes=self.count_extremes
+        )
         if num_groups is not None:
             if num_groups < stats.num_groups:
                 raise ValueError(f"num_groups ({num_groups}) is below the groups seen ({stats.num_groups})")
@@ -1651,7 +1690,7 @@ class GroupStatsAccumulator:
         self._pending_rows = rest_r.numel()
         block, first_group = self._block_stats(head_r.to(self.device), head_i, head_v)
         self.rows_seen += rows
-        self._stats = _merge_at(self._stats, block, first_group)
+        self._running.merge_at(block, first_group)
 
     def _block_stats(
         self, rewards: Tensor, ids: Tensor | None, valid: Tensor | None

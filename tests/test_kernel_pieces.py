@@ -773,3 +773,74 @@ def test_statistics_side_by_side_are_the_serial_bits(monkeypatch: pytest.MonkeyP
 
     with pytest.raises(ValueError, match="on the helper thread"):
         real_side_by_side(fails, lambda: torch.zeros(1), torch.zeros(2))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 6), min_size=1, max_size=60),
+    block_rows=st.integers(1, 30),
+    chunk=st.integers(1, 25),
+    peek_after=st.integers(0, 12),
+    count_extremes=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_running_totals_grow_in_place_and_keep_what_compute_gave(
+    sizes, block_rows, chunk, peek_after, count_extremes, seed
+):
+    """Statistics and figures grow their totals in place as new groups arrive (sorted IDs, a
+    few rows returning to group 0): fed in chunks they are each block's statistics merged
+    placed among all the groups, in order, and the figures of all rows at once; what a
+    compute() part-way gave stays as it was while more rows arrive."""
+    import numpy as np
+
+    from grpo_cli.figures import FigureAccumulator, RowInputs, of_chunk, wanted
+
+    ids = torch.arange(len(sizes)).repeat_interleave(torch.tensor(sizes))
+    gen = torch.Generator().manual_seed(seed)
+    ids[torch.rand(ids.numel(), generator=gen) < 0.1] = 0
+    rewards = torch.rand(ids.numel(), generator=gen, dtype=torch.float64).round(decimals=1)
+    rewards[torch.rand(ids.numel(), generator=gen) < 0.1] = math.nan
+    valid = ~rewards.isnan()
+    k = len(sizes)
+
+    def fed(peek: bool):
+        stats = GroupStatsAccumulator(block_rows=block_rows, count_extremes=count_extremes)
+        figures = FigureAccumulator(wanted(()), block_rows=block_rows)
+        early = None
+        for i, start in enumerate(range(0, ids.numel(), chunk)):
+            part = slice(start, start + chunk)
+            stats.update(rewards[part], ids[part], valid[part])
+            figures.update(ids[part].numpy(), RowInputs(rewards[part].numpy(), valid[part].numpy(), None))
+            if peek and i == peek_after:
+                early = (stats.compute(), figures.compute())
+                copies = (
+                    {n: t.clone() for n, t in early[0].to_columns("").items()},
+                    {n: a.copy() for n, a in early[1].items()},
+                )
+        if early is not None:  # the rows after it went to new totals
+            for name, values in early[0].to_columns("").items():
+                assert torch.equal(values, copies[0][name]), name
+            for name, array in early[1].items():
+                np.testing.assert_array_equal(array, copies[1][name], err_msg=name)
+        return stats.compute(), figures.compute()
+
+    expected = empty_group_stats(k, count_extremes=count_extremes)
+    for start in range(0, ids.numel(), block_rows):
+        block = slice(start, start + block_rows)
+        low, high = int(ids[block].min()), int(ids[block].max())
+        own = group_stats(
+            rewards[block],
+            ids[block] - low,
+            high - low + 1,
+            valid=valid[block],
+            count_extremes=count_extremes,
+        )
+        expected = merge_group_stats(expected, own.placed(torch.arange(low, high + 1), k))
+    stats, figures = fed(peek=False)
+    assert stats == expected
+    all_rows = RowInputs(rewards.numpy(), valid.numpy(), None)
+    expected_figures = of_chunk(wanted(()), ids.numpy(), k, all_rows)
+    assert figures.keys() == expected_figures.keys()
+    for name, values in expected_figures.items():
+        np.testing.assert_array_equal(figures[name], values, err_msg=name)
+    fed(peek=True)
