@@ -225,6 +225,7 @@ def check_key_types(schemas: Sequence[tuple[str, pa.Schema]], columns: Sequence[
 
 
 RUN_PROBE_ROWS = 4096
+FEW_VALUES_MIN_ROWS = 256  # below, a chunk's rows are matched as they are
 EXACT_MAX_KEYS = 1 << 16  # fewer keys are matched in a dict: no hashing library to import
 
 
@@ -309,11 +310,18 @@ class GroupKeyIndex:
     ([2, 1], 3, 'c')
     """
 
-    def __init__(self, columns: Sequence[str], *, exact: bool = False) -> None:
+    def __init__(self, columns: Sequence[str], *, exact: bool = False, few_values: bool = False) -> None:
         """Key values are matched in a Python dict while there are few (``EXACT_MAX_KEYS``,
         counting each chunk's rows), then by 64-bit hashes checked against each group's
-        first key. ``exact=True`` keeps the dict whatever the size."""
+        first key. ``exact=True`` keeps the dict whatever the size.
+
+        ``few_values``: one column whose values are few next to its rows (``--by``,
+        ``--batch-col``: a value per group). Each chunk's distinct values are found first
+        (Arrow's dictionary encoding, which lists them in order of first appearance, so the
+        IDs are those of matching every row) and only those are matched, for as long as they
+        are at most half the rows."""
         self.columns = tuple(columns)
+        self._few_values = few_values and len(self.columns) == 1
         self._types: list[pa.DataType] | None = None
         # the known hashes, sorted, and their IDs: pieces laid end to end (joined when searched)
         self._hash_parts: list[torch.Tensor] = []
@@ -353,7 +361,24 @@ class GroupKeyIndex:
         if starts is not None:
             # Each run's rows equal its first row exactly: match the first rows only.
             lengths = np.diff(starts, append=table.num_rows)
-            return np.repeat(self._encode_table(table.take(arrow_of(starts))), lengths)
+            return np.repeat(self._encode_distinct(table.take(arrow_of(starts))), lengths)
+        return self._encode_distinct(table)
+
+    def _encode_distinct(self, table: pa.Table) -> np.ndarray:
+        """IDs of ``table``'s rows; with ``few_values``, its distinct values matched once."""
+        if self._few_values and table.num_rows >= FEW_VALUES_MIN_ROWS:
+            try:
+                encoded = pc.dictionary_encode(table.column(0).combine_chunks())
+            except pa.ArrowNotImplementedError:  # a type Arrow cannot encode: match the rows
+                self._few_values = False
+                return self._encode_table(table)
+            # Arrow may tell apart values the index takes as one (0.0 and -0.0): the distinct
+            # values go through the index, which joins them again
+            if len(encoded.dictionary) * 2 <= table.num_rows:
+                ids = self._encode_table(pa.table([encoded.dictionary], names=list(self.columns)))
+                of_rows: np.ndarray = ids[numpy_of(encoded.indices)]
+                return of_rows
+            self._few_values = False  # values as many as rows: match the rows from now on
         return self._encode_table(table)
 
     def _encode_table(self, table: pa.Table) -> np.ndarray:

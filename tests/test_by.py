@@ -104,11 +104,23 @@ def independent(table: pa.Table, column: str) -> dict[Any, dict[str, Any]]:
 
 @pytest.mark.parametrize("binary", [True, False])
 @pytest.mark.parametrize("column", ["step", "source"])
-@pytest.mark.parametrize("memory_limit_mb", [1024, 0])
+@pytest.mark.parametrize(
+    ("memory_limit_mb", "chunk_rows", "shuffled"),
+    [(1024, None, False), (0, None, False), (1024, 7, False), (1024, 7, True)],
+)
 def test_every_figure_per_value_equals_an_independent_computation(
-    binary: bool, column: str, memory_limit_mb: int
+    binary: bool,
+    column: str,
+    memory_limit_mb: int,
+    chunk_rows: int | None,
+    shuffled: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Keys matched 7 rows at a time: a group's value is taken from several chunks, each over
+    its own groups (shuffled, a chunk spans groups it holds no row of)."""
     table = steps_table(11 if binary else 12, binary=binary)
+    if shuffled:
+        table = table.take(np.random.default_rng(3).permutation(table.num_rows))
     if column == "source":  # a group must lie in one value: key the groups by source too
         table = table.set_column(
             2,
@@ -120,7 +132,14 @@ def test_every_figure_per_value_equals_an_independent_computation(
                 ]
             ),
         )
-    summary = summarize(table, group_col="uid", by=[column], memory_limit_mb=memory_limit_mb)
+    if chunk_rows is not None:
+        from grpo_cli.engines import local
+
+        monkeypatch.setattr(local, "MIN_KEY_CHUNK_ROWS", chunk_rows)
+        monkeypatch.setattr(local, "KEY_CHUNK_ROWS", chunk_rows)
+    summary = summarize(
+        table, group_col="uid", by=[column], memory_limit_mb=memory_limit_mb, batch_rows=chunk_rows
+    )
     expected = independent(table, column)
     figures = summary.by[column]
     assert [v["value"] for v in figures] == sorted(expected)

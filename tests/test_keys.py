@@ -766,3 +766,41 @@ def test_uniform_width_keys_in_many_chunks_stay_on_the_hashed_path(monkeypatch):
         parts = [pa.array([f"{(start + i) % 25:08d}" for i in range(j, j + 10)]) for j in (0, 10)]
         index.encode([pa.chunked_array(parts)])
     assert index._exact is None and len(index) == 25
+
+
+@pytest.mark.parametrize("kind", ["string", "int", "bool", "large_string", "float", "dictionary"])
+@pytest.mark.parametrize("distinct", [1, 3, 40, 100_000])
+def test_few_values_match_each_chunk_once_with_the_ids_of_every_row(kind, distinct):
+    """An index of few values (--by, --batch-col) matches each chunk's distinct values once,
+    in their order of first appearance, which gives every row the ID matching it alone gives;
+    where the values are as many as the rows it matches the rows, from then on too."""
+    rng = np.random.default_rng(distinct)
+    few, plain = GroupKeyIndex(["v"], few_values=True), GroupKeyIndex(["v"])
+    for rows, runs in ((300, False), (2000, True), (5000, False), (100, False), (3000, True)):
+        values = rng.integers(0, distinct, rows)
+        if runs:  # a value per group of 8 rows, as a sorted dump holds them
+            values = np.repeat(values[: rows // 8], 8)
+        if kind == "int":
+            array = pa.array(values * 7 - 11)
+        elif kind == "bool":
+            array = pa.array(values % 2 == 0)
+        elif kind == "float":
+            array = pa.array(values * 0.5)
+        elif kind == "dictionary":
+            array = pa.array([f"source-{v}" for v in values]).dictionary_encode()
+        else:
+            array = pa.array(
+                [f"source-{v}" for v in values], pa.large_string() if kind == "large_string" else None
+            )
+        chunked = pa.chunked_array([array.slice(0, rows // 3), array.slice(rows // 3)])
+        assert few.encode([chunked]).tolist() == plain.encode([chunked]).tolist()
+    assert len(few) == len(plain)
+    assert [few.key_at(i) for i in range(len(few))] == [plain.key_at(i) for i in range(len(plain))]
+    if kind != "bool":  # many values: the rows were matched after the first chunk
+        assert few._few_values == (distinct < 100_000)
+
+
+def test_few_values_keep_zero_and_negative_zero_as_one_as_the_index_does():
+    few, plain = GroupKeyIndex(["v"], few_values=True), GroupKeyIndex(["v"])
+    array = pa.array([-0.0, 0.0, 1.5] * 200)  # Arrow's dictionary holds both zeros
+    assert few.encode([array]).tolist() == plain.encode([array]).tolist() == [0, 0, 1] * 200

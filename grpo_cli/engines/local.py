@@ -249,10 +249,14 @@ class _StatisticsPass:
         self._pending_rows = 0
         self._pending_start = 0
         self._pending_first_global = 0
-        self.batch_keys = GroupKeyIndex([config.batch_col], exact=exact_keys) if config.batch_col else None
+        self.batch_keys = (
+            GroupKeyIndex([config.batch_col], exact=exact_keys, few_values=True) if config.batch_col else None
+        )
         self.batch_of_group = np.zeros(0, dtype=np.int64)
         self.filter_rows: list[tuple[np.ndarray, np.ndarray]] | None = [] if config.trainer_filter else None
-        self.by_keys = {column: GroupKeyIndex([column], exact=exact_keys) for column in config.by_cols}
+        self.by_keys = {
+            column: GroupKeyIndex([column], exact=exact_keys, few_values=True) for column in config.by_cols
+        }
         self.by_of_group = {column: np.zeros(0, dtype=np.int64) for column in config.by_cols}
         self.top_two: TopTwo | None = None  # grpo_passk
         self.group_rewards: list[tuple[np.ndarray, torch.Tensor, torch.Tensor | None]] | None = (
@@ -386,17 +390,36 @@ class _StatisticsPass:
         option: str,
         why: str,
     ) -> np.ndarray:
-        """Each group's value of ``column`` (an ID of ``keys``), the pending rows' folded into
-        what was known; a group holding two values is refused."""
-        k = int(group_ids.max()) + 1 if self._pending_rows else 0
+        """Each group's value of ``column`` (an ID of ``keys``; -1 for a group not seen yet,
+        past the groups seen the array may hold more -1s), the pending rows' folded into what
+        was known; a group holding two values is refused.
+
+        The chunk's rows are taken a run of one group at a time (a group's rows mostly come
+        together) and only over the chunk's own groups, from its lowest ID to its highest:
+        the work is the chunk's, not every group's so far."""
         values = pa.chunked_array([column_of(b, column) for b, _ in self._pending])
         value_ids = self._encode(keys, [values], shard, what=option.removeprefix("--").replace("-col", ""))
-        high, split = batch_of_groups(group_ids, value_ids, k)
-        present = high >= 0
-        known = np.pad(known_so_far, (0, max(0, k - known_so_far.size)), constant_values=-1)
-        clash = split | (present & (known[:k] >= 0) & (known[:k] != high))
+        if not group_ids.size:
+            return known_so_far
+        low, high = int(group_ids.min()), int(group_ids.max())
+        same_group = group_ids[1:] == group_ids[:-1]
+        heads = np.flatnonzero(np.concatenate(([True], ~same_group)))
+        head_groups, head_values = group_ids[heads] - low, value_ids[heads]
+        k = high - low + 1
+        if head_groups.size == k and bool((np.diff(head_groups) > 0).all()):  # each group one run, in order
+            value_of, split = head_values, np.zeros(k, dtype=bool)
+        else:
+            value_of, split = batch_of_groups(head_groups, head_values, k)
+        split[group_ids[1:][same_group & (value_ids[1:] != value_ids[:-1])] - low] = True  # within a run
+        known = known_so_far
+        if known.size <= high:  # grown by doubling: a copy per chunk would be quadratic in the chunks
+            known = np.full(max(high + 1, 2 * known.size), -1, dtype=np.int64)
+            known[: known_so_far.size] = known_so_far
+        window = known[low : high + 1]
+        present = value_of >= 0
+        clash = split | (present & (window >= 0) & (window != value_of))
         if clash.any():
-            group = int(np.flatnonzero(clash)[0])
+            group = low + int(np.flatnonzero(clash)[0])
             rows = np.flatnonzero(group_ids == group)
             first = int(known[group]) if known[group] >= 0 else int(value_ids[rows[0]])
             row = int(rows[np.argmax(value_ids[rows] != first)])  # where the second value appears
@@ -405,7 +428,7 @@ class _StatisticsPass:
                 f"{option} {column!r} ({keys.key_at(first)!r}, then {keys.key_at(int(value_ids[row]))!r}); "
                 f"{why}"
             )
-        known[:k] = np.where(present, high, known[:k])
+        window[present] = value_of[present]
         return known
 
     def by_values(self, num_groups: int) -> list[ByValues]:
