@@ -358,7 +358,9 @@ def _expected_constant_fraction(p: float, sizes: np.ndarray) -> float:
 def _percentiles(values: np.ndarray) -> dict[str, float | None]:
     if values.size == 0:
         return {f"p{p}": None for p in PERCENTILES}
-    return {f"p{p}": float(np.percentile(values, p)) for p in PERCENTILES}
+    # one partition for the three (each is the same interpolation as a call of its own)
+    found = np.percentile(values, PERCENTILES)
+    return {f"p{p}": float(v) for p, v in zip(PERCENTILES, found, strict=True)}
 
 
 def _homogeneous(
