@@ -687,7 +687,7 @@ def block_statistics(
     plan = RunPlan(config, device=_CPU)
     keys = GroupKeyIndex(config.group_cols)
     one_value = value_columns(config)
-    value_keys = [GroupKeyIndex([column]) for column, _, _ in one_value]
+    value_keys = [GroupKeyIndex([column], few_values=True) for column, _, _ in one_value]
     length_col = config.length_col if "length_sums" in plan.needs else None  # opo sums them
     id_parts: list[np.ndarray] = []
     value_id_parts: list[list[np.ndarray]] = [[] for _ in one_value]
@@ -870,7 +870,9 @@ class OrderedMerge:
         self.plan = plan
         self.keys = GroupKeyIndex(plan.config.group_cols)
         self.one_value = value_columns(plan.config)
-        self.value_keys = [GroupKeyIndex([VALUE_FIELD.format(i)]) for i in range(len(self.one_value))]
+        self.value_keys = [
+            GroupKeyIndex([VALUE_FIELD.format(i)], few_values=True) for i in range(len(self.one_value))
+        ]
         self.channels: list[GroupStats | None] = [None] * plan.channels
         self.summary: GroupStats | None = None
         self.figures = wanted(plan.needs)
@@ -1882,7 +1884,7 @@ def _gathered(
             )
     one_value = []
     for i, (column, _, _) in enumerate(value_columns(plan.config)):
-        index = GroupKeyIndex([VALUE_FIELD.format(i)])
+        index = GroupKeyIndex([VALUE_FIELD.format(i)], few_values=True)
         of_group = np.zeros(0, np.int64)
         if k:
             name = VALUE_FIELD.format(i)
