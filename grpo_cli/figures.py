@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -125,32 +125,22 @@ def of_chunk(
     return out
 
 
-def fold(
-    figures: Sequence[GroupFigure],
-    totals: Mapping[str, np.ndarray],
-    chunk: Mapping[str, np.ndarray],
-    offset: int = 0,
-) -> dict[str, np.ndarray]:
-    """Running totals with one more chunk's, by each figure's merge rule (groups grow as they
-    appear); the chunk's figures are those of groups ``offset`` onwards.
+def room_for(values: np.ndarray | None, size: int, *, fill: float = 0, dtype: Any = None) -> np.ndarray:
+    """``values`` itself where it holds ``size`` entries, else a copy at the front of an array
+    at least twice as large, the rest ``fill`` (``dtype``: where ``values`` is ``None``).
+    Running per-group totals grow this way by each chunk's new groups: every value is copied a
+    bounded number of times, where growing by exactly the new groups copies all per chunk.
 
-    >>> totals = {"rows": np.array([2, 1])}
-    >>> fold(wanted(())[:1], totals, {"rows": np.array([3, 4])}, offset=1)["rows"].tolist()
-    [2, 4, 4]
+    >>> room_for(np.array([3, 4]), 3, fill=-1).tolist()
+    [3, 4, -1, -1]
     """
-    out = {}
-    for figure in figures:
-        a, b = totals.get(figure.name), chunk[figure.name]
-        if a is None:
-            a = np.zeros(0, dtype=b.dtype)
-        size = max(a.size, offset + b.size)
-        merged = np.pad(a, (0, size - a.size))
-        end = offset + b.size
-        # outside the chunk's groups a total is kept as it is: adding the chunk's 0 there would
-        # change nothing (a bincount never sums to -0.0)
-        merged[offset:end] = MERGES[figure.merge].pair(merged[offset:end], b)
-        out[figure.name] = merged
-    return out
+    if values is not None and values.size >= size:
+        return values
+    held = 0 if values is None else values.size
+    grown = np.full(max(size, 2 * held), fill, dtype=dtype if values is None else values.dtype)
+    if values is not None:
+        grown[:held] = values
+    return grown
 
 
 class FigureAccumulator:
@@ -219,16 +209,12 @@ class FigureAccumulator:
         for figure in figures:
             buffer = self._buffers.get(figure.name)
             self._sizes[figure.name] = max(self._sizes.get(figure.name, 0), high + 1)
-            if buffer is None or buffer.size <= high or figure.name in self._handed_out:
+            if buffer is not None and figure.name in self._handed_out:  # compute() gave a view of it
                 self._handed_out.discard(figure.name)
-                grown = np.zeros(
-                    max(high + 1, 2 * (0 if buffer is None else buffer.size)), chunk[figure.name].dtype
-                )
-                if buffer is not None:
-                    grown[: buffer.size] = buffer
-                buffer = self._buffers[figure.name] = grown
+                buffer = buffer.copy()
+            buffer = self._buffers[figure.name] = room_for(buffer, high + 1, dtype=chunk[figure.name].dtype)
             # a group not seen before holds 0 there, and 0 + a bincount's total is the total
-            # (a bincount never sums to -0.0), as fold() pads and merges
+            # (a bincount never sums to -0.0)
             at = buffer[low : high + 1]
             at[...] = MERGES[figure.merge].pair(at, chunk[figure.name])
 

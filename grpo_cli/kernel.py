@@ -920,23 +920,26 @@ def _pad(stats: GroupStats, k: int) -> GroupStats:
     return _concat_stats(stats, extra)
 
 
-class _RunningStats:
-    """Statistics of the groups seen so far, grown in place: each block's statistics, of
-    groups ``first_group`` onwards, merged bit for bit as ``merge_group_stats(stats, block
-    placed at first_group)`` (merging with an empty group returns the other side exactly), but
-    only where both hold groups. The groups live at the front of tensors whose capacity
-    doubles, so a run of many blocks copies each group a bounded number of times, where
-    concatenating every block onto the totals copied them all each time (quadratic in the
-    blocks).
+class RunningGroupStats:
+    """Statistics of the groups seen so far, grown in place: each block's statistics merged
+    bit for bit as ``merge_group_stats(stats, block placed among all the groups)`` (merging
+    with an empty group returns the other side exactly), but only where the block holds
+    groups. The groups live at the front of tensors whose capacity doubles, so a run of many
+    blocks copies each group a bounded number of times, where merging every block over all
+    the groups so far (or concatenating onto them) costs every group per block: quadratic in
+    the blocks.
 
     >>> a = group_stats(torch.tensor([1.0, 3.0, 5.0]), torch.tensor([0, 1, 1]))
     >>> b = group_stats(torch.tensor([7.0, 2.0]), torch.tensor([0, 1]))
-    >>> running = _RunningStats()
+    >>> running = RunningGroupStats()
     >>> running.merge_at(a, 0); running.merge_at(b, 1)
     >>> running.stats().count.tolist(), running.stats().mean.tolist()
     ([1, 3, 1], [1.0, 5.0, 2.0])
     >>> running.stats() == merge_group_stats(a, b.placed(torch.tensor([1, 2]), 3))
     True
+    >>> running.merge_rows(b, torch.tensor([3, 0]), 4)  # b's groups are groups 3 and 0
+    >>> running.stats().count.tolist()
+    [2, 3, 1, 1]
     """
 
     def __init__(self) -> None:
@@ -945,19 +948,9 @@ class _RunningStats:
         self._handed_out = False  # stats() gave views: the next merge writes to a new storage
 
     def merge_at(self, block: GroupStats, first_group: int) -> None:
+        """Merge ``block``, the statistics of groups ``first_group`` onwards."""
         end = first_group + block.num_groups
-        storage = self._storage
-        if storage is None or storage.num_groups < end or self._handed_out:
-            self._handed_out = False
-            grown = empty_group_stats(
-                max(end, 2 * (0 if storage is None else storage.num_groups)),
-                device=block.count.device,
-                dtype=block.mean.dtype,
-                count_extremes=block.counts_extremes,
-            )
-            if storage is not None:
-                _assign(grown.groups(0, self.size), storage.groups(0, self.size))
-            storage = self._storage = grown
+        storage = self._grown(block, end)
         overlap = max(0, min(self.size, end) - first_group)
         if overlap:
             seen = storage.groups(first_group, first_group + overlap)
@@ -966,6 +959,36 @@ class _RunningStats:
         _assign(storage.groups(first_group + overlap, end), block.groups(overlap, block.num_groups))
         self.size = max(self.size, end)
 
+    def merge_rows(self, block: GroupStats, group_ids: Tensor, num_groups: int) -> None:
+        """Merge ``block``, whose entry ``i`` holds group ``group_ids[i]`` (int64, no repeats,
+        each below ``num_groups``, the groups seen once it is merged)."""
+        storage = self._grown(block, max(num_groups, self.size))
+        seen = group_ids < self.size
+        if bool(seen.any()):
+            at = group_ids[seen]
+            merged = merge_group_stats(storage._map(lambda t: t[at]), block._map(lambda t: t[seen]))
+            _assign_rows(storage, at, merged)
+        fresh = ~seen
+        if bool(fresh.any()):
+            _assign_rows(storage, group_ids[fresh], block._map(lambda t: t[fresh]))
+        self.size = max(self.size, num_groups)
+
+    def _grown(self, block: GroupStats, groups: int) -> GroupStats:
+        """The storage, holding at least ``groups`` groups, not shared with a past stats()."""
+        storage = self._storage
+        if storage is None or storage.num_groups < groups or self._handed_out:
+            self._handed_out = False
+            grown = empty_group_stats(
+                max(groups, 2 * (0 if storage is None else storage.num_groups)),
+                device=block.count.device,
+                dtype=block.mean.dtype,
+                count_extremes=block.counts_extremes,
+            )
+            if storage is not None:
+                _assign(grown.groups(0, self.size), storage.groups(0, self.size))
+            storage = self._storage = grown
+        return storage
+
     def stats(self) -> GroupStats | None:
         """The groups seen so far, or ``None`` before any block (views of the storage, which
         later merges leave as they are)."""
@@ -973,6 +996,18 @@ class _RunningStats:
             return None
         self._handed_out = True
         return self._storage.groups(0, self.size)
+
+
+def _assign_rows(target: GroupStats, rows: Tensor, source: GroupStats) -> None:
+    """Copy ``source``'s statistics into ``target``'s entries ``rows``."""
+    for name in ("count", "mean", "m2", "minimum", "maximum", "at_minimum", "at_maximum"):
+        to, values = getattr(target, name), getattr(source, name)
+        if to is not None and values is not None:
+            to.index_copy_(0, rows, values.to(to.dtype))
+    for name in ("but_max", "but_min"):
+        to, values = getattr(target, name), getattr(source, name)
+        if to is not None and values is not None:
+            _assign_rows(to, rows, values)
 
 
 def _assign(target: GroupStats, source: GroupStats) -> None:
@@ -1632,7 +1667,7 @@ class GroupStatsAccumulator:
         self.rows_seen = 0
         self._pending: list[tuple[Tensor, Tensor | None, Tensor | None]] = []
         self._pending_rows = 0
-        self._running = _RunningStats()
+        self._running = RunningGroupStats()
 
     def update(self, rewards: Tensor, group_ids: Tensor | None = None, valid: Tensor | None = None) -> None:
         """Add a chunk of 1-D rewards (with their group IDs unless ``group_size`` was set)."""

@@ -26,7 +26,7 @@ import torch
 from grpo_cli.columns import column_of, filter_rows, top_level
 from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError
-from grpo_cli.figures import FigureAccumulator, RowInputs, padded, wanted
+from grpo_cli.figures import FigureAccumulator, RowInputs, padded, room_for, wanted
 from grpo_cli.findings import GroupFindings
 from grpo_cli.kernel import (
     GroupStats,
@@ -411,10 +411,7 @@ class _StatisticsPass:
         else:
             value_of, split = batch_of_groups(head_groups, head_values, k)
         split[group_ids[1:][same_group & (value_ids[1:] != value_ids[:-1])] - low] = True  # within a run
-        known = known_so_far
-        if known.size <= high:  # grown by doubling: a copy per chunk would be quadratic in the chunks
-            known = np.full(max(high + 1, 2 * known.size), -1, dtype=np.int64)
-            known[: known_so_far.size] = known_so_far
+        known = room_for(known_so_far, high + 1, fill=-1)
         window = known[low : high + 1]
         present = value_of >= 0
         clash = split | (present & (window >= 0) & (window != value_of))

@@ -65,16 +65,16 @@ from grpo_cli.choices import InputFormat
 from grpo_cli.columns import plain_schema
 from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError, first_line, os_reason
-from grpo_cli.figures import RowInputs, fold, of_chunk, padded, wanted
+from grpo_cli.figures import MERGES, RowInputs, of_chunk, padded, room_for, wanted
 from grpo_cli.file_names import PARQUET_SUFFIXES, PROVENANCE_KEY, output_is_directory
 from grpo_cli.guard import Claim, ProtectedInputs, RemoteClaim, StagedRemoteClaim
 from grpo_cli.kernel import (
     GroupStats,
+    RunningGroupStats,
     TopTwo,
     WeightedMoments,
     empty_group_stats,
     empty_top_two,
-    merge_group_stats,
     merge_top_two,
     merge_weighted_moments,
     padded_top_two,
@@ -873,10 +873,11 @@ class OrderedMerge:
         self.value_keys = [
             GroupKeyIndex([VALUE_FIELD.format(i)], few_values=True) for i in range(len(self.one_value))
         ]
-        self.channels: list[GroupStats | None] = [None] * plan.channels
-        self.summary: GroupStats | None = None
+        # running totals grown in place (a block merged over its own groups only, not all so far)
+        self.channels = [RunningGroupStats() for _ in range(plan.channels)]
+        self.summary = RunningGroupStats()  # the combined reward's, where channels are several
         self.figures = wanted(plan.needs)
-        self.totals: dict[str, np.ndarray] = {}
+        self.totals: dict[str, np.ndarray] = {}  # each figure's, at the front of a growing buffer
         self.value_of_group = [np.zeros(0, dtype=np.int64) for _ in self.one_value]
         self.first_table: pa.Table | None = None
         self.top_two: TopTwo | None = None  # grpo_passk
@@ -896,20 +897,15 @@ class OrderedMerge:
         seen = np.stack([partial.column(f).to_numpy()[new] for f in (BLOCK_FIELD, GROUP_FIELD)], axis=1)
         self.first_seen.append(seen)
 
-        def merged(total: GroupStats | None, prefix: str) -> GroupStats:
-            block = _stats_from_table(partial, prefix).placed(ids, k)
-            return block if total is None else merge_group_stats(total, block)
-
-        self.channels = [merged(total, _channel_prefix(c)) for c, total in enumerate(self.channels)]
+        for channel, running in enumerate(self.channels):
+            running.merge_rows(_stats_from_table(partial, _channel_prefix(channel)), ids, k)
         if self.plan.channels > 1:
-            self.summary = merged(self.summary, _SUMMARY_PREFIX)
-        block = {}
+            self.summary.merge_rows(_stats_from_table(partial, _SUMMARY_PREFIX), ids, k)
         for figure in self.figures:
             values = partial.column(FIGURE_PREFIX + figure.name).to_numpy()
-            placed = np.zeros(k, dtype=values.dtype)
-            placed[ids_np] = values
-            block[figure.name] = placed
-        self.totals = fold(self.figures, self.totals, block)
+            total = self.totals[figure.name] = room_for(self.totals.get(figure.name), k, dtype=values.dtype)
+            # a group new here holds 0: 0 + its block's figure, as placing it among all the groups gave
+            total[ids_np] = MERGES[figure.merge].pair(total[ids_np], values)
         if "top_two" in self.plan.needs:
             top = _placed_top_two(partial, ids, k)
             if self.top_two is not None:
@@ -924,7 +920,7 @@ class OrderedMerge:
         column, option, why = self.one_value[i]
         value_ids = self.value_keys[i].encode([partial.column(VALUE_FIELD.format(i))])
         clash = partial.column(VALUE_CLASH_FIELD.format(i)).to_numpy(zero_copy_only=False).astype(bool)
-        known = np.pad(self.value_of_group[i], (0, k - self.value_of_group[i].size), constant_values=-1)
+        known = room_for(self.value_of_group[i], k, fill=-1)
         clash |= (known[ids_np] >= 0) & (known[ids_np] != value_ids)
         if clash.any():
             key = partial.select(list(self.plan.config.group_cols)).slice(int(np.flatnonzero(clash)[0]), 1)
@@ -935,14 +931,12 @@ class OrderedMerge:
     def result(self) -> MergedStatistics:
         k = len(self.keys)
         extremes = self.plan.count_extremes
-        # each block's rows were placed among all the groups seen by then: the last saw them all
-        channels = [
-            s if s is not None else empty_group_stats(k, count_extremes=extremes) for s in self.channels
-        ]
+        # each block's groups were merged among all the groups seen by then: the last saw them all
+        channels = [_or_empty(running, k, extremes) for running in self.channels]
         summary = channels[0]
         if self.plan.channels > 1:
-            summary = self.summary if self.summary is not None else empty_group_stats(k)
-        totals = padded(self.figures, self.totals, k)
+            summary = _or_empty(self.summary, k, False)
+        totals = padded(self.figures, {name: total[:k] for name, total in self.totals.items()}, k)
         values = [
             (
                 column,
@@ -982,6 +976,11 @@ class OrderedMerge:
 
 
 FIRST_SEEN_FIELDS = ("__grpo_first_block", "__grpo_first_group")  # a group's first partial row
+
+
+def _or_empty(running: RunningGroupStats, groups: int, count_extremes: bool) -> GroupStats:
+    stats = running.stats()
+    return stats if stats is not None else empty_group_stats(groups, count_extremes=count_extremes)
 
 
 def _empty_values(i: int) -> pa.Table:
