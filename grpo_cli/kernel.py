@@ -2038,6 +2038,63 @@ def merge_top_two(a: TopTwo, b: TopTwo) -> TopTwo:
     return TopTwo(first, second, best_row)
 
 
+class RunningTopTwo:
+    """The top two of the groups seen so far, grown in place by doubling: each part's top two
+    merged (:func:`merge_top_two`, exact in any order) over its own groups only, where
+    merging over every group seen so far costs all of them per part.
+
+    >>> running, one = RunningTopTwo(), torch.tensor([0])
+    >>> running.merge_rows(group_top_two(torch.tensor([0.5, 1.0]), torch.arange(2), 2), torch.arange(2), 2)
+    >>> running.merge_rows(group_top_two(torch.tensor([2.0]), one, 1), torch.tensor([2]), 3)
+    >>> running.merge_rows(group_top_two(torch.tensor([0.75]), one, 1), one, 3)
+    >>> top = running.result(); top.first.tolist(), top.second.tolist()
+    ([0.75, 1.0, 2.0], [0.5, -inf, -inf])
+    """
+
+    NAMES = ("first", "second", "best_row")
+
+    def __init__(self) -> None:
+        self._storage: TopTwo | None = None
+        self.size = 0
+        self._handed_out = False
+
+    def merge_rows(self, top: TopTwo, group_ids: Tensor, num_groups: int) -> None:
+        """Merge ``top``, whose entry ``i`` is group ``group_ids[i]`` (int64, no repeats, each
+        below ``num_groups``, the groups seen once it is merged)."""
+        storage = self._storage
+        groups = max(num_groups, self.size)
+        if storage is None or storage.first.numel() < groups or self._handed_out:
+            self._handed_out = False
+            grown = empty_top_two(max(groups, 2 * (0 if storage is None else storage.first.numel())))
+            if storage is not None:
+                for name in self.NAMES:
+                    getattr(grown, name)[: self.size] = getattr(storage, name)[: self.size]
+            storage = self._storage = grown
+        seen = group_ids < self.size
+        if bool(seen.any()):
+            at = group_ids[seen]
+            merged = merge_top_two(
+                TopTwo(*(getattr(storage, name)[at] for name in self.NAMES)),
+                TopTwo(*(getattr(top, name)[seen] for name in self.NAMES)),
+            )
+            for name in self.NAMES:
+                getattr(storage, name).index_copy_(0, at, getattr(merged, name))
+        fresh = ~seen
+        if bool(fresh.any()):
+            for name in self.NAMES:
+                getattr(storage, name).index_copy_(0, group_ids[fresh], getattr(top, name)[fresh])
+        self.size = groups
+
+    def result(self, num_groups: int | None = None) -> TopTwo | None:
+        """The groups seen so far (padded with empty ones to ``num_groups``), or ``None``
+        before any part."""
+        if self._storage is None:
+            return None
+        self._handed_out = True
+        top = TopTwo(*(getattr(self._storage, name)[: self.size] for name in self.NAMES))
+        return top if num_groups is None else padded_top_two(top, num_groups)
+
+
 def passk_best_advantage(
     stats: GroupStats,
     top: TopTwo,

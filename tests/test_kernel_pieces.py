@@ -844,3 +844,41 @@ def test_running_totals_grow_in_place_and_keep_what_compute_gave(
     for name, values in expected_figures.items():
         np.testing.assert_array_equal(figures[name], values, err_msg=name)
     fed(peek=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 5), min_size=1, max_size=40),
+    chunk=st.integers(1, 20),
+    peek_after=st.integers(0, 6),
+    seed=st.integers(0, 2**16),
+)
+def test_running_top_two_over_chunks_is_the_top_two_of_all_rows(sizes, chunk, peek_after, seed):
+    """Each chunk's top two over its own groups (as the local engine takes them, from its
+    lowest ID to its highest) merged in place: the top two of all rows at once, best rows
+    included; what result() gave part-way stays as it was."""
+    from grpo_cli.kernel import RunningTopTwo, group_top_two
+
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.arange(len(sizes)).repeat_interleave(torch.tensor(sizes))
+    ids[torch.rand(ids.numel(), generator=gen) < 0.15] = 0  # group 0 comes back in later chunks
+    values = torch.randint(0, 4, (ids.numel(),), generator=gen).to(torch.float64) / 2
+    k = int(ids.max()) + 1
+    running, early = RunningTopTwo(), None
+    for i, start in enumerate(range(0, ids.numel(), chunk)):
+        part = slice(start, start + chunk)
+        low, high = int(ids[part].min()), int(ids[part].max())
+        top = group_top_two(
+            values[part], ids[part] - low, high - low + 1, positions=torch.arange(ids.numel())[part]
+        )
+        running.merge_rows(top, torch.arange(low, high + 1), high + 1)
+        if i == peek_after:
+            early = running.result()
+            copies = [getattr(early, name).clone() for name in RunningTopTwo.NAMES]
+    expected = group_top_two(values, ids, k)
+    got = running.result(k)
+    for name in ("first", "second", "best_row"):
+        assert torch.equal(getattr(got, name), getattr(expected, name)), name
+    if early is not None:
+        for name, copy in zip(RunningTopTwo.NAMES, copies, strict=True):
+            assert torch.equal(getattr(early, name), copy), name

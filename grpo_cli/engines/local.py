@@ -30,11 +30,10 @@ from grpo_cli.figures import FigureAccumulator, RowInputs, padded, room_for, wan
 from grpo_cli.findings import GroupFindings
 from grpo_cli.kernel import (
     GroupStats,
+    RunningTopTwo,
     TopTwo,
     WeightedMoments,
     WeightedMomentsAccumulator,
-    merge_top_two,
-    padded_top_two,
 )
 from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, arrow_of, as_tensor, check_key_types, is_key_type
 from grpo_cli.output import (
@@ -258,7 +257,7 @@ class _StatisticsPass:
             column: GroupKeyIndex([column], exact=exact_keys, few_values=True) for column in config.by_cols
         }
         self.by_of_group = {column: np.zeros(0, dtype=np.int64) for column in config.by_cols}
-        self.top_two: TopTwo | None = None  # grpo_passk
+        self.top_two = RunningTopTwo()  # grpo_passk
         self.group_rewards: list[tuple[np.ndarray, torch.Tensor, torch.Tensor | None]] | None = (
             [] if "group_rewards" in plan.needs else None
         )  # pass_at_k: every row's group, combined reward and validity, in input order
@@ -344,14 +343,13 @@ class _StatisticsPass:
         """grpo_passk: each group's top two rewards."""
         if "top_two" not in self.plan.needs:
             return
-        k = int(group_ids.max()) + 1 if group_ids.size else 0
+        if not group_ids.size:
+            return
+        low, high = int(group_ids.min()), int(group_ids.max())  # the chunk's own groups
         first = self._pending_first_global
         positions = torch.arange(first, first + chunk.combined.numel())
-        top = scored_top_two(chunk, torch.from_numpy(group_ids), positions, k)
-        if self.top_two is not None:
-            size = max(k, self.top_two.first.numel())
-            top = merge_top_two(padded_top_two(self.top_two, size), padded_top_two(top, size))
-        self.top_two = top
+        top = scored_top_two(chunk, torch.from_numpy(group_ids - low), positions, high - low + 1)
+        self.top_two.merge_rows(top, torch.arange(low, high + 1), high + 1)
 
     def _check_batches(self, group_ids: np.ndarray, shard: Shard) -> None:
         """Each group's batch and ``--by`` values: one per group, checked (without --batch-col
@@ -494,7 +492,7 @@ class _StatisticsPass:
             self.keys,
             cached,
             self.batch_layout(totals, num_groups),
-            None if self.top_two is None else padded_top_two(self.top_two, num_groups),
+            self.top_two.result(num_groups),
             self.by_values(num_groups),
             self.filter_rows,
             self.group_rewards,

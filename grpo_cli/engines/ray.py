@@ -71,13 +71,12 @@ from grpo_cli.guard import Claim, ProtectedInputs, RemoteClaim, StagedRemoteClai
 from grpo_cli.kernel import (
     GroupStats,
     RunningGroupStats,
+    RunningTopTwo,
     TopTwo,
     WeightedMoments,
     empty_group_stats,
     empty_top_two,
-    merge_top_two,
     merge_weighted_moments,
-    padded_top_two,
     weighted_moments,
 )
 from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_types, key_buckets
@@ -776,12 +775,11 @@ def _top_two_columns(
     return {field: getattr(top, name).numpy() for name, field in TOP_TWO_FIELDS.items()}
 
 
-def _placed_top_two(partial: pa.Table, ids: torch.Tensor, k: int) -> TopTwo:
-    """A block's top two placed among the run's ``k`` groups (the others empty)."""
-    placed = empty_top_two(k)
-    for name, column in TOP_TWO_FIELDS.items():
-        getattr(placed, name)[ids] = torch.from_numpy(partial.column(column).to_numpy())
-    return placed
+def _partial_top_two(partial: pa.Table) -> TopTwo:
+    """A block's top two, one entry per partial row."""
+    return TopTwo(
+        *(torch.from_numpy(partial.column(TOP_TWO_FIELDS[name]).to_numpy()) for name in RunningTopTwo.NAMES)
+    )
 
 
 def _numpy(columns: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
@@ -880,7 +878,7 @@ class OrderedMerge:
         self.totals: dict[str, np.ndarray] = {}  # each figure's, at the front of a growing buffer
         self.value_of_group = [np.zeros(0, dtype=np.int64) for _ in self.one_value]
         self.first_table: pa.Table | None = None
-        self.top_two: TopTwo | None = None  # grpo_passk
+        self.top_two = RunningTopTwo()  # grpo_passk
         self.first_seen: list[np.ndarray] = []  # each group's first partial row: (block, group in block)
 
     def add(self, partial: pa.Table) -> None:
@@ -907,10 +905,7 @@ class OrderedMerge:
             # a group new here holds 0: 0 + its block's figure, as placing it among all the groups gave
             total[ids_np] = MERGES[figure.merge].pair(total[ids_np], values)
         if "top_two" in self.plan.needs:
-            top = _placed_top_two(partial, ids, k)
-            if self.top_two is not None:
-                top = merge_top_two(padded_top_two(self.top_two, k), top)
-            self.top_two = top
+            self.top_two.merge_rows(_partial_top_two(partial), ids, k)
         for i in range(len(self.one_value)):
             self._add_values(i, partial, ids_np, k)
 
@@ -945,7 +940,7 @@ class OrderedMerge:
             )
             for i, (column, _, _) in enumerate(self.one_value)
         ]
-        top_two = None if self.top_two is None else padded_top_two(self.top_two, k)
+        top_two = self.top_two.result(k)
         return _merged(self.plan, None, channels, summary, totals, values, top_two)
 
     def _of_groups(self, i: int, k: int) -> np.ndarray:
