@@ -963,6 +963,7 @@ class RunningGroupStats:
         """Merge ``block``, whose entry ``i`` holds group ``group_ids[i]`` (int64, no repeats,
         each below ``num_groups``, the groups seen once it is merged)."""
         storage = self._grown(block, max(num_groups, self.size))
+        group_ids = group_ids.to(storage.count.device)
         seen = group_ids < self.size
         if bool(seen.any()):
             at = group_ids[seen]
@@ -2065,11 +2066,14 @@ class RunningTopTwo:
         groups = max(num_groups, self.size)
         if storage is None or storage.first.numel() < groups or self._handed_out:
             self._handed_out = False
-            grown = empty_top_two(max(groups, 2 * (0 if storage is None else storage.first.numel())))
+            grown = empty_top_two(
+                max(groups, 2 * (0 if storage is None else storage.first.numel())), device=top.first.device
+            )
             if storage is not None:
                 for name in self.NAMES:
                     getattr(grown, name)[: self.size] = getattr(storage, name)[: self.size]
             storage = self._storage = grown
+        group_ids = group_ids.to(storage.first.device)
         seen = group_ids < self.size
         if bool(seen.any()):
             at = group_ids[seen]
