@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import json
 import os
@@ -973,7 +974,82 @@ def bench_jsonl_speed(data_dir: Path, sizes: tuple[int, ...] = (1, 10, 100), rep
                     )
 
 
-SECTIONS = ["imports", "jsonl", "kernel", "keys", "dump", "files", "memory", "estimators", "ray"]
+def bench_scaling(rows: int, group_size: int, repeats: int, factor: int = 6) -> None:
+    """Whether pass 1's running totals cost the same per row at ``rows`` and ``factor`` times as
+    many (sorted IDs fed in 1 Mi-row chunks, as the local engine feeds them), and whether a Ray
+    reducer's merge costs the same per group over 10 and 50 blocks of new groups: a per-row cost
+    that grows with the input is a total that grows faster than it."""
+    print(
+        f"\nscaling: pass 1's running totals, sorted IDs in {SCALING_CHUNK:,}-row chunks (best of {repeats})"
+    )
+    columns = " ".join(f"{name:>11s} {'ns/row':>7s}" for name in ("statistics", "figures", "top two"))
+    print(f"  {'rows':>12s} {columns}")
+    for n in (rows, rows * factor):
+        times = _running_totals_seconds(n, group_size, repeats)
+        cells = " ".join(f"{t:10.2f}s {t / n * 1e9:7.1f}" for t in times)
+        print(f"  {n:12,d} {cells}")
+    per_block = 200_000
+    print(f"\nscaling: a Ray reducer merging blocks of {per_block:,} new groups each (best of {repeats})")
+    print(f"  {'blocks':>7s} {'groups':>12s} {'seconds':>8s} {'ns/group':>9s}")
+    for blocks in (10, 50):
+        seconds = best_of(repeats, functools.partial(_reducer_merges, blocks, per_block))
+        groups = blocks * per_block
+        print(f"  {blocks:7d} {groups:12,d} {seconds:8.2f} {seconds / groups * 1e9:9.1f}")
+
+
+SCALING_CHUNK = 1 << 20
+
+
+def _running_totals_seconds(n: int, group_size: int, repeats: int) -> list[float]:
+    """The best seconds of the statistics, the figures and grpo_passk's top two over ``n`` rows."""
+    import torch
+
+    from grpo_cli.figures import FigureAccumulator, RowInputs, wanted
+    from grpo_cli.kernel import GroupStatsAccumulator, RunningTopTwo, group_top_two
+
+    ids = torch.arange(n) // group_size
+    rewards = (torch.rand(n, generator=torch.Generator().manual_seed(n), dtype=torch.float64) < 0.5).double()
+    ids_np, rewards_np, valid_np = ids.numpy(), rewards.numpy(), np.ones(n, dtype=bool)
+    chunks = [slice(start, start + SCALING_CHUNK) for start in range(0, n, SCALING_CHUNK)]
+
+    def statistics() -> None:
+        accumulator = GroupStatsAccumulator()
+        for part in chunks:
+            accumulator.update(rewards[part], ids[part])
+        accumulator.compute()
+
+    def figures() -> None:
+        accumulator = FigureAccumulator(wanted(()), block_rows=1 << 22)
+        for part in chunks:
+            accumulator.update(ids_np[part], RowInputs(rewards_np[part], valid_np[part], None))
+        accumulator.compute()
+
+    def top_two() -> None:
+        running = RunningTopTwo()
+        for part in chunks:
+            low, high = int(ids[part][0]), int(ids[part][-1])
+            top = group_top_two(rewards[part], ids[part] - low, high - low + 1)
+            running.merge_rows(top, torch.arange(low, high + 1), high + 1)
+        running.result()
+
+    return [best_of(repeats, job) for job in (statistics, figures, top_two)]
+
+
+def _reducer_merges(blocks: int, per_block: int) -> None:
+    """A Ray reducer's merge of ``blocks`` blocks of ``per_block`` new groups each."""
+    import torch
+
+    from grpo_cli.kernel import RunningGroupStats, group_stats
+
+    block = group_stats(
+        torch.rand(per_block * 2, dtype=torch.float64), torch.arange(per_block).repeat_interleave(2)
+    )
+    running = RunningGroupStats()
+    for b in range(blocks):
+        running.merge_rows(block, torch.arange(b * per_block, (b + 1) * per_block), (b + 1) * per_block)
+
+
+SECTIONS = ["imports", "jsonl", "kernel", "keys", "dump", "files", "memory", "estimators", "ray", "scaling"]
 """Every section, in the order a full run takes them."""
 
 
@@ -1031,6 +1107,8 @@ def main() -> None:
         bench_memory(args.rss_rows, args.group_size, args.data_dir, args.text_bytes)
     if "estimators" in sections:
         bench_estimators(args.rows // 5, args.group_size, args.repeats, args.data_dir)
+    if "scaling" in sections:
+        bench_scaling(args.rows, args.group_size, args.repeats)
     if "ray" in sections:
         bench_ray(args.ray_rows, args.group_size, args.repeats, args.data_dir)
         bench_ray_driver(
