@@ -544,7 +544,10 @@ from grpo_cli.threads import let_idle_threads_sleep
 let_idle_threads_sleep()  # the driver is the CLI's process, which does these when a command runs
 reuse_freed_memory()
 from grpo_cli.config import ComputeConfig
+from grpo_cli.engines import ray as ray_engine
 from grpo_cli.jobs import compute_dataset_ray
+
+ray_engine.OUTCOME_ON_REDUCERS = sys.argv[4] == "reducers"
 
 def status(field):
     return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field))
@@ -568,23 +571,28 @@ print(json.dumps({{"seconds": seconds, "driver_peak_rss_mib": status("VmHWM:") /
 def bench_ray_driver(data_dir: Path, group_counts: tuple[int, ...], task_counts: tuple[int, ...]) -> None:
     """The Ray driver's peak memory and wall time against the number of groups (2 rows a group,
     int IDs shuffled over 4 shards), then against the statistics tasks at 10^6 groups (the
-    blocks cut smaller); each a fresh process that starts its own local instance."""
+    blocks cut smaller); each a fresh process that starts its own local instance. Each row
+    twice: the reducers computing their buckets' outcome and findings (the driver holds their
+    merged summaries), then the driver gathering every group's figures (as before 2026-12-06)."""
     print("\nray engine: the driver's peak memory against groups (fresh process each; resident:")
-    print("VmHWM, with the object store's pages it maps; own: the peak of RssAnon, sampled)")
+    print("VmHWM, with the object store's pages it maps; own: the peak of RssAnon, sampled;")
+    print("outcome on: the reducers, or the driver gathering every group's figures)")
     header = (
-        f"  {'groups':>12s} {'rows':>12s} {'tasks':>6s} {'seconds':>8s} {'resident MiB':>13s} {'own MiB':>8s}"
+        f"  {'groups':>12s} {'rows':>12s} {'tasks':>6s} {'outcome on':>10s} {'seconds':>8s}"
+        f" {'resident MiB':>13s} {'own MiB':>8s}"
     )
     print(header)
     for groups in group_counts:
-        _ray_driver_run(data_dir, groups, 1 << 22)
+        for where in ("reducers", "driver"):
+            _ray_driver_run(data_dir, groups, 1 << 22, where)
     groups = 10**6
     print(f"\nray engine: the driver against its statistics tasks ({groups:,} groups, blocks cut smaller)")
     print(header)
     for tasks in task_counts:
-        _ray_driver_run(data_dir, groups, -(-2 * groups // tasks))
+        _ray_driver_run(data_dir, groups, -(-2 * groups // tasks), "reducers")
 
 
-def _ray_driver_run(data_dir: Path, groups: int, block_rows: int) -> None:
+def _ray_driver_run(data_dir: Path, groups: int, block_rows: int, where: str) -> None:
     import shutil
 
     folder = data_dir / f"ray_groups_{groups}"
@@ -599,18 +607,26 @@ def _ray_driver_run(data_dir: Path, groups: int, block_rows: int) -> None:
             pq.write_table(table.slice(s * per_shard, per_shard), folder / f"part-{s}.parquet")
     out = data_dir / f"ray_groups_out_{groups}"
     done = subprocess.run(
-        [sys.executable, "-c", RAY_DRIVER.format(root=str(ROOT)), str(folder), str(out), str(block_rows)],
+        [
+            sys.executable,
+            "-c",
+            RAY_DRIVER.format(root=str(ROOT)),
+            str(folder),
+            str(out),
+            str(block_rows),
+            where,
+        ],
         capture_output=True,
         text=True,
     )
     shutil.rmtree(out, ignore_errors=True)
     if done.returncode:
-        print(f"  {groups:12,d} failed: {done.stderr.strip().splitlines()[-1:]}")
+        print(f"  {groups:12,d} {where} failed: {done.stderr.strip().splitlines()[-1:]}")
         return
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     seconds, peak, own = figures["seconds"], figures["driver_peak_rss_mib"], figures["driver_peak_anon_mib"]
     tasks = -(-2 * groups // block_rows)
-    print(f"  {groups:12,d} {2 * groups:12,d} {tasks:6d} {seconds:8.2f} {peak:13.0f} {own:8.0f}")
+    print(f"  {groups:12,d} {2 * groups:12,d} {tasks:6d} {where:>10s} {seconds:8.2f} {peak:13.0f} {own:8.0f}")
 
 
 def bench_estimators(rows: int, group_size: int, repeats: int, data_dir: Path) -> None:

@@ -670,8 +670,14 @@ def parts_of(
     whole = GroupPart(
         count, mean, m2, m2_scale, minimum, maximum, active, rows, order, None, key_at is not None
     )
+    return in_chunks(whole, chunk, key_at=key_at)
+
+
+def in_chunks(whole: GroupPart, chunk: int, *, key_at: Callable[[int], Any] | None) -> list[GroupPart]:
+    """``whole`` as parts of ``chunk`` groups (at least one part), each naming group ``i`` of
+    its own by ``key_at`` of the group's place in ``whole``."""
     parts = []
-    for start in range(0, max(count.size, 1), chunk):
+    for start in range(0, max(whole.count.size, 1), chunk):
         label_at = None if key_at is None else _shifted(key_at, start)
         parts.append(whole.slice(start, start + chunk, label_at=label_at))
     return parts

@@ -197,10 +197,12 @@ class GroupOutcome:
 @dataclass(frozen=True)
 class OutcomeTotals:
     """A run's counts from its outcome (:attr:`GroupOutcome.totals`): what the summary and the
-    provenance report besides the findings of the groups.
+    provenance report besides the findings of the groups. ``+`` merges the totals of two parts
+    of the groups (a Ray reducer's bucket each), in any order.
 
-    >>> OutcomeTotals(rows=4, nan_rewards=0, groups=2, active_groups=1).dropped_rows
-    0
+    >>> part = OutcomeTotals(rows=4, nan_rewards=0, groups=2, active_groups=1)
+    >>> (part + part).active_groups, part.dropped_rows
+    (2, 0)
     """
 
     rows: int
@@ -211,6 +213,23 @@ class OutcomeTotals:
     dropped_rows: int = 0
     drop_reasons: tuple[str, ...] = ()
     drops_by_reason: tuple[dict[str, Any], ...] = ()
+
+    def __add__(self, other: OutcomeTotals) -> OutcomeTotals:
+        if self.drop_reasons != other.drop_reasons:
+            raise ValueError(f"parts of one run dropped for {self.drop_reasons} and {other.drop_reasons}")
+        return OutcomeTotals(
+            rows=self.rows + other.rows,
+            nan_rewards=self.nan_rewards + other.nan_rewards,
+            groups=self.groups + other.groups,
+            active_groups=self.active_groups + other.active_groups,
+            dropped_groups=self.dropped_groups + other.dropped_groups,
+            dropped_rows=self.dropped_rows + other.dropped_rows,
+            drop_reasons=self.drop_reasons,
+            drops_by_reason=tuple(
+                {**mine, "groups": mine["groups"] + theirs["groups"], "rows": mine["rows"] + theirs["rows"]}
+                for mine, theirs in zip(self.drops_by_reason, other.drops_by_reason, strict=True)
+            ),
+        )
 
 
 def scored_top_two(rewards: RewardBatch, ids: torch.Tensor, positions: torch.Tensor, k: int) -> TopTwo:
@@ -723,11 +742,11 @@ class RunPlan:
             out = out.append(f)
         return out.with_metadata({**(schema.metadata or {}), PROVENANCE_KEY: provenance})
 
-    def provenance(self, inputs: Sequence[str], outcome: GroupOutcome | None = None) -> bytes:
+    def provenance(self, inputs: Sequence[str], totals: OutcomeTotals | None = None) -> bytes:
         """The ``grpo_cli`` key-value entry of every Parquet output: how it was made.
 
         JSON: ``version``, ``options`` (every option in force, after the preset, as in the
-        summary), ``inputs``, and from ``outcome`` the input ``rows``, ``groups``,
+        summary), ``inputs``, and from the outcome's ``totals`` the input ``rows``, ``groups``,
         ``active_groups`` and ``rows_written``. ``check --verify`` reads it back
         (:meth:`ComputeConfig.from_provenance`).
         """
@@ -738,8 +757,7 @@ class RunPlan:
             "options": self.config.options_summary(),
             "inputs": list(inputs),
         }
-        if outcome is not None:
-            totals = outcome.totals
+        if totals is not None:
             record.update(
                 rows=totals.rows,
                 groups=totals.groups,

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from grpo_cli.findings import GroupFindings, findings_of, parts_of, plain_key
+from grpo_cli.findings import GroupFindings, GroupPart, findings_of, in_chunks, plain_key
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from grpo_cli.plan import GroupOutcome
+    from grpo_cli.plan import GroupOutcome, OutcomeTotals
     from grpo_cli.sources import Shard
 
 
@@ -133,40 +133,53 @@ def group_findings(
     ``by``: each ``--by`` column's value of every group, for the figures per value
     (:func:`figures_by_value`).
     """
-    from grpo_cli.kernel import group_scales
-
-    cpu = outcome.stats.to("cpu")
-    figures = GroupFigures(
-        count=cpu.count.numpy(),
-        mean=cpu.mean.numpy(),
-        m2=cpu.m2.numpy(),
-        minimum=cpu.minimum.numpy(),
-        maximum=cpu.maximum.numpy(),
-        active=outcome.active.numpy().astype(bool),
-        rows=np.asarray(outcome.rows_per_group),  # rows, a null or NaN reward's included
+    whole = outcome_part(
+        outcome, order=np.arange(outcome.active.numel(), dtype=np.int64), named=key_at is not None
     )
-    parts = parts_of(
-        count=figures.count,
-        mean=figures.mean,
-        m2=figures.m2,
-        m2_scale=_numpy_or_none(group_scales(cpu)),
-        minimum=figures.minimum,
-        maximum=figures.maximum,
-        active=figures.active,
-        rows=figures.rows,
-        key_at=key_at,
-        chunk=FINDINGS_CHUNK_GROUPS,
-    )
-    findings = findings_of(parts, options=options)
+    findings = findings_of(in_chunks(whole, FINDINGS_CHUNK_GROUPS, key_at=key_at), options=options)
     run_range = (findings.reward["min"], findings.reward["max"])
+    figures = GroupFigures(
+        count=whole.count,
+        mean=whole.mean,
+        m2=whole.m2,
+        minimum=whole.minimum,
+        maximum=whole.maximum,
+        active=whole.active,
+        rows=whole.rows,
+    )
     return replace(
         findings,
         by={values.column: figures_by_value(values, figures, run_range=run_range) for values in by},
     )
 
 
-def _numpy_or_none(values: Any) -> np.ndarray | None:
-    return None if values is None else values.numpy()
+def outcome_part(
+    outcome: GroupOutcome,
+    *,
+    order: np.ndarray,
+    label_at: Callable[[int], Any] | None = None,
+    named: bool = False,
+) -> GroupPart:
+    """The groups of ``outcome`` (all of a run's, or a Ray reducer's bucket) as one part of the
+    summary's findings: ``order`` (int64, one per group) sorts them as the run's group IDs do,
+    ``label_at(i)`` names group ``i`` (``named``: by its key)."""
+    from grpo_cli.kernel import group_scales
+
+    cpu = outcome.stats.to("cpu")
+    scales = group_scales(cpu)
+    return GroupPart(
+        count=cpu.count.numpy(),
+        mean=cpu.mean.numpy(),
+        m2=cpu.m2.numpy(),
+        m2_scale=None if scales is None else scales.numpy(),
+        minimum=cpu.minimum.numpy(),
+        maximum=cpu.maximum.numpy(),
+        active=outcome.active.numpy().astype(bool),
+        rows=np.asarray(outcome.rows_per_group),  # rows, a null or NaN reward's included
+        order=order,
+        label_at=label_at,
+        named=named,
+    )
 
 
 FINDINGS_CHUNK_GROUPS = 1 << 20
@@ -174,7 +187,7 @@ FINDINGS_CHUNK_GROUPS = 1 << 20
 
 
 def build_summary(
-    outcome: GroupOutcome,
+    outcome: GroupOutcome | OutcomeTotals,
     *,
     input: dict[str, Any],
     output: dict[str, Any] | None,
@@ -195,11 +208,20 @@ def build_summary(
     ``input`` and ``output`` are the summary's ``input`` and ``output`` objects
     (:func:`input_info` makes the first). ``warnings`` are the engine's own. ``findings``:
     :func:`group_findings` of the same ``outcome``, ``options``, ``key_at`` and ``by``,
-    where the engine computed them already; otherwise they are computed here.
+    where the engine computed them already; otherwise they are computed here. An engine
+    that holds no per-group outcome (the Ray engine's reducers hold it) gives the outcome's
+    merged :class:`~grpo_cli.plan.OutcomeTotals` and the merged ``findings``.
     """
-    if findings is None:
-        findings = group_findings(outcome, options=options, key_at=key_at, by=by)
-    totals = outcome.totals
+    from grpo_cli.plan import OutcomeTotals  # imports torch: only once there is an outcome
+
+    if isinstance(outcome, OutcomeTotals):
+        if findings is None:
+            raise ValueError("a summary from an outcome's totals needs the findings of its groups")
+        totals = outcome
+    else:
+        if findings is None:
+            findings = group_findings(outcome, options=options, key_at=key_at, by=by)
+        totals = outcome.totals
     return RunSummary(
         rows=totals.rows,
         groups=findings.groups,

@@ -108,8 +108,11 @@ def compare_summaries(local: dict[str, Any], ray: dict[str, Any]) -> None:
         "inactive_by_value",
         "nan_rewards",
         "group_size_counts",
+        "dropped",
+        "warnings",
     ):
         assert local[key] == ray[key], key
+    assert local.get("tolerance") == ray.get("tolerance")
     # named by their keys, which only the reducers hold (absent when every group has one size)
     assert local.get("off_size_groups") == ray.get("off_size_groups")
     for key in ("reward", "advantage"):  # as JSON: -0.0 and 0.0 differ
@@ -488,6 +491,113 @@ def test_ray_cuts_and_merges_the_statistics_blocks_as_the_local_engine_does(
     assert left.column("group_active").equals(right.column("group_active"))
     compare_summaries(local.to_dict(), ray.to_dict())
     assert ray.to_dict()["options"]["statistics_blocks"] == 14
+
+
+def merged_and_split_groups(folder: Path, *, seed: int) -> Path:
+    """600 prompts of 8 rollouts, shuffled over 3 files: 30 drawn twice under one uid (16 rows),
+    30 cut short (3 rows), rewards of three magnitudes, some NaN; the off-size and merged
+    groups spread over the input, so the first of each in the run's order lie in many blocks."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for g in range(600):
+        size = 16 if g % 20 == 7 else 3 if g % 20 == 13 else 8
+        scale = (1.0, 1e-9, 3e8)[g % 3]
+        correct = rng.integers(0, 2, size) if g % 4 else np.full(size, g % 8 == 0)
+        rewards = (correct + rng.uniform(-0.2, 0.2, size) * (g % 5 != 0)) * scale
+        rewards[rng.random(size) < 0.02] = np.nan
+        rows += [(int(rng.integers(0, 2**62)) if g == 0 else g * 7919 % 1000003, float(r)) for r in rewards]
+    order = rng.permutation(len(rows))
+    table = pa.table(
+        {
+            "uid": pa.array([rows[i][0] for i in order], pa.int64()),
+            "reward": pa.array([rows[i][1] for i in order], pa.float64()),
+            "row_id": pa.array(np.arange(len(rows))),
+        }
+    )
+    folder.mkdir()
+    third = table.num_rows // 3
+    for f in range(3):
+        pq.write_table(table.slice(f * third, third if f < 2 else None), folder / f"part-{f}.parquet")
+    return folder
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"advantage": AdvantageOptions(nan="ignore")},
+        {"advantage": AdvantageOptions.resolve(preset="nemo-rl", nan="ignore"), "drop_inactive": True},
+        {"advantage": AdvantageOptions(nan="ignore", inactive_tolerance=1e-3), "keep_mean_range": (0.1, 2.0)},
+        {"advantage": AdvantageOptions.resolve(estimator="grpo_passk", nan="ignore")},
+    ],
+    ids=["grpo", "nemo-rl-drop-inactive", "tolerance-keep-mean", "grpo_passk"],
+)
+def test_ray_reducers_finish_the_summary_as_the_local_engine_does(
+    ray_instance, tmp_path, monkeypatch, options
+):
+    """Where each group's outcome is its own (no batch, --by, verifier or filter of the trainer),
+    each reducer computes its bucket's outcome and both rounds of its findings, and the driver
+    merges one report per bucket: blocks of 97 rows over 5 reducers give the local engine's
+    advantages, masks and summary to the bit, the first off-size and merged groups in the run's
+    order named by key, the dropped counts, and ``check``'s range from each bucket's extremes
+    with the NaN rows' 0 in it."""
+    from grpo_cli.checks import CheckBounds
+    from grpo_cli.engines import ray as ray_engine
+    from grpo_cli.jobs import check_dataset, check_dataset_ray
+
+    monkeypatch.setattr(ray_engine, "REDUCERS", 5)
+    folder = merged_and_split_groups(tmp_path / "in", seed=5)
+    config = ComputeConfig(group_cols=("uid",), stats_block_rows=97, **options)
+    local = compute_dataset(folder, tmp_path / "local", config).to_dict()
+    ray = compute_dataset_ray(str(folder), str(tmp_path / "ray_out"), config, partitions=2).to_dict()
+    assert ray["options"]["outcome_on"] == "reducers" and ray["options"]["statistics_blocks"] > 50
+    compare_summaries(local, ray)
+    assert local["nan_rewards"] > 0 and len(local["off_size_groups"]["examples"]) == 5
+    assert "groups sharing a key were merged" in local["warnings"][0]
+    left, right = read_sorted(tmp_path / "local"), read_sorted(tmp_path / "ray_out")
+    assert left.num_rows == right.num_rows == local["rows"] - local["dropped"]["rows"]
+    assert np.array_equal(
+        bits(left.column("advantage").to_numpy()), bits(right.column("advantage").to_numpy())
+    )
+    assert left.column("group_active").equals(right.column("group_active"))
+    bounds = CheckBounds(min_groups=1)
+    local_check = check_dataset(folder, bounds, config).to_dict()
+    ray_check = check_dataset_ray(str(folder), bounds, config, partitions=2).to_dict()
+    compare_summaries(local_check, ray_check)
+    assert ray_check["options"]["outcome_on"] == "reducers"
+
+
+def test_ray_checks_rewards_that_are_all_nan_as_the_local_engine_does(ray_instance, tmp_path, monkeypatch):
+    """No group holds a scored reward: the advantages' range is every row's 0 on both engines,
+    merged from buckets that each saw none."""
+    from grpo_cli.checks import CheckBounds
+    from grpo_cli.engines import ray as ray_engine
+    from grpo_cli.jobs import check_dataset, check_dataset_ray
+
+    monkeypatch.setattr(ray_engine, "REDUCERS", 3)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    table = pa.table({"uid": pa.array(np.arange(60) % 7), "reward": pa.array(np.full(60, np.nan))})
+    pq.write_table(table, folder / "part-0.parquet")
+    config = ComputeConfig(group_cols=("uid",), stats_block_rows=10, advantage=AdvantageOptions(nan="ignore"))
+    local = check_dataset(folder, CheckBounds(), config).to_dict()
+    ray = check_dataset_ray(str(folder), CheckBounds(), config).to_dict()
+    compare_summaries(local, ray)
+    assert ray["advantage"] == {"min": 0.0, "max": 0.0} and ray["options"]["outcome_on"] == "reducers"
+
+
+def test_ray_gathers_the_groups_on_the_driver_where_an_outcome_needs_them(ray_instance, sharded, tmp_path):
+    """A training batch (here GPG's), a --by value numbered in the run's order or a verifier needs
+    every group on the driver; the rest do not (the same rows and summary either way, above)."""
+    config = ComputeConfig(rewards=(RewardSpec("reward"),), group_cols=("uid",))
+    for changes, where in [
+        ({}, "reducers"),
+        ({"by_cols": ("step",)}, "driver"),
+        ({"batch_col": "step", "advantage": AdvantageOptions.resolve(estimator="gpg")}, "driver"),
+        ({"advantage": AdvantageOptions(scale="batch")}, "driver"),
+    ]:
+        out = tmp_path / f"out{len(list(tmp_path.iterdir()))}"
+        summary = compute_dataset_ray(str(sharded), str(out), replace(config, **changes)).to_dict()
+        assert summary["options"]["outcome_on"] == where, changes
 
 
 def test_ray_divides_a_lone_outlier_by_its_others_spread_as_the_local_engine_does(

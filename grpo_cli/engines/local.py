@@ -834,7 +834,7 @@ class LocalEngine:
                 batch_transform=self.plan.needs_moments_pass,
             )
         figures = _Pass2Figures(verifier)
-        provenance = plan.provenance([shard.display for shard in self.inputs.shards], outcome)
+        provenance = plan.provenance([shard.display for shard in self.inputs.shards], outcome.totals)
         active_device = outcome.active.to(plan.device)
         self.progress.start("pass 2/2: advantages" if output else "pass 2/2: verify", first.rows)
         global_row = 0

@@ -67,6 +67,7 @@ from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError, first_line, os_reason
 from grpo_cli.figures import MERGES, RowInputs, of_chunk, padded, room_for, wanted
 from grpo_cli.file_names import PARQUET_SUFFIXES, PROVENANCE_KEY, output_is_directory
+from grpo_cli.findings import FirstRound, GroupFindings, RunFigures, SecondRound, in_chunks, merged_findings
 from grpo_cli.guard import Claim, ProtectedInputs, RemoteClaim, StagedRemoteClaim
 from grpo_cli.kernel import (
     GroupStats,
@@ -81,13 +82,29 @@ from grpo_cli.kernel import (
 )
 from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_types, key_buckets
 from grpo_cli.output import commit_directory, footers_range, output_info, output_name_of, splice_refusal
-from grpo_cli.plan import BatchLayout, GroupOutcome, RunPlan, batch_of_groups, scored_top_two, value_columns
+from grpo_cli.plan import (
+    BatchLayout,
+    GroupOutcome,
+    OutcomeTotals,
+    RunPlan,
+    batch_of_groups,
+    scored_top_two,
+    value_columns,
+)
 from grpo_cli.readers import parquet_row_range, row_count
 from grpo_cli.rewards import RewardBatch, new_column_arrays
 from grpo_cli.sources import InputSet, Shard
 from grpo_cli.splice import SplicedFile, SpliceRefused, read_footer
 from grpo_cli.stores import CopiedPrefix, check_scheme, gcs_filesystem, local_path, store_output
-from grpo_cli.summary import ByValues, RunSummary, build_summary, input_info
+from grpo_cli.summary import (
+    FINDINGS_CHUNK_GROUPS,
+    ByValues,
+    RunSummary,
+    build_summary,
+    group_findings,
+    input_info,
+    outcome_part,
+)
 from grpo_cli.threads import IDLE_THREADS_ENV
 from grpo_cli.verify import Verifier
 
@@ -468,14 +485,14 @@ def _open_remote(uri: str) -> Any:
 
 
 def _written_footers(
-    files: Sequence[Path | str], outcome: GroupOutcome, display: str, *, filesystem: Any = None
+    files: Sequence[Path | str], totals: OutcomeTotals, display: str, *, filesystem: Any = None
 ) -> list[pq.FileMetaData]:
     """The footers of the files Ray wrote (``filesystem``: a store's), read once, side by side;
     refused where they hold fewer or more rows than the run writes: a cluster's workers that
     wrote a local path on their own disks (no file system shared at that path) leave only some
     of the shards where the driver looks."""
     footers = side_by_side_requests(functools.partial(pq.read_metadata, filesystem=filesystem), files)
-    expected = outcome.rows - outcome.dropped_rows
+    expected = totals.rows - totals.dropped_rows
     found = sum(footer.num_rows for footer in footers)
     if found != expected:
         raise GrpoError(
@@ -818,19 +835,28 @@ class BucketKeys:
         table = self.fetched.get(bucket)
         if table is None:
             table = self.fetched[bucket] = _fetched(self.tables[bucket])
-        values = tuple(
-            table.column(c)[position - int(self.bucket_starts[bucket])].as_py() for c in table.column_names
-        )
-        return values[0] if len(values) == 1 else values
+        return _key_in(table, position - int(self.bucket_starts[bucket]))
 
     def index(self, group_cols: Sequence[str]) -> GroupKeyIndex:
         """Every key in an index whose IDs are the positions (each key is in one bucket)."""
-        index = GroupKeyIndex(group_cols)
-        for table in self.tables:
-            table = _fetched(table)
-            if table.num_rows:
-                index.encode([table.column(c) for c in group_cols])
-        return index
+        return _key_index(self.tables, group_cols)
+
+
+def _key_in(table: pa.Table, row: int) -> Any:
+    """The key at ``row`` of a key table: one value, or a tuple of several."""
+    values = tuple(table.column(c)[row].as_py() for c in table.column_names)
+    return values[0] if len(values) == 1 else values
+
+
+def _key_index(tables: Sequence[Any], group_cols: Sequence[str]) -> GroupKeyIndex:
+    """The keys of ``tables`` (object references or tables, fetched one at a time) laid end to
+    end in an index whose IDs are their positions (each key is in one table)."""
+    index = GroupKeyIndex(group_cols)
+    for table in tables:
+        table = _fetched(table)
+        if table.num_rows:
+            index.encode([table.column(c) for c in group_cols])
+    return index
 
 
 def _fetched(table: Any) -> pa.Table:
@@ -1018,18 +1044,24 @@ def _worker_state(payload: Any, token: str, config: ComputeConfig) -> tuple[RunP
         if not isinstance(payload, dict):
             payload = import_ray().get(payload)
         plan = RunPlan(config, device=_CPU)
-        keys: BucketKeys = payload["keys"]
-        cached = (plan, _RunIds(keys.index(config.group_cols), keys.ids), payload["outcome"])
+        if "buckets" in payload:  # the reducers finished job 1: every bucket's groups end to end
+            figures, key_tables, sizes = payload["buckets"]
+            outcome = _outcome_of(plan, _in_bucket_order(plan, figures, sizes))
+            cached = (plan, _RunIds(_key_index(key_tables, config.group_cols), None), outcome)
+        else:
+            keys: BucketKeys = payload["keys"]
+            cached = (plan, _RunIds(keys.index(config.group_cols), keys.ids), payload["outcome"])
         _WORKER_CACHE[token] = cached
     return cached
 
 
 @dataclass(frozen=True)
 class _RunIds:
-    """A worker's map from keys to the run's group IDs: the keys' positions, then their IDs."""
+    """A worker's map from keys to the outcome's group IDs: the keys' positions, then their IDs
+    (``None``: the positions are the IDs, the outcome being in the buckets' order)."""
 
     index: GroupKeyIndex
-    ids: np.ndarray
+    ids: np.ndarray | None
 
 
 def _group_ids(batch: pa.RecordBatch, config: ComputeConfig, run_ids: _RunIds) -> np.ndarray:
@@ -1042,6 +1074,8 @@ def _group_ids(batch: pa.RecordBatch, config: ComputeConfig, run_ids: _RunIds) -
     )
     if positions.size and int(positions.max()) >= len(index):
         raise RuntimeError("a group key appeared in pass 2 that pass 1 did not see")
+    if run_ids.ids is None:
+        return positions
     ids: np.ndarray = run_ids.ids[positions]
     return ids
 
@@ -1490,68 +1524,110 @@ def run_ray(
     # Ray prints warnings with print(): keep standard output for what the user asked for.
     with contextlib.redirect_stdout(sys.stderr), ray_session(address, quiet=quiet) as ray:
         ray_startup = time.perf_counter() - ray_start
-        merged = _statistics(ray, blocks, plan, group_size)
-        if int(merged.rows_per_group.sum()) == 0:
+        dtypes = {plan.output_dtype(schema) for schema in schemas}
+        # check, where the advantages' range follows from each group's extremes, computed as
+        # the rows would be: no advantage job
+        range_dtype = (
+            next(iter(dtypes))
+            if output is None and config.verify is None and plan.range_follows_from_stats and len(dtypes) == 1
+            else None
+        )
+        held = merged = outcome = None
+        if OUTCOME_ON_REDUCERS and reducers_finish(plan):
+            held = _held_statistics(ray, blocks, plan, group_size)
+            totals = held.totals
+        else:
+            merged = _statistics(ray, blocks, plan, group_size)
+            totals = OutcomeTotals(
+                rows=int(merged.rows_per_group.sum()),
+                nan_rewards=merged.nan_rewards,
+                groups=0,
+                active_groups=0,
+            )
+        if totals.rows == 0:
             raise GrpoError(f"{inputs.spec}: no rows; there is nothing to compute advantages for")
-        if merged.nan_rewards and config.advantage.nan == "error":
+        if totals.nan_rewards and config.advantage.nan == "error":
             raise RowsUnknown(
-                f"{inputs.spec}: {merged.nan_rewards} reward(s) are null, NaN or infinite "
+                f"{inputs.spec}: {totals.nan_rewards} reward(s) are null, NaN or infinite "
                 "(--nan ignore leaves them out; the local engine names the first row)"
             )
-        outcome = plan.outcome(
-            merged.channel_stats,
-            merged.summary_stats,
-            rows_per_group=merged.rows_per_group,
-            rows=int(merged.rows_per_group.sum()),
-            nan_rewards=merged.nan_rewards,
-            batches=merged.batches,
-            top_two=merged.top_two,
-            length_sums=merged.figures.get("length_sums"),
-            weighted_reward_sums=merged.figures.get("weighted_reward_sums"),
-        )
-        if "group_rewards" in plan.needs:
-            outcome = _with_group_rewards(ray, blocks, plan, merged, outcome, group_size)
-        if plan.needs_moments_pass:
-            moments = _moments(ray, blocks, plan, outcome, _payload(ray, merged, outcome), group_size)
-            outcome = replace(outcome, transform=plan.transform(moments))
+        if held is not None:
+            second_round = held.round_two(ray, plan, range_dtype)  # beside the advantage job
+            payload = held.payload(ray)
+        else:
+            assert merged is not None
+            outcome = _outcome_of(plan, merged)
+            if "group_rewards" in plan.needs:
+                outcome = _with_group_rewards(ray, blocks, plan, merged, outcome, group_size)
+            if plan.needs_moments_pass:
+                moments = _moments(ray, blocks, plan, outcome, _payload(ray, merged, outcome), group_size)
+                outcome = replace(outcome, transform=plan.transform(moments))
+            totals = outcome.totals
+            payload = _payload(ray, merged, outcome)
         parts = advantage_parts(inputs.files, partition_count)
         written_info: dict[str, Any] | None = None
-        dtypes = {plan.output_dtype(schema) for schema in schemas}
         job = {
-            "payload": _payload(ray, merged, outcome),
+            "payload": payload,
             "token": uuid.uuid4().hex,
             "config": plan.config,
             # the options as asked (--group-size), as the local engine records them
-            "provenance": asked.provenance([file.display for file in inputs.files], outcome),
+            "provenance": asked.provenance([file.display for file in inputs.files], totals),
             "group_size": group_size,
         }
-        if output is None:  # check: the figures and the advantages' range, nothing written
-            filtered = verified = None
-            if config.trainer_filter is not None:
-                filtered = _trainer_filter(ray, parts, plan, merged, outcome, job)
-            if config.verify is not None:
-                verified, extremes = _verify(ray, parts, plan, outcome, merged.keys, job)
-            elif plan.range_follows_from_stats and len(dtypes) == 1:
-                # the range follows from each group's extremes, computed as the rows would be
-                extremes = plan.advantage_range_from_stats(outcome, dtypes.pop())
-            else:
-                column = config.advantage_col
-                advantages = _block_dataset(ray, parts, block_advantages, **job).select_columns([column])
-                extremes = (float(advantages.min(column)), float(advantages.max(column)))
+
+        def summary(
+            extremes: tuple[float, float] | None,
+            written: dict[str, Any] | None = None,
+            **checked: Any,
+        ) -> RunSummary:
+            if held is not None:
+                seconds = [_report_of(table) for table in ray.get(second_round)]
+                if range_dtype is not None:
+                    extremes = _merged_range([extremes for _, extremes in seconds], totals.nan_rewards)
+                findings = merged_findings(
+                    held.first,
+                    sum((second for second, _ in seconds), SecondRound()),
+                    options=config.options_summary(),
+                    named=config.group_size is None,
+                )
+                return _summary(
+                    inputs, config, totals, findings, parts, blocks, ray_startup, started, written, extremes
+                )
+            assert merged is not None and outcome is not None
+            key_at = None if config.group_size is not None or merged.keys is None else merged.keys.key_at
+            options = config.options_summary()
+            findings = group_findings(outcome, options=options, key_at=key_at, by=merged.by)
             return _summary(
                 inputs,
                 config,
                 outcome,
-                merged,
+                findings,
                 parts,
                 blocks,
                 ray_startup,
                 started,
-                None,
+                written,
                 extremes,
-                verified=verified,
-                trainer_filter=filtered,
+                **checked,
             )
+
+        if output is None:  # check: the figures and the advantages' range, nothing written
+            filtered = verified = None
+            extremes = None
+            if config.trainer_filter is not None:
+                assert merged is not None and outcome is not None
+                filtered = _trainer_filter(ray, parts, plan, merged, outcome, job)
+            if config.verify is not None:
+                assert merged is not None and outcome is not None
+                verified, extremes = _verify(ray, parts, plan, outcome, merged.keys, job)
+            elif range_dtype is not None:
+                if outcome is not None:
+                    extremes = plan.advantage_range_from_stats(outcome, range_dtype)
+            else:
+                column = config.advantage_col
+                advantages = _block_dataset(ray, parts, block_advantages, **job).select_columns([column])
+                extremes = (float(advantages.min(column)), float(advantages.max(column)))
+            return summary(extremes, verified=verified, trainer_filter=filtered)
         assert claim is not None
         # A cluster's workers write a store's output to its staging folder there; otherwise Ray
         # writes to the claim's temporary folder on this machine.
@@ -1577,7 +1653,7 @@ def run_ray(
         if not written:  # Ray Data writes no file for no rows (every group filtered out)
             schema = asked.output_schema(schemas[0], job["provenance"])
             written = [_write_empty(schema, folder, filesystem)]
-        footers = _written_footers(written, outcome, claim.display, filesystem=filesystem)
+        footers = _written_footers(written, totals, claim.display, filesystem=filesystem)
         if rewrite_reason is not None:
             extremes = footers_range(footers, config.advantage_col)
         if isinstance(claim, StagedRemoteClaim):
@@ -1608,25 +1684,14 @@ def run_ray(
         if rewrite_reason is not None:
             written_info["rewrite_reason"] = rewrite_reason
         # in the session: the summary names groups by their keys, which the object store holds
-        return _summary(
-            inputs,
-            config,
-            outcome,
-            merged,
-            parts,
-            blocks,
-            ray_startup,
-            started,
-            written_info,
-            extremes,
-        )
+        return summary(extremes, written_info)
 
 
 def _summary(
     inputs: RayInputs,
     config: ComputeConfig,
-    outcome: GroupOutcome,
-    merged: Any,
+    outcome: GroupOutcome | OutcomeTotals,
+    findings: GroupFindings,
     parts: list[Any],
     blocks: list[Any],
     ray_startup: float,
@@ -1643,6 +1708,9 @@ def _summary(
         "engine": "ray",
         "partitions": len(parts),
         "statistics_blocks": len(blocks),
+        # where each group's outcome was computed: "reducers" (the driver held the merged
+        # totals and findings only) or "driver" (it gathered every group's figures)
+        "outcome_on": "reducers" if isinstance(outcome, OutcomeTotals) else "driver",
         "ray_startup_seconds": round(ray_startup, 3),
     }
     output = written_info
@@ -1661,10 +1729,9 @@ def _summary(
         mode="ray",
         device="cpu",
         elapsed=time.perf_counter() - started,
-        key_at=None if config.group_size is not None or merged.keys is None else merged.keys.key_at,
-        by=merged.by,
         verify=verified,
         trainer_filter=trainer_filter,
+        findings=findings,
     )
 
 
@@ -1740,6 +1807,9 @@ def _map_blocks(ray: Any, blocks: list[list[FilePart]], function: Any, **kwargs:
 
 # the statistics job's reducers; None: one per CPU of the instance, at most one per block
 REDUCERS: int | None = None
+# False: the driver gathers every group's figures even where the reducers could finish the
+# statistics job (:func:`reducers_finish`), as before 2026-12-06 (benchmarks compare the two)
+OUTCOME_ON_REDUCERS = True
 
 
 def block_partials(
@@ -1760,13 +1830,85 @@ def block_partials(
     return parts if buckets > 1 else parts[0]
 
 
-def merge_bucket(config: ComputeConfig, *partials: pa.Table) -> tuple[pa.Table, pa.Table, pa.Table]:
+def reducers_finish(plan: RunPlan) -> bool:
+    """Whether the statistics job's reducers finish it where the groups are: each group's
+    outcome follows from its own figures alone (no training batch, no whole-run figure, no
+    estimator that keeps every reward, no ``--by`` value to number in the run's order, no
+    verifier or trainer's filter reading the groups in input order), so each reducer computes
+    its bucket's outcome and findings, and the driver holds the merged totals and findings only.
+    """
+    config = plan.config
+    return (
+        not value_columns(config)  # --batch-col, --by
+        and config.advantage.scale != "batch"  # the std of the whole run, or of each batch
+        and not plan.needs_moments_pass
+        and not {"batch_nonzero", "group_rewards"} & set(plan.needs)
+        and config.trainer_filter is None
+        and config.verify is None
+    )
+
+
+@dataclass(frozen=True)
+class BucketReport:
+    """What the driver gets of a reducer's bucket where the reducers finish the statistics job
+    (:func:`reducers_finish`): its groups, the totals of its outcome and round 1 of its findings."""
+
+    groups: int
+    totals: OutcomeTotals
+    first: FirstRound
+
+
+REPORT_FIELD = "__grpo_report"  # a pickled report of a bucket, in a one-row table
+
+
+def _report_table(report: Any) -> pa.Table:
+    return pa.table({REPORT_FIELD: [pickle.dumps(report)]})
+
+
+def _report_of(table: pa.Table) -> Any:
+    return pickle.loads(table.column(REPORT_FIELD)[0].as_py())
+
+
+def _bucket_parts(plan: RunPlan, figures: pa.Table, keys: pa.Table) -> tuple[GroupOutcome, list[Any]]:
+    """A bucket's outcome (its groups in its own order) and its groups as parts of the findings,
+    in the run's order by where each group first appeared (block, then place in the block),
+    named by their keys (by the group IDs they are with ``--group-size``)."""
+    outcome = _outcome_of(plan, _in_bucket_order(plan, [figures], [figures.num_rows]))
+    block, place = (figures.column(name).to_numpy() for name in FIRST_SEEN_FIELDS)
+    if place.size and int(place.max()) >= 1 << 32:
+        raise GrpoError(f"a statistics block holds {int(place.max()) + 1:,} groups; at most 2**32 are kept")
+    order = (block.astype(np.int64) << 32) | place.astype(np.int64)
+    named = plan.config.group_cols != (ROW_GROUP_FIELD,)
+    whole = outcome_part(outcome, order=order, named=named)
+    return outcome, in_chunks(whole, FINDINGS_CHUNK_GROUPS, key_at=functools.partial(_key_in, keys))
+
+
+def bucket_round_two(
+    config: ComputeConfig, run: RunFigures, dtype: torch.dtype | None, figures: pa.Table, keys: pa.Table
+) -> pa.Table:
+    """Round 2 of a bucket's findings, given the run's figures from every bucket's round 1; with
+    ``dtype`` (``check`` where the advantages' range follows from the groups' extremes) also the
+    range of its groups' advantages in that dtype, rows left out of the statistics aside."""
+    plan = RunPlan(config, device=_CPU)
+    outcome, parts = _bucket_parts(plan, figures, keys)
+    second = sum((SecondRound.of(part, run) for part in parts), SecondRound())
+    extremes = None
+    if dtype is not None:
+        extremes = plan.advantage_range_from_stats(replace(outcome, nan_rewards=0), dtype)
+    return _report_table((second, extremes))
+
+
+def merge_bucket(
+    config: ComputeConfig, finish: bool, *partials: pa.Table
+) -> tuple[pa.Table, pa.Table, pa.Table]:
     """Reduce task of the statistics job: one bucket's partial rows of every block, in block
     order, merged per group as the local engine merges its blocks (:class:`OrderedMerge`; a
     group's figures depend on its own partial rows only, so the bits are the local engine's).
 
     Returns where each of the bucket's groups first appeared (:data:`FIRST_SEEN_FIELDS`), its
     figures (:meth:`OrderedMerge.bucket_table`) and its keys; or a refusal and two empty tables.
+    Where the reducers ``finish`` the job (:func:`reducers_finish`) the first is the bucket's
+    :class:`BucketReport` instead, and the figures keep where each group first appeared.
     """
     plan = RunPlan(config, device=_CPU)
     merge = OrderedMerge(plan)
@@ -1781,8 +1923,13 @@ def merge_bucket(config: ComputeConfig, *partials: pa.Table) -> tuple[pa.Table, 
             return refusal, pa.table({}), _empty_keys(plan)
     empty = merge.first_table if merge.first_table is not None else _empty_keys(plan)
     figures = merge.bucket_table()
+    keys = merge.keys.key_table(empty)
+    if finish:
+        outcome, parts = _bucket_parts(plan, figures, keys)
+        first = sum((FirstRound.of(part) for part in parts), FirstRound())
+        return _report_table(BucketReport(figures.num_rows, outcome.totals, first)), figures, keys
     first_seen = figures.select(list(FIRST_SEEN_FIELDS))
-    return first_seen, figures.drop_columns(list(FIRST_SEEN_FIELDS)), merge.keys.key_table(empty)
+    return first_seen, figures.drop_columns(list(FIRST_SEEN_FIELDS)), keys
 
 
 def _statistics(
@@ -1792,8 +1939,66 @@ def _statistics(
     bucket; each bucket merged on a worker in block order; the driver takes the buckets'
     figures (no key, no partial row) and puts the groups in the run's order, first appearance
     over the whole input: by the block and place in it where each group first appeared."""
+    return _gathered(plan, *_reduced(ray, blocks, plan, group_size, finish=False))
+
+
+@dataclass(frozen=True)
+class HeldStatistics:
+    """Job 1 where the reducers finish it (:func:`reducers_finish`): each bucket's figures and
+    keys stay in the object store (``figures``, ``keys``: references, ``sizes``: its groups);
+    the driver holds the buckets' merged totals and round 1 of the findings."""
+
+    figures: list[Any]
+    keys: list[Any]
+    sizes: list[int]
+    totals: OutcomeTotals
+    first: FirstRound
+
+    def payload(self, ray: Any) -> Any:
+        """What each worker of the advantage job reads once: the buckets' references."""
+        return ray.put({"buckets": (self.figures, self.keys, self.sizes)})
+
+    def round_two(self, ray: Any, plan: RunPlan, dtype: torch.dtype | None) -> list[Any]:
+        """Round 2 of the findings, a task per bucket (:func:`bucket_round_two`), started."""
+        run = RunFigures.of(self.first)
+        return [
+            _task(ray, bucket_round_two, num_returns=1).remote(plan.config, run, dtype, figures, keys)
+            for figures, keys in zip(self.figures, self.keys, strict=True)
+        ]
+
+
+def _held_statistics(
+    ray: Any, blocks: list[list[FilePart]], plan: RunPlan, group_size: int | None
+) -> HeldStatistics:
+    """Job 1 as :func:`_statistics` runs it, but each reducer computes its bucket's outcome and
+    round 1 of its findings; the driver gets one report a bucket, no per-group figure."""
+    reports, figures, keys = _reduced(ray, blocks, plan, group_size, finish=True)
+    held = [_report_of(table) for table in reports]
+    nothing = OutcomeTotals(
+        rows=0,
+        nan_rewards=0,
+        groups=0,
+        active_groups=0,
+        drop_reasons=tuple(plan.drop_reasons()),
+        drops_by_reason=tuple({"reason": r, "groups": 0, "rows": 0} for r in plan.drop_reasons()),
+    )
+    return HeldStatistics(
+        figures,
+        keys,
+        [report.groups for report in held],
+        sum((report.totals for report in held), nothing),
+        sum((report.first for report in held), FirstRound()),
+    )
+
+
+def _reduced(
+    ray: Any, blocks: list[list[FilePart]], plan: RunPlan, group_size: int | None, *, finish: bool
+) -> tuple[list[pa.Table], list[Any], list[Any]]:
+    """Job 1's map and reduce tasks (the reducers ``finish`` it or not, see
+    :func:`merge_bucket`): their first answers (fetched; a refusal raised, the first block's),
+    and references to their figures and keys."""
     if not blocks:
-        return _gathered(plan, [], [], [])
+        return [], [], []
     cpus = int(ray.cluster_resources().get("CPU", 1))
     buckets = max(1, min(len(blocks), REDUCERS or cpus))
     shared = ray.put(blocks)
@@ -1803,17 +2008,15 @@ def _statistics(
     ]
     per_block = [refs if buckets > 1 else [refs] for refs in partial_refs]
     reduced = [
-        _task(ray, merge_bucket, num_returns=3).remote(plan.config, *[refs[r] for refs in per_block])
+        _task(ray, merge_bucket, num_returns=3).remote(plan.config, finish, *[refs[r] for refs in per_block])
         for r in range(buckets)
     ]
-    first_seen = ray.get([seen for seen, _, _ in reduced])
-    errors = [t for t in first_seen if ERROR_FIELD in t.column_names]
+    answers = ray.get([answer for answer, _, _ in reduced])
+    errors = [t for t in answers if ERROR_FIELD in t.column_names]
     if errors:
         first = min(errors, key=lambda t: t.column(BLOCK_FIELD)[0].as_py())
         raise RowsUnknown(first.column(ERROR_FIELD)[0].as_py())
-    return _gathered(
-        plan, first_seen, [figures for _, figures, _ in reduced], [keys for _, _, keys in reduced]
-    )
+    return answers, [figures for _, figures, _ in reduced], [keys for _, _, keys in reduced]
 
 
 _TASKS: dict[tuple[Any, int], Any] = {}
@@ -1843,12 +2046,25 @@ def _gathered(
     del seen
     ids = np.empty(k, dtype=np.int64)
     ids[positions] = np.arange(k, dtype=np.int64)
+    places = [ids[start:stop] for start, stop in itertools.pairwise(starts)]
+    merged = _placed(plan, figures, places, k, positions)
+    return replace(merged, keys=BucketKeys(key_tables, ids, positions, starts[:-1]))
+
+
+def _placed(
+    plan: RunPlan, figures: Sequence[Any], places: Sequence[np.ndarray], k: int, positions: np.ndarray
+) -> MergedStatistics:
+    """The merged statistics of ``k`` groups from the buckets' ``figures`` tables (object
+    references or tables, fetched one at a time): bucket ``b``'s rows go to groups
+    ``places[b]``, and group ``g``'s row is at ``positions[g]`` of the tables laid end to end
+    (where the one-value columns are read from). ``keys`` is left ``None``."""
     numbers: dict[str, np.ndarray] = {}
     values: dict[str, list[pa.ChunkedArray]] = {}
-    for bucket, ref in enumerate(figures):
+    for ref, place in zip(figures, places, strict=True):
         table = _fetched(ref)
-        place = ids[starts[bucket] : starts[bucket + 1]]
         for name in table.column_names:
+            if name in FIRST_SEEN_FIELDS:
+                continue
             column = table.column(name)
             if name.startswith(VALUE_PREFIX):
                 values.setdefault(name, []).append(column)
@@ -1886,8 +2102,44 @@ def _gathered(
             combined = pa.concat_tables(parts, promote_options="permissive").column(name)
             of_group = index.encode([combined.take(pa.array(positions))])
         one_value.append((column, of_group, [index.key_at(v) for v in range(len(index))]))
-    keys = BucketKeys(key_tables, ids, positions, starts[:-1])
-    return _merged(plan, keys, channels, summary, totals, one_value, top_two)
+    return _merged(plan, None, channels, summary, totals, one_value, top_two)
+
+
+def _in_bucket_order(plan: RunPlan, figures: Sequence[Any], sizes: Sequence[int]) -> MergedStatistics:
+    """The merged statistics of the buckets' groups laid end to end, each bucket in its own
+    order (``sizes``: each bucket's groups): a reducer's own, or every bucket's in a worker."""
+    starts = list(itertools.accumulate(sizes, initial=0))
+    places = [np.arange(start, stop, dtype=np.int64) for start, stop in itertools.pairwise(starts)]
+    return _placed(plan, figures, places, starts[-1], np.arange(starts[-1], dtype=np.int64))
+
+
+def _outcome_of(plan: RunPlan, merged: MergedStatistics) -> GroupOutcome:
+    """:meth:`RunPlan.outcome` of merged statistics: the driver's, a bucket's or a worker's."""
+    return plan.outcome(
+        merged.channel_stats,
+        merged.summary_stats,
+        rows_per_group=merged.rows_per_group,
+        rows=int(merged.rows_per_group.sum()),
+        nan_rewards=merged.nan_rewards,
+        batches=merged.batches,
+        top_two=merged.top_two,
+        length_sums=merged.figures.get("length_sums"),
+        weighted_reward_sums=merged.figures.get("weighted_reward_sums"),
+    )
+
+
+def _merged_range(
+    ranges: Sequence[tuple[float, float] | None], nan_rewards: int
+) -> tuple[float, float] | None:
+    """The advantages' range from the buckets' ranges of their groups' extremes: as
+    :meth:`RunPlan.advantage_range_from_stats` of the whole run (rows left out get advantage 0)."""
+    seen = [r for r in ranges if r is not None]
+    if not seen:
+        return (0.0, 0.0) if nan_rewards else None
+    low, high = min(r[0] for r in seen), max(r[1] for r in seen)
+    if nan_rewards:
+        low, high = min(low, 0.0), max(high, 0.0)
+    return low, high
 
 
 def _stats_of(numbers: dict[str, np.ndarray], prefix: str, plan: RunPlan) -> GroupStats:
