@@ -585,6 +585,10 @@ def bench_ray_driver(data_dir: Path, group_counts: tuple[int, ...], task_counts:
     for groups in group_counts:
         for where in ("reducers", "driver"):
             _ray_driver_run(data_dir, groups, 1 << 22, where)
+    print("\nray engine: the driver against rows (10^5 groups, more rows a group)")
+    print(header)
+    for rows_per_group in (20, 200):
+        _ray_driver_run(data_dir, 10**5, 1 << 22, "reducers", rows_per_group=rows_per_group)
     groups = 10**6
     print(f"\nray engine: the driver against its statistics tasks ({groups:,} groups, blocks cut smaller)")
     print(header)
@@ -592,14 +596,16 @@ def bench_ray_driver(data_dir: Path, group_counts: tuple[int, ...], task_counts:
         _ray_driver_run(data_dir, groups, -(-2 * groups // tasks), "reducers")
 
 
-def _ray_driver_run(data_dir: Path, groups: int, block_rows: int, where: str) -> None:
+def _ray_driver_run(
+    data_dir: Path, groups: int, block_rows: int, where: str, *, rows_per_group: int = 2
+) -> None:
     import shutil
 
-    folder = data_dir / f"ray_groups_{groups}"
+    folder = data_dir / (f"ray_groups_{groups}" + (f"_{rows_per_group}" if rows_per_group != 2 else ""))
     if not (folder.exists() and len(list(folder.glob("*.parquet"))) == 4):
         folder.mkdir(parents=True, exist_ok=True)
         rng = np.random.default_rng(6)
-        ids = rng.permutation(np.repeat(np.arange(groups, dtype=np.int64), 2))
+        ids = rng.permutation(np.repeat(np.arange(groups, dtype=np.int64), rows_per_group))
         rewards = (rng.random(ids.size) < 0.5).astype(np.float32)
         table = pa.table({"group_id": ids, "reward": rewards})
         per_shard = -(-ids.size // 4)
@@ -625,8 +631,9 @@ def _ray_driver_run(data_dir: Path, groups: int, block_rows: int, where: str) ->
         return
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     seconds, peak, own = figures["seconds"], figures["driver_peak_rss_mib"], figures["driver_peak_anon_mib"]
-    tasks = -(-2 * groups // block_rows)
-    print(f"  {groups:12,d} {2 * groups:12,d} {tasks:6d} {where:>10s} {seconds:8.2f} {peak:13.0f} {own:8.0f}")
+    rows = rows_per_group * groups
+    tasks = -(-rows // block_rows)
+    print(f"  {groups:12,d} {rows:12,d} {tasks:6d} {where:>10s} {seconds:8.2f} {peak:13.0f} {own:8.0f}")
 
 
 def bench_estimators(rows: int, group_size: int, repeats: int, data_dir: Path) -> None:

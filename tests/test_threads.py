@@ -66,9 +66,16 @@ def test_after_a_command_the_idle_openmp_threads_sleep_instead_of_spinning(plain
     if spinning < 0.04:
         pytest.skip(f"OpenMP's idle threads do not spin here ({spinning * 1000:.0f} ms)")
     for how in ("cli", "call"):
-        _, policy, asleep = idle_cpu_seconds(how, plain_env)
-        assert policy == "PASSIVE"
-        assert asleep < spinning / 4, (how, asleep, spinning)
+        # a busy machine only adds CPU to the operations' share: the quietest of three tries
+        # (threads that spin would spin in every one of them)
+        tries = []
+        for _ in range(3):
+            _, policy, asleep = idle_cpu_seconds(how, plain_env)
+            assert policy == "PASSIVE"
+            tries.append(asleep)
+            if asleep < spinning / 4:
+                break
+        assert min(tries) < spinning / 4, (how, tries, spinning)
 
 
 def test_a_policy_the_user_set_is_kept(monkeypatch):
