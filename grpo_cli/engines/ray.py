@@ -1535,23 +1535,19 @@ def run_ray(
         held = merged = outcome = None
         if OUTCOME_ON_REDUCERS and reducers_finish(plan):
             held = _held_statistics(ray, blocks, plan, group_size)
-            totals = held.totals
+            rows, nan_rewards = held.totals.rows, held.totals.nan_rewards
         else:
             merged = _statistics(ray, blocks, plan, group_size)
-            totals = OutcomeTotals(
-                rows=int(merged.rows_per_group.sum()),
-                nan_rewards=merged.nan_rewards,
-                groups=0,
-                active_groups=0,
-            )
-        if totals.rows == 0:
+            rows, nan_rewards = int(merged.rows_per_group.sum()), merged.nan_rewards
+        if rows == 0:
             raise GrpoError(f"{inputs.spec}: no rows; there is nothing to compute advantages for")
-        if totals.nan_rewards and config.advantage.nan == "error":
+        if nan_rewards and config.advantage.nan == "error":
             raise RowsUnknown(
-                f"{inputs.spec}: {totals.nan_rewards} reward(s) are null, NaN or infinite "
+                f"{inputs.spec}: {nan_rewards} reward(s) are null, NaN or infinite "
                 "(--nan ignore leaves them out; the local engine names the first row)"
             )
         if held is not None:
+            totals = held.totals
             second_round = held.round_two(ray, plan, range_dtype)  # beside the advantage job
             payload = held.payload(ray)
         else:
@@ -1621,7 +1617,7 @@ def run_ray(
                 assert merged is not None and outcome is not None
                 verified, extremes = _verify(ray, parts, plan, outcome, merged.keys, job)
             elif range_dtype is not None:
-                if outcome is not None:
+                if outcome is not None:  # else each bucket's range comes with its round 2
                     extremes = plan.advantage_range_from_stats(outcome, range_dtype)
             else:
                 column = config.advantage_col
