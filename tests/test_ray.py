@@ -511,6 +511,7 @@ def merged_and_split_groups(folder: Path, *, seed: int) -> Path:
         {
             "uid": pa.array([rows[i][0] for i in order], pa.int64()),
             "reward": pa.array([rows[i][1] for i in order], pa.float64()),
+            "length": pa.array(rng.integers(1, 500, len(rows))),
             "row_id": pa.array(np.arange(len(rows))),
         }
     )
@@ -528,8 +529,21 @@ def merged_and_split_groups(folder: Path, *, seed: int) -> Path:
         {"advantage": AdvantageOptions.resolve(preset="nemo-rl", nan="ignore"), "drop_inactive": True},
         {"advantage": AdvantageOptions(nan="ignore", inactive_tolerance=1e-3), "keep_mean_range": (0.1, 2.0)},
         {"advantage": AdvantageOptions.resolve(estimator="grpo_passk", nan="ignore")},
+        # one batch without --batch-col: its whitening's moments merged from the blocks, GPG's
+        # figures integer sums each worker rebuilds from the buckets
+        {"advantage": AdvantageOptions.resolve(estimator="reinforce_plus_plus_baseline", nan="ignore")},
+        {"advantage": AdvantageOptions.resolve(estimator="reinforce", nan="ignore"), "length_col": "length"},
+        {"advantage": AdvantageOptions.resolve(estimator="gpg", nan="ignore")},
     ],
-    ids=["grpo", "nemo-rl-drop-inactive", "tolerance-keep-mean", "grpo_passk"],
+    ids=[
+        "grpo",
+        "nemo-rl-drop-inactive",
+        "tolerance-keep-mean",
+        "grpo_passk",
+        "reinforce_plus_plus_baseline",
+        "reinforce-length",
+        "gpg",
+    ],
 )
 def test_ray_reducers_finish_the_summary_as_the_local_engine_does(
     ray_instance, tmp_path, monkeypatch, options
@@ -586,13 +600,17 @@ def test_ray_checks_rewards_that_are_all_nan_as_the_local_engine_does(ray_instan
 
 
 def test_ray_gathers_the_groups_on_the_driver_where_an_outcome_needs_them(ray_instance, sharded, tmp_path):
-    """A training batch (here GPG's), a --by value numbered in the run's order or a verifier needs
-    every group on the driver; the rest do not (the same rows and summary either way, above)."""
+    """A training batch of --batch-col (here GPG's), a --by value numbered in the run's order, the
+    std of the whole run or every reward of each group (pass@k) needs every group on the
+    driver; the rest do not (the same rows and summary either way, above)."""
     config = ComputeConfig(rewards=(RewardSpec("reward"),), group_cols=("uid",))
     for changes, where in [
         ({}, "reducers"),
         ({"by_cols": ("step",)}, "driver"),
         ({"batch_col": "step", "advantage": AdvantageOptions.resolve(estimator="gpg")}, "driver"),
+        ({"advantage": AdvantageOptions.resolve(estimator="gpg")}, "reducers"),
+        ({"advantage": AdvantageOptions.resolve(estimator="reinforce_plus_plus_baseline")}, "reducers"),
+        ({"advantage": AdvantageOptions.resolve(estimator="pass_at_k", pass_k=2)}, "driver"),
         ({"advantage": AdvantageOptions(scale="batch")}, "driver"),
     ]:
         out = tmp_path / f"out{len(list(tmp_path.iterdir()))}"

@@ -70,6 +70,7 @@ from grpo_cli.file_names import PARQUET_SUFFIXES, PROVENANCE_KEY, output_is_dire
 from grpo_cli.findings import FirstRound, GroupFindings, RunFigures, SecondRound, in_chunks, merged_findings
 from grpo_cli.guard import Claim, ProtectedInputs, RemoteClaim, StagedRemoteClaim
 from grpo_cli.kernel import (
+    BatchTransform,
     GroupStats,
     RunningGroupStats,
     RunningTopTwo,
@@ -1047,6 +1048,8 @@ def _worker_state(payload: Any, token: str, config: ComputeConfig) -> tuple[RunP
         if "buckets" in payload:  # the reducers finished job 1: every bucket's groups end to end
             figures, key_tables, sizes = payload["buckets"]
             outcome = _outcome_of(plan, _in_bucket_order(plan, figures, sizes))
+            if payload["transform"] is not None:
+                outcome = replace(outcome, transform=payload["transform"])
             cached = (plan, _RunIds(_key_index(key_tables, config.group_cols), None), outcome)
         else:
             keys: BucketKeys = payload["keys"]
@@ -1549,14 +1552,20 @@ def run_ray(
         if held is not None:
             totals = held.totals
             second_round = held.round_two(ray, plan, range_dtype)  # beside the advantage job
-            payload = held.payload(ray)
+            transform = None
+            if plan.needs_moments_pass:  # one batch: the whole run's moments
+                moments = _moments(ray, blocks, plan, 1, held.payload(ray), group_size)
+                transform = plan.transform(moments)
+            payload = held.payload(ray, transform)
         else:
             assert merged is not None
             outcome = _outcome_of(plan, merged)
             if "group_rewards" in plan.needs:
                 outcome = _with_group_rewards(ray, blocks, plan, merged, outcome, group_size)
             if plan.needs_moments_pass:
-                moments = _moments(ray, blocks, plan, outcome, _payload(ray, merged, outcome), group_size)
+                assert outcome.batches is not None
+                payload = _payload(ray, merged, outcome)
+                moments = _moments(ray, blocks, plan, outcome.batches.count, payload, group_size)
                 outcome = replace(outcome, transform=plan.transform(moments))
             totals = outcome.totals
             payload = _payload(ray, merged, outcome)
@@ -1828,17 +1837,19 @@ def block_partials(
 
 def reducers_finish(plan: RunPlan) -> bool:
     """Whether the statistics job's reducers finish it where the groups are: each group's
-    outcome follows from its own figures alone (no training batch, no whole-run figure, no
-    estimator that keeps every reward, no ``--by`` value to number in the run's order, no
-    verifier or trainer's filter reading the groups in input order), so each reducer computes
-    its bucket's outcome and findings, and the driver holds the merged totals and findings only.
+    outcome follows from its own figures and the run's (no training batch of ``--batch-col``,
+    no float figure of the whole run, no estimator that keeps every reward, no ``--by`` value
+    to number in the run's order, no verifier or trainer's filter reading the groups in input
+    order), so each reducer computes its bucket's outcome and findings, and the driver holds
+    the merged totals, findings and batch transform only.
     """
     config = plan.config
+    # Without --batch-col the run is one batch: its figures for GPG are integer sums every
+    # worker rebuilds, and a whitening's moments come from the blocks, merged in block order.
     return (
         not value_columns(config)  # --batch-col, --by
         and config.advantage.scale != "batch"  # the std of the whole run, or of each batch
-        and not plan.needs_moments_pass
-        and not {"batch_nonzero", "group_rewards"} & set(plan.needs)
+        and "group_rewards" not in plan.needs  # pass@k: every reward of each group
         and config.trainer_filter is None
         and config.verify is None
     )
@@ -1950,9 +1961,10 @@ class HeldStatistics:
     totals: OutcomeTotals
     first: FirstRound
 
-    def payload(self, ray: Any) -> Any:
-        """What each worker of the advantage job reads once: the buckets' references."""
-        return ray.put({"buckets": (self.figures, self.keys, self.sizes)})
+    def payload(self, ray: Any, transform: BatchTransform | None = None) -> Any:
+        """What each worker of the moments and advantage jobs reads once: the buckets'
+        references, and the run's batch transform where there is one (after the moments job)."""
+        return ray.put({"buckets": (self.figures, self.keys, self.sizes), "transform": transform})
 
     def round_two(self, ray: Any, plan: RunPlan, dtype: torch.dtype | None) -> list[Any]:
         """Round 2 of the findings, a task per bucket (:func:`bucket_round_two`), started."""
@@ -2177,14 +2189,13 @@ def _moments(
     ray: Any,
     blocks: list[list[FilePart]],
     plan: RunPlan,
-    outcome: GroupOutcome,
+    batches: int,
     payload: Any,
     group_size: int | None,
 ) -> WeightedMoments:
-    """The extra job of a batch transform: each statistics block's moments per batch, merged in
-    block order as the local engine's moments pass merges them (``payload``: the outcome's
-    :func:`_payload`)."""
-    assert outcome.batches is not None
+    """The extra job of a batch transform: each statistics block's moments of each of the
+    run's ``batches``, merged in block order as the local engine's moments pass merges them
+    (``payload``: the outcome's :func:`_payload`, or the buckets' :meth:`HeldStatistics.payload`)."""
     tables = _map_blocks(
         ray,
         blocks,
@@ -2194,7 +2205,7 @@ def _moments(
         config=plan.config,
         group_size=group_size,
     )
-    total = weighted_moments(torch.zeros(0), None, torch.zeros(0, dtype=torch.int64), outcome.batches.count)
+    total = weighted_moments(torch.zeros(0), None, torch.zeros(0, dtype=torch.int64), batches)
     for table in tables:
         part = WeightedMoments(
             *(
