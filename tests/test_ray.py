@@ -505,13 +505,15 @@ def merged_and_split_groups(folder: Path, *, seed: int) -> Path:
         correct = rng.integers(0, 2, size) if g % 4 else np.full(size, g % 8 == 0)
         rewards = (correct + rng.uniform(-0.2, 0.2, size) * (g % 5 != 0)) * scale
         rewards[rng.random(size) < 0.02] = np.nan
-        rows += [(int(rng.integers(0, 2**62)) if g == 0 else g * 7919 % 1000003, float(r)) for r in rewards]
+        key = int(rng.integers(0, 2**62)) if g == 0 else g * 7919 % 1000003
+        rows += [(key, float(r), g % 3) for r in rewards]
     order = rng.permutation(len(rows))
     table = pa.table(
         {
             "uid": pa.array([rows[i][0] for i in order], pa.int64()),
             "reward": pa.array([rows[i][1] for i in order], pa.float64()),
             "length": pa.array(rng.integers(1, 500, len(rows))),
+            "step": pa.array([rows[i][2] for i in order], pa.int64()),
             "row_id": pa.array(np.arange(len(rows))),
         }
     )
@@ -534,6 +536,12 @@ def merged_and_split_groups(folder: Path, *, seed: int) -> Path:
         {"advantage": AdvantageOptions.resolve(estimator="reinforce_plus_plus_baseline", nan="ignore")},
         {"advantage": AdvantageOptions.resolve(estimator="reinforce", nan="ignore"), "length_col": "length"},
         {"advantage": AdvantageOptions.resolve(estimator="gpg", nan="ignore")},
+        # training batches: the workers number them alike; GPG's figures and the moments per batch
+        {"advantage": AdvantageOptions.resolve(estimator="gpg", nan="ignore"), "batch_col": "step"},
+        {
+            "advantage": AdvantageOptions.resolve(estimator="reinforce_plus_plus_baseline", nan="ignore"),
+            "batch_col": "step",
+        },
     ],
     ids=[
         "grpo",
@@ -543,6 +551,8 @@ def merged_and_split_groups(folder: Path, *, seed: int) -> Path:
         "reinforce_plus_plus_baseline",
         "reinforce-length",
         "gpg",
+        "gpg-batches",
+        "reinforce_plus_plus_baseline-batches",
     ],
 )
 def test_ray_reducers_finish_the_summary_as_the_local_engine_does(
@@ -600,14 +610,15 @@ def test_ray_checks_rewards_that_are_all_nan_as_the_local_engine_does(ray_instan
 
 
 def test_ray_gathers_the_groups_on_the_driver_where_an_outcome_needs_them(ray_instance, sharded, tmp_path):
-    """A training batch of --batch-col (here GPG's), a --by value numbered in the run's order, the
-    std of the whole run or every reward of each group (pass@k) needs every group on the
+    """A --by value (numbered in the run's order, with percentiles of its groups), the std of a
+    batch or of the whole run, or every reward of each group (pass@k) needs every group on the
     driver; the rest do not (the same rows and summary either way, above)."""
     config = ComputeConfig(rewards=(RewardSpec("reward"),), group_cols=("uid",))
     for changes, where in [
         ({}, "reducers"),
         ({"by_cols": ("step",)}, "driver"),
-        ({"batch_col": "step", "advantage": AdvantageOptions.resolve(estimator="gpg")}, "driver"),
+        ({"batch_col": "step", "advantage": AdvantageOptions.resolve(estimator="gpg")}, "reducers"),
+        ({"batch_col": "step", "advantage": AdvantageOptions(scale="batch")}, "driver"),
         ({"advantage": AdvantageOptions.resolve(estimator="gpg")}, "reducers"),
         ({"advantage": AdvantageOptions.resolve(estimator="reinforce_plus_plus_baseline")}, "reducers"),
         ({"advantage": AdvantageOptions.resolve(estimator="pass_at_k", pass_k=2)}, "driver"),

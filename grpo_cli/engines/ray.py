@@ -1553,8 +1553,8 @@ def run_ray(
             totals = held.totals
             second_round = held.round_two(ray, plan, range_dtype)  # beside the advantage job
             transform = None
-            if plan.needs_moments_pass:  # one batch: the whole run's moments
-                moments = _moments(ray, blocks, plan, 1, held.payload(ray), group_size)
+            if plan.needs_moments_pass:
+                moments = _moments(ray, blocks, plan, held.payload(ray), group_size)
                 transform = plan.transform(moments)
             payload = held.payload(ray, transform)
         else:
@@ -1563,9 +1563,7 @@ def run_ray(
             if "group_rewards" in plan.needs:
                 outcome = _with_group_rewards(ray, blocks, plan, merged, outcome, group_size)
             if plan.needs_moments_pass:
-                assert outcome.batches is not None
-                payload = _payload(ray, merged, outcome)
-                moments = _moments(ray, blocks, plan, outcome.batches.count, payload, group_size)
+                moments = _moments(ray, blocks, plan, _payload(ray, merged, outcome), group_size)
                 outcome = replace(outcome, transform=plan.transform(moments))
             totals = outcome.totals
             payload = _payload(ray, merged, outcome)
@@ -1837,17 +1835,18 @@ def block_partials(
 
 def reducers_finish(plan: RunPlan) -> bool:
     """Whether the statistics job's reducers finish it where the groups are: each group's
-    outcome follows from its own figures and the run's (no training batch of ``--batch-col``,
-    no float figure of the whole run, no estimator that keeps every reward, no ``--by`` value
-    to number in the run's order, no verifier or trainer's filter reading the groups in input
-    order), so each reducer computes its bucket's outcome and findings, and the driver holds
-    the merged totals, findings and batch transform only.
+    outcome follows from its own figures and its batch's exact ones (no float figure of a
+    batch or of the whole run, no estimator that keeps every reward, no ``--by`` value, no
+    verifier or trainer's filter reading the groups in input order), so each reducer computes
+    its bucket's outcome and findings, and the driver holds the merged totals, findings and
+    batch transform only.
     """
     config = plan.config
-    # Without --batch-col the run is one batch: its figures for GPG are integer sums every
-    # worker rebuilds, and a whitening's moments come from the blocks, merged in block order.
+    # A batch's figures for GPG are integer sums every worker rebuilds from the buckets (the
+    # workers number the batches alike, by first appearance in the buckets' order), and a
+    # whitening's moments come from the blocks, merged in block order, a row per batch.
     return (
-        not value_columns(config)  # --batch-col, --by
+        not config.by_cols  # numbered in the run's order, with percentiles of every group's figures
         and config.advantage.scale != "batch"  # the std of the whole run, or of each batch
         and "group_rewards" not in plan.needs  # pass@k: every reward of each group
         and config.trainer_filter is None
@@ -2189,13 +2188,13 @@ def _moments(
     ray: Any,
     blocks: list[list[FilePart]],
     plan: RunPlan,
-    batches: int,
     payload: Any,
     group_size: int | None,
 ) -> WeightedMoments:
     """The extra job of a batch transform: each statistics block's moments of each of the
-    run's ``batches``, merged in block order as the local engine's moments pass merges them
-    (``payload``: the outcome's :func:`_payload`, or the buckets' :meth:`HeldStatistics.payload`)."""
+    run's batches, merged in block order as the local engine's moments pass merges them
+    (``payload``: the outcome's :func:`_payload`, or the buckets' :meth:`HeldStatistics.payload`;
+    the batches are numbered by the workers' outcome, each block's table a row per batch)."""
     tables = _map_blocks(
         ray,
         blocks,
@@ -2205,7 +2204,11 @@ def _moments(
         config=plan.config,
         group_size=group_size,
     )
-    total = weighted_moments(torch.zeros(0), None, torch.zeros(0, dtype=torch.int64), batches)
+    batches = {table.num_rows for table in tables}
+    if len(batches) > 1:
+        raise RuntimeError(f"the moments job's blocks returned {sorted(batches)} batches")
+    count = batches.pop() if batches else 0
+    total = weighted_moments(torch.zeros(0), None, torch.zeros(0, dtype=torch.int64), count)
     for table in tables:
         part = WeightedMoments(
             *(
