@@ -385,13 +385,26 @@ class RunFigures:
             histogram = ("none", 0.0, 0.0, 0)
         elif first.binary and uniform and 1 <= common <= 64:
             histogram = ("solve_rate", 0.0, 1.0, common)
-        elif first.mean_low == first.mean_high:
+        elif not _bins_fit(first.mean_low, first.mean_high):  # one mean, or a few ulps apart
             histogram = ("single", first.mean_low, first.mean_high, 0)
         elif first.mean_low >= 0.0 and first.mean_high <= 1.0:
             histogram = ("unit", 0.0, 1.0, 0)
         else:
             histogram = ("range", first.mean_low, first.mean_high, 0)
         return cls(mean, scale, common, histogram)
+
+
+def _bins_fit(low: float, high: float) -> bool:
+    """Whether :data:`HISTOGRAM_BINS` bins of positive, finite width fit from ``low`` to ``high``
+    (numpy's histogram refuses a range that does not hold them: group means a few ulps apart,
+    as ``-1/3`` summed two ways, or a span past the largest float).
+
+    >>> _bins_fit(0.0, 1.0), _bins_fit(-1 / 3, -1 / 3 + 2**-54), _bins_fit(-1e308, 1e308)
+    (True, False, False)
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        edges = np.linspace(low, high, HISTOGRAM_BINS + 1)
+    return bool(np.all(np.isfinite(edges)) and np.all(edges[:-1] < edges[1:]))
 
 
 @dataclass(frozen=True)

@@ -131,8 +131,9 @@ def histogram_lines(summary: RunSummary, width: int = 30) -> list[str]:
         return []
     peak = max(int(c) for c in counts) or 1
     labels = histogram.get("labels")
-    if labels is None and histogram.get("kind") == "single":
-        labels = [_fmt(edges[0])]
+    if labels is None and histogram.get("kind") == "single":  # one mean, or means a few ulps apart
+        low, high = edges[0], edges[-1]
+        labels = [_fmt(low) if low == high else f"[{_fmt(low, 17)}, {_fmt(high, 17)}]"]
     if labels is None:
         labels = [
             f"[{float(edges[i]):.3g}, {float(edges[i + 1]):.3g}{']' if i == len(counts) - 1 else ')'}"

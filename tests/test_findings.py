@@ -221,3 +221,28 @@ def test_the_examples_are_the_first_groups_in_the_run_order_whichever_part_holds
     ]
     assert findings.off_size_groups["groups"] == 7
     assert '"prompt 10" (8 rows), "prompt 12" (8 rows), "prompt 13" (12 rows);' in findings.warnings[0]
+
+
+@pytest.mark.parametrize(
+    "means",
+    [
+        [-1 / 3, float(np.nextafter(-1 / 3, 0.0))],  # a few ulps apart: no ten bins of positive width
+        [-1e308, 1e308],  # a span past the largest float: no ten bins of finite width
+    ],
+)
+def test_means_that_cannot_hold_ten_bins_make_one_bar(means):
+    means = np.array(means)
+    ones = np.ones(means.size)
+    part = GroupPart(
+        count=np.full(means.size, 2),
+        mean=means,
+        m2=ones,
+        m2_scale=None,
+        minimum=means - abs(means) * 1e-3,
+        maximum=means + abs(means) * 1e-3,
+        active=ones.astype(bool),
+        rows=np.full(means.size, 2),
+        order=np.arange(means.size),
+    )
+    histogram = findings_of([part], options={}).group_mean_histogram
+    assert histogram == {"kind": "single", "edges": [means[0], means[1]], "counts": [2]}
