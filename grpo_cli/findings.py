@@ -385,12 +385,14 @@ class RunFigures:
             histogram = ("none", 0.0, 0.0, 0)
         elif first.binary and uniform and 1 <= common <= 64:
             histogram = ("solve_rate", 0.0, 1.0, common)
-        elif not _bins_fit(first.mean_low, first.mean_high):  # one mean, or a few ulps apart
+        elif first.mean_low == first.mean_high:
             histogram = ("single", first.mean_low, first.mean_high, 0)
         elif first.mean_low >= 0.0 and first.mean_high <= 1.0:
             histogram = ("unit", 0.0, 1.0, 0)
-        else:
+        elif _bins_fit(first.mean_low, first.mean_high):
             histogram = ("range", first.mean_low, first.mean_high, 0)
+        else:  # means a few ulps apart, or a span past the largest float: one bar
+            histogram = ("single", first.mean_low, first.mean_high, 0)
         return cls(mean, scale, common, histogram)
 
 

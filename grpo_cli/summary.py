@@ -153,16 +153,10 @@ def group_findings(
     )
 
 
-def outcome_part(
-    outcome: GroupOutcome,
-    *,
-    order: np.ndarray,
-    label_at: Callable[[int], Any] | None = None,
-    named: bool = False,
-) -> GroupPart:
+def outcome_part(outcome: GroupOutcome, *, order: np.ndarray, named: bool = False) -> GroupPart:
     """The groups of ``outcome`` (all of a run's, or a Ray reducer's bucket) as one part of the
-    summary's findings: ``order`` (int64, one per group) sorts them as the run's group IDs do,
-    ``label_at(i)`` names group ``i`` (``named``: by its key)."""
+    summary's findings: ``order`` (int64, one per group) sorts them as the run's group IDs do;
+    ``named``: the labels :func:`~grpo_cli.findings.in_chunks` gives them are keys."""
     from grpo_cli.kernel import group_scales
 
     cpu = outcome.stats.to("cpu")
@@ -177,7 +171,6 @@ def outcome_part(
         active=outcome.active.numpy().astype(bool),
         rows=np.asarray(outcome.rows_per_group),  # rows, a null or NaN reward's included
         order=order,
-        label_at=label_at,
         named=named,
     )
 
