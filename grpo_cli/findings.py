@@ -13,8 +13,9 @@ way the groups were cut and in whatever order the parts arrive:
 - round 2 (:class:`SecondRound`): the exact sum of squared deviations from the run's mean, the
   histogram's counts, and the first groups (in the run's order) off the common size.
 
-Sums are exact (:class:`ExactSum`: every term's bits kept in one integer, rounded once at the
-end), so the reward mean and standard deviation are the same bits for any cut and any order:
+Sums are exact (:class:`~grpo_cli.kernel.ExactSum`: every term's bits kept in one integer,
+rounded once at the end), so the reward mean and standard deviation (the kernel's batch
+moments, :class:`~grpo_cli.kernel.RewardTotals`) are the same bits for any cut and any order:
 a float sum folded left to right would depend on the order of the groups, which only a
 machine holding all of them knows.
 
@@ -32,12 +33,18 @@ from __future__ import annotations
 import heapq
 import json
 import math
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+    from grpo_cli.kernel import ExactSum, RewardTotals
 
 HISTOGRAM_BINS = 10
 TOP_INACTIVE_VALUES = 10
@@ -45,158 +52,6 @@ OFF_SIZE_EXAMPLES = 5
 MERGED_EXAMPLES = 3
 """How many keys of merged groups a warning names."""
 SIZE_COUNTS_SHOWN = 64
-
-_LOWEST_EXPONENT = -4500
-"""Every term of an :class:`ExactSum` is a multiple of ``2**_LOWEST_EXPONENT``: below the
-smallest float64 (``2**-1074``) times the smallest squares and products the summary forms."""
-_BIN_TERMS = 1 << 26
-"""Terms summed per exponent in one float64 bincount: 27-bit halves of a 53-bit mantissa add up
-exactly below ``2**53``."""
-
-
-@dataclass(frozen=True)
-class ExactSum:
-    """A sum of float64 terms kept exactly: ``scaled * 2**_LOWEST_EXPONENT``, plus the sum of
-    any infinite or NaN terms (``special``). Adding two is exact, so parts merge in any order.
-
-    >>> total = ExactSum.of(np.array([1e16, 1.0, 1.0, -1e16]))
-    >>> total.value(), (total + ExactSum.of(np.array([0.5]))).value()
-    (2.0, 2.5)
-    """
-
-    scaled: int = 0
-    special: float = 0.0
-
-    @classmethod
-    def of(cls, terms: np.ndarray, exponents: np.ndarray | None = None) -> ExactSum:
-        """The exact sum of ``terms * 2**exponents`` (float64 and int64 arrays, one shape;
-        ``exponents`` defaults to 0), whatever their magnitudes: no product overflows."""
-        terms = np.asarray(terms, dtype=np.float64).ravel()
-        special = 0.0
-        with np.errstate(over="ignore", invalid="ignore"):
-            finite_sum = math.isfinite(float(np.sum(terms)))  # one pass: no term is inf or NaN
-        if not finite_sum:
-            finite = np.isfinite(terms)
-            with np.errstate(invalid="ignore"):  # inf - inf is NaN, whatever the order
-                special = float(np.sum(terms[~finite]))
-            terms = terms[finite]
-            exponents = None if exponents is None else np.asarray(exponents).ravel()[finite]
-        if exponents is None:
-            return cls(_extracted(terms), special)
-        return cls(_binned(terms, np.asarray(exponents, dtype=np.int64).ravel()), special)
-
-    @classmethod
-    def of_products(cls, counts: np.ndarray, values: np.ndarray) -> ExactSum:
-        """The exact sum of ``counts * values`` (int64 and float64, one shape), each product
-        rounded once to float64 as a product of the two, never overflowing.
-
-        >>> ExactSum.of_products(np.array([3, 2]), np.array([1e308, -1e308])).value()
-        1e+308
-        """
-        with np.errstate(over="ignore", invalid="ignore"):
-            products = counts * values
-            if math.isfinite(float(np.sum(products))):
-                # every float is a multiple of 2**-1074, so a product with an integer that
-                # lands below the normal range is exact: these are the products rounded once
-                return cls.of(products)
-        mantissa, exponent = np.frexp(values)
-        return cls.of(counts * mantissa, exponent)
-
-    def times_power_of_two(self, power: int) -> ExactSum:
-        """The sum times ``2**power``, exactly (the terms' bits stay above
-        ``2**_LOWEST_EXPONENT``: ``power`` within +-2048 of the terms' own exponents)."""
-        if power >= 0:  # an infinite or NaN special stays what it is
-            return ExactSum(self.scaled << power, self.special)
-        if self.scaled % (1 << -power):
-            raise ValueError(f"the sum times 2**{power} is below 2**{_LOWEST_EXPONENT}")
-        return ExactSum(self.scaled >> -power, self.special)
-
-    def __add__(self, other: ExactSum) -> ExactSum:
-        return ExactSum(self.scaled + other.scaled, self.special + other.special)
-
-    def ratio(self, divisor: int, *, scale_exponent: int = 0) -> float:
-        """``sum / divisor / 2**scale_exponent``, rounded once (``divisor`` > 0); +-inf past
-        the float64 range."""
-        if self.special != 0.0:  # an infinite or NaN term (NaN != 0.0 too)
-            return self.special
-        try:  # an integer quotient is rounded once
-            return self.scaled / (divisor << (scale_exponent - _LOWEST_EXPONENT))
-        except OverflowError:
-            return math.inf if self.scaled > 0 else -math.inf
-
-    def value(self) -> float:
-        """The sum, rounded once."""
-        return self.ratio(1)
-
-
-_EXTRACTION_ROUNDS = 4
-"""Rounds of :func:`_extracted` before what is left is summed by exponent bins."""
-
-
-def _extracted(terms: np.ndarray) -> int:
-    """The exact sum of finite float64 ``terms`` in units of ``2**_LOWEST_EXPONENT``.
-
-    Rump, Ogita and Oishi's error-free extraction (Accurate floating-point summation, 2008):
-    with ``sigma = 2**k`` at least ``n + 1`` times every term's magnitude, ``q = (sigma + p) -
-    sigma`` is ``p`` rounded to a multiple of ``2**(k - 53)`` and ``p - q`` is exact, so the
-    ``q`` add up exactly in float64 in any order (their sum stays within ``2**53`` units).
-    Each round takes about 53 - log2(n) bits of every term; most terms a summary sums (counts
-    times means of a few rewards) are done in one or two. What is left after
-    :data:`_EXTRACTION_ROUNDS`, or near the ends of the float64 range, goes to :func:`_binned`.
-
-    >>> _extracted(np.array([1e16, 1.0, -1e16, 0.5])) == 3 << (-1 - _LOWEST_EXPONENT)
-    True
-    """
-    if not terms.size:
-        return 0
-    headroom_bits = int(terms.size).bit_length()  # 2**headroom_bits > n
-    remainder = terms
-    buffer = np.empty_like(terms)
-    scaled = 0
-    for _ in range(_EXTRACTION_ROUNDS):
-        largest = max(float(remainder.max()), -float(remainder.min()))
-        if largest == 0.0:
-            return scaled
-        k = math.frexp(largest)[1] + headroom_bits  # largest < 2**(k - headroom_bits)
-        if k > 1023 or k - 53 < -1022:  # sigma not a float, or its units below the normal range
-            break
-        sigma = math.ldexp(1.0, k)
-        extracted = np.add(remainder, sigma, out=buffer)
-        extracted -= sigma
-        units = int(math.ldexp(float(np.sum(extracted)), 53 - k))  # exact: an integer below 2**53
-        scaled += units << (k - 53 - _LOWEST_EXPONENT)
-        if remainder is terms:
-            remainder = terms - extracted
-        else:
-            remainder -= extracted
-    return scaled + _binned(remainder, None)
-
-
-def _binned(terms: np.ndarray, exponents: np.ndarray | None) -> int:
-    """The exact sum of finite ``terms * 2**exponents`` in units of ``2**_LOWEST_EXPONENT``:
-    each term's 53-bit mantissa, cut in halves of 27 and 26 bits, added per exponent in float64
-    (exact up to ``2**26`` terms a bin), then shifted into one integer."""
-    mantissa, exponent = np.frexp(terms)  # terms = mantissa * 2**exponent, |mantissa| in [0.5, 1)
-    whole = (mantissa * 2.0**53).astype(np.int64)  # exact: 53 significant bits
-    exponent = exponent.astype(np.int64) - 53
-    if exponents is not None:
-        exponent = exponent + exponents
-    scaled = 0
-    if whole.size:  # a zero adds nothing to its exponent's bin, whatever that exponent is
-        low_exponent = int(exponent.min())
-        if low_exponent < _LOWEST_EXPONENT:
-            raise ValueError(f"a term below 2**{_LOWEST_EXPONENT} cannot be summed exactly")
-        bins = exponent - low_exponent
-        high, low = whole >> 26, whole & ((1 << 26) - 1)  # whole = high * 2**26 + low
-        width = int(bins.max()) + 1
-        for start in range(0, whole.size, _BIN_TERMS):
-            part = slice(start, start + _BIN_TERMS)
-            highs = np.bincount(bins[part], weights=high[part], minlength=width)
-            lows = np.bincount(bins[part], weights=low[part], minlength=width)
-            for at in np.flatnonzero((highs != 0) | (lows != 0)):
-                shift = int(at) + low_exponent - _LOWEST_EXPONENT
-                scaled += ((int(highs[at]) << 26) + int(lows[at])) << shift
-    return scaled
 
 
 @dataclass(frozen=True)
@@ -232,6 +87,23 @@ class GroupPart:
         }
         pieces["m2_scale"] = None if self.m2_scale is None else self.m2_scale[start:stop]
         return replace(self, **pieces, label_at=label_at)
+
+
+def _kernel() -> Any:
+    """:mod:`grpo_cli.kernel`, imported when a run needs it: the summary's JSON form and the
+    jobs that name it load before torch (copying a spliced shard's bytes while it loads)."""
+    from grpo_cli import kernel
+
+    return kernel
+
+
+def _tensor(values: np.ndarray) -> torch.Tensor:
+    """A NumPy array as a tensor over its memory (read only here, though Arrow's may be)."""
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "The given NumPy array is not writable"
+        return torch.from_numpy(values)
 
 
 def _min(values: np.ndarray, identity: float) -> float:
@@ -283,10 +155,8 @@ class FirstRound:
     active_groups: int = 0
     singleton_groups: int = 0
     size_counts: Counter[int] = field(default_factory=Counter)
-    rewards: int = 0  # valid rewards
-    reward_low: float = math.inf
-    reward_high: float = -math.inf
-    reward_sum: ExactSum = ExactSum()
+    # the valid rewards' count, extremes and exact sum
+    reward: RewardTotals = field(default_factory=lambda: _kernel().RewardTotals())
     seen_groups: int = 0  # groups holding a valid reward
     mean_low: float = math.inf
     mean_high: float = -math.inf
@@ -302,20 +172,18 @@ class FirstRound:
         # + 0.0: a constant group of -0.0 and one of 0.0 share a value, whichever part comes first
         values, counts = np.unique(part.minimum[constant] + 0.0, return_counts=True)
         sizes, size_counts = _value_counts(part.rows)
-        low, high = _min(seen.minimum, math.inf), _max(seen.maximum, -math.inf)
+        columns = (seen.count, seen.mean, seen.minimum, seen.maximum)
+        reward = _kernel().RewardTotals.of(*(_tensor(a) for a in columns))
         return cls(
             groups=int(part.count.size),
             active_groups=int(np.count_nonzero(part.active)),
             singleton_groups=int(np.count_nonzero(part.rows == 1)),
             size_counts=Counter(dict(zip(sizes.tolist(), size_counts.tolist(), strict=True))),
-            rewards=int(seen.count.sum()),
-            reward_low=low,
-            reward_high=high,
-            reward_sum=ExactSum.of_products(seen.count, seen.mean),  # each group's sum
+            reward=reward,
             seen_groups=int(seen.count.size),
             mean_low=_min(seen.mean, math.inf),
             mean_high=_max(seen.mean, -math.inf),
-            binary=_binary(seen, low, high),
+            binary=_binary(seen, reward.low, reward.high),
             constant_values=Counter(dict(zip(values.tolist(), counts.tolist(), strict=True))),
             tolerated_groups=int(np.count_nonzero(inactive & (part.maximum > part.minimum))),
         )
@@ -326,10 +194,7 @@ class FirstRound:
             active_groups=self.active_groups + other.active_groups,
             singleton_groups=self.singleton_groups + other.singleton_groups,
             size_counts=self.size_counts + other.size_counts,
-            rewards=self.rewards + other.rewards,
-            reward_low=min(self.reward_low, other.reward_low),
-            reward_high=max(self.reward_high, other.reward_high),
-            reward_sum=self.reward_sum + other.reward_sum,
+            reward=self.reward + other.reward,
             seen_groups=self.seen_groups + other.seen_groups,
             mean_low=min(self.mean_low, other.mean_low),
             mean_high=max(self.mean_high, other.mean_high),
@@ -367,18 +232,12 @@ def common_size(size_counts: Counter[int]) -> tuple[int, int]:
 class RunFigures:
     """What round 2 needs from the whole run's round 1."""
 
-    reward_mean: float
-    scale_exponent: int  # the reward's power-of-two scale: deviations are squared in its units
+    reward: RewardTotals  # the run's: its mean is what round 2's squared deviations are from
     common_size: int
     histogram: tuple[str, float, float, int]  # kind, low and high bound, the group size of solve_rate
 
     @classmethod
     def of(cls, first: FirstRound) -> RunFigures:
-        mean = first.reward_sum.ratio(first.rewards) if first.rewards else 0.0
-        magnitude = max(abs(first.reward_low), abs(first.reward_high)) if first.rewards else 0.0
-        # deviations from the mean are at most twice the largest magnitude: in units of 2**scale
-        # they stay below 4, and their squares neither overflow nor lose the largest ones' bits
-        scale = math.frexp(magnitude)[1] if magnitude and math.isfinite(magnitude) else 0
         common = common_size(first.size_counts)[0] if first.groups else 0
         uniform = len(first.size_counts) == 1
         if not first.seen_groups:
@@ -393,7 +252,7 @@ class RunFigures:
             histogram = ("range", first.mean_low, first.mean_high, 0)
         else:  # means a few ulps apart, or a span past the largest float: one bar
             histogram = ("single", first.mean_low, first.mean_high, 0)
-        return cls(mean, scale, common, histogram)
+        return cls(first.reward, common, histogram)
 
 
 def _bins_fit(low: float, high: float) -> bool:
@@ -423,7 +282,8 @@ class Example:
 class SecondRound:
     """What a part shows once the run's figures are known; ``+`` merges (any order)."""
 
-    squares: ExactSum = ExactSum()  # the sum over the rewards of (reward - run mean)**2
+    # the sum over the rewards of (reward - run mean)**2
+    squares: ExactSum = field(default_factory=lambda: _kernel().ExactSum())
     histogram: tuple[int, ...] = ()
     off_size: tuple[Example, ...] = ()  # the part's first OFF_SIZE_EXAMPLES, in the run's order
     merged: tuple[Example, ...] = ()  # its first MERGED_EXAMPLES of 2 or more times the common size
@@ -431,17 +291,13 @@ class SecondRound:
     @classmethod
     def of(cls, part: GroupPart, run: RunFigures) -> SecondRound:
         seen = _holding_rewards(part)
-        count, mean = seen.count, seen.mean
-        if seen.m2_scale is None:  # every group of ordinary magnitude: m2 in reward units
-            within = ExactSum.of(seen.m2)
-        else:
-            m2_mantissa, m2_exponent = np.frexp(seen.m2)
-            _, scale_exponent = np.frexp(seen.m2_scale)  # a power of two 2**(e - 1)
-            within = ExactSum.of(m2_mantissa, m2_exponent + 2 * (scale_exponent.astype(np.int64) - 1))
-        unit = math.ldexp(1.0, -run.scale_exponent)
-        deviation = mean * unit - run.reward_mean * unit  # exact scalings: the rounding of mean - run mean
-        between = ExactSum.of_products(count, deviation * deviation).times_power_of_two(
-            2 * run.scale_exponent
+        mean = seen.mean
+        squares = _kernel().squared_deviations(
+            _tensor(seen.count),
+            _tensor(seen.mean),
+            _tensor(seen.m2),
+            None if seen.m2_scale is None else _tensor(seen.m2_scale),
+            totals=run.reward,
         )
         kind, low, high, size = run.histogram
         if kind == "solve_rate":
@@ -458,7 +314,7 @@ class SecondRound:
         off_rows = part.rows[off]  # few: the modulo runs on these alone
         merged = off[(off_rows > common) & (off_rows % common == 0)] if common > 1 else off[:0]
         return cls(
-            squares=within + between,
+            squares=squares,
             histogram=tuple(int(c) for c in binned),
             off_size=_first(part, off, OFF_SIZE_EXAMPLES),
             merged=_first(part, merged, MERGED_EXAMPLES),
@@ -529,14 +385,12 @@ def merged_findings(
     run = RunFigures.of(first)
     groups = first.groups
     reward: dict[str, float | None] = {"mean": None, "std": None, "min": None, "max": None}
-    if first.rewards:
-        # the mean of squares in units of 4**scale, rounded once, then its root, rounded once
-        variance = second.squares.ratio(first.rewards, scale_exponent=2 * run.scale_exponent)
+    if first.reward.rewards:
         reward = {
-            "mean": run.reward_mean,
-            "std": math.ldexp(math.sqrt(variance), run.scale_exponent),
-            "min": first.reward_low,
-            "max": first.reward_high,
+            "mean": first.reward.mean,
+            "std": first.reward.std(second.squares),
+            "min": first.reward.low,
+            "max": first.reward.high,
         }
     values = sorted(first.constant_values.items(), key=lambda item: (-item[1], item[0]))
     tolerance = float(options.get("inactive_tolerance") or 0.0)

@@ -27,8 +27,11 @@ Numerical contract:
   thread count): every float64 operation is an IEEE one (``+ - * /``, each correctly
   rounded), :func:`sqrt_rn` where a square root is taken (torch's own ``sqrt`` goes through
   the vector-math library of the CPU it runs on, which is not correctly rounded), and every
-  sum is a left fold in a set order (:func:`fold_sum`, the group folds), never a reduction
-  whose order follows the vector width or the threads.
+  sum is a left fold in a set order (:func:`fold_sum`, the group folds) or exact
+  (:class:`ExactSum`), never a reduction whose order follows the vector width or the threads;
+* a batch's reward mean and std (``scale="batch"``'s divisor, the summary's reward figures)
+  are exact sums over its groups rounded once (:class:`RewardTotals`), so groups held apart
+  (a Ray run's buckets) give the bits of one machine holding them all.
 """
 
 from __future__ import annotations
@@ -45,16 +48,19 @@ from torch import Tensor
 from grpo_cli.choices import Baseline, EpsilonMode, NanPolicy, Scale, Singleton, Std, check_choice
 
 __all__ = [
+    "EXACT_LOWEST_EXPONENT",
     "NO_ROW",
     "Baseline",
     "BatchTransform",
     "Divisor",
     "EpsilonMode",
+    "ExactSum",
     "GroupAdvantages",
     "GroupStats",
     "GroupStatsAccumulator",
     "NanPolicy",
     "Normalization",
+    "RewardTotals",
     "Scale",
     "Singleton",
     "Std",
@@ -65,6 +71,7 @@ __all__ = [
     "active_groups",
     "advantages_from_stats",
     "apply_normalization",
+    "batch_mean_std",
     "batch_moments",
     "batch_std",
     "empty_group_stats",
@@ -90,6 +97,8 @@ __all__ = [
     "row_baseline_advantages",
     "shaped_rewards",
     "sqrt_rn",
+    "squared_deviations",
+    "squared_deviations_of",
     "weighted_moments",
     "whitening",
 ]
@@ -1085,8 +1094,274 @@ def active_groups(stats: GroupStats, *, singleton: Singleton = "zero", tolerance
     return active
 
 
+EXACT_LOWEST_EXPONENT = -4500
+"""Every term of an :class:`ExactSum` is a multiple of ``2**EXACT_LOWEST_EXPONENT``: below the
+smallest float64 (``2**-1074``) times the smallest squares and products the moments form."""
+_BIN_TERMS = 1 << 26
+"""Terms summed per exponent in one float64 bincount: 27-bit halves of a 53-bit mantissa add up
+exactly below ``2**53``."""
+_EXTRACTION_ROUNDS = 4
+"""Rounds of :func:`_extracted` before what is left is summed by exponent bins."""
+
+
+def _exact_terms(values: Tensor) -> Tensor:
+    """``values`` as a flat float64 CPU tensor (a copy only where the dtype or device differ)."""
+    return values.detach().reshape(-1).to("cpu", torch.float64)
+
+
+@dataclass(frozen=True)
+class ExactSum:
+    """A sum of float64 terms kept exactly: ``scaled * 2**EXACT_LOWEST_EXPONENT``, plus the sum
+    of any infinite or NaN terms (``special``). Adding two is exact, so parts merge in any order
+    and a sum cut into parts (chunks, a Ray run's buckets) has the bits of the whole.
+
+    >>> total = ExactSum.of(torch.tensor([1e16, 1.0, 1.0, -1e16], dtype=torch.float64))
+    >>> total.value(), (total + ExactSum.of(torch.tensor([0.5], dtype=torch.float64))).value()
+    (2.0, 2.5)
+    """
+
+    scaled: int = 0
+    special: float = 0.0
+
+    @classmethod
+    def of(cls, terms: Tensor, exponents: Tensor | None = None) -> ExactSum:
+        """The exact sum of ``terms * 2**exponents`` (a floating and an integer tensor of one
+        shape; ``exponents`` defaults to 0), whatever their magnitudes: no product overflows."""
+        terms = _exact_terms(terms)
+        special = 0.0
+        if not math.isfinite(float(terms.sum())):  # one pass: no term is inf or NaN
+            finite = torch.isfinite(terms)
+            special = float(terms[~finite].sum())  # inf - inf is NaN, whatever the order
+            terms = terms[finite]
+            exponents = None if exponents is None else exponents.reshape(-1).cpu()[finite]
+        if exponents is None:
+            return cls(_extracted(terms), special)
+        return cls(_binned(terms, exponents.to("cpu", torch.int64).reshape(-1)), special)
+
+    @classmethod
+    def of_products(cls, counts: Tensor, values: Tensor) -> ExactSum:
+        """The exact sum of ``counts * values`` (int64 and float64, one shape), each product
+        rounded once to float64 as a product of the two, never overflowing.
+
+        >>> values = torch.tensor([1e308, -1e308], dtype=torch.float64)
+        >>> ExactSum.of_products(torch.tensor([3, 2]), values).value()
+        1e+308
+        """
+        counts, values = counts.detach().reshape(-1).cpu(), _exact_terms(values)
+        products = counts * values
+        if math.isfinite(float(products.sum())):
+            # every float is a multiple of 2**-1074, so a product with an integer that lands
+            # below the normal range is exact: these are the products rounded once
+            return cls.of(products)
+        mantissa, exponent = torch.frexp(values)
+        return cls.of(counts * mantissa, exponent)
+
+    def times_power_of_two(self, power: int) -> ExactSum:
+        """The sum times ``2**power``, exactly (the terms' bits stay above
+        ``2**EXACT_LOWEST_EXPONENT``: ``power`` within +-2048 of the terms' own exponents)."""
+        if power >= 0:  # an infinite or NaN special stays what it is
+            return ExactSum(self.scaled << power, self.special)
+        if self.scaled % (1 << -power):
+            raise ValueError(f"the sum times 2**{power} is below 2**{EXACT_LOWEST_EXPONENT}")
+        return ExactSum(self.scaled >> -power, self.special)
+
+    def __add__(self, other: ExactSum) -> ExactSum:
+        return ExactSum(self.scaled + other.scaled, self.special + other.special)
+
+    def ratio(self, divisor: int, *, scale_exponent: int = 0) -> float:
+        """``sum / divisor / 2**scale_exponent``, rounded once (``divisor`` > 0); +-inf past
+        the float64 range."""
+        if self.special != 0.0:  # an infinite or NaN term (NaN != 0.0 too)
+            return self.special
+        try:  # an integer quotient is rounded once
+            return self.scaled / (divisor << (scale_exponent - EXACT_LOWEST_EXPONENT))
+        except OverflowError:
+            return math.inf if self.scaled > 0 else -math.inf
+
+    def value(self) -> float:
+        """The sum, rounded once."""
+        return self.ratio(1)
+
+
+def _extracted(terms: Tensor) -> int:
+    """The exact sum of finite float64 ``terms`` in units of ``2**EXACT_LOWEST_EXPONENT``.
+
+    Rump, Ogita and Oishi's error-free extraction (Accurate floating-point summation, 2008):
+    with ``sigma = 2**k`` at least ``n + 1`` times every term's magnitude, ``q = (sigma + p) -
+    sigma`` is ``p`` rounded to a multiple of ``2**(k - 53)`` and ``p - q`` is exact, so the
+    ``q`` add up exactly in float64 in any order (their sum stays within ``2**53`` units), on
+    any CPU and thread count. Each round takes about 53 - log2(n) bits of every term; most
+    terms (counts times means of a few rewards) are done in one or two. What is left after
+    :data:`_EXTRACTION_ROUNDS`, or near the ends of the float64 range, goes to :func:`_binned`.
+
+    >>> terms = torch.tensor([1e16, 1.0, -1e16, 0.5], dtype=torch.float64)
+    >>> _extracted(terms) == 3 << (-1 - EXACT_LOWEST_EXPONENT)
+    True
+    """
+    if not terms.numel():
+        return 0
+    headroom_bits = int(terms.numel()).bit_length()  # 2**headroom_bits > n
+    remainder = terms
+    buffer = torch.empty_like(terms)
+    scaled = 0
+    for _ in range(_EXTRACTION_ROUNDS):
+        largest = max(float(remainder.max()), -float(remainder.min()))
+        if largest == 0.0:
+            return scaled
+        k = math.frexp(largest)[1] + headroom_bits  # largest < 2**(k - headroom_bits)
+        if k > 1023 or k - 53 < -1022:  # sigma not a float, or its units below the normal range
+            break
+        sigma = math.ldexp(1.0, k)
+        extracted = torch.add(remainder, sigma, out=buffer)
+        extracted -= sigma
+        units = int(math.ldexp(float(extracted.sum()), 53 - k))  # exact: an integer below 2**53
+        scaled += units << (k - 53 - EXACT_LOWEST_EXPONENT)
+        if remainder is terms:
+            remainder = terms - extracted
+        else:
+            remainder -= extracted
+    return scaled + _binned(remainder, None)
+
+
+def _binned(terms: Tensor, exponents: Tensor | None) -> int:
+    """The exact sum of finite ``terms * 2**exponents`` in units of ``2**EXACT_LOWEST_EXPONENT``:
+    each term's 53-bit mantissa, cut in halves of 27 and 26 bits, added per exponent in float64
+    (exact up to ``2**26`` terms a bin), then shifted into one integer."""
+    mantissa, exponent = torch.frexp(terms)  # terms = mantissa * 2**exponent, |mantissa| in [0.5, 1)
+    whole = (mantissa * 2.0**53).to(torch.int64)  # exact: 53 significant bits
+    shifts = exponent.to(torch.int64) - 53
+    if exponents is not None:
+        shifts = shifts + exponents
+    scaled = 0
+    if whole.numel():  # a zero adds nothing to its exponent's bin, whatever that exponent is
+        low_exponent = int(shifts.min())
+        if low_exponent < EXACT_LOWEST_EXPONENT:
+            raise ValueError(f"a term below 2**{EXACT_LOWEST_EXPONENT} cannot be summed exactly")
+        bins = shifts - low_exponent
+        high, low = whole >> 26, whole & ((1 << 26) - 1)  # whole = high * 2**26 + low
+        width = int(bins.max()) + 1
+        for start in range(0, whole.numel(), _BIN_TERMS):
+            part = slice(start, start + _BIN_TERMS)
+            highs = torch.bincount(bins[part], weights=high[part].to(torch.float64), minlength=width)
+            lows = torch.bincount(bins[part], weights=low[part].to(torch.float64), minlength=width)
+            for at in torch.nonzero((highs != 0) | (lows != 0)).reshape(-1).tolist():
+                shift = at + low_exponent - EXACT_LOWEST_EXPONENT
+                scaled += ((int(highs[at]) << 26) + int(lows[at])) << shift
+    return scaled
+
+
+@dataclass(frozen=True)
+class RewardTotals:
+    """Round 1 of a batch's reward mean and standard deviation, from its groups: how many
+    rewards, their extremes and their exact sum. ``+`` merges two parts' (any order), so the
+    groups may be held apart (a Ray run's buckets) and give the bits of one machine.
+
+    Round 2 is :func:`squared_deviations` from :attr:`mean`; :meth:`std` takes its merged sum.
+
+    >>> rewards = torch.tensor([1.0, 3.0, 5.0, 7.0], dtype=torch.float64)
+    >>> stats = group_stats(rewards, torch.tensor([0, 0, 1, 1]))
+    >>> totals = RewardTotals.of_stats(stats)
+    >>> totals.rewards, totals.mean, totals.std(squared_deviations_of(stats, totals))
+    (4, 4.0, 2.23606797749979)
+    """
+
+    rewards: int = 0
+    low: float = math.inf
+    high: float = -math.inf
+    total: ExactSum = ExactSum()
+
+    @classmethod
+    def of(cls, count: Tensor, mean: Tensor, minimum: Tensor, maximum: Tensor) -> RewardTotals:
+        """From groups' ``count`` (integer), ``mean``, ``minimum`` and ``maximum``, shape
+        ``(k,)`` (an empty group holds count 0 and is left out)."""
+        seen = count > 0
+        if not bool(seen.all()):
+            count, mean, minimum, maximum = count[seen], mean[seen], minimum[seen], maximum[seen]
+        if not count.numel():
+            return cls()
+        return cls(
+            rewards=int(count.sum()),
+            low=float(minimum.min()),
+            high=float(maximum.max()),
+            total=ExactSum.of_products(count.to(torch.int64), mean),  # each group's sum
+        )
+
+    @classmethod
+    def of_stats(cls, stats: GroupStats) -> RewardTotals:
+        return cls.of(stats.count, stats.mean, stats.minimum, stats.maximum)
+
+    def __add__(self, other: RewardTotals) -> RewardTotals:
+        return RewardTotals(
+            self.rewards + other.rewards,
+            min(self.low, other.low),
+            max(self.high, other.high),
+            self.total + other.total,
+        )
+
+    @property
+    def mean(self) -> float:
+        """The reward mean, the exact sum's quotient rounded once (0 without a reward)."""
+        return self.total.ratio(self.rewards) if self.rewards else 0.0
+
+    @property
+    def scale_exponent(self) -> int:
+        """Deviations from the mean are squared in units of ``2**scale_exponent``: at most twice
+        the largest magnitude, they stay below 4 there, and their squares neither overflow nor
+        lose the largest ones' bits."""
+        magnitude = max(abs(self.low), abs(self.high)) if self.rewards else 0.0
+        if not magnitude or not math.isfinite(magnitude):
+            return 0
+        # at least 2**-1022: the unit's reciprocal stays finite for subnormal rewards
+        return max(math.frexp(magnitude)[1], -1022)
+
+    def std(self, squares: ExactSum, *, ddof: int = 0) -> float:
+        """The standard deviation from the merged :func:`squared_deviations`: the mean of
+        squares (over ``rewards - ddof``, at least 1) in units of ``4**scale_exponent``,
+        rounded once, then its root, rounded once."""
+        if not self.rewards:
+            return 0.0
+        exponent = self.scale_exponent
+        variance = squares.ratio(max(self.rewards - ddof, 1), scale_exponent=2 * exponent)
+        return math.ldexp(math.sqrt(variance), exponent) if variance >= 0 else math.nan
+
+
+def squared_deviations(
+    count: Tensor, mean: Tensor, m2: Tensor, m2_scale: Tensor | None, *, totals: RewardTotals
+) -> ExactSum:
+    """Round 2 of :class:`RewardTotals`: the exact sum over the groups' rewards of ``(reward -
+    totals.mean)**2``, as each group's ``m2`` (in units of ``m2_scale**2``, powers of two;
+    ``None``: every scale is 1) plus ``count * (mean - totals.mean)**2``, each term rounded
+    once as formed. Groups of count 0 add nothing. Shapes ``(k,)``."""
+    seen = count > 0
+    if not bool(seen.all()):
+        count, mean, m2 = count[seen], mean[seen], m2[seen]
+        m2_scale = None if m2_scale is None else m2_scale[seen]
+    mean, m2 = _exact_terms(mean), _exact_terms(m2)
+    if m2_scale is None:  # every group of ordinary magnitude: m2 in reward units
+        within = ExactSum.of(m2)
+    else:
+        m2_mantissa, m2_exponent = torch.frexp(m2)
+        _, scale_exponent = torch.frexp(_exact_terms(m2_scale))  # a power of two 2**(e - 1)
+        within = ExactSum.of(
+            m2_mantissa, m2_exponent.to(torch.int64) + 2 * (scale_exponent.to(torch.int64) - 1)
+        )
+    exponent = totals.scale_exponent
+    unit = math.ldexp(1.0, -exponent)
+    deviation = mean * unit - totals.mean * unit  # exact scalings: the rounding of mean - run mean
+    between = ExactSum.of_products(count.to(torch.int64), deviation * deviation).times_power_of_two(
+        2 * exponent
+    )
+    return within + between
+
+
+def squared_deviations_of(stats: GroupStats, totals: RewardTotals) -> ExactSum:
+    """:func:`squared_deviations` of ``stats``' groups."""
+    return squared_deviations(stats.count, stats.mean, stats.m2, group_scales(stats), totals=totals)
+
+
 def batch_moments(stats: GroupStats) -> tuple[int, Tensor, Tensor]:
-    """Count, mean and centred sum of squares of all rollouts, merged from the groups.
+    """Count, mean and centred sum of squares of all rollouts, merged from the groups: exact
+    sums (:class:`RewardTotals`), each rounded once, so any cut of the groups gives these bits.
 
     The sum of squares is in reward units squared (it overflows for rewards near
     1e154 and beyond: use :func:`batch_std` for the spread).
@@ -1096,92 +1371,35 @@ def batch_moments(stats: GroupStats) -> tuple[int, Tensor, Tensor]:
     >>> n, mean.item(), m2.item()
     (4, 4.0, 20.0)
     """
-    n, mean, m2, scale = _batch_moments_scaled(stats)
-    return n, mean, m2 * scale * scale
+    totals = RewardTotals.of_stats(stats)
+    squares = squared_deviations_of(stats, totals)
+    like = stats.mean.new_zeros(())
+    return totals.rewards, like + totals.mean, like + squares.value()
 
 
 def batch_std(stats: GroupStats, *, ddof: int = 0) -> Tensor:
-    """Standard deviation of all rollouts, merged from the groups, in reward units.
+    """Standard deviation of all rollouts, merged from the groups, in reward units
+    (:meth:`RewardTotals.std`: the summary's reward std, and ``--scale batch``'s divisor).
 
     >>> float(batch_std(group_stats(torch.tensor([1.0, 3.0, 5.0, 7.0]), torch.tensor([0, 0, 1, 1]))))
     2.23606797749979
     """
-    return _overall_std(stats, ddof)
+    return batch_mean_std(stats, ddof=ddof)[2]
 
 
 def batch_mean_std(stats: GroupStats, *, ddof: int = 0) -> tuple[int, Tensor, Tensor]:
-    """Count, mean and standard deviation of all rollouts, merged from the groups in one pass
-    over them: bit for bit :func:`batch_moments`' count and mean and :func:`batch_std`.
+    """Count, mean and standard deviation of all rollouts, merged from the groups: bit for bit
+    :func:`batch_moments`' count and mean and :func:`batch_std`.
 
     >>> stats = group_stats(torch.tensor([1.0, 3.0, 5.0, 7.0]), torch.tensor([0, 0, 1, 1]))
     >>> n, mean, std = batch_mean_std(stats)
     >>> n, mean.item(), std.item()
     (4, 4.0, 2.23606797749979)
     """
-    n, mean, m2, scale = _batch_moments_scaled(stats)
-    return n, mean, sqrt_rn(m2 / max(n - ddof, 1)) * scale
-
-
-def _overall_std(stats: GroupStats, ddof: int) -> Tensor:
-    return batch_mean_std(stats, ddof=ddof)[2]
-
-
-def _batch_moments_scaled(stats: GroupStats) -> tuple[int, Tensor, Tensor, Tensor]:
-    """Count, mean, and the centred sum of squares in units of ``scale**2`` (a power of two).
-
-    The groups are taken :data:`MOMENT_CHUNK_GROUPS` at a time, each sum a left fold carried
-    from chunk to chunk (:func:`_chunked_fold`): one fold over every group, without a
-    temporary of every group's size.
-    """
-    n = int(stats.count.sum())
-    dtype, device = stats.mean.dtype, stats.mean.device
-    zero = torch.zeros((), dtype=dtype, device=device)
-    if n == 0:
-        return 0, zero, zero, zero + 1
-    k = stats.num_groups
-    chunks = [
-        stats.groups(start, min(start + MOMENT_CHUNK_GROUPS, k)) for start in range(0, k, MOMENT_CHUNK_GROUPS)
-    ]
-    # the extremes of the groups that hold a reward (an empty group holds +inf and -inf)
-    low = torch.stack([torch.where(part.count > 0, part.minimum, torch.inf).min() for part in chunks]).min()
-    high = torch.stack([torch.where(part.count > 0, part.maximum, -torch.inf).max() for part in chunks]).max()
-    overall = _scales(low.reshape(1), high.reshape(1))
-    if overall is None and all(_scales(part.minimum, part.maximum) is None for part in chunks):
-        mean = _chunked_fold(chunks, lambda part: part.count.to(dtype) * part.mean, zero) / n
-        m2 = _chunked_fold(chunks, lambda part: part.m2, zero) + _chunked_fold(
-            chunks, lambda part: part.count.to(dtype) * (part.mean - mean) ** 2, zero
-        )
-        return n, mean, m2, zero + 1
-    scale = zero + 1 if overall is None else overall[0]
-
-    def means(part: GroupStats) -> Tensor:
-        return torch.where(part.count > 0, part.mean, torch.zeros_like(part.mean)) / scale
-
-    def rescaled_m2(part: GroupStats) -> Tensor:  # each group's m2 in units of scale**2
-        ratio = torch.where(part.count > 0, group_scale(part) / scale, torch.zeros_like(part.mean))
-        return part.m2 * ratio * ratio
-
-    mean = _chunked_fold(chunks, lambda part: part.count.to(dtype) * means(part), zero) / n
-    m2 = _chunked_fold(chunks, rescaled_m2, zero) + _chunked_fold(
-        chunks, lambda part: part.count.to(dtype) * (means(part) - mean) ** 2, zero
-    )
-    return n, mean * scale, m2, scale
-
-
-MOMENT_CHUNK_GROUPS = 1 << 20
-"""Groups whose terms of the batch moments are made at a time (see :func:`_batch_moments_scaled`)."""
-
-
-def _chunked_fold(
-    chunks: Sequence[GroupStats], terms: Callable[[GroupStats], Tensor], zero: Tensor
-) -> Tensor:
-    """:func:`fold_sum` of ``terms`` over the chunks' groups in order: each chunk's fold starts
-    from the sum so far, which is the one left fold from ``+0.0`` (a fold from ``+0.0`` never
-    reaches ``-0.0``, so ``+0.0 + total`` is ``total``)."""
-    total = zero
-    for part in chunks:
-        total = fold_sum(torch.cat([total.reshape(1), terms(part)]))
-    return total
+    totals = RewardTotals.of_stats(stats)
+    like = stats.mean.new_zeros(())
+    std = totals.std(squared_deviations_of(stats, totals), ddof=ddof)
+    return totals.rewards, like + totals.mean, like + std
 
 
 def advantages_from_stats(
@@ -1347,7 +1565,7 @@ def prepare_normalization(
     if baseline != "mean" and (stats.at_minimum is None or stats.at_maximum is None):
         raise ValueError("baseline='leave-one-out' needs stats computed with count_extremes=True")
     if scale == "batch" and batch_std is None:
-        batch_std = _overall_std(stats, ddof)
+        batch_std = batch_mean_std(stats, ddof=ddof)[2]
     divisor = Divisor(scale, ddof, epsilon, epsilon_mode, batch_std)
     k = stats.num_groups
     if k <= NORMALIZATION_CHUNK_GROUPS:

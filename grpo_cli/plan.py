@@ -27,13 +27,14 @@ from grpo_cli.errors import GrpoError
 from grpo_cli.file_names import PROVENANCE_KEY
 from grpo_cli.kernel import (
     BatchTransform,
+    ExactSum,
     GroupStats,
     GroupStatsAccumulator,
     Normalization,
+    RewardTotals,
     TopTwo,
     WeightedMoments,
     apply_normalization,
-    batch_std,
     gpg_row_scale,
     group_std,
     group_top_two,
@@ -42,6 +43,7 @@ from grpo_cli.kernel import (
     passk_advantages,
     passk_best_advantage,
     row_baseline_advantages,
+    squared_deviations_of,
     whitening,
 )
 from grpo_cli.keys import is_key_type
@@ -49,7 +51,7 @@ from grpo_cli.options import ESTIMATOR_SPECS
 from grpo_cli.rewards import RewardBatch, RewardReader, advantage_dtype, combined_advantages
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterator, Mapping, Sequence
 
     from grpo_cli.sources import Shard
 
@@ -396,11 +398,20 @@ class RunPlan:
         top_two: TopTwo | None = None,
         length_sums: np.ndarray | None = None,
         weighted_reward_sums: np.ndarray | None = None,
+        batch_stds: Sequence[Mapping[Any, float]] | None = None,
     ) -> GroupOutcome:
-        """Everything pass 2 and the summary need, from pass 1's statistics."""
+        """Everything pass 2 and the summary need, from pass 1's statistics.
+
+        ``batch_stds``: with ``--scale batch``, each channel's std of each batch by its key
+        (:meth:`batch_stds`; the key ``None`` without ``--batch-col``), where the groups of
+        ``channel_stats`` are some of the run's (a Ray run's bucket); by default the std of
+        each batch of these groups."""
         batch_std = None
-        if batches is not None and batches.count > 1 and self.config.advantage.scale == "batch":
-            batch_std = self._batch_std(channel_stats, batches)
+        if self.config.advantage.scale == "batch":
+            if batch_stds is None:
+                totals = self.batch_totals(channel_stats, batches)
+                batch_stds = self.batch_stds(totals, self.batch_squares(channel_stats, batches, totals))
+            batch_std = self._per_group_std(channel_stats, batches, batch_stds)
         norms, active = self.normalize(channel_stats, batch_std=batch_std)
         active_cpu = active.cpu()
         options, needs = self.config.advantage, self.needs
@@ -515,16 +526,66 @@ class RunPlan:
         )
         return replace(outcome, row_advantages=rows)
 
-    def _batch_std(self, channel_stats: Sequence[GroupStats], batches: BatchLayout) -> list[torch.Tensor]:
-        """Per channel, the reward std of each group's batch, shape ``(num_groups,)``."""
+    # ------------------------------------------------- --scale batch's divisor, in two rounds
+
+    @staticmethod
+    def _batch_parts(stats: GroupStats, batches: BatchLayout | None) -> Iterator[tuple[Any, GroupStats]]:
+        """Each batch's key (``None``: the whole run) and its groups of ``stats``."""
+        if batches is None or len(batches.keys) == 1:  # every group in it: no copy
+            yield None if batches is None else batches.keys[0], stats
+            return
+        of_group = torch.from_numpy(batches.of_group).to(stats.mean.device)
+        for b, key in enumerate(batches.keys):
+            yield key, stats.select(of_group == b)
+
+    def batch_totals(
+        self, channel_stats: Sequence[GroupStats], batches: BatchLayout | None
+    ) -> list[dict[Any, RewardTotals]]:
+        """Round 1 of ``--scale batch``'s divisor: per channel, each batch's reward count,
+        extremes and exact sum, by its key. Parts of the groups merge by ``+`` per key."""
+        return [
+            {key: RewardTotals.of_stats(part) for key, part in self._batch_parts(stats, batches)}
+            for stats in channel_stats
+        ]
+
+    def batch_squares(
+        self,
+        channel_stats: Sequence[GroupStats],
+        batches: BatchLayout | None,
+        totals: Sequence[Mapping[Any, RewardTotals]],
+    ) -> list[dict[Any, ExactSum]]:
+        """Round 2, from the whole run's round 1 (``totals``): per channel, each batch's exact
+        sum of squared deviations from its mean, by its key; parts merge by ``+`` per key."""
+        return [
+            {key: squared_deviations_of(part, merged[key]) for key, part in self._batch_parts(stats, batches)}
+            for stats, merged in zip(channel_stats, totals, strict=True)
+        ]
+
+    def batch_stds(
+        self, totals: Sequence[Mapping[Any, RewardTotals]], squares: Sequence[Mapping[Any, ExactSum]]
+    ) -> list[dict[Any, float]]:
+        """Per channel, each batch's reward std (the whole run's, merged from both rounds):
+        the bits of :func:`~grpo_cli.kernel.batch_std` of the batch's groups, however cut."""
         ddof = 1 if self.config.advantage.std == "sample" else 0
-        of_group = torch.from_numpy(batches.of_group)
+        return [
+            {key: merged.std(spread[key], ddof=ddof) for key, merged in channel.items()}
+            for channel, spread in zip(totals, squares, strict=True)
+        ]
+
+    @staticmethod
+    def _per_group_std(
+        channel_stats: Sequence[GroupStats], batches: BatchLayout | None, stds: Sequence[Mapping[Any, float]]
+    ) -> list[torch.Tensor]:
+        """Per channel, the std of each group's batch, shape ``(num_groups,)``."""
         out = []
-        for stats in channel_stats:
-            per_batch = torch.stack(
-                [batch_std(stats.select(of_group == b), ddof=ddof) for b in range(batches.count)]
-            )
-            out.append(per_batch[of_group].to(stats.mean.device))
+        for stats, by_key in zip(channel_stats, stds, strict=True):
+            dtype, device = stats.mean.dtype, stats.mean.device
+            if batches is None or len(batches.keys) == 1:
+                key = None if batches is None else batches.keys[0]
+                out.append(torch.full((stats.num_groups,), by_key[key], dtype=dtype, device=device))
+                continue
+            per_batch = torch.tensor([by_key[key] for key in batches.keys], dtype=dtype, device=device)
+            out.append(per_batch[torch.from_numpy(batches.of_group).to(device)])
         return out
 
     def reward_reader(self, schema: pa.Schema, shard: Shard) -> RewardReader:

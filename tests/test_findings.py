@@ -14,9 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_cli import findings as findings_module
 from grpo_cli.findings import (
-    ExactSum,
     FirstRound,
     GroupPart,
     RunFigures,
@@ -126,86 +124,6 @@ def test_the_reward_std_is_the_exact_mean_square_rounded_then_rooted(magnitude):
     )
 
 
-def test_an_exact_sum_takes_terms_of_every_magnitude_and_keeps_infinities():
-    terms = np.array([1e308, 1e308, -1e308, 2.0**-1074, 5e-324, 0.0, -0.0])
-    assert ExactSum.of(terms).value() == 1e308
-    assert ExactSum.of(np.array([1e308]), np.array([10])).value() == math.inf
-    assert (
-        ExactSum.of(np.array([1e308]), np.array([10])) + ExactSum.of(np.array([-1e308]), np.array([10]))
-    ).value() == 0.0
-    assert ExactSum.of(np.array([2.0**-1074])).ratio(2) == 0.0  # half the least subnormal rounds to even
-    assert ExactSum.of(np.array([3 * 2.0**-1074])).ratio(2) == 2 * 2.0**-1074
-    assert ExactSum.of(np.array([1.0, math.inf])).value() == math.inf
-    assert math.isnan(ExactSum.of(np.array([math.inf, -math.inf, 1.0])).value())
-
-
-def exact_value(total: ExactSum) -> Fraction:
-    return Fraction(total.scaled) * Fraction(2) ** findings_module._LOWEST_EXPONENT
-
-
-finite_floats = st.floats(allow_nan=False, allow_infinity=False)
-# terms of one magnitude band with full mantissas, as a summary's squares and products are
-banded = st.tuples(st.integers(-1070, 1000), st.lists(st.floats(-1.0, 1.0), min_size=1, max_size=60)).map(
-    lambda band: [math.ldexp(f, band[0]) for f in band[1]]
-)
-
-# many terms at the top of their binade: their extracted parts add up to the headroom's edge
-crowded = st.tuples(
-    st.integers(-1000, 1000), st.lists(st.integers(1, 63) | st.integers(-63, -1), min_size=1, max_size=40)
-).map(lambda top: [math.copysign(math.ldexp(1 - abs(k) * 2.0**-53, top[0]), k) for k in top[1]])
-
-
-@settings(max_examples=300, deadline=None)
-@given(terms=st.one_of(st.lists(finite_floats, max_size=60), banded, crowded))
-def test_an_exact_sum_is_the_rational_sum_of_its_terms(terms):
-    """Extraction rounds, their fall-back to exponent bins and the bins alone all give the
-    exact rational sum, for terms of any magnitudes (subnormal to the largest)."""
-    array = np.array(terms, dtype=np.float64)
-    exact = sum((Fraction(t) for t in terms), Fraction(0))
-    assert exact_value(ExactSum.of(array)) == exact
-    assert findings_module._binned(array, None) == ExactSum.of(array).scaled
-    assert ExactSum.of(array).value() == float(exact) if abs(exact) < Fraction(2) ** 1024 else True
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    values=st.lists(finite_floats, min_size=1, max_size=40),
-    seed=st.integers(0, 2**32 - 1),
-)
-def test_a_sum_of_products_rounds_each_product_once_and_never_overflows(values, seed):
-    rng = random.Random(seed)
-    counts = np.array([rng.choice([0, 1, 2, 3, 8, 1000, 2**40]) for _ in values], dtype=np.int64)
-    array = np.array(values, dtype=np.float64)
-    mantissa, exponent = np.frexp(array)
-    # count * mantissa is the product rounded once; the power of two makes it exact at any size
-    expected = sum(
-        (
-            Fraction(float(c * m)) * Fraction(2) ** int(e)
-            for c, m, e in zip(counts, mantissa, exponent, strict=True)
-        ),
-        Fraction(0),
-    )
-    assert exact_value(ExactSum.of_products(counts, array)) == expected
-
-
-def test_extracted_parts_that_fill_the_headroom_still_add_up_exactly():
-    """Fifteen terms just under 1, mixed signs: sigma must sit 4 bits (15 < 2**4) above the
-    largest term, or the float sum of their extracted parts rounds."""
-    top = 1 - 56 * 2.0**-53
-    signs = [1, 1, -1, 1, -1, 1, 1, 0, 1, 1, 1, 1, -1, 1, 1]
-    terms = [sign * top if sign else 0.8215501447435144 for sign in signs]
-    exact = sum((Fraction(t) for t in terms), Fraction(0))
-    assert exact_value(ExactSum.of(np.array(terms))) == exact
-
-
-def test_an_exact_sum_scales_by_powers_of_two_exactly():
-    total = ExactSum.of(np.array([3 * 2.0**-1074, 1e300]))
-    for power in (-2000, -1, 0, 1, 2000):
-        assert exact_value(total.times_power_of_two(power)) == exact_value(total) * Fraction(2) ** power
-    with pytest.raises(ValueError, match="below"):
-        total.times_power_of_two(-3427)
-
-
 def test_the_examples_are_the_first_groups_in_the_run_order_whichever_part_holds_them():
     sizes = [4] * 10 + [8, 3, 8, 12, 5, 8, 2]
     ids = [g for g, size in enumerate(sizes) for _ in range(size)]
@@ -246,3 +164,15 @@ def test_means_that_cannot_hold_ten_bins_make_one_bar(means):
     )
     histogram = findings_of([part], options={}).group_mean_histogram
     assert histogram == {"kind": "single", "edges": [means[0], means[1]], "counts": [2]}
+
+
+def test_subnormal_rewards_have_a_mean_and_std():
+    """Rewards below 2**-1022 in magnitude: their deviations are squared in units of 2**-1022,
+    whose reciprocal is finite (units of their own binade overflowed: a traceback)."""
+    rewards = [3e-310, 1e-310, -2e-311, 4e-320]
+    findings = findings_of([part_of_rewards(rewards, [0, 0, 1, 1])], options={})
+    exact = [Fraction(r) for r in rewards]
+    mean = sum(exact) / len(exact)
+    assert findings.reward["mean"] == float(mean)
+    variance = sum((r - mean) ** 2 for r in exact) / len(exact)
+    assert findings.reward["std"] == pytest.approx(math.sqrt(float(variance * 2**2044)) / 2**1022, rel=1e-15)

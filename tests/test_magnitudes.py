@@ -212,30 +212,3 @@ def test_normalising_groups_chunk_by_chunk_gives_the_whole_runs_bits(monkeypatch
     )
     ordinary = stats.groups(0, 4)  # no chunk of ordinary rewards has units
     assert prepare_normalization(ordinary, baseline=baseline, **options).units is None
-
-
-@pytest.mark.parametrize("extreme", [None, 1e300, 1e-300])
-def test_batch_moments_folded_chunk_by_chunk_are_the_one_folds_bits(monkeypatch, extreme):
-    """The run's reward mean and spread (the summary's, and --scale batch's divisor) are left
-    folds over the groups, made a chunk at a time with the sum carried between chunks: bit for
-    bit one fold over every group, ordinary rewards or with one huge or tiny group, empty groups
-    among them."""
-    import statistics
-
-    import grpo_cli.kernel as kernel
-    from tests.conftest import bits
-
-    generator = torch.Generator().manual_seed(11)
-    ids = torch.randint(0, 29, (120,), generator=generator)  # some of the 31 groups stay empty
-    rewards = torch.rand(120, generator=generator, dtype=torch.float64) * 3 - 1
-    if extreme is not None:
-        rewards = torch.where(ids == 17, rewards * extreme, rewards)
-    stats = group_stats(rewards, ids, 31)
-
-    def moments(chunk: int) -> list[float]:
-        monkeypatch.setattr(kernel, "MOMENT_CHUNK_GROUPS", chunk)
-        n, mean, std = kernel.batch_mean_std(stats)
-        return [n, *bits(torch.stack([mean, std, *kernel.batch_moments(stats)[1:]]).numpy()).tolist()]
-
-    assert moments(4) == moments(31) == moments(1)
-    assert float(kernel.batch_std(stats)) == pytest.approx(statistics.pstdev(rewards.tolist()), rel=1e-12)

@@ -117,21 +117,6 @@ def test_every_root_the_kernel_takes_is_the_correctly_rounded_one():
     assert areal == [1 / (s + 1e-5) for s in std]
 
 
-def test_the_batch_moments_are_left_folds_over_the_groups():
-    _, _, stats = _stats(7)
-    n, mean, m2 = kernel.batch_moments(stats)
-    weights, means, group_m2 = stats.count.tolist(), stats.mean.tolist(), stats.m2.tolist()
-    total = 0.0
-    for w, m in zip(weights, means, strict=True):
-        total += w * m
-    assert n == sum(weights) and mean.item() == total / n
-    within, between = 0.0, 0.0
-    for w, m, q in zip(weights, means, group_m2, strict=True):
-        within += q
-        between += w * (m - mean.item()) ** 2
-    assert m2.item() == within + between
-
-
 # --------------------------------------------------------------------------- whole processes
 
 
