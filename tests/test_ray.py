@@ -542,6 +542,15 @@ def merged_and_split_groups(folder: Path, *, seed: int) -> Path:
             "advantage": AdvantageOptions.resolve(estimator="reinforce_plus_plus_baseline", nan="ignore"),
             "batch_col": "step",
         },
+        # --scale batch: each batch's std from the buckets' exact sums in two rounds
+        {"advantage": AdvantageOptions.resolve(preset="trl", scale="batch", nan="ignore")},
+        {"advantage": AdvantageOptions(scale="batch", std="sample", nan="ignore"), "batch_col": "step"},
+        {
+            "advantage": AdvantageOptions(scale="batch", nan="ignore"),
+            "batch_col": "step",
+            "rewards": (RewardSpec("reward"), RewardSpec("length")),
+            "aggregation": "normalize-then-sum",
+        },
     ],
     ids=[
         "grpo",
@@ -553,17 +562,21 @@ def merged_and_split_groups(folder: Path, *, seed: int) -> Path:
         "gpg",
         "gpg-batches",
         "reinforce_plus_plus_baseline-batches",
+        "trl-scale-batch",
+        "scale-batch-batches",
+        "scale-batch-two-channels",
     ],
 )
 def test_ray_reducers_finish_the_summary_as_the_local_engine_does(
     ray_instance, tmp_path, monkeypatch, options
 ):
-    """Where each group's outcome is its own (no batch, --by, verifier or filter of the trainer),
-    each reducer computes its bucket's outcome and both rounds of its findings, and the driver
-    merges one report per bucket: blocks of 97 rows over 5 reducers give the local engine's
-    advantages, masks and summary to the bit, the first off-size and merged groups in the run's
-    order named by key, the dropped counts, and ``check``'s range from each bucket's extremes
-    with the NaN rows' 0 in it."""
+    """Where each group's outcome is its own or needs exact figures of its batch (no --by,
+    verifier or filter of the trainer, no estimator that keeps every reward), each reducer
+    computes its bucket's outcome and both rounds of its findings, and the driver merges one
+    report per bucket (--scale batch: each batch's std from the buckets in two rounds): blocks
+    of 97 rows over 5 reducers give the local engine's advantages, masks and summary to the
+    bit, the first off-size and merged groups in the run's order named by key, the dropped
+    counts, and ``check``'s range from each bucket's extremes with the NaN rows' 0 in it."""
     from grpo_cli.checks import CheckBounds
     from grpo_cli.engines import ray as ray_engine
     from grpo_cli.jobs import check_dataset, check_dataset_ray
@@ -610,19 +623,19 @@ def test_ray_checks_rewards_that_are_all_nan_as_the_local_engine_does(ray_instan
 
 
 def test_ray_gathers_the_groups_on_the_driver_where_an_outcome_needs_them(ray_instance, sharded, tmp_path):
-    """A --by value (numbered in the run's order, with percentiles of its groups), the std of a
-    batch or of the whole run, or every reward of each group (pass@k) needs every group on the
-    driver; the rest do not (the same rows and summary either way, above)."""
+    """A --by value (numbered in the run's order, with percentiles of its groups) or every reward
+    of each group (pass@k) needs every group on the driver; the rest, the std of a batch or of
+    the whole run among them, do not (the same rows and summary either way, above)."""
     config = ComputeConfig(rewards=(RewardSpec("reward"),), group_cols=("uid",))
     for changes, where in [
         ({}, "reducers"),
         ({"by_cols": ("step",)}, "driver"),
         ({"batch_col": "step", "advantage": AdvantageOptions.resolve(estimator="gpg")}, "reducers"),
-        ({"batch_col": "step", "advantage": AdvantageOptions(scale="batch")}, "driver"),
+        ({"batch_col": "step", "advantage": AdvantageOptions(scale="batch")}, "reducers"),
         ({"advantage": AdvantageOptions.resolve(estimator="gpg")}, "reducers"),
         ({"advantage": AdvantageOptions.resolve(estimator="reinforce_plus_plus_baseline")}, "reducers"),
         ({"advantage": AdvantageOptions.resolve(estimator="pass_at_k", pass_k=2)}, "driver"),
-        ({"advantage": AdvantageOptions(scale="batch")}, "driver"),
+        ({"advantage": AdvantageOptions(scale="batch")}, "reducers"),
     ]:
         out = tmp_path / f"out{len(list(tmp_path.iterdir()))}"
         summary = compute_dataset_ray(str(sharded), str(out), replace(config, **changes)).to_dict()

@@ -72,6 +72,7 @@ from grpo_cli.guard import Claim, ProtectedInputs, RemoteClaim, StagedRemoteClai
 from grpo_cli.kernel import (
     BatchTransform,
     GroupStats,
+    RewardTotals,
     RunningGroupStats,
     RunningTopTwo,
     TopTwo,
@@ -1047,7 +1048,7 @@ def _worker_state(payload: Any, token: str, config: ComputeConfig) -> tuple[RunP
         plan = RunPlan(config, device=_CPU)
         if "buckets" in payload:  # the reducers finished job 1: every bucket's groups end to end
             figures, key_tables, sizes = payload["buckets"]
-            outcome = _outcome_of(plan, _in_bucket_order(plan, figures, sizes))
+            outcome = _outcome_of(plan, _in_bucket_order(plan, figures, sizes), payload["batch_stds"])
             if payload["transform"] is not None:
                 outcome = replace(outcome, transform=payload["transform"])
             cached = (plan, _RunIds(_key_index(key_tables, config.group_cols), None), outcome)
@@ -1835,9 +1836,9 @@ def block_partials(
 
 def reducers_finish(plan: RunPlan) -> bool:
     """Whether the statistics job's reducers finish it where the groups are: each group's
-    outcome follows from its own figures and its batch's exact ones (no float figure of a
-    batch or of the whole run, no estimator that keeps every reward, no ``--by`` value, no
-    verifier or trainer's filter reading the groups in input order), so each reducer computes
+    outcome follows from its own figures and its batch's exact ones (no estimator that keeps
+    every reward, no ``--by`` value, no verifier or trainer's filter reading the groups in
+    input order), so each reducer computes
     its bucket's outcome and findings, and the driver holds the merged totals, findings and
     batch transform only.
     """
@@ -1845,9 +1846,10 @@ def reducers_finish(plan: RunPlan) -> bool:
     # A batch's figures for GPG are integer sums every worker rebuilds from the buckets (the
     # workers number the batches alike, by first appearance in the buckets' order), and a
     # whitening's moments come from the blocks, merged in block order, a row per batch.
+    # --scale batch's std of each batch (or of the whole run) is exact sums over its groups,
+    # merged from the buckets in two rounds before the outcome (see _held_statistics).
     return (
         not config.by_cols  # numbered in the run's order, with percentiles of every group's figures
-        and config.advantage.scale != "batch"  # the std of the whole run, or of each batch
         and "group_rewards" not in plan.needs  # pass@k: every reward of each group
         and config.trainer_filter is None
         and config.verify is None
@@ -1862,6 +1864,7 @@ class BucketReport:
     groups: int
     totals: OutcomeTotals
     first: FirstRound
+    batch_totals: list[dict[Any, RewardTotals]] | None  # --scale batch: round 1 of each batch's std
 
 
 REPORT_FIELD = "__grpo_report"  # a pickled report of a bucket, in a one-row table
@@ -1875,11 +1878,18 @@ def _report_of(table: pa.Table) -> Any:
     return pickle.loads(table.column(REPORT_FIELD)[0].as_py())
 
 
-def _bucket_parts(plan: RunPlan, figures: pa.Table, keys: pa.Table) -> tuple[GroupOutcome, list[Any]]:
-    """A bucket's outcome (its groups in its own order) and its groups as parts of the findings,
-    in the run's order by where each group first appeared (block, then place in the block),
-    named by their keys (by the group IDs they are with ``--group-size``)."""
-    outcome = _outcome_of(plan, _in_bucket_order(plan, [figures], [figures.num_rows]))
+BatchStds = list[dict[Any, float]]
+"""``--scale batch``: per channel, each batch's reward std by its key (``None``: the whole run)."""
+
+
+def _bucket_parts(
+    plan: RunPlan, figures: pa.Table, merged: MergedStatistics, keys: pa.Table, batch_stds: BatchStds | None
+) -> tuple[GroupOutcome, list[Any]]:
+    """A bucket's outcome (its groups in its own order, ``merged`` from its ``figures``) and its
+    groups as parts of the findings, in the run's order by where each group first appeared
+    (block, then place in the block), named by their keys (by the group IDs they are with
+    ``--group-size``)."""
+    outcome = _outcome_of(plan, merged, batch_stds)
     block, place = (figures.column(name).to_numpy() for name in FIRST_SEEN_FIELDS)
     if place.size and int(place.max()) >= 1 << 32:
         raise GrpoError(f"a statistics block holds {int(place.max()) + 1:,} groups; at most 2**32 are kept")
@@ -1890,13 +1900,19 @@ def _bucket_parts(plan: RunPlan, figures: pa.Table, keys: pa.Table) -> tuple[Gro
 
 
 def bucket_round_two(
-    config: ComputeConfig, run: RunFigures, dtype: torch.dtype | None, figures: pa.Table, keys: pa.Table
+    config: ComputeConfig,
+    run: RunFigures,
+    dtype: torch.dtype | None,
+    batch_stds: BatchStds | None,
+    figures: pa.Table,
+    keys: pa.Table,
 ) -> pa.Table:
     """Round 2 of a bucket's findings, given the run's figures from every bucket's round 1; with
     ``dtype`` (``check`` where the advantages' range follows from the groups' extremes) also the
     range of its groups' advantages in that dtype, rows left out of the statistics aside."""
     plan = RunPlan(config, device=_CPU)
-    outcome, parts = _bucket_parts(plan, figures, keys)
+    merged = _in_bucket_order(plan, [figures], [figures.num_rows])
+    outcome, parts = _bucket_parts(plan, figures, merged, keys, batch_stds)
     second = sum((SecondRound.of(part, run) for part in parts), SecondRound())
     extremes = None
     if dtype is not None:
@@ -1931,11 +1947,36 @@ def merge_bucket(
     figures = merge.bucket_table()
     keys = merge.keys.key_table(empty)
     if finish:
-        outcome, parts = _bucket_parts(plan, figures, keys)
+        # The report counts groups, rows and active groups, which each group's span decides:
+        # with --scale batch the std the bucket's own groups give (not the batches') changes none.
+        merged = _in_bucket_order(plan, [figures], [figures.num_rows])
+        outcome, parts = _bucket_parts(plan, figures, merged, keys, None)
         first = sum((FirstRound.of(part) for part in parts), FirstRound())
-        return _report_table(BucketReport(figures.num_rows, outcome.totals, first)), figures, keys
+        batch_totals = None
+        if config.advantage.scale == "batch":  # round 1 of each batch's std
+            batch_totals = plan.batch_totals(merged.channel_stats, merged.batches)
+        report = BucketReport(figures.num_rows, outcome.totals, first, batch_totals)
+        return _report_table(report), figures, keys
     first_seen = figures.select(list(FIRST_SEEN_FIELDS))
     return first_seen, figures.drop_columns(list(FIRST_SEEN_FIELDS)), keys
+
+
+def bucket_batch_squares(config: ComputeConfig, totals: Any, figures: pa.Table) -> pa.Table:
+    """Round 2 of ``--scale batch``'s std: the bucket's exact sums of squared deviations from
+    each batch's mean, given every bucket's round 1 merged (``totals``)."""
+    plan = RunPlan(config, device=_CPU)
+    merged = _in_bucket_order(plan, [figures], [figures.num_rows])
+    return _report_table(plan.batch_squares(merged.channel_stats, merged.batches, totals))
+
+
+def _merged_by_key(parts: Sequence[Sequence[dict[Any, Any]]]) -> list[dict[Any, Any]]:
+    """Per channel, the parts' figures merged by key with ``+`` (exact: any order)."""
+    out: list[dict[Any, Any]] = [{} for _ in parts[0]] if parts else []
+    for part in parts:
+        for merged, by_key in zip(out, part, strict=True):
+            for key, value in by_key.items():
+                merged[key] = merged[key] + value if key in merged else value
+    return out
 
 
 def _statistics(
@@ -1959,17 +2000,27 @@ class HeldStatistics:
     sizes: list[int]
     totals: OutcomeTotals
     first: FirstRound
+    batch_stds: BatchStds | None  # --scale batch: each batch's std, merged from the buckets
 
     def payload(self, ray: Any, transform: BatchTransform | None = None) -> Any:
         """What each worker of the moments and advantage jobs reads once: the buckets'
-        references, and the run's batch transform where there is one (after the moments job)."""
-        return ray.put({"buckets": (self.figures, self.keys, self.sizes), "transform": transform})
+        references, the batches' stds with ``--scale batch``, and the run's batch transform
+        where there is one (after the moments job)."""
+        return ray.put(
+            {
+                "buckets": (self.figures, self.keys, self.sizes),
+                "transform": transform,
+                "batch_stds": self.batch_stds,
+            }
+        )
 
     def round_two(self, ray: Any, plan: RunPlan, dtype: torch.dtype | None) -> list[Any]:
         """Round 2 of the findings, a task per bucket (:func:`bucket_round_two`), started."""
         run = RunFigures.of(self.first)
         return [
-            _task(ray, bucket_round_two, num_returns=1).remote(plan.config, run, dtype, figures, keys)
+            _task(ray, bucket_round_two, num_returns=1).remote(
+                plan.config, run, dtype, self.batch_stds, figures, keys
+            )
             for figures, keys in zip(self.figures, self.keys, strict=True)
         ]
 
@@ -1978,9 +2029,21 @@ def _held_statistics(
     ray: Any, blocks: list[list[FilePart]], plan: RunPlan, group_size: int | None
 ) -> HeldStatistics:
     """Job 1 as :func:`_statistics` runs it, but each reducer computes its bucket's outcome and
-    round 1 of its findings; the driver gets one report a bucket, no per-group figure."""
+    round 1 of its findings; the driver gets one report a bucket, no per-group figure.
+
+    With ``--scale batch`` the advantages (and ``check``'s range) need each batch's std: the
+    reports carry each batch's count, extremes and exact reward sum, merged here; a task per
+    bucket then sums its squared deviations from the batches' means, merged here into each
+    batch's std, which round 2 of the findings and the advantage job's workers are given."""
     reports, figures, keys = _reduced(ray, blocks, plan, group_size, finish=True)
-    held = [_report_of(table) for table in reports]
+    held: list[BucketReport] = [_report_of(table) for table in reports]
+    batch_stds = None
+    if plan.config.advantage.scale == "batch":
+        totals = _merged_by_key([report.batch_totals for report in held if report.batch_totals is not None])
+        squares = ray.get(
+            [_task(ray, bucket_batch_squares, num_returns=1).remote(plan.config, totals, f) for f in figures]
+        )
+        batch_stds = plan.batch_stds(totals, _merged_by_key([_report_of(table) for table in squares]))
     nothing = OutcomeTotals(
         rows=0,
         nan_rewards=0,
@@ -1995,6 +2058,7 @@ def _held_statistics(
         [report.groups for report in held],
         sum((report.totals for report in held), nothing),
         sum((report.first for report in held), FirstRound()),
+        batch_stds,
     )
 
 
@@ -2120,8 +2184,9 @@ def _in_bucket_order(plan: RunPlan, figures: Sequence[Any], sizes: Sequence[int]
     return _placed(plan, figures, places, starts[-1], np.arange(starts[-1], dtype=np.int64))
 
 
-def _outcome_of(plan: RunPlan, merged: MergedStatistics) -> GroupOutcome:
-    """:meth:`RunPlan.outcome` of merged statistics: the driver's, a bucket's or a worker's."""
+def _outcome_of(plan: RunPlan, merged: MergedStatistics, batch_stds: BatchStds | None = None) -> GroupOutcome:
+    """:meth:`RunPlan.outcome` of merged statistics: the driver's, a bucket's or a worker's
+    (``batch_stds``: ``--scale batch``'s, merged from every bucket, for a part of the groups)."""
     return plan.outcome(
         merged.channel_stats,
         merged.summary_stats,
@@ -2132,6 +2197,7 @@ def _outcome_of(plan: RunPlan, merged: MergedStatistics) -> GroupOutcome:
         top_two=merged.top_two,
         length_sums=merged.figures.get("length_sums"),
         weighted_reward_sums=merged.figures.get("weighted_reward_sums"),
+        batch_stds=batch_stds,
     )
 
 
