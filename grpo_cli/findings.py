@@ -106,6 +106,15 @@ def _tensor(values: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(values)
 
 
+def reward_totals(
+    count: np.ndarray, mean: np.ndarray, minimum: np.ndarray, maximum: np.ndarray
+) -> RewardTotals:
+    """:class:`~grpo_cli.kernel.RewardTotals` of groups given as NumPy arrays, shape ``(k,)``:
+    the exact reward mean of any set of groups (the run's, a ``--by`` value's)."""
+    totals: RewardTotals = _kernel().RewardTotals.of(*(_tensor(a) for a in (count, mean, minimum, maximum)))
+    return totals
+
+
 def _min(values: np.ndarray, identity: float) -> float:
     return float(values.min()) if values.size else identity
 
@@ -172,8 +181,7 @@ class FirstRound:
         # + 0.0: a constant group of -0.0 and one of 0.0 share a value, whichever part comes first
         values, counts = np.unique(part.minimum[constant] + 0.0, return_counts=True)
         sizes, size_counts = _value_counts(part.rows)
-        columns = (seen.count, seen.mean, seen.minimum, seen.maximum)
-        reward = _kernel().RewardTotals.of(*(_tensor(a) for a in columns))
+        reward = reward_totals(seen.count, seen.mean, seen.minimum, seen.maximum)
         return cls(
             groups=int(part.count.size),
             active_groups=int(np.count_nonzero(part.active)),

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from grpo_cli.findings import GroupFindings, GroupPart, findings_of, in_chunks, plain_key
+from grpo_cli.findings import GroupFindings, GroupPart, findings_of, in_chunks, plain_key, reward_totals
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -315,8 +315,7 @@ def figures_by_value(
         scored = count > 0
         constant = ~active & scored & (minimum == maximum)
         std = np.sqrt(np.divide(m2, count, out=np.zeros_like(m2), where=scored))
-        total = float(count.sum())
-        reward_sum = float((mean[scored] * count[scored]).sum())
+        reward = reward_totals(count, mean, minimum, maximum)  # exact: the run's reward mean's rule
         at_low = int((constant & (minimum == low)).sum())
         at_high = int((constant & (maximum == high)).sum()) if high != low else 0
         entry: dict[str, Any] = {
@@ -337,8 +336,8 @@ def figures_by_value(
             "group_std": _percentiles(std[scored]),
             "singleton_groups": int((rows == 1).sum()),
             "inactive_with_spread": int((~active & (maximum > minimum)).sum()),
-            "reward_mean": reward_sum / total if total else None,
-            "homogeneous": _homogeneous(count, mean, m2, minimum, maximum, constant),
+            "reward_mean": reward.mean if reward.rewards else None,
+            "homogeneous": _homogeneous(count, mean, m2, minimum, maximum, constant, reward.mean),
         }
         out.append(entry)
     return out
@@ -385,8 +384,10 @@ def _homogeneous(
     minimum: np.ndarray,
     maximum: np.ndarray,
     constant: np.ndarray,
+    pass_rate: float,
 ) -> dict[str, float] | None:
     """Observed and expected all-0-or-all-1 fractions, where every reward is 0 or 1; else None.
+    ``pass_rate``: the groups' reward mean.
 
     A reward r in [0, 1] has r**2 <= r, equal only at 0 and 1: the rewards are binary exactly
     when the sum of squares (``m2 + n * mean**2``) equals the sum.
@@ -401,7 +402,7 @@ def _homogeneous(
     several = count >= 2
     if not several.any():
         return None
-    p = float(sums.sum() / count[scored].sum())
+    p = pass_rate
     expected = _expected_constant_fraction(p, count[several])
     return {
         "observed": round(float(constant[several].mean()), 6),

@@ -273,3 +273,21 @@ def test_by_a_missing_column_is_refused_naming_it(cli: Any, tmp_path: Path) -> N
     path = tmp_path / "steps.parquet"
     pq.write_table(steps_table(5, binary=False), path)
     assert_one_line_error(cli("check", path, "-g", "uid", "--by", "epoch"), "epoch")
+
+
+def test_a_values_reward_mean_is_the_exact_one_as_the_runs_is():
+    """Groups whose float sum in order would lose the small rewards: each value's reward mean is
+    the exact sum over its rewards rounded once, by the rule of the run's reward mean (with one
+    value, the two are the same figure)."""
+    from fractions import Fraction
+
+    rewards = [1e16, 1.0, 1.0, -1e16, 3.0, 1.0, 0.5, 0.25]
+    table = pa.table(
+        {"uid": [0, 1, 2, 3, 4, 4, 5, 5], "step": [7] * 6 + [8] * 2, "reward": rewards},
+    )
+    summary = summarize(table, group_col="uid", by=["step"])
+    figures = {v["value"]: v["reward_mean"] for v in summary.by["step"]}
+    assert figures[7] == float(sum(Fraction(r) for r in rewards[:6]) / 6) == 1.0
+    assert figures[8] == 0.375
+    whole = summarize(table.slice(0, 6), group_col="uid", by=["step"])
+    assert whole.by["step"][0]["reward_mean"] == whole.reward["mean"] == 1.0
