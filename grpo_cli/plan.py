@@ -534,9 +534,11 @@ class RunPlan:
         if batches is None or len(batches.keys) == 1:  # every group in it: no copy
             yield None if batches is None else batches.keys[0], stats
             return
-        of_group = torch.from_numpy(batches.of_group).to(stats.mean.device)
-        for b, key in enumerate(batches.keys):
-            yield key, stats.select(of_group == b)
+        # the groups sorted by batch once (not a mask per batch: many batches of many groups)
+        order = np.argsort(batches.of_group, kind="stable")
+        bounds = np.searchsorted(batches.of_group[order], np.arange(len(batches.keys) + 1))
+        for key, start, stop in zip(batches.keys, bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+            yield key, stats.select(torch.from_numpy(order[start:stop]))
 
     def batch_totals(
         self, channel_stats: Sequence[GroupStats], batches: BatchLayout | None
