@@ -547,7 +547,10 @@ from grpo_cli.config import ComputeConfig
 from grpo_cli.engines import ray as ray_engine
 from grpo_cli.jobs import compute_dataset_ray
 
+from grpo_cli.options import AdvantageOptions
+
 ray_engine.OUTCOME_ON_REDUCERS = sys.argv[4] == "reducers"
+advantage = AdvantageOptions(scale=sys.argv[5])
 
 def status(field):
     return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field))
@@ -560,7 +563,8 @@ def sample():
         anon[0] = max(anon[0], status("RssAnon:"))
 threading.Thread(target=sample, daemon=True).start()
 start = time.perf_counter()
-compute_dataset_ray(sys.argv[1], sys.argv[2], ComputeConfig(stats_block_rows=int(sys.argv[3])), force=True)
+config = ComputeConfig(stats_block_rows=int(sys.argv[3]), advantage=advantage)
+compute_dataset_ray(sys.argv[1], sys.argv[2], config, force=True)
 seconds = time.perf_counter() - start
 done.set()
 print(json.dumps({{"seconds": seconds, "driver_peak_rss_mib": status("VmHWM:") / 1024,
@@ -594,10 +598,15 @@ def bench_ray_driver(data_dir: Path, group_counts: tuple[int, ...], task_counts:
     print(header)
     for tasks in task_counts:
         _ray_driver_run(data_dir, groups, -(-2 * groups // tasks), "reducers")
+    print(f"\nray engine: the driver with --scale batch ({groups:,} groups; the batch's std in two")
+    print("more rounds on the reducers since 2026-12-06, gathered on the driver before)")
+    print(header)
+    for where in ("reducers", "driver"):
+        _ray_driver_run(data_dir, groups, 1 << 22, where, scale="batch")
 
 
 def _ray_driver_run(
-    data_dir: Path, groups: int, block_rows: int, where: str, *, rows_per_group: int = 2
+    data_dir: Path, groups: int, block_rows: int, where: str, *, rows_per_group: int = 2, scale: str = "group"
 ) -> None:
     import shutil
 
@@ -621,6 +630,7 @@ def _ray_driver_run(
             str(out),
             str(block_rows),
             where,
+            scale,
         ],
         capture_output=True,
         text=True,
