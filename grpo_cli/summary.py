@@ -303,7 +303,7 @@ def figures_by_value(
     [{'all_min': 1, 'all_max': 0, 'other': 0}, {'all_min': 0, 'all_max': 1, 'other': 0}]
     """
     low, high = run_range
-    order = sorted(range(len(values.keys)), key=lambda v: _sort_key(values.keys[v]))
+    order = sorted(range(len(values.keys)), key=lambda v: value_sort_key(values.keys[v]))
     out = []
     for value in order:
         member = values.of_group == value
@@ -343,7 +343,8 @@ def figures_by_value(
     return out
 
 
-def _sort_key(key: Any) -> tuple[int, Any]:
+def value_sort_key(key: Any) -> tuple[int, Any]:
+    """Where a ``--by`` value's figures come in the summary: numbers, then text, then the rest."""
     if isinstance(key, bool) or key is None:
         return (2, str(key))
     if isinstance(key, int | float):

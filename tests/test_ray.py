@@ -115,8 +115,8 @@ def compare_summaries(local: dict[str, Any], ray: dict[str, Any]) -> None:
     assert local.get("tolerance") == ray.get("tolerance")
     # named by their keys, which only the reducers hold (absent when every group has one size)
     assert local.get("off_size_groups") == ray.get("off_size_groups")
-    for key in ("reward", "advantage"):  # as JSON: -0.0 and 0.0 differ
-        assert json.dumps(ray[key]) == json.dumps(local[key]), key
+    for key in ("reward", "advantage", "by"):  # as JSON: -0.0 and 0.0 differ
+        assert json.dumps(ray.get(key)) == json.dumps(local.get(key)), key
     assert local["group_mean_histogram"]["counts"] == ray["group_mean_histogram"]["counts"]
 
 
@@ -551,6 +551,13 @@ def merged_and_split_groups(folder: Path, *, seed: int) -> Path:
             "rewards": (RewardSpec("reward"), RewardSpec("length")),
             "aggregation": "normalize-then-sum",
         },
+        # --by: the groups cut again by value, each value's figures from all its groups at once
+        {"advantage": AdvantageOptions(nan="ignore"), "by_cols": ("step",)},
+        {
+            "advantage": AdvantageOptions(scale="batch", nan="ignore", inactive_tolerance=0.05),
+            "batch_col": "step",
+            "by_cols": ("step",),
+        },
     ],
     ids=[
         "grpo",
@@ -565,13 +572,15 @@ def merged_and_split_groups(folder: Path, *, seed: int) -> Path:
         "trl-scale-batch",
         "scale-batch-batches",
         "scale-batch-two-channels",
+        "by",
+        "by-scale-batch-tolerance",
     ],
 )
 def test_ray_reducers_finish_the_summary_as_the_local_engine_does(
     ray_instance, tmp_path, monkeypatch, options
 ):
-    """Where each group's outcome is its own or needs exact figures of its batch (no --by,
-    verifier or filter of the trainer, no estimator that keeps every reward), each reducer
+    """Where each group's outcome is its own or needs exact figures of its batch (no verifier or
+    filter of the trainer, no estimator that keeps every reward), each reducer
     computes its bucket's outcome and both rounds of its findings, and the driver merges one
     report per bucket (--scale batch: each batch's std from the buckets in two rounds): blocks
     of 97 rows over 5 reducers give the local engine's advantages, masks and summary to the
@@ -623,13 +632,13 @@ def test_ray_checks_rewards_that_are_all_nan_as_the_local_engine_does(ray_instan
 
 
 def test_ray_gathers_the_groups_on_the_driver_where_an_outcome_needs_them(ray_instance, sharded, tmp_path):
-    """A --by value (numbered in the run's order, with percentiles of its groups) or every reward
-    of each group (pass@k) needs every group on the driver; the rest, the std of a batch or of
-    the whole run among them, do not (the same rows and summary either way, above)."""
+    """Every reward of each group (pass@k) needs every group on the driver; the rest, --by and
+    the std of a batch or of the whole run among them, do not (the same rows and summary either
+    way, above)."""
     config = ComputeConfig(rewards=(RewardSpec("reward"),), group_cols=("uid",))
     for changes, where in [
         ({}, "reducers"),
-        ({"by_cols": ("step",)}, "driver"),
+        ({"by_cols": ("step",)}, "reducers"),
         ({"batch_col": "step", "advantage": AdvantageOptions.resolve(estimator="gpg")}, "reducers"),
         ({"batch_col": "step", "advantage": AdvantageOptions(scale="batch")}, "reducers"),
         ({"advantage": AdvantageOptions.resolve(estimator="gpg")}, "reducers"),

@@ -67,7 +67,16 @@ from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError, first_line, os_reason
 from grpo_cli.figures import MERGES, RowInputs, of_chunk, padded, room_for, wanted
 from grpo_cli.file_names import PARQUET_SUFFIXES, PROVENANCE_KEY, output_is_directory
-from grpo_cli.findings import FirstRound, GroupFindings, RunFigures, SecondRound, in_chunks, merged_findings
+from grpo_cli.findings import (
+    FirstRound,
+    GroupFindings,
+    GroupPart,
+    RunFigures,
+    SecondRound,
+    in_chunks,
+    merged_findings,
+    plain_key,
+)
 from grpo_cli.guard import Claim, ProtectedInputs, RemoteClaim, StagedRemoteClaim
 from grpo_cli.kernel import (
     BatchTransform,
@@ -101,11 +110,14 @@ from grpo_cli.stores import CopiedPrefix, check_scheme, gcs_filesystem, local_pa
 from grpo_cli.summary import (
     FINDINGS_CHUNK_GROUPS,
     ByValues,
+    GroupFigures,
     RunSummary,
     build_summary,
+    figures_by_value,
     group_findings,
     input_info,
     outcome_part,
+    value_sort_key,
 )
 from grpo_cli.threads import IDLE_THREADS_ENV
 from grpo_cli.verify import Verifier
@@ -1594,6 +1606,7 @@ def run_ray(
                     options=config.options_summary(),
                     named=config.group_size is None,
                 )
+                findings = replace(findings, by=held.by)
                 return _summary(
                     inputs, config, totals, findings, parts, blocks, ray_startup, started, written, extremes
                 )
@@ -1837,8 +1850,8 @@ def block_partials(
 def reducers_finish(plan: RunPlan) -> bool:
     """Whether the statistics job's reducers finish it where the groups are: each group's
     outcome follows from its own figures and its batch's exact ones (no estimator that keeps
-    every reward, no ``--by`` value, no verifier or trainer's filter reading the groups in
-    input order), so each reducer computes
+    every reward, no verifier or trainer's filter reading the groups in input order), so each
+    reducer computes
     its bucket's outcome and findings, and the driver holds the merged totals, findings and
     batch transform only.
     """
@@ -1848,9 +1861,9 @@ def reducers_finish(plan: RunPlan) -> bool:
     # whitening's moments come from the blocks, merged in block order, a row per batch.
     # --scale batch's std of each batch (or of the whole run) is exact sums over its groups,
     # merged from the buckets in two rounds before the outcome (see _held_statistics).
+    # --by's figures per value come from a second cut of the groups, by value (_by_values).
     return (
-        not config.by_cols  # numbered in the run's order, with percentiles of every group's figures
-        and "group_rewards" not in plan.needs  # pass@k: every reward of each group
+        "group_rewards" not in plan.needs  # pass@k: every reward of each group
         and config.trainer_filter is None
         and config.verify is None
     )
@@ -1884,7 +1897,7 @@ BatchStds = list[dict[Any, float]]
 
 def _bucket_parts(
     plan: RunPlan, figures: pa.Table, merged: MergedStatistics, keys: pa.Table, batch_stds: BatchStds | None
-) -> tuple[GroupOutcome, list[Any]]:
+) -> tuple[GroupOutcome, GroupPart, list[Any]]:
     """A bucket's outcome (its groups in its own order, ``merged`` from its ``figures``) and its
     groups as parts of the findings, in the run's order by where each group first appeared
     (block, then place in the block), named by their keys (by the group IDs they are with
@@ -1896,7 +1909,7 @@ def _bucket_parts(
     order = (block.astype(np.int64) << 32) | place.astype(np.int64)
     named = plan.config.group_cols != (ROW_GROUP_FIELD,)
     whole = outcome_part(outcome, order=order, named=named)
-    return outcome, in_chunks(whole, FINDINGS_CHUNK_GROUPS, key_at=functools.partial(_key_in, keys))
+    return outcome, whole, in_chunks(whole, FINDINGS_CHUNK_GROUPS, key_at=functools.partial(_key_in, keys))
 
 
 def bucket_round_two(
@@ -1912,7 +1925,7 @@ def bucket_round_two(
     range of its groups' advantages in that dtype, rows left out of the statistics aside."""
     plan = RunPlan(config, device=_CPU)
     merged = _in_bucket_order(plan, [figures], [figures.num_rows])
-    outcome, parts = _bucket_parts(plan, figures, merged, keys, batch_stds)
+    outcome, _, parts = _bucket_parts(plan, figures, merged, keys, batch_stds)
     second = sum((SecondRound.of(part, run) for part in parts), SecondRound())
     extremes = None
     if dtype is not None:
@@ -1921,8 +1934,8 @@ def bucket_round_two(
 
 
 def merge_bucket(
-    config: ComputeConfig, finish: bool, *partials: pa.Table
-) -> tuple[pa.Table, pa.Table, pa.Table]:
+    config: ComputeConfig, finish: bool, buckets: int, *partials: pa.Table
+) -> tuple[pa.Table, ...]:
     """Reduce task of the statistics job: one bucket's partial rows of every block, in block
     order, merged per group as the local engine merges its blocks (:class:`OrderedMerge`; a
     group's figures depend on its own partial rows only, so the bits are the local engine's).
@@ -1930,19 +1943,22 @@ def merge_bucket(
     Returns where each of the bucket's groups first appeared (:data:`FIRST_SEEN_FIELDS`), its
     figures (:meth:`OrderedMerge.bucket_table`) and its keys; or a refusal and two empty tables.
     Where the reducers ``finish`` the job (:func:`reducers_finish`) the first is the bucket's
-    :class:`BucketReport` instead, and the figures keep where each group first appeared.
+    :class:`BucketReport` instead, and the figures keep where each group first appeared; with
+    ``--by``, each column's groups follow, cut into ``buckets`` tables (the job's bucket count)
+    by a hash of their value (:func:`_by_value_parts`).
     """
     plan = RunPlan(config, device=_CPU)
     merge = OrderedMerge(plan)
+    by_parts = [pa.table({})] * (len(config.by_cols) * buckets if finish else 0)
     for partial in partials:
         if ERROR_FIELD in partial.column_names:
-            return partial, pa.table({}), _empty_keys(plan)
+            return partial, pa.table({}), _empty_keys(plan), *by_parts
         try:
             merge.add(partial)
         except RowsUnknown as error:
             block = partial.column(BLOCK_FIELD)[0].as_py()
             refusal = _refusal(error.message).append_column(BLOCK_FIELD, pa.array([block]))
-            return refusal, pa.table({}), _empty_keys(plan)
+            return refusal, pa.table({}), _empty_keys(plan), *by_parts
     empty = merge.first_table if merge.first_table is not None else _empty_keys(plan)
     figures = merge.bucket_table()
     keys = merge.keys.key_table(empty)
@@ -1950,15 +1966,55 @@ def merge_bucket(
         # The report counts groups, rows and active groups, which each group's span decides:
         # with --scale batch the std the bucket's own groups give (not the batches') changes none.
         merged = _in_bucket_order(plan, [figures], [figures.num_rows])
-        outcome, parts = _bucket_parts(plan, figures, merged, keys, None)
+        outcome, whole, parts = _bucket_parts(plan, figures, merged, keys, None)
         first = sum((FirstRound.of(part) for part in parts), FirstRound())
         batch_totals = None
         if config.advantage.scale == "batch":  # round 1 of each batch's std
             batch_totals = plan.batch_totals(merged.channel_stats, merged.batches)
         report = BucketReport(figures.num_rows, outcome.totals, first, batch_totals)
-        return _report_table(report), figures, keys
+        by_parts = _by_value_parts(merged.by, whole, buckets)
+        return _report_table(report), figures, keys, *by_parts
     first_seen = figures.select(list(FIRST_SEEN_FIELDS))
     return first_seen, figures.drop_columns(list(FIRST_SEEN_FIELDS)), keys
+
+
+BY_VALUE_FIELD = "__grpo_by_value"
+BY_FIGURES = ("count", "mean", "m2", "minimum", "maximum", "active", "rows")
+"""A group's figures that :func:`~grpo_cli.summary.figures_by_value` reads (:class:`GroupFigures`)."""
+
+
+def _by_value_parts(by: Sequence[ByValues], whole: GroupPart, buckets: int) -> list[pa.Table]:
+    """``--by``: each column's groups of a bucket, cut into ``buckets`` tables by a hash of their
+    value, each row a group's value (as a plain Arrow value: equal values, read from files of
+    different types, hash alike) and its :data:`BY_FIGURES`. Every group of a value then meets
+    in one task (:func:`by_value_figures`), whichever bucket its key hashed to."""
+    out = []
+    for values in by:
+        value = pa.array([plain_key(key) for key in values.keys]).take(pa.array(values.of_group))
+        table = pa.table({BY_VALUE_FIELD: value, **{name: getattr(whole, name) for name in BY_FIGURES}})
+        which = key_buckets(table.select([BY_VALUE_FIELD]), buckets)
+        order = np.argsort(which, kind="stable")
+        bounds = np.searchsorted(which[order], np.arange(buckets + 1))
+        ordered = table.take(pa.array(order))
+        out += [ordered.slice(start, stop - start) for start, stop in itertools.pairwise(bounds)]
+    return out
+
+
+def by_value_figures(column: str, run_range: tuple[float | None, float | None], *parts: pa.Table) -> pa.Table:
+    """``--by``: the figures of each value whose groups hashed here, from every bucket's part
+    (:func:`_by_value_parts`): :func:`~grpo_cli.summary.figures_by_value` of all of a value's
+    groups, which depends on the set of them, not their order (exact sums, counts, extremes and
+    percentiles). A pickled list of (sort key, figures)."""
+    tables = [t for t in parts if t.num_rows]
+    if not tables:
+        return _report_table([])
+    table = pa.concat_tables(tables, promote_options="permissive")
+    index = GroupKeyIndex([BY_VALUE_FIELD], few_values=True)
+    of_group = index.encode([table.column(BY_VALUE_FIELD)])
+    keys = [index.key_at(v) for v in range(len(index))]
+    figures = GroupFigures(**{name: table.column(name).to_numpy(zero_copy_only=False) for name in BY_FIGURES})
+    entries = figures_by_value(ByValues(column, of_group, keys), figures, run_range=run_range)
+    return _report_table([(value_sort_key(entry["value"]), entry) for entry in entries])
 
 
 def bucket_batch_squares(config: ComputeConfig, totals: Any, figures: pa.Table) -> pa.Table:
@@ -1986,7 +2042,8 @@ def _statistics(
     bucket; each bucket merged on a worker in block order; the driver takes the buckets'
     figures (no key, no partial row) and puts the groups in the run's order, first appearance
     over the whole input: by the block and place in it where each group first appeared."""
-    return _gathered(plan, *_reduced(ray, blocks, plan, group_size, finish=False))
+    first_seen, figures, keys, _ = _reduced(ray, blocks, plan, group_size, finish=False)
+    return _gathered(plan, first_seen, figures, keys)
 
 
 @dataclass(frozen=True)
@@ -2001,6 +2058,7 @@ class HeldStatistics:
     totals: OutcomeTotals
     first: FirstRound
     batch_stds: BatchStds | None  # --scale batch: each batch's std, merged from the buckets
+    by: dict[str, list[dict[str, Any]]]  # --by: each column's figures per value, in the summary's order
 
     def payload(self, ray: Any, transform: BatchTransform | None = None) -> Any:
         """What each worker of the moments and advantage jobs reads once: the buckets'
@@ -2034,8 +2092,12 @@ def _held_statistics(
     With ``--scale batch`` the advantages (and ``check``'s range) need each batch's std: the
     reports carry each batch's count, extremes and exact reward sum, merged here; a task per
     bucket then sums its squared deviations from the batches' means, merged here into each
-    batch's std, which round 2 of the findings and the advantage job's workers are given."""
-    reports, figures, keys = _reduced(ray, blocks, plan, group_size, finish=True)
+    batch's std, which round 2 of the findings and the advantage job's workers are given.
+
+    With ``--by`` each reducer also cut its groups of each column by a hash of their value; a
+    task per such cut takes it from every bucket and computes the figures of its values, given
+    the run's reward range; the driver holds the figures per value."""
+    reports, figures, keys, by_parts = _reduced(ray, blocks, plan, group_size, finish=True)
     held: list[BucketReport] = [_report_of(table) for table in reports]
     batch_stds = None
     if plan.config.advantage.scale == "batch":
@@ -2052,24 +2114,50 @@ def _held_statistics(
         drop_reasons=tuple(plan.drop_reasons()),
         drops_by_reason=tuple({"reason": r, "groups": 0, "rows": 0} for r in plan.drop_reasons()),
     )
+    first = sum((report.first for report in held), FirstRound())
     return HeldStatistics(
         figures,
         keys,
         [report.groups for report in held],
         sum((report.totals for report in held), nothing),
-        sum((report.first for report in held), FirstRound()),
+        first,
         batch_stds,
+        _by_values(ray, plan, first, by_parts),
     )
+
+
+def _by_values(
+    ray: Any, plan: RunPlan, first: FirstRound, by_parts: list[list[Any]]
+) -> dict[str, list[dict[str, Any]]]:
+    """``--by``: each column's figures per value (:func:`by_value_figures`), a task per cut of
+    the values, sorted as the local engine lists them."""
+    buckets = len(by_parts)
+    run_range = (first.reward.low, first.reward.high) if first.reward.rewards else (None, None)
+    started = {
+        column: [
+            _task(ray, by_value_figures, num_returns=1).remote(
+                column, run_range, *[parts[c * buckets + r] for parts in by_parts]
+            )
+            for r in range(buckets)
+        ]
+        for c, column in enumerate(plan.config.by_cols)
+    }
+    by = {}
+    for column, refs in started.items():
+        entries = [entry for table in ray.get(refs) for entry in _report_of(table)]
+        by[column] = [entry for _, entry in sorted(entries, key=lambda pair: pair[0])]
+    return by
 
 
 def _reduced(
     ray: Any, blocks: list[list[FilePart]], plan: RunPlan, group_size: int | None, *, finish: bool
-) -> tuple[list[pa.Table], list[Any], list[Any]]:
+) -> tuple[list[pa.Table], list[Any], list[Any], list[list[Any]]]:
     """Job 1's map and reduce tasks (the reducers ``finish`` it or not, see
     :func:`merge_bucket`): their first answers (fetched; a refusal raised, the first block's),
-    and references to their figures and keys."""
+    references to their figures and keys, and, where they finish it with ``--by``, to each
+    bucket's groups of each column cut by value (a list a bucket: column-major)."""
     if not blocks:
-        return [], [], []
+        return [], [], [], []
     cpus = int(ray.cluster_resources().get("CPU", 1))
     buckets = max(1, min(len(blocks), REDUCERS or cpus))
     shared = ray.put(blocks)
@@ -2078,16 +2166,24 @@ def _reduced(
         for i in range(len(blocks))
     ]
     per_block = [refs if buckets > 1 else [refs] for refs in partial_refs]
+    returns = 3 + (len(plan.config.by_cols) * buckets if finish else 0)
     reduced = [
-        _task(ray, merge_bucket, num_returns=3).remote(plan.config, finish, *[refs[r] for refs in per_block])
+        _task(ray, merge_bucket, num_returns=returns).remote(
+            plan.config, finish, buckets, *[refs[r] for refs in per_block]
+        )
         for r in range(buckets)
     ]
-    answers = ray.get([answer for answer, _, _ in reduced])
+    answers = ray.get([refs[0] for refs in reduced])
     errors = [t for t in answers if ERROR_FIELD in t.column_names]
     if errors:
         first = min(errors, key=lambda t: t.column(BLOCK_FIELD)[0].as_py())
         raise RowsUnknown(first.column(ERROR_FIELD)[0].as_py())
-    return answers, [figures for _, figures, _ in reduced], [keys for _, _, keys in reduced]
+    return (
+        answers,
+        [refs[1] for refs in reduced],
+        [refs[2] for refs in reduced],
+        [refs[3:] for refs in reduced],
+    )
 
 
 _TASKS: dict[tuple[Any, int], Any] = {}
