@@ -1490,6 +1490,13 @@ class Divisor:
     epsilon_mode: EpsilonMode
     batch_std: Tensor | None
 
+    def groups(self, start: int, end: int) -> Divisor:
+        """The divisor of groups ``start`` to ``end - 1``: a batch std given per group is cut
+        to theirs (a run's one std stays whole)."""
+        if self.batch_std is None or self.batch_std.numel() <= 1:
+            return self
+        return replace(self, batch_std=self.batch_std[start:end])
+
     def of(
         self,
         m2: Tensor,
@@ -1580,7 +1587,7 @@ def prepare_normalization(
     for start in range(0, k, NORMALIZATION_CHUNK_GROUPS):
         end = min(start + NORMALIZATION_CHUNK_GROUPS, k)
         part_active, part_center, part_denominator, part_units, part_tolerated = _normalization_of(
-            stats.groups(start, end), divisor, baseline, singleton, inactive_tolerance
+            stats.groups(start, end), divisor.groups(start, end), baseline, singleton, inactive_tolerance
         )
         active[start:end] = part_active
         if center is not None and part_center is not None:

@@ -578,13 +578,14 @@ class RunPlan:
     def _per_group_std(
         channel_stats: Sequence[GroupStats], batches: BatchLayout | None, stds: Sequence[Mapping[Any, float]]
     ) -> list[torch.Tensor]:
-        """Per channel, the std of each group's batch, shape ``(num_groups,)``."""
+        """Per channel, the std of each group's batch, shape ``(num_groups,)``; of a run in one
+        batch, the one std, shape ``()``."""
         out = []
         for stats, by_key in zip(channel_stats, stds, strict=True):
             dtype, device = stats.mean.dtype, stats.mean.device
             if batches is None or len(batches.keys) == 1:
                 key = None if batches is None else batches.keys[0]
-                out.append(torch.full((stats.num_groups,), by_key[key], dtype=dtype, device=device))
+                out.append(torch.tensor(by_key[key], dtype=dtype, device=device))
                 continue
             per_batch = torch.tensor([by_key[key] for key in batches.keys], dtype=dtype, device=device)
             out.append(per_batch[torch.from_numpy(batches.of_group).to(device)])

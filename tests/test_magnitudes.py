@@ -168,6 +168,8 @@ def test_group_scale_at_the_edges_of_the_ordinary_range(largest, scale):
         {},
         {"std": "sample", "epsilon_mode": "clamp"},
         {"scale": "batch"},
+        # a std per group (its training batch's): each chunk takes its groups' (it crashed)
+        {"scale": "batch", "batch_std": "per group"},
         {"scale": "none", "singleton": "raw"},
         {"scale": "mean"},
         {"epsilon_mode": "add-if-nonzero", "inactive_tolerance": 0.25},
@@ -193,6 +195,9 @@ def test_normalising_groups_chunk_by_chunk_gives_the_whole_runs_bits(monkeypatch
     magnitude[5], magnitude[6], magnitude[33] = 1e300, 1e-300, 2.0**300  # chunks 1 and 8 only
     rewards = rewards * magnitude[ids]
     stats = group_stats(rewards, ids, count_extremes=True)
+    if options.get("batch_std") == "per group":  # three batches of groups, each with its std
+        batch = torch.arange(groups) % 3
+        options = {**options, "batch_std": torch.tensor([0.5, 2.0, 1e300], dtype=torch.float64)[batch]}
 
     def normalised(chunk: int) -> kernel.Normalization:
         monkeypatch.setattr(kernel, "NORMALIZATION_CHUNK_GROUPS", chunk)
@@ -211,4 +216,6 @@ def test_normalising_groups_chunk_by_chunk_gives_the_whole_runs_bits(monkeypatch
         == bits(apply_normalization(rewards, ids, chunked).numpy()).tolist()
     )
     ordinary = stats.groups(0, 4)  # no chunk of ordinary rewards has units
+    if isinstance(options.get("batch_std"), torch.Tensor):
+        options = {**options, "batch_std": options["batch_std"][:4] * 0 + 1}
     assert prepare_normalization(ordinary, baseline=baseline, **options).units is None
