@@ -551,6 +551,7 @@ from grpo_cli.options import AdvantageOptions
 
 ray_engine.OUTCOME_ON_REDUCERS = sys.argv[4] == "reducers"
 advantage = AdvantageOptions(scale=sys.argv[5])
+by_cols = ("step",) if sys.argv[6] == "by" else ()
 
 def status(field):
     return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field))
@@ -563,7 +564,7 @@ def sample():
         anon[0] = max(anon[0], status("RssAnon:"))
 threading.Thread(target=sample, daemon=True).start()
 start = time.perf_counter()
-config = ComputeConfig(stats_block_rows=int(sys.argv[3]), advantage=advantage)
+config = ComputeConfig(stats_block_rows=int(sys.argv[3]), advantage=advantage, by_cols=by_cols)
 compute_dataset_ray(sys.argv[1], sys.argv[2], config, force=True)
 seconds = time.perf_counter() - start
 done.set()
@@ -577,7 +578,8 @@ def bench_ray_driver(data_dir: Path, group_counts: tuple[int, ...], task_counts:
     int IDs shuffled over 4 shards), then against the statistics tasks at 10^6 groups (the
     blocks cut smaller); each a fresh process that starts its own local instance. Each row
     twice: the reducers computing their buckets' outcome and findings (the driver holds their
-    merged summaries), then the driver gathering every group's figures (as before 2026-12-06)."""
+    merged summaries), then the driver gathering every group's figures (as before 2026-12-06);
+    last, --scale batch and --by, which gathered on the driver until 2026-12-06, both ways."""
     print("\nray engine: the driver's peak memory against groups (fresh process each; resident:")
     print("VmHWM, with the object store's pages it maps; own: the peak of RssAnon, sampled;")
     print("outcome on: the reducers, or the driver gathering every group's figures)")
@@ -598,25 +600,39 @@ def bench_ray_driver(data_dir: Path, group_counts: tuple[int, ...], task_counts:
     print(header)
     for tasks in task_counts:
         _ray_driver_run(data_dir, groups, -(-2 * groups // tasks), "reducers")
-    print(f"\nray engine: the driver with --scale batch ({groups:,} groups; the batch's std in two")
-    print("more rounds on the reducers since 2026-12-06, gathered on the driver before)")
+    print(f"\nray engine: the driver with --scale batch, and with --by step (100 steps), at {groups:,}")
+    print("groups: the reducers (since 2026-12-06: the batch's std in two more rounds; the groups")
+    print("cut again by step) against the driver gathering every group's figures (before)")
     print(header)
-    for where in ("reducers", "driver"):
-        _ray_driver_run(data_dir, groups, 1 << 22, where, scale="batch")
+    for scale, by in (("batch", False), ("group", True)):
+        print("  --scale batch" if by is False else "  --by step")
+        for where in ("reducers", "driver"):
+            _ray_driver_run(data_dir, groups, 1 << 22, where, scale=scale, by=by)
 
 
 def _ray_driver_run(
-    data_dir: Path, groups: int, block_rows: int, where: str, *, rows_per_group: int = 2, scale: str = "group"
+    data_dir: Path,
+    groups: int,
+    block_rows: int,
+    where: str,
+    *,
+    rows_per_group: int = 2,
+    scale: str = "group",
+    by: bool = False,
 ) -> None:
     import shutil
 
-    folder = data_dir / (f"ray_groups_{groups}" + (f"_{rows_per_group}" if rows_per_group != 2 else ""))
+    folder = data_dir / (
+        f"ray_groups_{groups}" + (f"_{rows_per_group}" if rows_per_group != 2 else "") + ("_by" if by else "")
+    )
     if not (folder.exists() and len(list(folder.glob("*.parquet"))) == 4):
         folder.mkdir(parents=True, exist_ok=True)
         rng = np.random.default_rng(6)
         ids = rng.permutation(np.repeat(np.arange(groups, dtype=np.int64), rows_per_group))
         rewards = (rng.random(ids.size) < 0.5).astype(np.float32)
         table = pa.table({"group_id": ids, "reward": rewards})
+        if by:
+            table = table.append_column("step", pa.array(ids % 100))
         per_shard = -(-ids.size // 4)
         for s in range(4):
             pq.write_table(table.slice(s * per_shard, per_shard), folder / f"part-{s}.parquet")
@@ -631,6 +647,7 @@ def _ray_driver_run(
             str(block_rows),
             where,
             scale,
+            "by" if by else "-",
         ],
         capture_output=True,
         text=True,
