@@ -80,6 +80,77 @@ def resolve_device(spec: str) -> torch.device:
 
 
 @dataclass(frozen=True)
+class RewardCredit:
+    """pass_at_k's advantages as a table: each group's distinct scored rewards, sorted, with the
+    advantage of a row that holds each (``values``, ``advantages``: float64; ``starts``: int64,
+    ``(num_groups + 1,)``, where each group's entries begin). Tied rewards share their credit,
+    so a row's advantage is its group's and reward's entry, bit for bit what
+    :func:`~grpo_cli.kernel.pass_at_k_advantages` gives it over every row of the run.
+
+    >>> credit = RewardCredit.of(torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor([0, 0, 0, 0]),
+    ...     torch.tensor([0.25, -0.25, 0.25, -0.25], dtype=torch.float64), 1)
+    >>> rows = credit.advantages_of(np.array([0, 0]), torch.tensor([0.0, 1.0]), None)
+    >>> credit.values.tolist(), rows.tolist()
+    ([0.0, 1.0], [-0.25, 0.25])
+    """
+
+    starts: np.ndarray
+    values: np.ndarray
+    advantages: np.ndarray
+
+    @classmethod
+    def of(
+        cls, values: torch.Tensor, ids: torch.Tensor, advantages: torch.Tensor, num_groups: int
+    ) -> RewardCredit:
+        """From scored rows' rewards, group IDs and advantages, shape ``(N,)``."""
+        x, g, a = values.to(torch.float64).numpy(), ids.numpy(), advantages.numpy()
+        order = np.lexsort((x, g))  # by group, then reward
+        x, g, a = x[order], g[order], a[order]
+        first = np.ones(x.size, dtype=bool)
+        first[1:] = (g[1:] != g[:-1]) | (x[1:] != x[:-1])  # -0.0 and 0.0 are one reward, as in the sort
+        counts = np.bincount(g[first], minlength=num_groups)
+        return cls(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), x[first], a[first])
+
+    @classmethod
+    def concat(cls, parts: Sequence[RewardCredit]) -> RewardCredit:
+        """The tables of parts of the groups laid end to end, in order."""
+        counts = np.concatenate([np.diff(part.starts) for part in parts]) if parts else np.zeros(0, np.int64)
+        return cls(
+            np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+            np.concatenate([part.values for part in parts]) if parts else np.zeros(0),
+            np.concatenate([part.advantages for part in parts]) if parts else np.zeros(0),
+        )
+
+    def advantages_of(
+        self, ids: np.ndarray, rewards: torch.Tensor, scored: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Each row's advantage (float64; 0 where not ``scored``): its reward's entry among its
+        group's, found by bisection over every row at once."""
+        x = rewards.to(torch.float64).numpy()
+        keep = np.ones(x.size, dtype=bool) if scored is None else scored.numpy().astype(bool)
+        at = np.flatnonzero(keep)
+        low, high = self.starts[ids[at]], self.starts[ids[at] + 1]
+        wanted = x[at]
+        last = max(self.values.size - 1, 0)
+        while True:
+            open_ = low < high
+            if not open_.any():
+                break
+            middle = (low + high) // 2
+            below = self.values[np.minimum(middle, last)] < wanted
+            low = np.where(open_ & below, middle + 1, low)
+            high = np.where(open_ & ~below, middle, high)
+        out = np.zeros(x.size, dtype=np.float64)
+        if at.size:
+            if not np.array_equal(self.values[np.minimum(low, last)], wanted):
+                raise GrpoError(
+                    "pass_at_k: a row's reward is not among its group's (the statistics and rows differ)"
+                )
+            out[at] = self.advantages[low]
+        return torch.from_numpy(out)
+
+
+@dataclass(frozen=True)
 class BatchLayout:
     """Which training batch (``--batch-col``) each group belongs to, and per-batch counts.
 
@@ -172,6 +243,7 @@ class GroupOutcome:
     top_two: TopTwo | None = None  # per group: grpo_passk's best two rewards
     best_advantage: torch.Tensor | None = None  # per group: grpo_passk's value for the best rollout
     row_advantages: torch.Tensor | None = None  # per row, input order: pass_at_k's (0 where unscored)
+    reward_credit: RewardCredit | None = None  # per group and reward: pass_at_k's, where rows meet it by key
 
     @property
     def dropped_groups(self) -> int:
@@ -503,6 +575,20 @@ class RunPlan:
             report["rewards"] = "unshaped" if self.config.filter_unshaped else "shaped"
         return report
 
+    def reward_credit(
+        self, outcome: GroupOutcome, values: torch.Tensor, ids: torch.Tensor, scored: torch.Tensor
+    ) -> RewardCredit:
+        """pass_at_k's table (:class:`RewardCredit`) of ``outcome``'s groups, from every row of
+        them: its group ID, combined reward (float64) and scored mask, each group's rows in
+        input order (a Ray reducer's bucket)."""
+        k = self.config.advantage.pass_k
+        assert k is not None
+        values, ids = values[scored], ids[scored]
+        advantages = pass_at_k_advantages(
+            values, ids, int(outcome.active.numel()), k=k, active=outcome.active
+        )
+        return RewardCredit.of(values, ids, advantages, int(outcome.active.numel()))
+
     def with_group_rewards(
         self,
         outcome: GroupOutcome,
@@ -716,6 +802,10 @@ class RunPlan:
             result = row_baseline_advantages(rewards.combined, baseline, valid)
         if outcome.row_advantages is not None:  # pass_at_k: computed from every reward of each group
             result = outcome.row_advantages[global_row : global_row + ids.numel()]
+        if outcome.reward_credit is not None:  # pass_at_k, from its table per group and reward
+            result = outcome.reward_credit.advantages_of(
+                ids.cpu().numpy(), rewards.combined, rewards.combined_valid
+            )
         if outcome.best_advantage is not None:  # grpo_passk: the group's first best rollout only
             assert outcome.top_two is not None
             positions = torch.arange(global_row, global_row + ids.numel())

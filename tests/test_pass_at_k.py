@@ -222,3 +222,33 @@ def test_passk_best_advantage_defaults_to_verls_sample_std_and_group_scale():
     assert torch.equal(default, explicit)
     population = passk_best_advantage(stats, top, active, std="population", epsilon=1e-6)
     assert not torch.equal(default, population)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_table_per_group_and_reward_gives_every_rows_advantage_bit_for_bit(seed):
+    """The Ray reducers hand pass@k on as a table per group and distinct reward (``RewardCredit``,
+    made from parts of the groups, laid end to end): each row's lookup is the bits the kernel
+    gives it over every row at once, ties (-0.0 beside 0.0 among them) and unscored rows too."""
+    from grpo_cli.plan import RewardCredit
+
+    rng = np.random.default_rng(seed)
+    groups = 30
+    sizes = rng.integers(1, 9, groups)
+    ids = rng.permutation(np.repeat(np.arange(groups), sizes))
+    rewards = rng.choice([0.0, -0.0, 1.0, 0.5, 0.25, 3.0], ids.size) + (
+        rng.random(ids.size) < 0.2
+    ) * rng.random(ids.size)
+    scored = rng.random(ids.size) < 0.9
+    active = torch.from_numpy(rng.random(groups) < 0.8)
+    x, g = torch.from_numpy(rewards), torch.from_numpy(ids)
+    expected = torch.zeros(ids.size, dtype=torch.float64)
+    expected[scored] = pass_at_k_advantages(x[scored], g[scored], groups, k=2, active=active)
+    cut = int(rng.integers(0, groups + 1))  # the groups in two parts, as two buckets hold them
+    parts = []
+    for low, high in ((0, cut), (cut, groups)):
+        rows = np.flatnonzero(scored & (ids >= low) & (ids < high))
+        local = torch.from_numpy(ids[rows] - low)
+        part_advantages = pass_at_k_advantages(x[rows], local, high - low, k=2, active=active[low:high])
+        parts.append(RewardCredit.of(x[rows], local, part_advantages, high - low))
+    got = RewardCredit.concat(parts).advantages_of(ids, x, torch.from_numpy(scored))
+    assert bits(got.numpy()).tolist() == bits(expected.numpy()).tolist()

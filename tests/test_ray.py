@@ -551,6 +551,13 @@ def merged_and_split_groups(folder: Path, *, seed: int) -> Path:
             "rewards": (RewardSpec("reward"), RewardSpec("length")),
             "aggregation": "normalize-then-sum",
         },
+        # pass_at_k: every row to its group's bucket, a table per group and reward for the workers
+        {"advantage": AdvantageOptions.resolve(estimator="pass_at_k", pass_k=3, nan="ignore")},
+        {
+            "advantage": AdvantageOptions.resolve(estimator="pass_at_k", pass_k=2, nan="ignore"),
+            "drop_inactive": True,
+            "by_cols": ("step",),
+        },
         # --by: the groups cut again by value, each value's figures from all its groups at once
         {"advantage": AdvantageOptions(nan="ignore"), "by_cols": ("step",)},
         {
@@ -572,6 +579,8 @@ def merged_and_split_groups(folder: Path, *, seed: int) -> Path:
         "trl-scale-batch",
         "scale-batch-batches",
         "scale-batch-two-channels",
+        "pass_at_k",
+        "pass_at_k-drop-by",
         "by",
         "by-scale-batch-tolerance",
     ],
@@ -579,8 +588,8 @@ def merged_and_split_groups(folder: Path, *, seed: int) -> Path:
 def test_ray_reducers_finish_the_summary_as_the_local_engine_does(
     ray_instance, tmp_path, monkeypatch, options
 ):
-    """Where each group's outcome is its own or needs exact figures of its batch (no verifier or
-    filter of the trainer, no estimator that keeps every reward), each reducer
+    """Where each group's outcome is its own, needs exact figures of its batch or its own rows
+    (pass@k; no verifier or filter of the trainer), each reducer
     computes its bucket's outcome and both rounds of its findings, and the driver merges one
     report per bucket (--scale batch: each batch's std from the buckets in two rounds): blocks
     of 97 rows over 5 reducers give the local engine's advantages, masks and summary to the
@@ -632,9 +641,10 @@ def test_ray_checks_rewards_that_are_all_nan_as_the_local_engine_does(ray_instan
 
 
 def test_ray_gathers_the_groups_on_the_driver_where_an_outcome_needs_them(ray_instance, sharded, tmp_path):
-    """Every reward of each group (pass@k) needs every group on the driver; the rest, --by and
-    the std of a batch or of the whole run among them, do not (the same rows and summary either
-    way, above)."""
+    """Every kind of compute run finishes on the reducers: each group's own figures, its batch's
+    exact std, its --by value's cut, pass@k's rows routed to its bucket (the same rows and
+    summary as the local engine, above); check's verifier and trainer filters gather on the
+    driver (their own tests)."""
     config = ComputeConfig(rewards=(RewardSpec("reward"),), group_cols=("uid",))
     for changes, where in [
         ({}, "reducers"),
@@ -643,7 +653,7 @@ def test_ray_gathers_the_groups_on_the_driver_where_an_outcome_needs_them(ray_in
         ({"batch_col": "step", "advantage": AdvantageOptions(scale="batch")}, "reducers"),
         ({"advantage": AdvantageOptions.resolve(estimator="gpg")}, "reducers"),
         ({"advantage": AdvantageOptions.resolve(estimator="reinforce_plus_plus_baseline")}, "reducers"),
-        ({"advantage": AdvantageOptions.resolve(estimator="pass_at_k", pass_k=2)}, "driver"),
+        ({"advantage": AdvantageOptions.resolve(estimator="pass_at_k", pass_k=2)}, "reducers"),
         ({"advantage": AdvantageOptions(scale="batch")}, "reducers"),
     ]:
         out = tmp_path / f"out{len(list(tmp_path.iterdir()))}"

@@ -97,6 +97,7 @@ from grpo_cli.plan import (
     BatchLayout,
     GroupOutcome,
     OutcomeTotals,
+    RewardCredit,
     RunPlan,
     batch_of_groups,
     scored_top_two,
@@ -707,12 +708,19 @@ def _refusal(message: str) -> pa.Table:
 
 
 def block_statistics(
-    batch: pa.Table, blocks: list[list[FilePart]], config: ComputeConfig, group_size: int | None = None
+    batch: pa.Table,
+    blocks: list[list[FilePart]],
+    config: ComputeConfig,
+    group_size: int | None = None,
+    *,
+    rows: list[pa.Table] | None = None,
 ) -> pa.Table:
     """One statistics block (its index in ``batch``): one row per group, in order of first
     appearance, with its key columns and the block's statistics and figures of the group,
     computed as the local engine computes a block's (:meth:`RunPlan.accumulators`,
-    :func:`~grpo_cli.figures.of_chunk`)."""
+    :func:`~grpo_cli.figures.of_chunk`). ``rows`` (pass_at_k on the reducers) gets a table of
+    the block's rows in input order: each one's group in the block, combined reward (float64)
+    and whether it is scored."""
     (index,) = batch.column("block").to_pylist()
     plan = RunPlan(config, device=_CPU)
     keys = GroupKeyIndex(config.group_cols)
@@ -754,6 +762,17 @@ def block_statistics(
     k = len(keys)
     ids = as_tensor(ids_np)
     rewards = RewardBatch.concat(reward_parts)
+    if rows is not None:
+        scored = rewards.combined_valid
+        rows.append(
+            pa.table(
+                {
+                    ROW_GROUP_IN_BLOCK: ids_np,
+                    "reward": rewards.combined.to(torch.float64).numpy(),
+                    "scored": np.ones(ids_np.size, bool) if scored is None else scored.numpy(),
+                }
+            )
+        )
     accumulators, separate_summary = plan.accumulators()
     columns: dict[str, Any] = {}
     for channel, (acc, values, valid) in enumerate(
@@ -921,10 +940,10 @@ class OrderedMerge:
         self.top_two = RunningTopTwo()  # grpo_passk
         self.first_seen: list[np.ndarray] = []  # each group's first partial row: (block, group in block)
 
-    def add(self, partial: pa.Table) -> None:
-        """One block's partial rows (or a piece of them, in order)."""
+    def add(self, partial: pa.Table) -> np.ndarray:
+        """One block's partial rows (or a piece of them, in order); returns their groups' IDs."""
         if not partial.num_rows:
-            return
+            return np.zeros(0, np.int64)
         if self.first_table is None:
             self.first_table = partial
         known = len(self.keys)
@@ -948,6 +967,7 @@ class OrderedMerge:
             self.top_two.merge_rows(_partial_top_two(partial), ids, k)
         for i in range(len(self.one_value)):
             self._add_values(i, partial, ids_np, k)
+        return ids_np
 
     def _add_values(self, i: int, partial: pa.Table, ids_np: np.ndarray, k: int) -> None:
         """Each group's value of one-value column ``i`` (IDs in order of first appearance, which
@@ -1061,6 +1081,8 @@ def _worker_state(payload: Any, token: str, config: ComputeConfig) -> tuple[RunP
         if "buckets" in payload:  # the reducers finished job 1: every bucket's groups end to end
             figures, key_tables, sizes = payload["buckets"]
             outcome = _outcome_of(plan, _in_bucket_order(plan, figures, sizes), payload["batch_stds"])
+            if payload["credits"] is not None:
+                outcome = replace(outcome, reward_credit=_credit_of(payload["credits"], sizes))
             if payload["transform"] is not None:
                 outcome = replace(outcome, transform=payload["transform"])
             cached = (plan, _RunIds(_key_index(key_tables, config.group_cols), None), outcome)
@@ -1830,28 +1852,47 @@ OUTCOME_ON_REDUCERS = True
 
 
 def block_partials(
-    index: int, blocks: list[list[FilePart]], config: ComputeConfig, group_size: int | None, buckets: int
+    index: int,
+    blocks: list[list[FilePart]],
+    config: ComputeConfig,
+    group_size: int | None,
+    buckets: int,
+    with_rows: bool = False,
 ) -> Any:
     """Map task of the statistics job: block ``index``'s partial rows (:func:`block_statistics`)
     cut into ``buckets`` tables by their key's bucket (:func:`~grpo_cli.keys.key_buckets`), each
-    in the block's order; a refusal goes to every bucket."""
-    table = block_statistics(pa.table({"block": [index]}), blocks, config, group_size)
+    in the block's order; a refusal goes to every bucket. ``with_rows`` (pass_at_k on the
+    reducers): then the block's rows, cut the same way by their group's bucket, in input order."""
+    rows: list[pa.Table] | None = [] if with_rows else None
+    table = block_statistics(pa.table({"block": [index]}), blocks, config, group_size, rows=rows)
     if ERROR_FIELD in table.column_names:
         parts = [table.append_column(BLOCK_FIELD, pa.array([index]))] * buckets
+        row_parts = [pa.table({})] * (buckets if with_rows else 0)
     else:
         which = key_buckets(table.select(list(config.group_cols)), buckets)
-        order = np.argsort(which, kind="stable")
-        bounds = np.searchsorted(which[order], np.arange(buckets + 1))
-        ordered = table.take(pa.array(order))
-        parts = [ordered.slice(start, stop - start) for start, stop in itertools.pairwise(bounds)]
-    return parts if buckets > 1 else parts[0]
+        parts = _cut(table, which, buckets)
+        row_parts = []
+        if rows:
+            row_parts = _cut(rows[0], which[rows[0].column(ROW_GROUP_IN_BLOCK).to_numpy()], buckets)
+    out = [*parts, *row_parts]
+    return out if len(out) > 1 else out[0]
+
+
+def _cut(table: pa.Table, which: np.ndarray, buckets: int) -> list[pa.Table]:
+    """``table``'s rows cut into ``buckets`` tables by ``which`` (each row's), each in order."""
+    order = np.argsort(which, kind="stable")
+    bounds = np.searchsorted(which[order], np.arange(buckets + 1))
+    ordered = table.take(pa.array(order))
+    return [ordered.slice(start, stop - start) for start, stop in itertools.pairwise(bounds)]
+
+
+ROW_GROUP_IN_BLOCK = "__grpo_row_group_in_block"  # pass_at_k: a row's group in its block
 
 
 def reducers_finish(plan: RunPlan) -> bool:
     """Whether the statistics job's reducers finish it where the groups are: each group's
-    outcome follows from its own figures and its batch's exact ones (no estimator that keeps
-    every reward, no verifier or trainer's filter reading the groups in input order), so each
-    reducer computes
+    outcome follows from its own figures, rows and its batch's exact figures (no verifier or
+    trainer's filter reading the groups in input order), so each reducer computes
     its bucket's outcome and findings, and the driver holds the merged totals, findings and
     batch transform only.
     """
@@ -1861,12 +1902,9 @@ def reducers_finish(plan: RunPlan) -> bool:
     # whitening's moments come from the blocks, merged in block order, a row per batch.
     # --scale batch's std of each batch (or of the whole run) is exact sums over its groups,
     # merged from the buckets in two rounds before the outcome (see _held_statistics).
-    # --by's figures per value come from a second cut of the groups, by value (_by_values).
-    return (
-        "group_rewards" not in plan.needs  # pass@k: every reward of each group
-        and config.trainer_filter is None
-        and config.verify is None
-    )
+    # --by's figures per value come from a second cut of the groups, by value (_by_values);
+    # pass_at_k's rows go to their group's bucket, whose reducer makes a table per group and reward.
+    return config.trainer_filter is None and config.verify is None
 
 
 @dataclass(frozen=True)
@@ -1934,31 +1972,43 @@ def bucket_round_two(
 
 
 def merge_bucket(
-    config: ComputeConfig, finish: bool, buckets: int, *partials: pa.Table
+    config: ComputeConfig, finish: bool, buckets: int, with_rows: bool, *tables: pa.Table
 ) -> tuple[pa.Table, ...]:
     """Reduce task of the statistics job: one bucket's partial rows of every block, in block
     order, merged per group as the local engine merges its blocks (:class:`OrderedMerge`; a
     group's figures depend on its own partial rows only, so the bits are the local engine's).
+    ``tables``: the blocks' partial rows, then with ``with_rows`` their rows (pass_at_k).
 
     Returns where each of the bucket's groups first appeared (:data:`FIRST_SEEN_FIELDS`), its
-    figures (:meth:`OrderedMerge.bucket_table`) and its keys; or a refusal and two empty tables.
-    Where the reducers ``finish`` the job (:func:`reducers_finish`) the first is the bucket's
-    :class:`BucketReport` instead, and the figures keep where each group first appeared; with
+    figures (:meth:`OrderedMerge.bucket_table`), its keys and an empty table; or a refusal and
+    three empty tables. Where the reducers ``finish`` the job (:func:`reducers_finish`) the
+    first is the bucket's :class:`BucketReport` instead, the figures keep where each group first
+    appeared, and the fourth is pass_at_k's table of its groups (:func:`_credit_table`); with
     ``--by``, each column's groups follow, cut into ``buckets`` tables (the job's bucket count)
     by a hash of their value (:func:`_by_value_parts`).
     """
     plan = RunPlan(config, device=_CPU)
     merge = OrderedMerge(plan)
-    by_parts = [pa.table({})] * (len(config.by_cols) * buckets if finish else 0)
-    for partial in partials:
+    partials = tables[: len(tables) // 2] if with_rows else tables
+    row_tables = tables[len(tables) // 2 :] if with_rows else ()
+    nothing = pa.table({})
+    by_parts = [nothing] * (len(config.by_cols) * buckets if finish else 0)
+    row_ids, row_values, row_scored = [], [], []
+    for b, partial in enumerate(partials):
         if ERROR_FIELD in partial.column_names:
-            return partial, pa.table({}), _empty_keys(plan), *by_parts
+            return partial, nothing, _empty_keys(plan), nothing, *by_parts
         try:
-            merge.add(partial)
+            ids_np = merge.add(partial)
         except RowsUnknown as error:
             block = partial.column(BLOCK_FIELD)[0].as_py()
             refusal = _refusal(error.message).append_column(BLOCK_FIELD, pa.array([block]))
-            return refusal, pa.table({}), _empty_keys(plan), *by_parts
+            return refusal, nothing, _empty_keys(plan), nothing, *by_parts
+        if with_rows and row_tables[b].num_rows:  # each row's group: its block's group's ID here
+            rows = row_tables[b]
+            in_block = partial.column(GROUP_FIELD).to_numpy()
+            row_ids.append(ids_np[np.searchsorted(in_block, rows.column(ROW_GROUP_IN_BLOCK).to_numpy())])
+            row_values.append(rows.column("reward").to_numpy())
+            row_scored.append(rows.column("scored").to_numpy(zero_copy_only=False))
     empty = merge.first_table if merge.first_table is not None else _empty_keys(plan)
     figures = merge.bucket_table()
     keys = merge.keys.key_table(empty)
@@ -1972,10 +2022,54 @@ def merge_bucket(
         if config.advantage.scale == "batch":  # round 1 of each batch's std
             batch_totals = plan.batch_totals(merged.channel_stats, merged.batches)
         report = BucketReport(figures.num_rows, outcome.totals, first, batch_totals)
+        credit = nothing
+        if with_rows:
+            credit = _credit_table(plan, outcome, row_ids, row_values, row_scored)
         by_parts = _by_value_parts(merged.by, whole, buckets)
-        return _report_table(report), figures, keys, *by_parts
+        return _report_table(report), figures, keys, credit, *by_parts
     first_seen = figures.select(list(FIRST_SEEN_FIELDS))
-    return first_seen, figures.drop_columns(list(FIRST_SEEN_FIELDS)), keys
+    return first_seen, figures.drop_columns(list(FIRST_SEEN_FIELDS)), keys, nothing
+
+
+CREDIT_FIELDS = ("group", "reward", "advantage")
+
+
+def _credit_table(
+    plan: RunPlan,
+    outcome: GroupOutcome,
+    ids: list[np.ndarray],
+    values: list[np.ndarray],
+    scored: list[np.ndarray],
+) -> pa.Table:
+    """pass_at_k's table of a bucket's groups (:class:`~grpo_cli.plan.RewardCredit`) from every
+    row of them, each group's rows in input order: a row per group and distinct reward."""
+
+    def joined(parts: list[np.ndarray], dtype: Any) -> torch.Tensor:
+        return torch.from_numpy(np.concatenate(parts) if parts else np.zeros(0, dtype))
+
+    credit = plan.reward_credit(
+        outcome, joined(values, np.float64), joined(ids, np.int64), joined(scored, bool).to(torch.bool)
+    )
+    group = np.repeat(np.arange(credit.starts.size - 1, dtype=np.int64), np.diff(credit.starts))
+    return pa.table(dict(zip(CREDIT_FIELDS, (group, credit.values, credit.advantages), strict=True)))
+
+
+def _credit_of(tables: Sequence[Any], sizes: Sequence[int]) -> RewardCredit:
+    """The buckets' pass_at_k tables (references or tables) laid end to end in the buckets'
+    order, each bucket's groups after the ones before (a worker's run group IDs)."""
+    groups, values, advantages = [], [], []
+    for ref, offset in zip(tables, itertools.accumulate(sizes, initial=0), strict=False):
+        table = _fetched(ref)
+        groups.append(table.column("group").to_numpy() + offset)
+        values.append(table.column("reward").to_numpy())
+        advantages.append(table.column("advantage").to_numpy())
+    group = np.concatenate(groups) if groups else np.zeros(0, np.int64)
+    starts = np.concatenate([[0], np.cumsum(np.bincount(group, minlength=sum(sizes)))]).astype(np.int64)
+    return RewardCredit(
+        starts,
+        np.concatenate(values) if values else np.zeros(0),
+        np.concatenate(advantages) if advantages else np.zeros(0),
+    )
 
 
 BY_VALUE_FIELD = "__grpo_by_value"
@@ -1992,11 +2086,7 @@ def _by_value_parts(by: Sequence[ByValues], whole: GroupPart, buckets: int) -> l
     for values in by:
         value = pa.array([plain_key(key) for key in values.keys]).take(pa.array(values.of_group))
         table = pa.table({BY_VALUE_FIELD: value, **{name: getattr(whole, name) for name in BY_FIGURES}})
-        which = key_buckets(table.select([BY_VALUE_FIELD]), buckets)
-        order = np.argsort(which, kind="stable")
-        bounds = np.searchsorted(which[order], np.arange(buckets + 1))
-        ordered = table.take(pa.array(order))
-        out += [ordered.slice(start, stop - start) for start, stop in itertools.pairwise(bounds)]
+        out += _cut(table, key_buckets(table.select([BY_VALUE_FIELD]), buckets), buckets)
     return out
 
 
@@ -2042,7 +2132,7 @@ def _statistics(
     bucket; each bucket merged on a worker in block order; the driver takes the buckets'
     figures (no key, no partial row) and puts the groups in the run's order, first appearance
     over the whole input: by the block and place in it where each group first appeared."""
-    first_seen, figures, keys, _ = _reduced(ray, blocks, plan, group_size, finish=False)
+    first_seen, figures, keys, _, _ = _reduced(ray, blocks, plan, group_size, finish=False)
     return _gathered(plan, first_seen, figures, keys)
 
 
@@ -2059,6 +2149,7 @@ class HeldStatistics:
     first: FirstRound
     batch_stds: BatchStds | None  # --scale batch: each batch's std, merged from the buckets
     by: dict[str, list[dict[str, Any]]]  # --by: each column's figures per value, in the summary's order
+    credits: list[Any] | None  # pass_at_k: each bucket's table per group and reward (references)
 
     def payload(self, ray: Any, transform: BatchTransform | None = None) -> Any:
         """What each worker of the moments and advantage jobs reads once: the buckets'
@@ -2069,6 +2160,7 @@ class HeldStatistics:
                 "buckets": (self.figures, self.keys, self.sizes),
                 "transform": transform,
                 "batch_stds": self.batch_stds,
+                "credits": self.credits,
             }
         )
 
@@ -2097,7 +2189,7 @@ def _held_statistics(
     With ``--by`` each reducer also cut its groups of each column by a hash of their value; a
     task per such cut takes it from every bucket and computes the figures of its values, given
     the run's reward range; the driver holds the figures per value."""
-    reports, figures, keys, by_parts = _reduced(ray, blocks, plan, group_size, finish=True)
+    reports, figures, keys, credits, by_parts = _reduced(ray, blocks, plan, group_size, finish=True)
     held: list[BucketReport] = [_report_of(table) for table in reports]
     batch_stds = None
     if plan.config.advantage.scale == "batch":
@@ -2123,6 +2215,7 @@ def _held_statistics(
         first,
         batch_stds,
         _by_values(ray, plan, first, by_parts),
+        credits if "group_rewards" in plan.needs else None,
     )
 
 
@@ -2151,25 +2244,35 @@ def _by_values(
 
 def _reduced(
     ray: Any, blocks: list[list[FilePart]], plan: RunPlan, group_size: int | None, *, finish: bool
-) -> tuple[list[pa.Table], list[Any], list[Any], list[list[Any]]]:
+) -> tuple[list[pa.Table], list[Any], list[Any], list[Any], list[list[Any]]]:
     """Job 1's map and reduce tasks (the reducers ``finish`` it or not, see
     :func:`merge_bucket`): their first answers (fetched; a refusal raised, the first block's),
-    references to their figures and keys, and, where they finish it with ``--by``, to each
-    bucket's groups of each column cut by value (a list a bucket: column-major)."""
+    references to their figures, keys and pass_at_k tables, and, where they finish it with
+    ``--by``, to each bucket's groups of each column cut by value (a list a bucket:
+    column-major)."""
     if not blocks:
-        return [], [], [], []
+        return [], [], [], [], []
     cpus = int(ray.cluster_resources().get("CPU", 1))
     buckets = max(1, min(len(blocks), REDUCERS or cpus))
     shared = ray.put(blocks)
+    with_rows = finish and "group_rewards" in plan.needs  # pass_at_k: every row to its bucket
+    per_task = buckets * (2 if with_rows else 1)
     partial_refs = [
-        _task(ray, block_partials, num_returns=buckets).remote(i, shared, plan.config, group_size, buckets)
+        _task(ray, block_partials, num_returns=per_task).remote(
+            i, shared, plan.config, group_size, buckets, with_rows
+        )
         for i in range(len(blocks))
     ]
-    per_block = [refs if buckets > 1 else [refs] for refs in partial_refs]
-    returns = 3 + (len(plan.config.by_cols) * buckets if finish else 0)
+    per_block = [refs if per_task > 1 else [refs] for refs in partial_refs]
+    returns = 4 + (len(plan.config.by_cols) * buckets if finish else 0)
     reduced = [
         _task(ray, merge_bucket, num_returns=returns).remote(
-            plan.config, finish, buckets, *[refs[r] for refs in per_block]
+            plan.config,
+            finish,
+            buckets,
+            with_rows,
+            *[refs[r] for refs in per_block],
+            *([refs[buckets + r] for refs in per_block] if with_rows else []),
         )
         for r in range(buckets)
     ]
@@ -2182,7 +2285,8 @@ def _reduced(
         answers,
         [refs[1] for refs in reduced],
         [refs[2] for refs in reduced],
-        [refs[3:] for refs in reduced],
+        [refs[3] for refs in reduced],
+        [refs[4:] for refs in reduced],
     )
 
 
