@@ -550,7 +550,11 @@ from grpo_cli.jobs import compute_dataset_ray
 from grpo_cli.options import AdvantageOptions
 
 ray_engine.OUTCOME_ON_REDUCERS = sys.argv[4] == "reducers"
-advantage = AdvantageOptions(scale=sys.argv[5])
+advantage = (
+    AdvantageOptions.resolve(estimator="pass_at_k", pass_k=2)
+    if sys.argv[5] == "pass_at_k"
+    else AdvantageOptions(scale=sys.argv[5])
+)
 by_cols = ("step",) if sys.argv[6] == "by" else ()
 
 def status(field):
@@ -579,7 +583,8 @@ def bench_ray_driver(data_dir: Path, group_counts: tuple[int, ...], task_counts:
     blocks cut smaller); each a fresh process that starts its own local instance. Each row
     twice: the reducers computing their buckets' outcome and findings (the driver holds their
     merged summaries), then the driver gathering every group's figures (as before 2026-12-06);
-    last, --scale batch and --by, which gathered on the driver until 2026-12-06, both ways."""
+    last, --scale batch, --by and pass_at_k, which gathered on the driver until 2026-12-06, both
+    ways."""
     print("\nray engine: the driver's peak memory against groups (fresh process each; resident:")
     print("VmHWM, with the object store's pages it maps; own: the peak of RssAnon, sampled;")
     print("outcome on: the reducers, or the driver gathering every group's figures)")
@@ -600,12 +605,17 @@ def bench_ray_driver(data_dir: Path, group_counts: tuple[int, ...], task_counts:
     print(header)
     for tasks in task_counts:
         _ray_driver_run(data_dir, groups, -(-2 * groups // tasks), "reducers")
-    print(f"\nray engine: the driver with --scale batch, and with --by step (100 steps), at {groups:,}")
+    print(f"\nray engine: the driver with --scale batch, --by step (100 steps) and pass_at_k, at {groups:,}")
     print("groups: the reducers (since 2026-12-06: the batch's std in two more rounds; the groups")
-    print("cut again by step) against the driver gathering every group's figures (before)")
+    print("cut again by step; each row sent to its group's bucket) against the driver gathering")
+    print("every group's figures (and, for pass_at_k, every row's reward) as before")
     print(header)
-    for scale, by in (("batch", False), ("group", True)):
-        print("  --scale batch" if by is False else "  --by step")
+    for scale, by in (("batch", False), ("group", True), ("pass_at_k", False)):
+        print(
+            {"batch": "  --scale batch", "pass_at_k": "  --estimator pass_at_k --pass-k 2"}.get(
+                scale, "  --by step"
+            )
+        )
         for where in ("reducers", "driver"):
             _ray_driver_run(data_dir, groups, 1 << 22, where, scale=scale, by=by)
 
