@@ -34,8 +34,8 @@ Residue rows are reported but do not fail the check unless ``strict``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -48,6 +48,9 @@ from grpo_cli.keys import as_tensor
 from grpo_cli.options import AdvantageOptions
 from grpo_cli.rewards import numbers_from_text
 from grpo_cli.sources import Shard
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 FLOAT32_BITS = 24
 """Significand bits of float32, the dtype the trainers compute advantages in."""
@@ -333,10 +336,10 @@ class Verifier:
             pending_expected=self._pending_expected[groups],
         )
 
-    def merge(self, part: VerifyPartial) -> None:
+    def merge(self, part: VerifyPartial, *, named: bool = False) -> None:
         """Add what another verifier saw of the rows after those seen so far (parts in input
         order): the result is that of one verifier over all the rows. Examples found without
-        the keys are named here."""
+        the keys are named here (``named``: the part named them already)."""
         self.compared += part.compared
         self.mismatched += part.mismatched
         self.residue += part.residue
@@ -346,6 +349,9 @@ class Verifier:
         self._shards = sorted({*self._shards, *part.shards})
         for mine, theirs in ((self.examples, part.examples), (self.residue_examples, part.residue_examples)):
             for example in theirs:
+                if named:
+                    mine.append(example)
+                    continue
                 key = self.keys.key_at(example["_group"]) if self.keys is not None else example["_group"]
                 mine.append({**example, "group": _jsonable(key)})
             mine.sort(key=lambda e: e["_row"])
@@ -408,6 +414,74 @@ class VerifyPartial:
     pending_row: torch.Tensor
     pending_given: torch.Tensor
     pending_expected: torch.Tensor
+
+
+def split_by_groups(part: VerifyPartial, starts: Sequence[int]) -> tuple[VerifyPartial, list[VerifyPartial]]:
+    """``part`` without its constant groups' state, and that state cut by ranges of group IDs
+    (``starts``: each range's first ID, ascending from 0), each range's IDs counted from its
+    start: the Ray engine settles each reducer's groups where their statistics are."""
+    empty = part.groups[:0]
+    rest = replace(
+        part,
+        groups=empty,
+        given_low=part.given_low[:0],
+        given_high=part.given_high[:0],
+        pending=part.pending[:0],
+        pending_row=part.pending_row[:0],
+        pending_given=part.pending_given[:0],
+        pending_expected=part.pending_expected[:0],
+    )
+    which = torch.searchsorted(torch.tensor(list(starts), dtype=torch.int64), part.groups, right=True) - 1
+    cuts = []
+    for r, start in enumerate(starts):
+        mine = which == r
+        cuts.append(
+            VerifyPartial(
+                compared=0,
+                mismatched=0,
+                residue=0,
+                max_abs_diff=0.0,
+                examples=[],
+                residue_examples=[],
+                shards=part.shards,
+                float32=None,
+                unit_roundoff=part.unit_roundoff,
+                groups=part.groups[mine] - start,
+                given_low=part.given_low[mine],
+                given_high=part.given_high[mine],
+                pending=part.pending[mine],
+                pending_row=part.pending_row[mine],
+                pending_given=part.pending_given[mine],
+                pending_expected=part.pending_expected[mine],
+            )
+        )
+    return rest, cuts
+
+
+def settled(verifier: Verifier) -> VerifyPartial:
+    """What ``verifier`` found once its constant groups are settled: its counts and examples
+    (named), no group state, to merge into another verifier with ``named=True``."""
+    verifier._settle()
+    empty = torch.zeros(0, dtype=torch.int64)
+    nothing = torch.zeros(0, dtype=torch.float64)
+    return VerifyPartial(
+        compared=verifier.compared,
+        mismatched=verifier.mismatched,
+        residue=verifier.residue,
+        max_abs_diff=verifier.max_abs_diff,
+        examples=verifier.examples,
+        residue_examples=verifier.residue_examples,
+        shards=verifier._shards,
+        float32=None,
+        unit_roundoff=verifier._unit_roundoff,
+        groups=empty,
+        given_low=nothing,
+        given_high=nothing,
+        pending=empty,
+        pending_row=empty,
+        pending_given=nothing,
+        pending_expected=nothing,
+    )
 
 
 def _public(example: dict[str, Any]) -> dict[str, Any]:

@@ -1021,14 +1021,21 @@ def test_two_runs_in_one_process_each_start_their_own_instance(tmp_path):
 
 
 @pytest.mark.parametrize("preset", [None, "verl"])
-def test_ray_verifies_as_the_local_engine_does(ray_instance, tmp_path, preset):
-    """check --verify-advantage-col on Ray: each of 5 parts is compared on a worker, and what
+@pytest.mark.parametrize("reducers_finish", [True, False], ids=["reducers", "driver"])
+def test_ray_verifies_as_the_local_engine_does(ray_instance, tmp_path, monkeypatch, preset, reducers_finish):
+    """check --verify-advantage-col on Ray: each of 6 parts is compared on a worker, and what
     they saw is merged in input order. Constant groups' rows lie in several parts (shuffled over
     3 files), so whether their differing rows are one value (residue) or not (mismatch) is
-    settled only after the merge; examples are the first rows over all parts, named by key."""
+    settled only after the merge: by a task per reducer's bucket, from every part's cut of its
+    groups' state (or on the driver, which gathers the groups); examples are the first rows over
+    all parts, named by key."""
     from grpo_cli.checks import CheckBounds
     from grpo_cli.config import VerifySpec
+    from grpo_cli.engines import ray as ray_engine
     from grpo_cli.jobs import check_dataset, check_dataset_ray
+
+    monkeypatch.setattr(ray_engine, "REDUCERS", 3)
+    monkeypatch.setattr(ray_engine, "OUTCOME_ON_REDUCERS", reducers_finish)
 
     rng = np.random.default_rng(3)
     groups, size = 300, 8
@@ -1058,11 +1065,13 @@ def test_ray_verifies_as_the_local_engine_does(ray_instance, tmp_path, preset):
         group_cols=("uid",),
         advantage=options,
         verify=VerifySpec(column="given"),
+        stats_block_rows=300,  # 8 blocks: 3 buckets
     )
     bounds = CheckBounds()
     local = check_dataset(folder, bounds, config).to_dict()
     ray = check_dataset_ray(str(folder), bounds, config, partitions=5).to_dict()
     assert ray["options"]["partitions"] == 6  # two parts a file
+    assert ray["options"]["outcome_on"] == ("reducers" if reducers_finish else "driver")
     verify = local["verify"]
     assert verify["mismatched"] > len(verify["examples"]) == VerifySpec(column="given").max_examples
     if preset:

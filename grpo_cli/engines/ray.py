@@ -121,7 +121,7 @@ from grpo_cli.summary import (
     value_sort_key,
 )
 from grpo_cli.threads import IDLE_THREADS_ENV
-from grpo_cli.verify import Verifier
+from grpo_cli.verify import Verifier, settled, split_by_groups
 
 PARTITION_BYTES = 256 << 20
 WORKER_ENV = {**MALLOC_ENV, **IDLE_THREADS_ENV}
@@ -1228,7 +1228,8 @@ def block_verify(
             config.verify,
             outcome.stats,
             config.advantage,
-            None,
+            # where the reducers finished job 1 the worker holds every key: it names its examples
+            run_ids.index if run_ids.ids is None else None,
             batch_transform=plan.needs_moments_pass,
             first_row=part.file.offset + part.start,
         )
@@ -1239,6 +1240,97 @@ def block_verify(
     except GrpoError as error:
         return _refusal(error.message).append_column(BLOCK_FIELD, pa.array([index]))
     return _ranged(index, advantages, partial=pickle.dumps(verifier.partial()))
+
+
+def verify_part(
+    index: int,
+    parts: list[list[FilePart]],
+    payload: Any,
+    token: str,
+    config: ComputeConfig,
+    group_size: int | None,
+    starts: list[int],
+) -> tuple[pa.Table, ...]:
+    """``check --verify-advantage-col`` where the reducers finished job 1: :func:`block_verify`
+    of part ``index``, its constant groups' state cut by bucket (``starts``: each bucket's
+    first group in the workers' order) for :func:`settle_bucket`; the answer keeps the rest."""
+    table = block_verify(pa.table({"block": [index]}), parts, payload, token, config, group_size)
+    if ERROR_FIELD in table.column_names:
+        return (table, *[pa.table({})] * len(starts))
+    rest, cuts = split_by_groups(pickle.loads(table.column("partial")[0].as_py()), starts)
+    table = table.set_column(
+        table.schema.get_field_index("partial"), "partial", pa.array([pickle.dumps(rest)])
+    )
+    return (table, *(_report_table(cut) for cut in cuts))
+
+
+@dataclass(frozen=True)
+class _KeyTable:
+    """Names a bucket's groups by their keys (its key table's rows, in the bucket's order)."""
+
+    table: pa.Table
+
+    def key_at(self, group_id: int) -> Any:
+        return _key_in(self.table, group_id)
+
+
+def settle_bucket(config: ComputeConfig, figures: pa.Table, keys: pa.Table, *cuts: pa.Table) -> pa.Table:
+    """``check --verify-advantage-col``: one bucket's constant groups settled, from every part's
+    cut of their state in input order (:func:`verify_part`), with the bucket's own statistics;
+    what it found, named by key (:func:`~grpo_cli.verify.settled`)."""
+    plan = RunPlan(config, device=_CPU)
+    assert config.verify is not None
+    stats = _outcome_of(plan, _in_bucket_order(plan, [figures], [figures.num_rows])).stats
+    verifier = Verifier(
+        config.verify, stats, config.advantage, _KeyTable(keys), batch_transform=plan.needs_moments_pass
+    )
+    for cut in cuts:
+        if cut.num_rows:
+            verifier.merge(_report_of(cut))
+    return _report_table(settled(verifier))
+
+
+def _held_verify(
+    ray: Any, parts: list[list[FilePart]], plan: RunPlan, held: HeldStatistics, job: dict[str, Any]
+) -> tuple[dict[str, Any], tuple[float, float] | None]:
+    """``check --verify-advantage-col`` where the reducers finished job 1: each part compared on
+    a worker (its examples named there), each bucket's constant groups settled by a task of
+    their own from every part's cut of their state; the driver merges the parts' counts and
+    examples in input order with the buckets' (no per-group state), as :func:`_verify` does."""
+    config = plan.config
+    assert config.verify is not None
+    starts = list(itertools.accumulate(held.sizes, initial=0))[:-1]
+    shared = ray.put(parts)
+    answers = [
+        _task(ray, verify_part, num_returns=1 + len(starts)).remote(
+            i, shared, job["payload"], job["token"], config, job["group_size"], starts
+        )
+        for i in range(len(parts))
+    ]
+    tables = ray.get([refs[0] for refs in answers])
+    errors = [t for t in tables if ERROR_FIELD in t.column_names]
+    if errors:
+        raise RowsUnknown(
+            min(errors, key=lambda t: t.column(BLOCK_FIELD)[0].as_py()).column(ERROR_FIELD)[0].as_py()
+        )
+    settles = [
+        _task(ray, settle_bucket, num_returns=1).remote(
+            config, figures, keys, *[refs[1 + b] for refs in answers]
+        )
+        for b, (figures, keys) in enumerate(zip(held.figures, held.keys, strict=True))
+    ]
+    verifier = Verifier(
+        config.verify,
+        empty_group_stats(0, count_extremes=plan.count_extremes),
+        config.advantage,
+        None,
+        batch_transform=plan.needs_moments_pass,
+    )
+    for table in tables:
+        verifier.merge(pickle.loads(table.column("partial")[0].as_py()), named=True)
+    for table in ray.get(settles):
+        verifier.merge(_report_of(table), named=True)
+    return verifier.result(), _range_of(tables)
 
 
 def _part_advantages(
@@ -1630,7 +1722,17 @@ def run_ray(
                 )
                 findings = replace(findings, by=held.by)
                 return _summary(
-                    inputs, config, totals, findings, parts, blocks, ray_startup, started, written, extremes
+                    inputs,
+                    config,
+                    totals,
+                    findings,
+                    parts,
+                    blocks,
+                    ray_startup,
+                    started,
+                    written,
+                    extremes,
+                    **checked,
                 )
             assert merged is not None and outcome is not None
             key_at = None if config.group_size is not None or merged.keys is None else merged.keys.key_at
@@ -1656,7 +1758,9 @@ def run_ray(
             if config.trainer_filter is not None:
                 assert merged is not None and outcome is not None
                 filtered = _trainer_filter(ray, parts, plan, merged, outcome, job)
-            if config.verify is not None:
+            if config.verify is not None and held is not None:
+                verified, extremes = _held_verify(ray, parts, plan, held, job)
+            elif config.verify is not None:
                 assert merged is not None and outcome is not None
                 verified, extremes = _verify(ray, parts, plan, outcome, merged.keys, job)
             elif range_dtype is not None:
@@ -1891,8 +1995,8 @@ ROW_GROUP_IN_BLOCK = "__grpo_row_group_in_block"  # pass_at_k: a row's group in 
 
 def reducers_finish(plan: RunPlan) -> bool:
     """Whether the statistics job's reducers finish it where the groups are: each group's
-    outcome follows from its own figures, rows and its batch's exact figures (no verifier or
-    trainer's filter reading the groups in input order), so each reducer computes
+    outcome follows from its own figures, rows and its batch's exact figures (no trainer's
+    filter reading the groups in input order), so each reducer computes
     its bucket's outcome and findings, and the driver holds the merged totals, findings and
     batch transform only.
     """
@@ -1903,8 +2007,9 @@ def reducers_finish(plan: RunPlan) -> bool:
     # --scale batch's std of each batch (or of the whole run) is exact sums over its groups,
     # merged from the buckets in two rounds before the outcome (see _held_statistics).
     # --by's figures per value come from a second cut of the groups, by value (_by_values);
-    # pass_at_k's rows go to their group's bucket, whose reducer makes a table per group and reward.
-    return config.trainer_filter is None and config.verify is None
+    # pass_at_k's rows go to their group's bucket, whose reducer makes a table per group and reward;
+    # check --verify's constant groups are settled by a task per bucket (_held_verify).
+    return config.trainer_filter is None
 
 
 @dataclass(frozen=True)
