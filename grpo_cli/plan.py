@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping, Sequence
 
     from grpo_cli.sources import Shard
+    from grpo_cli.trainer_filters import FilterPart
 
 _ARROW_FLOAT = {torch.float16: pa.float16(), torch.float32: pa.float32(), torch.float64: pa.float64()}
 
@@ -554,26 +555,68 @@ class RunPlan:
         """``--trainer-filter``: the trainer's rule on each group (its rows' ``values`` in input
         order, grouped by ``ids``) against the exact decision ``active``, per value of the first
         ``--by`` column, else of ``--batch-col`` (both engines)."""
-        from grpo_cli.trainer_filters import compare, split_by_group
+        from grpo_cli.trainer_filters import split_by_group
+
+        k = int(active.numel())
+        part = self.trainer_filter_part(
+            split_by_group(ids.astype(np.int64), values, k),
+            active,
+            order=np.arange(k, dtype=np.int64),
+            key_at=key_at,
+            by=by,
+            batches=batches,
+        )
+        return self.trainer_filter_result(part)
+
+    def trainer_filter_part(
+        self,
+        groups: Sequence[np.ndarray],
+        active: torch.Tensor,
+        *,
+        order: np.ndarray,
+        key_at: Callable[[int], Any] | None,
+        by: Sequence[Any],
+        batches: BatchLayout | None,
+    ) -> FilterPart:
+        """``--trainer-filter`` on some of the run's groups (each one's rewards in input order,
+        ``order``: their places in the run's order), a part that merges with ``+`` (a Ray
+        reducer's bucket, where the rule is each group's own)."""
+        from grpo_cli.trainer_filters import filter_part
 
         name = self.config.trainer_filter
         assert name is not None
-        partition = None
-        if by:
-            partition = (by[0].column, by[0].of_group, by[0].keys)
-        elif self.config.batch_col is not None:
-            assert batches is not None
-            partition = (self.config.batch_col, batches.of_group, batches.keys)
-        report = compare(
+        return filter_part(
             name,
-            split_by_group(ids.astype(np.int64), values, int(active.numel())),
+            groups,
             active.numpy().astype(bool),
+            order=order,
             key_at=key_at,
-            value_of_group=partition,
+            value_of_group=self._filter_partition(by, batches),
         )
+
+    def trainer_filter_result(self, part: FilterPart) -> dict[str, Any]:
+        """The summary's ``trainer_filter`` object from the run's merged :class:`FilterPart`."""
+        from grpo_cli.trainer_filters import filter_report
+
+        name = self.config.trainer_filter
+        assert name is not None
+        column = self.config.by_cols[0] if self.config.by_cols else self.config.batch_col
+        report = filter_report(name, part, column=column)
         if self.config.advantage.shapes_rewards:
             report["rewards"] = "unshaped" if self.config.filter_unshaped else "shaped"
         return report
+
+    def _filter_partition(
+        self, by: Sequence[Any], batches: BatchLayout | None
+    ) -> tuple[str, np.ndarray, list[Any]] | None:
+        """The values the filter's figures (and a whole-batch rule's batches) go by: the first
+        ``--by`` column's, else ``--batch-col``'s, else none."""
+        if by:
+            return (by[0].column, by[0].of_group, by[0].keys)
+        if self.config.batch_col is not None:
+            assert batches is not None
+            return (self.config.batch_col, batches.of_group, batches.keys)
+        return None
 
     def reward_credit(
         self, outcome: GroupOutcome, values: torch.Tensor, ids: torch.Tensor, scored: torch.Tensor

@@ -264,6 +264,79 @@ def compare(
     exact ``active`` one; the groups it keeps although constant, those it drops although
     active, with examples, and per value of ``value_of_group`` (column, value ID per group,
     values) when given."""
+    part = filter_part(
+        name,
+        groups,
+        active,
+        order=np.arange(len(groups), dtype=np.int64),
+        key_at=key_at,
+        value_of_group=value_of_group,
+        examples=examples,
+    )
+    return filter_report(name, part, column=None if value_of_group is None else value_of_group[0])
+
+
+@dataclass(frozen=True)
+class FilterPart:
+    """What some of a run's groups show under a trainer's filter; ``+`` merges two parts (any
+    order) where each value's groups lie in one part or the rule is the group's own (no batch
+    figure to merge). ``examples``: the part's first flagged groups in the run's order, each
+    ``(order, example)``; ``values``: per value, ``(value, first order, figures)``."""
+
+    groups: int = 0
+    kept: int = 0
+    kept_although_inactive: int = 0
+    dropped_although_active: int = 0
+    split: int = 0
+    examples: tuple[tuple[int, dict[str, Any]], ...] = ()
+    values: tuple[tuple[Any, int, dict[str, Any]], ...] = ()
+    room: int = 5  # how many examples a report keeps
+    whole_batches: bool = False  # the rule decides a value's groups together
+
+    def __add__(self, other: FilterPart) -> FilterPart:
+        values: dict[Any, tuple[int, dict[str, Any]]] = {}
+        for value, first, figures in (*self.values, *other.values):
+            if value not in values:
+                values[value] = (first, figures)
+                continue
+            if self.whole_batches:  # a batch's figure and decisions need all of its groups at once
+                raise ValueError(f"value {value!r} of a whole-batch rule is in two parts")
+            seen_first, seen = values[value]
+            merged = {
+                **seen,
+                **{
+                    k: seen[k] + figures[k]
+                    for k in ("groups", "kept_although_inactive", "dropped_although_active")
+                },
+            }
+            values[value] = (min(seen_first, first), merged)
+        return FilterPart(
+            groups=self.groups + other.groups,
+            kept=self.kept + other.kept,
+            kept_although_inactive=self.kept_although_inactive + other.kept_although_inactive,
+            dropped_although_active=self.dropped_although_active + other.dropped_although_active,
+            split=self.split + other.split,
+            examples=tuple(sorted((*self.examples, *other.examples), key=lambda e: e[0])[: self.room]),
+            values=tuple((value, first, figures) for value, (first, figures) in values.items()),
+            room=self.room,
+            whole_batches=self.whole_batches or other.whole_batches,
+        )
+
+
+def filter_part(
+    name: str,
+    groups: Sequence[np.ndarray],
+    active: np.ndarray,
+    *,
+    order: np.ndarray,
+    key_at: Callable[[int], Any] | None = None,
+    value_of_group: tuple[str, np.ndarray, list[Any]] | None = None,
+    examples: int = 5,
+) -> FilterPart:
+    """:class:`FilterPart` of ``groups`` (each one's rewards in input order), with their exact
+    decision ``active``, their places in the run's order of groups (``order``, int64) and
+    their value of ``value_of_group`` (column, value ID per group, values). A whole-batch rule
+    takes each value's groups (all of them, in the run's order) as one batch."""
     chosen = FILTERS[name]
     if chosen.batch_rule is not None:
         kept = _batch_decisions(
@@ -278,19 +351,9 @@ def compare(
         if chosen.rows is not None
         else np.zeros(len(groups), dtype=bool)
     )
-    out: dict[str, Any] = {
-        "name": name,
-        "trainer": chosen.trainer,
-        "source": chosen.source,
-        "rule": chosen.rule,
-        "groups": len(groups),
-        "kept": int(kept.sum()),
-        "kept_although_inactive": int(constant_kept.sum()),
-        "dropped_although_active": int(active_dropped.sum()),
-        "split": int(split.sum()),
-        "examples": [],
-    }
-    for group in np.flatnonzero(constant_kept | active_dropped | split)[:examples]:
+    flagged = np.flatnonzero(constant_kept | active_dropped | split)
+    chosen_examples = []
+    for group in flagged[np.argsort(order[flagged], kind="stable")][:examples]:
         values = groups[group]
         what = (
             "kept although constant"
@@ -299,17 +362,20 @@ def compare(
             if active_dropped[group]
             else f"split: {int(chosen.rows(values).sum()) if chosen.rows else 0} of {values.size} rows kept"
         )
-        out["examples"].append(
-            {
-                "group": None if key_at is None else plain_key(key_at(int(group))),
-                "what": what,
-                "rewards": [float(v) for v in values[:8]],
-                "size": int(values.size),
-            }
+        chosen_examples.append(
+            (
+                int(order[group]),
+                {
+                    "group": None if key_at is None else plain_key(key_at(int(group))),
+                    "what": what,
+                    "rewards": [float(v) for v in values[:8]],
+                    "size": int(values.size),
+                },
+            )
         )
+    per_value = []
     if value_of_group is not None:
-        column, of_group, keys = value_of_group
-        per_value = []
+        _, of_group, keys = value_of_group
         for value in range(len(keys)):
             member = of_group == value
             if member.any():
@@ -320,12 +386,43 @@ def compare(
                     "dropped_although_active": int((active_dropped & member).sum()),
                 }
                 if chosen.batch_figure is not None:
-                    name, value_figure = chosen.batch_figure(
+                    figure_name, value_figure = chosen.batch_figure(
                         [groups[int(g)] for g in np.flatnonzero(member)], kept[member]
                     )
-                    figures[name] = value_figure
-                per_value.append(figures)
-        out["by"] = {"column": column, "values": per_value}
+                    figures[figure_name] = value_figure
+                per_value.append((figures["value"], int(order[member].min()), figures))
+    return FilterPart(
+        groups=len(groups),
+        kept=int(kept.sum()),
+        kept_although_inactive=int(constant_kept.sum()),
+        dropped_although_active=int(active_dropped.sum()),
+        split=int(split.sum()),
+        examples=tuple(chosen_examples),
+        values=tuple(per_value),
+        room=examples,
+        whole_batches=chosen.batch_rule is not None,
+    )
+
+
+def filter_report(name: str, part: FilterPart, *, column: str | None) -> dict[str, Any]:
+    """The summary's ``trainer_filter`` object from the groups' merged :class:`FilterPart`
+    (``column``: the column whose values it has figures for, or None)."""
+    chosen = FILTERS[name]
+    out: dict[str, Any] = {
+        "name": name,
+        "trainer": chosen.trainer,
+        "source": chosen.source,
+        "rule": chosen.rule,
+        "groups": part.groups,
+        "kept": part.kept,
+        "kept_although_inactive": part.kept_although_inactive,
+        "dropped_although_active": part.dropped_although_active,
+        "split": part.split,
+        "examples": [example for _, example in part.examples],
+    }
+    if column is not None:
+        values = sorted(part.values, key=lambda entry: entry[1])
+        out["by"] = {"column": column, "values": [figures for _, _, figures in values]}
     return out
 
 

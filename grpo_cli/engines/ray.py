@@ -121,6 +121,7 @@ from grpo_cli.summary import (
     value_sort_key,
 )
 from grpo_cli.threads import IDLE_THREADS_ENV
+from grpo_cli.trainer_filters import FILTERS, FilterPart
 from grpo_cli.verify import Verifier, settled, split_by_groups
 
 PARTITION_BYTES = 256 << 20
@@ -764,11 +765,16 @@ def block_statistics(
     rewards = RewardBatch.concat(reward_parts)
     if rows is not None:
         scored = rewards.combined_valid
+        # what a trainer's filter sees: the reward in its own dtype (unshaped, if asked)
+        seen = (
+            rewards.unshaped if config.filter_unshaped and rewards.unshaped is not None else rewards.combined
+        )
         rows.append(
             pa.table(
                 {
                     ROW_GROUP_IN_BLOCK: ids_np,
                     "reward": rewards.combined.to(torch.float64).numpy(),
+                    "seen": seen.numpy(),
                     "scored": np.ones(ids_np.size, bool) if scored is None else scored.numpy(),
                 }
             )
@@ -1755,7 +1761,10 @@ def run_ray(
         if output is None:  # check: the figures and the advantages' range, nothing written
             filtered = verified = None
             extremes = None
-            if config.trainer_filter is not None:
+            if config.trainer_filter is not None and held is not None:
+                assert held.filtered is not None
+                filtered = plan.trainer_filter_result(held.filtered)
+            elif config.trainer_filter is not None:
                 assert merged is not None and outcome is not None
                 filtered = _trainer_filter(ray, parts, plan, merged, outcome, job)
             if config.verify is not None and held is not None:
@@ -1996,7 +2005,7 @@ ROW_GROUP_IN_BLOCK = "__grpo_row_group_in_block"  # pass_at_k: a row's group in 
 def reducers_finish(plan: RunPlan) -> bool:
     """Whether the statistics job's reducers finish it where the groups are: each group's
     outcome follows from its own figures, rows and its batch's exact figures (no trainer's
-    filter reading the groups in input order), so each reducer computes
+    whole-batch filter, reading a batch's groups in the run's order), so each reducer computes
     its bucket's outcome and findings, and the driver holds the merged totals, findings and
     batch transform only.
     """
@@ -2008,8 +2017,9 @@ def reducers_finish(plan: RunPlan) -> bool:
     # merged from the buckets in two rounds before the outcome (see _held_statistics).
     # --by's figures per value come from a second cut of the groups, by value (_by_values);
     # pass_at_k's rows go to their group's bucket, whose reducer makes a table per group and reward;
-    # check --verify's constant groups are settled by a task per bucket (_held_verify).
-    return config.trainer_filter is None
+    # check --verify's constant groups are settled by a task per bucket (_held_verify); a
+    # trainer's rule on each group's own rows runs where the group is (not a whole-batch rule).
+    return config.trainer_filter is None or FILTERS[config.trainer_filter].batch_rule is None
 
 
 @dataclass(frozen=True)
@@ -2021,6 +2031,7 @@ class BucketReport:
     totals: OutcomeTotals
     first: FirstRound
     batch_totals: list[dict[Any, RewardTotals]] | None  # --scale batch: round 1 of each batch's std
+    filtered: FilterPart | None = None  # check --trainer-filter: the rule on its groups
 
 
 REPORT_FIELD = "__grpo_report"  # a pickled report of a bucket, in a one-row table
@@ -2098,7 +2109,7 @@ def merge_bucket(
     row_tables = tables[len(tables) // 2 :] if with_rows else ()
     nothing = pa.table({})
     by_parts = [nothing] * (len(config.by_cols) * buckets if finish else 0)
-    row_ids, row_values, row_scored = [], [], []
+    row_ids, row_values, row_seen, row_scored = [], [], [], []
     for b, partial in enumerate(partials):
         if ERROR_FIELD in partial.column_names:
             return partial, nothing, _empty_keys(plan), nothing, *by_parts
@@ -2113,6 +2124,7 @@ def merge_bucket(
             in_block = partial.column(GROUP_FIELD).to_numpy()
             row_ids.append(ids_np[np.searchsorted(in_block, rows.column(ROW_GROUP_IN_BLOCK).to_numpy())])
             row_values.append(rows.column("reward").to_numpy())
+            row_seen.append(rows.column("seen").to_numpy())
             row_scored.append(rows.column("scored").to_numpy(zero_copy_only=False))
     empty = merge.first_table if merge.first_table is not None else _empty_keys(plan)
     figures = merge.bucket_table()
@@ -2126,14 +2138,49 @@ def merge_bucket(
         batch_totals = None
         if config.advantage.scale == "batch":  # round 1 of each batch's std
             batch_totals = plan.batch_totals(merged.channel_stats, merged.batches)
-        report = BucketReport(figures.num_rows, outcome.totals, first, batch_totals)
+        filtered = None
+        if config.trainer_filter is not None:  # a rule on each group's own rows
+            filtered = _filter_part(plan, outcome, whole, merged, keys, row_ids, row_seen, row_scored)
+        report = BucketReport(figures.num_rows, outcome.totals, first, batch_totals, filtered)
         credit = nothing
-        if with_rows:
+        if with_rows and "group_rewards" in plan.needs:
             credit = _credit_table(plan, outcome, row_ids, row_values, row_scored)
         by_parts = _by_value_parts(merged.by, whole, buckets)
         return _report_table(report), figures, keys, credit, *by_parts
     first_seen = figures.select(list(FIRST_SEEN_FIELDS))
     return first_seen, figures.drop_columns(list(FIRST_SEEN_FIELDS)), keys, nothing
+
+
+def _filter_part(
+    plan: RunPlan,
+    outcome: GroupOutcome,
+    whole: GroupPart,
+    merged: MergedStatistics,
+    keys: pa.Table,
+    ids: list[np.ndarray],
+    seen: list[np.ndarray],
+    scored: list[np.ndarray],
+) -> FilterPart:
+    """``check --trainer-filter`` (a rule on each group's own rows) on a bucket's groups, from
+    their scored rows in input order, in the run's order by where each group first appeared,
+    named by key (not with ``--group-size``, as the local engine names them)."""
+    from grpo_cli.trainer_filters import split_by_group
+
+    k = int(outcome.active.numel())
+    if ids:
+        keep = np.concatenate(scored).astype(bool)
+        row_ids, values = np.concatenate(ids)[keep], np.concatenate(seen)[keep]
+    else:
+        row_ids, values = np.zeros(0, np.int64), np.zeros(0)
+    named = plan.config.group_cols != (ROW_GROUP_FIELD,)
+    return plan.trainer_filter_part(
+        split_by_group(row_ids, values, k),
+        outcome.active,
+        order=whole.order,
+        key_at=_KeyTable(keys).key_at if named else None,
+        by=merged.by,
+        batches=merged.batches,
+    )
 
 
 CREDIT_FIELDS = ("group", "reward", "advantage")
@@ -2255,6 +2302,7 @@ class HeldStatistics:
     batch_stds: BatchStds | None  # --scale batch: each batch's std, merged from the buckets
     by: dict[str, list[dict[str, Any]]]  # --by: each column's figures per value, in the summary's order
     credits: list[Any] | None  # pass_at_k: each bucket's table per group and reward (references)
+    filtered: FilterPart | None  # check --trainer-filter: the rule on every group, merged
 
     def payload(self, ray: Any, transform: BatchTransform | None = None) -> Any:
         """What each worker of the moments and advantage jobs reads once: the buckets'
@@ -2321,7 +2369,14 @@ def _held_statistics(
         batch_stds,
         _by_values(ray, plan, first, by_parts),
         credits if "group_rewards" in plan.needs else None,
+        _merged_filter([report.filtered for report in held]),
     )
+
+
+def _merged_filter(parts: Sequence[FilterPart | None]) -> FilterPart | None:
+    """The buckets' :class:`FilterPart` merged (``None`` without ``--trainer-filter``)."""
+    seen = [part for part in parts if part is not None]
+    return sum(seen[1:], seen[0]) if seen else None
 
 
 def _by_values(
@@ -2360,7 +2415,8 @@ def _reduced(
     cpus = int(ray.cluster_resources().get("CPU", 1))
     buckets = max(1, min(len(blocks), REDUCERS or cpus))
     shared = ray.put(blocks)
-    with_rows = finish and "group_rewards" in plan.needs  # pass_at_k: every row to its bucket
+    # pass_at_k, a trainer's filter: every row to its group's bucket
+    with_rows = finish and ("group_rewards" in plan.needs or plan.config.trainer_filter is not None)
     per_task = buckets * (2 if with_rows else 1)
     partial_refs = [
         _task(ray, block_partials, num_returns=per_task).remote(
