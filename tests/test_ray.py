@@ -1117,6 +1117,7 @@ def test_ray_splices_each_file_byte_for_byte_as_the_local_engine_does(ray_instan
         ("nemo-rl", {}, "reward"),
         ("trl-batch", {"batch_col": "step"}, "fmt"),
         ("slime-fallback", {"by_cols": ("step",)}, "reward"),
+        ("trl-batch", {}, "reward"),  # the whole input one batch: every group in one task
         # the rule sees the rewards before the clip, which makes many groups constant
         (
             "skyrl",
@@ -1128,15 +1129,15 @@ def test_ray_splices_each_file_byte_for_byte_as_the_local_engine_does(ray_instan
 def test_ray_applies_a_trainers_filter_as_the_local_engine_does(
     ray_instance, sharded, tmp_path, monkeypatch, name, columns, reward
 ):
-    """check --trainer-filter on Ray: a rule on each group's own rows runs on the reducers
-    (every scored row, its reward in its own dtype, sent to its group's bucket; the parts
-    merged, examples the first flagged groups in the run's order); a whole-batch rule gathers
-    the rows on the driver in input order. Either way the local engine's trainer_filter
-    object, examples named by key, figures per value."""
+    """check --trainer-filter on Ray: every scored row, its reward in its own dtype, goes to its
+    group's bucket; a rule on each group's own rows runs on the reducers, a whole-batch rule in
+    a task per cut of the batches (each batch's groups in the run's order); the parts merge
+    (examples the first flagged groups in the run's order). The local engine's trainer_filter
+    object, examples named by key, figures per value; and the same with the driver gathering
+    the rows in input order, as before."""
     from grpo_cli.checks import CheckBounds
     from grpo_cli.engines import ray as ray_engine
     from grpo_cli.jobs import check_dataset, check_dataset_ray
-    from grpo_cli.trainer_filters import FILTERS
 
     monkeypatch.setattr(ray_engine, "REDUCERS", 3)
 
@@ -1151,8 +1152,10 @@ def test_ray_applies_a_trainers_filter_as_the_local_engine_does(
     ray = check_dataset_ray(str(sharded), CheckBounds(), config, partitions=5).to_dict()
     assert local["trainer_filter"]["groups"] == GROUPS
     assert ray["trainer_filter"] == local["trainer_filter"]
-    whole_batches = FILTERS[name].batch_rule is not None
-    assert ray["options"]["outcome_on"] == ("driver" if whole_batches else "reducers")
+    assert ray["options"]["outcome_on"] == "reducers"
+    monkeypatch.setattr(ray_engine, "OUTCOME_ON_REDUCERS", False)  # the driver gathering, as before
+    driver = check_dataset_ray(str(sharded), CheckBounds(), config, partitions=5).to_dict()
+    assert driver["trainer_filter"] == local["trainer_filter"] and driver["options"]["outcome_on"] == "driver"
     compare_summaries(local, ray)
 
 

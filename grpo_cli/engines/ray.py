@@ -1669,7 +1669,7 @@ def run_ray(
             else None
         )
         held = merged = outcome = None
-        if OUTCOME_ON_REDUCERS and reducers_finish(plan):
+        if OUTCOME_ON_REDUCERS:
             held = _held_statistics(ray, blocks, plan, group_size)
             rows, nan_rewards = held.totals.rows, held.totals.nan_rewards
         else:
@@ -1960,7 +1960,7 @@ def _map_blocks(ray: Any, blocks: list[list[FilePart]], function: Any, **kwargs:
 # the statistics job's reducers; None: one per CPU of the instance, at most one per block
 REDUCERS: int | None = None
 # False: the driver gathers every group's figures even where the reducers could finish the
-# statistics job (:func:`reducers_finish`), as before 2026-12-06 (benchmarks compare the two)
+# statistics job, as before 2026-12-06 (benchmarks and tests compare the two)
 OUTCOME_ON_REDUCERS = True
 
 
@@ -2002,30 +2002,24 @@ def _cut(table: pa.Table, which: np.ndarray, buckets: int) -> list[pa.Table]:
 ROW_GROUP_IN_BLOCK = "__grpo_row_group_in_block"  # pass_at_k: a row's group in its block
 
 
-def reducers_finish(plan: RunPlan) -> bool:
-    """Whether the statistics job's reducers finish it where the groups are: each group's
-    outcome follows from its own figures, rows and its batch's exact figures (no trainer's
-    whole-batch filter, reading a batch's groups in the run's order), so each reducer computes
-    its bucket's outcome and findings, and the driver holds the merged totals, findings and
-    batch transform only.
-    """
-    config = plan.config
-    # A batch's figures for GPG are integer sums every worker rebuilds from the buckets (the
-    # workers number the batches alike, by first appearance in the buckets' order), and a
-    # whitening's moments come from the blocks, merged in block order, a row per batch.
-    # --scale batch's std of each batch (or of the whole run) is exact sums over its groups,
-    # merged from the buckets in two rounds before the outcome (see _held_statistics).
-    # --by's figures per value come from a second cut of the groups, by value (_by_values);
-    # pass_at_k's rows go to their group's bucket, whose reducer makes a table per group and reward;
-    # check --verify's constant groups are settled by a task per bucket (_held_verify); a
-    # trainer's rule on each group's own rows runs where the group is (not a whole-batch rule).
-    return config.trainer_filter is None or FILTERS[config.trainer_filter].batch_rule is None
+# How the reducers finish every run where the groups are (OUTCOME_ON_REDUCERS): each group's
+# outcome follows from its own figures, its rows (pass_at_k, a trainer's filter) and its batch's
+# exact figures, and the driver holds merged totals, findings and per-batch figures only.
+# A batch's figures for GPG are integer sums every worker rebuilds from the buckets (the workers
+# number the batches alike, by first appearance in the buckets' order), and a whitening's moments
+# come from the blocks, merged in block order, a row per batch. --scale batch's std of each
+# batch (or of the whole run) is exact sums over its groups, merged from the buckets in two
+# rounds before the outcome (_held_statistics). --by's figures per value come from a second cut
+# of the groups, by value (_by_values); pass_at_k's rows go to their group's bucket, whose
+# reducer makes a table per group and reward; check --verify's constant groups are settled by a
+# task per bucket (_held_verify); a trainer's rule on each group's own rows runs where the group
+# is, a whole-batch rule in a task per cut of the batches (by_batch_filter).
 
 
 @dataclass(frozen=True)
 class BucketReport:
     """What the driver gets of a reducer's bucket where the reducers finish the statistics job
-    (:func:`reducers_finish`): its groups, the totals of its outcome and round 1 of its findings."""
+    (:data:`OUTCOME_ON_REDUCERS`): its groups, the totals of its outcome and round 1 of its findings."""
 
     groups: int
     totals: OutcomeTotals
@@ -2097,7 +2091,7 @@ def merge_bucket(
 
     Returns where each of the bucket's groups first appeared (:data:`FIRST_SEEN_FIELDS`), its
     figures (:meth:`OrderedMerge.bucket_table`), its keys and an empty table; or a refusal and
-    three empty tables. Where the reducers ``finish`` the job (:func:`reducers_finish`) the
+    three empty tables. Where the reducers ``finish`` the job (:data:`OUTCOME_ON_REDUCERS`) the
     first is the bucket's :class:`BucketReport` instead, the figures keep where each group first
     appeared, and the fourth is pass_at_k's table of its groups (:func:`_credit_table`); with
     ``--by``, each column's groups follow, cut into ``buckets`` tables (the job's bucket count)
@@ -2108,7 +2102,7 @@ def merge_bucket(
     partials = tables[: len(tables) // 2] if with_rows else tables
     row_tables = tables[len(tables) // 2 :] if with_rows else ()
     nothing = pa.table({})
-    by_parts = [nothing] * (len(config.by_cols) * buckets if finish else 0)
+    by_parts = [nothing] * (_value_cuts(config) * buckets if finish else 0)
     row_ids, row_values, row_seen, row_scored = [], [], [], []
     for b, partial in enumerate(partials):
         if ERROR_FIELD in partial.column_names:
@@ -2138,17 +2132,42 @@ def merge_bucket(
         batch_totals = None
         if config.advantage.scale == "batch":  # round 1 of each batch's std
             batch_totals = plan.batch_totals(merged.channel_stats, merged.batches)
-        filtered = None
-        if config.trainer_filter is not None:  # a rule on each group's own rows
-            filtered = _filter_part(plan, outcome, whole, merged, keys, row_ids, row_seen, row_scored)
+        filtered, filter_cuts = None, []
+        if config.trainer_filter is not None:
+            groups = _scored_groups(outcome, row_ids, row_seen, row_scored)
+            if FILTERS[config.trainer_filter].batch_rule is None:  # a rule on each group's own rows
+                filtered = _filter_part(plan, outcome, whole, merged, keys, groups)
+            else:  # a whole batch's groups meet in one task (by_batch_filter)
+                filter_cuts = _batch_filter_parts(plan, outcome, whole, merged, keys, groups, buckets)
         report = BucketReport(figures.num_rows, outcome.totals, first, batch_totals, filtered)
         credit = nothing
         if with_rows and "group_rewards" in plan.needs:
             credit = _credit_table(plan, outcome, row_ids, row_values, row_scored)
         by_parts = _by_value_parts(merged.by, whole, buckets)
-        return _report_table(report), figures, keys, credit, *by_parts
+        return _report_table(report), figures, keys, credit, *by_parts, *filter_cuts
     first_seen = figures.select(list(FIRST_SEEN_FIELDS))
     return first_seen, figures.drop_columns(list(FIRST_SEEN_FIELDS)), keys, nothing
+
+
+def _value_cuts(config: ComputeConfig) -> int:
+    """How many cuts of its groups by a value's hash each reducer makes: one a --by column, and
+    one for a trainer's whole-batch filter."""
+    whole_batch = config.trainer_filter is not None and FILTERS[config.trainer_filter].batch_rule is not None
+    return len(config.by_cols) + int(whole_batch)
+
+
+def _scored_groups(
+    outcome: GroupOutcome, ids: list[np.ndarray], seen: list[np.ndarray], scored: list[np.ndarray]
+) -> list[np.ndarray]:
+    """Each of a bucket's groups' scored rows, the reward a trainer's filter sees, in input order."""
+    from grpo_cli.trainer_filters import split_by_group
+
+    if ids:
+        keep = np.concatenate(scored).astype(bool)
+        row_ids, values = np.concatenate(ids)[keep], np.concatenate(seen)[keep]
+    else:
+        row_ids, values = np.zeros(0, np.int64), np.zeros(0)
+    return split_by_group(row_ids, values, int(outcome.active.numel()))
 
 
 def _filter_part(
@@ -2157,30 +2176,93 @@ def _filter_part(
     whole: GroupPart,
     merged: MergedStatistics,
     keys: pa.Table,
-    ids: list[np.ndarray],
-    seen: list[np.ndarray],
-    scored: list[np.ndarray],
+    groups: list[np.ndarray],
 ) -> FilterPart:
-    """``check --trainer-filter`` (a rule on each group's own rows) on a bucket's groups, from
-    their scored rows in input order, in the run's order by where each group first appeared,
-    named by key (not with ``--group-size``, as the local engine names them)."""
-    from grpo_cli.trainer_filters import split_by_group
-
-    k = int(outcome.active.numel())
-    if ids:
-        keep = np.concatenate(scored).astype(bool)
-        row_ids, values = np.concatenate(ids)[keep], np.concatenate(seen)[keep]
-    else:
-        row_ids, values = np.zeros(0, np.int64), np.zeros(0)
+    """``check --trainer-filter`` (a rule on each group's own rows) on a bucket's groups, in the
+    run's order by where each group first appeared, named by key (not with ``--group-size``,
+    as the local engine names them)."""
     named = plan.config.group_cols != (ROW_GROUP_FIELD,)
     return plan.trainer_filter_part(
-        split_by_group(row_ids, values, k),
+        groups,
         outcome.active,
         order=whole.order,
         key_at=_KeyTable(keys).key_at if named else None,
         by=merged.by,
         batches=merged.batches,
     )
+
+
+KEY_PREFIX = "__grpo_key_"  # a group's key column, in a cut of the groups
+
+
+def _batch_filter_parts(
+    plan: RunPlan,
+    outcome: GroupOutcome,
+    whole: GroupPart,
+    merged: MergedStatistics,
+    keys: pa.Table,
+    groups: list[np.ndarray],
+    buckets: int,
+) -> list[pa.Table]:
+    """``check --trainer-filter`` with a whole-batch rule: a bucket's groups cut into
+    ``buckets`` tables by a hash of their batch (the first ``--by`` column's value, else
+    ``--batch-col``'s; all in the first without either), a row per group: its batch, its place
+    in the run's order, whether it is active, its key and its scored rewards in input order."""
+    k = len(groups)
+    partition = plan._filter_partition(merged.by, merged.batches)
+    counts = np.array([g.size for g in groups], dtype=np.int64)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+    flat = np.concatenate(groups) if groups else np.zeros(0)
+    columns: dict[str, Any] = {
+        "order": whole.order,
+        "active": outcome.active.numpy(),
+        "rewards": pa.ListArray.from_arrays(offsets, pa.array(flat)),
+        **{KEY_PREFIX + name: keys.column(name) for name in keys.column_names},
+    }
+    if partition is None:
+        return [pa.table(columns), *[pa.table(columns).slice(0, 0)] * (buckets - 1)]
+    value = pa.array([plain_key(key) for key in partition[2]]).take(pa.array(partition[1]))
+    table = pa.table({BY_VALUE_FIELD: value, **columns})
+    return _cut(
+        table, key_buckets(table.select([BY_VALUE_FIELD]), buckets) if k else np.zeros(0, np.int64), buckets
+    )
+
+
+def by_batch_filter(config: ComputeConfig, *parts: pa.Table) -> pa.Table:
+    """``check --trainer-filter`` with a whole-batch rule: the batches whose groups hashed here,
+    from every bucket's cut (:func:`_batch_filter_parts`), each batch's groups in the run's
+    order, as the local engine takes them; a pickled :class:`FilterPart`."""
+    from grpo_cli.trainer_filters import filter_part
+
+    name = config.trainer_filter
+    assert name is not None
+    tables = [t for t in parts if t.num_rows]
+    if not tables:
+        return _report_table(None)
+    table = pa.concat_tables(tables, promote_options="permissive")
+    table = table.take(pa.array(np.argsort(table.column("order").to_numpy(), kind="stable")))
+    rewards = table.column("rewards").combine_chunks()
+    flat = rewards.flatten().to_numpy(zero_copy_only=False)
+    groups = np.split(flat, rewards.offsets.to_numpy()[1:-1])
+    value_of_group = None
+    if BY_VALUE_FIELD in table.column_names:
+        column = config.by_cols[0] if config.by_cols else config.batch_col
+        assert column is not None
+        index = GroupKeyIndex([BY_VALUE_FIELD], few_values=True)
+        of_group = index.encode([table.column(BY_VALUE_FIELD)])
+        value_of_group = (column, of_group, [index.key_at(v) for v in range(len(index))])
+    key_columns = [name for name in table.column_names if name.startswith(KEY_PREFIX)]
+    named = config.group_cols != (ROW_GROUP_FIELD,)
+    key_table = table.select(key_columns)
+    part = filter_part(
+        name,
+        groups,
+        table.column("active").to_numpy(zero_copy_only=False).astype(bool),
+        order=table.column("order").to_numpy(),
+        key_at=_KeyTable(key_table).key_at if named else None,
+        value_of_group=value_of_group,
+    )
+    return _report_table(part)
 
 
 CREDIT_FIELDS = ("group", "reward", "advantage")
@@ -2290,7 +2372,7 @@ def _statistics(
 
 @dataclass(frozen=True)
 class HeldStatistics:
-    """Job 1 where the reducers finish it (:func:`reducers_finish`): each bucket's figures and
+    """Job 1 where the reducers finish it (:data:`OUTCOME_ON_REDUCERS`): each bucket's figures and
     keys stay in the object store (``figures``, ``keys``: references, ``sizes``: its groups);
     the driver holds the buckets' merged totals and round 1 of the findings."""
 
@@ -2369,8 +2451,23 @@ def _held_statistics(
         batch_stds,
         _by_values(ray, plan, first, by_parts),
         credits if "group_rewards" in plan.needs else None,
-        _merged_filter([report.filtered for report in held]),
+        _merged_filter([report.filtered for report in held] + _batch_filters(ray, plan, by_parts)),
     )
+
+
+def _batch_filters(ray: Any, plan: RunPlan, by_parts: list[list[Any]]) -> list[FilterPart | None]:
+    """``check --trainer-filter`` with a whole-batch rule: a task per cut of the batches
+    (:func:`by_batch_filter`), after the ``--by`` columns' cuts; their parts."""
+    config = plan.config
+    if config.trainer_filter is None or FILTERS[config.trainer_filter].batch_rule is None:
+        return []
+    buckets = len(by_parts)
+    at = len(config.by_cols) * buckets
+    refs = [
+        _task(ray, by_batch_filter, num_returns=1).remote(config, *[parts[at + r] for parts in by_parts])
+        for r in range(buckets)
+    ]
+    return [_report_of(table) for table in ray.get(refs)]
 
 
 def _merged_filter(parts: Sequence[FilterPart | None]) -> FilterPart | None:
@@ -2425,7 +2522,7 @@ def _reduced(
         for i in range(len(blocks))
     ]
     per_block = [refs if per_task > 1 else [refs] for refs in partial_refs]
-    returns = 4 + (len(plan.config.by_cols) * buckets if finish else 0)
+    returns = 4 + (_value_cuts(plan.config) * buckets if finish else 0)
     reduced = [
         _task(ray, merge_bucket, num_returns=returns).remote(
             plan.config,
