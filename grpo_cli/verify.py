@@ -416,43 +416,31 @@ class VerifyPartial:
     pending_expected: torch.Tensor
 
 
+GROUP_STATE = ("given_low", "given_high", "pending", "pending_row", "pending_given", "pending_expected")
+"""The per-group fields of a :class:`VerifyPartial` (beside ``groups``)."""
+
+
 def split_by_groups(part: VerifyPartial, starts: Sequence[int]) -> tuple[VerifyPartial, list[VerifyPartial]]:
     """``part`` without its constant groups' state, and that state cut by ranges of group IDs
     (``starts``: each range's first ID, ascending from 0), each range's IDs counted from its
     start: the Ray engine settles each reducer's groups where their statistics are."""
-    empty = part.groups[:0]
-    rest = replace(
-        part,
-        groups=empty,
-        given_low=part.given_low[:0],
-        given_high=part.given_high[:0],
-        pending=part.pending[:0],
-        pending_row=part.pending_row[:0],
-        pending_given=part.pending_given[:0],
-        pending_expected=part.pending_expected[:0],
-    )
+    rest = replace(part, groups=part.groups[:0], **{name: getattr(part, name)[:0] for name in GROUP_STATE})
     which = torch.searchsorted(torch.tensor(list(starts), dtype=torch.int64), part.groups, right=True) - 1
     cuts = []
     for r, start in enumerate(starts):
         mine = which == r
         cuts.append(
-            VerifyPartial(
+            replace(
+                part,
                 compared=0,
                 mismatched=0,
                 residue=0,
                 max_abs_diff=0.0,
                 examples=[],
                 residue_examples=[],
-                shards=part.shards,
                 float32=None,
-                unit_roundoff=part.unit_roundoff,
                 groups=part.groups[mine] - start,
-                given_low=part.given_low[mine],
-                given_high=part.given_high[mine],
-                pending=part.pending[mine],
-                pending_row=part.pending_row[mine],
-                pending_given=part.pending_given[mine],
-                pending_expected=part.pending_expected[mine],
+                **{name: getattr(part, name)[mine] for name in GROUP_STATE},
             )
         )
     return rest, cuts
@@ -462,26 +450,7 @@ def settled(verifier: Verifier) -> VerifyPartial:
     """What ``verifier`` found once its constant groups are settled: its counts and examples
     (named), no group state, to merge into another verifier with ``named=True``."""
     verifier._settle()
-    empty = torch.zeros(0, dtype=torch.int64)
-    nothing = torch.zeros(0, dtype=torch.float64)
-    return VerifyPartial(
-        compared=verifier.compared,
-        mismatched=verifier.mismatched,
-        residue=verifier.residue,
-        max_abs_diff=verifier.max_abs_diff,
-        examples=verifier.examples,
-        residue_examples=verifier.residue_examples,
-        shards=verifier._shards,
-        float32=None,
-        unit_roundoff=verifier._unit_roundoff,
-        groups=empty,
-        given_low=nothing,
-        given_high=nothing,
-        pending=empty,
-        pending_row=empty,
-        pending_given=nothing,
-        pending_expected=nothing,
-    )
+    return split_by_groups(verifier.partial(), [])[0]
 
 
 def _public(example: dict[str, Any]) -> dict[str, Any]:

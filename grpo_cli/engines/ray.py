@@ -1727,27 +1727,17 @@ def run_ray(
                     named=config.group_size is None,
                 )
                 findings = replace(findings, by=held.by)
-                return _summary(
-                    inputs,
-                    config,
-                    totals,
-                    findings,
-                    parts,
-                    blocks,
-                    ray_startup,
-                    started,
-                    written,
-                    extremes,
-                    **checked,
-                )
-            assert merged is not None and outcome is not None
-            key_at = None if config.group_size is not None or merged.keys is None else merged.keys.key_at
-            options = config.options_summary()
-            findings = group_findings(outcome, options=options, key_at=key_at, by=merged.by)
+                measured: GroupOutcome | OutcomeTotals = totals
+            else:
+                assert merged is not None and outcome is not None
+                key_at = None if config.group_size is not None or merged.keys is None else merged.keys.key_at
+                options = config.options_summary()
+                findings = group_findings(outcome, options=options, key_at=key_at, by=merged.by)
+                measured = outcome
             return _summary(
                 inputs,
                 config,
-                outcome,
+                measured,
                 findings,
                 parts,
                 blocks,
