@@ -44,6 +44,7 @@ demo: $(BIN)/.runtime
 FLOAT_TESTS := tests/test_kernel.py tests/test_kernel_pieces.py tests/test_same_bits.py \
 	tests/test_trainer_filters.py tests/test_magnitudes.py tests/test_verify.py tests/test_tolerance.py \
 	tests/test_properties.py tests/test_estimators.py tests/test_presets.py tests/test_findings.py \
+	tests/test_exact.py \
 	grpo_cli/kernel.py grpo_cli/findings.py
 
 test: setup browser
