@@ -109,18 +109,28 @@ class RewardCredit:
         x, g, a = x[order], g[order], a[order]
         first = np.ones(x.size, dtype=bool)
         first[1:] = (g[1:] != g[:-1]) | (x[1:] != x[:-1])  # -0.0 and 0.0 are one reward, as in the sort
-        counts = np.bincount(g[first], minlength=num_groups)
-        return cls(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), x[first], a[first])
+        return cls.of_counts(np.bincount(g[first], minlength=num_groups), x[first], a[first])
+
+    @classmethod
+    def of_counts(cls, counts: np.ndarray, values: np.ndarray, advantages: np.ndarray) -> RewardCredit:
+        """From each group's count of entries and the entries in order (by group, then reward)."""
+        return cls(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), values, advantages)
 
     @classmethod
     def concat(cls, parts: Sequence[RewardCredit]) -> RewardCredit:
         """The tables of parts of the groups laid end to end, in order."""
-        counts = np.concatenate([np.diff(part.starts) for part in parts]) if parts else np.zeros(0, np.int64)
-        return cls(
-            np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
-            np.concatenate([part.values for part in parts]) if parts else np.zeros(0),
-            np.concatenate([part.advantages for part in parts]) if parts else np.zeros(0),
+        if not parts:
+            return cls.of_counts(np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+        return cls.of_counts(
+            np.concatenate([np.diff(part.starts) for part in parts]),
+            np.concatenate([part.values for part in parts]),
+            np.concatenate([part.advantages for part in parts]),
         )
+
+    @property
+    def groups(self) -> np.ndarray:
+        """Each entry's group ID, int64."""
+        return np.repeat(np.arange(self.starts.size - 1, dtype=np.int64), np.diff(self.starts))
 
     def advantages_of(
         self, ids: np.ndarray, rewards: torch.Tensor, scored: torch.Tensor | None
@@ -591,7 +601,7 @@ class RunPlan:
             active.numpy().astype(bool),
             order=order,
             key_at=key_at,
-            value_of_group=self._filter_partition(by, batches),
+            value_of_group=self.filter_partition(by, batches),
         )
 
     def trainer_filter_result(self, part: FilterPart) -> dict[str, Any]:
@@ -600,17 +610,29 @@ class RunPlan:
 
         name = self.config.trainer_filter
         assert name is not None
-        column = self.config.by_cols[0] if self.config.by_cols else self.config.batch_col
-        report = filter_report(name, part, column=column)
+        report = filter_report(name, part, column=self.filter_column)
         if self.config.advantage.shapes_rewards:
             report["rewards"] = "unshaped" if self.config.filter_unshaped else "shaped"
         return report
 
-    def _filter_partition(
+    @property
+    def filter_column(self) -> str | None:
+        """The column ``--trainer-filter``'s figures (and a whole-batch rule's batches) go by:
+        the first ``--by`` column, else ``--batch-col``, else none."""
+        return self.config.by_cols[0] if self.config.by_cols else self.config.batch_col
+
+    @property
+    def whole_batch_filter(self) -> bool:
+        """Whether ``--trainer-filter``'s rule decides a batch's groups together."""
+        from grpo_cli.trainer_filters import FILTERS
+
+        name = self.config.trainer_filter
+        return name is not None and FILTERS[name].batch_rule is not None
+
+    def filter_partition(
         self, by: Sequence[Any], batches: BatchLayout | None
     ) -> tuple[str, np.ndarray, list[Any]] | None:
-        """The values the filter's figures (and a whole-batch rule's batches) go by: the first
-        ``--by`` column's, else ``--batch-col``'s, else none."""
+        """Each group's value of :attr:`filter_column`, as (column, value ID per group, values)."""
         if by:
             return (by[0].column, by[0].of_group, by[0].keys)
         if self.config.batch_col is not None:

@@ -121,7 +121,7 @@ from grpo_cli.summary import (
     value_sort_key,
 )
 from grpo_cli.threads import IDLE_THREADS_ENV
-from grpo_cli.trainer_filters import FILTERS, FilterPart
+from grpo_cli.trainer_filters import FilterPart
 from grpo_cli.verify import Verifier, settled, split_by_groups
 
 PARTITION_BYTES = 256 << 20
@@ -719,9 +719,10 @@ def block_statistics(
     """One statistics block (its index in ``batch``): one row per group, in order of first
     appearance, with its key columns and the block's statistics and figures of the group,
     computed as the local engine computes a block's (:meth:`RunPlan.accumulators`,
-    :func:`~grpo_cli.figures.of_chunk`). ``rows`` (pass_at_k on the reducers) gets a table of
-    the block's rows in input order: each one's group in the block, combined reward (float64)
-    and whether it is scored."""
+    :func:`~grpo_cli.figures.of_chunk`). ``rows`` (pass_at_k, a trainer's filter, on the
+    reducers) gets a table of the block's rows in input order: each one's group in the block,
+    whether it is scored, and pass_at_k's combined reward (float64) or the reward the filter
+    sees (its own dtype; unshaped, if asked)."""
     (index,) = batch.column("block").to_pylist()
     plan = RunPlan(config, device=_CPU)
     keys = GroupKeyIndex(config.group_cols)
@@ -765,20 +766,20 @@ def block_statistics(
     rewards = RewardBatch.concat(reward_parts)
     if rows is not None:
         scored = rewards.combined_valid
-        # what a trainer's filter sees: the reward in its own dtype (unshaped, if asked)
-        seen = (
-            rewards.unshaped if config.filter_unshaped and rewards.unshaped is not None else rewards.combined
-        )
-        rows.append(
-            pa.table(
-                {
-                    ROW_GROUP_IN_BLOCK: ids_np,
-                    "reward": rewards.combined.to(torch.float64).numpy(),
-                    "seen": seen.numpy(),
-                    "scored": np.ones(ids_np.size, bool) if scored is None else scored.numpy(),
-                }
+        row_columns = {
+            ROW_GROUP_IN_BLOCK: ids_np,
+            "scored": np.ones(ids_np.size, bool) if scored is None else scored.numpy(),
+        }
+        if "group_rewards" in plan.needs:
+            row_columns["reward"] = rewards.combined.to(torch.float64).numpy()
+        if config.trainer_filter is not None:
+            seen = (
+                rewards.unshaped
+                if config.filter_unshaped and rewards.unshaped is not None
+                else rewards.combined
             )
-        )
+            row_columns["seen"] = seen.numpy()
+        rows.append(pa.table(row_columns))
     accumulators, separate_summary = plan.accumulators()
     columns: dict[str, Any] = {}
     for channel, (acc, values, valid) in enumerate(
@@ -1314,11 +1315,7 @@ def _held_verify(
         for i in range(len(parts))
     ]
     tables = ray.get([refs[0] for refs in answers])
-    errors = [t for t in tables if ERROR_FIELD in t.column_names]
-    if errors:
-        raise RowsUnknown(
-            min(errors, key=lambda t: t.column(BLOCK_FIELD)[0].as_py()).column(ERROR_FIELD)[0].as_py()
-        )
+    _raise_first_refusal(tables)
     settles = [
         _task(ray, settle_bucket, num_returns=1).remote(
             config, figures, keys, *[refs[1 + b] for refs in answers]
@@ -1964,8 +1961,9 @@ def block_partials(
 ) -> Any:
     """Map task of the statistics job: block ``index``'s partial rows (:func:`block_statistics`)
     cut into ``buckets`` tables by their key's bucket (:func:`~grpo_cli.keys.key_buckets`), each
-    in the block's order; a refusal goes to every bucket. ``with_rows`` (pass_at_k on the
-    reducers): then the block's rows, cut the same way by their group's bucket, in input order."""
+    in the block's order; a refusal goes to every bucket. ``with_rows`` (pass_at_k, a trainer's
+    filter, on the reducers): then the block's rows, cut the same way by their group's bucket,
+    in input order."""
     rows: list[pa.Table] | None = [] if with_rows else None
     table = block_statistics(pa.table({"block": [index]}), blocks, config, group_size, rows=rows)
     if ERROR_FIELD in table.column_names:
@@ -1989,7 +1987,7 @@ def _cut(table: pa.Table, which: np.ndarray, buckets: int) -> list[pa.Table]:
     return [ordered.slice(start, stop - start) for start, stop in itertools.pairwise(bounds)]
 
 
-ROW_GROUP_IN_BLOCK = "__grpo_row_group_in_block"  # pass_at_k: a row's group in its block
+ROW_GROUP_IN_BLOCK = "__grpo_row_group_in_block"  # a row's group in its block, in a rows table
 
 
 # How the reducers finish every run where the groups are (OUTCOME_ON_REDUCERS): each group's
@@ -2077,7 +2075,8 @@ def merge_bucket(
     """Reduce task of the statistics job: one bucket's partial rows of every block, in block
     order, merged per group as the local engine merges its blocks (:class:`OrderedMerge`; a
     group's figures depend on its own partial rows only, so the bits are the local engine's).
-    ``tables``: the blocks' partial rows, then with ``with_rows`` their rows (pass_at_k).
+    ``tables``: the blocks' partial rows, then with ``with_rows`` their rows (pass_at_k, a
+    trainer's filter).
 
     Returns where each of the bucket's groups first appeared (:data:`FIRST_SEEN_FIELDS`), its
     figures (:meth:`OrderedMerge.bucket_table`), its keys and an empty table; or a refusal and
@@ -2092,8 +2091,9 @@ def merge_bucket(
     partials = tables[: len(tables) // 2] if with_rows else tables
     row_tables = tables[len(tables) // 2 :] if with_rows else ()
     nothing = pa.table({})
-    by_parts = [nothing] * (_value_cuts(config) * buckets if finish else 0)
-    row_ids, row_values, row_seen, row_scored = [], [], [], []
+    by_parts = [nothing] * (_value_cuts(plan) * buckets if finish else 0)
+    row_ids: list[np.ndarray] = []
+    row_columns: dict[str, list[np.ndarray]] = {"reward": [], "seen": [], "scored": []}
     for b, partial in enumerate(partials):
         if ERROR_FIELD in partial.column_names:
             return partial, nothing, _empty_keys(plan), nothing, *by_parts
@@ -2107,9 +2107,9 @@ def merge_bucket(
             rows = row_tables[b]
             in_block = partial.column(GROUP_FIELD).to_numpy()
             row_ids.append(ids_np[np.searchsorted(in_block, rows.column(ROW_GROUP_IN_BLOCK).to_numpy())])
-            row_values.append(rows.column("reward").to_numpy())
-            row_seen.append(rows.column("seen").to_numpy())
-            row_scored.append(rows.column("scored").to_numpy(zero_copy_only=False))
+            for name, parts_of in row_columns.items():
+                if name in rows.column_names:
+                    parts_of.append(rows.column(name).to_numpy(zero_copy_only=False))
     empty = merge.first_table if merge.first_table is not None else _empty_keys(plan)
     figures = merge.bucket_table()
     keys = merge.keys.key_table(empty)
@@ -2122,28 +2122,25 @@ def merge_bucket(
         batch_totals = None
         if config.advantage.scale == "batch":  # round 1 of each batch's std
             batch_totals = plan.batch_totals(merged.channel_stats, merged.batches)
-        filtered, filter_cuts = None, []
+        filtered: FilterPart | None = None
+        filter_cuts: list[pa.Table] = []
         if config.trainer_filter is not None:
-            groups = _scored_groups(outcome, row_ids, row_seen, row_scored)
-            if FILTERS[config.trainer_filter].batch_rule is None:  # a rule on each group's own rows
-                filtered = _filter_part(plan, outcome, whole, merged, keys, groups)
-            else:  # a whole batch's groups meet in one task (by_batch_filter)
-                filter_cuts = _batch_filter_parts(plan, outcome, whole, merged, keys, groups, buckets)
+            groups = _scored_groups(outcome, row_ids, row_columns["seen"], row_columns["scored"])
+            filtered, filter_cuts = _bucket_filter(plan, outcome, whole, merged, keys, groups, buckets)
         report = BucketReport(figures.num_rows, outcome.totals, first, batch_totals, filtered)
         credit = nothing
         if with_rows and "group_rewards" in plan.needs:
-            credit = _credit_table(plan, outcome, row_ids, row_values, row_scored)
+            credit = _credit_table(plan, outcome, row_ids, row_columns["reward"], row_columns["scored"])
         by_parts = _by_value_parts(merged.by, whole, buckets)
         return _report_table(report), figures, keys, credit, *by_parts, *filter_cuts
     first_seen = figures.select(list(FIRST_SEEN_FIELDS))
     return first_seen, figures.drop_columns(list(FIRST_SEEN_FIELDS)), keys, nothing
 
 
-def _value_cuts(config: ComputeConfig) -> int:
+def _value_cuts(plan: RunPlan) -> int:
     """How many cuts of its groups by a value's hash each reducer makes: one a --by column, and
     one for a trainer's whole-batch filter."""
-    whole_batch = config.trainer_filter is not None and FILTERS[config.trainer_filter].batch_rule is not None
-    return len(config.by_cols) + int(whole_batch)
+    return len(plan.config.by_cols) + int(plan.whole_batch_filter)
 
 
 def _scored_groups(
@@ -2160,32 +2157,10 @@ def _scored_groups(
     return split_by_group(row_ids, values, int(outcome.active.numel()))
 
 
-def _filter_part(
-    plan: RunPlan,
-    outcome: GroupOutcome,
-    whole: GroupPart,
-    merged: MergedStatistics,
-    keys: pa.Table,
-    groups: list[np.ndarray],
-) -> FilterPart:
-    """``check --trainer-filter`` (a rule on each group's own rows) on a bucket's groups, in the
-    run's order by where each group first appeared, named by key (not with ``--group-size``,
-    as the local engine names them)."""
-    named = plan.config.group_cols != (ROW_GROUP_FIELD,)
-    return plan.trainer_filter_part(
-        groups,
-        outcome.active,
-        order=whole.order,
-        key_at=_KeyTable(keys).key_at if named else None,
-        by=merged.by,
-        batches=merged.batches,
-    )
-
-
 KEY_PREFIX = "__grpo_key_"  # a group's key column, in a cut of the groups
 
 
-def _batch_filter_parts(
+def _bucket_filter(
     plan: RunPlan,
     outcome: GroupOutcome,
     whole: GroupPart,
@@ -2193,13 +2168,25 @@ def _batch_filter_parts(
     keys: pa.Table,
     groups: list[np.ndarray],
     buckets: int,
-) -> list[pa.Table]:
-    """``check --trainer-filter`` with a whole-batch rule: a bucket's groups cut into
-    ``buckets`` tables by a hash of their batch (the first ``--by`` column's value, else
-    ``--batch-col``'s; all in the first without either), a row per group: its batch, its place
-    in the run's order, whether it is active, its key and its scored rewards in input order."""
-    k = len(groups)
-    partition = plan._filter_partition(merged.by, merged.batches)
+) -> tuple[FilterPart | None, list[pa.Table]]:
+    """``check --trainer-filter`` on a bucket's groups (each one's scored rows in input order),
+    in the run's order by where each group first appeared, named by key (not with
+    ``--group-size``, as the local engine names them). A rule on each group's own rows gives
+    the bucket's :class:`FilterPart`; a whole-batch rule gives its groups cut into ``buckets``
+    tables by a hash of their batch (:attr:`RunPlan.filter_column`'s value; all in the first
+    without one), a row per group with its place in the run's order, whether it is active, its
+    key and its rewards, for :func:`by_batch_filter`."""
+    if not plan.whole_batch_filter:
+        named = plan.config.group_cols != (ROW_GROUP_FIELD,)
+        part = plan.trainer_filter_part(
+            groups,
+            outcome.active,
+            order=whole.order,
+            key_at=_KeyTable(keys).key_at if named else None,
+            by=merged.by,
+            batches=merged.batches,
+        )
+        return part, []
     counts = np.array([g.size for g in groups], dtype=np.int64)
     offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
     flat = np.concatenate(groups) if groups else np.zeros(0)
@@ -2209,18 +2196,17 @@ def _batch_filter_parts(
         "rewards": pa.ListArray.from_arrays(offsets, pa.array(flat)),
         **{KEY_PREFIX + name: keys.column(name) for name in keys.column_names},
     }
+    partition = plan.filter_partition(merged.by, merged.batches)
     if partition is None:
-        return [pa.table(columns), *[pa.table(columns).slice(0, 0)] * (buckets - 1)]
-    value = pa.array([plain_key(key) for key in partition[2]]).take(pa.array(partition[1]))
-    table = pa.table({BY_VALUE_FIELD: value, **columns})
-    return _cut(
-        table, key_buckets(table.select([BY_VALUE_FIELD]), buckets) if k else np.zeros(0, np.int64), buckets
-    )
+        table = pa.table(columns)
+        return None, [table, *[table.slice(0, 0)] * (buckets - 1)]
+    _, of_group, values = partition
+    return None, _cut_by_value(values, of_group, columns, buckets)
 
 
 def by_batch_filter(config: ComputeConfig, *parts: pa.Table) -> pa.Table:
     """``check --trainer-filter`` with a whole-batch rule: the batches whose groups hashed here,
-    from every bucket's cut (:func:`_batch_filter_parts`), each batch's groups in the run's
+    from every bucket's cut (:func:`_bucket_filter`), each batch's groups in the run's
     order, as the local engine takes them; a pickled :class:`FilterPart`."""
     from grpo_cli.trainer_filters import filter_part
 
@@ -2235,12 +2221,9 @@ def by_batch_filter(config: ComputeConfig, *parts: pa.Table) -> pa.Table:
     flat = rewards.flatten().to_numpy(zero_copy_only=False)
     groups = np.split(flat, rewards.offsets.to_numpy()[1:-1])
     value_of_group = None
-    if BY_VALUE_FIELD in table.column_names:
-        column = config.by_cols[0] if config.by_cols else config.batch_col
-        assert column is not None
-        index = GroupKeyIndex([BY_VALUE_FIELD], few_values=True)
-        of_group = index.encode([table.column(BY_VALUE_FIELD)])
-        value_of_group = (column, of_group, [index.key_at(v) for v in range(len(index))])
+    column = RunPlan(config, device=_CPU).filter_column
+    if column is not None:
+        value_of_group = (column, *_values_in(table))
     key_columns = [name for name in table.column_names if name.startswith(KEY_PREFIX)]
     named = config.group_cols != (ROW_GROUP_FIELD,)
     key_table = table.select(key_columns)
@@ -2274,26 +2257,17 @@ def _credit_table(
     credit = plan.reward_credit(
         outcome, joined(values, np.float64), joined(ids, np.int64), joined(scored, bool).to(torch.bool)
     )
-    group = np.repeat(np.arange(credit.starts.size - 1, dtype=np.int64), np.diff(credit.starts))
-    return pa.table(dict(zip(CREDIT_FIELDS, (group, credit.values, credit.advantages), strict=True)))
+    return pa.table(dict(zip(CREDIT_FIELDS, (credit.groups, credit.values, credit.advantages), strict=True)))
 
 
 def _credit_of(tables: Sequence[Any], sizes: Sequence[int]) -> RewardCredit:
-    """The buckets' pass_at_k tables (references or tables) laid end to end in the buckets'
-    order, each bucket's groups after the ones before (a worker's run group IDs)."""
-    groups, values, advantages = [], [], []
-    for ref, offset in zip(tables, itertools.accumulate(sizes, initial=0), strict=False):
-        table = _fetched(ref)
-        groups.append(table.column("group").to_numpy() + offset)
-        values.append(table.column("reward").to_numpy())
-        advantages.append(table.column("advantage").to_numpy())
-    group = np.concatenate(groups) if groups else np.zeros(0, np.int64)
-    starts = np.concatenate([[0], np.cumsum(np.bincount(group, minlength=sum(sizes)))]).astype(np.int64)
-    return RewardCredit(
-        starts,
-        np.concatenate(values) if values else np.zeros(0),
-        np.concatenate(advantages) if advantages else np.zeros(0),
-    )
+    """The buckets' pass_at_k tables (references or tables, ``sizes``: each bucket's groups)
+    laid end to end in the buckets' order (a worker's run group IDs)."""
+    parts = []
+    for ref, size in zip(tables, sizes, strict=True):
+        group, values, advantages = (_fetched(ref).column(name).to_numpy() for name in CREDIT_FIELDS)
+        parts.append(RewardCredit.of_counts(np.bincount(group, minlength=size), values, advantages))
+    return RewardCredit.concat(parts)
 
 
 BY_VALUE_FIELD = "__grpo_by_value"
@@ -2306,12 +2280,27 @@ def _by_value_parts(by: Sequence[ByValues], whole: GroupPart, buckets: int) -> l
     value, each row a group's value (as a plain Arrow value: equal values, read from files of
     different types, hash alike) and its :data:`BY_FIGURES`. Every group of a value then meets
     in one task (:func:`by_value_figures`), whichever bucket its key hashed to."""
-    out = []
-    for values in by:
-        value = pa.array([plain_key(key) for key in values.keys]).take(pa.array(values.of_group))
-        table = pa.table({BY_VALUE_FIELD: value, **{name: getattr(whole, name) for name in BY_FIGURES}})
-        out += _cut(table, key_buckets(table.select([BY_VALUE_FIELD]), buckets), buckets)
-    return out
+    figures = {name: getattr(whole, name) for name in BY_FIGURES}
+    return [part for values in by for part in _cut_by_value(values.keys, values.of_group, figures, buckets)]
+
+
+def _cut_by_value(
+    values: Sequence[Any], of_group: np.ndarray, columns: dict[str, Any], buckets: int
+) -> list[pa.Table]:
+    """A table of ``columns`` (a row per group) with each group's value (``values[of_group]``,
+    as a plain Arrow value: equal values read from files of different types hash alike), cut
+    into ``buckets`` tables by a hash of the value."""
+    value = pa.array([plain_key(key) for key in values]).take(pa.array(of_group))
+    table = pa.table({BY_VALUE_FIELD: value, **columns})
+    return _cut(table, key_buckets(table.select([BY_VALUE_FIELD]), buckets), buckets)
+
+
+def _values_in(table: pa.Table) -> tuple[np.ndarray, list[Any]]:
+    """The value ID of each row of a table of :func:`_cut_by_value`'s cuts, and the values (IDs
+    in order of first appearance)."""
+    index = GroupKeyIndex([BY_VALUE_FIELD], few_values=True)
+    of_group = index.encode([table.column(BY_VALUE_FIELD)])
+    return of_group, [index.key_at(v) for v in range(len(index))]
 
 
 def by_value_figures(column: str, run_range: tuple[float | None, float | None], *parts: pa.Table) -> pa.Table:
@@ -2323,9 +2312,7 @@ def by_value_figures(column: str, run_range: tuple[float | None, float | None], 
     if not tables:
         return _report_table([])
     table = pa.concat_tables(tables, promote_options="permissive")
-    index = GroupKeyIndex([BY_VALUE_FIELD], few_values=True)
-    of_group = index.encode([table.column(BY_VALUE_FIELD)])
-    keys = [index.key_at(v) for v in range(len(index))]
+    of_group, keys = _values_in(table)
     figures = GroupFigures(**{name: table.column(name).to_numpy(zero_copy_only=False) for name in BY_FIGURES})
     entries = figures_by_value(ByValues(column, of_group, keys), figures, run_range=run_range)
     return _report_table([(value_sort_key(entry["value"]), entry) for entry in entries])
@@ -2449,7 +2436,7 @@ def _batch_filters(ray: Any, plan: RunPlan, by_parts: list[list[Any]]) -> list[F
     """``check --trainer-filter`` with a whole-batch rule: a task per cut of the batches
     (:func:`by_batch_filter`), after the ``--by`` columns' cuts; their parts."""
     config = plan.config
-    if config.trainer_filter is None or FILTERS[config.trainer_filter].batch_rule is None:
+    if not plan.whole_batch_filter:
         return []
     buckets = len(by_parts)
     at = len(config.by_cols) * buckets
@@ -2512,7 +2499,7 @@ def _reduced(
         for i in range(len(blocks))
     ]
     per_block = [refs if per_task > 1 else [refs] for refs in partial_refs]
-    returns = 4 + (_value_cuts(plan.config) * buckets if finish else 0)
+    returns = 4 + (_value_cuts(plan) * buckets if finish else 0)
     reduced = [
         _task(ray, merge_bucket, num_returns=returns).remote(
             plan.config,
@@ -2525,10 +2512,7 @@ def _reduced(
         for r in range(buckets)
     ]
     answers = ray.get([refs[0] for refs in reduced])
-    errors = [t for t in answers if ERROR_FIELD in t.column_names]
-    if errors:
-        first = min(errors, key=lambda t: t.column(BLOCK_FIELD)[0].as_py())
-        raise RowsUnknown(first.column(ERROR_FIELD)[0].as_py())
+    _raise_first_refusal(answers)
     return (
         answers,
         [refs[1] for refs in reduced],
@@ -2536,6 +2520,14 @@ def _reduced(
         [refs[3] for refs in reduced],
         [refs[4:] for refs in reduced],
     )
+
+
+def _raise_first_refusal(answers: Sequence[pa.Table]) -> None:
+    """Raise the refusal of the first block among tasks' answers (each naming its block), if any."""
+    errors = [t for t in answers if ERROR_FIELD in t.column_names]
+    if errors:
+        first = min(errors, key=lambda t: t.column(BLOCK_FIELD)[0].as_py())
+        raise RowsUnknown(first.column(ERROR_FIELD)[0].as_py())
 
 
 _TASKS: dict[tuple[Any, int], Any] = {}
