@@ -483,8 +483,9 @@ def _check_epsilon(epsilon: float) -> None:
         raise ValueError(f"epsilon must be a positive finite number, got {epsilon!r}")
 
 
-def _check_group_ids(rewards: Tensor, group_ids: Tensor) -> int:
-    """Refuse IDs that are no group IDs for ``rewards``; the highest ID (-1 for none)."""
+def _check_group_ids(rewards: Tensor, group_ids: Tensor) -> tuple[int, int]:
+    """Refuse IDs that are no group IDs for ``rewards``; the lowest and the highest ID
+    (``(0, -1)`` for none)."""
     if not isinstance(group_ids, Tensor):
         raise ValueError(f"group_ids must be a torch.Tensor, got {type(group_ids).__name__}")
     if group_ids.dtype.is_floating_point or group_ids.dtype.is_complex or group_ids.dtype == torch.bool:
@@ -499,13 +500,13 @@ def _check_group_ids(rewards: Tensor, group_ids: Tensor) -> int:
             f"rewards and group_ids must be on the same device, got {rewards.device} and {group_ids.device}"
         )
     if not group_ids.numel():
-        return -1
+        return 0, -1
     lowest, highest = torch.aminmax(group_ids)  # one pass over the IDs for both
     if int(lowest) < 0:
         flat = group_ids.reshape(-1)
         first = int((flat < 0).nonzero()[0])
         raise ValueError(f"group_ids must be non-negative, got {int(flat[first])} at index {first}")
-    return int(highest)
+    return int(lowest), int(highest)
 
 
 # --------------------------------------------------------------------------- layouts
@@ -513,11 +514,14 @@ def _check_group_ids(rewards: Tensor, group_ids: Tensor) -> int:
 
 @dataclass(frozen=True)
 class _Layout:
-    """How flat rows map to groups: explicit IDs, or consecutive blocks of ``group_size``."""
+    """How flat rows map to groups: explicit IDs, or consecutive blocks of ``group_size``, one
+    block each for groups ``first_group`` to ``num_groups - 1`` (a chunk of sorted input names
+    the groups after the chunks before it)."""
 
     num_groups: int
     group_ids: Tensor | None = None  # (N,) int64
     group_size: int | None = None
+    first_group: int = 0
 
 
 def _layout(rewards: Tensor, group_ids: Tensor | None, group_size: int | None) -> tuple[Tensor, _Layout]:
@@ -525,9 +529,9 @@ def _layout(rewards: Tensor, group_ids: Tensor | None, group_size: int | None) -
     if group_ids is not None and group_size is not None:
         raise ValueError("pass either group_ids or group_size, not both")
     if group_ids is not None:
-        num_groups = _check_group_ids(rewards, group_ids) + 1
+        lowest, highest = _check_group_ids(rewards, group_ids)
         flat_ids = group_ids.reshape(-1).to(torch.int64)
-        return rewards.reshape(-1), _fast_layout(flat_ids, num_groups)
+        return rewards.reshape(-1), _fast_layout(flat_ids, highest + 1, first_group=lowest)
     if group_size is not None:
         if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
             raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
@@ -552,17 +556,20 @@ def _layout(rewards: Tensor, group_ids: Tensor | None, group_size: int | None) -
     )
 
 
-def _fast_layout(flat_ids: Tensor, num_groups: int) -> _Layout:
-    """Use the fixed-size path when IDs are 0,0,..,1,1,.. in equal blocks."""
+def _fast_layout(flat_ids: Tensor, num_groups: int, *, first_group: int = 0) -> _Layout:
+    """Use the fixed-size path when IDs are f,f,..,f+1,f+1,.. in equal blocks from
+    ``first_group`` (the lowest ID) on."""
     n = flat_ids.numel()
-    if num_groups and n % num_groups == 0:
-        size = n // num_groups
+    blocks = num_groups - first_group
+    if blocks > 0 and n % blocks == 0:
+        size = n // blocks
         expected_first_ids = flat_ids[::size]
         # each block's first ID is its index (K values), then every ID equals its block's
-        if bool((expected_first_ids == torch.arange(num_groups, device=flat_ids.device)).all()) and bool(
-            (flat_ids.view(num_groups, size) == expected_first_ids[:, None]).all()
+        ids = torch.arange(first_group, num_groups, device=flat_ids.device)
+        if bool((expected_first_ids == ids).all()) and bool(
+            (flat_ids.view(blocks, size) == expected_first_ids[:, None]).all()
         ):
-            return _Layout(num_groups, group_size=size)
+            return _Layout(num_groups, group_size=size, first_group=first_group)
     return _Layout(num_groups, group_ids=flat_ids)
 
 
@@ -623,11 +630,7 @@ def group_stats(
                 f"num_groups ({num_groups}) must exceed the largest group ID ({layout.num_groups - 1})"
             )
         if num_groups > layout.num_groups:  # padded with empty groups: no longer one block per group
-            ids = layout.group_ids
-            if ids is None:
-                assert layout.group_size is not None
-                ids = torch.arange(flat.numel(), device=flat.device) // layout.group_size
-            layout = _Layout(num_groups, ids)
+            layout = _Layout(num_groups, _row_group_ids(layout, flat.device))
     valid_flat = None
     if valid is not None:
         if valid.shape != rewards.shape or valid.dtype != torch.bool:
@@ -643,7 +646,7 @@ def _group_stats(flat: Tensor, layout: _Layout, valid: Tensor | None, *, count_e
     acc = accumulator_dtype(flat.device)
     x = flat.to(acc)
     k = layout.num_groups
-    if layout.group_size is not None and valid is None:
+    if layout.group_size is not None and layout.first_group == 0 and valid is None:
         g = layout.group_size
         rows = x.view(k, g)
         stats = _block_stats(rows)
@@ -1669,9 +1672,12 @@ def _apply(flat: Tensor, layout: _Layout, norm: Normalization, valid: Tensor | N
     x = flat.to(stats.mean.dtype)
     if norm.center is not None and norm.denominator is not None:
         if layout.group_size is not None and valid is None and norm.tolerated is None:
-            k, g = layout.num_groups, layout.group_size
-            rows = x.view(k, g) if norm.units is None else x.view(k, g) / norm.units[:k, None]
-            return ((rows - norm.center[:k, None]) / norm.denominator[:k, None]).view(-1)
+            # the same operations as below, per block: the same bits
+            first, end, g = layout.first_group, layout.num_groups, layout.group_size
+            rows = x.view(end - first, g)
+            if norm.units is not None:
+                rows = rows / norm.units[first:end, None]
+            return ((rows - norm.center[first:end, None]) / norm.denominator[first:end, None]).view(-1)
         ids = _row_group_ids(layout, flat.device)
         if norm.units is not None:
             x = x / torch.take(norm.units, ids)
@@ -1699,7 +1705,8 @@ def _row_group_ids(layout: _Layout, device: torch.device) -> Tensor:
     if layout.group_ids is not None:
         return layout.group_ids
     assert layout.group_size is not None  # a layout has IDs or a group size
-    return torch.arange(layout.num_groups, device=device).repeat_interleave(layout.group_size)
+    groups = torch.arange(layout.first_group, layout.num_groups, device=device)
+    return groups.repeat_interleave(layout.group_size)
 
 
 def _leave_one_out(x: Tensor, ids: Tensor, norm: Normalization) -> Tensor:
