@@ -694,10 +694,12 @@ def test_normalize_in_groups_names_the_option_it_refuses(option: str, allowed: s
 
 @pytest.mark.parametrize("size", [1, 2, 3, 8, 17, 64, 65])
 @pytest.mark.parametrize("kind", ["normal", "wide", "binary", "extreme"])
-def test_consecutive_blocks_and_scattered_ids_give_the_same_bits(size: int, kind: str) -> None:
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_consecutive_blocks_and_scattered_ids_give_the_same_bits(size: int, kind: str, dtype) -> None:
     """A group's statistics are a left fold over its rollouts in row order on either path, so
     they do not depend on how the chunk is laid out, nor on which other groups are in it (the
-    Ray engine reduces a block's groups apart from the rest of it)."""
+    Ray engine reduces a block's groups apart from the rest of it). Narrower rewards are
+    widened as the blocks are laid out side by side: the bits of the float64 values."""
     from grpo_cli.kernel import _block_stats, _scatter_stats
 
     g = torch.Generator().manual_seed(size)
@@ -707,11 +709,13 @@ def test_consecutive_blocks_and_scattered_ids_give_the_same_bits(size: int, kind
         x = x * torch.exp(torch.randn(k * size, generator=g, dtype=torch.float64) * 20)
     elif kind == "binary":
         x = (x > 0).to(torch.float64)
-    elif kind == "extreme":
-        x[::5] = 3e300
-        x[1::5] = -2e-300
+    elif kind == "extreme":  # near the ends of the narrow dtype's range: finite in it
+        x[::5] = 3e300 if dtype == torch.float64 else torch.finfo(dtype).max / 2
+        x[1::5] = -2e-300 if dtype == torch.float64 else -torch.finfo(dtype).tiny
     ids = torch.arange(k).repeat_interleave(size)
-    blocks, scattered = _block_stats(x.view(k, size)), _scatter_stats(x, ids, k)
+    narrow = x.to(dtype)
+    x = narrow.to(torch.float64)  # the values the narrow rewards hold
+    blocks, scattered = _block_stats(narrow.view(k, size), torch.float64), _scatter_stats(x, ids, k)
     alone = _scatter_stats(x[: 3 * size], ids[: 3 * size], 3)  # the first three groups by themselves
     for name in ("count", "mean", "m2", "minimum", "maximum"):
         assert torch.equal(getattr(blocks, name), getattr(scattered, name)), name
