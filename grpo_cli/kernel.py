@@ -566,8 +566,8 @@ def _fast_layout(flat_ids: Tensor, num_groups: int, *, first_group: int = 0) -> 
         expected_first_ids = flat_ids[::size]
         # each block's first ID is its index (K values), then every ID equals its block's
         ids = torch.arange(first_group, num_groups, device=flat_ids.device)
-        if bool((expected_first_ids == ids).all()) and bool(
-            (flat_ids.view(blocks, size) == expected_first_ids[:, None]).all()
+        if torch.equal(expected_first_ids, ids) and torch.equal(
+            flat_ids.view(blocks, size), expected_first_ids[:, None].expand(blocks, size)
         ):
             return _Layout(num_groups, group_size=size, first_group=first_group)
     return _Layout(num_groups, group_ids=flat_ids)
