@@ -18,7 +18,9 @@ import base64
 import os
 import struct
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -327,6 +329,24 @@ def copy_range(
         copied += len(chunk)
 
 
+ENCODERS = 2
+"""Row groups of new columns a spliced file encodes at once."""
+
+
+def _encoded_group(group: pa.Table, compression: str) -> bytes:
+    """``group`` as a Parquet file of one row group (its footer names the chunks' offsets)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(
+        group,
+        sink,
+        row_group_size=max(group.num_rows, 1),
+        compression=compression,
+        use_dictionary=False,
+        store_schema=False,
+    )
+    return sink.getvalue().to_pybytes()
+
+
 class CopyCancelled(Exception):
     """The run stopped while a spliced file's prefix was being copied."""
 
@@ -338,8 +358,9 @@ class SplicedFile:
     for a file that cannot be spliced). :meth:`copy_prefix` copies the input's bytes, on
     any thread, while the run computes; :meth:`begin` names the new columns once they are
     known. Then call :meth:`add` with the new columns' arrays for the next rows, in order
-    (any batch sizes; it waits for the copy), then :meth:`close`. Memory holds at most one
-    row group of new columns.
+    (any batch sizes; it waits for the copy), then :meth:`close`. Row groups are encoded
+    :data:`ENCODERS` at a time on threads of their own (pyarrow encodes without the GIL) and
+    placed in order; memory holds at most ``ENCODERS + 1`` row groups of new columns.
     """
 
     def __init__(self, source: Path, target: IO[bytes]) -> None:
@@ -362,6 +383,8 @@ class SplicedFile:
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
         self._group = 0
+        self._encoder: ThreadPoolExecutor | None = None
+        self._encoding: deque[Future[bytes]] = deque()
         self._chunks: list[list[bytes]] = []
         self._totals: list[tuple[int, int]] = []
         self._leaves: list[bytes] = []
@@ -399,28 +422,34 @@ class SplicedFile:
         self._pending.append(batch)
         self._pending_rows += batch.num_rows
         while self._group < len(self.row_counts) and self._pending_rows >= self.row_counts[self._group]:
-            self._write_group(self.row_counts[self._group])
+            self._encode_group(self.row_counts[self._group])
+        while self._encoding and self._encoding[0].done():
+            self._place_group(self._encoding.popleft().result())
 
-    def _write_group(self, rows: int) -> None:
+    def _encode_group(self, rows: int) -> None:
+        """Start encoding the next ``rows`` pending rows as a row group (at once where the
+        file has one); wait for the oldest group once :data:`ENCODERS` are under way."""
         table = pa.Table.from_batches(self._pending, schema=self._new_schema)
         group, rest = table.slice(0, rows), table.slice(rows)
         self._pending = rest.to_batches()
         self._pending_rows = rest.num_rows
-        sink = pa.BufferOutputStream()
-        pq.write_table(
-            group,
-            sink,
-            row_group_size=max(rows, 1),
-            compression=self._compression,
-            use_dictionary=False,
-            store_schema=False,
-        )
-        encoded = sink.getvalue().to_pybytes()
+        self._group += 1
+        if len(self.row_counts) == 1:
+            self._place_group(_encoded_group(group, self._compression))
+            return
+        if self._encoder is None:
+            self._encoder = ThreadPoolExecutor(ENCODERS, thread_name_prefix="grpo-cli-encoder")
+        self._encoding.append(self._encoder.submit(_encoded_group, group, self._compression))
+        while len(self._encoding) > ENCODERS:
+            self._place_group(self._encoding.popleft().result())
+
+    def _place_group(self, encoded: bytes) -> None:
+        """Write an encoded row group of the new columns after the last, and note its chunks."""
         (length,) = struct.unpack("<I", encoded[-8:-4])
         body_end = len(encoded) - 8 - length
         mini = read_struct(encoded[body_end : len(encoded) - 8])
         position = self._target.tell()
-        self._target.write(encoded[len(MAGIC) : body_end])
+        self._target.write(memoryview(encoded)[len(MAGIC) : body_end])
         shift = position - len(MAGIC)
         (mini_group,) = [
             read_struct(g) for g in read_list(_raw(_required(mini, FILE_ROW_GROUPS, "row group")))[1]
@@ -447,12 +476,13 @@ class SplicedFile:
             self._leaves = read_list(_raw(_required(mini, FILE_SCHEMA, "schema")))[1][1:]
             orders = _get(mini, FILE_COLUMN_ORDERS)
             self._orders = read_list(_raw(orders))[1] if orders is not None else None
-        self._group += 1
 
     def close(self) -> None:
         """Write the merged footer; the rows added must match the input's row groups."""
         try:
             self._wait_for_prefix()
+            while self._encoding:
+                self._place_group(self._encoding.popleft().result())
             if self._group != len(self.row_counts) or self._pending_rows:
                 added = sum(self.row_counts[: self._group]) + self._pending_rows
                 raise ValueError(f"got {added} rows of new columns for {sum(self.row_counts)} input rows")
@@ -460,10 +490,20 @@ class SplicedFile:
             self._target.write(footer)
             self._target.write(struct.pack("<I", len(footer)) + MAGIC)
         finally:
+            self._stop_encoding()
             self._source.close()
 
     def abandon(self) -> None:
+        self._stop_encoding()
         self._source.close()
+
+    def _stop_encoding(self) -> None:
+        """Drop the row groups not yet encoded and wait for those under way (no thread outlives
+        the file)."""
+        self._encoding.clear()
+        if self._encoder is not None:
+            self._encoder.shutdown(wait=True, cancel_futures=True)
+            self._encoder = None
 
     def _merged_footer(self) -> list[Field]:
         fields = list(self.footer.fields)
