@@ -344,7 +344,8 @@ def _encoded_group(group: pa.Table, compression: str) -> bytes:
         use_dictionary=False,
         store_schema=False,
     )
-    return sink.getvalue().to_pybytes()
+    encoded: bytes = sink.getvalue().to_pybytes()
+    return encoded
 
 
 class CopyCancelled(Exception):
