@@ -1978,9 +1978,12 @@ class GroupStatsAccumulator:
         assert ids is not None
         ids = ids.to(self.device, torch.int64)
         low, high = (int(v) for v in ids.aminmax())
-        if low:
-            ids = ids - low
-        layout = _fast_layout(ids, high - low + 1)
+        blocks = _fast_layout(ids, high + 1, first_group=low).group_size
+        layout = (
+            _Layout(high - low + 1, group_size=blocks)
+            if blocks is not None
+            else _Layout(high - low + 1, group_ids=ids - low if low else ids)
+        )
         return _group_stats(rewards, layout, valid, count_extremes=self.count_extremes), low
 
     def _consecutive_block_stats(self, rewards: Tensor, valid: Tensor | None) -> GroupStats:

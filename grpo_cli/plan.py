@@ -186,13 +186,20 @@ class BatchLayout:
         >>> layout = BatchLayout.of_groups(np.array([0, 1, 0]), figures, ["a", "b"])
         >>> layout.rows.tolist(), layout.nonzero_rewards.tolist()
         ([6, 3], [5, 0])
+        >>> one = BatchLayout.of_groups(np.zeros(3, np.int64), figures, [None])
+        >>> one.rows.tolist(), one.nonzero_rewards.tolist()
+        ([9], [5])
         """
         count = len(keys)
-        rows = np.bincount(of_group, weights=figures["rows"], minlength=count).astype(np.int64)
+
+        def per_batch(per_group: np.ndarray) -> np.ndarray:
+            if count == 1:  # one batch (no --batch-col): the total, without a float per group
+                return np.array([per_group.sum()], dtype=np.int64)
+            return np.bincount(of_group, weights=per_group, minlength=count).astype(np.int64)
+
         nonzero = figures.get("nonzero_rewards")
-        if nonzero is not None:
-            nonzero = np.bincount(of_group, weights=nonzero, minlength=count).astype(np.int64)
-        return cls(of_group, rows, nonzero, keys)
+        nonzero_per_batch = None if nonzero is None else per_batch(nonzero)
+        return cls(of_group, per_batch(figures["rows"]), nonzero_per_batch, keys)
 
 
 ONE_VALUE_REASONS = {
