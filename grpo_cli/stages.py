@@ -32,7 +32,7 @@ STAGES = (
     ("pass 2: advantages", "each row's advantage"),
     ("group findings", "the summary's figures of the groups (on a thread of its own, beside pass 2)"),
     ("cast", "advantages to the output dtype, the new columns as Arrow arrays"),
-    ("write", "writer thread: encoding and writing the output's columns"),
+    ("write", "writer thread: encoding and writing the output's columns (a splice's encoded beside it)"),
     ("copy", "copier thread: a spliced output's unchanged bytes"),
     ("commit", "waiting for the writer, fsync, moving the output into place"),
     ("summary", "the run's summary (the group findings included, where they ran on this thread)"),
