@@ -188,7 +188,9 @@ def io_floor_with_columns(src: Path, dst: Path, columns: pa.Table) -> None:
     beforehand): what any tool pays to read the file and write those columns."""
     import polars as pl
 
-    pl.read_parquet(src).hstack(pl.from_arrow(columns).get_columns()).write_parquet(dst)
+    written = pl.from_arrow(columns)
+    assert isinstance(written, pl.DataFrame)
+    pl.read_parquet(src).hstack(written.get_columns()).write_parquet(dst)
 
 
 def polars_oneliner(src: Path, dst: Path) -> None:
