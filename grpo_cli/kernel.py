@@ -722,12 +722,12 @@ def _block_stats(x: Tensor, dtype: torch.dtype | None = None) -> GroupStats:
     columns = torch.empty((g, k), dtype=dtype, device=x.device).copy_(x.t())
     if scale is not None:
         columns = columns / scale
-    size = count.to(x.dtype)
+    size = count.to(dtype)
 
     def group_sum(values: Tensor) -> Tensor:
-        total = torch.zeros(k, dtype=x.dtype, device=x.device)
+        total = torch.zeros(k, dtype=dtype, device=x.device)
         for column in values:
-            total = total + column
+            total.add_(column)  # in place: the same additions, no tensor per column
         return total
 
     mean = group_sum(columns) / size
@@ -1938,15 +1938,15 @@ class GroupStatsAccumulator:
         return stats
 
     def _flush(self, rows: int) -> None:
-        rewards = torch.cat([p[0] for p in self._pending])
+        rewards = _joined([p[0] for p in self._pending])
         ids = (
             None
             if self.group_size is not None
-            else torch.cat([p[1] for p in self._pending if p[1] is not None])
+            else _joined([p[1] for p in self._pending if p[1] is not None])
         )
         any_valid = any(p[2] is not None for p in self._pending)
         valid = (
-            torch.cat(
+            _joined(
                 [p[2] if p[2] is not None else torch.ones_like(p[0], dtype=torch.bool) for p in self._pending]
             )
             if any_valid
@@ -2008,6 +2008,11 @@ class GroupStatsAccumulator:
                 if stop > start
             ]
         )
+
+
+def _joined(pieces: Sequence[Tensor]) -> Tensor:
+    """``pieces`` end to end: the one piece itself, uncopied, where there is one."""
+    return pieces[0] if len(pieces) == 1 else torch.cat(list(pieces))
 
 
 # --------------------------------------------------------------------------- batch whitening
