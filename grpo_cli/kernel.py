@@ -1674,15 +1674,12 @@ def apply_normalization(
 def _apply(flat: Tensor, layout: _Layout, norm: Normalization, valid: Tensor | None) -> Tensor:
     """Advantages of flat rows, in the accumulator dtype (the caller casts back)."""
     stats = norm.stats
+    center, denominator = norm.center, norm.denominator
+    blocks = layout.group_size is not None and valid is None and norm.tolerated is None
+    if center is not None and denominator is not None and blocks:
+        return _apply_blocks(flat, layout, center, denominator, norm.units)
     x = flat.to(stats.mean.dtype)
     if norm.center is not None and norm.denominator is not None:
-        if layout.group_size is not None and valid is None and norm.tolerated is None:
-            # the same operations as below, per block: the same bits
-            first, end, g = layout.first_group, layout.num_groups, layout.group_size
-            rows = x.view(end - first, g)
-            if norm.units is not None:
-                rows = rows / norm.units[first:end, None]
-            return ((rows - norm.center[first:end, None]) / norm.denominator[first:end, None]).view(-1)
         ids = _row_group_ids(layout, flat.device)
         if norm.units is not None:
             x = x / torch.take(norm.units, ids)
@@ -1704,6 +1701,22 @@ def _apply(flat: Tensor, layout: _Layout, norm: Normalization, valid: Tensor | N
     if valid is not None:
         out = torch.where(valid, out, torch.zeros_like(out))
     return out
+
+
+def _apply_blocks(
+    flat: Tensor, layout: _Layout, center: Tensor, denominator: Tensor, units: Tensor | None
+) -> Tensor:
+    """:func:`_apply`'s operations on rows in blocks of ``layout.group_size``, a block a group:
+    the same bits, each group's figures broadcast over its block instead of gathered per row.
+    Narrower rewards are widened exactly by the first operation's type promotion."""
+    first, end, g = layout.first_group, layout.num_groups, layout.group_size
+    assert g is not None
+    acc = center.dtype
+    rows = (flat if torch.promote_types(flat.dtype, acc) == acc else flat.to(acc)).view(end - first, g)
+    if units is not None:
+        rows = rows / units[first:end, None]
+    out = rows - center[first:end, None]
+    return out.div_(denominator[first:end, None]).view(-1)
 
 
 def _row_group_ids(layout: _Layout, device: torch.device) -> Tensor:

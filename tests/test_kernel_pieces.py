@@ -361,13 +361,13 @@ def test_ids_in_equal_contiguous_blocks_give_the_group_size_result_bit_for_bit()
     assert torch.equal(by_ids, normalize_in_groups(rewards, group_size=64)["advantages"])
 
 
-@pytest.mark.parametrize("kind", ["normal", "extreme"])
+@pytest.mark.parametrize("kind", ["normal", "extreme", "float32"])
 @pytest.mark.parametrize("options", [{}, {"epsilon_mode": "clamp"}, {"inactive_tolerance": 0.5}])
 def test_a_chunk_of_sorted_ids_past_group_zero_gets_the_bits_of_the_whole(kind, options):
     """Pass 2 applies the statistics a batch at a time: a batch of sorted input holds blocks of
     groups that start past group 0 (the block path, from its first group). Each row gets the
     bits the rows in any order get (the path of scattered IDs), and its group's statistics are
-    those of scattered IDs too."""
+    those of scattered IDs too; float32 rewards are widened on either path alike."""
     from grpo_cli.kernel import _scatter_stats
 
     g = torch.Generator().manual_seed(7)
@@ -376,6 +376,8 @@ def test_a_chunk_of_sorted_ids_past_group_zero_gets_the_bits_of_the_whole(kind, 
     if kind == "extreme":  # the groups' units (powers of two) take part
         x[::5] = 3e300
         x[1::5] = -2e-300
+    if kind == "float32":
+        x = x.to(torch.float32)
     ids = torch.arange(k).repeat_interleave(size)
     norm = prepare_normalization(group_stats(x, ids), **options)
     order = torch.randperm(k * size, generator=g)
@@ -385,7 +387,7 @@ def test_a_chunk_of_sorted_ids_past_group_zero_gets_the_bits_of_the_whole(kind, 
         rows = slice(first * size, last * size)
         assert torch.equal(apply_normalization(x[rows], ids[rows], norm), scattered[rows]), (first, last)
         chunk = group_stats(x[rows], ids[rows])
-        expected = _scatter_stats(x[rows], ids[rows], last)
+        expected = _scatter_stats(x[rows].to(torch.float64), ids[rows], last)
         for name in ("count", "mean", "m2", "minimum", "maximum"):
             assert torch.equal(getattr(chunk, name), getattr(expected, name)), (first, last, name)
 
