@@ -483,9 +483,9 @@ def _check_epsilon(epsilon: float) -> None:
         raise ValueError(f"epsilon must be a positive finite number, got {epsilon!r}")
 
 
-def _check_group_ids(rewards: Tensor, group_ids: Tensor) -> tuple[int, int]:
-    """Refuse IDs that are no group IDs for ``rewards``; the lowest and the highest ID
-    (``(0, -1)`` for none)."""
+def _check_group_ids(rewards: Tensor, group_ids: Tensor) -> None:
+    """Refuse IDs that are no group IDs for ``rewards`` by their type, shape or device (their
+    values: :func:`_id_range`)."""
     if not isinstance(group_ids, Tensor):
         raise ValueError(f"group_ids must be a torch.Tensor, got {type(group_ids).__name__}")
     if group_ids.dtype.is_floating_point or group_ids.dtype.is_complex or group_ids.dtype == torch.bool:
@@ -499,13 +499,17 @@ def _check_group_ids(rewards: Tensor, group_ids: Tensor) -> tuple[int, int]:
         raise ValueError(
             f"rewards and group_ids must be on the same device, got {rewards.device} and {group_ids.device}"
         )
-    if not group_ids.numel():
+
+
+def _id_range(flat_ids: Tensor) -> tuple[int, int]:
+    """The lowest and the highest of flat group IDs (``(0, -1)`` for none); a negative one is
+    refused."""
+    if not flat_ids.numel():
         return 0, -1
-    lowest, highest = torch.aminmax(group_ids)  # one pass over the IDs for both
+    lowest, highest = torch.aminmax(flat_ids)  # one pass over the IDs for both
     if int(lowest) < 0:
-        flat = group_ids.reshape(-1)
-        first = int((flat < 0).nonzero()[0])
-        raise ValueError(f"group_ids must be non-negative, got {int(flat[first])} at index {first}")
+        first = int((flat_ids < 0).nonzero()[0])
+        raise ValueError(f"group_ids must be non-negative, got {int(flat_ids[first])} at index {first}")
     return int(lowest), int(highest)
 
 
@@ -529,9 +533,12 @@ def _layout(rewards: Tensor, group_ids: Tensor | None, group_size: int | None) -
     if group_ids is not None and group_size is not None:
         raise ValueError("pass either group_ids or group_size, not both")
     if group_ids is not None:
-        lowest, highest = _check_group_ids(rewards, group_ids)
+        _check_group_ids(rewards, group_ids)
         flat_ids = group_ids.reshape(-1).to(torch.int64)
-        return rewards.reshape(-1), _fast_layout(flat_ids, highest + 1, first_group=lowest)
+        layout = _block_layout(flat_ids)
+        if layout is None:
+            layout = _Layout(_id_range(flat_ids)[1] + 1, group_ids=flat_ids)
+        return rewards.reshape(-1), layout
     if group_size is not None:
         if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
             raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
@@ -556,21 +563,31 @@ def _layout(rewards: Tensor, group_ids: Tensor | None, group_size: int | None) -
     )
 
 
-def _fast_layout(flat_ids: Tensor, num_groups: int, *, first_group: int = 0) -> _Layout:
-    """Use the fixed-size path when IDs are f,f,..,f+1,f+1,.. in equal blocks from
-    ``first_group`` (the lowest ID) on."""
+def _block_layout(flat_ids: Tensor) -> _Layout | None:
+    """The fixed-size layout where the IDs are f,f,..,f+1,f+1,.. in equal blocks from the first
+    ID ``f >= 0`` to the last (sorted input, a chunk of it past group 0 too), else ``None``. The
+    first and last IDs bound them then: no pass over the IDs for their range.
+
+    >>> _block_layout(torch.tensor([3, 3, 4, 4]))
+    _Layout(num_groups=5, group_ids=None, group_size=2, first_group=3)
+    >>> _block_layout(torch.tensor([3, 4, 4, 5])) is None
+    True
+    """
     n = flat_ids.numel()
-    blocks = num_groups - first_group
-    if blocks > 0 and n % blocks == 0:
-        size = n // blocks
-        expected_first_ids = flat_ids[::size]
-        # each block's first ID is its index (K values), then every ID equals its block's
-        ids = torch.arange(first_group, num_groups, device=flat_ids.device)
-        if torch.equal(expected_first_ids, ids) and torch.equal(
-            flat_ids.view(blocks, size), expected_first_ids[:, None].expand(blocks, size)
-        ):
-            return _Layout(num_groups, group_size=size, first_group=first_group)
-    return _Layout(num_groups, group_ids=flat_ids)
+    if not n:
+        return None
+    first, last = int(flat_ids[0]), int(flat_ids[-1])
+    blocks = last - first + 1
+    if first < 0 or blocks < 1 or n % blocks:
+        return None
+    size = n // blocks
+    heads = flat_ids[::size]
+    # each block's first ID is the next group's, then every ID equals its block's
+    if torch.equal(heads, torch.arange(first, last + 1, device=flat_ids.device)) and torch.equal(
+        flat_ids.view(blocks, size), heads[:, None].expand(blocks, size)
+    ):
+        return _Layout(last + 1, group_size=size, first_group=first)
+    return None
 
 
 def flat_groups(
@@ -1990,13 +2007,13 @@ class GroupStatsAccumulator:
             return self._consecutive_block_stats(rewards, valid), self.rows_seen // self.group_size
         assert ids is not None
         ids = ids.to(self.device, torch.int64)
-        low, high = (int(v) for v in ids.aminmax())
-        blocks = _fast_layout(ids, high + 1, first_group=low).group_size
-        layout = (
-            _Layout(high - low + 1, group_size=blocks)
-            if blocks is not None
-            else _Layout(high - low + 1, group_ids=ids - low if low else ids)
-        )
+        blocks = _block_layout(ids)
+        if blocks is not None:  # the block's own groups, from its first
+            low, high = blocks.first_group, blocks.num_groups - 1
+            layout = _Layout(high - low + 1, group_size=blocks.group_size)
+        else:
+            low, high = (int(v) for v in ids.aminmax())
+            layout = _Layout(high - low + 1, group_ids=ids - low if low else ids)
         return _group_stats(rewards, layout, valid, count_extremes=self.count_extremes), low
 
     def _consecutive_block_stats(self, rewards: Tensor, valid: Tensor | None) -> GroupStats:

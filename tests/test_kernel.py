@@ -409,6 +409,10 @@ def _accumulated(rewards: torch.Tensor, ids: torch.Tensor) -> GroupStatsAccumula
             lambda: normalize_in_groups(torch.ones(3), torch.tensor([0, -2, 1])),
             "non-negative, got -2 at index 1",
         ),
+        (  # negative IDs in equal blocks, as sorted input lays them out
+            lambda: normalize_in_groups(torch.ones(4), torch.tensor([-2, -2, -1, -1])),
+            "non-negative, got -2 at index 0",
+        ),
         (
             lambda: normalize_in_groups(torch.tensor([1, 2]), torch.tensor([0, 0])),
             "floating-point tensor.*torch.int64",
