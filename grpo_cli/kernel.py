@@ -1696,13 +1696,12 @@ def _apply(flat: Tensor, layout: _Layout, norm: Normalization, valid: Tensor | N
     if center is not None and denominator is not None and blocks:
         return _apply_blocks(flat, layout, center, denominator, norm.units)
     x = flat.to(stats.mean.dtype)
-    if norm.center is not None and norm.denominator is not None:
-        ids = _row_group_ids(layout, flat.device)
+    ids = _row_group_ids(layout, flat.device)
+    if center is not None and denominator is not None:
         if norm.units is not None:
             x = x / torch.take(norm.units, ids)
-        out = (x - torch.take(norm.center, ids)) / torch.take(norm.denominator, ids)
+        out = (x - torch.take(center, ids)) / torch.take(denominator, ids)
     else:
-        ids = _row_group_ids(layout, flat.device)
         out = _leave_one_out(x, ids, norm)
         if norm.singleton == "raw":
             lone = torch.take(stats.count, ids) == 1
@@ -1712,9 +1711,7 @@ def _apply(flat: Tensor, layout: _Layout, norm: Normalization, valid: Tensor | N
                 lone, (x + 0.0) / (1.0 if divisor.scale == "none" else 1 + divisor.epsilon), out
             )
     if norm.tolerated is not None:
-        out = torch.where(
-            torch.take(norm.tolerated, _row_group_ids(layout, flat.device)), torch.zeros_like(out), out
-        )
+        out = torch.where(torch.take(norm.tolerated, ids), torch.zeros_like(out), out)
     if valid is not None:
         out = torch.where(valid, out, torch.zeros_like(out))
     return out

@@ -424,8 +424,6 @@ class SplicedFile:
         self._pending_rows += batch.num_rows
         while self._group < len(self.row_counts) and self._pending_rows >= self.row_counts[self._group]:
             self._encode_group(self.row_counts[self._group])
-        while self._encoding and self._encoding[0].done():
-            self._place_group(self._encoding.popleft().result())
 
     def _encode_group(self, rows: int) -> None:
         """Start encoding the next ``rows`` pending rows as a row group (at once where the
@@ -441,7 +439,12 @@ class SplicedFile:
         if self._encoder is None:
             self._encoder = ThreadPoolExecutor(ENCODERS, thread_name_prefix="grpo-cli-encoder")
         self._encoding.append(self._encoder.submit(_encoded_group, group, self._compression))
-        while len(self._encoding) > ENCODERS:
+        self._place_encoded(under_way=ENCODERS)
+
+    def _place_encoded(self, *, under_way: int) -> None:
+        """Place the encoded row groups in order, oldest first: while the oldest is done, or
+        (waiting for it) while more than ``under_way`` are left."""
+        while self._encoding and (self._encoding[0].done() or len(self._encoding) > under_way):
             self._place_group(self._encoding.popleft().result())
 
     def _place_group(self, encoded: bytes) -> None:
@@ -482,8 +485,7 @@ class SplicedFile:
         """Write the merged footer; the rows added must match the input's row groups."""
         try:
             self._wait_for_prefix()
-            while self._encoding:
-                self._place_group(self._encoding.popleft().result())
+            self._place_encoded(under_way=0)
             if self._group != len(self.row_counts) or self._pending_rows:
                 added = sum(self.row_counts[: self._group]) + self._pending_rows
                 raise ValueError(f"got {added} rows of new columns for {sum(self.row_counts)} input rows")
