@@ -2473,8 +2473,16 @@ def pass_at_k_advantages(
         after = torch.cat([after[:, 1:], torch.zeros_like(after[:, :1])], dim=1)  # positions above m
         credit = own * ranked + after
         last_tie = torch.searchsorted(ranked, ranked, right=True) - 1  # each tie run's last credit
-        credit = credit.gather(1, last_tie)
-        result[rows] = (credit - (fold_sum(credit, dim=1) / n)[:, None]).flatten()
+        # Every rollout with fewer than k rollouts below it has one exact credit (each of its
+        # k-subsets holds a rollout at least as good as the others'): the credit of the last of
+        # them, at or past sorted position k - 1, so that rounding cannot tell them apart.
+        lowest = last_tie[:, min(max(k, 1), int(n)) - 1 :][:, :1]
+        credit = credit.gather(1, torch.maximum(last_tie, lowest))
+        advantage = credit - (fold_sum(credit, dim=1) / n)[:, None]
+        # where every rollout shares that credit (fewer than k below the best) the exact
+        # advantages are 0: the mean of n equal credits, rounded, may not be the credit
+        uniform = lowest[:, 0] == int(n) - 1
+        result[rows] = torch.where(uniform[:, None], torch.zeros_like(advantage), advantage).flatten()
     if active is not None:
         result = torch.where(active.to(x.device)[ids], result, torch.zeros_like(result))
     return result

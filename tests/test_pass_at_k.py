@@ -75,7 +75,7 @@ def shuffled_table(groups: list[list[float]], dtype: Any, seed: int) -> pa.Table
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("k", [1, 2, 3, 5, 12])
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 7, 12])
 def test_every_rollouts_advantage_is_the_enumerated_one(dtype: Any, k: int) -> None:
     groups = random_groups(k)
     table = shuffled_table(groups, dtype, seed=k)
@@ -89,8 +89,8 @@ def test_every_rollouts_advantage_is_the_enumerated_one(dtype: Any, k: int) -> N
         stored = [float(v) for v in rewards[rows]]  # the values as the file holds them
         expected = brute_force(stored, k)
         got = ours[rows]
-        if len(set(stored)) == 1:
-            assert (bits(got) == bits(np.zeros_like(got))).all()  # constant: exactly +0.0
+        if all(e == 0 for e in expected):  # constant, or fewer than k below the best: exactly +0.0
+            assert (bits(got) == bits(np.zeros_like(got))).all(), (stored, got)
             continue
         for value, want in zip(got, expected, strict=True):
             worst = max(worst, abs(float(value) - float(want)))
@@ -98,6 +98,35 @@ def test_every_rollouts_advantage_is_the_enumerated_one(dtype: Any, k: int) -> N
             assert len(set(bits(got[[r == value for r in stored]]).tolist())) == 1
     bound = 1e-15 if dtype == np.float64 else 2 * np.finfo(np.float32).eps
     assert worst <= bound, worst
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_fewer_than_k_failures_give_exactly_zero_not_a_residue(dtype: Any) -> None:
+    """Issue #67 B.6: ``[0, 0, 1, 1, 1, 1]`` at k = 3 gave -5.55e-17 on the failed rows (every
+    3-subset holds a success, so every credit is 1/2 and the exact advantage 0); in float32
+    output a non-zero float32. Every group with fewer than k rollouts below its best is +0.0."""
+    table = pa.table({"group_id": [0] * 6, "reward": pa.array(np.array([0, 0, 1, 1, 1, 1], dtype=dtype))})
+    got = add_advantages(table, estimator="pass_at_k", pass_k=3).column("advantage").to_numpy()
+    assert bits(got).tolist() == bits(np.zeros(6, dtype=got.dtype)).tolist()
+    rng = np.random.default_rng(16)
+    groups = [list(map(float, rng.random(16) < rng.uniform(0.5, 1.0))) for _ in range(300)]
+    ours = add_advantages(shuffled_table(groups, dtype, seed=16), estimator="pass_at_k", pass_k=16)
+    ids, values = ours.column("group_id").to_numpy(), ours.column("advantage").to_numpy()
+    structural = [g for g, rewards in enumerate(groups) if rewards.count(0.0) < 16]
+    assert len(structural) > 250  # at k = 16 of 16 every group with a success is one
+    held = np.isin(ids, structural)
+    assert bits(values[held]).tolist() == bits(np.zeros(int(held.sum()), dtype=values.dtype)).tolist()
+
+
+def test_rollouts_with_fewer_than_k_below_them_share_one_credit() -> None:
+    """Below the k-th lowest reward every rollout's credit is the same exact fraction: one
+    value, whatever the rounding of the terms that would make each."""
+    r = torch.tensor([0.1, 0.2, 0.3, 0.9, 1.0, 0.7], dtype=torch.float64)
+    got = pass_at_k_advantages(r, torch.zeros(6, dtype=torch.int64), 1, k=4)
+    expected = brute_force(r.tolist(), 4)
+    assert expected[0] == expected[1] == expected[2] == expected[5]
+    assert len({got[i].item() for i in (0, 1, 2, 5)}) == 1
+    assert got.tolist() == pytest.approx([float(e) for e in expected], abs=1e-15)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 7, 8, 16])
