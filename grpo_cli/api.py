@@ -141,6 +141,15 @@ def _through_the_engine(
     from grpo_cli.jobs import compute_table
 
     flat, ids, num_groups = kernel.flat_groups(rewards, group_ids, group_size=group_size)
+    if not flat.numel():  # no rollouts: nothing to normalise, as on the kernel's path
+        for name, values in per_row.items():
+            if values is not None:
+                _per_row_column(name, values, rewards)  # still of the rewards' shape and type
+        return kernel.GroupAdvantages(
+            advantages=torch.zeros_like(rewards),
+            active_group_mask=torch.zeros(num_groups, dtype=torch.bool, device=rewards.device),
+            active_group_count=0,
+        )
     columns: dict[str, pa.Array] = {
         "reward": _arrow_floats(flat),
         "group_id": pa.array(ids.cpu().numpy()),

@@ -78,6 +78,14 @@ def _lengths(rows: RowInputs) -> np.ndarray:
     return np.where(rows.valid, rows.lengths, 0.0)
 
 
+def _weighted_rewards(rows: RowInputs) -> np.ndarray:
+    """Each scored row's length times its reward, 0 for a row left out (never multiplied: a
+    NaN or infinite reward would warn on standard error)."""
+    lengths = _lengths(rows)
+    product = np.zeros(lengths.shape, dtype=np.result_type(lengths, rows.combined))
+    return np.multiply(lengths, rows.combined, out=product, where=rows.valid)
+
+
 FIGURES = (
     GroupFigure("rows", "count", "sum", lambda rows: np.ones(rows.combined.size, dtype=bool)),
     GroupFigure("nan_rewards", "count", "sum", lambda rows: ~rows.valid),
@@ -93,7 +101,7 @@ FIGURES = (
         "weighted_reward_sums",
         "sum",
         "sum",
-        lambda rows: np.where(rows.valid, _lengths(rows) * rows.combined, 0.0),
+        _weighted_rewards,
         need="length_sums",
     ),
 )

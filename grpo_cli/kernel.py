@@ -674,7 +674,9 @@ def _group_stats(flat: Tensor, layout: _Layout, valid: Tensor | None, *, count_e
             if g == 1:
                 return empty_group_stats(k, device=flat.device, dtype=acc)
             column = torch.arange(g, device=flat.device).expand(k, g)
-            first = torch.where(at_extreme, column, g).amin(dim=1)
+            # a group holding a NaN has no row at its (NaN) extreme: its last row stands in,
+            # keeping the shape; the caller refuses or leaves out such a group
+            first = torch.where(at_extreme, column, g).amin(dim=1).clamp_(max=g - 1)
             return _block_stats(rows[column != first[:, None]].view(k, g - 1), acc)
 
         return replace(

@@ -451,7 +451,8 @@ class _StatisticsPass:
         if self.first_bad is not None or rewards.combined_valid is None:
             return
         index = int((~rewards.combined_valid).nonzero()[0])
-        self.first_bad = (shard, shard_row + index, float(rewards.combined[index]))
+        as_read = rewards.combined if rewards.unshaped is None else rewards.unshaped  # not clipped
+        self.first_bad = (shard, shard_row + index, float(as_read[index]))
 
     def _encode(
         self, keys: GroupKeyIndex, arrays: list[pa.ChunkedArray], shard: Shard, *, what: str
