@@ -549,15 +549,19 @@ class RunPlan:
         )
 
     def filter_rows(self, rewards: RewardBatch, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``--trainer-filter``: the scored rows' group IDs and the rewards the trainer's rule
-        sees (unshaped with ``--filter-unshaped``), in the rewards' own dtype (both engines)."""
+        """``--trainer-filter``: every row's group ID and the reward the trainer's rule sees
+        (:meth:`filter_values`), both engines."""
+        return ids, self.filter_values(rewards)
+
+    def filter_values(self, rewards: RewardBatch) -> np.ndarray:
+        """The reward each row of ``rewards`` shows a trainer's rule, in the rewards' own dtype
+        (unshaped with ``--filter-unshaped``): every row, a null as NaN, a NaN in its place, as
+        the trainers hold them (TRL's ``nanstd`` counts a group's NaN slots), not only the rows
+        grpo-cli scores."""
         seen = rewards.unshaped if self.config.filter_unshaped else rewards.combined
         assert seen is not None
-        values = seen.numpy()
-        if rewards.combined_valid is None:
-            return ids, values
-        scored = rewards.combined_valid.numpy()
-        return ids[scored], values[scored]
+        values: np.ndarray = seen.numpy()
+        return values
 
     def trainer_filter_report(
         self,

@@ -285,7 +285,9 @@ def filter_lines(summary: RunSummary) -> list[str]:
                 )
             )
     for example in report["examples"]:
-        shown = ", ".join(f"{r:.9g}" for r in example["rewards"]) + (", ..." if example["size"] > 8 else "")
+        shown = ", ".join("nan" if r is None else f"{r:.9g}" for r in example["rewards"]) + (
+            ", ..." if example["size"] > 8 else ""
+        )
         lines.append(f"  group {short_key(example['group'])}: {example['what']} (rewards {shown})")
     return lines
 

@@ -77,26 +77,43 @@ def _roll(rewards: np.ndarray) -> bool:
     return bool(scores_float.std().abs() > 1e-6)
 
 
+def _trl_nanstd(values: Any, dim: int | None) -> Any:
+    """TRL's ``nanstd`` (trl/trainer/utils.py): the unbiased std of the values that are not NaN,
+    NaN where fewer than two are; over ``dim`` (keeping it), or over every value."""
+    import torch
+
+    mean = torch.nanmean(values, dim=dim, keepdim=True)
+    variance = torch.nanmean((values - mean) ** 2, dim=dim, keepdim=True)
+    count = torch.sum(~torch.isnan(values), dim=dim, keepdim=True)
+    correction = count / (count - 1)
+    correction = torch.where(count > 1, correction, torch.full_like(correction, float("nan")))
+    return torch.sqrt(variance * correction)
+
+
 def _trl(rewards: np.ndarray) -> bool:
-    """TRL's ``is_std_zero`` (logged as ``frac_reward_zero_std``): its float32 ``nanstd``
-    (unbiased) of the group, ``torch.isclose`` to 0; "kept" here means not counted as zero."""
+    """TRL's ``is_std_zero`` (logged as ``frac_reward_zero_std``) under ``scale_rewards="group"``:
+    the float32 ``nanstd`` of the group's row of ``rewards.view(-1, num_generations)`` (its NaN
+    slots, the unscorable rollouts, in place), ``torch.isclose`` to 0; a group of one gets std 0
+    (TRL's ``num_generations == 1``). "Kept" here means not counted as zero: a NaN std (fewer
+    than two scored rollouts) is not close to 0."""
     import torch
 
     values = torch.tensor(rewards, dtype=torch.float32)
     if values.numel() < 2:
         return False
-    mean = torch.nanmean(values)
-    variance = torch.nanmean((values - mean) ** 2)
-    count = torch.sum(~torch.isnan(values))
-    std = torch.sqrt(variance * (count / (count - 1)))
+    std = _trl_nanstd(values.view(1, -1), dim=1)
     return not bool(torch.isclose(std, torch.zeros_like(std)))
 
 
 def _trl_batch_groups(groups: Sequence[np.ndarray]) -> np.ndarray:
-    """TRL's ``is_std_zero`` under ``scale_rewards="batch"``: the group rule on the whole batch
-    (one float32 ``nanstd``), the same flag on every group, so TRL logs
+    """TRL's ``is_std_zero`` under ``scale_rewards="batch"``: one float32 ``nanstd`` of the whole
+    batch (std 0 for a batch of one row), the same flag on every group, so TRL logs
     ``frac_reward_zero_std`` as 0 or 1."""
-    flag = _trl(np.concatenate(list(groups)) if groups else np.zeros(0))
+    import torch
+
+    values = torch.tensor(np.concatenate(list(groups)) if groups else np.zeros(0), dtype=torch.float32)
+    std = _trl_nanstd(values, dim=None) if values.numel() > 1 else torch.zeros(1)
+    flag = not bool(torch.isclose(std, torch.zeros_like(std)).all())
     return np.full(len(groups), flag, dtype=bool)
 
 
@@ -338,19 +355,24 @@ def filter_part(
     their value of ``value_of_group`` (column, value ID per group, values). A whole-batch rule
     takes each value's groups (all of them, in the run's order) as one batch."""
     chosen = FILTERS[name]
-    if chosen.batch_rule is not None:
-        kept = _batch_decisions(
-            chosen.batch_rule, groups, None if value_of_group is None else value_of_group[1]
+    # The trainers' arithmetic on a NaN, or on one value, warns (numpy's "Degrees of freedom <=
+    # 0", "invalid value", torch's std of one); its NaN is the trainer's answer, not the user's news.
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        if chosen.batch_rule is not None:
+            kept = _batch_decisions(
+                chosen.batch_rule, groups, None if value_of_group is None else value_of_group[1]
+            )
+        else:
+            kept = np.array([chosen.keeps(g) for g in groups], dtype=bool)
+        split = (
+            np.array([bool(0 < int(chosen.rows(g).sum()) < g.size) for g in groups], dtype=bool)
+            if chosen.rows is not None
+            else np.zeros(len(groups), dtype=bool)
         )
-    else:
-        kept = np.array([chosen.keeps(g) for g in groups], dtype=bool)
     constant_kept = kept & ~active
     active_dropped = ~kept & active
-    split = (
-        np.array([bool(0 < int(chosen.rows(g).sum()) < g.size) for g in groups], dtype=bool)
-        if chosen.rows is not None
-        else np.zeros(len(groups), dtype=bool)
-    )
     flagged = np.flatnonzero(constant_kept | active_dropped | split)
     chosen_examples = []
     for group in flagged[np.argsort(order[flagged], kind="stable")][:examples]:
@@ -368,7 +390,7 @@ def filter_part(
                 {
                     "group": None if key_at is None else plain_key(key_at(int(group))),
                     "what": what,
-                    "rewards": [float(v) for v in values[:8]],
+                    "rewards": [float(v) if v == v else None for v in values[:8]],  # NaN: JSON null
                     "size": int(values.size),
                 },
             )

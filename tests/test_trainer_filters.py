@@ -9,6 +9,7 @@ binary groups, tiny spreads, singletons.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import types
@@ -60,6 +61,30 @@ def groups_of(seed: int, *, size: int | None = None) -> list[list[float]]:
             for j in range(-20, 21):
                 step = spread * (1 + j / 200)
                 out.append([base + step * (i % 2) for i in range(size or 8)])
+    return out + with_nans(out, rng, size=size)
+
+
+NAN = float("nan")
+
+
+def with_nans(groups: list[list[float]], rng: random.Random, *, size: int | None) -> list[list[float]]:
+    """Groups holding NaN rewards (a null reward, TRL's unscorable rollout) in their places:
+    issue #67's cases, then copies of ``groups`` with some, one or every slot NaN."""
+    cases = [
+        [NAN, 1.0],
+        [1.0, NAN],
+        [0.9] * 11 + [NAN] * 5,
+        [0.1] * 15 + [NAN],
+        [NAN],
+        [NAN, NAN],
+        [NAN, 0.5, 0.5],
+    ]
+    out = [g for g in cases if size is None or len(g) == size]
+    for g in rng.sample(groups, min(len(groups), 120)):
+        n = len(g)
+        slots = rng.choice((1, rng.randint(1, n), n))
+        holes = set(rng.sample(range(n), slots))
+        out.append([NAN if i in holes else v for i, v in enumerate(g)])
     return out
 
 
@@ -545,6 +570,10 @@ def at_edge(name: str, group: np.ndarray) -> bool:
     test, unit, threshold = EDGES[name]
     cast = np.float32 if unit == U32 else np.float64
     values = [float(cast(v)) for v in group]
+    if any(math.isnan(v) for v in values):
+        if not name.startswith("trl"):
+            return False  # a NaN makes the rule's figure NaN, in any order of its arithmetic
+        values = [v for v in values if not math.isnan(v)]  # TRL's nanstd leaves them out
     n = len(values)
     if n < 2:
         return False
@@ -572,7 +601,7 @@ def rows_at_edge(group: np.ndarray, unit: float = U32) -> list[bool]:
     edge = []
     for row in range(n):
         others = values[:row] + values[row + 1 :]
-        if len(others) < 2:
+        if len(others) < 2 or any(math.isnan(v) for v in others):  # a NaN std, in any order
             edge.append(False)
             continue
         exact_zero = (
@@ -618,3 +647,63 @@ def test_the_edge_holds_the_groups_whose_decision_moved_between_cpus() -> None:
     for name in FILTERS:
         for group in ([0.0, 1.0, 1.0, 0.0], [0.5] * 8, [1.0] * 16, [0.0, 0.0]):
             assert not at_edge(name, np.array(group)), (name, group)
+
+
+@pytest.mark.parametrize("name", sorted(FILTERS))
+def test_a_run_shows_each_rule_its_groups_nan_and_null_slots_in_place(
+    name: str, cli: Any, tmp_path: Path
+) -> None:
+    """Issue #67 B.4: the run dropped a group's NaN rows before the rule, where TRL's ``nanstd``
+    counts them in place (``[NaN, 1.0]`` has a NaN std, not a zero one; a constant group with NaN
+    slots rounds otherwise): 14 of 889 groups differed. Every rule now sees every row, a null
+    as NaN, and its decisions are the rule's on the whole groups (the rules' own tests hold them
+    to the trainers' code)."""
+    rng = random.Random(67)
+    groups = [g for g in groups_of(21, size=16) if any(math.isnan(v) for v in g)]
+    groups += [[0.9] * 11 + [NAN] * 5, [0.1] * 15 + [NAN]]
+    rows = []
+    for i, g in enumerate(groups):
+        for v in g:
+            null = math.isnan(v) and rng.random() < 0.5  # a null reward is a NaN to the trainers
+            rows.append({"uid": f"g{i}", "reward": None if null else v})
+    path = tmp_path / "nan.parquet"
+    pq.write_table(
+        pa.Table.from_pylist(rows, schema=pa.schema([("uid", pa.string()), ("reward", pa.float64())])), path
+    )
+    summary = tmp_path / "s.json"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = cli(
+            "check", path, "-g", "uid", "--nan", "ignore", "--trainer-filter", name, "--summary-json", summary
+        )
+    assert result.exit_code == 0, result.stderr
+    # numpy's and torch's warnings on a NaN would reach the user's terminal
+    assert not [str(w.message) for w in caught if w.category in (RuntimeWarning, UserWarning)]
+    rule = FILTERS[name]
+    arrays = [np.array(g) for g in groups]
+    if rule.batch_rule is not None:  # the whole input is one batch
+        expected = int(rule.batch_rule(arrays).sum())
+    else:
+        expected = sum(rule.keeps(g) for g in arrays)
+    report = json.loads(summary.read_text())["trainer_filter"]
+    assert report["groups"] == len(groups)
+    assert report["kept"] == expected
+
+
+def test_trl_counts_a_group_of_one_scored_rollout_and_a_null_as_not_zero_std(
+    cli: Any, tmp_path: Path
+) -> None:
+    """TRL's ``nanstd`` of ``[NaN, 1.0]`` is NaN (one value left), which ``isclose`` does not call
+    zero: TRL trains on that group, constant though its scored rewards are. The example names
+    the NaN slot (JSON null in the summary)."""
+    path = tmp_path / "n.csv"
+    path.write_text("uid,reward\na,\na,1\nb,0.5\nb,0.5\nb,\n")
+    summary = tmp_path / "s.json"
+    result = cli(
+        "check", path, "-g", "uid", "--nan", "ignore", "--trainer-filter", "trl", "--summary-json", summary
+    )
+    assert result.exit_code == 0, result.stderr
+    assert "group 'a': kept although constant (rewards nan, 1)" in result.stderr
+    report = json.loads(summary.read_text())["trainer_filter"]
+    assert report["kept"] == 1 and report["kept_although_inactive"] == 1
+    assert report["examples"][0]["rewards"] == [None, 1.0]

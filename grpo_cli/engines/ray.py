@@ -773,12 +773,7 @@ def block_statistics(
         if "group_rewards" in plan.needs:
             row_columns["reward"] = rewards.combined.to(torch.float64).numpy()
         if config.trainer_filter is not None:
-            seen = (
-                rewards.unshaped
-                if config.filter_unshaped and rewards.unshaped is not None
-                else rewards.combined
-            )
-            row_columns["seen"] = seen.numpy()
+            row_columns["seen"] = plan.filter_values(rewards)
         rows.append(pa.table(row_columns))
     accumulators, separate_summary = plan.accumulators()
     columns: dict[str, Any] = {}
@@ -1491,9 +1486,9 @@ def block_filter_rows(
     config: ComputeConfig,
     group_size: int | None = None,
 ) -> pa.Table:
-    """``check --trainer-filter``: one part's scored rows, each row's run group ID and the
-    reward the trainer's rule sees (unshaped with ``--filter-unshaped``), in the rewards'
-    own dtype and input order, as the local engine's pass 1 keeps them."""
+    """``check --trainer-filter``: one part's rows, each row's run group ID and the reward the
+    trainer's rule sees (:meth:`~grpo_cli.plan.RunPlan.filter_values`), in input order, as the
+    local engine's pass 1 keeps them."""
     (index,) = batch.column("block").to_pylist()
     plan, run_ids, _ = _worker_state(payload, token, config)
     ((part, record),) = _read_block(blocks[index], plan.input_columns, group_size)
@@ -2125,7 +2120,7 @@ def merge_bucket(
         filtered: FilterPart | None = None
         filter_cuts: list[pa.Table] = []
         if config.trainer_filter is not None:
-            groups = _scored_groups(outcome, row_ids, row_columns["seen"], row_columns["scored"])
+            groups = _filter_groups(outcome, row_ids, row_columns["seen"])
             filtered, filter_cuts = _bucket_filter(plan, outcome, whole, merged, keys, groups, buckets)
         report = BucketReport(figures.num_rows, outcome.totals, first, batch_totals, filtered)
         credit = nothing
@@ -2143,15 +2138,12 @@ def _value_cuts(plan: RunPlan) -> int:
     return len(plan.config.by_cols) + int(plan.whole_batch_filter)
 
 
-def _scored_groups(
-    outcome: GroupOutcome, ids: list[np.ndarray], seen: list[np.ndarray], scored: list[np.ndarray]
-) -> list[np.ndarray]:
-    """Each of a bucket's groups' scored rows, the reward a trainer's filter sees, in input order."""
+def _filter_groups(outcome: GroupOutcome, ids: list[np.ndarray], seen: list[np.ndarray]) -> list[np.ndarray]:
+    """Each of a bucket's groups' rows, the reward a trainer's filter sees, in input order."""
     from grpo_cli.trainer_filters import split_by_group
 
     if ids:
-        keep = np.concatenate(scored).astype(bool)
-        row_ids, values = np.concatenate(ids)[keep], np.concatenate(seen)[keep]
+        row_ids, values = np.concatenate(ids), np.concatenate(seen)
     else:
         row_ids, values = np.zeros(0, np.int64), np.zeros(0)
     return split_by_group(row_ids, values, int(outcome.active.numel()))
