@@ -613,6 +613,7 @@ class RunPlan:
             order=order,
             key_at=key_at,
             value_of_group=self.filter_partition(by, batches),
+            batch_of_group=self.filter_batches(batches),
         )
 
     def trainer_filter_result(self, part: FilterPart) -> dict[str, Any]:
@@ -628,9 +629,17 @@ class RunPlan:
 
     @property
     def filter_column(self) -> str | None:
-        """The column ``--trainer-filter``'s figures (and a whole-batch rule's batches) go by:
-        the first ``--by`` column, else ``--batch-col``, else none."""
+        """The column ``--trainer-filter``'s figures go by (a view of its decisions, which it
+        never changes): the first ``--by`` column, else ``--batch-col``, else none."""
         return self.config.by_cols[0] if self.config.by_cols else self.config.batch_col
+
+    def filter_batches(self, batches: BatchLayout | None) -> np.ndarray | None:
+        """A whole-batch rule's batches: each group's ``--batch-col`` value ID, or ``None`` (the
+        whole input one batch). ``--by`` never cuts them: it is a view of the results."""
+        if self.config.batch_col is None:
+            return None
+        assert batches is not None
+        return batches.of_group
 
     @property
     def whole_batch_filter(self) -> bool:

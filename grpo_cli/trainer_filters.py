@@ -237,7 +237,7 @@ FILTERS: dict[str, TrainerFilter] = {
         "TRL",
         "trl/trainer/grpo_trainer.py is_std_zero (frac_reward_zero_std), scale_rewards='batch'",
         "every group of a batch counted as zero std if isclose(float32 nanstd of the whole batch, 0); "
-        "the batch is --batch-col's (or the first --by's) value, else the whole input",
+        "the batch is --batch-col's value, else the whole input",
         _trl,
         batch_rule=_trl_batch_groups,
         batch_figure=lambda groups, kept: ("batch_kept", bool(kept[0]) if kept.size else False),
@@ -280,7 +280,7 @@ def compare(
     """The summary's ``trainer_filter`` object: ``name``'s decision on each group against the
     exact ``active`` one; the groups it keeps although constant, those it drops although
     active, with examples, and per value of ``value_of_group`` (column, value ID per group,
-    values) when given."""
+    values) when given, each value a batch of a whole-batch rule."""
     part = filter_part(
         name,
         groups,
@@ -288,9 +288,14 @@ def compare(
         order=np.arange(len(groups), dtype=np.int64),
         key_at=key_at,
         value_of_group=value_of_group,
+        batch_of_group=None if value_of_group is None else value_of_group[1],
         examples=examples,
     )
     return filter_report(name, part, column=None if value_of_group is None else value_of_group[0])
+
+
+_VALUE_COUNTS = ("value", "groups", "kept_although_inactive", "dropped_although_active")
+"""A value's figures that add up over parts of its groups (its batch figure does not)."""
 
 
 @dataclass(frozen=True)
@@ -316,16 +321,11 @@ class FilterPart:
             if value not in values:
                 values[value] = (first, figures)
                 continue
-            if self.whole_batches:  # a batch's figure and decisions need all of its groups at once
-                raise ValueError(f"value {value!r} of a whole-batch rule is in two parts")
             seen_first, seen = values[value]
-            merged = {
-                **seen,
-                **{
-                    k: seen[k] + figures[k]
-                    for k in ("groups", "kept_although_inactive", "dropped_although_active")
-                },
-            }
+            if set(seen) - set(_VALUE_COUNTS) or set(figures) - set(_VALUE_COUNTS):
+                # a batch's figure and decisions need all of its groups at once
+                raise ValueError(f"batch {value!r} of a whole-batch rule is in two parts")
+            merged = {**seen, **{k: seen[k] + figures[k] for k in _VALUE_COUNTS if k != "value"}}
             values[value] = (min(seen_first, first), merged)
         return FilterPart(
             groups=self.groups + other.groups,
@@ -348,12 +348,15 @@ def filter_part(
     order: np.ndarray,
     key_at: Callable[[int], Any] | None = None,
     value_of_group: tuple[str, np.ndarray, list[Any]] | None = None,
+    batch_of_group: np.ndarray | None = None,
     examples: int = 5,
 ) -> FilterPart:
     """:class:`FilterPart` of ``groups`` (each one's rewards in input order), with their exact
     decision ``active``, their places in the run's order of groups (``order``, int64) and
-    their value of ``value_of_group`` (column, value ID per group, values). A whole-batch rule
-    takes each value's groups (all of them, in the run's order) as one batch."""
+    their value of ``value_of_group`` (column, value ID per group, values), the report's view
+    of them. A whole-batch rule takes each batch's groups (``batch_of_group``, a batch ID per
+    group; ``None``: all of them, in the run's order) as one batch, whatever the view; a value's
+    batch figure is given where each value is a batch (``value_of_group``'s IDs are the batches)."""
     chosen = FILTERS[name]
     # The trainers' arithmetic on a NaN, or on one value, warns (numpy's "Degrees of freedom <=
     # 0", "invalid value", torch's std of one); its NaN is the trainer's answer, not the user's news.
@@ -361,9 +364,7 @@ def filter_part(
         warnings.simplefilter("ignore", RuntimeWarning)
         warnings.simplefilter("ignore", UserWarning)
         if chosen.batch_rule is not None:
-            kept = _batch_decisions(
-                chosen.batch_rule, groups, None if value_of_group is None else value_of_group[1]
-            )
+            kept = _batch_decisions(chosen.batch_rule, groups, batch_of_group)
         else:
             kept = np.array([chosen.keeps(g) for g in groups], dtype=bool)
         split = (
@@ -407,7 +408,9 @@ def filter_part(
                     "kept_although_inactive": int((constant_kept & member).sum()),
                     "dropped_although_active": int((active_dropped & member).sum()),
                 }
-                if chosen.batch_figure is not None:
+                if chosen.batch_figure is not None and batch_of_group is not None and (
+                    batch_of_group is of_group or np.array_equal(batch_of_group, of_group)
+                ):
                     figure_name, value_figure = chosen.batch_figure(
                         [groups[int(g)] for g in np.flatnonzero(member)], kept[member]
                     )

@@ -1118,6 +1118,8 @@ def test_ray_splices_each_file_byte_for_byte_as_the_local_engine_does(ray_instan
         ("trl-batch", {"batch_col": "step"}, "fmt"),
         ("slime-fallback", {"by_cols": ("step",)}, "reward"),
         ("trl-batch", {}, "reward"),  # the whole input one batch: every group in one task
+        # the batches are --batch-col's, cut by its hash; --by only views the decisions
+        ("slime-fallback", {"batch_col": "step", "by_cols": ("uid",)}, "reward"),
         # the rule sees the rewards before the clip, which makes many groups constant
         (
             "skyrl",

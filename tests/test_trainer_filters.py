@@ -707,3 +707,35 @@ def test_trl_counts_a_group_of_one_scored_rollout_and_a_null_as_not_zero_std(
     report = json.loads(summary.read_text())["trainer_filter"]
     assert report["kept"] == 1 and report["kept_although_inactive"] == 1
     assert report["examples"][0]["rewards"] == [None, 1.0]
+
+
+@pytest.mark.parametrize("view", [[], ["--by", "gid"], ["--by", "step"], ["--by", "source", "--by", "gid"]])
+def test_a_whole_batch_rule_takes_its_batch_from_batch_col_whatever_by_views(
+    view: list[str], cli: Any, tmp_path: Path
+) -> None:
+    """Issue #67 B.5: one step holding ``[0.5, 0.5, 0.5]`` and ``[1, 0, 1, 1]``: slime falls back to
+    one baseline for the uneven batch and trains on the constant group. The first ``--by``
+    column took the batch's place, so ``--by gid`` made every group a batch of its own and the
+    finding vanished. ``--by`` is a view of the results: the decisions never change with it."""
+    rows = [{"step": 1, "gid": "a", "source": "math", "reward": 0.5}] * 3
+    rows += [{"step": 1, "gid": "b", "source": "code", "reward": r} for r in (1.0, 0.0, 1.0, 1.0)]
+    rows += [{"step": 2, "gid": "c", "source": "math", "reward": r} for r in (1.0, 1.0)]
+    rows += [{"step": 2, "gid": "d", "source": "code", "reward": r} for r in (0.0, 1.0)]
+    path = tmp_path / "batch.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    # slime: step 1's uneven batch shares one baseline, so constant a is trained on; step 2 is
+    # even, each group on its own. TRL: neither step is constant, so a and c are not zero std.
+    expected = {"slime-fallback": ((1, 0), [True, False]), "trl-batch": ((2, 0), [True, True])}
+    for name, (counts, per_step) in expected.items():
+        summary = tmp_path / f"{name}.json"
+        args = ["check", path, "-g", "gid", "--batch-col", "step", "--trainer-filter", name, *view]
+        result = cli(*args, "--summary-json", summary)
+        assert result.exit_code == 0, result.stderr
+        report = json.loads(summary.read_text())["trainer_filter"]
+        assert (report["kept_although_inactive"], report["dropped_although_active"]) == counts, (name, view)
+        if view[:2] == ["--by", "gid"]:
+            assert [v["value"] for v in report["by"]["values"]] == ["a", "b", "c", "d"]
+            assert all("uneven" not in v and "batch_kept" not in v for v in report["by"]["values"])
+        elif not view or view[:2] == ["--by", "step"]:
+            batch_figure = {"slime-fallback": "uneven", "trl-batch": "batch_kept"}[name]
+            assert [v[batch_figure] for v in report["by"]["values"]] == per_step

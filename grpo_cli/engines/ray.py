@@ -2165,9 +2165,10 @@ def _bucket_filter(
     in the run's order by where each group first appeared, named by key (not with
     ``--group-size``, as the local engine names them). A rule on each group's own rows gives
     the bucket's :class:`FilterPart`; a whole-batch rule gives its groups cut into ``buckets``
-    tables by a hash of their batch (:attr:`RunPlan.filter_column`'s value; all in the first
-    without one), a row per group with its place in the run's order, whether it is active, its
-    key and its rewards, for :func:`by_batch_filter`."""
+    tables by a hash of their batch (``--batch-col``'s value; all in the first without one), a
+    row per group with its place in the run's order, whether it is active, its key, its rewards
+    and its value of :attr:`RunPlan.filter_column` (the report's view), for
+    :func:`by_batch_filter`."""
     if not plan.whole_batch_filter:
         named = plan.config.group_cols != (ROW_GROUP_FIELD,)
         part = plan.trainer_filter_part(
@@ -2188,12 +2189,17 @@ def _bucket_filter(
         "rewards": pa.ListArray.from_arrays(offsets, pa.array(flat)),
         **{KEY_PREFIX + name: keys.column(name) for name in keys.column_names},
     }
-    partition = plan.filter_partition(merged.by, merged.batches)
-    if partition is None:
+    view = plan.filter_partition(merged.by, merged.batches)
+    if view is not None:  # the report's values, beside the batches that decide
+        _, view_of_group, view_values = view
+        columns[FILTER_VIEW_FIELD] = pa.array([plain_key(key) for key in view_values]).take(
+            pa.array(view_of_group)
+        )
+    batches = plan.filter_batches(merged.batches)
+    if batches is None:
         table = pa.table(columns)
         return None, [table, *[table.slice(0, 0)] * (buckets - 1)]
-    _, of_group, values = partition
-    return None, _cut_by_value(values, of_group, columns, buckets)
+    return None, _cut_by_value(merged.batches.keys, batches, columns, buckets)
 
 
 def by_batch_filter(config: ComputeConfig, *parts: pa.Table) -> pa.Table:
@@ -2212,10 +2218,11 @@ def by_batch_filter(config: ComputeConfig, *parts: pa.Table) -> pa.Table:
     rewards = table.column("rewards").combine_chunks()
     flat = rewards.flatten().to_numpy(zero_copy_only=False)
     groups = np.split(flat, rewards.offsets.to_numpy()[1:-1])
+    batch_of_group = _values_in(table)[0] if config.batch_col is not None else None
     value_of_group = None
     column = RunPlan(config, device=_CPU).filter_column
     if column is not None:
-        value_of_group = (column, *_values_in(table))
+        value_of_group = (column, *_values_in(table, FILTER_VIEW_FIELD))
     key_columns = [name for name in table.column_names if name.startswith(KEY_PREFIX)]
     named = config.group_cols != (ROW_GROUP_FIELD,)
     key_table = table.select(key_columns)
@@ -2226,6 +2233,7 @@ def by_batch_filter(config: ComputeConfig, *parts: pa.Table) -> pa.Table:
         order=table.column("order").to_numpy(),
         key_at=_KeyTable(key_table).key_at if named else None,
         value_of_group=value_of_group,
+        batch_of_group=batch_of_group,
     )
     return _report_table(part)
 
@@ -2263,6 +2271,7 @@ def _credit_of(tables: Sequence[Any], sizes: Sequence[int]) -> RewardCredit:
 
 
 BY_VALUE_FIELD = "__grpo_by_value"
+FILTER_VIEW_FIELD = "__grpo_filter_view"  # a group's value of the trainer filter's report column
 BY_FIGURES = ("count", "mean", "m2", "minimum", "maximum", "active", "rows")
 """A group's figures that :func:`~grpo_cli.summary.figures_by_value` reads (:class:`GroupFigures`)."""
 
@@ -2287,11 +2296,11 @@ def _cut_by_value(
     return _cut(table, key_buckets(table.select([BY_VALUE_FIELD]), buckets), buckets)
 
 
-def _values_in(table: pa.Table) -> tuple[np.ndarray, list[Any]]:
-    """The value ID of each row of a table of :func:`_cut_by_value`'s cuts, and the values (IDs
-    in order of first appearance)."""
-    index = GroupKeyIndex([BY_VALUE_FIELD], few_values=True)
-    of_group = index.encode([table.column(BY_VALUE_FIELD)])
+def _values_in(table: pa.Table, field: str = BY_VALUE_FIELD) -> tuple[np.ndarray, list[Any]]:
+    """The value ID of each row of a table of :func:`_cut_by_value`'s cuts (its ``field``), and
+    the values (IDs in order of first appearance)."""
+    index = GroupKeyIndex([field], few_values=True)
+    of_group = index.encode([table.column(field)])
     return of_group, [index.key_at(v) for v in range(len(index))]
 
 
