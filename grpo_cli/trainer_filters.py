@@ -408,8 +408,10 @@ def filter_part(
                     "kept_although_inactive": int((constant_kept & member).sum()),
                     "dropped_although_active": int((active_dropped & member).sum()),
                 }
-                if chosen.batch_figure is not None and batch_of_group is not None and (
-                    batch_of_group is of_group or np.array_equal(batch_of_group, of_group)
+                if (
+                    chosen.batch_figure is not None
+                    and batch_of_group is not None
+                    and (batch_of_group is of_group or np.array_equal(batch_of_group, of_group))
                 ):
                     figure_name, value_figure = chosen.batch_figure(
                         [groups[int(g)] for g in np.flatnonzero(member)], kept[member]
