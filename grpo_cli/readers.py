@@ -404,25 +404,43 @@ def validate_pages(shards: Sequence[Shard]) -> dict[str, Any]:
             }
         with file:
             names = file.schema_arrow.names
+            declared = file.metadata.num_rows
+            rows = 0
             for group in range(file.num_row_groups):
+                group_rows = file.metadata.row_group(group).num_rows
                 for name in names:
+                    where = f"row group {group}, column {name!r}"
                     try:
-                        file.read_row_group(group, columns=[name], use_threads=False)
+                        values = file.read_row_group(group, columns=[name], use_threads=False).num_rows
                     except (pa.ArrowException, OSError) as exc:
-                        where = f"row group {group}, column {name!r}"
                         error = read_error(shard.display, exc, f"{where}: does not decode").message
+                        return {"row_groups": row_groups, "column_chunks": chunks, "error": error}
+                    if values != group_rows:  # pyarrow takes a short column chunk without a word
+                        error = (
+                            f"{shard.display}: {where}: decodes to {values:,} values where the row group "
+                            f"declares {group_rows:,} rows"
+                        )
                         return {"row_groups": row_groups, "column_chunks": chunks, "error": error}
                     chunks += 1
                 row_groups += 1
+                rows += group_rows
+            if rows != declared:
+                error = _rows_short(shard.display, declared, rows, "its footer").message
+                return {"row_groups": row_groups, "column_chunks": chunks, "error": error}
     return {"row_groups": row_groups, "column_chunks": chunks, "error": None}
 
 
 def read_table(shard: Shard) -> pa.Table:
     """A whole Parquet shard, decoded in parallel."""
     try:
-        return pq.read_table(shard.path, page_checksum_verification=True)
+        with pq.ParquetFile(shard.path, page_checksum_verification=True) as file:
+            table = file.read(use_threads=True)
+            declared = file.metadata.num_rows
     except (pa.ArrowException, OSError) as exc:
         raise read_error(shard.display, exc, "corrupt Parquet data") from None
+    if table.num_rows != declared:
+        raise _damaged(shard, declared, table.num_rows)
+    return table
 
 
 def parquet_row_range(
@@ -459,6 +477,10 @@ def parquet_row_range(
             table = file.read_row_groups(groups, columns=columns, use_threads=False)
         except (pa.ArrowException, OSError) as exc:
             raise read_error(display, exc, "corrupt Parquet data") from None
+        declared = sum(metadata.row_group(group).num_rows for group in groups)
+        if table.num_rows != declared:
+            where = f"row groups {groups[0]} to {groups[-1]}" if len(groups) > 1 else f"row group {groups[0]}"
+            raise _rows_short(display, declared, table.num_rows, where)
     return table.slice(start - group_start, stop - start)
 
 
@@ -469,8 +491,29 @@ def _parquet_batches(shard: Shard, columns: list[str] | None, batch_rows: int) -
     except (pa.ArrowException, OSError) as exc:
         raise read_error(shard.display, exc, "not a readable Parquet file") from None
     with file:
+        declared = file.metadata.num_rows
         batches = file.iter_batches(batch_size=batch_rows, columns=columns, use_threads=True)
-        yield from _checked(shard, batches, "Parquet")
+        rows = 0
+        for batch in _checked(shard, batches, "Parquet"):
+            rows += batch.num_rows
+            yield batch
+        if rows != declared:
+            raise _damaged(shard, declared, rows)
+
+
+def _damaged(shard: Shard, declared: int, decoded: int) -> GrpoError:
+    """The error of a Parquet shard whose columns decoded to other than its rows: the row group
+    and column at fault where :func:`validate_pages` finds them, else the totals."""
+    found = validate_pages([shard])["error"]
+    return GrpoError(found) if found is not None else _rows_short(shard.display, declared, decoded)
+
+
+def _rows_short(display: str, declared: int, decoded: int, where: str = "its footer") -> GrpoError:
+    """A Parquet file whose columns hold other than the rows its metadata declares: damaged."""
+    return GrpoError(
+        f"{display}: {where} declares {declared:,} rows but its columns decode to {decoded:,}; the file "
+        "is damaged"
+    )
 
 
 _Reader = TypeVar("_Reader")

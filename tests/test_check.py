@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -785,3 +786,134 @@ def test_verify_fails_a_corrupted_one_rollout_group(cli, tmp_path):
     result = cli("check", path, "--verify-advantage-col", "a", "--preset", "verl")
     assert result.exit_code == 1, result.stderr
     assert "row 2 group 1" in result.stderr
+
+
+def _footer_edited(
+    path: Path, *, column_values: dict[int, int] | None = None, rows: int | None = None
+) -> Path:
+    """``path`` with its footer rewritten (Thrift fields, as a damaged writer leaves them): column
+    ``c``'s chunk in row group 0 declaring ``column_values[c]`` values (pyarrow then decodes that
+    many), or the row group and file declaring ``rows`` rows."""
+    import io
+    import struct
+
+    from thrift.Thrift import TType
+
+    from grpo_cli import splice as s
+
+    data = path.read_bytes()
+    footer = s.read_footer(io.BytesIO(data))
+    group = footer.row_groups[0]
+    element_type, chunks = s.read_list(s._raw(s._get(group, s.ROW_GROUP_COLUMNS)))
+    for column, values in (column_values or {}).items():
+        chunk = s.read_struct(chunks[column])
+        meta = s.read_struct(s._raw(s._get(chunk, s.CHUNK_META)))
+        meta = s._replace(meta, s.int_field(5, TType.I64, values))  # ColumnMetaData.num_values
+        chunks[column] = s.write_struct(
+            s._replace(chunk, s.Field(s.CHUNK_META, TType.STRUCT, s.write_struct(meta)))
+        )
+    group = s._replace(group, s.Field(s.ROW_GROUP_COLUMNS, TType.LIST, s.write_list(element_type, chunks)))
+    fields = footer.fields
+    if rows is not None:
+        group = s._replace(group, s.int_field(s.ROW_GROUP_ROWS, TType.I64, rows))
+        fields = s._replace(fields, s.int_field(s.FILE_NUM_ROWS, TType.I64, rows))
+    group_type, _ = s.read_list(s._raw(s._get(fields, s.FILE_ROW_GROUPS)))
+    fields = s._replace(
+        fields, s.Field(s.FILE_ROW_GROUPS, TType.LIST, s.write_list(group_type, [s.write_struct(group)]))
+    )
+    meta = s.write_struct(fields)
+    damaged = path.with_name("damaged.parquet")
+    damaged.write_bytes(data[: footer.start] + meta + struct.pack("<I", len(meta)) + b"PAR1")
+    return damaged
+
+
+def _three_rows(tmp_path: Path) -> Path:
+    path = tmp_path / "three.parquet"
+    table = pa.table({"group_id": [0, 0, 1], "reward": [1.0, 0.0, 0.5], "text": ["a", "b", "c"]})
+    pq.write_table(table, path, row_group_size=3)
+    return path
+
+
+def test_validate_pages_fails_a_column_chunk_short_of_its_row_group(cli, tmp_path):
+    """Issue #67 C.7 (apache/parquet-testing ARROW-GH-41317): a row group declares 3 rows and one
+    column decodes to 0 values; pyarrow reads that column alone without a word, so every page
+    decoded and the gate passed. The values each chunk yields are held to the row group's rows."""
+    path = _footer_edited(_three_rows(tmp_path), column_values={2: 0})
+    with pytest.raises(pa.ArrowInvalid):
+        pq.read_table(path)  # the damage as pyarrow sees it whole
+    result = cli("check", path, "--validate-pages", "--summary-json", "-")
+    assert result.exit_code == 1, result.stderr
+    check = json.loads(result.stdout)["checks"][-1]
+    assert check["name"] == "validate-pages" and not check["passed"]
+    assert check["value"] == (
+        f"{path}: row group 0, column 'text': decodes to 0 values where the row group declares 3 rows"
+    )
+
+
+def test_a_footer_declaring_rows_the_columns_do_not_hold_is_refused_by_name(cli, tmp_path):
+    """A footer that declares 5 rows over columns of 3: the run read 3 and the splice, expecting
+    5, failed with an internal error (exit 70). It is one line naming the chunk, on every path
+    that reads Parquet (streamed, in memory), and nothing is written."""
+    path = _footer_edited(_three_rows(tmp_path), rows=5)
+    out = tmp_path / "out.parquet"
+    expected = (
+        "damaged.parquet: row group 0, column 'group_id': decodes to 3 values where the row group declares 5"
+    )
+    for args in (
+        ["compute", path, "-o", out],
+        ["compute", path, "-o", out, "--memory-limit-mb", "0"],
+        ["check", path],
+    ):
+        assert_one_line_error(cli(*args), expected)
+    assert not out.exists()
+    check = cli("check", path, "--validate-pages")
+    assert_one_line_error(check, expected)
+
+
+def test_every_bad_data_file_of_parquet_testing_is_refused_or_read_whole(cli, tmp_path):
+    """apache/parquet-testing's ``bad_data/`` (from a local mirror; skips without one): for each
+    file the gate (:func:`~grpo_cli.readers.validate_pages`) names its damage, or pyarrow reads it
+    whole, every row its footer declares; ARROW-GH-41317 fails ``check --validate-pages``."""
+    import subprocess
+
+    from grpo_cli.readers import validate_pages
+    from grpo_cli.sources import Shard
+    from tests.test_splice import PARQUET_TESTING
+    from tests.trainer_source import source
+
+    source(PARQUET_TESTING, "bad_data/README.md")  # skips where no mirror is present
+    git = ["git", "--git-dir", "/work/.mirror/apache+parquet-testing/repo"]
+    listed = subprocess.run(
+        [*git, "ls-tree", "--name-only", PARQUET_TESTING[1], "bad_data/"], capture_output=True, text=True
+    )
+    names = [n for n in listed.stdout.split() if n.endswith(".parquet")]
+    assert len(names) >= 8
+    refused = []
+    for name in names:
+        path = tmp_path / name.split("/")[-1]
+        data = subprocess.run([*git, "show", f"{PARQUET_TESTING[1]}:{name}"], capture_output=True).stdout
+        path.write_bytes(data)
+        found = validate_pages([Shard(path, path.name, "parquet", len(data))])["error"]
+        if found is not None:
+            assert found.startswith(f"{path.name}: "), found
+            refused.append(name)
+            continue
+        assert pq.read_table(path).num_rows == pq.read_metadata(path).num_rows, name  # read whole
+    assert len(refused) >= 7, refused
+    gated = cli(
+        "check",
+        tmp_path / "ARROW-GH-41317.parquet",
+        "--group-size",
+        "1",
+        "-r",
+        "float64",
+        "--nan",
+        "ignore",
+        "--validate-pages",
+        "--summary-json",
+        "-",
+    )
+    assert gated.exit_code == 1, gated.stderr
+    check = json.loads(gated.stdout)["checks"][-1]
+    assert check["name"] == "validate-pages" and not check["passed"]
+    assert "decodes to 0 values where the row group declares 3 rows" in check["value"]
