@@ -18,6 +18,7 @@ class CheckBounds:
     min_group_size: int | None = None
     max_group_size: int | None = None
     uniform_group_size: bool = False
+    sound_grouping: bool = False
     max_singleton_groups: int | None = None
     max_misclassified_groups: int | None = None
     validate_pages: bool = False
@@ -103,6 +104,15 @@ def evaluate_checks(
                 f"{off['groups']:,} groups are not of the common size {off['common_size']}: {named}{more}"
             )
         add("uniform-group-size", spread, "min == max", smallest == largest, detail)
+    if bounds.sound_grouping:
+        mistakes = [f for f in summary.findings if f["severity"] == "warning"]
+        add(
+            "sound-grouping",
+            len(mistakes),
+            "0 grouping findings",
+            not mistakes,
+            ", ".join(f"{f['kind']} ({f['groups']:,} groups)" for f in mistakes) if mistakes else None,
+        )
     if bounds.max_singleton_groups is not None:
         add(
             "max-singleton-groups",

@@ -59,6 +59,13 @@ class ComputeConfig:
     by_cols: tuple[str, ...] = ()
     trainer_filter: str | None = None
     filter_unshaped: bool = False
+    # the step column whose values each group's rows should share (a group across steps is a
+    # grouping mistake the summary reports); None: none watched (see plan.watched_step)
+    step_col: str | None = None
+    # the trainer whose dump the run reads (--from), and whether the key is its own grouping
+    # (findings never advise against it) or a stand-in for an ID the dump leaves out
+    grouping_of: str | None = None
+    own_grouping: bool = False
 
     def __post_init__(self) -> None:
         # Plain names are accepted where specs are expected: ComputeConfig(rewards=("correct",)).
@@ -192,7 +199,7 @@ class ComputeConfig:
         wanted = list(self.group_cols) if self.group_size is None else []
         wanted += [
             c
-            for c in (self.batch_col, self.length_col, self.truncated_col, self.baseline_col)
+            for c in (self.batch_col, self.length_col, self.truncated_col, self.baseline_col, self.step_col)
             if c is not None
         ]
         wanted += list(self.by_cols)
@@ -257,6 +264,17 @@ class ComputeConfig:
             summary["group_cols"] = []  # the groups are blocks of rows, whatever the key columns say
         return summary
 
+    def findings_options(self) -> dict[str, Any]:
+        """What the grouping's findings read (:func:`grpo_cli.findings.findings_of`): the options
+        in force, the step column the run watched and the trainer whose own grouping the key is
+        (neither an option of its own, so neither in a provenance record)."""
+        return {
+            **self.options_summary(),
+            "step_col": self.step_col,
+            "grouping_of": self.grouping_of,
+            "own_grouping": self.own_grouping,
+        }
+
 
 _RECORDED = {row.record: row for row in OPTIONS.values() if row.record is not None}
 """The option-table rows a provenance record holds, by their key in it."""
@@ -316,11 +334,15 @@ def resolve_config(
     given = {name: value for name, value in values.items() if _given(value)}
     if given.get("group_size") is not None and given.get("group_col"):
         raise GrpoError("--group-size and --group-col cannot be used together")
+    grouping: dict[str, Any] = {}
     if dump is not None:
         implied = {name: value for name, value in dump.items() if _given(value)}
+        # the trainer whose dump it is, and whether the key is its own grouping
+        grouping = {name: implied.pop(name) for name in ("grouping_of", "own_grouping") if name in implied}
         if "group_col" in given or "group_size" in given:
             implied.pop("group_col", None)
             implied.pop("group_size", None)
+            grouping = {}  # a key of the user's
         given = {**implied, **given}
     if recorded is not None:
         inherited = {
@@ -360,4 +382,4 @@ def resolve_config(
         settings["group_cols"] = ()
     if "memory_budget_bytes" in settings:
         settings["memory_budget_bytes"] = int(settings["memory_budget_bytes"]) << 20
-    return ComputeConfig(**settings, advantage=advantage, verify=verify)
+    return ComputeConfig(**settings, advantage=advantage, verify=verify, **grouping)

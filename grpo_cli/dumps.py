@@ -43,7 +43,7 @@ from grpo_cli.choices import InputFormat, Trainer, check_choice, choices_of
 from grpo_cli.columns import is_text_type, text_kernel_input
 from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.scratch import spool
-from grpo_cli.sources import InputSet, Shard
+from grpo_cli.sources import DANGLING, InputSet, Shard, matching_files, refuse_copies
 from grpo_cli.stores import check_scheme, is_uri, local_path, redact, staged_tree
 
 Layout = Literal["jsonl", "parquet", "json-columns", "torch", "episodes"]
@@ -225,6 +225,12 @@ class DumpFormat:
         tuple[str, Any], ...
     ] = ()  # option values of the trainer's formula, where no preset has it
     tells_apart: Callable[[pa.Schema], bool] | None = field(default=None, compare=False)
+    # why the trainer itself writes a file of no records (skipped, with a note), or None (refused)
+    writes_empty_steps: str | None = None
+    one_file_per_step: bool = True  # False: a file per data source (SkyRL), per task (AReaL)
+    # the group key is the trainer's own grouping (not the prompt text standing in for an ID the
+    # dump leaves out): what it shows of the groups is the trainer's doing, never to be advised against
+    key_is_the_trainers: bool = True
 
     @property
     def rewritten(self) -> bool:
@@ -256,6 +262,7 @@ DUMPS: dict[str, DumpFormat] = {
         fields=_VERL_FIELDS,
         rewards=("score",),
         group=KeyColumns(("step", "input"), "the prompt text within a step"),
+        key_is_the_trainers=False,  # verl groups by uid, one per prompt drawn: the dump leaves it out
         step_field="step",
         preset="verl",
         tells_apart=lambda schema: not _is_verl_v1(schema),
@@ -360,6 +367,7 @@ DUMPS: dict[str, DumpFormat] = {
         layout="jsonl",
         fields=("input_prompt", "output_response", "score", "data_source"),
         rewards=("score",),
+        key_is_the_trainers=False,  # SkyRL groups by uid: the dump leaves it out
         group=KeyColumns(
             ("step", "data_source", "input_prompt"),
             "the decoded prompt text within an evaluation's data source (one file each)",
@@ -368,6 +376,7 @@ DUMPS: dict[str, DumpFormat] = {
         preset="verl",
         step_from_file=True,
         every_step=False,  # one folder per evaluation (trainer.eval_interval)
+        one_file_per_step=False,
         subfolder="dumped_evals",
         tree=(
             "*/*.jsonl",
@@ -410,6 +419,10 @@ DUMPS: dict[str, DumpFormat] = {
             re.compile(r"(^|/)step_(?P<step>\d+)/(train|eval)/(all|effective)/traces\.jsonl$"),
         ),
         settings=(("estimator", "dr_grpo"),),
+        writes_empty_steps=(
+            "prime-rl opens a step's traces.jsonl to append its shipped episodes, and writes none where "
+            "the step shipped none (FileMonitor.log_episodes)"
+        ),
         notes=(
             "one row per trace prime-rl trains on (iter_trainable_traces: no error, a trainable agent, a "
             "sampled token); reward: the sum of its weighted scores (verifiers Trace.reward)",
@@ -431,6 +444,7 @@ DUMPS: dict[str, DumpFormat] = {
         step_field="tail_version",
         preset="areal",
         every_step=False,
+        one_file_per_step=False,
         tree=("*/*.jsonl", re.compile(r"(^|/)(?P<step>\d+)/\d+\.jsonl$")),
         response_length=("seqlen", "prompt_len"),
         article="an",
@@ -575,12 +589,16 @@ def _open_local_dump(trainer: str, specs: Sequence[str], *, group_size: int | No
     """
     check_choice("--from", trainer, Trainer)
     candidates = formats_of(trainer)
-    files, from_folder = _dump_files(candidates[0], specs)
+    named, from_folder = _dump_files(candidates[0], specs)
+    refuse_copies([(path, _display(path)) for path, _ in named])  # before any step is read
+    _refuse_two_files_of_a_step(candidates[0], named)
+    files, skipped = _without_empty_steps(candidates[0], named)
     dump = _which(candidates, files[0])
     _check_fields(dump, files[0])
     steps = sorted({s for _, s in files if s is not None})
-    if from_folder and dump.every_step and steps:
-        missing = sorted(set(range(steps[0], steps[-1] + 1)) - set(steps))
+    every = sorted({s for _, s in named if s is not None})  # a step written empty is no gap
+    if from_folder and dump.every_step and every:
+        missing = sorted(set(range(every[0], every[-1] + 1)) - set(every))
         if missing:
             folder = next(Path(spec) for spec in specs if Path(spec).is_dir())
             raise GrpoError(
@@ -592,6 +610,7 @@ def _open_local_dump(trainer: str, specs: Sequence[str], *, group_size: int | No
     opened = OpenedDump(dump, _inputs(dump, files, " ".join(specs)), _defaults(dump), steps, len(files))
     opened.inputs.directories += [Path(spec) for spec in specs if Path(spec).is_dir()]  # never written into
     opened.notes += dump.notes
+    opened.notes += skipped
     try:
         if isinstance(dump.group, ConsecutiveBlocks):
             opened.group_size = _blocks(dump.group, opened.inputs.shards, group_size, opened.notes)
@@ -629,8 +648,6 @@ def _listed(values: list[int]) -> str:
 
 def _dump_files(dump: DumpFormat, specs: Sequence[str]) -> tuple[list[tuple[Path, int | None]], bool]:
     """The dump's files in step order, each with its step, and whether a folder was named."""
-    import glob
-
     found: list[tuple[Path, int | None]] = []
     from_folder = False
     for spec in specs:
@@ -639,6 +656,7 @@ def _dump_files(dump: DumpFormat, specs: Sequence[str]) -> tuple[list[tuple[Path
         path = Path(spec)
         if path.is_dir():
             from_folder = True
+            _refuse_dangling(dump, path)
             matched = _files_in(dump, path)
             if not matched:
                 _refuse_unread(dump, path)
@@ -652,7 +670,7 @@ def _dump_files(dump: DumpFormat, specs: Sequence[str]) -> tuple[list[tuple[Path
                     f"({_files_in(others[0], path)[0].name}, ...): "
                     f"use --from {_choice(others[0])}"
                     if others
-                    else ""
+                    else _below(dump, path) or trainer_hint([spec], but=dump.trainer)
                 )
                 raise GrpoError(
                     f"{spec}: holds no {dump.trainer} dump file ({dump.trainer} writes "
@@ -664,7 +682,7 @@ def _dump_files(dump: DumpFormat, specs: Sequence[str]) -> tuple[list[tuple[Path
             _refuse_unread(dump, path)
             found.append((path, _step_of(dump, path)))
         elif any(ch in spec for ch in "*?["):
-            matches = sorted(Path(p) for p in glob.glob(spec, recursive=True) if os.path.isfile(p))
+            matches = matching_files(spec)
             if not matches:
                 raise GrpoError(f"{spec}: the pattern matches no file")
             found += [(p, _step_of(dump, p)) for p in matches]
@@ -674,6 +692,123 @@ def _dump_files(dump: DumpFormat, specs: Sequence[str]) -> tuple[list[tuple[Path
     return found, from_folder
 
 
+def _refuse_two_files_of_a_step(dump: DumpFormat, files: list[tuple[Path, int | None]]) -> None:
+    """Refuse two files that name one step (``rollout_dump_data.step_01.jsonl`` beside
+    ``..._step_1.jsonl``) of a trainer that writes one file a step: one of them is a copy, or
+    another run's, and its rows would count twice."""
+    if not dump.one_file_per_step:
+        return
+    first: dict[int, Path] = {}
+    for path, step in files:
+        if step is None:
+            continue
+        seen = first.setdefault(step, path)
+        if seen != path:
+            raise GrpoError(
+                f"{_display(path)}: holds step {step}, as {_display(seen)} does ({dump.trainer} writes one "
+                "file a step: a copy, or another run's?); name the files to read"
+            )
+
+
+def _is_empty(dump: DumpFormat, path: Path) -> bool:
+    """Whether a dump file holds no record: no bytes, only white space, or a Parquet file of
+    no rows."""
+    size = path.stat().st_size
+    if size == 0:
+        return True
+    if dump.layout == "parquet":
+        try:
+            return bool(pq.read_metadata(path).num_rows == 0)
+        except (pa.ArrowException, OSError):
+            return False  # refused as unreadable where it is read
+    if dump.layout == "torch" or size > 1 << 16:
+        return False
+    return not path.read_bytes().strip()
+
+
+def _without_empty_steps(
+    dump: DumpFormat, files: list[tuple[Path, int | None]]
+) -> tuple[list[tuple[Path, int | None]], list[str]]:
+    """The dump's files less those it writes empty (``dump.writes_empty_steps``), with a note
+    naming each; an empty file of a trainer that never writes one (a run stopped mid-write, a
+    file truncated by a copy) is refused by name."""
+    kept, skipped = [], []
+    for path, step in files:
+        if not _is_empty(dump, path):
+            kept.append((path, step))
+            continue
+        what = (
+            "no rows" if dump.layout == "parquet" else "no bytes" if not path.stat().st_size else "no record"
+        )
+        if dump.writes_empty_steps is None:
+            raise GrpoError(
+                f"{_display(path)}: an empty {dump.trainer} dump file ({what}); {dump.trainer} writes "
+                "none (a run stopped while writing it, or a copy cut short?): name the files to read "
+                "without it"
+            )
+        skipped.append(f"skipped {_display(path)}: empty ({what}); {dump.writes_empty_steps}")
+    if not kept:
+        raise GrpoError(
+            f"{_display(files[0][0])}: every {dump.trainer} dump file named is empty ({len(files)} file(s))"
+        )
+    return kept, skipped
+
+
+def _below(dump: DumpFormat, path: Path) -> str:
+    """Where ``dump``'s files sit in a subfolder of ``path`` (a folder named a level or two too
+    high: ``slime`` for ``slime/rollout_data``), the hint that names it, else ``""``."""
+    for folder in _subfolders(path, depth=2):
+        matched = _files_in(dump, folder)
+        if matched:
+            where = _display(folder)
+            return f"; its {dump.trainer} files ({matched[0].name}, ...) sit in {where}: name that folder"
+    return ""
+
+
+def _subfolders(path: Path, *, depth: int) -> list[Path]:
+    """The folders below ``path``, ``depth`` levels deep at most, nearest first (links not
+    followed, hidden ones left out)."""
+    found, level = [], [path]
+    for _ in range(depth):
+        level = [
+            child
+            for folder in level
+            for child in sorted(folder.iterdir())
+            if child.is_dir() and not child.is_symlink() and not child.name.startswith(".")
+        ]
+        found += level
+    return found
+
+
+def trainer_hint(specs: Sequence[str], *, but: str | None = None) -> str:
+    """What a run's INPUT looks like when its columns do not fit the options: a trainer's dump
+    (its files named as that trainer names them, with its fields), as ``"; it looks like a
+    verl dump: use --from verl"`` with the folder to name, or ``""``. ``but``: a trainer not
+    to name (the one ``--from`` already named)."""
+    for spec in specs:
+        path = Path(spec)
+        if path.is_file():
+            looks = _looks_like(path)
+            if looks is not None and looks.trainer != but:
+                return f"; it looks like {looks.article} {looks.trainer} dump: use --from {_choice(looks)}"
+            continue
+        if not path.is_dir():
+            continue
+        for folder in (path, *_subfolders(path, depth=2)):
+            for dump in DUMPS.values():
+                if dump.trainer == but:
+                    continue
+                matched = _files_in(dump, folder)
+                if not matched or _looks_like(matched[0]) is not dump:
+                    continue
+                where = "" if folder == path else f" {_display(folder)}"
+                return (
+                    f"; it holds {dump.article} {dump.trainer} dump ({matched[0].name}, ...): "
+                    f"use --from {_choice(dump)}{where}"
+                )
+    return ""
+
+
 def _files_in(dump: DumpFormat, path: Path) -> list[Path]:
     """The files of ``path`` (a folder) named as ``dump`` names its files, in name order."""
     folder = path / dump.subfolder if dump.subfolder and (path / dump.subfolder).is_dir() else path
@@ -681,6 +816,22 @@ def _files_in(dump: DumpFormat, path: Path) -> list[Path]:
         glob, rule = dump.tree
         return [p for p in sorted(folder.glob(glob)) if p.is_file() and rule.search(p.as_posix())]
     return [p for p in sorted(folder.glob("*")) if p.is_file() and dump.file_name.match(p.name)]
+
+
+def _refuse_dangling(dump: DumpFormat, path: Path) -> None:
+    """Refuse a link among a dump folder's files that leads to no file (a link to itself, to a
+    file since removed): passed over, its step would be missing without a word. (A glob's
+    search walks past no link unseen: every entry of the folders is looked at, links too.)"""
+    folder = path / dump.subfolder if dump.subfolder and (path / dump.subfolder).is_dir() else path
+    entries = folder.rglob("*") if dump.tree is not None else folder.glob("*")
+    for entry in entries:
+        named = (
+            dump.tree[1].search(entry.as_posix())
+            if dump.tree is not None
+            else dump.file_name.match(entry.name)
+        )
+        if named and entry.is_symlink() and not entry.exists():
+            raise GrpoError(f"{_display(entry)}: {DANGLING}")
 
 
 def _refuse_unread(dump: DumpFormat, path: Path) -> None:
@@ -753,14 +904,18 @@ def _check_fields(dump: DumpFormat, first: tuple[Path, int | None]) -> None:
         if looks is None:
             raise
         raise GrpoError(
-            f"{exc.message}; it looks like a {looks.trainer} dump: use --from {_choice(looks)}"
+            f"{exc.message}; it looks like {looks.article} {looks.trainer} dump: use --from {_choice(looks)}"
         ) from None
     missing = [name for name in dump.fields if name not in schema.names]
     if missing:
         looks = _looks_like(path, schema)
-        hint = f"; it looks like a {looks.trainer} dump: use --from {_choice(looks)}" if looks else ""
+        hint = (
+            f"; it looks like {looks.article} {looks.trainer} dump: use --from {_choice(looks)}"
+            if looks
+            else ""
+        )
         raise GrpoError(
-            f"{path}: not a {dump.trainer} dump: it has no {', '.join(missing)} field "
+            f"{path}: not {dump.article} {dump.trainer} dump: it has no {', '.join(missing)} field "
             f"(its fields: {', '.join(schema.names[:8])}{', ...' if len(schema.names) > 8 else ''}){hint}"
         )
 
@@ -794,6 +949,8 @@ def _defaults(dump: DumpFormat) -> dict[str, Any]:
         "reward_col": list(dump.rewards),
         "group_col": list(dump.group.columns),
         "batch_col": dump.step_field,
+        "grouping_of": dump.trainer,
+        "own_grouping": dump.key_is_the_trainers,
     }
     if dump.preset is not None:
         defaults["preset"] = dump.preset
@@ -875,9 +1032,16 @@ def _loaded(dump: DumpFormat, path: Path) -> pa.Table:
 
 def _whole_table(shard: Shard, columns: list[str] | None = None) -> pa.Table:
     """A shard's rows (``columns`` of them), read through its format's hardened reader."""
-    from grpo_cli.readers import iter_batches, read_schema
+    from grpo_cli.readers import MAX_TYPE_SETTLINGS, SchemaDrift, iter_batches, read_schema
 
-    batches = list(iter_batches(shard, columns, 1 << 16))
+    for _ in range(MAX_TYPE_SETTLINGS):
+        try:
+            batches = list(iter_batches(shard, columns, 1 << 16))
+            break
+        except SchemaDrift as drift:  # a line longer than the read block, types that drift: again
+            drift.settle()
+    else:
+        raise GrpoError(f"{shard.display}: the column types could not be settled")
     if batches:
         return pa.Table.from_batches(batches, schema=batches[0].schema)
     schema = read_schema(shard)
@@ -942,6 +1106,15 @@ def _episode_traces(path: Path, label: str) -> pa.Table:
             if not trace.get("ok") or not agent.get("trainable", True) or not nodes:
                 continue
             rewards = [r for r in (trace.get("rewards") or {}).values() if r is not None]
+            for name, reward in (trace.get("rewards") or {}).items():
+                score = reward.get("score") if isinstance(reward, dict) else None
+                if reward is not None and not (
+                    isinstance(score, int | float) and not isinstance(score, bool)
+                ):
+                    raise GrpoError(
+                        f"{label}, line {line}: trace {index}'s reward {name!r} has no numeric score "
+                        f"({json.dumps(reward)[:80]}); verifiers' Reward.score is a float"
+                    )
             advantages = [a for node in nodes for a in node.get("advantages") or []]
             rows.append(
                 {
@@ -1195,14 +1368,18 @@ def of_table(
     )
     missing = [name for name in dump.fields if name not in table.schema.names]
     if missing:
-        raise GrpoError(f"the table is not a {dump.trainer} dump: it has no {', '.join(missing)} column")
+        raise GrpoError(
+            f"the table is not {dump.article} {dump.trainer} dump: it has no {', '.join(missing)} column"
+        )
     stepless = dump.step_from_file and dump.step_field not in table.schema.names
     derived = _derived_table(dump, table, TABLE, 0 if stepless else None)
     defaults = _defaults(dump)
     if isinstance(dump.group, ConsecutiveBlocks):
         missing = dump.group.missing(table.schema.names)
         if missing:
-            raise GrpoError(f"the table is not a {dump.trainer} dump: it has no {', '.join(missing)} column")
+            raise GrpoError(
+                f"the table is not {dump.article} {dump.trainer} dump: it has no {', '.join(missing)} column"
+            )
         runs = _run_lengths(*(table.column(name) for name in dump.group.run_fields))
         files = [(TABLE, runs, functools.partial(_at, TABLE))]
         defaults["group_size"] = _block_size(

@@ -27,6 +27,11 @@ class GrpoError(ValueError):
         self.exit_code = exit_code
 
 
+class LayoutError(GrpoError):
+    """The input is not laid out as the options read it: a column missing, data in subfolders.
+    The jobs add what the input looks like instead (a trainer's dump: ``--from``)."""
+
+
 def os_reason(exc: OSError) -> str:
     """``No space left on device`` and the like, for one-line messages."""
     return exc.strerror or str(exc)

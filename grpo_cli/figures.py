@@ -34,43 +34,89 @@ from grpo_cli.rewards import RewardBatch
 class RowInputs:
     """What a chunk's rows contribute from: the combined reward (in its own dtype: a float32
     reward times a float64 length is widened exactly), whether it is in the statistics (bool),
-    and each row's length where the run reads one."""
+    each row's length where the run reads one, and its step (``--step-col``'s value as float64,
+    NaN where null) where the run watches one."""
 
     combined: np.ndarray
     valid: np.ndarray
     lengths: np.ndarray | None
+    steps: np.ndarray | None = None
 
     @classmethod
-    def of(cls, rewards: RewardBatch, lengths: np.ndarray | None) -> RowInputs:
+    def of(
+        cls, rewards: RewardBatch, lengths: np.ndarray | None, steps: np.ndarray | None = None
+    ) -> RowInputs:
         combined = rewards.combined.numpy()
         valid = rewards.combined_valid
-        return cls(combined, np.ones(combined.size, dtype=bool) if valid is None else valid.numpy(), lengths)
+        return cls(
+            combined, np.ones(combined.size, dtype=bool) if valid is None else valid.numpy(), lengths, steps
+        )
+
+    def __getitem__(self, rows: slice) -> RowInputs:
+        return RowInputs(
+            self.combined[rows],
+            self.valid[rows],
+            None if self.lengths is None else self.lengths[rows],
+            None if self.steps is None else self.steps[rows],
+        )
+
+    @staticmethod
+    def concat(parts: Sequence[RowInputs]) -> RowInputs:
+        def joined(arrays: list[np.ndarray | None]) -> np.ndarray | None:
+            return None if any(a is None for a in arrays) else np.concatenate(arrays)  # type: ignore[arg-type]
+
+        columns = [
+            joined([getattr(p, name) for p in parts]) for name in ("combined", "valid", "lengths", "steps")
+        ]
+        assert columns[0] is not None and columns[1] is not None
+        return RowInputs(columns[0], columns[1], columns[2], columns[3])
+
+
+def _extreme_by_group(
+    reduce: np.ufunc, identity: float
+) -> Callable[[np.ndarray, np.ndarray, int], np.ndarray]:
+    def by_group(ids: np.ndarray, values: np.ndarray, k: int) -> np.ndarray:
+        out = np.full(k, identity)
+        reduce.at(out, ids, values)
+        return out
+
+    return by_group
 
 
 @dataclass(frozen=True)
 class MergeRule:
     """How partial figures of the same groups combine: two aligned totals (``pair``), or rows
-    of (block, group) partials into one per group (``by_group(ids, values, k)``)."""
+    of (block, group) partials into one per group (``by_group(ids, values, k)``); ``identity``
+    is a group's figure before any row of it (what a total of groups not seen yet holds)."""
 
     pair: Callable[[np.ndarray, np.ndarray], np.ndarray]
     by_group: Callable[[np.ndarray, np.ndarray, int], np.ndarray]
+    identity: float = 0.0
 
 
 MERGES: dict[str, MergeRule] = {
     "sum": MergeRule(np.add, lambda ids, values, k: np.bincount(ids, weights=values, minlength=k)),
+    # fmin/fmax: a NaN (a null step) is no value; exact in any order
+    "min": MergeRule(np.fmin, _extreme_by_group(np.fmin, np.inf), np.inf),
+    "max": MergeRule(np.fmax, _extreme_by_group(np.fmax, -np.inf), -np.inf),
 }
 
 
 @dataclass(frozen=True)
 class GroupFigure:
-    """One per-group figure: integer counts (``of_rows`` gives a bool mask of the rows counted)
-    or float sums (``of_rows`` gives each row's value), wanted always or for one estimator need."""
+    """One per-group figure: integer counts (``of_rows`` gives a bool mask of the rows counted),
+    float sums or a float extreme (``of_rows`` gives each row's value), wanted always or for
+    one need."""
 
     name: str
-    kind: Literal["count", "sum"]
-    merge: Literal["sum"]
+    kind: Literal["count", "sum", "extreme"]
+    merge: Literal["sum", "min", "max"]
     of_rows: Callable[[RowInputs], np.ndarray]
     need: Need | None = None
+
+    @property
+    def identity(self) -> float:
+        return MERGES[self.merge].identity
 
 
 def _lengths(rows: RowInputs) -> np.ndarray:
@@ -83,7 +129,8 @@ def _weighted_rewards(rows: RowInputs) -> np.ndarray:
     NaN or infinite reward would warn on standard error)."""
     lengths = _lengths(rows)
     product = np.zeros(lengths.shape, dtype=np.result_type(lengths, rows.combined))
-    return np.multiply(lengths, rows.combined, out=product, where=rows.valid)
+    np.multiply(lengths, rows.combined, out=product, where=rows.valid)
+    return product
 
 
 FIGURES = (
@@ -104,9 +151,29 @@ FIGURES = (
         _weighted_rewards,
         need="length_sums",
     ),
+    GroupFigure("step_low", "extreme", "min", lambda rows: _steps(rows), need="step_span"),
+    GroupFigure("step_high", "extreme", "max", lambda rows: _steps(rows), need="step_span"),
 )
 """Every figure, in a fixed order: rows and unscorable rows per group, then those an estimator
-needs: rows with a non-zero reward (GPG's alpha) and OPO's length sums."""
+needs: rows with a non-zero reward (GPG's alpha) and OPO's length sums, then the lowest and
+highest step of each group where the run watches a step column (a group whose two differ
+spans steps)."""
+
+
+def step_spans(totals: Mapping[str, np.ndarray]) -> np.ndarray | None:
+    """Whether each group's rows hold more than one value of the watched step column (bool, per
+    group), from the ``step_low`` and ``step_high`` figures; ``None`` where none is watched. A
+    group of null steps alone spans none."""
+    low, high = totals.get("step_low"), totals.get("step_high")
+    if low is None or high is None:
+        return None
+    spans: np.ndarray = low < high
+    return spans
+
+
+def _steps(rows: RowInputs) -> np.ndarray:
+    assert rows.steps is not None  # wanted only with a watched step column (RunPlan.needs)
+    return rows.steps
 
 
 def wanted(needs: Sequence[Need]) -> list[GroupFigure]:
@@ -128,6 +195,8 @@ def of_chunk(
                 out[figure.name] = np.zeros(k, dtype=np.int64)
             else:
                 out[figure.name] = np.bincount(ids[values], minlength=k).astype(np.int64)
+        elif figure.kind == "extreme":
+            out[figure.name] = MERGES[figure.merge].by_group(ids, values, k)
         else:
             out[figure.name] = np.bincount(ids, weights=values, minlength=k)
     return out
@@ -163,7 +232,8 @@ class FigureAccumulator:
     """
 
     def __init__(self, figures: Sequence[GroupFigure], *, block_rows: int) -> None:
-        self.counts = [figure for figure in figures if figure.kind == "count"]
+        # an extreme is exact in any order: folded a chunk at a time, as the counts
+        self.counts = [figure for figure in figures if figure.kind != "sum"]
         self.sums = [figure for figure in figures if figure.kind == "sum"]
         self.block_rows = block_rows
         self._pending: list[tuple[np.ndarray, RowInputs]] = []
@@ -194,18 +264,8 @@ class FigureAccumulator:
 
     def _flush(self, rows: int) -> None:
         ids = np.concatenate([i for i, _ in self._pending])
-        lengths = [r.lengths for _, r in self._pending if r.lengths is not None]
-        parts = RowInputs(
-            np.concatenate([r.combined for _, r in self._pending]),
-            np.concatenate([r.valid for _, r in self._pending]),
-            np.concatenate(lengths) if lengths else None,
-        )
-        head = RowInputs(
-            parts.combined[:rows], parts.valid[:rows], None if parts.lengths is None else parts.lengths[:rows]
-        )
-        rest = RowInputs(
-            parts.combined[rows:], parts.valid[rows:], None if parts.lengths is None else parts.lengths[rows:]
-        )
+        parts = RowInputs.concat([r for _, r in self._pending])
+        head, rest = parts[:rows], parts[rows:]
         self._pending = [(ids[rows:], rest)] if ids.size > rows else []
         self._pending_rows = ids.size - rows
         if rows:
@@ -220,9 +280,11 @@ class FigureAccumulator:
             if buffer is not None and figure.name in self._handed_out:  # compute() gave a view of it
                 self._handed_out.discard(figure.name)
                 buffer = buffer.copy()
-            buffer = self._buffers[figure.name] = room_for(buffer, high + 1, dtype=chunk[figure.name].dtype)
-            # a group not seen before holds 0 there, and 0 + a bincount's total is the total
-            # (a bincount never sums to -0.0)
+            buffer = self._buffers[figure.name] = room_for(
+                buffer, high + 1, fill=figure.identity, dtype=chunk[figure.name].dtype
+            )
+            # a group not seen before holds the rule's identity there (0 + a bincount's total is
+            # the total: a bincount never sums to -0.0)
             at = buffer[low : high + 1]
             at[...] = MERGES[figure.merge].pair(at, chunk[figure.name])
 
@@ -245,6 +307,8 @@ def padded(figures: Sequence[GroupFigure], totals: Mapping[str, np.ndarray], k: 
         values = totals.get(figure.name)
         dtype = np.int64 if figure.kind == "count" else np.float64
         out[figure.name] = (
-            np.zeros(k, dtype=dtype) if values is None else np.pad(values, (0, k - values.size))
+            np.full(k, figure.identity, dtype=dtype)
+            if values is None
+            else np.pad(values, (0, k - values.size), constant_values=figure.identity)
         )
     return out

@@ -33,9 +33,10 @@ from __future__ import annotations
 import heapq
 import json
 import math
+import re
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,8 @@ TOP_INACTIVE_VALUES = 10
 OFF_SIZE_EXAMPLES = 5
 MERGED_EXAMPLES = 3
 """How many keys of merged groups a warning names."""
+SINGLETON_KEYS = 256
+"""How many singletons' keys the runs looks at for a part that varies in each (a time, a path)."""
 SIZE_COUNTS_SHOWN = 64
 
 
@@ -75,6 +78,7 @@ class GroupPart:
     order: np.ndarray
     label_at: Callable[[int], Any] | None = None
     named: bool = False
+    spans: np.ndarray | None = None  # bool: the group's rows hold several values of the watched step
 
     def label(self, i: int) -> Any:
         return self.label_at(i) if self.label_at is not None else int(self.order[i])
@@ -86,6 +90,7 @@ class GroupPart:
             for name in ("count", "mean", "m2", "minimum", "maximum", "active", "rows", "order")
         }
         pieces["m2_scale"] = None if self.m2_scale is None else self.m2_scale[start:stop]
+        pieces["spans"] = None if self.spans is None else self.spans[start:stop]
         return replace(self, **pieces, label_at=label_at)
 
 
@@ -133,6 +138,7 @@ def _holding_rewards(part: GroupPart) -> GroupPart:
         for name in ("count", "mean", "m2", "minimum", "maximum", "active", "rows", "order")
     }
     pieces["m2_scale"] = None if part.m2_scale is None else part.m2_scale[seen]
+    pieces["spans"] = None if part.spans is None else part.spans[seen]
     return replace(part, **pieces)
 
 
@@ -172,6 +178,7 @@ class FirstRound:
     binary: bool = True
     constant_values: Counter[float] = field(default_factory=Counter)
     tolerated_groups: int = 0  # inactive within --inactive-tolerance, not exactly constant
+    spanning_groups: int = 0  # groups whose rows hold several values of the watched step
 
     @classmethod
     def of(cls, part: GroupPart) -> FirstRound:
@@ -194,6 +201,7 @@ class FirstRound:
             binary=_binary(seen, reward.low, reward.high),
             constant_values=Counter(dict(zip(values.tolist(), counts.tolist(), strict=True))),
             tolerated_groups=int(np.count_nonzero(inactive & (part.maximum > part.minimum))),
+            spanning_groups=0 if part.spans is None else int(np.count_nonzero(part.spans)),
         )
 
     def __add__(self, other: FirstRound) -> FirstRound:
@@ -209,6 +217,7 @@ class FirstRound:
             binary=self.binary and other.binary,
             constant_values=self.constant_values + other.constant_values,
             tolerated_groups=self.tolerated_groups + other.tolerated_groups,
+            spanning_groups=self.spanning_groups + other.spanning_groups,
         )
 
 
@@ -295,6 +304,8 @@ class SecondRound:
     histogram: tuple[int, ...] = ()
     off_size: tuple[Example, ...] = ()  # the part's first OFF_SIZE_EXAMPLES, in the run's order
     merged: tuple[Example, ...] = ()  # its first MERGED_EXAMPLES of 2 or more times the common size
+    spanning: tuple[Example, ...] = ()  # its first MERGED_EXAMPLES across steps
+    singletons: tuple[Example, ...] = ()  # its first SINGLETON_KEYS singletons (their keys: a pattern?)
 
     @classmethod
     def of(cls, part: GroupPart, run: RunFigures) -> SecondRound:
@@ -321,11 +332,15 @@ class SecondRound:
         off = np.flatnonzero(part.rows != common)
         off_rows = part.rows[off]  # few: the modulo runs on these alone
         merged = off[(off_rows > common) & (off_rows % common == 0)] if common > 1 else off[:0]
+        spanning = np.flatnonzero(part.spans) if part.spans is not None else off[:0]
+        singletons = np.flatnonzero(part.rows == 1) if part.named else off[:0]
         return cls(
             squares=squares,
             histogram=tuple(int(c) for c in binned),
             off_size=_first(part, off, OFF_SIZE_EXAMPLES),
             merged=_first(part, merged, MERGED_EXAMPLES),
+            spanning=_first(part, spanning, MERGED_EXAMPLES),
+            singletons=_first(part, singletons, SINGLETON_KEYS),
         )
 
     def __add__(self, other: SecondRound) -> SecondRound:
@@ -339,6 +354,10 @@ class SecondRound:
             histogram=histogram,
             off_size=tuple(heapq.nsmallest(OFF_SIZE_EXAMPLES, (*self.off_size, *other.off_size), key=_order)),
             merged=tuple(heapq.nsmallest(MERGED_EXAMPLES, (*self.merged, *other.merged), key=_order)),
+            spanning=tuple(heapq.nsmallest(MERGED_EXAMPLES, (*self.spanning, *other.spanning), key=_order)),
+            singletons=tuple(
+                heapq.nsmallest(SINGLETON_KEYS, (*self.singletons, *other.singletons), key=_order)
+            ),
         )
 
 
@@ -368,6 +387,7 @@ class GroupFindings:
     inactive_other_values: int
     group_mean_histogram: dict[str, Any]
     off_size_groups: dict[str, Any]
+    findings: list[dict[str, Any]]
     warnings: list[str]
     group_size_counts: dict[str, int]
     tolerance: dict[str, Any] | None
@@ -402,6 +422,7 @@ def merged_findings(
         }
     values = sorted(first.constant_values.items(), key=lambda item: (-item[1], item[0]))
     tolerance = float(options.get("inactive_tolerance") or 0.0)
+    found = _grouping_findings(first, second, options, named=named)
     return GroupFindings(
         groups=groups,
         active_groups=first.active_groups,
@@ -412,7 +433,8 @@ def merged_findings(
         inactive_other_values=sum(int(n) for _, n in values[TOP_INACTIVE_VALUES:]),
         group_mean_histogram=_histogram(run, second),
         off_size_groups=_off_size(first, second, named=named),
-        warnings=_warnings(first, second, options, named=named),
+        findings=found,
+        warnings=[f["message"] for f in found if f["severity"] == "warning"],
         group_size_counts=_size_counts(first.size_counts),
         tolerance=None
         if tolerance == 0
@@ -486,46 +508,149 @@ def plain_key(key: Any) -> Any:
     return str(key)
 
 
-def _warnings(first: FirstRound, second: SecondRound, options: dict[str, Any], *, named: bool) -> list[str]:
-    """What the group sizes say about the grouping itself, as one line each.
+def _examples_text(examples: Sequence[Example]) -> str:
+    """``, e.g. key [1, "p"] (8 rows), ...``: the groups a finding names by their keys."""
+    return ", e.g. key " + ", ".join(
+        f"{json.dumps(plain_key(e.label), ensure_ascii=False)[:80]} ({e.rows} rows)" for e in examples
+    )
 
-    Trainers sample a fixed number G of rollouts per prompt: most groups of one size and some
-    of two or more times it means groups were merged (a prompt drawn twice in a step, the same
-    ID in two data sources, or a prompt key without the step), named by their first keys;
-    mostly singletons means the key names rollouts, not prompts.
+
+def _grouping_findings(
+    first: FirstRound, second: SecondRound, options: dict[str, Any], *, named: bool
+) -> list[dict[str, Any]]:
+    """What the groups say about the grouping itself, each a finding: its ``kind``, whether it
+    is a ``warning`` (a grouping a user got wrong) or an ``info`` (the trainer's own grouping,
+    never advised against: ``options["grouping_of"]``), its one-line ``message``, the ``groups``
+    it counts and, where one follows from the data, the ``fix`` (the group key that mends it).
+
+    Trainers sample a fixed number G of rollouts per prompt, within a step: groups whose rows
+    hold several values of the step column mean a key without the step (every step's rollouts
+    of a prompt in one group); most groups of one size and some of two or more times it mean
+    groups were merged (a prompt drawn twice in a step, the same ID in two data sources);
+    mostly singletons means the key names rollouts, not prompts (a uid per rollout, a time or a
+    path in the prompt).
     """
     groups = first.groups
+    columns = list(options.get("group_cols") or [])
+    keys = ", ".join(columns) or f"--group-size {options.get('group_size')}"
+    trainer = options.get("grouping_of")
+    found: list[dict[str, Any]] = []
+    step = options.get("step_col")
+    if step is not None and first.spanning_groups:
+        spanning = first.spanning_groups
+        named_text = _examples_text(second.spanning) if named else ""
+        if columns:
+            fix = [*columns, step]
+            found.append(
+                _finding(
+                    "groups_span_steps",
+                    f"{spanning:,} of {groups:,} groups span several values of {step!r}{named_text}: the key "
+                    f"{keys} puts rollouts of several steps in one group; -g {' -g '.join(fix)} keys each "
+                    "group within its step",
+                    spanning,
+                    fix={"group_cols": fix},
+                )
+            )
+        else:
+            found.append(
+                _finding(
+                    "groups_span_steps",
+                    f"{spanning:,} of {groups:,} --group-size {options.get('group_size')} blocks span "
+                    f"several values of {step!r}: a block holds rollouts of two steps (are the rows of each "
+                    "step a whole number of blocks, in order?)",
+                    spanning,
+                )
+            )
     if groups < 2:
-        return []
-    keys = ", ".join(options.get("group_cols") or []) or f"--group-size {options.get('group_size')}"
+        return found
     if first.singleton_groups * 2 > groups:
-        return [
-            f"{first.singleton_groups:,} of {groups:,} groups are singletons: the group key {keys} seems "
-            "to name rollouts, not prompts (a uid per rollout, a path or a timestamp in the prompt?)"
-        ]
+        found.append(
+            _finding(
+                "singleton_groups",
+                f"{first.singleton_groups:,} of {groups:,} groups "
+                f"({100 * first.singleton_groups / groups:.1f}%) are singletons: the group key {keys} seems "
+                "to name rollouts, not prompts (a uid per rollout, a path or a time in the prompt?)"
+                + _varying_part(second.singletons),
+                first.singleton_groups,
+            )
+        )
+        return found
     common, groups_of_common = common_size(first.size_counts)
     multiples = (
         sum(n for size, n in first.size_counts.items() if size > common and size % common == 0)
         if common > 1
         else 0
     )
-    if not (multiples and groups_of_common * 2 > groups):
-        return []
-    stepped = len(options.get("group_cols") or []) > 1 and options.get("batch_col") in options["group_cols"]
-    named_text = ""
-    if named:
-        shown = ", ".join(
-            f"{json.dumps(plain_key(e.label), ensure_ascii=False)[:80]} ({e.rows} rows)"
-            for e in second.merged
+    if not (multiples and groups_of_common * 2 > groups) or found:
+        return found  # groups across steps are the merge to mend first
+    named_text = _examples_text(second.merged) if named else ""
+    head = f"{multiples:,} of {groups:,} groups have 2 or more times the {common} rows most groups have"
+    if trainer is not None and not options.get("own_grouping"):
+        found.append(
+            _finding(
+                "merged_groups",
+                f"{head}{named_text}: groups sharing a key were merged (a prompt drawn twice in a step); "
+                f"{trainer} kept the draws apart by an ID its dump does not hold: they cannot be split here",
+                multiples,
+            )
         )
-        named_text = f", e.g. key {shown}"
-    return [
-        f"{multiples:,} of {groups:,} groups have 2 or more times the {common} rows most groups have: "
-        "groups sharing a key were merged (a prompt drawn twice in a step, or one ID in two data sources"
-        + (")" if stepped else f", or a prompt key {keys} without the step: add the step column with -g)")
-        + f"{named_text}; where the trainer keeps a prompt's rollouts in consecutive rows, "
-        f"--group-size {common} splits them"
-    ]
+        return found
+    if trainer is not None:
+        found.append(
+            _finding(
+                "merged_groups",
+                f"{head}{named_text}: the key is {trainer}'s own grouping, which puts a prompt drawn twice "
+                f"in a step in one group: {trainer} trained on them so",
+                multiples,
+                severity="info",
+            )
+        )
+        return found
+    stepped = len(columns) > 1 and options.get("batch_col") in columns
+    found.append(
+        _finding(
+            "merged_groups",
+            f"{head}: groups sharing a key were merged (a prompt drawn twice in a step, or one ID in two "
+            "data sources"
+            + (")" if stepped else f", or a prompt key {keys} without the step: add the step column with -g)")
+            + f"{named_text}; where the trainer keeps a prompt's rollouts in consecutive rows, "
+            f"--group-size {common} splits them",
+            multiples,
+            fix={"group_size": common},
+        )
+    )
+    return found
+
+
+def _finding(
+    kind: str, message: str, groups: int, *, severity: str = "warning", fix: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    return {"kind": kind, "severity": severity, "message": message, "groups": groups, "fix": fix}
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+def _varying_part(singletons: Sequence[Example]) -> str:
+    """Where the singletons' keys (text) are alike but for their digits (a time, a counter, a path
+    with a number), what they look like without them: keys that differ in a varying part each
+    make a group of one where the prompt's rollouts should share one.
+
+    >>> keys = [Example(i, f"Solve 2+2 [{t}]", 1) for i, t in enumerate(["12:00:01", "12:00:07", "12:01:13"])]
+    >>> _varying_part(keys)
+    "; the keys differ only in their digits: 'Solve 2+2 [12:00:01]' and 'Solve 2+2 [12:00:07]' are one text"
+    """
+    texts = [e.label for e in singletons if isinstance(e.label, str)]
+    if len(texts) < 2:
+        return ""
+    by_template: dict[str, list[str]] = {}
+    for text in texts:
+        by_template.setdefault(_DIGITS.sub("#", text), []).append(text)
+    shared = [alike for alike in by_template.values() if len(alike) > 1]
+    if not shared or len(by_template) * 2 > len(texts):
+        return ""
+    first, second = shared[0][:2]
+    return f"; the keys differ only in their digits: {first[:60]!r} and {second[:60]!r} are one text"
 
 
 def parts_of(

@@ -11,13 +11,15 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
 
 from grpo_cli.checks import CheckBounds, evaluate_checks
 from grpo_cli.config import ComputeConfig
+from grpo_cli.dumps import trainer_hint
+from grpo_cli.errors import LayoutError
 from grpo_cli.file_names import output_is_directory
 from grpo_cli.guard import (
     Claim,
@@ -194,7 +196,12 @@ def compute_dataset_ray(
     )  # fmt: skip
 
 
-def _ray_job(
+def _ray_job(input: Inputs, output: str | None, config: ComputeConfig, **options: Any) -> RunSummary:
+    with _as_dumps_hint(input):
+        return _ray_run(input, output, config, **options)
+
+
+def _ray_run(
     input: Inputs,
     output: str | None,
     config: ComputeConfig,
@@ -274,9 +281,26 @@ def _local_job(
 
         check_report_path(os.fspath(report))
     directory = output_is_directory(os.fspath(output)) if output is not None else False  # "-": stdout
-    resolved = (
-        input if isinstance(input, InputSet) else InputSet(_specs(input), input_format=config.input_format)
-    )
+    with _as_dumps_hint(input):
+        resolved = (
+            input
+            if isinstance(input, InputSet)
+            else InputSet(_specs(input), input_format=config.input_format)
+        )
+        return _local_run(resolved, output, config, directory, force, progress, summary_json, finish, report)
+
+
+def _local_run(
+    resolved: InputSet,
+    output: PathLike | None,
+    config: ComputeConfig,
+    directory: bool,
+    force: bool,
+    progress: Progress | None,
+    summary_json: PathLike | None,
+    finish: Callable[[RunSummary, InputSet], None] | None,
+    report: PathLike | None,
+) -> RunSummary:
     with resolved as inputs:
 
         def run(claim: Claim | None) -> RunSummary:
@@ -292,6 +316,18 @@ def _local_job(
         return _guarded(
             inputs.protected(), output, summary_json, directory=directory, force=force, run=run, report=report
         )
+
+
+@contextlib.contextmanager
+def _as_dumps_hint(input: Inputs) -> Iterator[None]:
+    """A run over files whose layout does not fit the options (a column missing, data in
+    subfolders) says what the files look like instead: a trainer's dump, to read with ``--from``."""
+    try:
+        yield
+    except LayoutError as error:
+        if isinstance(input, InputSet) or (hint := trainer_hint(_specs(input))) == "":
+            raise
+        raise LayoutError(error.message + hint, exit_code=error.exit_code) from None
 
 
 def _guarded(

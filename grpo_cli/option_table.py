@@ -178,6 +178,19 @@ _ROWS = (
         keyword=False,
     ),
     Option(
+        "sound_grouping",
+        ("--sound-grouping",),
+        "Fail if the groups look keyed wrongly: groups that span steps, groups merged to two or more "
+        "times the common size, a key that makes most rollouts singletons (the summary's findings; "
+        "a trainer's own grouping, read with --from, is not failed).",
+        bool,
+        False,
+        target="bounds",
+        panel="Checks",
+        commands=("check",),
+        keyword=False,
+    ),
+    Option(
         "max_singleton_groups",
         ("--max-singleton-groups",),
         "Fail if more than N groups have one rollout.",

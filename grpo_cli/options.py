@@ -219,7 +219,9 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-Need = Literal["row_lengths", "row_baselines", "length_sums", "batch_nonzero", "top_two", "group_rewards"]
+Need = Literal[
+    "row_lengths", "row_baselines", "length_sums", "batch_nonzero", "top_two", "group_rewards", "step_span"
+]
 """What an estimator needs from pass 1 beyond a reward and a group per row: each row's length
 (``--length-col``) or baseline reward (``--baseline-col``), the groups' length sums, each batch's
 count of non-zero rewards, each group's top two rewards and first best row, every

@@ -23,7 +23,7 @@ import torch
 
 from grpo_cli.columns import MAX_NESTING, field_type, is_numeric_type, leaf_fields, nesting_depth
 from grpo_cli.config import ComputeConfig
-from grpo_cli.errors import GrpoError
+from grpo_cli.errors import GrpoError, LayoutError
 from grpo_cli.file_names import PROVENANCE_KEY
 from grpo_cli.kernel import (
     BatchTransform,
@@ -209,6 +209,43 @@ ONE_VALUE_REASONS = {
 """Why a group may hold only one value of each such column, by option (both engines refuse in these words)."""
 
 
+STEP_COLUMNS = ("step", "global_step", "train_step", "iteration", "epoch", "training_step")
+"""Columns that name a training step or iteration, in the order one is watched."""
+
+
+def watched_step(config: ComputeConfig, schema: pa.Schema) -> str | None:
+    """The step column a run watches for groups that span steps (a prompt key without the step
+    draws every step's rollouts of a prompt into one group): the first of :data:`STEP_COLUMNS`
+    that ``schema`` holds as numbers, outside the group key, ``--by`` and ``--batch-col`` (a
+    group across those is refused) and not read otherwise; ``None`` where none is.
+
+    >>> import pyarrow as pa
+    >>> schema = pa.schema([("prompt", pa.string()), ("step", pa.int64()), ("reward", pa.float64())])
+    >>> watched_step(ComputeConfig(group_cols=("prompt",)), schema)
+    'step'
+    >>> watched_step(ComputeConfig(group_cols=("prompt", "step")), schema) is None
+    True
+    """
+    taken = {*config.group_cols, *config.by_cols, config.batch_col, *config.input_columns}
+    for name in STEP_COLUMNS:
+        index = schema.get_field_index(name)
+        if index >= 0 and name not in taken:
+            kind = schema.field(index).type
+            if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+                return name
+    return None
+
+
+def with_watched_step(config: ComputeConfig, schemas: Sequence[pa.Schema]) -> ComputeConfig:
+    """``config`` watching the step column every shard holds (:func:`watched_step`; shards of no
+    columns, empty JSON lines, aside), or ``config`` itself where it names its own or none fits."""
+    if config.step_col is not None:
+        return config
+    found = {watched_step(config, schema) for schema in schemas if len(schema)}
+    step = found.pop() if len(found) == 1 else None
+    return config if step is None else replace(config, step_col=step)
+
+
 def value_columns(config: ComputeConfig) -> list[tuple[str, str, str]]:
     """The columns that hold one value per group, with their option and why: --batch-col (its
     training batch), then each --by column (its figures per value), in that order."""
@@ -262,6 +299,7 @@ class GroupOutcome:
     best_advantage: torch.Tensor | None = None  # per group: grpo_passk's value for the best rollout
     row_advantages: torch.Tensor | None = None  # per row, input order: pass_at_k's (0 where unscored)
     reward_credit: RewardCredit | None = None  # per group and reward: pass_at_k's, where rows meet it by key
+    step_spans: np.ndarray | None = None  # per group: its rows hold several values of the watched step
 
     @property
     def dropped_groups(self) -> int:
@@ -348,8 +386,11 @@ class RunPlan:
         self.count_extremes = config.advantage.baseline == "leave-one-out"
         self.input_columns = config.input_columns
         self.new_columns = config.new_columns
-        self.needs = ESTIMATOR_SPECS[config.advantage.estimator].needs
-        """What the estimator needs from pass 1 (:data:`~grpo_cli.options.Need`)."""
+        self.needs = ESTIMATOR_SPECS[config.advantage.estimator].needs + (
+            ("step_span",) if config.step_col is not None else ()
+        )
+        """What the estimator needs from pass 1 (:data:`~grpo_cli.options.Need`), and the
+        watched step column's span (:func:`watched_step`)."""
 
     # ----------------------------------------------------------------- pass 1
 
@@ -395,7 +436,7 @@ class RunPlan:
             )
         for column in self.input_columns:
             if field_type(schema, column) is None:
-                raise GrpoError(f"{shard.display}: no column {column!r}{self._hint(column, schema)}")
+                raise LayoutError(f"{shard.display}: no column {column!r}{self._hint(column, schema)}")
         for column in self.new_columns if writes_output else ():
             if field_type(schema, column) is not None:
                 option = "--active-col" if column == config.active_col else "--advantage-col"
@@ -489,6 +530,7 @@ class RunPlan:
         length_sums: np.ndarray | None = None,
         weighted_reward_sums: np.ndarray | None = None,
         batch_stds: Sequence[Mapping[Any, float]] | None = None,
+        step_spans: np.ndarray | None = None,
     ) -> GroupOutcome:
         """Everything pass 2 and the summary need, from pass 1's statistics.
 
@@ -546,6 +588,7 @@ class RunPlan:
             group_baseline=group_baseline,
             top_two=top_two,
             best_advantage=best_advantage,
+            step_spans=step_spans,
         )
 
     def filter_rows(self, rewards: RewardBatch, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

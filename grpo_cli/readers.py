@@ -171,9 +171,7 @@ class JsonlReader(_Text):
     def schema(self, shard: Shard) -> pa.Schema:
         if jsonl_is_empty(shard):
             return pa.schema([])
-        if _contents(shard) is not None:  # held in memory: scanned whole now, from memory
-            _check_jsonl_nesting(shard)
-        stream = _JsonlStream(shard, read_ahead=False, first_block_only=True)
+        stream = _JsonlStream(shard, read_ahead=False, first_block_only=True)  # held in memory: scanned
         with stream as reader:
             stream.refuse_what_the_scan_found()
             return reader.schema
@@ -592,6 +590,8 @@ class _JsonlStream(_TextStream["pa_json.JSONStreamingReader"]):
 
     def _source(self) -> pa.NativeFile:
         if _contents(self.shard) is not None:
+            if not self.shard.found.scanned:  # pyarrow's parser must not see a line nested too deep
+                _check_jsonl_nesting(self.shard)
             return _native_stream(self.shard)
         # pyarrow infers the types from its first block; it also reads blocks ahead on its own
         # threads, as many as time allows before the stream is closed, so a schema read ends
@@ -1234,6 +1234,7 @@ def _check_jsonl_nesting(shard: Shard, chunk_bytes: int = 32 << 20) -> None:
         for line_offset, chunk in _line_chunks(handle, chunk_bytes):
             longest = max(longest, _scan_nesting(shard, chunk, line_offset))
     shard.found.longest_line = longest
+    shard.found.scanned = True
 
 
 def _scan_nesting(shard: Shard, chunk: bytes, line_offset: int) -> int:

@@ -9,14 +9,15 @@ as JSON lines, element by element). Reading a shard is :mod:`grpo_cli.readers`' 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import functools
-import glob
 import gzip
 import io
 import json
 import os
 import sys
 import zlib
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import IO, Any
 import pyarrow as pa
 
 from grpo_cli.choices import InputFormat, check_choice
-from grpo_cli.errors import GrpoError, first_line
+from grpo_cli.errors import GrpoError, LayoutError, first_line
 from grpo_cli.file_names import (
     ARROW_SUFFIXES,
     COMPRESSION_SUFFIXES,
@@ -49,6 +50,7 @@ class ShardFindings:
     the run: each run resolves its inputs into new shards)."""
 
     longest_line: int = 0  # JSON lines: pyarrow's read block must hold a whole line
+    scanned: bool = False  # JSON lines held in memory: nesting and the longest line scanned
     schema: pa.Schema | None = None  # JSON lines: the whole file's unified types, after a drift
     exact_integers: set[str] = field(default_factory=set)  # schemas whose floats were scanned
     contents: bytes | None = field(default=None, repr=False)  # a text file's bytes, read once
@@ -168,6 +170,157 @@ class _NativeRaw(io.RawIOBase):
         return len(data)
 
 
+DANGLING = "a link that leads to no file (to itself, or to a file since moved): remove it or mend it"
+"""Why a link among the files a folder or glob names is refused rather than passed over."""
+COPY_PROBE_BYTES = 1 << 16
+"""Bytes compared at each end of two files of one size before their whole contents are."""
+
+
+def refuse_copies(files: Sequence[tuple[Path, str]]) -> None:
+    """Refuse two of ``files`` (each a path and the name to show) that hold the same bytes,
+    naming both: a file copied beside itself (``completions_010.parquet`` beside
+    ``completions_00010.parquet``) would count each row twice. Files of one size only are
+    compared, their ends first, their digests only where those are equal."""
+    by_size: dict[int, list[tuple[Path, str]]] = {}
+    try:
+        for path, display in files:
+            size = path.stat().st_size
+            if size:
+                by_size.setdefault(size, []).append((path, display))
+    except OSError as exc:
+        raise GrpoError(f"cannot read an input to compare it with another ({exc.strerror or exc})") from None
+    for same_size in by_size.values():
+        if len(same_size) > 1:
+            _refuse_equal(same_size)
+
+
+def _refuse_equal(files: Sequence[tuple[Path, str]]) -> None:
+    """:func:`refuse_copies` of files of one size."""
+    import hashlib
+
+    def probe(path: Path) -> bytes:
+        with open(path, "rb") as handle:
+            head = handle.read(COPY_PROBE_BYTES)
+            handle.seek(max(0, os.fstat(handle.fileno()).st_size - COPY_PROBE_BYTES))
+            return head + handle.read()
+
+    def digest(path: Path) -> bytes:
+        hasher = hashlib.sha256()
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                hasher.update(block)
+        return hasher.digest()
+
+    try:
+        by_probe: dict[bytes, list[tuple[Path, str]]] = {}
+        for path, display in files:
+            by_probe.setdefault(probe(path), []).append((path, display))
+        for alike in by_probe.values():
+            seen: dict[bytes, str] = {}
+            for path, display in alike if len(alike) > 1 else ():
+                first = seen.setdefault(digest(path), display)
+                if first is not display:
+                    raise GrpoError(
+                        f"{display}: the same bytes as {first} (a copy?); its rows would be read twice: "
+                        "name one of them"
+                    )
+    except OSError as exc:
+        raise GrpoError(f"cannot read an input to compare it with another ({exc.strerror or exc})") from None
+
+
+def matching_files(pattern: str) -> list[Path]:
+    """The files a glob names, sorted, as :func:`glob.glob` with ``recursive=True`` names them
+    (``**`` any folders deep, ``*``, ``?`` and ``[...]`` within one name, a name starting with
+    ``.`` only where the pattern's does), with each real folder visited once: a folder reached
+    again through a link (``ln -s . loop``, ``ln -s .. up``) is passed over, so no input makes
+    the search unbounded, and a file is named once, by its first path.
+
+    >>> import tempfile
+    >>> root = Path(tempfile.mkdtemp())
+    >>> (root / "a").mkdir(); (root / "a" / "x.jsonl").write_text("")
+    0
+    >>> os.symlink(".", root / "a" / "loop"); os.symlink("..", root / "a" / "up")
+    >>> [p.relative_to(root).as_posix() for p in matching_files(f"{root}/**/*.jsonl")]
+    ['a/x.jsonl']
+    """
+    parts = Path(pattern).parts
+    fixed = next((i for i, part in enumerate(parts) if any(ch in part for ch in _GLOB_CHARS)), len(parts))
+    base = Path(*parts[:fixed]) if fixed else Path(".")
+    rest = parts[fixed:]
+    if not rest:
+        return [base] if base.is_file() else []
+    seen: set[tuple[int, int]] = set()
+    found: list[Path] = []
+
+    def visit(folder: Path) -> None:
+        try:
+            stat = folder.stat()
+        except OSError:
+            return
+        if (stat.st_dev, stat.st_ino) in seen:
+            return  # a folder reached again through a link
+        seen.add((stat.st_dev, stat.st_ino))
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            return
+        for entry in entries:
+            path = folder / entry.name
+            dangling = entry.is_symlink() and not os.path.exists(path)  # a loop raises in is_dir
+            try:
+                is_dir = not dangling and entry.is_dir()
+                is_file = not dangling and entry.is_file()
+            except OSError:
+                continue
+            if (is_file or dangling) and _matches(rest, _relative_parts(path, base)):
+                if dangling:
+                    raise GrpoError(f"{path}: {DANGLING}")
+                found.append(path)
+            elif is_dir and _could_match_below(rest, _relative_parts(path, base)):
+                visit(path)
+
+    if base.is_dir():
+        visit(base)
+    return sorted(found)
+
+
+def _relative_parts(path: Path, base: Path) -> tuple[str, ...]:
+    return path.relative_to(base).parts if base != Path(".") else path.parts
+
+
+def _name_matches(pattern: str, name: str) -> bool:
+    if name.startswith(".") and not pattern.startswith("."):
+        return False
+    return fnmatch.fnmatchcase(name, pattern)
+
+
+def _matches(pattern: Sequence[str], names: Sequence[str]) -> bool:
+    """Whether a path's names below the glob's fixed folder match its parts (``**``: any
+    number of folders, none starting with ``.``)."""
+    if not pattern:
+        return not names
+    if pattern[0] == "**":
+        return any(
+            _matches(pattern[1:], names[skip:])
+            for skip in range(len(names) + 1)
+            if not any(name.startswith(".") for name in names[:skip])
+        )
+    return bool(names) and _name_matches(pattern[0], names[0]) and _matches(pattern[1:], names[1:])
+
+
+def _could_match_below(pattern: Sequence[str], names: Sequence[str]) -> bool:
+    """Whether a folder (its names below the fixed folder) can hold a match of ``pattern``."""
+    if not names:
+        return True
+    if not pattern:
+        return False
+    if pattern[0] == "**":
+        if names[0].startswith("."):
+            return _could_match_below(pattern[1:], names)
+        return True
+    return _name_matches(pattern[0], names[0]) and _could_match_below(pattern[1:], names[1:])
+
+
 class InputSet:
     """The shards that INPUT arguments name; owns the spooled copies of streams.
 
@@ -251,7 +404,10 @@ class InputSet:
         return ProtectedInputs.of(files, self.directories, self.uris)
 
     def _refuse_repeats(self) -> None:
+        """Refuse a file named twice (one file under two names or links) and a copy of another
+        (the same bytes under another name): either would count its rows twice."""
         seen: dict[tuple[int, int], Shard] = {}
+        files = []
         for shard in self.shards:
             if shard.source is None:
                 continue
@@ -261,6 +417,8 @@ class InputSet:
                 raise GrpoError(
                     f"{shard.display}: named twice (also as {first.display}); its rows would be read twice"
                 )
+            files.append((shard.source, shard.display))
+        refuse_copies(files)
 
     def _resolve(self, spec: str, input_format: InputFormat | None, stdin: IO[bytes] | None) -> list[Shard]:
         if spec == "-":
@@ -269,8 +427,8 @@ class InputSet:
             return self._remote(spec, input_format)
         path = Path(spec)
         if not os.path.exists(spec) and any(ch in spec for ch in _GLOB_CHARS):
-            matches = sorted(p for p in glob.glob(spec, recursive=True) if os.path.isfile(p))
-            shards = self._readable(spec, [Path(m) for m in matches], input_format, "the pattern matches")
+            matches = matching_files(spec)
+            shards = self._readable(spec, matches, input_format, "the pattern matches")
             if not shards:
                 raise GrpoError(f"{spec}: the pattern matches no file of a format grpo-cli reads")
             return shards
@@ -295,17 +453,21 @@ class InputSet:
         if saved is not None:
             return [self._shard(str(file), input_format or "arrow", strict=True) for file in saved]  # type: ignore[misc]
         entries = sorted(p for p in path.iterdir() if not p.name.startswith((".", "_")))
-        nested = [p for p in entries if p.is_dir() and _holds_data(p)]
+        nested = [p for p in entries if p.is_dir() and _data_suffixes(p)]
         if nested:
             names = ", ".join(p.name for p in nested[:3]) + (", ..." if len(nested) > 3 else "")
-            raise GrpoError(
+            suffix = _data_suffixes(nested[0]).most_common(1)[0][0]
+            raise LayoutError(
                 f"{spec}: holds subfolders with data files ({names}); grpo-cli reads the files of one "
-                f"folder: pass a quoted glob such as '{path / '**' / '*.parquet'}' to read them all"
+                f"folder: pass a quoted glob such as '{path / '**' / ('*' + suffix)}' to read them all"
             )
+        for entry in entries:
+            if entry.is_symlink() and not entry.exists() and detect_format(entry.name, input_format):
+                raise GrpoError(f"{entry}: {DANGLING}")
         files = [p for p in entries if p.is_file()]
         shards = self._readable(spec, files, input_format, "the directory holds")
         if not shards:
-            raise GrpoError(f"{spec}: the directory holds no file of a format grpo-cli reads")
+            raise LayoutError(f"{spec}: the directory holds no file of a format grpo-cli reads")
         by_format = {s.format: Path(s.display).name for s in shards}
         if len(by_format) > 1:
             kinds = " and ".join(f"{fmt} ({name}, ...)" for fmt, name in sorted(by_format.items()))
@@ -573,7 +735,15 @@ def _json_array_lines(path: Path, compression: str | None, display: str, out: IO
                 elements, expect, position = elements + 1, "separator", end
 
 
-def _holds_data(folder: Path) -> bool:
-    """Whether a folder holds, at any depth, a file that looks like data."""
+def _data_suffixes(folder: Path) -> Counter[str]:
+    """The suffixes of the files that look like data in a folder, at any depth, counted (none:
+    it holds no data)."""
     suffixes = PARQUET_SUFFIXES + JSONL_SUFFIXES + OTHER_DATA_SUFFIXES
-    return any(name.lower().endswith(suffixes) for _, _, files in os.walk(folder) for name in files)
+    found: Counter[str] = Counter()
+    for _, _, files in os.walk(folder):
+        for name in files:
+            lowered = name.lower()
+            matched = [s for s in suffixes if lowered.endswith(s)]
+            if matched:
+                found[name[-max(len(s) for s in matched) :]] += 1
+    return found

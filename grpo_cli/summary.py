@@ -49,6 +49,7 @@ class RunSummary:
     checks: list[dict[str, Any]] = field(default_factory=list)
     off_size_groups: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    findings: list[dict[str, Any]] = field(default_factory=list)
     by: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     tolerance: dict[str, Any] | None = None
     trainer_filter: dict[str, Any] | None = None
@@ -95,6 +96,7 @@ class RunSummary:
         if self.trainer_filter is not None:
             out["trainer_filter"] = self.trainer_filter
         out["warnings"] = self.warnings
+        out["findings"] = self.findings
         if self.verify is not None:
             out["verify"] = self.verify
         if self.checks:
@@ -172,6 +174,7 @@ def outcome_part(outcome: GroupOutcome, *, order: np.ndarray, named: bool = Fals
         rows=np.asarray(outcome.rows_per_group),  # rows, a null or NaN reward's included
         order=order,
         named=named,
+        spans=None if outcome.step_spans is None else np.asarray(outcome.step_spans),
     )
 
 
@@ -248,6 +251,7 @@ def build_summary(
         elapsed_seconds=elapsed,
         verify=verify,
         off_size_groups=findings.off_size_groups,
+        findings=findings.findings,
         warnings=[*warnings, *findings.warnings],
         trainer_filter=trainer_filter,
         group_size_counts=findings.group_size_counts,
@@ -304,10 +308,14 @@ def figures_by_value(
     """
     low, high = run_range
     order = sorted(range(len(values.keys)), key=lambda v: value_sort_key(values.keys[v]))
+    # the groups sorted by value once: each value's groups are a slice (a mask per value would
+    # cost values x groups)
+    by_value = np.argsort(values.of_group, kind="stable")
+    bounds = np.concatenate(([0], np.cumsum(np.bincount(values.of_group, minlength=len(values.keys)))))
     out = []
     for value in order:
-        member = values.of_group == value
-        if not member.any():
+        member = by_value[bounds[value] : bounds[value + 1]]
+        if not member.size:
             continue
         count, mean, m2 = groups.count[member], groups.mean[member], groups.m2[member]
         minimum, maximum, active = groups.minimum[member], groups.maximum[member], groups.active[member]
@@ -320,7 +328,7 @@ def figures_by_value(
         at_high = int((constant & (maximum == high)).sum()) if high != low else 0
         entry: dict[str, Any] = {
             "value": plain_key(values.keys[value]),
-            "groups": int(member.sum()),
+            "groups": int(member.size),
             "rows": int(rows.sum()),
             "active_groups": int(active.sum()),
             "inactive_groups": int((~active).sum()),

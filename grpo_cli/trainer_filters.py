@@ -16,7 +16,7 @@ on the same groups and checks that the decisions are the same.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -399,22 +399,23 @@ def filter_part(
     per_value = []
     if value_of_group is not None:
         _, of_group, keys = value_of_group
-        for value in range(len(keys)):
-            member = of_group == value
-            if member.any():
+        values_are_batches = (
+            chosen.batch_figure is not None
+            and batch_of_group is not None
+            and (batch_of_group is of_group or np.array_equal(batch_of_group, of_group))
+        )
+        for value, member in _members(of_group, len(keys)):
+            if member.size:
                 figures = {
                     "value": plain_key(keys[value]),
-                    "groups": int(member.sum()),
-                    "kept_although_inactive": int((constant_kept & member).sum()),
-                    "dropped_although_active": int((active_dropped & member).sum()),
+                    "groups": int(member.size),
+                    "kept_although_inactive": int(constant_kept[member].sum()),
+                    "dropped_although_active": int(active_dropped[member].sum()),
                 }
-                if (
-                    chosen.batch_figure is not None
-                    and batch_of_group is not None
-                    and (batch_of_group is of_group or np.array_equal(batch_of_group, of_group))
-                ):
+                if values_are_batches:
+                    assert chosen.batch_figure is not None
                     figure_name, value_figure = chosen.batch_figure(
-                        [groups[int(g)] for g in np.flatnonzero(member)], kept[member]
+                        [groups[int(g)] for g in member], kept[member]
                     )
                     figures[figure_name] = value_figure
                 per_value.append((figures["value"], int(order[member].min()), figures))
@@ -462,7 +463,16 @@ def _batch_decisions(
     batch when ``batch_of_group`` is None)."""
     batches = np.zeros(len(groups), np.int64) if batch_of_group is None else np.asarray(batch_of_group)
     kept = np.zeros(len(groups), dtype=bool)
-    for batch in np.unique(batches):
-        member = np.flatnonzero(batches == batch)
-        kept[member] = rule([groups[int(g)] for g in member])
+    for _, member in _members(batches, int(batches.max()) + 1 if batches.size else 0):
+        if member.size:
+            kept[member] = rule([groups[int(g)] for g in member])
     return kept
+
+
+def _members(of_group: np.ndarray, values: int) -> Iterator[tuple[int, np.ndarray]]:
+    """Each value ID below ``values`` with its groups' indices in ascending order, the groups
+    sorted by value once (a comparison per value would cost values x groups)."""
+    order = np.argsort(of_group, kind="stable")
+    bounds = np.concatenate(([0], np.cumsum(np.bincount(of_group, minlength=values))))
+    for value in range(values):
+        yield value, order[bounds[value] : bounds[value + 1]]

@@ -353,7 +353,8 @@ def test_check_reads_the_data_once_unless_it_verifies(cli, tmp_path, data, monke
 
     monkeypatch.setattr(local, "iter_batches", counting)
     assert cli("check", out, "-r", "reward", "--memory-limit-mb", "0", "-q").exit_code == 0
-    assert reads == [f"{out}:['reward', 'group_id']"]  # one pass, the needed columns only
+    # one pass, the needed columns only (and the step column, watched for groups that span steps)
+    assert reads == [f"{out}:['reward', 'group_id', 'step']"]
     reads.clear()
     assert cli("check", out, "--verify", "--memory-limit-mb", "0", "-q").exit_code == 0
     assert len(reads) == 2
@@ -651,7 +652,11 @@ def test_uniform_group_size_names_the_groups_off_the_common_size(cli, tmp_path):
     ("sizes", "key", "warning"),
     [
         ([8] * 20 + [16, 24], "input", "2 of 22 groups have 2 or more times the 8 rows most groups have"),
-        ([1] * 6 + [2] * 4, "uid", "6 of 10 groups are singletons: the group key uid seems to name rollouts"),
+        (
+            [1] * 6 + [2] * 4,
+            "uid",
+            "6 of 10 groups (60.0%) are singletons: the group key uid seems to name rollouts",
+        ),
     ],
 )
 def test_the_summary_warns_of_grouping_mistakes(cli, tmp_path, sizes, key, warning):
@@ -821,9 +826,9 @@ def _footer_edited(
     fields = s._replace(
         fields, s.Field(s.FILE_ROW_GROUPS, TType.LIST, s.write_list(group_type, [s.write_struct(group)]))
     )
-    meta = s.write_struct(fields)
+    footer_bytes = s.write_struct(fields)
     damaged = path.with_name("damaged.parquet")
-    damaged.write_bytes(data[: footer.start] + meta + struct.pack("<I", len(meta)) + b"PAR1")
+    damaged.write_bytes(data[: footer.start] + footer_bytes + struct.pack("<I", len(footer_bytes)) + b"PAR1")
     return damaged
 
 

@@ -350,7 +350,7 @@ def test_explicit_options_override_what_the_dump_implies(cli: Any, tmp_path: Pat
 def test_a_key_that_names_rollouts_is_warned_about(cli: Any) -> None:
     result = cli("check", folder_of("slime"), "--from", "slime", "-g", "index")
     assert result.exit_code == 0, result.stderr
-    assert "warning: 1,536 of 1,536 groups are singletons: the group key index" in result.stderr
+    assert "warning: 1,536 of 1,536 groups (100.0%) are singletons: the group key index" in result.stderr
 
 
 def test_the_summary_says_which_adapter_read_the_dump_and_how_the_key_was_derived(cli: Any) -> None:

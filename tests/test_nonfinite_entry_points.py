@@ -30,7 +30,7 @@ from tests.conftest import assert_one_line_error
 METHODS = [{"preset": p} for p in choices_of(Preset)] + [{"estimator": e} for e in choices_of(Estimator)]
 BAD = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 # every layout the kernel tells apart: one block, equal blocks, scattered IDs, a fixed group size
-LAYOUTS = {
+LAYOUTS: dict[str, dict[str, Any]] = {
     "one block": {"group_ids": [0, 0, 0, 0]},
     "blocks": {"group_ids": [0, 0, 1, 1]},
     "scattered": {"group_ids": [1, 0, 1, 0]},
@@ -41,11 +41,12 @@ LAYOUTS = {
 def _needs(method: dict[str, str], n: int) -> dict[str, Any]:
     """The per-row inputs and k an estimator needs, for ``n`` rollouts."""
     estimator = method.get("estimator")
-    return {
+    needs: dict[str, dict[str, Any]] = {
         "opo": {"lengths": torch.arange(1.0, n + 1)},
         "remax": {"baselines": torch.full((n,), 0.25)},
         "pass_at_k": {"pass_k": 2},
-    }.get(str(estimator), {})
+    }
+    return needs.get(str(estimator), {})
 
 
 def _ignores_nan(method: dict[str, str]) -> bool:

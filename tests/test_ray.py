@@ -1304,3 +1304,27 @@ def test_ray_writes_and_checks_what_the_local_engine_does_on_drawn_rollouts(
         checked_ray = check_dataset_ray(str(source), CheckBounds(), config, partitions=partitions).to_dict()
         compare_summaries(checked_local, checked_ray)
         assert checked_local["advantage"] == local["advantage"]
+
+
+def test_ray_finds_groups_that_span_steps_as_the_local_engine_does(ray_instance, tmp_path):
+    """The watched step column's lowest and highest value per group are pass-1 figures merged by
+    min and max: the reducers find the groups across steps that the local engine finds."""
+    from grpo_cli.checks import CheckBounds
+    from grpo_cli.jobs import check_dataset, check_dataset_ray
+
+    rng = random.Random(5)
+    rows = [
+        {"step": s, "prompt": f"p{p}", "reward": float(rng.random() < 0.5)}
+        for s in range(4)
+        for p in range(30)
+        for _ in range(4)
+    ]
+    rows += [{"step": 9, "prompt": f"q{p}", "reward": float(i % 2)} for p in range(10) for i in range(4)]
+    rng.shuffle(rows)
+    for i in range(3):
+        pq.write_table(pa.Table.from_pylist(rows[i::3]), tmp_path / f"part-{i}.parquet")
+    config = ComputeConfig(rewards=("reward",), group_cols=("prompt",), stats_block_rows=97)
+    local = check_dataset(tmp_path, CheckBounds(sound_grouping=True), config).to_dict()
+    ray = check_dataset_ray(str(tmp_path), CheckBounds(sound_grouping=True), config, partitions=3).to_dict()
+    assert local["findings"][0]["groups"] == 30 and local["findings"][0]["kind"] == "groups_span_steps"
+    assert ray["findings"] == local["findings"] and ray["checks"] == local["checks"]

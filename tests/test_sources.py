@@ -56,8 +56,8 @@ def test_a_file_is_one_shard(tmp_path):
 
 
 def test_a_directory_is_its_data_files_in_name_order(tmp_path):
-    for name in ("b.parquet", "a.parquet"):
-        write_parquet(tmp_path / name, ROWS)
+    for shift, name in enumerate(("b.parquet", "a.parquet")):
+        write_parquet(tmp_path / name, ROWS[shift:])
     (tmp_path / "_SUCCESS").write_text("")
     (tmp_path / ".hidden.parquet").write_text("not read")
     (tmp_path / "README.txt").write_text("not data")
@@ -68,8 +68,8 @@ def test_a_directory_is_its_data_files_in_name_order(tmp_path):
 
 
 def test_a_glob_matches_files(tmp_path):
-    for name in ("x1.jsonl", "x2.jsonl", "y.jsonl"):
-        write_jsonl(tmp_path / name, ROWS)
+    for shift, name in enumerate(("x1.jsonl", "x2.jsonl", "y.jsonl")):
+        write_jsonl(tmp_path / name, ROWS[shift:])
     with InputSet(str(tmp_path / "x*.jsonl")) as inputs:
         assert [s.path.name for s in inputs.shards] == ["x1.jsonl", "x2.jsonl"]
     with pytest.raises(GrpoError, match="the pattern matches no file of a format grpo-cli reads"):
@@ -93,15 +93,18 @@ def test_unusable_inputs_are_refused_with_the_path(tmp_path, setup, message):
 
 @pytest.mark.parametrize(("folders", "shown"), [(3, "a, b, c"), (4, "a, b, c, ...")])
 def test_a_directory_with_data_in_subfolders_names_three_of_them(tmp_path, folders, shown):
-    for name in "abcd"[:folders]:
+    for i, name in enumerate("abcd"[:folders]):
         (tmp_path / name).mkdir()
-        write_jsonl(tmp_path / name / "part.jsonl", ROWS)
+        write_jsonl(tmp_path / name / "part.jsonl", ROWS[i:])
     with pytest.raises(GrpoError) as refused:
         InputSet(str(tmp_path))
+    pattern = tmp_path / "**" / "*.jsonl"  # the files' own suffix: it was '*.parquet' for any data
     assert refused.value.message == (
         f"{tmp_path}: holds subfolders with data files ({shown}); grpo-cli reads the files of one "
-        f"folder: pass a quoted glob such as '{tmp_path / '**' / '*.parquet'}' to read them all"
+        f"folder: pass a quoted glob such as '{pattern}' to read them all"
     )
+    with InputSet(str(pattern)) as followed:  # the hint, followed, reads them all
+        assert len(followed.shards) == folders
 
 
 def test_a_data_file_of_another_format_in_a_directory_is_refused_not_skipped(tmp_path):
@@ -366,3 +369,25 @@ def test_read_ahead_stops_the_source_when_the_consumer_fails(tmp_path):
     with pytest.raises(GrpoError, match="null"):
         compute_dataset(path, tmp_path / "out.parquet", ComputeConfig(batch_rows=1000))
     assert not [t for t in threading.enumerate() if t.name == "grpo-cli-reader"]
+
+
+def test_a_copy_of_an_input_under_another_name_is_refused_naming_both(tmp_path):
+    """Issue #67 D.16: a file copied beside itself doubled every row without a word. One file of
+    the same bytes as another is refused with both names; files of one size but other bytes
+    (at either end, or only in the middle) are read."""
+    write_parquet(tmp_path / "a.parquet", ROWS)
+    (tmp_path / "b.parquet").write_bytes((tmp_path / "a.parquet").read_bytes())
+    with pytest.raises(GrpoError, match=r"b\.parquet: the same bytes as .*a\.parquet \(a copy\?\)"):
+        InputSet(str(tmp_path))
+    lines = tmp_path / "lines"
+    lines.mkdir()
+    first = b"".join(
+        json.dumps({"group_id": 0, "reward": 1.0, "pad": "x" * 200_000}).encode() + b"\n" for _ in range(2)
+    )
+    at = first.index(b'"group_id": 0', len(first) // 2)  # the second line's: past the first 64 KiB
+    second = first[:at] + b'"group_id": 1' + first[at + 13 :]  # the same size, other bytes in the middle
+    assert len(first) == len(second) and 1 << 16 < at < len(first) - (1 << 16)
+    (lines / "a.jsonl").write_bytes(first)
+    (lines / "b.jsonl").write_bytes(second)
+    with InputSet(str(lines)) as inputs:
+        assert [s.path.name for s in inputs.shards] == ["a.jsonl", "b.jsonl"]

@@ -388,7 +388,7 @@ def test_the_json_summary_keeps_its_documented_keys_and_precision():
         "rows", "groups", "active_groups", "inactive_groups", "active_fraction", "singleton_groups",
         "group_size", "group_size_counts", "reward", "advantage", "inactive_by_value",
         "inactive_other_values", "group_mean_histogram", "nan_rewards", "dropped", "input", "output",
-        "options", "mode", "device", "elapsed_seconds", "off_size_groups", "warnings",
+        "options", "mode", "device", "elapsed_seconds", "off_size_groups", "warnings", "findings",
     ]  # fmt: skip
     assert data["active_fraction"] == 0.285714 and data["elapsed_seconds"] == 1.235
     assert data["mode"] == "streaming" and data["device"] == "cuda:0"

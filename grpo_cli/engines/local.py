@@ -26,7 +26,7 @@ import torch
 from grpo_cli.columns import column_of, filter_rows, top_level
 from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError
-from grpo_cli.figures import FigureAccumulator, RowInputs, padded, room_for, wanted
+from grpo_cli.figures import FigureAccumulator, RowInputs, padded, room_for, step_spans, wanted
 from grpo_cli.findings import GroupFindings
 from grpo_cli.kernel import (
     GroupStats,
@@ -52,6 +52,7 @@ from grpo_cli.plan import (
     RunPlan,
     batch_of_groups,
     scored_top_two,
+    with_watched_step,
 )
 from grpo_cli.progress import NoProgress, Progress
 from grpo_cli.readers import (
@@ -245,6 +246,7 @@ class _StatisticsPass:
         self.first_bad: tuple[Shard, int, float] | None = None
         self._pending: list[tuple[pa.RecordBatch, RewardBatch]] = []
         self._pending_lengths: list[torch.Tensor] = []  # opo: --length-col of each pending batch
+        self._pending_steps: list[np.ndarray] = []  # the watched step column of each pending batch
         self._pending_rows = 0
         self._pending_start = 0
         self._pending_first_global = 0
@@ -285,6 +287,7 @@ class _StatisticsPass:
         shard: Shard,
         shard_row: int,
         lengths: torch.Tensor | None = None,
+        steps: np.ndarray | None = None,
     ) -> None:
         if not self._pending:
             self._pending_start = shard_row
@@ -293,6 +296,8 @@ class _StatisticsPass:
         self._pending.append((batch, rewards))
         if lengths is not None:
             self._pending_lengths.append(lengths)
+        if steps is not None:
+            self._pending_steps.append(steps)
         self._pending_rows += batch.num_rows
         self.rows += batch.num_rows
 
@@ -313,7 +318,8 @@ class _StatisticsPass:
             group_ids = self._row_groups(ids)
             self._check_batches(group_ids, shard)
             lengths = torch.cat(self._pending_lengths).numpy() if self._pending_lengths else None
-            rows = RowInputs.of(chunk, lengths)
+            steps = np.concatenate(self._pending_steps) if self._pending_steps else None
+            rows = RowInputs.of(chunk, lengths, steps)
             self.figure_totals.update(group_ids, rows)
             self._top_two(chunk, group_ids)
             if self.group_rewards is not None:
@@ -327,6 +333,7 @@ class _StatisticsPass:
                 self.accumulators[-1].update(chunk.combined, ids, chunk.combined_valid)
         self._pending.clear()
         self._pending_lengths.clear()
+        self._pending_steps.clear()
         self._pending_rows = 0
         return flushed
 
@@ -418,10 +425,14 @@ class _StatisticsPass:
             rows = np.flatnonzero(group_ids == group)
             first = int(known[group]) if known[group] >= 0 else int(value_ids[rows[0]])
             row = int(rows[np.argmax(value_ids[rows] != first)])  # where the second value appears
+            group_cols = self.plan.config.group_cols if self.keys is not None else ()
+            fix = (
+                f": -g {' -g '.join([*group_cols, column])} keys each group within one" if group_cols else ""
+            )
             raise GrpoError(
                 f"{describe_row(shard, self._pending_start + row)}: a group spans two values of "
                 f"{option} {column!r} ({keys.key_at(first)!r}, then {keys.key_at(int(value_ids[row]))!r}); "
-                f"{why}"
+                f"{why}{fix}"
             )
         window[present] = value_of[present]
         return known
@@ -557,6 +568,10 @@ class LocalEngine:
         budget = self.config.memory_budget_bytes
         hold_text_within(inputs.shards, budget)  # before the first scan reads a text shard
         self.schemas = [read_schema(shard) for shard in inputs.shards]
+        watching = with_watched_step(plan.config, self.schemas)
+        if watching is not plan.config:
+            plan = self.plan = RunPlan(watching, device=plan.device)
+            self.config = watching
         for shard, schema in zip(inputs.shards, self.schemas, strict=True):
             plan.check_columns(shard, schema, writes_output=writes_output)
         if self.config.group_size is None:
@@ -597,6 +612,7 @@ class LocalEngine:
                     top_two=first.top_two,
                     length_sums=first.figures.get("length_sums"),
                     weighted_reward_sums=first.figures.get("weighted_reward_sums"),
+                    step_spans=step_spans(first.figures),
                 )
             if first.group_rewards is not None:  # pass_at_k
                 outcome = self.plan.with_group_rewards(outcome, first.group_rewards)
@@ -636,7 +652,7 @@ class LocalEngine:
         with timed("group findings"):
             return group_findings(
                 outcome,
-                options=self.config.options_summary(),
+                options=self.config.findings_options(),
                 key_at=first.keys.key_at if first.keys is not None else None,
                 by=first.by,
             )
@@ -737,6 +753,7 @@ class LocalEngine:
         small = total_rows is not None and total_rows <= SMALL_INPUT_ROWS
         state = _StatisticsPass(self.plan, spool, exact_keys=small)
         length_col = self.config.length_col if "length_sums" in self.plan.needs else None  # opo sums them
+        step_col = self.config.step_col
         keep_batches = self.in_memory and self.one_pass_dtype is None
         cached: list[list[pa.RecordBatch]] | None = [] if keep_batches else None
         columns = None if keep_batches and self.keeps_every_column else self.plan.input_columns
@@ -753,9 +770,10 @@ class LocalEngine:
                 if cached is not None:
                     shard_batches.append(batch)
                 lengths = reader.lengths(batch, length_col, shard_row) if length_col is not None else None
+                steps = None if step_col is None else reader.column(batch, step_col, shard_row).numpy()
                 with timed("rewards"):
                     rewards = reader.read(batch, shard_row)
-                state.add(batch, rewards, shard, shard_row, lengths)
+                state.add(batch, rewards, shard, shard_row, lengths, steps)
                 shard_row += batch.num_rows
                 self.bytes_read += batch.nbytes
                 if state.chunk_full:

@@ -65,7 +65,7 @@ from grpo_cli.choices import InputFormat
 from grpo_cli.columns import plain_schema
 from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError, first_line, os_reason
-from grpo_cli.figures import MERGES, RowInputs, of_chunk, padded, room_for, wanted
+from grpo_cli.figures import MERGES, RowInputs, of_chunk, padded, room_for, step_spans, wanted
 from grpo_cli.file_names import PARQUET_SUFFIXES, PROVENANCE_KEY, output_is_directory
 from grpo_cli.findings import (
     FirstRound,
@@ -102,6 +102,7 @@ from grpo_cli.plan import (
     batch_of_groups,
     scored_top_two,
     value_columns,
+    with_watched_step,
 )
 from grpo_cli.readers import parquet_row_range, row_count
 from grpo_cli.rewards import RewardBatch, new_column_arrays
@@ -735,6 +736,7 @@ def block_statistics(
     reward_parts: list[RewardBatch] = []
     part_starts: list[int] = []  # each part's first row in the whole input
     length_parts: list[torch.Tensor] = []
+    step_parts: list[np.ndarray] = []
     first_record: pa.RecordBatch | None = None
     role = ""
     try:
@@ -753,6 +755,8 @@ def block_statistics(
             part_starts.append(part.file.offset + part.start)
             if length_col is not None:
                 length_parts.append(reader.lengths(record, length_col, part.start))
+            if config.step_col is not None:
+                step_parts.append(reader.column(record, config.step_col, part.start).numpy())
     except InvalidKeyError as bad:
         return _refusal(
             f"{role} key {bad.column!r} {bad.description} in {bad.count} row(s) of a block; "
@@ -786,7 +790,8 @@ def block_statistics(
         accumulators[-1].update(rewards.combined, ids, rewards.combined_valid)
         columns.update(_numpy(accumulators[-1].compute(k).to_columns(_SUMMARY_PREFIX)))
     lengths = torch.cat(length_parts).numpy() if length_parts else None
-    figures = of_chunk(wanted(plan.needs), ids_np, k, RowInputs.of(rewards, lengths))
+    steps = np.concatenate(step_parts) if step_parts else None
+    figures = of_chunk(wanted(plan.needs), ids_np, k, RowInputs.of(rewards, lengths, steps))
     columns.update({FIGURE_PREFIX + name: values for name, values in figures.items()})
     if "top_two" in plan.needs:
         positions = np.concatenate(
@@ -962,7 +967,9 @@ class OrderedMerge:
             self.summary.merge_rows(_stats_from_table(partial, _SUMMARY_PREFIX), ids, k)
         for figure in self.figures:
             values = partial.column(FIGURE_PREFIX + figure.name).to_numpy()
-            total = self.totals[figure.name] = room_for(self.totals.get(figure.name), k, dtype=values.dtype)
+            total = self.totals[figure.name] = room_for(
+                self.totals.get(figure.name), k, fill=figure.identity, dtype=values.dtype
+            )
             # a group new here holds 0: 0 + its block's figure, as placing it among all the groups gave
             total[ids_np] = MERGES[figure.merge].pair(total[ids_np], values)
         if "top_two" in self.plan.needs:
@@ -1635,8 +1642,11 @@ def run_ray(
     started = time.perf_counter()
     group_size = config.group_size
     asked = RunPlan(config, device=_CPU)
-    plan = RunPlan(keyed_by_position(config), device=_CPU)  # what the jobs run
     schemas = _read_schemas(inputs.files, asked)
+    watching = with_watched_step(config, schemas)
+    if watching is not config:
+        config, asked = watching, RunPlan(watching, device=_CPU)
+    plan = RunPlan(keyed_by_position(config), device=_CPU)  # what the jobs run
     total_rows = sum(file.rows for file in inputs.files)
     if group_size is None:
         check_key_types(
@@ -1715,7 +1725,7 @@ def run_ray(
                 findings = merged_findings(
                     held.first,
                     sum((second for second, _ in seconds), SecondRound()),
-                    options=config.options_summary(),
+                    options=config.findings_options(),
                     named=config.group_size is None,
                 )
                 findings = replace(findings, by=held.by)
@@ -1723,8 +1733,9 @@ def run_ray(
             else:
                 assert merged is not None and outcome is not None
                 key_at = None if config.group_size is not None or merged.keys is None else merged.keys.key_at
-                options = config.options_summary()
-                findings = group_findings(outcome, options=options, key_at=key_at, by=merged.by)
+                findings = group_findings(
+                    outcome, options=config.findings_options(), key_at=key_at, by=merged.by
+                )
                 measured = outcome
             return _summary(
                 inputs,
@@ -2639,6 +2650,7 @@ def _outcome_of(plan: RunPlan, merged: MergedStatistics, batch_stds: BatchStds |
         length_sums=merged.figures.get("length_sums"),
         weighted_reward_sums=merged.figures.get("weighted_reward_sums"),
         batch_stds=batch_stds,
+        step_spans=step_spans(merged.figures),
     )
 
 
