@@ -161,6 +161,12 @@ class RewardReader:
             else:
                 flags = pc.equal(array, "length")
         elif is_numeric_type(array.type):
+            if pa.types.is_floating(array.type) and pc.any(pc.is_nan(array)).as_py():
+                row = int(pc.index(pc.is_nan(array), True).as_py())
+                raise GrpoError(
+                    f"{describe_row(self.shard, first_row + row)}: --truncated-col {name!r} is NaN; every "
+                    "rollout needs its truncation flag"
+                )
             flags = pc.not_equal(array, scalar_of(0, array.type))
         else:
             raise GrpoError(

@@ -6,8 +6,10 @@ rich renderings are in :mod:`grpo_cli.report`.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -307,47 +309,152 @@ def figures_by_value(
     [{'all_min': 1, 'all_max': 0, 'other': 0}, {'all_min': 0, 'all_max': 1, 'other': 0}]
     """
     low, high = run_range
-    order = sorted(range(len(values.keys)), key=lambda v: value_sort_key(values.keys[v]))
-    # the groups sorted by value once: each value's groups are a slice (a mask per value would
-    # cost values x groups)
+    # Each figure for every value at once, over the groups sorted by value (a pass per value
+    # would cost values x groups; a call per value, a millisecond each: --by over a column of
+    # 100,000 values took a minute).
+    k = len(values.keys)
     by_value = np.argsort(values.of_group, kind="stable")
-    bounds = np.concatenate(([0], np.cumsum(np.bincount(values.of_group, minlength=len(values.keys)))))
+    sizes = np.bincount(values.of_group, minlength=k)
+    count, mean, m2 = groups.count[by_value], groups.mean[by_value], groups.m2[by_value]
+    minimum, maximum = groups.minimum[by_value], groups.maximum[by_value]
+    active, rows = groups.active[by_value].astype(bool), groups.rows[by_value]
+    scored = count > 0
+    constant = ~active & scored & (minimum == maximum)
+    std = np.sqrt(np.divide(m2, count, out=np.zeros_like(m2, dtype=np.float64), where=scored))
+    value_of = np.repeat(np.arange(k), sizes)
+
+    def per_value(terms: np.ndarray) -> np.ndarray:
+        return np.bincount(value_of, weights=terms.astype(np.float64), minlength=k).astype(np.int64)
+
+    rows_of, active_rows = per_value(rows), per_value(np.where(active, rows, 0))
+    counts = {
+        "active": per_value(active),
+        "at_low": per_value(constant & (minimum == low)),
+        "at_high": per_value(constant & (maximum == high)) if high != low else np.zeros(k, np.int64),
+        "constant": per_value(constant),
+        "singletons": per_value(rows == 1),
+        "spread": per_value(~active & (maximum > minimum)),
+    }
+    means = _segment_percentiles(value_of[scored], mean[scored], k)
+    stds = _segment_percentiles(value_of[scored], std[scored], k)
+    # binary rewards: a reward r in [0, 1] has r**2 <= r, equal only at 0 and 1, so a group's
+    # rewards are binary exactly when its sum of squares (m2 + n * mean**2) equals its sum
+    sums = mean * count
+    squares = m2 + count * mean**2
+    with np.errstate(invalid="ignore"):  # an empty group's NaN mean: not scored
+        close = np.abs(squares - sums) <= 1e-9 + 1e-9 * np.abs(sums)  # numpy's allclose, as before
+        binary_group = (minimum >= 0) & (maximum <= 1) & close
+    several = count >= 2
+    binary = (per_value(scored & ~binary_group) == 0) & (per_value(scored) > 0)
+    several_of, constant_several = per_value(several), per_value(constant & several)
+    starts = np.concatenate(([0], np.cumsum(sizes)))
+    rewards_of = per_value(np.where(scored, count, 0))
+    whole = np.where(scored, sums, 0.0)
+    # integer group sums (binary rewards, counts): each value's exact sum in float64 directly
+    integral = bool(np.all(np.isfinite(whole) & (whole == np.round(whole)))) and (
+        float(np.abs(whole).sum()) < 2.0**53
+    )
+    integer_sums = np.bincount(value_of, weights=whole, minlength=k) if integral else None
     out = []
-    for value in order:
-        member = by_value[bounds[value] : bounds[value + 1]]
-        if not member.size:
-            continue
-        count, mean, m2 = groups.count[member], groups.mean[member], groups.m2[member]
-        minimum, maximum, active = groups.minimum[member], groups.maximum[member], groups.active[member]
-        rows = groups.rows[member]
-        scored = count > 0
-        constant = ~active & scored & (minimum == maximum)
-        std = np.sqrt(np.divide(m2, count, out=np.zeros_like(m2), where=scored))
-        reward = reward_totals(count, mean, minimum, maximum)  # exact: the run's reward mean's rule
-        at_low = int((constant & (minimum == low)).sum())
-        at_high = int((constant & (maximum == high)).sum()) if high != low else 0
+    for value in sorted(np.flatnonzero(sizes).tolist(), key=lambda v: value_sort_key(values.keys[v])):
+        at = slice(int(starts[value]), int(starts[value + 1]))
+        if integer_sums is not None:
+            held = int(rewards_of[value])
+            reward: Any = _Totals(held, int(integer_sums[value]) / held if held else 0.0)
+        else:
+            reward = _reward_totals(count[at], mean[at], minimum[at], maximum[at])
+        at_low, at_high = int(counts["at_low"][value]), int(counts["at_high"][value])
+        total_rows = int(rows_of[value])
         entry: dict[str, Any] = {
             "value": plain_key(values.keys[value]),
-            "groups": int(member.size),
-            "rows": int(rows.sum()),
-            "active_groups": int(active.sum()),
-            "inactive_groups": int((~active).sum()),
+            "groups": int(sizes[value]),
+            "rows": total_rows,
+            "active_groups": int(counts["active"][value]),
+            "inactive_groups": int(sizes[value] - counts["active"][value]),
             "inactive": {
                 "all_min": at_low,
                 "all_max": at_high,
-                "other": int(constant.sum()) - at_low - at_high,
+                "other": int(counts["constant"][value]) - at_low - at_high,
             },
-            "effective_row_fraction": round(float(rows[active].sum()) / float(rows.sum()), 6)
-            if rows.sum()
+            "effective_row_fraction": round(float(active_rows[value]) / float(total_rows), 6)
+            if total_rows
             else 0.0,
-            "group_mean": _percentiles(mean[scored]),
-            "group_std": _percentiles(std[scored]),
-            "singleton_groups": int((rows == 1).sum()),
-            "inactive_with_spread": int((~active & (maximum > minimum)).sum()),
+            "group_mean": means[value],
+            "group_std": stds[value],
+            "singleton_groups": int(counts["singletons"][value]),
+            "inactive_with_spread": int(counts["spread"][value]),
             "reward_mean": reward.mean if reward.rewards else None,
-            "homogeneous": _homogeneous(count, mean, m2, minimum, maximum, constant, reward.mean),
+            "homogeneous": None
+            if not (binary[value] and several_of[value])
+            else {
+                "observed": round(float(constant_several[value]) / float(several_of[value]), 6),
+                "expected": round(_expected_constant_fraction(reward.mean, count[at][several[at]]), 6),
+                "pass_rate": round(reward.mean, 6),
+            },
         }
         out.append(entry)
+    return out
+
+
+SMALL_VALUE_GROUPS = 64
+"""A ``--by`` value of at most this many groups has its exact reward sum taken in Python's
+integers (a kernel call costs more than its arithmetic there); the same bits either way."""
+
+
+def _reward_totals(count: np.ndarray, mean: np.ndarray, minimum: np.ndarray, maximum: np.ndarray) -> Any:
+    """:func:`~grpo_cli.findings.reward_totals` of a few groups, in exact rationals where each
+    group's sum ``count * mean`` (rounded once, as the kernel rounds it) is finite: the exact sum
+    and its quotient rounded once, as :class:`~grpo_cli.kernel.ExactSum` gives them."""
+    if count.size > SMALL_VALUE_GROUPS:
+        return reward_totals(count, mean, minimum, maximum)
+    seen = count > 0
+    sums = count[seen] * mean[seen]
+    if not np.isfinite(sums).all():
+        return reward_totals(count, mean, minimum, maximum)
+    rewards = int(count[seen].sum())
+    if not rewards:
+        return _Totals(0, 0.0)
+    # each float is an integer over a power of two: the sum over the largest of them, exactly,
+    # and an integer quotient (rounded once)
+    ratios = [v.as_integer_ratio() for v in sums.tolist()]
+    denominator = max(d for _, d in ratios)
+    total = sum(n * (denominator // d) for n, d in ratios)
+    return _Totals(rewards, total / (rewards * denominator))
+
+
+@dataclass(frozen=True)
+class _Totals:
+    rewards: int
+    mean: float
+
+
+def _segment_percentiles(segment: np.ndarray, values: np.ndarray, k: int) -> list[dict[str, float | None]]:
+    """p10/p50/p90 of the ``values`` of each of ``k`` segments (``segment``: each value's, in
+    ``[0, k)``), as :func:`numpy.percentile` gives them one segment at a time (linear
+    interpolation between the order statistics), computed for all segments at once."""
+    order = np.lexsort((values, segment))
+    ranked, segment = values[order], segment[order]
+    sizes = np.bincount(segment, minlength=k)
+    starts = np.concatenate(([0], np.cumsum(sizes)))[:-1]
+    out: list[dict[str, float | None]] = [{f"p{p}": None for p in PERCENTILES} for _ in range(k)]
+    held = np.flatnonzero(sizes)
+    if not held.size:
+        return out
+    n, first = sizes[held], starts[held]
+    figures = {}
+    for p in PERCENTILES:
+        virtual = (n - 1) * np.true_divide(p, 100)
+        previous = np.floor(virtual)
+        at_end = virtual >= n - 1
+        below = np.where(at_end, n - 1, previous).astype(np.int64)
+        above = np.where(at_end, n - 1, previous + 1).astype(np.int64)
+        gamma = virtual - np.where(at_end, -1, previous)  # numpy's, where both ends are the last
+        a, b = ranked[first + below], ranked[first + above]
+        lerp = a + (b - a) * gamma
+        np.subtract(b, (b - a) * (1 - gamma), out=lerp, where=gamma >= 0.5)
+        figures[p] = lerp
+    for i, value in enumerate(held.tolist()):
+        out[value] = {f"p{p}": float(figures[p][i]) for p in PERCENTILES}
     return out
 
 
@@ -367,57 +474,18 @@ def _expected_constant_fraction(p: float, sizes: np.ndarray) -> float:
     >>> _expected_constant_fraction(0.5, np.array([2, 2, 4]))
     0.375
     """
+    return _expected_of(p, tuple(sorted(Counter(sizes.tolist()).items())))
+
+
+@functools.lru_cache(maxsize=4096)
+def _expected_of(p: float, size_counts: tuple[tuple[int, int], ...]) -> float:
+    """:func:`_expected_constant_fraction` of groups given as (size, how many) pairs: many
+    ``--by`` values share a pass rate and sizes."""
     from fractions import Fraction
 
     rate = Fraction(p)
-    sizes_seen, groups = np.unique(sizes, return_counts=True)
-    total = sum(
-        (rate**size + (1 - rate) ** size) * int(n)
-        for size, n in zip(sizes_seen.tolist(), groups.tolist(), strict=True)
-    )
-    return float(total / int(groups.sum()))
-
-
-def _percentiles(values: np.ndarray) -> dict[str, float | None]:
-    if values.size == 0:
-        return {f"p{p}": None for p in PERCENTILES}
-    # one partition for the three (each is the same interpolation as a call of its own)
-    found = np.percentile(values, PERCENTILES)
-    return {f"p{p}": float(v) for p, v in zip(PERCENTILES, found, strict=True)}
-
-
-def _homogeneous(
-    count: np.ndarray,
-    mean: np.ndarray,
-    m2: np.ndarray,
-    minimum: np.ndarray,
-    maximum: np.ndarray,
-    constant: np.ndarray,
-    pass_rate: float,
-) -> dict[str, float] | None:
-    """Observed and expected all-0-or-all-1 fractions, where every reward is 0 or 1; else None.
-    ``pass_rate``: the groups' reward mean.
-
-    A reward r in [0, 1] has r**2 <= r, equal only at 0 and 1: the rewards are binary exactly
-    when the sum of squares (``m2 + n * mean**2``) equals the sum.
-    """
-    scored = count > 0
-    if not scored.any() or minimum[scored].min() < 0 or maximum[scored].max() > 1:
-        return None
-    sums = mean[scored] * count[scored]
-    squares = m2[scored] + count[scored] * mean[scored] ** 2
-    if not np.allclose(squares, sums, rtol=1e-9, atol=1e-9):
-        return None
-    several = count >= 2
-    if not several.any():
-        return None
-    p = pass_rate
-    expected = _expected_constant_fraction(p, count[several])
-    return {
-        "observed": round(float(constant[several].mean()), 6),
-        "expected": round(expected, 6),
-        "pass_rate": round(p, 6),
-    }
+    total = sum((rate**size + (1 - rate) ** size) * n for size, n in size_counts)
+    return float(total / sum(n for _, n in size_counts))
 
 
 KEY_TEXT_LIMIT = 60

@@ -379,6 +379,12 @@ def test_each_kind_of_truncation_flag_marks_the_same_rollouts_in_every_batch(
             ["--overlong", "100", "10", "--length-col", "tokens"],
             "row 4",
         ),
+        (  # issue #67 D.18: a NaN flag was taken as truncated where a null one is refused
+            "cut",
+            [0.0, 1.0, 0.0, 0.0, float("nan"), 0.0],
+            ["--stop-properly", "0", "--truncated-col", "cut"],
+            "row 4: --truncated-col 'cut' is NaN; every rollout needs its truncation flag",
+        ),
     ],
 )
 def test_a_bad_flag_or_length_in_a_later_batch_names_its_own_row(
