@@ -261,9 +261,9 @@ def read_ahead(items: Iterator[_Item], *, depth: int = 1) -> Generator[_Item, No
     Decoding the next batch (pyarrow releases the GIL) overlaps the consumer's work on
     this one. The producer's exception is raised to the consumer where the item would
     have come; a consumer that stops early stops the producer, which closes ``items``.
-    The consumer waits at most :data:`PRODUCER_GRACE_SECONDS` for the producer's current
-    item (a run stopped by Ctrl-C or SIGTERM ends on time, whatever one item costs): the
-    producer, a daemon thread, stops at its next item.
+    The consumer waits for the producer's current item, at most
+    :data:`PRODUCER_GRACE_SECONDS` where the run was stopped by Ctrl-C or SIGTERM (it ends on
+    time, whatever one item costs): the producer, a daemon thread, stops at its next item.
 
     >>> list(read_ahead(iter(range(5))))
     [0, 1, 2, 3, 4]
@@ -293,6 +293,7 @@ def read_ahead(items: Iterator[_Item], *, depth: int = 1) -> Generator[_Item, No
 
     thread = threading.Thread(target=produce, name="grpo-cli-reader", daemon=True)
     thread.start()
+    interrupted = False
     try:
         while True:
             finished, value = slots.get()
@@ -301,9 +302,14 @@ def read_ahead(items: Iterator[_Item], *, depth: int = 1) -> Generator[_Item, No
                     raise value
                 return
             yield value
+    except (KeyboardInterrupt, SystemExit):
+        interrupted = True
+        raise
     finally:
         stop.set()
-        thread.join(PRODUCER_GRACE_SECONDS)
+        # Stopped by Ctrl-C or SIGTERM: end on time, the daemon stops at its next item.
+        # Otherwise wait for it: a library caller running jobs in a loop keeps no thread.
+        thread.join(PRODUCER_GRACE_SECONDS if interrupted else None)
 
 
 PRODUCER_GRACE_SECONDS = 1.0

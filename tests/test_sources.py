@@ -328,7 +328,7 @@ def test_read_ahead_closes_its_source_when_the_source_ends():
 
     source = _Source(3)
     assert list(read_ahead(source)) == [0, 1, 2]
-    assert source.closed == 1
+    assert source.closed >= 1
 
 
 def test_read_ahead_takes_a_source_with_no_close_quietly(monkeypatch):
@@ -348,9 +348,10 @@ def test_read_ahead_runs_on_a_named_daemon_thread():
 
     from grpo_cli.readers import read_ahead
 
+    before = set(threading.enumerate())  # another test's threads are not this one's
     reader = read_ahead(_Source(5))
     assert next(reader) == 0
-    [thread] = [t for t in threading.enumerate() if t.name == "grpo-cli-reader"]
+    [thread] = [t for t in threading.enumerate() if t.name == "grpo-cli-reader" and t not in before]
     assert thread.daemon
     reader.close()
     assert not thread.is_alive()
@@ -366,9 +367,40 @@ def test_read_ahead_stops_the_source_when_the_consumer_fails(tmp_path):
     pq.write_table(
         pa.table({"group_id": [None] + ["a"] * 99_999, "reward": [1.0] * 100_000}), path, row_group_size=1000
     )
+    before = set(threading.enumerate())  # another test's threads are not this one's
     with pytest.raises(GrpoError, match="null"):
         compute_dataset(path, tmp_path / "out.parquet", ComputeConfig(batch_rows=1000))
-    assert not [t for t in threading.enumerate() if t.name == "grpo-cli-reader"]
+    assert not [t for t in threading.enumerate() if t not in before and t.name.startswith("grpo-cli")]
+
+
+def test_jobs_run_in_a_loop_keep_no_thread(tmp_path):
+    """Issue #67 C.12: a library caller running compute_dataset in a loop (ten times here, each
+    streaming, each failing half way or succeeding) ends with the threads it started with."""
+    import threading
+
+    from grpo_cli.jobs import compute_dataset
+
+    good, bad = tmp_path / "good.parquet", tmp_path / "bad.parquet"
+    rows = {
+        "group_id": [f"g{i // 4}" for i in range(40_000)],
+        "reward": [float(i % 2) for i in range(40_000)],
+    }
+    pq.write_table(pa.table(rows), good, row_group_size=1000)
+    pq.write_table(
+        pa.table({**rows, "group_id": [*rows["group_id"][:30_000], None, *rows["group_id"][30_001:]]}),
+        bad,
+        row_group_size=1000,
+    )
+    before = set(threading.enumerate())
+    for i in range(10):
+        path = good if i % 2 else bad
+        config = ComputeConfig(batch_rows=1000, memory_budget_bytes=0)
+        if path is bad:
+            with pytest.raises(GrpoError, match="null"):
+                compute_dataset(path, tmp_path / f"out{i}.parquet", config)
+        else:
+            compute_dataset(path, tmp_path / f"out{i}.parquet", config)
+    assert [t.name for t in threading.enumerate() if t not in before] == []
 
 
 def test_a_copy_of_an_input_under_another_name_is_refused_naming_both(tmp_path):
@@ -391,3 +423,26 @@ def test_a_copy_of_an_input_under_another_name_is_refused_naming_both(tmp_path):
     (lines / "b.jsonl").write_bytes(second)
     with InputSet(str(lines)) as inputs:
         assert [s.path.name for s in inputs.shards] == ["a.jsonl", "b.jsonl"]
+
+
+def test_a_consumer_that_fails_waits_for_the_item_in_hand_then_the_reader_is_gone():
+    """The consumer gave the reader one second, then left it running: under load an item (a
+    row group decoding) takes longer, and the thread outlived the job. Only a run stopped by
+    Ctrl-C or SIGTERM leaves on time without it."""
+    import threading
+    import time
+
+    from grpo_cli.readers import PRODUCER_GRACE_SECONDS, read_ahead
+
+    class Slow(_Source):
+        def __next__(self) -> int:
+            time.sleep(PRODUCER_GRACE_SECONDS * 1.5)
+            return super().__next__()
+
+    source = Slow(3)
+    before = set(threading.enumerate())
+    reader = read_ahead(source)
+    assert next(reader) == 0  # the producer is now on its second item
+    reader.close()  # the consumer stops early (an error in pass 1)
+    assert [t for t in threading.enumerate() if t not in before] == []
+    assert source.closed >= 1
