@@ -279,9 +279,16 @@ class StdoutClaim(_ScratchClaim):
 
     def commit(self) -> None:
         temp = self.temp_path()
+        sent = lines = total = 0
+        last = b"\n"
         try:
             with open(temp, "rb") as rows:
-                shutil.copyfileobj(rows, sys.stdout.buffer, 1 << 20)
+                total = os.fstat(rows.fileno()).st_size
+                for block in iter(lambda: rows.read(1 << 20), b""):
+                    sys.stdout.buffer.write(block)
+                    sent += len(block)
+                    lines += block.count(b"\n")
+                    last = block[-1:]
             sys.stdout.buffer.flush()
         except BrokenPipeError:
             raise
@@ -289,6 +296,15 @@ class StdoutClaim(_ScratchClaim):
             raise GrpoError(
                 f"standard output: cannot write the rows ({os_reason(exc)}); what reached it is incomplete",
                 exit_code=EXIT_WRITTEN_THEN_FAILED,
+            ) from None
+        except KeyboardInterrupt:
+            if sent == total:
+                raise  # every row was handed over: "interrupted after the output was written"
+            cut = "" if last == b"\n" else " and part of the next"
+            raise GrpoError(
+                f"interrupted while writing the rows to standard output: its reader got {lines:,} whole "
+                f"lines{cut} ({sent:,} of {total:,} bytes); what reached it is incomplete",
+                exit_code=EXIT_INTERRUPTED,
             ) from None
         finally:
             self.committed = True  # from the first byte on, standard output was written

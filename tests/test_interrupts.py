@@ -241,3 +241,75 @@ def test_the_integer_scan_at_every_edge_of_a_chunk(chunk, found):
     """A literal at the chunk's first or last byte, after a sign, a bracket or a colon with no
     blank; and the neighbours that make the same digits no integer literal."""
     assert readers._long_integer_lines(chunk, 0) == ([(1, chunk.rstrip(b"\n"))] if found else [])
+
+
+def test_an_interrupt_while_the_rows_go_to_standard_output_says_what_its_reader_got(tmp_path, monkeypatch):
+    """``-o -`` stopped by SIGTERM after 1.1 MB of 110 MB said "interrupted after the output
+    standard output was written". It says how many whole lines the reader got, and that the
+    next was cut, with exit 130."""
+    import io
+    import json
+
+    from typer.testing import CliRunner
+
+    from grpo_cli import guard
+    from grpo_cli.cli import app
+
+    path = write_jsonl(
+        tmp_path / "r.jsonl",
+        [{"group_id": i // 4, "reward": float(i % 2), "pad": "x" * 500} for i in range(8000)],
+    )
+
+    class Reader(io.BytesIO):  # takes one block of the rows, then the signal arrives
+        def write(self, data):
+            if self.tell():
+                raise KeyboardInterrupt
+            return super().write(data)
+
+    class Stdout:
+        buffer = Reader()
+
+    import types
+
+    monkeypatch.setattr(guard, "sys", types.SimpleNamespace(**{**vars(sys), "stdout": Stdout()}))
+    result = CliRunner().invoke(app, ["compute", str(path), "-o", "-", "-q"])
+    got = Stdout.buffer.getvalue()
+    assert result.exit_code == 130, result.stderr
+    whole = got.count(b"\n")
+    assert 0 < whole < 8000 and not got.endswith(b"\n")
+    line = result.stderr.strip()
+    assert line.startswith(
+        f"error: interrupted while writing the rows to standard output: its reader got {whole:,} whole "
+        f"lines and part of the next ({len(got):,} of "
+    ), line
+    assert line.endswith(" bytes); what reached it is incomplete")
+    assert json.loads(got.splitlines()[0])["group_id"] == 0
+
+
+EARLY = """
+import os, signal, sys, threading, time
+
+class SlowImport:  # the command's heavy imports (typer, rich, torch) under load
+    def find_spec(self, name, path=None, target=None):
+        if name == "typer":
+            time.sleep(3)
+        return None
+
+sys.meta_path.insert(0, SlowImport())
+threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+sys.argv = ["grpo-cli", "check", "x.parquet"]
+from grpo_cli.__main__ import main
+main()
+"""
+
+
+def test_sigterm_while_the_command_starts_ends_it_as_an_interrupt(tmp_path):
+    """SIGTERM in the first 0.3 s (before the handler was installed, while typer, rich and torch
+    load) killed the process outright under load (rc -15). The entry point installs a handler
+    before any heavy import: exit 130, one line, nothing written."""
+    run = subprocess.run(
+        [sys.executable, "-c", EARLY], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert run.returncode == 130, (run.returncode, run.stderr)
+    assert run.stderr.strip() == "error: interrupted; no output was written"
+    assert list(tmp_path.iterdir()) == []
