@@ -386,8 +386,10 @@ def test_jobs_run_in_a_loop_keep_no_thread(tmp_path):
         "reward": [float(i % 2) for i in range(40_000)],
     }
     pq.write_table(pa.table(rows), good, row_group_size=1000)
+    keys: list[str | None] = [f"g{i // 4}" for i in range(40_000)]
+    keys[30_000] = None  # a null key, deep in the file: the run fails with its reader going
     pq.write_table(
-        pa.table({**rows, "group_id": [*rows["group_id"][:30_000], None, *rows["group_id"][30_001:]]}),
+        pa.table({**rows, "group_id": keys}),
         bad,
         row_group_size=1000,
     )
