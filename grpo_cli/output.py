@@ -203,6 +203,55 @@ class SplicedShardWriter:
         self._handle.close()
 
 
+class _OneFile:
+    """The columns of the shards written into one output file: a column two shards hold has
+    one type in both (a CSV's text ``reward`` beside a JSON number would make JSON lines that
+    mix text and numbers in one field, which no reader, grpo-cli's included, takes back as one
+    column); a Parquet file also holds one set of columns (a JSON line, the fields its row has).
+    A shard that breaks either is refused, naming the column."""
+
+    def __init__(self, output_format: str) -> None:
+        self.parquet = output_format == "parquet"
+        self.first: tuple[pa.Schema, Shard] | None = None
+        self.types: dict[str, tuple[pa.DataType, Shard]] = {}
+
+    def admit(self, shard: Shard, schema: pa.Schema) -> None:
+        for field in schema:
+            kind, holder = self.types.setdefault(field.name, (field.type, shard))
+            if not kind.equals(field.type):
+                raise GrpoError(
+                    f"{shard.display}: column {field.name!r} is {field.type} here and {kind} in "
+                    f"{holder.display}; one output file holds one type a column: write to a directory to "
+                    "keep one Parquet shard per input, or convert the inputs to one format first"
+                )
+        if self.first is None:
+            self.first = (schema, shard)
+        elif self.parquet and not schema.equals(self.first[0], check_metadata=False):
+            raise GrpoError(
+                f"{shard.display}: its columns differ from those of {self.first[1].display} "
+                f"({_first_difference(self.first[0], schema)}); write to a directory to keep one output "
+                "shard per input shard"
+            )
+
+
+def _first_difference(first: pa.Schema, other: pa.Schema) -> str:
+    """The first way ``other``'s columns differ from ``first``'s, in words.
+
+    >>> _first_difference(pa.schema([("r", pa.string())]), pa.schema([("r", pa.float64())]))
+    "column 'r' is double here, string there"
+    """
+    for field in other:
+        index = first.get_field_index(field.name)
+        if index < 0:
+            return f"column {field.name!r} is not there"
+        if not first.field(index).type.equals(field.type):
+            return f"column {field.name!r} is {field.type} here, {first.field(index).type} there"
+    missing = [name for name in first.names if name not in other.names]
+    if missing:
+        return f"column {missing[0]!r} is not here"
+    return "the columns come in another order"
+
+
 class JsonlShardWriter:
     """Appends whole batches as JSON lines to the one JSONL output, on the writer thread."""
 
@@ -352,11 +401,11 @@ class OutputTarget:
         self.rewrite_reasons: list[str] = []
         self._spliced: list[SplicedShardWriter] = []
         self._writer: pq.ParquetWriter | None = None
-        self._schema: pa.Schema | None = None
-        self._first_shard: Shard | None = None
         self._names: dict[str, Shard] = {}
         self._thread = _WriterThread(claim.display)
         self.format = output_format(str(claim.path))
+        self._inputs_columns = _OneFile(self.format)  # checked before any work
+        self._written_columns = _OneFile(self.format)  # and as each shard is written
         self._jsonl: _JsonlSink | None = None
         self._splices: dict[Shard, tuple[SplicedFile, IO[bytes]]] = {}
         self._copier = _PrefixCopier()
@@ -366,7 +415,10 @@ class OutputTarget:
 
     def refuse_unwritable(self, shard: Shard, schema: pa.Schema) -> None:
         """Refuse, in one line, a shard whose columns this output's format cannot hold, or
-        (re-encoded Parquet) whose Parquet types re-encoding would change."""
+        (re-encoded Parquet) whose Parquet types re-encoding would change, or (one output file)
+        whose columns differ from the first shard's: before any work."""
+        if not self.is_directory and len(schema):  # an empty JSON lines shard has no columns
+            self._inputs_columns.admit(shard, schema)
         refusal = output_refusal(schema, self.format)
         if (
             refusal is None
@@ -390,6 +442,8 @@ class OutputTarget:
             raise AssertionError(f"{shard.display} is being spliced; it cannot be re-encoded too")
         path = self._shard_path(shard)
         self.methods["rewrite"] = self.methods.get("rewrite", 0) + 1
+        if not self.is_directory:
+            self._written_columns.admit(shard, schema)
         if self.format == "jsonl":  # the engine refused what JSON cannot hold before any work
             if self._jsonl is None:
                 self._jsonl = self._guarded(lambda: _JsonlSink(path, str(self.path).lower()))
@@ -403,13 +457,6 @@ class OutputTarget:
         if self._writer is None:
             self._writer = self._guarded(
                 lambda: _parquet_writer(path, schema, new_columns, self.compression, int96)
-            )
-            self._schema, self._first_shard = schema, shard
-        elif not schema.equals(self._schema, check_metadata=False):
-            assert self._first_shard is not None
-            raise GrpoError(
-                f"{shard.display}: its columns differ from those of {self._first_shard.display}; "
-                "write to a directory to keep one output shard per input shard"
             )
         return ShardWriter(self._writer, self._thread, shared=True)
 

@@ -671,3 +671,25 @@ def test_a_json_lines_output_holds_the_parquet_outputs_values(
                 assert np.float32(got[name]).tobytes() == np.float32(value).tobytes(), name
             else:
                 assert got[name] == value and type(got[name]) is type(value), name
+
+
+@pytest.mark.parametrize("output", ["out.jsonl", "out.parquet", "-"])
+def test_inputs_whose_columns_differ_are_refused_alike_for_every_one_file_output(output, cli, tmp_path):
+    """Issue #67 C.11: a CSV (its columns text) beside JSON lines (numbers) with ``-o out.jsonl``
+    wrote a ``reward`` field of text on some lines and numbers on others, which grpo-cli then
+    refused to read back; ``-o out.parquet`` refused. One rule, before any work, naming the
+    column; the hint (a directory) followed writes one shard per input."""
+    (tmp_path / "x.csv").write_text("group_id,reward\na,1\na,0\nb,0.5\nb,0.25\n")
+    write_jsonl(tmp_path / "y.jsonl", [{"group_id": "c", "reward": 1.0}, {"group_id": "c", "reward": 0.0}])
+    target = output if output == "-" else tmp_path / output
+    result = cli("compute", tmp_path / "x.csv", tmp_path / "y.jsonl", "-o", target)
+    one_line_error(
+        result,
+        2,
+        "y.jsonl: column 'reward' is double here and string in",
+        "x.csv; one output file holds one type a column: write to a directory",
+    )
+    assert result.stdout == "" and sorted(p.name for p in tmp_path.iterdir()) == ["x.csv", "y.jsonl"]
+    followed = cli("compute", tmp_path / "x.csv", tmp_path / "y.jsonl", "-o", tmp_path / "out")
+    assert followed.exit_code == 0, followed.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["x.parquet", "y.parquet"]

@@ -194,7 +194,8 @@ def test_single_file_refuses_shards_with_other_columns(tmp_path, guard):
     other = SCHEMA.append(pa.field("extra", pa.int64()))
     with pytest.raises(
         GrpoError,
-        match=r"b\.parquet: its columns differ from those of a\.parquet; write to a directory to keep one",
+        match=r"b\.parquet: its columns differ from those of a\.parquet \(column .extra. is not there\); "
+        r"write to a directory",
     ):
         target.open_shard(shard("b.parquet"), other, 2)
     target.discard()
