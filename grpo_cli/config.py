@@ -6,6 +6,7 @@ spliced outputs' bytes, while torch is still being imported.
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -231,6 +232,9 @@ class ComputeConfig:
                     f"({__version__}) does not know (recorded by grpo-cli {record.get('version')}); "
                     "verify with the grpo-cli that wrote it"
                 )
+            for key, row in _RECORDED.items():
+                if key in options:
+                    _check_recorded(key, options[key], row.kind)
             advantage = {k: v for k, v in options.items() if k in ADVANTAGE_FIELDS}
             if advantage.get("clip") is not None:
                 advantage["clip"] = tuple(advantage["clip"])
@@ -278,6 +282,56 @@ class ComputeConfig:
 
 _RECORDED = {row.record: row for row in OPTIONS.values() if row.record is not None}
 """The option-table rows a provenance record holds, by their key in it."""
+
+
+def _check_recorded(key: str, value: Any, kind: Any) -> None:
+    """Refuse a recorded option value of another type than its option's (a record edited by
+    hand): ``group_cols`` as text would be read as one column per letter.
+
+    >>> _check_recorded("group_cols", "g", list[str] | None)
+    Traceback (most recent call last):
+    ...
+    grpo_cli.errors.GrpoError: the recorded grpo-cli options hold group_cols 'g', not a list of names
+    """
+    if key == "reward_cols":  # [{"column": NAME, "weight": NUMBER}, ...]
+        if not (
+            isinstance(value, list)
+            and value
+            and all(isinstance(r, dict) and isinstance(r.get("column"), str) for r in value)
+        ):
+            raise GrpoError(
+                f"the recorded grpo-cli options hold reward_cols {value!r}, not a list of columns"
+            )
+        return
+    if value is None and type(None) in typing.get_args(kind):
+        return
+    kinds = [k for k in typing.get_args(kind) if k is not type(None)] if typing.get_args(kind) else [kind]
+    for expected in kinds:
+        origin, args = typing.get_origin(expected), typing.get_args(expected)
+        if origin is typing.Literal and value in args:
+            return
+        if origin in (list, tuple) and isinstance(value, list):
+            inner = args[0] if args else str
+            if all(_is_of(v, inner) for v in value) and (origin is list or len(value) == len(args)):
+                return
+        if origin is None and _is_of(value, expected):
+            return
+    shapes: dict[Any, str] = {
+        list: "a list of names",
+        tuple: "a pair of numbers",
+        typing.Literal: "one of its choices",
+    }
+    scalars: dict[Any, str] = {str: "text", int: "a whole number", float: "a number", bool: "true or false"}
+    what = shapes.get(typing.get_origin(kinds[0])) or scalars.get(kinds[0]) or "of its type"
+    raise GrpoError(f"the recorded grpo-cli options hold {key} {value!r}, not {what}")
+
+
+def _is_of(value: Any, kind: Any) -> bool:
+    if kind is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)
 
 
 def _to_record(name: str, value: Any) -> Any:

@@ -467,13 +467,18 @@ class RunPlan:
         """What to tell a user whose column is missing: a close name, the option, the columns."""
         config = self.config
         names = schema.names
-        top, dot, rest = column.partition(".")
+        top, dot, _ = column.partition(".")
         if dot and top in names:
-            data_type = schema.field(top).type
-            if pa.types.is_struct(data_type):
+            # walk down the fields that are there: name the deepest struct and the first missing part
+            parts, data_type, at = column.split("."), schema.field(top).type, top
+            for part in parts[1:]:
+                if not pa.types.is_struct(data_type):
+                    return f" ({at!r} is {data_type}, not a struct with fields)"
                 inner = [data_type.field(i).name for i in range(data_type.num_fields)]
-                return f" (struct {top!r} has fields {', '.join(inner)}; {rest!r} is not one of them)"
-            return f" ({top!r} is {data_type}, not a struct with fields)"
+                if part not in inner:
+                    return f" (struct {at!r} has fields {', '.join(inner)}; {part!r} is not one of them)"
+                data_type, at = data_type.field(part).type, f"{at}.{part}"
+            return f" ({at!r} is there, but not as {column!r})"
         fields = leaf_fields(schema)
         close = difflib.get_close_matches(column, fields, n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]!r}?" if close else ""

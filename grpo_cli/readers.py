@@ -16,6 +16,7 @@ import io
 import json
 import queue
 import re
+import sys
 import threading
 import zlib
 from collections.abc import Generator, Iterator, Sequence
@@ -852,7 +853,7 @@ class _CsvStream(_TextStream["pa_csv.CSVStreamingReader"]):
     from are parsed as numbers where they are read (:func:`~grpo_cli.rewards.numbers_from_text`)."""
 
     def _open(self, stream: pa.NativeFile) -> pa_csv.CSVStreamingReader:
-        read_options = pa_csv.ReadOptions(block_size=JSONL_BLOCK_BYTES)
+        read_options = pa_csv.ReadOptions(block_size=jsonl_block_bytes(self.shard))  # a record fits
         # a quoted cell may hold newlines: a block may not be cut at one of them
         parse_options = pa_csv.ParseOptions(newlines_in_values=True)
         with _native_stream(self.shard) as header:
@@ -887,8 +888,46 @@ def _csv_batches(shard: Shard, columns: list[str] | None) -> Iterator[pa.RecordB
             yield batch.select(columns) if columns is not None else batch
 
 
-def _csv_error(shard: Shard, exc: BaseException) -> GrpoError:
+class CsvLongRecord(SchemaDrift):
+    """A CSV record (a cell of megabytes) longer than pyarrow's read block: its length is noted
+    (``shard.found.longest_line``) and the run reads the file again with a block that holds it."""
+
+    def settle(self) -> None:
+        return None
+
+
+def _longest_csv_record(shard: Shard) -> int:
+    """The bytes of the longest CSV record (a quoted cell may span lines), as Python's csv reads it."""
+    import csv
+
+    consumed = 0
+
+    def lines() -> Iterator[str]:
+        nonlocal consumed
+        for raw in handle:
+            consumed += len(raw)
+            yield raw.decode("utf-8", "replace")
+
+    longest = start = 0
+    limit = csv.field_size_limit(sys.maxsize)  # the csv module's 128 KiB a cell would stop it
+    try:
+        with _open_jsonl(shard) as handle:
+            reader = csv.reader(lines())
+            with contextlib.suppress(csv.Error):
+                for _ in reader:
+                    longest, start = max(longest, consumed - start), consumed
+    finally:
+        csv.field_size_limit(limit)
+    return longest
+
+
+def _csv_error(shard: Shard, exc: BaseException) -> Exception:
     text = first_line(exc)
+    if "straddl" in text:  # a record longer than the block: read again with one that holds it
+        longest = _longest_csv_record(shard)
+        if longest >= jsonl_block_bytes(shard):
+            shard.found.longest_line = longest
+            return CsvLongRecord(shard)
     if shard.compression and isinstance(exc, OSError):
         return GrpoError(f"{shard.display}: not a readable {shard.compression} file ({text})")
     if "Empty CSV file" in text:

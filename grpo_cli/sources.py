@@ -15,6 +15,7 @@ import gzip
 import io
 import json
 import os
+import re
 import sys
 import zlib
 from collections import Counter
@@ -731,8 +732,23 @@ def _json_array_lines(path: Path, compression: str | None, display: str, out: IO
                     raise fail(
                         f"element {elements + 1} is {type(value).__name__}, expected an object", position
                     )
-                out.write(json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass") + b"\n")
+                text = json.dumps(value, ensure_ascii=False)
+                try:
+                    encoded = text.encode("utf-8")
+                except UnicodeEncodeError:  # a lone surrogate: from bytes that are not UTF-8, or an escape
+                    if _SURROGATE_ESCAPE.search(buffer, position, end):
+                        raise fail(
+                            f"element {elements + 1}: a string escapes a lone UTF-16 surrogate (not valid "
+                            "Unicode)",
+                            position,
+                        ) from None
+                    encoded = text.encode("utf-8", "surrogatepass")  # the reader names the bad bytes
+                out.write(encoded + b"\n")
                 elements, expect, position = elements + 1, "separator", end
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+"""A JSON escape of a UTF-16 surrogate (``\\udc80``): a lone one is no Unicode text."""
 
 
 def _data_suffixes(folder: Path) -> Counter[str]:

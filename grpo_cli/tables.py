@@ -92,7 +92,7 @@ def add_advantages(
         )
         if _kind(data) == "polars-lazy":
             return _lazy(data, config)
-        kind, table = _to_arrow(data)
+        kind, table = _to_arrow(data, reads=config.input_columns)
         return _rebuild(kind, data, *_new_columns(table, config))
 
 
@@ -115,10 +115,12 @@ def summarize(
         trainer = options.pop("from_", None)
         if _kind(data) == "polars-lazy":
             data = data.collect()
-        table = _to_arrow(data)[1]
-        implied = None
-        if trainer is not None:
-            table, implied = _dump_view(trainer, table, group_size)
+        if trainer is None:
+            config = _config(
+                reward_col, group_col, group_size, preset, "advantage", "group_active", whiten, options
+            )
+            return summarize_table(_to_arrow(data, reads=config.input_columns)[1], config)
+        table, implied = _dump_view(trainer, _to_arrow(data)[1], group_size)
         config = _config(
             reward_col, group_col, group_size, preset, "advantage", "group_active", whiten, options, implied
         )
@@ -252,7 +254,12 @@ def _kind(data: Any) -> str:
     return kind
 
 
-def _to_arrow(data: Any) -> tuple[str, pa.Table]:
+def _to_arrow(data: Any, *, reads: Sequence[str] | None = None) -> tuple[str, pa.Table]:
+    """``data`` as an Arrow table. A pandas frame whose columns do not all convert (an object
+    column of mixed values, complex numbers) is converted in the columns the run ``reads``
+    alone (top-level names; a struct field's column whole), the others standing as null
+    columns of their names: a column the computation never uses cannot refuse it, and the
+    frame returned keeps it as it was."""
     kind = _kind(data)
     if kind == "arrow":
         return kind, data
@@ -264,8 +271,27 @@ def _to_arrow(data: Any) -> tuple[str, pa.Table]:
         try:
             return kind, pa.Table.from_pandas(data, preserve_index=False)
         except (pa.ArrowException, TypeError, ValueError) as exc:
-            message = str(exc).splitlines()[0][:200]
-            raise GrpoError(f"the pandas DataFrame cannot be read as Arrow columns ({message})") from None
+            if reads is None:
+                message = str(exc).splitlines()[0][:200]
+                raise GrpoError(f"the pandas DataFrame cannot be read as Arrow columns ({message})") from None
+        # a dotted name is a column of that name or a field of one named by a prefix of it
+        prefixes = {
+            ".".join(column.split(".")[:n]) for column in reads for n in range(1, column.count(".") + 2)
+        }
+        read = {name for name in data.columns if str(name) in prefixes}
+        columns = {}
+        for name in data.columns:
+            if name not in read:
+                columns[str(name)] = pa.nulls(len(data))  # not read: its name alone, for the checks
+                continue
+            try:
+                columns[str(name)] = pa.Array.from_pandas(data[name])
+            except (pa.ArrowException, TypeError, ValueError) as exc:
+                message = str(exc).splitlines()[0][:200]
+                raise GrpoError(
+                    f"the pandas DataFrame's column {name!r} cannot be read as Arrow ({message})"
+                ) from None
+        return kind, pa.table(columns)
     return kind, data.with_format("arrow")[:]  # datasets: its Arrow table, in the dataset's row order
 
 

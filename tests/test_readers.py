@@ -290,14 +290,14 @@ def test_csv_errors_in_one_line(tmp_path, text, expected):
 
 def test_a_csv_error_with_no_record_to_blame_names_no_line(tmp_path):
     shard = _csv(tmp_path, "a,b\n1,2\n")
-    assert readers._csv_error(shard, pa.ArrowInvalid("CSV conversion error")).message == (
+    assert str(readers._csv_error(shard, pa.ArrowInvalid("CSV conversion error"))) == (
         "r.csv: malformed CSV (CSV conversion error)"
     )
     compressed = gzipped(tmp_path, "r.csv.gz", b"a,b\n1,2\n", "csv")
-    assert readers._csv_error(compressed, OSError("truncated")).message == (
+    assert str(readers._csv_error(compressed, OSError("truncated"))) == (
         "r.csv.gz: not a readable gzip file (truncated)"
     )
-    assert readers._csv_error(compressed, pa.ArrowInvalid("CSV conversion error")).message == (
+    assert str(readers._csv_error(compressed, pa.ArrowInvalid("CSV conversion error"))) == (
         "r.csv.gz: malformed CSV (CSV conversion error)"
     )
 
