@@ -8,6 +8,9 @@ import json
 import os
 import random
 import re
+import signal
+import subprocess
+import sys
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -1328,3 +1331,103 @@ def test_ray_finds_groups_that_span_steps_as_the_local_engine_does(ray_instance,
     ray = check_dataset_ray(str(tmp_path), CheckBounds(sound_grouping=True), config, partitions=3).to_dict()
     assert local["findings"][0]["groups"] == 30 and local["findings"][0]["kind"] == "groups_span_steps"
     assert ray["findings"] == local["findings"] and ray["checks"] == local["checks"]
+
+
+def test_a_long_tmpdir_takes_a_short_root_for_rays_sockets_or_is_refused(monkeypatch, tmp_path):
+    """A TMPDIR of 28 characters or more made every --engine ray run exit 70 (Ray's socket paths
+    passed the 107 bytes a Unix socket path holds): /tmp is taken, or one line names the limit."""
+    from grpo_cli.engines import ray as ray_engine
+
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: "/t")
+    assert ray_engine._short_temp_root() is None  # short enough: TMPDIR itself
+    long = "/" + "a" * 40
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: long)
+    assert ray_engine._short_temp_root() == "/tmp"
+    assert len("/tmp") + ray_engine.RAY_SOCKET_TAIL <= ray_engine.SOCKET_PATH_BYTES
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    with pytest.raises(
+        GrpoError, match=r"too long for Ray's socket paths \(107 bytes\) and /tmp is not writable"
+    ):
+        ray_engine._short_temp_root()
+
+
+@pytest.mark.slow
+def test_a_ray_run_under_a_long_tmpdir_runs(tmp_path):
+    folder = tmp_path / ("x" * 60)  # a TMPDIR of about 110 characters
+    folder.mkdir()
+    sample = Path(__file__).resolve().parent.parent / "sample_data" / "rollouts.parquet"
+    run = subprocess.run(
+        [sys.executable, "-m", "grpo_cli", "check", str(sample), "-r", "correct", "--engine", "ray", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TMPDIR": str(folder)},
+    )
+    assert run.returncode == 0, run.stderr
+
+
+def _descendants_naming(root: str) -> list[str]:
+    """The command lines of the processes still running that name ``root`` (a Ray instance's
+    folder) or that Ray titled ``ray::`` and whose environment names it."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if root in command and state != "Z":
+            found.append(command[:120])
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["while Ray starts", "while the jobs run"])
+def test_sigterm_under_ray_ends_the_run_as_an_interrupt_and_stops_what_it_started(tmp_path, when):
+    """SIGTERM while Ray ran exited 15 with no message (ray.init's own handler), and in one of
+    two runs left 7 Ray processes alive 3 s after the CLI exited. Exit 130, one line, and no
+    process of the run's instance left once it has exited."""
+    import tempfile
+    import time
+
+    root = tempfile.mkdtemp(prefix="grpo-t-", dir="/tmp")  # short: Ray's sockets live under it
+    try:
+        rng = np.random.default_rng(0)
+        rows = 2_000_000
+        path = tmp_path / "big.parquet"
+        pq.write_table(
+            pa.table(
+                {"group_id": rng.permutation(rows) // 8, "reward": (rng.random(rows) < 0.5).astype(float)}
+            ),
+            path,
+            row_group_size=100_000,
+        )
+        run = subprocess.Popen(
+            [sys.executable, "-m", "grpo_cli", "check", str(path), "--engine", "ray", "-q"],
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "TMPDIR": root},
+        )
+        deadline = time.monotonic() + 120
+        started = lambda: any("session_" in p.name for p in Path(root).glob("grpo-ray-*/*"))  # noqa: E731
+        workers = lambda: any("raylet" in c for c in _descendants_naming(root))  # noqa: E731
+        ready = started if when == "while Ray starts" else workers
+        while not ready() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if when == "while the jobs run":
+            time.sleep(1.0)
+        run.send_signal(signal.SIGTERM)
+        code = run.wait(timeout=120)
+        assert run.stderr is not None
+        assert code == 130, run.stderr.read()
+        assert run.stderr.read().strip().endswith("error: interrupted; no output was written")
+        time.sleep(3)
+        assert _descendants_naming(root) == []
+    finally:
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)

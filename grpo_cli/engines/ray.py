@@ -195,6 +195,12 @@ def ray_session(address: str | None, *, quiet: bool = True, num_cpus: int | None
                 assert address is not None  # no private instance is started: one is joined
                 _check_reachable(address)
                 ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+        except SystemExit as exc:
+            # ray.init's own SIGTERM handler exits with the signal's number while it starts the
+            # instance: the run was stopped, as by Ctrl-C (exit 130, everything started stopped)
+            if exc.code in _STOP_SIGNALS:
+                raise KeyboardInterrupt from None
+            raise
         except (ConnectionError, RuntimeError) as exc:
             where = "start a local Ray instance" if address is None else f"join the Ray cluster at {address}"
             raise GrpoError(f"cannot {where} ({str(exc).strip().splitlines()[0]})") from None
@@ -210,8 +216,11 @@ def ray_session(address: str | None, *, quiet: bool = True, num_cpus: int | None
             logging.getLogger(name).setLevel(logging.ERROR)
         yield ray
     finally:
-        if ray is not None and ray.is_initialized():
-            ray.shutdown()
+        if ray is not None and (ray.is_initialized() or temp_dir is not None):
+            # a private instance stopped while it started is not "initialized", yet runs
+            ray.shutdown(**({"wait_for_processes": True} if _shutdown_waits(ray) else {}))
+        if temp_dir is not None:
+            _stop_leftovers(temp_dir)
         for key, value in saved_env.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -281,12 +290,92 @@ class _ProcessToken:
 _process_token = _ProcessToken()
 
 
+_STOP_SIGNALS = {int(getattr(signal, name)) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)}
+
+SOCKET_PATH_BYTES = 107
+"""The longest path of a Unix socket (``sun_path``, less its terminating NUL)."""
+RAY_SOCKET_TAIL = len("/grpo-ray-12345678/session_2026-12-07_00-32-57_894933_4194304/sockets/plasma_store")
+"""What follows the temporary root in the longest socket path of a private instance: the
+folder, Ray's session (its date, time and the largest process ID) and its plasma store."""
+
+
 def _short_temp_root() -> str | None:
-    """Ray's socket paths must fit in 107 bytes: a long TMPDIR would break them."""
+    """A temporary root short enough for Ray's socket paths (107 bytes): ``TMPDIR`` where it
+    fits, else ``/tmp``; a TMPDIR of 28 characters or more broke them (exit 70). Refused in
+    one line where neither fits."""
     root = tempfile.gettempdir()
-    if len(root) <= 40 or not os.path.isdir("/tmp"):
+    if len(os.fsencode(root)) + RAY_SOCKET_TAIL <= SOCKET_PATH_BYTES:
         return None
-    return "/tmp"
+    if os.path.isdir("/tmp") and os.access("/tmp", os.W_OK | os.X_OK):
+        return "/tmp"
+    raise GrpoError(
+        f"the temporary folder {root} is too long for Ray's socket paths ({SOCKET_PATH_BYTES} bytes) and "
+        f"/tmp is not writable: set TMPDIR to a folder of at most {SOCKET_PATH_BYTES - RAY_SOCKET_TAIL} "
+        "characters"
+    )
+
+
+def _shutdown_waits(ray: Any) -> bool:
+    """Whether this Ray's ``shutdown`` can wait for the processes it stops."""
+    import inspect
+
+    return "wait_for_processes" in inspect.signature(ray.shutdown).parameters
+
+
+def _stop_leftovers(temp_dir: str) -> None:
+    """Stop every process of this run's private instance still running after ``ray.shutdown``
+    (one stopped while it started is not shut down by it): this process's descendants whose
+    command line names ``temp_dir`` or that Ray titled ``ray::...`` (its workers). SIGTERM,
+    then SIGKILL a few seconds later. Linux only (``/proc``); elsewhere ``ray.shutdown`` alone."""
+    import time
+
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return
+    children: dict[int, list[int]] = {}
+    commands: dict[int, str] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            commands[int(entry.name)] = (
+                (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+            )
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry.name))
+    ours, stack = [], list(children.get(os.getpid(), []))
+    while stack:
+        pid = stack.pop()
+        ours.append(pid)
+        stack += children.get(pid, [])
+    leftovers = [
+        pid for pid in ours if temp_dir in commands.get(pid, "") or commands.get(pid, "").startswith("ray::")
+    ]
+    for pid in leftovers:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 3.0
+    while leftovers and time.monotonic() < deadline:
+        leftovers = [pid for pid in leftovers if _running(pid)]
+        time.sleep(0.05)
+    for pid in leftovers:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    if state == "Z":
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+        return False
+    return True
 
 
 def _signal_handlers() -> dict[int, Any]:
