@@ -1133,7 +1133,7 @@ def test_verl_a_prompt_drawn_twice_in_a_step_is_named_by_the_merged_groups_warni
 ) -> None:
     """verl gives each draw of a prompt its own uid, which its dump does not hold, and writes the
     rows after _balance_batch: the two draws cannot be told apart, so the summary says so, naming
-    the merged key."""
+    the merged key, and gives no hint (``--group-size`` would cut across groups: issue #67 A.2)."""
     folder = tmp_path / "verl"
     folder.mkdir()
     lines = [json.loads(line) for line in (folder_of("verl") / "1.jsonl").read_text().splitlines()]
@@ -1147,3 +1147,6 @@ def test_verl_a_prompt_drawn_twice_in_a_step_is_named_by_the_merged_groups_warni
     warning = next(line for line in result.stderr.splitlines() if line.startswith("warning: 1 of"))
     assert "a prompt drawn twice in a step" in warning
     assert f"e.g. key [1, {json.dumps(inputs[0])[:40]}" in warning and "(16 rows)" in warning
+    assert "cannot be split here" in warning and "--group-size" not in warning
+    finding = json.loads(cli("check", folder, "--from", "verl", "--summary-json", "-").stdout)["findings"][0]
+    assert finding["kind"] == "merged_groups" and finding["fix"] is None

@@ -183,25 +183,6 @@ def test_nemo_rl_verify_passes_the_grouping_the_dump_is_read_with(cli: Any) -> N
     assert "PASS  verify-advantage-col: 0 rows differ" in result.stderr
 
 
-def test_a_verl_prompt_drawn_twice_is_named_without_a_hint_that_would_mislead(
-    cli: Any, tmp_path: Path
-) -> None:
-    """verl writes its rows after balancing the batch, and its dump holds no uid: ``--group-size``
-    would cut across groups. The finding says the draws cannot be split here."""
-    folder = tmp_path / "verl"
-    folder.mkdir()
-    lines = [json.loads(line) for line in (folder_of("verl") / "1.jsonl").read_text().splitlines()]
-    inputs = list(dict.fromkeys(line["input"] for line in lines))
-    for line in lines:
-        if line["input"] == inputs[1]:
-            line["input"] = inputs[0]
-    (folder / "1.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    _, data = summary_of(cli, folder, "--from", "verl")
-    (finding,) = data["findings"]
-    assert finding["kind"] == "merged_groups" and finding["fix"] is None
-    assert "cannot be split here" in finding["message"] and "--group-size" not in finding["message"]
-
-
 @pytest.mark.parametrize("name", list(TRUTH))
 def test_a_dump_given_without_from_hears_the_trainer_and_the_folder(name: str, cli: Any) -> None:
     """A dump given without ``--from`` never heard "use --from verl", and a folder one level too

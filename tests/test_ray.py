@@ -1336,9 +1336,9 @@ def test_ray_finds_groups_that_span_steps_as_the_local_engine_does(ray_instance,
 def test_a_long_tmpdir_takes_a_short_root_for_rays_sockets_or_is_refused(monkeypatch, tmp_path):
     """A TMPDIR of 28 characters or more made every --engine ray run exit 70 (Ray's socket paths
     passed the 107 bytes a Unix socket path holds): /tmp is taken, or one line names the limit."""
-    from grpo_cli.engines import ray as ray_engine
-
     import tempfile
+
+    from grpo_cli.engines import ray as ray_engine
 
     monkeypatch.setattr(tempfile, "gettempdir", lambda: "/t")
     assert ray_engine._short_temp_root() is None  # short enough: TMPDIR itself
