@@ -34,7 +34,7 @@ from grpo_cli.rewards import RewardBatch
 class RowInputs:
     """What a chunk's rows contribute from: the combined reward (in its own dtype: a float32
     reward times a float64 length is widened exactly), whether it is in the statistics (bool),
-    each row's length where the run reads one, and its step (``--step-col``'s value as float64,
+    each row's length where the run reads one, and its step (the watched step column's value, float64,
     NaN where null) where the run watches one."""
 
     combined: np.ndarray

@@ -53,7 +53,7 @@ OFF_SIZE_EXAMPLES = 5
 MERGED_EXAMPLES = 3
 """How many keys of merged groups a warning names."""
 SINGLETON_KEYS = 256
-"""How many singletons' keys the runs looks at for a part that varies in each (a time, a path)."""
+"""How many singletons' keys a run looks at for a part that varies in each (a time, a path)."""
 SIZE_COUNTS_SHOWN = 64
 
 
