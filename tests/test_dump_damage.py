@@ -205,16 +205,23 @@ def test_a_glob_over_link_loops_of_plain_shards_reads_each_shard_once(cli: Any, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["nemo-rl", "areal", "prime-rl", "verl", "open-instruct"])
+@pytest.mark.parametrize(
+    "name", ["nemo-rl", "areal", "prime-rl", "verl", "verl-v1", "open-instruct", "skyrl", "roll"]
+)
 def test_a_50_mb_line_is_read(name: str, cli: Any, tmp_path: Path) -> None:
     """A 50 MB line was refused ("straddling object straddles two block boundaries") for the
     dumps read whole into a private file (NeMo-RL, AReaL, prime-rl), where the README promises
-    a read block that holds the longest line."""
+    a read block that holds the longest line. Every layout of lines (ROLL's: one object of
+    columns, a line of its own) reads one."""
     folder = copied(name, tmp_path)
     path = first_file(name, folder)
     lines = path.read_text().splitlines()
     record = json.loads(lines[0])
-    record["padding_field_of_50_mb"] = "x" * (50 << 20)
+    if name == "roll":  # one object of columns: a column whose first value is the long one
+        rows = len(next(iter(record.values())))
+        record["padding_field_of_50_mb"] = ["x" * (50 << 20)] + [""] * (rows - 1)
+    else:
+        record["padding_field_of_50_mb"] = "x" * (50 << 20)
     lines[0] = json.dumps(record)
     path.write_text("\n".join(lines) + "\n")
     result = run(cli, name, folder, "--summary-json", "-")
