@@ -1122,7 +1122,55 @@ def _reducer_merges(blocks: int, per_block: int) -> None:
         running.merge_rows(block, torch.arange(b * per_block, (b + 1) * per_block), (b + 1) * per_block)
 
 
-SECTIONS = ["imports", "jsonl", "kernel", "keys", "dump", "files", "memory", "estimators", "ray", "scaling"]
+def bench_by(rows: int, repeats: int, data_dir: Path) -> None:
+    """``check --by`` over a column of 1,000 to all-distinct values, whole processes, beside the
+    same check without ``--by``: the figures per value cost the groups, not values x groups
+    (issue #67 D.18: 66 s for 200k rows of 100k values, 1.8 s without)."""
+    path = data_dir / f"by-{rows}.parquet"
+    if not path.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        rng = np.random.default_rng(0)
+        group = np.arange(rows) // 2
+        pq.write_table(
+            pa.table(
+                {
+                    "group_id": group,
+                    "reward": (rng.random(rows) < 0.5).astype(np.float32),
+                    **{f"v{n}": group % n for n in (1_000, 10_000)},
+                    "v_all": group.astype(str),
+                }
+            ),
+            path,
+        )
+    python = sys.executable
+    check = [python, "-m", "grpo_cli", "check", str(path), "-q"]
+    results = {
+        "check, no --by": min(_seconds(check) for _ in range(repeats)),
+        **{
+            f"check --by, {label} values": min(_seconds([*check, "--by", column]) for _ in range(repeats))
+            for column, label in (("v1000", "1,000"), ("v10000", "10,000"), ("v_all", f"{rows // 2:,}"))
+        },
+    }
+    base = results["check, no --by"]
+    print(f"\n--by over many values: {rows:,} rows in groups of 2, whole processes (best of {repeats})")
+    print(f"  {'contender':34s} {'seconds':>8s} {'vs no --by':>11s}")
+    for name, seconds in results.items():
+        print(f"  {name:34s} {seconds:8.2f} {seconds / base:10.1f}x")
+
+
+SECTIONS = [
+    "imports",
+    "jsonl",
+    "kernel",
+    "keys",
+    "dump",
+    "files",
+    "memory",
+    "estimators",
+    "by",
+    "ray",
+    "scaling",
+]
 """Every section, in the order a full run takes them."""
 
 
@@ -1180,6 +1228,8 @@ def main() -> None:
         bench_memory(args.rss_rows, args.group_size, args.data_dir, args.text_bytes)
     if "estimators" in sections:
         bench_estimators(args.rows // 5, args.group_size, args.repeats, args.data_dir)
+    if "by" in sections:
+        bench_by(200_000, args.repeats, args.data_dir)
     if "scaling" in sections:
         bench_scaling(args.rows, args.group_size, args.repeats)
     if "ray" in sections:
