@@ -628,29 +628,36 @@ def _finding(
     return {"kind": kind, "severity": severity, "message": message, "groups": groups, "fix": fix}
 
 
-_DIGITS = re.compile(r"\d+")
+_VARYING = re.compile(r"[0-9a-fA-F]{8,}|\d+")
+"""What varies between keys that should be one: digits (a time, a counter, a path with a
+number) and long hexadecimal runs (a uid, a hash)."""
 
 
 def _varying_part(singletons: Sequence[Example]) -> str:
-    """Where the singletons' keys (text) are alike but for their digits (a time, a counter, a path
-    with a number), what they look like without them: keys that differ in a varying part each
-    make a group of one where the prompt's rollouts should share one.
+    """Where the singletons' keys (text) are alike but for their digits or a long hexadecimal run
+    (a time, a counter, a uid, a path with either): keys that differ in a varying part each make
+    a group of one where the prompt's rollouts should share one.
 
     >>> keys = [Example(i, f"Solve 2+2 [{t}]", 1) for i, t in enumerate(["12:00:01", "12:00:07", "12:01:13"])]
-    >>> _varying_part(keys)
-    "; the keys differ only in their digits: 'Solve 2+2 [12:00:01]' and 'Solve 2+2 [12:00:07]' are one text"
+    >>> _varying_part(keys).split(": ")[1]
+    "'Solve 2+2 [12:00:01]' and 'Solve 2+2 [12:00:07]' are one text"
     """
     texts = [e.label for e in singletons if isinstance(e.label, str)]
     if len(texts) < 2:
         return ""
     by_template: dict[str, list[str]] = {}
     for text in texts:
-        by_template.setdefault(_DIGITS.sub("#", text), []).append(text)
+        template = _VARYING.sub("#", text)
+        if len(template.replace("#", "").strip()) >= 4:  # text besides what varies: not a bare uid
+            by_template.setdefault(template, []).append(text)
     shared = [alike for alike in by_template.values() if len(alike) > 1]
     if not shared or len(by_template) * 2 > len(texts):
         return ""
     first, second = shared[0][:2]
-    return f"; the keys differ only in their digits: {first[:60]!r} and {second[:60]!r} are one text"
+    return (
+        f"; the keys differ only in their digits or hexadecimal runs: {first[:60]!r} and {second[:60]!r} "
+        "are one text"
+    )
 
 
 def parts_of(

@@ -690,6 +690,9 @@ def test_group_size_blocks_that_mix_prompts_are_warned_of(cli, tmp_path):
     warnings = json.loads(result.stdout)["warnings"]
     assert len(warnings) == 1 and warnings[0].startswith("64 of the first 64 --group-size 8 blocks hold more")
     assert "-g input" in warnings[0]
+    followed = json.loads(cli("check", path, "-g", "input", "-r", "score", "--summary-json", "-").stdout)
+    assert followed["warnings"] == [] and followed["groups"] == 64  # the hint, followed: the 64 prompts
+    assert followed["group_size"] == {"min": 8, "median": 8, "max": 8}
     rows.sort(key=lambda r: str(r["input"]))
     pq.write_table(pa.Table.from_pylist(rows), path)
     assert (

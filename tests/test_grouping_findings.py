@@ -134,15 +134,15 @@ def test_a_key_that_makes_every_rollout_a_singleton_names_the_share_and_the_vary
     assert finding["kind"] == "singleton_groups" and finding["groups"] == 160
     assert finding["message"].startswith("160 of 160 groups (100.0%) are singletons")
     assert (
-        "the keys differ only in their digits: 'Solve 0 + 0 [sent 2026-12-06T10:00:00]' and"
-        in finding["message"]
+        "the keys differ only in their digits or hexadecimal runs: "
+        "'Solve 0 + 0 [sent 2026-12-06T10:00:00]' and" in finding["message"]
     )
     distinct = write_jsonl(
         tmp_path / "uids.jsonl",
         [{"prompt": f"{random.Random(i).getrandbits(64):x}", "reward": 1.0} for i in range(40)],
     )
     _, uids = summary_of(cli, distinct, "-g", "prompt", "-r", "reward")
-    assert "differ only in their digits" not in uids["findings"][0]["message"]
+    assert "differ only in their digits" not in uids["findings"][0]["message"]  # a bare uid varies whole
 
 
 def test_merged_groups_name_the_key_that_mends_them(cli: Any, tmp_path: Path) -> None:
