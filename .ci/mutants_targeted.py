@@ -12,8 +12,8 @@ be caught by a test in another file: run it again with more files, or with ``mut
 It needs the ``mutants/`` folder that ``mutmut run`` generates (a run over one mutant will do),
 made from the same sources: a mutant name that the meta file does not hold is refused.
 
-    python .ci/mutants_targeted.py -m 'grpo_cli.readers.*' tests/test_readers.py tests/test_sources.py
-    python .ci/mutants_targeted.py -m 'grpo_cli.rewards.x_*' -m 'grpo_cli.rewards.xǁRewardReader*' \
+    python .ci/mutants_targeted.py -m 'grpo_cli.inputs.readers.*' tests/test_readers.py tests/test_sources.py
+    python .ci/mutants_targeted.py -m 'grpo_cli.run.rewards.x_*' -m 'grpo_cli.run.rewards.xǁRewardReader*' \
         tests/test_rewards.py --only unchecked
     python .ci/mutants_targeted.py -m 'grpo_cli.kernel.*' --sample 300 tests/test_kernel.py
 
@@ -107,7 +107,7 @@ def main() -> int:
         "--mutants",
         action="append",
         required=True,
-        help="names, as a glob: 'grpo_cli.readers.x_read_ahead*'",
+        help="names, as a glob: 'grpo_cli.inputs.readers.x_read_ahead*'",
     )
     parser.add_argument("tests", nargs="+", help="test files (or node IDs), relative to the repository")
     parser.add_argument("--only", choices=["all", "unchecked", "survivors"], default="all")

@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CAUGHT = {"killed", "timeout"}
 PENDING = {"not checked"}  # an interrupted run: scored over the mutants it checked
-TARGETS = {"grpo_cli.kernel": 0.9, "grpo_cli.keys": 0.9}
+TARGETS = {"grpo_cli.kernel": 0.9, "grpo_cli.arrow.keys": 0.9}
 OVERALL_TARGET = 0.8
 
 

@@ -210,8 +210,8 @@ def pandas_job(src: Path, dst: Path) -> None:
 
 
 def grpo_job(src: Path, dst: Path, *, streaming: bool = False) -> None:
-    from grpo_cli.config import ComputeConfig
     from grpo_cli.jobs import compute_dataset
+    from grpo_cli.options.config import ComputeConfig
 
     config = ComputeConfig(memory_budget_bytes=0) if streaming else ComputeConfig()
     compute_dataset(src, dst, config, force=True)
@@ -291,7 +291,7 @@ def bench_keys(rows: int, group_size: int, repeats: int, data_dir: Path) -> None
     import pyarrow.compute as pc
     import torch
 
-    from grpo_cli.keys import GroupKeyIndex
+    from grpo_cli.arrow.keys import GroupKeyIndex
 
     column = pq.read_table(write_layouts(data_dir, rows, group_size)["shuffled uid strings"]).column(0)
     column = column.combine_chunks()
@@ -405,7 +405,7 @@ if which == "grpo-cli":
     from grpo_cli.jobs import compute_dataset
     compute_dataset(src, dst, force=True)
 elif which == "grpo-cli --by step":
-    from grpo_cli.config import ComputeConfig
+    from grpo_cli.options.config import ComputeConfig
     from grpo_cli.jobs import compute_dataset
     summary = compute_dataset(src, dst, ComputeConfig(by_cols=("step",)), force=True)
     assert len(summary.by["step"]) == 100
@@ -484,8 +484,8 @@ def bench_ray(rows: int, group_size: int, repeats: int, data_dir: Path) -> None:
     import shutil
     import tempfile
 
-    from grpo_cli.config import ComputeConfig
     from grpo_cli.jobs import compute_dataset
+    from grpo_cli.options.config import ComputeConfig
 
     if importlib.util.find_spec("ray") is None:
         print("\nray engine: not installed (pip install 'grpo-cli[ray]')")
@@ -532,7 +532,7 @@ from grpo_cli.threads import let_idle_threads_sleep
 
 let_idle_threads_sleep()  # the driver is the CLI's process, which does these when a command runs
 reuse_freed_memory()
-from grpo_cli.config import ComputeConfig
+from grpo_cli.options.config import ComputeConfig
 from grpo_cli.engines.ray import ray_session
 from grpo_cli.jobs import compute_dataset_ray
 source, target, workers, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -556,11 +556,11 @@ from grpo_cli.threads import let_idle_threads_sleep
 
 let_idle_threads_sleep()  # the driver is the CLI's process, which does these when a command runs
 reuse_freed_memory()
-from grpo_cli.config import ComputeConfig
+from grpo_cli.options.config import ComputeConfig
 from grpo_cli.engines import ray as ray_engine
 from grpo_cli.jobs import compute_dataset_ray
 
-from grpo_cli.options import AdvantageOptions
+from grpo_cli.options.advantage import AdvantageOptions
 
 ray_engine.OUTCOME_ON_REDUCERS = sys.argv[4] == "reducers"
 advantage = (
@@ -688,9 +688,9 @@ def _ray_driver_run(
 
 def bench_estimators(rows: int, group_size: int, repeats: int, data_dir: Path) -> None:
     """What the batch-level estimators cost beside GRPO: the extra moments pass, --batch-col."""
-    from grpo_cli.config import ComputeConfig
     from grpo_cli.jobs import compute_dataset
-    from grpo_cli.options import AdvantageOptions, RewardSpec
+    from grpo_cli.options.advantage import AdvantageOptions, RewardSpec
+    from grpo_cli.options.config import ComputeConfig
 
     data_dir.mkdir(parents=True, exist_ok=True)
     src = data_dir / f"estimators_{rows}_{group_size}.parquet"
@@ -1077,8 +1077,8 @@ def _running_totals_seconds(n: int, group_size: int, repeats: int) -> list[float
     """The best seconds of the statistics, the figures and grpo_passk's top two over ``n`` rows."""
     import torch
 
-    from grpo_cli.figures import FigureAccumulator, RowInputs, wanted
     from grpo_cli.kernel import GroupStatsAccumulator, RunningTopTwo, group_top_two
+    from grpo_cli.run.figures import FigureAccumulator, RowInputs, wanted
 
     ids = torch.arange(n) // group_size
     rewards = (torch.rand(n, generator=torch.Generator().manual_seed(n), dtype=torch.float64) < 0.5).double()

@@ -115,7 +115,7 @@ def diagnostics_block() -> str:
 
 def screenshot() -> None:
     """docs/report.png: grpo-cli's own ``--report FILE.png`` of :data:`REPORT`."""
-    from grpo_cli.html_report import browser
+    from grpo_cli.results.html_report import browser
 
     if browser() is None:
         print("no chromium: docs/report.png left as it is", file=sys.stderr)

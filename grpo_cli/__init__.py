@@ -38,7 +38,6 @@ __all__ = [
 if TYPE_CHECKING:
     from grpo_cli.allocator import reuse_freed_memory
     from grpo_cli.api import group_advantages
-    from grpo_cli.config import ComputeConfig
     from grpo_cli.errors import GrpoError
     from grpo_cli.jobs import check_dataset, compute_dataset
     from grpo_cli.kernel import (
@@ -50,13 +49,14 @@ if TYPE_CHECKING:
         group_stats,
         merge_group_stats,
     )
+    from grpo_cli.options.config import ComputeConfig
     from grpo_cli.tables import add_advantages, summarize
 
 _LAZY = {
     "group_advantages": "grpo_cli.api",
     "compute_dataset": "grpo_cli.jobs",
     "check_dataset": "grpo_cli.jobs",
-    "ComputeConfig": "grpo_cli.config",
+    "ComputeConfig": "grpo_cli.options.config",
     "GrpoError": "grpo_cli.errors",
     "add_advantages": "grpo_cli.tables",
     "summarize": "grpo_cli.tables",

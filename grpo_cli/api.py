@@ -18,15 +18,24 @@ import torch
 from torch import Tensor
 
 from grpo_cli import kernel
-from grpo_cli.choices import Baseline, EpsilonMode, Estimator, NanPolicy, Preset, Scale, Singleton, Std
 from grpo_cli.errors import GrpoError
-from grpo_cli.option_table import keyword_of
-from grpo_cli.options import ESTIMATOR_SPECS, AdvantageOptions
+from grpo_cli.options.advantage import ESTIMATOR_SPECS, AdvantageOptions
+from grpo_cli.options.choices import (
+    Baseline,
+    EpsilonMode,
+    Estimator,
+    NanPolicy,
+    Preset,
+    Scale,
+    Singleton,
+    Std,
+)
+from grpo_cli.options.table import keyword_of
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from grpo_cli.config import ComputeConfig
+    from grpo_cli.options.config import ComputeConfig
 
 
 class PerRow(NamedTuple):
@@ -177,8 +186,8 @@ def _through_the_engine(
 def _engine_config(
     options: AdvantageOptions, per_row: dict[str, Tensor | None], device: str
 ) -> ComputeConfig:
-    from grpo_cli.config import ComputeConfig
-    from grpo_cli.options import RewardSpec
+    from grpo_cli.options.advantage import RewardSpec
+    from grpo_cli.options.config import ComputeConfig
 
     given = {name: PER_ROW[name].column for name, values in per_row.items() if values is not None}
     return ComputeConfig(

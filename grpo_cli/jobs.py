@@ -1,7 +1,7 @@
 """Jobs over files, the library form of the CLI's commands: ``compute`` and ``check``.
 
 Each job validates its options, resolves its inputs, claims its outputs (the data and
-the summary file) from one :class:`~grpo_cli.guard.WriteGuard` before any work starts,
+the summary file) from one :class:`~grpo_cli.outputs.guard.WriteGuard` before any work starts,
 runs an engine, and writes the summary file only after the data was committed. The
 engines never choose paths; they write to the claims they are handed.
 """
@@ -16,27 +16,28 @@ from typing import Any
 
 import pyarrow as pa
 
-from grpo_cli.checks import CheckBounds, evaluate_checks
-from grpo_cli.config import ComputeConfig
-from grpo_cli.dumps import trainer_hint
 from grpo_cli.errors import LayoutError
 from grpo_cli.file_names import output_is_directory
-from grpo_cli.guard import (
+from grpo_cli.inputs.readers import read_provenance, validate_pages
+from grpo_cli.inputs.sources import InputSet
+from grpo_cli.options.config import ComputeConfig
+from grpo_cli.outputs.guard import (
     Claim,
     ProtectedInputs,
     WriteGuard,
     reported_after_commit,
     write_text,
 )
-from grpo_cli.output import open_output
-from grpo_cli.progress import Progress
-from grpo_cli.readers import read_provenance, validate_pages
-from grpo_cli.sources import InputSet
-from grpo_cli.summary import RunSummary
+from grpo_cli.outputs.output import open_output
+from grpo_cli.results.checks import CheckBounds, evaluate_checks
+from grpo_cli.results.summary import RunSummary
+from grpo_cli.run.progress import Progress
+from grpo_cli.trainers.dumps import trainer_hint
 
 PathLike = str | os.PathLike[str]
 Inputs = PathLike | Sequence[PathLike] | InputSet
-"""A path, several, or inputs already resolved (a trainer's dump: :func:`grpo_cli.dumps.open_dump`)."""
+"""A path, several, or inputs already resolved (a trainer's dump:
+:func:`grpo_cli.trainers.dumps.open_dump`)."""
 
 
 def _specs(input: Inputs) -> list[str]:
@@ -67,7 +68,7 @@ def compute_dataset(
     Reads ``input`` (a file, directory of shards, glob, or ``-``; or a list of them),
     writes the augmented ``output`` atomically (nothing is written when ``output`` is ``None``),
     writes the summary as JSON to ``summary_json`` if given, and returns the run's
-    :class:`~grpo_cli.summary.RunSummary`. Every path is checked by the write guard
+    :class:`~grpo_cli.results.summary.RunSummary`. Every path is checked by the write guard
     before any work starts.
     """
     return _local_job(
@@ -219,7 +220,7 @@ def _ray_run(
     started = time.perf_counter()
     ray_engine.check_ray_run(output, config, partitions=partitions)
     if report is not None:
-        from grpo_cli.html_report import check_report_path
+        from grpo_cli.results.html_report import check_report_path
 
         check_report_path(os.fspath(report))
     with contextlib.ExitStack() as staging:
@@ -277,7 +278,7 @@ def _local_job(
     config = config or ComputeConfig()
     config.validate()
     if report is not None:
-        from grpo_cli.html_report import check_report_path
+        from grpo_cli.results.html_report import check_report_path
 
         check_report_path(os.fspath(report))
     directory = output_is_directory(os.fspath(output)) if output is not None else False  # "-": stdout
@@ -356,7 +357,7 @@ def _guarded(
             if summary_claim is not None:
                 write_text(summary_claim, summary.to_json() + "\n")
             if report_claim is not None:
-                from grpo_cli.html_report import report_bytes
+                from grpo_cli.results.html_report import report_bytes
 
                 write_text(
                     report_claim, report_bytes(summary.to_dict(), os.fspath(report_claim.path)), "the report"

@@ -28,15 +28,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from grpo_cli.choices import Preset
-from grpo_cli.columns import take_rows
-from grpo_cli.config import ComputeConfig, resolve_config
+from grpo_cli.arrow.columns import take_rows
 from grpo_cli.errors import GrpoError
 from grpo_cli.jobs import check_table, compute_table, summarize_table
-from grpo_cli.option_table import keyword_of, keywords
-from grpo_cli.options import RewardSpec
-from grpo_cli.plan import RunPlan
-from grpo_cli.summary import RunSummary
+from grpo_cli.options.advantage import RewardSpec
+from grpo_cli.options.choices import Preset
+from grpo_cli.options.config import ComputeConfig, resolve_config
+from grpo_cli.options.table import keyword_of, keywords
+from grpo_cli.results.summary import RunSummary
+from grpo_cli.run.plan import RunPlan
 
 ROW_INDEX = "__grpo_cli_row__"  # carried through a filtering run to tell which rows were kept
 CONTAINERS = (
@@ -107,7 +107,7 @@ def summarize(
     **options: Any,
 ) -> RunSummary:
     """The run summary of ``data`` (a ``LazyFrame`` is collected): what ``--summary-json``
-    writes, as a :class:`~grpo_cli.summary.RunSummary` (``.to_dict()``, ``.to_json()``).
+    writes, as a :class:`~grpo_cli.results.summary.RunSummary` (``.to_dict()``, ``.to_json()``).
 
     Takes the options of :func:`add_advantages`.
     """
@@ -151,7 +151,7 @@ def _in_keyword_words() -> Iterator[None]:
 
 
 def _dump_view(trainer: str, table: pa.Table, group_size: int | None) -> tuple[pa.Table, dict[str, Any]]:
-    from grpo_cli.dumps import of_table
+    from grpo_cli.trainers.dumps import of_table
 
     return of_table(trainer, table, group_size=group_size)
 

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import strategies as st
 from typer.testing import CliRunner, Result
 
-from grpo_cli.choices import Estimator, Preset, choices_of
 from grpo_cli.cli import app
+from grpo_cli.options.choices import Estimator, Preset, choices_of
 
 
 def rollout_rows(
@@ -133,7 +133,7 @@ def parity_case(seed: int, *, estimator: str, preset: str | None) -> dict[str, A
     import numpy as np
     import torch
 
-    from grpo_cli.options import PRESETS
+    from grpo_cli.options.advantage import PRESETS
 
     rng = np.random.default_rng(seed)
     layout = ("ids", "size", "2d")[seed % 3]

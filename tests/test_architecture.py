@@ -11,7 +11,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "grpo_cli"
 MAP = ROOT / "docs" / "architecture.md"
-NOT_MAPPED = {"__init__", "__main__", "engines"}  # re-exports, the entry point, a namespace
+NAMESPACES = {"engines", "options", "inputs", "outputs", "results", "run", "trainers", "arrow"}
+"""Folders whose ``__init__`` holds a docstring alone: their modules are mapped one by one."""
+NOT_MAPPED = {"__init__", "__main__", *NAMESPACES}  # re-exports, the entry point, namespaces
 
 
 def documented_map() -> dict[str, set[str]]:
@@ -38,7 +40,7 @@ def imported(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             names |= {a.name for a in node.names if a.name.startswith("grpo_cli")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("grpo_cli"):
-            if node.module in ("grpo_cli", "grpo_cli.engines"):
+            if node.module == "grpo_cli" or node.module.removeprefix("grpo_cli.") in NAMESPACES:
                 names |= {f"{node.module}.{a.name}" for a in node.names}
             else:
                 names.add(node.module)
@@ -69,7 +71,7 @@ def test_engines_are_siblings_and_only_jobs_runs_them():
 
 
 def test_kernel_imports_only_torch_and_the_vocabulary():
-    tree = ast.parse((PACKAGE / "kernel.py").read_text())
+    tree = ast.parse((PACKAGE / "kernel" / "__init__.py").read_text())
     top_level = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):

@@ -299,8 +299,8 @@ def _figures_one_value_at_a_time(values, groups, run_range):
     kernel's exact sums and Python's fractions, one value at a time. The reference."""
     from fractions import Fraction
 
-    from grpo_cli.findings import plain_key, reward_totals
-    from grpo_cli.summary import PERCENTILES, value_sort_key
+    from grpo_cli.results.findings import plain_key, reward_totals
+    from grpo_cli.results.summary import PERCENTILES, value_sort_key
 
     def percentiles(x):
         if x.size == 0:
@@ -369,7 +369,7 @@ def test_the_figures_per_value_are_those_of_one_value_at_a_time(seed):
     """All values at once give the bits one value at a time gave: binary and continuous rewards,
     constant groups at the run's extremes, empty and singleton groups, values of one group and
     of more than SMALL_VALUE_GROUPS (the kernel's exact sums), values with no group."""
-    from grpo_cli.summary import SMALL_VALUE_GROUPS, ByValues, GroupFigures, figures_by_value
+    from grpo_cli.results.summary import SMALL_VALUE_GROUPS, ByValues, GroupFigures, figures_by_value
 
     rng = np.random.default_rng(seed)
     k = 400

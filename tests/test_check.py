@@ -807,7 +807,7 @@ def _footer_edited(
 
     from thrift.Thrift import TType
 
-    from grpo_cli import splice as s
+    from grpo_cli.outputs import splice as s
 
     data = path.read_bytes()
     footer = s.read_footer(io.BytesIO(data))
@@ -880,12 +880,12 @@ def test_a_footer_declaring_rows_the_columns_do_not_hold_is_refused_by_name(cli,
 
 def test_every_bad_data_file_of_parquet_testing_is_refused_or_read_whole(cli, tmp_path):
     """apache/parquet-testing's ``bad_data/`` (from a local mirror; skips without one): for each
-    file the gate (:func:`~grpo_cli.readers.validate_pages`) names its damage, or pyarrow reads it
+    file the gate (:func:`~grpo_cli.inputs.readers.validate_pages`) names its damage, or pyarrow reads it
     whole, every row its footer declares; ARROW-GH-41317 fails ``check --validate-pages``."""
     import subprocess
 
-    from grpo_cli.readers import validate_pages
-    from grpo_cli.sources import Shard
+    from grpo_cli.inputs.readers import validate_pages
+    from grpo_cli.inputs.sources import Shard
     from tests.test_splice import PARQUET_TESTING
     from tests.trainer_source import source
 

@@ -416,7 +416,7 @@ def test_missing_output_folder(cli, tmp_path, parquet_file):
 
 
 def test_internal_error_is_one_line(cli, tmp_path, parquet_file, monkeypatch):
-    from grpo_cli import rewards
+    from grpo_cli.run import rewards
 
     def boom(*args, **kwargs):
         raise RuntimeError("kaboom\nsecond line")
@@ -435,7 +435,7 @@ def test_internal_error_is_one_line(cli, tmp_path, parquet_file, monkeypatch):
 def test_a_panic_inside_a_rust_library_is_one_line_too(cli, tmp_path, parquet_file, monkeypatch):
     """pyo3's PanicException derives from BaseException: ``except Exception`` let it through
     with a traceback."""
-    from grpo_cli import rewards
+    from grpo_cli.run import rewards
 
     class PanicException(BaseException):
         pass

@@ -1,4 +1,4 @@
-"""Column references and type helpers (``grpo_cli.columns``): a nested field found at any
+"""Column references and type helpers (``grpo_cli.arrow.columns``): a nested field found at any
 depth, the fields and types a type holds, and rows taken or filtered whatever their type."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from grpo_cli.columns import (
+from grpo_cli.arrow.columns import (
     MAX_NESTING,
     filter_rows,
     find_field,
@@ -134,7 +134,7 @@ def test_rows_are_taken_and_filtered_whatever_their_type_and_keep_it(values):
 
 
 def test_a_column_or_nested_field_is_read_null_where_its_parent_is():
-    from grpo_cli.columns import column_of
+    from grpo_cli.arrow.columns import column_of
 
     meta = pa.array([{"score": 0.5}, None, {"score": 1.0}], pa.struct([("score", pa.float64())]))
     batch = pa.record_batch([meta, pa.array([1, 2, 3])], names=["meta", "n"])
@@ -158,13 +158,13 @@ def test_a_column_or_nested_field_is_read_null_where_its_parent_is():
     ],
 )
 def test_which_types_hold_numbers_a_reward_can_be(data_type, numeric):
-    from grpo_cli.columns import is_numeric_type
+    from grpo_cli.arrow.columns import is_numeric_type
 
     assert is_numeric_type(data_type) is numeric
 
 
 def test_the_top_level_columns_to_read_for_names_once_each_in_order():
-    from grpo_cli.columns import top_level
+    from grpo_cli.arrow.columns import top_level
 
     schema = pa.schema([("n", pa.int64()), ("meta", pa.struct([("a", pa.int64()), ("b", pa.int64())]))])
     assert top_level(schema, ["meta.b", "n", "meta.a", "missing", "meta"]) == ["meta", "n", "missing"]

@@ -14,13 +14,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from grpo_cli import rewards
-from grpo_cli.checks import CheckBounds, evaluate_checks
-from grpo_cli.config import ComputeConfig, VerifySpec
 from grpo_cli.errors import GrpoError
 from grpo_cli.jobs import check_dataset, compute_dataset
 from grpo_cli.kernel import GroupStatsAccumulator, apply_normalization, group_stats, normalize_in_groups
-from grpo_cli.options import AdvantageOptions
+from grpo_cli.options.advantage import AdvantageOptions
+from grpo_cli.options.config import ComputeConfig, VerifySpec
+from grpo_cli.results.checks import CheckBounds, evaluate_checks
+from grpo_cli.run import rewards
 from tests.conftest import write_parquet
 from tests.reference import reference_advantages
 

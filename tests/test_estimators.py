@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError
 from grpo_cli.jobs import compute_dataset
-from grpo_cli.options import AdvantageOptions, RewardSpec
+from grpo_cli.options.advantage import AdvantageOptions, RewardSpec
+from grpo_cli.options.config import ComputeConfig
 from tests import trainers
 
 MODES = {"in-memory": {}, "streaming": {"memory_budget_bytes": 0, "batch_rows": 7}}

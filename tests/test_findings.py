@@ -14,7 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_cli.findings import (
+from grpo_cli.kernel import group_scale, group_stats
+from grpo_cli.results.findings import (
     FirstRound,
     GroupPart,
     RunFigures,
@@ -22,7 +23,6 @@ from grpo_cli.findings import (
     findings_of,
     merged_findings,
 )
-from grpo_cli.kernel import group_scale, group_stats
 
 
 def part_of_rewards(rewards: list[float], ids: list[int], *, active_above: float = 0.0) -> GroupPart:

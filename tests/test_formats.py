@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from grpo_cli import readers
 from grpo_cli.errors import GrpoError
-from grpo_cli.sources import InputSet
+from grpo_cli.inputs import readers
+from grpo_cli.inputs.sources import InputSet
 from tests.conftest import one_line_error, rollout_cases, rollout_rows, write_case, write_jsonl, write_parquet
 
 ROWS = rollout_rows(n_groups=20, seed=3)
@@ -343,7 +343,7 @@ def test_nested_reward_and_key_fields(cli, tmp_path, expected, fmt):
 @pytest.mark.parametrize("hashed", [False, True], ids=["exact", "hashed"])
 def test_a_chat_prompt_is_a_group_key_on_its_exact_value(cli, tmp_path, expected, monkeypatch, hashed):
     if hashed:
-        from grpo_cli import keys
+        from grpo_cli.arrow import keys
         from grpo_cli.engines import local
 
         monkeypatch.setattr(local, "SMALL_INPUT_ROWS", 0)
@@ -643,9 +643,9 @@ def test_a_json_lines_output_holds_the_parquet_outputs_values(
     """Every row and column of ``-o x.jsonl`` reads back as the Parquet output's: the same keys
     in order, the same values; a float32 as the shortest decimal of the same float32 (read back
     as float32, its bits), NaN and infinities as null."""
-    from grpo_cli.config import ComputeConfig
     from grpo_cli.jobs import compute_dataset
-    from grpo_cli.options import AdvantageOptions
+    from grpo_cli.options.advantage import AdvantageOptions
+    from grpo_cli.options.config import ComputeConfig
 
     tmp = tmp_path_factory.mktemp("jsonl_out")
     source, _ = write_case(tmp, case)

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from grpo_cli import readers
 from grpo_cli.engines import local as local_engine
+from grpo_cli.inputs import readers
 from tests.conftest import rollout_rows, write_jsonl
 
 GRPO_CLI = [sys.executable, "-m", "grpo_cli"]
@@ -165,7 +165,7 @@ def test_sigterm_ends_the_run_within_seconds_in_every_phase(cli, tmp_path, monke
 
 SLOW_READ = """
 import sys, time
-from grpo_cli import readers
+from grpo_cli.inputs import readers
 scan = readers._scan_nesting
 def slow_scan(*args):
     time.sleep(0.5)
@@ -252,8 +252,8 @@ def test_an_interrupt_while_the_rows_go_to_standard_output_says_what_its_reader_
 
     from typer.testing import CliRunner
 
-    from grpo_cli import guard
     from grpo_cli.cli import app
+    from grpo_cli.outputs import guard
 
     path = write_jsonl(
         tmp_path / "r.jsonl",

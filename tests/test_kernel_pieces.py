@@ -757,7 +757,7 @@ def test_figures_of_chunks_cut_across_blocks_are_the_figures_of_all_rows(block_r
     keep their own lengths, so the totals are those of all rows at once."""
     import numpy as np
 
-    from grpo_cli.figures import FigureAccumulator, RowInputs, of_chunk, wanted
+    from grpo_cli.run.figures import FigureAccumulator, RowInputs, of_chunk, wanted
 
     rng = np.random.default_rng(7)
     ids = rng.integers(0, 5, size=13)
@@ -828,7 +828,7 @@ def test_running_totals_grow_in_place_and_keep_what_compute_gave(
     compute() part-way gave stays as it was while more rows arrive."""
     import numpy as np
 
-    from grpo_cli.figures import FigureAccumulator, RowInputs, of_chunk, wanted
+    from grpo_cli.run.figures import FigureAccumulator, RowInputs, of_chunk, wanted
 
     ids = torch.arange(len(sizes)).repeat_interleave(torch.tensor(sizes))
     gen = torch.Generator().manual_seed(seed)

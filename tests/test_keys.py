@@ -11,10 +11,10 @@ import pyarrow as pa
 import pytest
 import torch
 
-from grpo_cli import keys as keys_module
-from grpo_cli.columns import without_views
+from grpo_cli.arrow import keys as keys_module
+from grpo_cli.arrow.columns import without_views
+from grpo_cli.arrow.keys import GroupKeyIndex, check_key_types, fixed_width_bytes, is_key_type, run_starts
 from grpo_cli.errors import GrpoError
-from grpo_cli.keys import GroupKeyIndex, check_key_types, fixed_width_bytes, is_key_type, run_starts
 
 
 @pytest.fixture(autouse=True)
@@ -145,7 +145,7 @@ def test_a_hash_collision_is_caught_whatever_the_keys_width(monkeypatch, width, 
     last, first = as_value("u" * (size - 1) + "v"), as_value("v" + "u" * (size - 1))
     values = [others[0], base, others[1], last, base, first, others[2], last, others[3], first]
     monkeypatch.setattr(GroupKeyIndex, "_row_hashes", colliding)
-    monkeypatch.setattr("grpo_cli.keys.EXACT_MAX_KEYS", 0)  # hash from the first chunk on
+    monkeypatch.setattr("grpo_cli.arrow.keys.EXACT_MAX_KEYS", 0)  # hash from the first chunk on
     got, index = encode_in_chunks([values], 3, types=[data_type])
     assert got == first_appearance_ids(values)
     assert index._exact is not None  # the collision was seen, and matching went on by value
@@ -559,7 +559,7 @@ def test_numpy_of_leaves_pandas_unimported_for_numeric_arrays():
     # called here too, so that mutmut maps this test to numpy_of (it records calls in-process)
     assert keys_module.numpy_of(keys_module.arrow_of(np.array([1.5]))).tolist() == [1.5]
     code = (
-        "import sys, numpy as np, pyarrow as pa; from grpo_cli.keys import arrow_of, numpy_of; "
+        "import sys, numpy as np, pyarrow as pa; from grpo_cli.arrow.keys import arrow_of, numpy_of; "
         "arrays = [arrow_of(np.array(v)) for v in ([1, 2], [1.5], [True, False], np.array([1], np.uint8))]; "
         "arrays += [a.slice(1) for a in arrays] + [pa.chunked_array([a, a]) for a in arrays]; "
         "[numpy_of(a) for a in arrays]; "
@@ -751,7 +751,7 @@ def test_a_collision_in_a_composite_key_is_caught_beyond_its_first_column(monkey
     monkeypatch.setattr(
         GroupKeyIndex, "_row_hashes", lambda self, table: torch.zeros(table.num_rows, dtype=torch.int64)
     )
-    monkeypatch.setattr("grpo_cli.keys.EXACT_MAX_KEYS", 0)
+    monkeypatch.setattr("grpo_cli.arrow.keys.EXACT_MAX_KEYS", 0)
     a, b = ["uid-a", "uid-a", "uid-b", "uid-a"], [1, 2, 1, 1]
     got, _ = encode_in_chunks([a, b], 2, columns=("a", "b"))
     assert got == first_appearance_ids(list(zip(a, b, strict=True)))
@@ -760,7 +760,7 @@ def test_a_collision_in_a_composite_key_is_caught_beyond_its_first_column(monkey
 def test_uniform_width_keys_in_many_chunks_stay_on_the_hashed_path(monkeypatch):
     """A chunk's key column arrives in several Arrow chunks: read whole, it shows no false
     collision (which would send every later chunk to the slow exact dict)."""
-    monkeypatch.setattr("grpo_cli.keys.EXACT_MAX_KEYS", 0)
+    monkeypatch.setattr("grpo_cli.arrow.keys.EXACT_MAX_KEYS", 0)
     index = GroupKeyIndex(["uid"])
     for start in range(0, 60, 20):
         parts = [pa.array([f"{(start + i) % 25:08d}" for i in range(j, j + 10)]) for j in (0, 10)]

@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from grpo_cli.errors import GrpoError
-from grpo_cli.guard import ProtectedInputs, WriteGuard
-from grpo_cli.output import OutputTarget, ShardWriter, advantage_range, commit_directory, output_info
-from grpo_cli.sources import Shard
+from grpo_cli.inputs.sources import Shard
+from grpo_cli.outputs.guard import ProtectedInputs, WriteGuard
+from grpo_cli.outputs.output import OutputTarget, ShardWriter, advantage_range, commit_directory, output_info
 
 SCHEMA = pa.schema([("reward", pa.float64()), ("advantage", pa.float32()), ("group_active", pa.bool_())])
 
@@ -101,12 +101,12 @@ def test_a_discarded_jsonl_target_closes_its_file(tmp_path, guard):
 @pytest.mark.parametrize(
     ("failing", "output_name", "spliced"),
     [
-        ("grpo_cli.output._PrefixCopier.finish", "out.parquet", True),
-        ("grpo_cli.splice.SplicedFile.abandon", "out.parquet", True),
-        ("grpo_cli.output.SplicedShardWriter.abandon", "out.parquet", True),
-        ("grpo_cli.output._WriterThread.finish", "out.parquet", False),
+        ("grpo_cli.outputs.output._PrefixCopier.finish", "out.parquet", True),
+        ("grpo_cli.outputs.splice.SplicedFile.abandon", "out.parquet", True),
+        ("grpo_cli.outputs.output.SplicedShardWriter.abandon", "out.parquet", True),
+        ("grpo_cli.outputs.output._WriterThread.finish", "out.parquet", False),
         ("pyarrow.parquet.ParquetWriter.close", "out.parquet", False),
-        ("grpo_cli.output._JsonlSink.close", "out.jsonl", False),
+        ("grpo_cli.outputs.output._JsonlSink.close", "out.jsonl", False),
     ],
 )
 def test_discard_goes_on_when_a_cleanup_step_fails(
@@ -114,7 +114,7 @@ def test_discard_goes_on_when_a_cleanup_step_fails(
 ):
     """discard() runs after a failure: an error in one cleanup step must neither replace
     the run's error nor stop the other steps (the temporary is still removed)."""
-    from grpo_cli.sources import InputSet
+    from grpo_cli.inputs.sources import InputSet
 
     source = tmp_path / "in" / "a.parquet"
     source.parent.mkdir()
@@ -150,7 +150,7 @@ def _attribute(dotted: str):
 def test_the_writer_thread_runs_nothing_after_a_failed_write():
     import threading
 
-    from grpo_cli.output import _WriterThread
+    from grpo_cli.outputs.output import _WriterThread
 
     thread = _WriterThread("out.parquet")
     release, ran = threading.Event(), []
@@ -170,7 +170,7 @@ def test_the_writer_thread_runs_nothing_after_a_failed_write():
 def test_abandoning_the_writer_thread_skips_queued_writes_but_runs_cleanups():
     import threading
 
-    from grpo_cli.output import _WriterThread
+    from grpo_cli.outputs.output import _WriterThread
 
     thread = _WriterThread("out.parquet")
     release, ran = threading.Event(), []
@@ -220,7 +220,7 @@ def test_a_run_that_wrote_nothing_has_no_output(tmp_path, guard):
 
 
 def test_a_failing_write_is_one_line_naming_the_output(tmp_path, guard, monkeypatch):
-    from grpo_cli import output
+    from grpo_cli.outputs import output
 
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
@@ -297,7 +297,7 @@ def test_advantage_range_is_unknown_without_statistics(tmp_path):
     ],
 )
 def testoutput_name_ofs_strip_the_whole_input_suffix(display, name):
-    from grpo_cli.output import output_name_of
+    from grpo_cli.outputs.output import output_name_of
 
     assert output_name_of(Shard(Path(display), display, "jsonl", 0)) == name
 
@@ -316,14 +316,14 @@ def testoutput_name_ofs_strip_the_whole_input_suffix(display, name):
     ],
 )
 def test_jsonl_output_refuses_raw_bytes_wherever_they_are(data_type):
-    from grpo_cli.output import _json_refusal
+    from grpo_cli.outputs.output import _json_refusal
 
     refusal = _json_refusal(pa.schema([("text", pa.string()), ("blob", data_type)]))
     assert refusal is not None and refusal.startswith("column 'blob' holds raw bytes")
 
 
 def test_jsonl_output_accepts_text_and_nested_text():
-    from grpo_cli.output import _json_refusal
+    from grpo_cli.outputs.output import _json_refusal
 
     schema = pa.schema(
         [
@@ -375,7 +375,7 @@ def test_advantage_range_reads_past_an_empty_row_group(tmp_path):
 
 
 def test_repeated_map_keys_are_looked_for_in_a_slices_own_rows_only() -> None:
-    from grpo_cli.output import _refuse_repeated_map_keys
+    from grpo_cli.outputs.output import _refuse_repeated_map_keys
 
     maps = pa.array([[("a", 1)], [("b", 1)], [("c", 1), ("c", 2)]], type=pa.map_(pa.string(), pa.int64()))
     _refuse_repeated_map_keys(maps.slice(0, 2), "meta", "out.jsonl")  # the repeated key lies past it

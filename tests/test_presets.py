@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from grpo_cli import add_advantages, group_advantages
 from grpo_cli.errors import GrpoError
-from grpo_cli.options import PRESETS, AdvantageOptions, RewardSpec
+from grpo_cli.options.advantage import PRESETS, AdvantageOptions, RewardSpec
 from tests import trainers
 from tests.conftest import rollout_rows, write_parquet
 

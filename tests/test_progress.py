@@ -20,11 +20,11 @@ import pytest
 from rich.console import Console
 
 import grpo_cli.engines.local as local_engine
-from grpo_cli import progress as progress_module
-from grpo_cli.config import ComputeConfig
+from grpo_cli.arrow.keys import GroupKeyIndex
 from grpo_cli.jobs import compute_dataset
-from grpo_cli.keys import GroupKeyIndex
-from grpo_cli.progress import RichProgress
+from grpo_cli.options.config import ComputeConfig
+from grpo_cli.run import progress as progress_module
+from grpo_cli.run.progress import RichProgress
 
 
 def _rollouts(path: Path, rows: int, *, group_size: int = 8) -> Path:

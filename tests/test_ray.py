@@ -24,11 +24,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError
 from grpo_cli.jobs import compute_dataset, compute_dataset_ray
-from grpo_cli.options import AdvantageOptions, RewardSpec
-from grpo_cli.plan import RunPlan
+from grpo_cli.options.advantage import AdvantageOptions, RewardSpec
+from grpo_cli.options.config import ComputeConfig
+from grpo_cli.run.plan import RunPlan
 from tests.conftest import (
     PARITY_ESTIMATORS,
     PARITY_PRESETS,
@@ -598,9 +598,9 @@ def test_ray_reducers_finish_the_summary_as_the_local_engine_does(
     of 97 rows over 5 reducers give the local engine's advantages, masks and summary to the
     bit, the first off-size and merged groups in the run's order named by key, the dropped
     counts, and ``check``'s range from each bucket's extremes with the NaN rows' 0 in it."""
-    from grpo_cli.checks import CheckBounds
     from grpo_cli.engines import ray as ray_engine
     from grpo_cli.jobs import check_dataset, check_dataset_ray
+    from grpo_cli.results.checks import CheckBounds
 
     monkeypatch.setattr(ray_engine, "REDUCERS", 5)
     folder = merged_and_split_groups(tmp_path / "in", seed=5)
@@ -627,9 +627,9 @@ def test_ray_reducers_finish_the_summary_as_the_local_engine_does(
 def test_ray_checks_rewards_that_are_all_nan_as_the_local_engine_does(ray_instance, tmp_path, monkeypatch):
     """No group holds a scored reward: the advantages' range is every row's 0 on both engines,
     merged from buckets that each saw none."""
-    from grpo_cli.checks import CheckBounds
     from grpo_cli.engines import ray as ray_engine
     from grpo_cli.jobs import check_dataset, check_dataset_ray
+    from grpo_cli.results.checks import CheckBounds
 
     monkeypatch.setattr(ray_engine, "REDUCERS", 3)
     folder = tmp_path / "in"
@@ -844,8 +844,8 @@ def test_ray_reads_a_trainers_dump_as_the_local_engine_does(ray_instance, tmp_pa
     ],
 )
 def test_ray_checks_as_the_local_engine_does(ray_instance, sharded, tmp_path, options):
-    from grpo_cli.checks import CheckBounds
     from grpo_cli.jobs import check_dataset, check_dataset_ray
+    from grpo_cli.results.checks import CheckBounds
 
     config = ComputeConfig(rewards=(RewardSpec("reward"),), group_cols=("uid",), advantage=options)
     bounds = CheckBounds(
@@ -1011,7 +1011,7 @@ def test_two_runs_in_one_process_each_start_their_own_instance(tmp_path):
         source,
     )
     code = (
-        "from grpo_cli.config import ComputeConfig\n"
+        "from grpo_cli.options.config import ComputeConfig\n"
         "from grpo_cli.jobs import compute_dataset_ray\n"
         "config = ComputeConfig(group_cols=('uid',))\n"
         "for i in range(2):\n"
@@ -1032,10 +1032,10 @@ def test_ray_verifies_as_the_local_engine_does(ray_instance, tmp_path, monkeypat
     settled only after the merge: by a task per reducer's bucket, from every part's cut of its
     groups' state (or on the driver, which gathers the groups); examples are the first rows over
     all parts, named by key."""
-    from grpo_cli.checks import CheckBounds
-    from grpo_cli.config import VerifySpec
     from grpo_cli.engines import ray as ray_engine
     from grpo_cli.jobs import check_dataset, check_dataset_ray
+    from grpo_cli.options.config import VerifySpec
+    from grpo_cli.results.checks import CheckBounds
 
     monkeypatch.setattr(ray_engine, "REDUCERS", 3)
     monkeypatch.setattr(ray_engine, "OUTCOME_ON_REDUCERS", reducers_finish)
@@ -1140,9 +1140,9 @@ def test_ray_applies_a_trainers_filter_as_the_local_engine_does(
     (examples the first flagged groups in the run's order). The local engine's trainer_filter
     object, examples named by key, figures per value; and the same with the driver gathering
     the rows in input order, as before."""
-    from grpo_cli.checks import CheckBounds
     from grpo_cli.engines import ray as ray_engine
     from grpo_cli.jobs import check_dataset, check_dataset_ray
+    from grpo_cli.results.checks import CheckBounds
 
     monkeypatch.setattr(ray_engine, "REDUCERS", 3)
 
@@ -1253,8 +1253,8 @@ def test_ray_writes_and_checks_what_the_local_engine_does_on_drawn_rollouts(
     local engine's; rows grouped by key, or by position (--group-size, the blocks cut anywhere).
     It found an output whose every row was filtered out written as no file at all, and a
     summary's zero range reported as -0.0 (a Parquet footer's minimum)."""
-    from grpo_cli.checks import CheckBounds
     from grpo_cli.jobs import check_dataset, check_dataset_ray
+    from grpo_cli.results.checks import CheckBounds
 
     tmp = tmp_path_factory.mktemp("drawn")
     source, _ = write_case(tmp, case)
@@ -1312,8 +1312,8 @@ def test_ray_writes_and_checks_what_the_local_engine_does_on_drawn_rollouts(
 def test_ray_finds_groups_that_span_steps_as_the_local_engine_does(ray_instance, tmp_path):
     """The watched step column's lowest and highest value per group are pass-1 figures merged by
     min and max: the reducers find the groups across steps that the local engine finds."""
-    from grpo_cli.checks import CheckBounds
     from grpo_cli.jobs import check_dataset, check_dataset_ray
+    from grpo_cli.results.checks import CheckBounds
 
     rng = random.Random(5)
     rows = [

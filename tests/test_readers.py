@@ -1,7 +1,7 @@
 """The readers' hardening one piece at a time: what each scan finds, the line it names, and the
 one-line refusals of files that cannot be read.
 
-Written against the mutants ``make mutation`` found alive in grpo_cli/readers.py.
+Written against the mutants ``make mutation`` found alive in grpo_cli/inputs/readers.py.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 import pytest
 
-from grpo_cli import readers
 from grpo_cli.errors import GrpoError
 from grpo_cli.file_names import PROVENANCE_KEY
-from grpo_cli.sources import Shard
+from grpo_cli.inputs import readers
+from grpo_cli.inputs.sources import Shard
 from tests.conftest import assert_one_line_error
 
 

@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 
 from grpo_cli import jobs
 from grpo_cli.engines import local as local_engine
-from grpo_cli.guard import ProtectedInputs, WriteGuard
-from grpo_cli.options import RewardSpec
+from grpo_cli.options.advantage import RewardSpec
+from grpo_cli.outputs.guard import ProtectedInputs, WriteGuard
 from tests.conftest import one_line_error, rollout_rows, write_jsonl, write_parquet
 
 GRPO_CLI = [sys.executable, "-m", "grpo_cli"]
@@ -655,7 +655,7 @@ def test_a_failed_run_ends_in_its_line_while_the_summarys_thread_still_computes(
 
 
 def test_jsonl_field_first_seen_after_the_first_block_is_read(cli, tmp_path, monkeypatch):
-    from grpo_cli import readers
+    from grpo_cli.inputs import readers
 
     monkeypatch.setattr(readers, "JSONL_BLOCK_BYTES", 4096)
     rows = rollout_rows(n_groups=60, shuffle=False)
@@ -830,8 +830,8 @@ def test_outputs_carry_the_provenance_entry_and_read_back_with_polars(cli, tmp_p
 
 def test_decimal_rewards_convert_with_correct_rounding():
     """Each decimal reward becomes the float64 nearest to it, as Python's float() gives."""
-    from grpo_cli.rewards import RewardReader
-    from grpo_cli.sources import Shard
+    from grpo_cli.inputs.sources import Shard
+    from grpo_cli.run.rewards import RewardReader
 
     texts = [f"{(i * 7919 % 400000 - 200000) / 100000:.5f}" for i in range(2000)]
     array = pa.array([decimal.Decimal(t) for t in texts], pa.decimal128(12, 5))

@@ -10,10 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from grpo_cli import readers
-from grpo_cli.config import ComputeConfig
 from grpo_cli.errors import GrpoError
-from grpo_cli.readers import (
+from grpo_cli.inputs import readers
+from grpo_cli.inputs.readers import (
     describe_row,
     estimated_memory_bytes,
     iter_batches,
@@ -21,7 +20,8 @@ from grpo_cli.readers import (
     row_count,
     unify_jsonl_schema,
 )
-from grpo_cli.sources import InputSet, detect_format
+from grpo_cli.inputs.sources import InputSet, detect_format
+from grpo_cli.options.config import ComputeConfig
 from tests.conftest import write_jsonl, write_parquet
 
 ROWS = [{"group_id": i // 2, "reward": float(i % 3)} for i in range(10)]
@@ -227,7 +227,7 @@ def test_a_run_leaves_no_state_behind_for_the_next(tmp_path, monkeypatch):
 
 
 def test_read_ahead_keeps_order_and_raises_where_the_item_would_be():
-    from grpo_cli.readers import read_ahead
+    from grpo_cli.inputs.readers import read_ahead
 
     def items():
         yield from range(3)
@@ -242,7 +242,7 @@ def test_read_ahead_keeps_order_and_raises_where_the_item_would_be():
 def test_read_ahead_stops_and_closes_the_source_when_the_consumer_stops():
     import threading
 
-    from grpo_cli.readers import read_ahead
+    from grpo_cli.inputs.readers import read_ahead
 
     produced = []
     closed = threading.Event()
@@ -269,7 +269,7 @@ def test_read_ahead_stops_a_producer_that_waits_on_a_full_queue():
     import threading
     import time
 
-    from grpo_cli.readers import read_ahead
+    from grpo_cli.inputs.readers import read_ahead
 
     produced: list[int] = []
 
@@ -297,7 +297,7 @@ def test_read_ahead_waits_for_a_slow_consumer():
     """A consumer slower than the producer's poll still gets every item, in order."""
     import time
 
-    from grpo_cli.readers import read_ahead
+    from grpo_cli.inputs.readers import read_ahead
 
     got = []
     for item in read_ahead(iter(range(4)), depth=1):
@@ -324,7 +324,7 @@ class _Source:
 
 
 def test_read_ahead_closes_its_source_when_the_source_ends():
-    from grpo_cli.readers import read_ahead
+    from grpo_cli.inputs.readers import read_ahead
 
     source = _Source(3)
     assert list(read_ahead(source)) == [0, 1, 2]
@@ -334,7 +334,7 @@ def test_read_ahead_closes_its_source_when_the_source_ends():
 def test_read_ahead_takes_a_source_with_no_close_quietly(monkeypatch):
     import threading
 
-    from grpo_cli.readers import read_ahead
+    from grpo_cli.inputs.readers import read_ahead
 
     raised: list[BaseException | None] = []
     monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
@@ -346,7 +346,7 @@ def test_read_ahead_runs_on_a_named_daemon_thread():
     """A reader left unclosed (an error on its way out) must not keep the process alive."""
     import threading
 
-    from grpo_cli.readers import read_ahead
+    from grpo_cli.inputs.readers import read_ahead
 
     before = set(threading.enumerate())  # another test's threads are not this one's
     reader = read_ahead(_Source(5))
@@ -434,7 +434,7 @@ def test_a_consumer_that_fails_waits_for_the_item_in_hand_then_the_reader_is_gon
     import threading
     import time
 
-    from grpo_cli.readers import PRODUCER_GRACE_SECONDS, read_ahead
+    from grpo_cli.inputs.readers import PRODUCER_GRACE_SECONDS, read_ahead
 
     class Slow(_Source):
         def __next__(self) -> int:

@@ -22,10 +22,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from thrift.Thrift import TType
 
-from grpo_cli.config import ComputeConfig
 from grpo_cli.file_names import PROVENANCE_KEY
 from grpo_cli.jobs import compute_dataset
-from grpo_cli.splice import Field, read_footer, read_struct, write_struct
+from grpo_cli.options.config import ComputeConfig
+from grpo_cli.outputs.splice import Field, read_footer, read_struct, write_struct
 from tests.conftest import digest
 
 CONFIG = ComputeConfig(group_cols=("uid",))
@@ -245,7 +245,7 @@ def test_empty_row_group_falls_back_to_rewrite(tmp_path: Path) -> None:
 
 
 def test_a_failed_splice_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from grpo_cli import splice
+    from grpo_cli.outputs import splice
 
     source = tmp_path / "in.parquet"
     pq.write_table(rollouts(40), source, row_group_size=10)
@@ -320,7 +320,7 @@ def test_random_schemas_and_row_group_layouts(
 def test_copy_falls_back_to_user_space(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel: str) -> None:
     import os
 
-    from grpo_cli import splice
+    from grpo_cli.outputs import splice
 
     source = tmp_path / "in.bin"
     source.write_bytes(bytes(range(256)) * 1000)
@@ -356,7 +356,7 @@ def test_job_modules_do_not_import_torch() -> None:
     import sys
 
     code = (
-        "import sys, grpo_cli.jobs, grpo_cli.output, grpo_cli.config, grpo_cli.cli; "
+        "import sys, grpo_cli.jobs, grpo_cli.outputs.output, grpo_cli.options.config, grpo_cli.cli; "
         "print('torch' in sys.modules)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -403,9 +403,9 @@ def test_a_run_imports_neither_pandas_nor_polars(tmp_path: Path, command: str, k
 
 
 def test_the_prefix_is_copied_before_the_engine_runs(tmp_path: Path) -> None:
-    from grpo_cli.guard import WriteGuard
-    from grpo_cli.output import open_output
-    from grpo_cli.sources import InputSet
+    from grpo_cli.inputs.sources import InputSet
+    from grpo_cli.outputs.guard import WriteGuard
+    from grpo_cli.outputs.output import open_output
 
     source = tmp_path / "in.parquet"
     pq.write_table(rollouts(40), source, row_group_size=10)
@@ -421,9 +421,9 @@ def test_the_prefix_is_copied_before_the_engine_runs(tmp_path: Path) -> None:
 
 
 def test_discarding_a_target_closes_its_opened_splices(tmp_path: Path) -> None:
-    from grpo_cli.guard import WriteGuard
-    from grpo_cli.output import open_output
-    from grpo_cli.sources import InputSet
+    from grpo_cli.inputs.sources import InputSet
+    from grpo_cli.outputs.guard import WriteGuard
+    from grpo_cli.outputs.output import open_output
 
     source = tmp_path / "in.parquet"
     pq.write_table(rollouts(40), source, row_group_size=10)
@@ -462,8 +462,8 @@ def test_a_failing_prefix_flush_is_one_line_and_leaves_nothing(
 
 def test_bad_input_stops_the_copy_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A missing column is found after the copies started: they stop at the next piece."""
-    from grpo_cli import splice
     from grpo_cli.errors import GrpoError
+    from grpo_cli.outputs import splice
 
     monkeypatch.setattr(splice, "COPY_PIECE_BYTES", 1024)
     shards = tmp_path / "shards"
@@ -495,7 +495,7 @@ def test_a_run_that_settles_a_type_starts_on_a_fresh_output(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A run that restarts (a JSON lines column whose type settles late) writes to a fresh target."""
-    from grpo_cli import readers
+    from grpo_cli.inputs import readers
 
     monkeypatch.setattr(readers, "JSONL_BLOCK_BYTES", 1024)
     jsonl = tmp_path / "in.jsonl"
@@ -542,7 +542,7 @@ def test_spliced_columns_use_the_compression_asked_for(tmp_path: Path) -> None:
 
 def test_a_slow_prefix_copy_is_waited_for_at_commit_not_cancelled(tmp_path: Path, monkeypatch) -> None:
     """The commit waits for every copy: the writes that need a prefix may still be queued."""
-    from grpo_cli.splice import SplicedFile
+    from grpo_cli.outputs.splice import SplicedFile
 
     source = tmp_path / "in.parquet"
     pq.write_table(rollouts(40), source, row_group_size=40)
@@ -607,8 +607,8 @@ def test_reencoding_keeps_or_refuses_every_parquet_type_of_other_writers(tmp_pat
     names may differ, as they do between writers)."""
     import subprocess
 
-    from grpo_cli.output import _parquet_writer, reencoding_refusal
-    from grpo_cli.sources import Shard
+    from grpo_cli.inputs.sources import Shard
+    from grpo_cli.outputs.output import _parquet_writer, reencoding_refusal
     from tests.trainer_source import source
 
     source(PARQUET_TESTING, "README.md")  # skips where no mirror is present

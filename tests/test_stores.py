@@ -17,7 +17,7 @@ from typer.testing import Result
 
 from grpo_cli import stores
 from grpo_cli.errors import GrpoError
-from grpo_cli.splice import read_footer
+from grpo_cli.outputs.splice import read_footer
 from tests.conftest import (
     S3Server,
     assert_engines_agree,
@@ -628,9 +628,9 @@ def test_the_ray_driver_reads_each_objects_footer_once_and_side_by_side(
     """Listing an input folder reads each object's footer (its rows and schema) 16 at a time,
     and the schema check reuses it: one after the other, three passes of a request each cost
     200 objects behind a 20 ms round trip 34.6 s of the driver's time before any work (3.3 s now)."""
-    from grpo_cli.config import ComputeConfig
     from grpo_cli.engines import ray as ray_engine
-    from grpo_cli.plan import RunPlan
+    from grpo_cli.options.config import ComputeConfig
+    from grpo_cli.run.plan import RunPlan
 
     three_shards_on_s3(s3, tmp_path)
     with contextlib.ExitStack() as staging:

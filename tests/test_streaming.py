@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from grpo_cli.config import ComputeConfig
 from grpo_cli.jobs import compute_dataset
-from grpo_cli.options import AdvantageOptions, RewardSpec
+from grpo_cli.options.advantage import AdvantageOptions, RewardSpec
+from grpo_cli.options.config import ComputeConfig
 from tests.conftest import rollout_rows, write_jsonl, write_parquet
 
 SMALL = ComputeConfig(batch_rows=7, stats_block_rows=11)  # many batches and statistics blocks
@@ -240,7 +240,7 @@ def test_dictionary_encoded_keys(tmp_path, big_rows):
 
 def test_jsonl_column_that_changes_type_after_the_first_block(tmp_path, monkeypatch):
     # pyarrow infers JSONL types from the first block: 0/1 rewards first, 0.5 later.
-    from grpo_cli import readers
+    from grpo_cli.inputs import readers
 
     monkeypatch.setattr(readers, "JSONL_BLOCK_BYTES", 2048)
     rows = [{"group_id": f"g{i // 4}", "reward": i % 2} for i in range(400)]
@@ -255,7 +255,7 @@ def test_jsonl_column_that_changes_type_after_the_first_block(tmp_path, monkeypa
 
 
 def test_jsonl_column_with_incompatible_types_is_one_error(cli, tmp_path, monkeypatch):
-    from grpo_cli import readers
+    from grpo_cli.inputs import readers
 
     monkeypatch.setattr(readers, "JSONL_BLOCK_BYTES", 1024)
     rows = [{"group_id": f"g{i // 4}", "reward": 1.0} for i in range(300)]

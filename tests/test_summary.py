@@ -13,13 +13,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from grpo_cli.config import ComputeConfig
-from grpo_cli.findings import SIZE_COUNTS_SHOWN, TOP_INACTIVE_VALUES, GroupPart, findings_of
+from grpo_cli.cli.report import check_lines, render_compact, render_plain
+from grpo_cli.inputs.sources import Shard
 from grpo_cli.kernel import group_stats
-from grpo_cli.plan import GroupOutcome, RunPlan
-from grpo_cli.report import check_lines, render_compact, render_plain
-from grpo_cli.sources import Shard
-from grpo_cli.summary import RunSummary, build_summary, input_info
+from grpo_cli.options.config import ComputeConfig
+from grpo_cli.results.findings import SIZE_COUNTS_SHOWN, TOP_INACTIVE_VALUES, GroupPart, findings_of
+from grpo_cli.results.summary import RunSummary, build_summary, input_info
+from grpo_cli.run.plan import GroupOutcome, RunPlan
 
 # group 0 active (1, 3); group 1 constant 4; group 2 a singleton 7; group 3 constant 0
 REWARDS = [1.0, 3.0, 4.0, 4.0, 7.0, 0.0, 0.0, 0.0]
@@ -325,7 +325,7 @@ def test_reports_show_the_figures_and_each_check():
 
 def test_every_check_reports_its_measured_value_and_bound():
     """The exact records check prints and writes to JSON, for every check at once."""
-    from grpo_cli.checks import CheckBounds, evaluate_checks
+    from grpo_cli.results.checks import CheckBounds, evaluate_checks
 
     summary = summarize(outcome_of([*REWARDS, 2.0], [*IDS, 4]))  # 5 groups, 1 active: 4/5 inactive
     summary.verify = {"mismatched": 2}
@@ -361,7 +361,7 @@ def test_every_check_reports_its_measured_value_and_bound():
 
 
 def test_checks_on_no_rows_report_none_and_fail_the_rows_check():
-    from grpo_cli.checks import CheckBounds, evaluate_checks
+    from grpo_cli.results.checks import CheckBounds, evaluate_checks
 
     empty = summarize(
         outcome_of([], []),
@@ -410,7 +410,7 @@ def test_the_json_summary_keeps_its_documented_keys_and_precision():
     ],
 )
 def test_verify_check_counts_residue_only_under_strict(strict, found, bound, passed):
-    from grpo_cli.checks import CheckBounds, evaluate_checks
+    from grpo_cli.results.checks import CheckBounds, evaluate_checks
 
     summary = summarize(outcome_of(REWARDS, IDS))
     summary.verify = {"mismatched": 2, "residue": 3, "strict": strict}
@@ -448,9 +448,9 @@ def test_the_local_engine_computes_the_group_findings_beside_pass_2_and_raises_t
     import threading
 
     import grpo_cli.engines.local as local
-    import grpo_cli.summary as summary_module
-    from grpo_cli.checks import CheckBounds
+    import grpo_cli.results.summary as summary_module
     from grpo_cli.jobs import check_dataset, compute_dataset
+    from grpo_cli.results.checks import CheckBounds
     from tests.conftest import write_parquet
 
     path = write_parquet(
@@ -488,7 +488,7 @@ def test_the_findings_of_groups_cut_into_parts_are_those_of_one_part(spread_in_l
     """Binary rewards are told from the others part by part (the checks' temporaries a part's,
     as the Ray engine's buckets hold them): the same kind and counts as one part of every group,
     the one non-binary group in the last part included, and empty groups skipped."""
-    from grpo_cli.findings import parts_of
+    from grpo_cli.results.findings import parts_of
 
     rewards = [float(i % 3 == 0) for i in range(40)]
     if spread_in_last_group:

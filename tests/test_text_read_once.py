@@ -15,7 +15,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
 
-import grpo_cli.readers as readers
+import grpo_cli.inputs.readers as readers
 from tests.conftest import one_line_error, rollout_rows
 
 
@@ -95,7 +95,7 @@ def test_a_broken_gzip_stream_is_one_line_either_way(
 
 
 def test_a_file_past_the_limit_is_not_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from grpo_cli.sources import InputSet
+    from grpo_cli.inputs.sources import InputSet
 
     path = write_inputs(tmp_path)["jsonl"]
     monkeypatch.setattr(readers, "TEXT_IN_MEMORY_BYTES", path.stat().st_size - 1)
@@ -127,7 +127,7 @@ def test_a_text_input_past_the_small_file_limit_is_read_once_where_the_run_fits_
 
 
 def test_hold_text_within_counts_the_text_and_every_shards_rows(tmp_path: Path) -> None:
-    from grpo_cli.sources import InputSet
+    from grpo_cli.inputs.sources import InputSet
 
     paths = write_inputs(tmp_path)
     with InputSet([str(paths["jsonl"]), str(paths["gz"])]) as inputs:

@@ -1,6 +1,6 @@
 """``check --trainer-filter``: each trainer's no-signal rule, against the trainer's own code.
 
-Each rule in :mod:`grpo_cli.trainer_filters` is compared with the trainer's code, cut
+Each rule in :mod:`grpo_cli.trainers.filters` is compared with the trainer's code, cut
 verbatim from its fetched source, on the same groups: constant groups of fractional values
 in float32 and float64 (where the trainers' float arithmetic disagrees with exactness),
 binary groups, tiny spreads, singletons.
@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from grpo_cli.trainer_filters import FILTERS
+from grpo_cli.trainers.filters import FILTERS
 from tests.dump_writers import SLIME, VERL
 from tests.trainer_source import TRL, _cut, _function, source
 
@@ -216,7 +216,7 @@ def test_prime_rl_is_its_grpo_advantage_then_its_zero_advantage_prune() -> None:
 
 
 def test_nemo_rl_is_its_dynamic_samplings_row_rule_on_the_leave_one_out_std() -> None:
-    from grpo_cli.trainer_filters import _nemo_rl_rows
+    from grpo_cli.trainers.filters import _nemo_rl_rows
     from tests.trainer_source import NEMO_RL
 
     utils = source(NEMO_RL, "nemo_rl/algorithms/utils.py")
@@ -327,7 +327,7 @@ def test_trl_batch_is_its_is_std_zero_under_batch_scaling(seed: int) -> None:
     """TRL's ``scale_rewards="batch"`` lines, cut verbatim: one ``nanstd`` of the whole batch,
     so every row carries the same flag; on batches that are constant, nearly constant, or
     hold constant groups beside active ones."""
-    from grpo_cli.trainer_filters import compare
+    from grpo_cli.trainers.filters import compare
 
     utils = source(TRL, "trl/trainer/utils.py")
     trainer = source(TRL, "trl/trainer/grpo_trainer.py")
@@ -402,7 +402,7 @@ def test_slime_fallback_is_its_post_process_rewards(uneven: bool) -> None:
     normalised; when the batch's sample count is not n * rollout_batch_size (uneven groups),
     ``rewards.view(-1, N)`` normalises the whole batch as one group. A group is trained on
     where some rollout's advantage is not 0."""
-    from grpo_cli.trainer_filters import compare
+    from grpo_cli.trainers.filters import compare
 
     text = source(SLIME, "slime/ray/rollout.py")
     block = _cut(

@@ -14,12 +14,12 @@ import pyarrow as pa
 import pytest
 import torch
 
-from grpo_cli.config import VerifySpec
 from grpo_cli.errors import GrpoError
+from grpo_cli.inputs.sources import Shard
 from grpo_cli.kernel import group_stats
-from grpo_cli.options import AdvantageOptions
-from grpo_cli.sources import Shard
-from grpo_cli.verify import Verifier, _bit_length, _group_divisor, _significand_bits, _ulp32
+from grpo_cli.options.advantage import AdvantageOptions
+from grpo_cli.options.config import VerifySpec
+from grpo_cli.results.verify import Verifier, _bit_length, _group_divisor, _significand_bits, _ulp32
 
 U = 2.0**-24
 SHARD = Shard(Path("x.parquet"), "x.parquet", "parquet", 0)
@@ -534,7 +534,7 @@ def test_an_offset_that_swallows_the_spread_is_residue_within_its_bound_only():
 def test_example_group_keys_are_json_values():
     import datetime
 
-    from grpo_cli.verify import _jsonable
+    from grpo_cli.results.verify import _jsonable
 
     day = datetime.date(2026, 12, 1)
     assert _jsonable(("p", 3, 0.5, True, None)) == ["p", 3, 0.5, True, None]
@@ -611,7 +611,7 @@ def test_a_spread_above_1024_roundings_is_no_swallowed_offset():
 
 
 def test_examples_name_the_group_by_its_key():
-    from grpo_cli.keys import GroupKeyIndex
+    from grpo_cli.arrow.keys import GroupKeyIndex
 
     keys = GroupKeyIndex(["prompt"])
     keys.encode([pa.chunked_array([pa.array(["p7", "p7", "p9", "p9"])])])

@@ -2,6 +2,6 @@
 
 :mod:`grpo_cli.engines.local` streams a dataset through this machine in two passes;
 :mod:`grpo_cli.engines.ray` runs the same two steps as Ray Data jobs. Neither imports
-the other; what they share lives below them (:mod:`grpo_cli.plan`,
-:mod:`grpo_cli.rewards`, :mod:`grpo_cli.output`, :mod:`grpo_cli.summary`).
+the other; what they share lives below them (:mod:`grpo_cli.run.plan`,
+:mod:`grpo_cli.run.rewards`, :mod:`grpo_cli.outputs.output`, :mod:`grpo_cli.results.summary`).
 """

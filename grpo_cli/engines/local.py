@@ -3,7 +3,7 @@
 Pass 1 (:class:`_StatisticsPass`) reads only the reward and group-key columns, maps
 keys to dense group IDs and feeds the kernel's
 :class:`~grpo_cli.kernel.GroupStatsAccumulator`. The plan turns the statistics into a
-:class:`~grpo_cli.plan.GroupOutcome`. Pass 2 streams every column again, appends the
+:class:`~grpo_cli.run.plan.GroupOutcome`. Pass 2 streams every column again, appends the
 advantage and activity columns and writes them out. Inputs whose decoded size fits
 ``memory_budget_bytes`` are read once and kept in memory for pass 2; the arithmetic is
 the same, so both paths give bitwise identical results.
@@ -23,39 +23,17 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from grpo_cli.columns import column_of, filter_rows, top_level
-from grpo_cli.config import ComputeConfig
+from grpo_cli.arrow.columns import column_of, filter_rows, top_level
+from grpo_cli.arrow.keys import (
+    GroupKeyIndex,
+    InvalidKeyError,
+    arrow_of,
+    as_tensor,
+    check_key_types,
+    is_key_type,
+)
 from grpo_cli.errors import GrpoError
-from grpo_cli.figures import FigureAccumulator, RowInputs, padded, room_for, step_spans, wanted
-from grpo_cli.findings import GroupFindings
-from grpo_cli.kernel import (
-    GroupStats,
-    RunningTopTwo,
-    TopTwo,
-    WeightedMoments,
-    WeightedMomentsAccumulator,
-)
-from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, arrow_of, as_tensor, check_key_types, is_key_type
-from grpo_cli.output import (
-    JsonlShardWriter,
-    MemoryTarget,
-    OutputTarget,
-    ShardWriter,
-    SplicedShardWriter,
-    open_output,
-    splice_refusal,
-)
-from grpo_cli.plan import (
-    ONE_VALUE_REASONS,
-    BatchLayout,
-    GroupOutcome,
-    RunPlan,
-    batch_of_groups,
-    scored_top_two,
-    with_watched_step,
-)
-from grpo_cli.progress import NoProgress, Progress
-from grpo_cli.readers import (
+from grpo_cli.inputs.readers import (
     MAX_TYPE_SETTLINGS,
     SchemaDrift,
     describe_row,
@@ -67,11 +45,40 @@ from grpo_cli.readers import (
     read_table,
     row_count,
 )
-from grpo_cli.rewards import RewardBatch, RewardReader, new_column_arrays
-from grpo_cli.sources import InputSet, Shard
+from grpo_cli.inputs.sources import InputSet, Shard
+from grpo_cli.kernel import (
+    GroupStats,
+    RunningTopTwo,
+    TopTwo,
+    WeightedMoments,
+    WeightedMomentsAccumulator,
+)
+from grpo_cli.options.config import ComputeConfig
+from grpo_cli.outputs.output import (
+    JsonlShardWriter,
+    MemoryTarget,
+    OutputTarget,
+    ShardWriter,
+    SplicedShardWriter,
+    open_output,
+    splice_refusal,
+)
+from grpo_cli.results.findings import GroupFindings
+from grpo_cli.results.summary import ByValues, RunSummary, build_summary, group_findings, input_info
+from grpo_cli.results.verify import Verifier
+from grpo_cli.run.figures import FigureAccumulator, RowInputs, padded, room_for, step_spans, wanted
+from grpo_cli.run.plan import (
+    ONE_VALUE_REASONS,
+    BatchLayout,
+    GroupOutcome,
+    RunPlan,
+    batch_of_groups,
+    scored_top_two,
+    with_watched_step,
+)
+from grpo_cli.run.progress import NoProgress, Progress
+from grpo_cli.run.rewards import RewardBatch, RewardReader, new_column_arrays
 from grpo_cli.stages import timed
-from grpo_cli.summary import ByValues, RunSummary, build_summary, group_findings, input_info
-from grpo_cli.verify import Verifier
 
 BATCH_BYTES = 64 << 20
 MAX_BATCH_ROWS = 1 << 20
@@ -92,7 +99,7 @@ def run_local(
 ) -> RunSummary:
     """Run ``config`` over ``inputs``, writing to ``output`` (``None``: write nothing).
 
-    ``output`` comes from :func:`~grpo_cli.output.open_output`, which may already be
+    ``output`` comes from :func:`~grpo_cli.outputs.output.open_output`, which may already be
     copying spliced shards' bytes; it is discarded if the run fails. Text columns whose
     type changes after the first block are settled (JSONL: the whole file's types; CSV:
     the column widened) and the run starts again (nothing was written by the failed attempt).

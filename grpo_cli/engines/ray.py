@@ -61,23 +61,12 @@ import pyarrow.parquet as pq
 import torch
 
 from grpo_cli.allocator import MALLOC_ENV
-from grpo_cli.choices import InputFormat
-from grpo_cli.columns import plain_schema
-from grpo_cli.config import ComputeConfig
+from grpo_cli.arrow.columns import plain_schema
+from grpo_cli.arrow.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_types, key_buckets
 from grpo_cli.errors import GrpoError, first_line, os_reason
-from grpo_cli.figures import MERGES, RowInputs, of_chunk, padded, room_for, step_spans, wanted
 from grpo_cli.file_names import PARQUET_SUFFIXES, PROVENANCE_KEY, output_is_directory
-from grpo_cli.findings import (
-    FirstRound,
-    GroupFindings,
-    GroupPart,
-    RunFigures,
-    SecondRound,
-    in_chunks,
-    merged_findings,
-    plain_key,
-)
-from grpo_cli.guard import Claim, ProtectedInputs, RemoteClaim, StagedRemoteClaim
+from grpo_cli.inputs.readers import parquet_row_range, row_count
+from grpo_cli.inputs.sources import InputSet, Shard
 from grpo_cli.kernel import (
     BatchTransform,
     GroupStats,
@@ -91,25 +80,28 @@ from grpo_cli.kernel import (
     merge_weighted_moments,
     weighted_moments,
 )
-from grpo_cli.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_types, key_buckets
-from grpo_cli.output import commit_directory, footers_range, output_info, output_name_of, splice_refusal
-from grpo_cli.plan import (
-    BatchLayout,
-    GroupOutcome,
-    OutcomeTotals,
-    RewardCredit,
-    RunPlan,
-    batch_of_groups,
-    scored_top_two,
-    value_columns,
-    with_watched_step,
+from grpo_cli.options.choices import InputFormat
+from grpo_cli.options.config import ComputeConfig
+from grpo_cli.outputs.guard import Claim, ProtectedInputs, RemoteClaim, StagedRemoteClaim
+from grpo_cli.outputs.output import (
+    commit_directory,
+    footers_range,
+    output_info,
+    output_name_of,
+    splice_refusal,
 )
-from grpo_cli.readers import parquet_row_range, row_count
-from grpo_cli.rewards import RewardBatch, new_column_arrays
-from grpo_cli.sources import InputSet, Shard
-from grpo_cli.splice import SplicedFile, SpliceRefused, read_footer
-from grpo_cli.stores import CopiedPrefix, check_scheme, gcs_filesystem, local_path, store_output
-from grpo_cli.summary import (
+from grpo_cli.outputs.splice import SplicedFile, SpliceRefused, read_footer
+from grpo_cli.results.findings import (
+    FirstRound,
+    GroupFindings,
+    GroupPart,
+    RunFigures,
+    SecondRound,
+    in_chunks,
+    merged_findings,
+    plain_key,
+)
+from grpo_cli.results.summary import (
     FINDINGS_CHUNK_GROUPS,
     ByValues,
     GroupFigures,
@@ -121,9 +113,23 @@ from grpo_cli.summary import (
     outcome_part,
     value_sort_key,
 )
+from grpo_cli.results.verify import Verifier, settled, split_by_groups
+from grpo_cli.run.figures import MERGES, RowInputs, of_chunk, padded, room_for, step_spans, wanted
+from grpo_cli.run.plan import (
+    BatchLayout,
+    GroupOutcome,
+    OutcomeTotals,
+    RewardCredit,
+    RunPlan,
+    batch_of_groups,
+    scored_top_two,
+    value_columns,
+    with_watched_step,
+)
+from grpo_cli.run.rewards import RewardBatch, new_column_arrays
+from grpo_cli.stores import CopiedPrefix, check_scheme, gcs_filesystem, local_path, store_output
 from grpo_cli.threads import IDLE_THREADS_ENV
-from grpo_cli.trainer_filters import FilterPart
-from grpo_cli.verify import Verifier, settled, split_by_groups
+from grpo_cli.trainers.filters import FilterPart
 
 PARTITION_BYTES = 256 << 20
 WORKER_ENV = {**MALLOC_ENV, **IDLE_THREADS_ENV}
@@ -534,7 +540,7 @@ def _resolved(
 def _staged_parquet(shard: Shard, staging: contextlib.ExitStack) -> InputFile:
     """``shard`` as a private Parquet file, read through the local engine's reader (types settled
     where a text file's column changes type after its first block, as the local engine settles them)."""
-    from grpo_cli.readers import MAX_TYPE_SETTLINGS, SchemaDrift
+    from grpo_cli.inputs.readers import MAX_TYPE_SETTLINGS, SchemaDrift
     from grpo_cli.scratch import spool
 
     for _ in range(MAX_TYPE_SETTLINGS):
@@ -551,7 +557,7 @@ def _staged_parquet(shard: Shard, staging: contextlib.ExitStack) -> InputFile:
 
 
 def _write_parquet(shard: Shard, out: Any) -> None:
-    from grpo_cli.readers import iter_batches, read_schema
+    from grpo_cli.inputs.readers import iter_batches, read_schema
 
     writer = None
     try:
@@ -809,7 +815,7 @@ def block_statistics(
     """One statistics block (its index in ``batch``): one row per group, in order of first
     appearance, with its key columns and the block's statistics and figures of the group,
     computed as the local engine computes a block's (:meth:`RunPlan.accumulators`,
-    :func:`~grpo_cli.figures.of_chunk`). ``rows`` (pass_at_k, a trainer's filter, on the
+    :func:`~grpo_cli.run.figures.of_chunk`). ``rows`` (pass_at_k, a trainer's filter, on the
     reducers) gets a table of the block's rows in input order: each one's group in the block,
     whether it is scored, and pass_at_k's combined reward (float64) or the reward the filter
     sees (its own dtype; unshaped, if asked)."""
@@ -916,7 +922,7 @@ def _top_two_columns(
     rewards: RewardBatch, ids: torch.Tensor, positions: torch.Tensor, k: int
 ) -> dict[str, Any]:
     """grpo_passk: a block's top two rewards of each group and its first best row, as the local
-    engine reduces a chunk (:func:`~grpo_cli.plan.scored_top_two`)."""
+    engine reduces a chunk (:func:`~grpo_cli.run.plan.scored_top_two`)."""
     top = scored_top_two(rewards, ids, positions, k)
     return {field: getattr(top, name).numpy() for name, field in TOP_TWO_FIELDS.items()}
 
@@ -1284,7 +1290,7 @@ def block_advantages(
     """One part of the input (its index in ``batch``), every column in its file's own types, with
     the advantage and activity columns appended, rows in order.
 
-    ``payload`` (the keys and the :class:`~grpo_cli.plan.GroupOutcome`, or an
+    ``payload`` (the keys and the :class:`~grpo_cli.run.plan.GroupOutcome`, or an
     object-store reference to them) is read once per worker process.
     """
     (index,) = batch.column("block").to_pylist()
@@ -1313,8 +1319,8 @@ def block_verify(
 ) -> pa.Table:
     """``check --verify-advantage-col``: one part's advantages, computed as the advantage job
     computes them (in the output's dtype), compared with the given column by a
-    :class:`~grpo_cli.verify.Verifier` of its own; returns what it saw (pickled, for
-    :meth:`~grpo_cli.verify.Verifier.merge`) and the part's advantage range."""
+    :class:`~grpo_cli.results.verify.Verifier` of its own; returns what it saw (pickled, for
+    :meth:`~grpo_cli.results.verify.Verifier.merge`) and the part's advantage range."""
     (index,) = batch.column("block").to_pylist()
     plan, run_ids, outcome = _worker_state(payload, token, config)
     assert config.verify is not None
@@ -1375,7 +1381,7 @@ class _KeyTable:
 def settle_bucket(config: ComputeConfig, figures: pa.Table, keys: pa.Table, *cuts: pa.Table) -> pa.Table:
     """``check --verify-advantage-col``: one bucket's constant groups settled, from every part's
     cut of their state in input order (:func:`verify_part`), with the bucket's own statistics;
-    what it found, named by key (:func:`~grpo_cli.verify.settled`)."""
+    what it found, named by key (:func:`~grpo_cli.results.verify.settled`)."""
     plan = RunPlan(config, device=_CPU)
     assert config.verify is not None
     stats = _outcome_of(plan, _in_bucket_order(plan, [figures], [figures.num_rows])).stats
@@ -1550,7 +1556,7 @@ def _on_this_machine(file: InputFile) -> Path | None:
 
 
 def _footer_source(file: InputFile) -> Any:
-    """A handle on ``file`` that :func:`~grpo_cli.splice.read_footer` reads (ranged reads of an
+    """A handle on ``file`` that :func:`~grpo_cli.outputs.splice.read_footer` reads (ranged reads of an
     object on a store: its footer only)."""
     path = _on_this_machine(file)
     return _open_file(file) if path is None else open(path, "rb")
@@ -1583,7 +1589,7 @@ def block_filter_rows(
     group_size: int | None = None,
 ) -> pa.Table:
     """``check --trainer-filter``: one part's rows, each row's run group ID and the reward the
-    trainer's rule sees (:meth:`~grpo_cli.plan.RunPlan.filter_values`), in input order, as the
+    trainer's rule sees (:meth:`~grpo_cli.run.plan.RunPlan.filter_values`), in input order, as the
     local engine's pass 1 keeps them."""
     (index,) = batch.column("block").to_pylist()
     plan, run_ids, _ = _worker_state(payload, token, config)
@@ -1664,7 +1670,7 @@ def _trainer_filter(
 ) -> dict[str, Any]:
     """``check --trainer-filter``: every scored row's group and reward gathered in input order
     (16 bytes a row on the driver, as the local engine holds them), then the trainer's rule on
-    each group against the exact decision (:meth:`~grpo_cli.plan.RunPlan.trainer_filter_report`)."""
+    each group against the exact decision (:meth:`~grpo_cli.run.plan.RunPlan.trainer_filter_report`)."""
     job = {name: value for name, value in job.items() if name != "provenance"}
     tables = _map_blocks(ray, parts, block_filter_rows, **job)
     ids = np.concatenate([t.column("group").to_numpy() for t in tables]) if tables else np.zeros(0, np.int64)
@@ -1681,7 +1687,7 @@ def _trainer_filter(
 
 def splice_plan(inputs: RayInputs, config: ComputeConfig) -> str | None:
     """Why this run's output is re-encoded rather than spliced, or ``None``: the local
-    engine's reasons (:func:`~grpo_cli.output.splice_refusal`), and the Ray engine's own
+    engine's reasons (:func:`~grpo_cli.outputs.output.splice_refusal`), and the Ray engine's own
     (a file staged from another format is re-encoded; so is a file the splice refuses, and
     two files of one name)."""
     shards = [file.shard() for file in inputs.files]
@@ -2055,7 +2061,7 @@ def block_partials(
     with_rows: bool = False,
 ) -> Any:
     """Map task of the statistics job: block ``index``'s partial rows (:func:`block_statistics`)
-    cut into ``buckets`` tables by their key's bucket (:func:`~grpo_cli.keys.key_buckets`), each
+    cut into ``buckets`` tables by their key's bucket (:func:`~grpo_cli.arrow.keys.key_buckets`), each
     in the block's order; a refusal goes to every bucket. ``with_rows`` (pass_at_k, a trainer's
     filter, on the reducers): then the block's rows, cut the same way by their group's bucket,
     in input order."""
@@ -2240,7 +2246,7 @@ def _value_cuts(plan: RunPlan) -> int:
 
 def _filter_groups(outcome: GroupOutcome, ids: list[np.ndarray], seen: list[np.ndarray]) -> list[np.ndarray]:
     """Each of a bucket's groups' rows, the reward a trainer's filter sees, in input order."""
-    from grpo_cli.trainer_filters import split_by_group
+    from grpo_cli.trainers.filters import split_by_group
 
     if ids:
         row_ids, values = np.concatenate(ids), np.concatenate(seen)
@@ -2306,7 +2312,7 @@ def by_batch_filter(config: ComputeConfig, *parts: pa.Table) -> pa.Table:
     """``check --trainer-filter`` with a whole-batch rule: the batches whose groups hashed here,
     from every bucket's cut (:func:`_bucket_filter`), each batch's groups in the run's
     order, as the local engine takes them; a pickled :class:`FilterPart`."""
-    from grpo_cli.trainer_filters import filter_part
+    from grpo_cli.trainers.filters import filter_part
 
     name = config.trainer_filter
     assert name is not None
@@ -2348,7 +2354,7 @@ def _credit_table(
     values: list[np.ndarray],
     scored: list[np.ndarray],
 ) -> pa.Table:
-    """pass_at_k's table of a bucket's groups (:class:`~grpo_cli.plan.RewardCredit`) from every
+    """pass_at_k's table of a bucket's groups (:class:`~grpo_cli.run.plan.RewardCredit`) from every
     row of them, each group's rows in input order: a row per group and distinct reward."""
 
     def joined(parts: list[np.ndarray], dtype: Any) -> torch.Tensor:
@@ -2373,7 +2379,7 @@ def _credit_of(tables: Sequence[Any], sizes: Sequence[int]) -> RewardCredit:
 BY_VALUE_FIELD = "__grpo_by_value"
 FILTER_VIEW_FIELD = "__grpo_filter_view"  # a group's value of the trainer filter's report column
 BY_FIGURES = ("count", "mean", "m2", "minimum", "maximum", "active", "rows")
-"""A group's figures that :func:`~grpo_cli.summary.figures_by_value` reads (:class:`GroupFigures`)."""
+"""A group's figures that :func:`~grpo_cli.results.summary.figures_by_value` reads (:class:`GroupFigures`)."""
 
 
 def _by_value_parts(by: Sequence[ByValues], whole: GroupPart, buckets: int) -> list[pa.Table]:
@@ -2406,7 +2412,7 @@ def _values_in(table: pa.Table, field: str = BY_VALUE_FIELD) -> tuple[np.ndarray
 
 def by_value_figures(column: str, run_range: tuple[float | None, float | None], *parts: pa.Table) -> pa.Table:
     """``--by``: the figures of each value whose groups hashed here, from every bucket's part
-    (:func:`_by_value_parts`): :func:`~grpo_cli.summary.figures_by_value` of all of a value's
+    (:func:`_by_value_parts`): :func:`~grpo_cli.results.summary.figures_by_value` of all of a value's
     groups, which depends on the set of them, not their order (exact sums, counts, extremes and
     percentiles). A pickled list of (sort key, figures)."""
     tables = [t for t in parts if t.num_rows]

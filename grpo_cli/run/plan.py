@@ -21,8 +21,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from grpo_cli.columns import MAX_NESTING, field_type, is_numeric_type, leaf_fields, nesting_depth
-from grpo_cli.config import ComputeConfig
+from grpo_cli.arrow.columns import MAX_NESTING, field_type, is_numeric_type, leaf_fields, nesting_depth
+from grpo_cli.arrow.keys import is_key_type
 from grpo_cli.errors import GrpoError, LayoutError
 from grpo_cli.file_names import PROVENANCE_KEY
 from grpo_cli.kernel import (
@@ -46,15 +46,15 @@ from grpo_cli.kernel import (
     squared_deviations_of,
     whitening,
 )
-from grpo_cli.keys import is_key_type
-from grpo_cli.options import ESTIMATOR_SPECS
-from grpo_cli.rewards import RewardBatch, RewardReader, advantage_dtype, combined_advantages
+from grpo_cli.options.advantage import ESTIMATOR_SPECS
+from grpo_cli.options.config import ComputeConfig
+from grpo_cli.run.rewards import RewardBatch, RewardReader, advantage_dtype, combined_advantages
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping, Sequence
 
-    from grpo_cli.sources import Shard
-    from grpo_cli.trainer_filters import FilterPart
+    from grpo_cli.inputs.sources import Shard
+    from grpo_cli.trainers.filters import FilterPart
 
 _ARROW_FLOAT = {torch.float16: pa.float16(), torch.float32: pa.float32(), torch.float64: pa.float64()}
 
@@ -389,7 +389,7 @@ class RunPlan:
         self.needs = ESTIMATOR_SPECS[config.advantage.estimator].needs + (
             ("step_span",) if config.step_col is not None else ()
         )
-        """What the estimator needs from pass 1 (:data:`~grpo_cli.options.Need`), and the
+        """What the estimator needs from pass 1 (:data:`~grpo_cli.options.advantage.Need`), and the
         watched step column's span (:func:`watched_step`)."""
 
     # ----------------------------------------------------------------- pass 1
@@ -624,7 +624,7 @@ class RunPlan:
         """``--trainer-filter``: the trainer's rule on each group (its rows' ``values`` in input
         order, grouped by ``ids``) against the exact decision ``active``, per value of the first
         ``--by`` column, else of ``--batch-col`` (both engines)."""
-        from grpo_cli.trainer_filters import split_by_group
+        from grpo_cli.trainers.filters import split_by_group
 
         k = int(active.numel())
         part = self.trainer_filter_part(
@@ -650,7 +650,7 @@ class RunPlan:
         """``--trainer-filter`` on some of the run's groups (each one's rewards in input order,
         ``order``: their places in the run's order), a part that merges with ``+`` (a Ray
         reducer's bucket, where the rule is each group's own)."""
-        from grpo_cli.trainer_filters import filter_part
+        from grpo_cli.trainers.filters import filter_part
 
         name = self.config.trainer_filter
         assert name is not None
@@ -666,7 +666,7 @@ class RunPlan:
 
     def trainer_filter_result(self, part: FilterPart) -> dict[str, Any]:
         """The summary's ``trainer_filter`` object from the run's merged :class:`FilterPart`."""
-        from grpo_cli.trainer_filters import filter_report
+        from grpo_cli.trainers.filters import filter_report
 
         name = self.config.trainer_filter
         assert name is not None
@@ -692,7 +692,7 @@ class RunPlan:
     @property
     def whole_batch_filter(self) -> bool:
         """Whether ``--trainer-filter``'s rule decides a batch's groups together."""
-        from grpo_cli.trainer_filters import FILTERS
+        from grpo_cli.trainers.filters import FILTERS
 
         name = self.config.trainer_filter
         return name is not None and FILTERS[name].batch_rule is not None

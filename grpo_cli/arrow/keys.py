@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from grpo_cli.columns import field_type, holds_type, is_text_type, with_leaves, without_views
+from grpo_cli.arrow.columns import field_type, holds_type, is_text_type, with_leaves, without_views
 
 
 def as_tensor(array: np.ndarray) -> torch.Tensor:

@@ -10,7 +10,8 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from grpo_cli.choices import (
+from grpo_cli.errors import GrpoError
+from grpo_cli.options.choices import (
     Baseline,
     EpsilonMode,
     Estimator,
@@ -25,8 +26,7 @@ from grpo_cli.choices import (
     Whiten,
     check_choice,
 )
-from grpo_cli.errors import GrpoError
-from grpo_cli.option_table import ADVANTAGE_FIELDS
+from grpo_cli.options.table import ADVANTAGE_FIELDS
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -98,7 +98,7 @@ class AdvantageOptions:
         return options
 
     def validate(self) -> None:
-        """Each field against its row in :mod:`grpo_cli.option_table`, then the rules between them."""
+        """Each field against its row in :mod:`grpo_cli.options.table`, then the rules between them."""
         for field in fields(self):
             row, value = ADVANTAGE_FIELDS[field.name], getattr(self, field.name)
             if value is None and field.default is None:

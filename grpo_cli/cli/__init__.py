@@ -29,7 +29,6 @@ except ImportError:  # pragma: no cover - Typer on the Click package
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
 from grpo_cli import __version__
-from grpo_cli.choices import Color
 from grpo_cli.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_CHECK_FAILED,
@@ -40,13 +39,14 @@ from grpo_cli.errors import (
     EXIT_WRITTEN_THEN_FAILED,
     GrpoError,
 )
-from grpo_cli.option_table import Option, offered
+from grpo_cli.options.choices import Color
+from grpo_cli.options.table import Option, offered
 
 if TYPE_CHECKING:
-    from grpo_cli.config import ComputeConfig, VerifySpec
-    from grpo_cli.dumps import DerivedInputs, OpenedDump
-    from grpo_cli.progress import RichProgress
-    from grpo_cli.summary import RunSummary
+    from grpo_cli.options.config import ComputeConfig, VerifySpec
+    from grpo_cli.results.summary import RunSummary
+    from grpo_cli.run.progress import RichProgress
+    from grpo_cli.trainers.dumps import DerivedInputs, OpenedDump
 
 EXIT_CODES_HELP = (
     "**Exit codes:** 0 success, 1 a check failed, 2 usage or input error (nothing written), "
@@ -346,7 +346,7 @@ def _progress_bars(quiet: bool) -> RichProgress | None:
     """
     if quiet or os.environ.get("CI") or not sys.stderr.isatty():
         return None
-    from grpo_cli.progress import RichProgress
+    from grpo_cli.run.progress import RichProgress
 
     return RichProgress()
 
@@ -462,7 +462,7 @@ def _report(
         return
     from rich.console import Console
 
-    from grpo_cli.report import render_compact, render_plain, render_rich
+    from grpo_cli.cli.report import render_compact, render_plain, render_rich
 
     if color == "always":
         console = Console(stderr=True, force_terminal=True, no_color=False)
@@ -498,7 +498,7 @@ def compute(input: InputArg, **values: Any) -> None:
     output, summary_json, engine = values["output"], values["summary_json"], values["engine"]
 
     def body(state: _RunState) -> int:
-        from grpo_cli.config import resolve_config
+        from grpo_cli.options.config import resolve_config
 
         _check_engine_options(values)
         dump = state.resources.enter_context(_opened_dump(input, values))
@@ -556,9 +556,9 @@ def check(input: InputArg, **values: Any) -> None:
     summary_json = values["summary_json"]
 
     def body(state: _RunState) -> int:
-        from grpo_cli.checks import CheckBounds
-        from grpo_cli.config import resolve_config
         from grpo_cli.jobs import check_dataset
+        from grpo_cli.options.config import resolve_config
+        from grpo_cli.results.checks import CheckBounds
 
         _check_engine_options(values)
         dump = state.resources.enter_context(_opened_dump(input, values))
@@ -625,7 +625,7 @@ def _opened_dump(
     """The trainer's dump ``--from`` names, opened (its private files removed on exit), or ``None``."""
     if values["from_"] is None:
         return contextlib.nullcontext()
-    from grpo_cli.dumps import opened
+    from grpo_cli.trainers.dumps import opened
 
     return opened(values["from_"], input, group_size=values["group_size"])
 
@@ -642,7 +642,7 @@ def _derived(
             f"--from {values['from_']} derives the group key itself; --key-before, --blocks-per-file and "
             "--json-col are for dumps no adapter reads"
         )
-    from grpo_cli.dumps import derived_inputs
+    from grpo_cli.trainers.dumps import derived_inputs
 
     found = derived_inputs(
         input,
@@ -688,8 +688,8 @@ def _verification(
 ) -> tuple[ComputeConfig | None, VerifySpec | None]:
     """``check``'s verification: the options an output recorded (``--verify``), or the trainer's
     own advantage a dump holds (``--from X --verify``), and what to verify."""
-    from grpo_cli.config import ComputeConfig, VerifySpec
     from grpo_cli.jobs import recorded_provenance
+    from grpo_cli.options.config import ComputeConfig, VerifySpec
 
     column = values["verify_advantage_col"]
     verifying = values["verify"] or column is not None

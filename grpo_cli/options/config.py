@@ -12,10 +12,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from grpo_cli import __version__
-from grpo_cli.choices import Aggregation, Compression, InputFormat, check_choice
 from grpo_cli.errors import GrpoError
-from grpo_cli.option_table import ADVANTAGE_FIELDS, OPTIONS
-from grpo_cli.options import ESTIMATOR_SPECS, AdvantageOptions, RewardSpec, whitening_of_flag
+from grpo_cli.options.advantage import ESTIMATOR_SPECS, AdvantageOptions, RewardSpec, whitening_of_flag
+from grpo_cli.options.choices import Aggregation, Compression, InputFormat, check_choice
+from grpo_cli.options.table import ADVANTAGE_FIELDS, OPTIONS
 
 DEFAULT_MEMORY_BUDGET = 1 << 30
 
@@ -269,7 +269,7 @@ class ComputeConfig:
         return summary
 
     def findings_options(self) -> dict[str, Any]:
-        """What the grouping's findings read (:func:`grpo_cli.findings.findings_of`): the options
+        """What the grouping's findings read (:func:`grpo_cli.results.findings.findings_of`): the options
         in force, the step column the run watched and the trainer whose own grouping the key is
         (neither an option of its own, so neither in a provenance record)."""
         return {
@@ -370,12 +370,12 @@ def resolve_config(
     """The one translation of option values into a :class:`ComputeConfig`; the CLI, the table
     API and the provenance record all come through it.
 
-    ``values``: by :mod:`grpo_cli.option_table` name; ``None`` (or absent) means not given.
+    ``values``: by :mod:`grpo_cli.options.table` name; ``None`` (or absent) means not given.
     Precedence, lowest first: the configuration's defaults, the options ``recorded`` in an
     output's provenance (``check --verify``: the rows marked ``from_provenance``), the values a
     trainer's ``dump`` implies (``--from``: its reward, group key, step and preset), then
     ``preset``, ``estimator`` and each value given. ``reward_col``: ``NAME[:WEIGHT]`` texts or
-    :class:`~grpo_cli.options.RewardSpec` objects. ``advantage``: options already resolved
+    :class:`~grpo_cli.options.advantage.RewardSpec` objects. ``advantage``: options already resolved
     (a provenance record's), used as they are.
 
     >>> resolve_config({"reward_col": ["correct:0.5"], "group_size": 4, "std": "sample"}).rewards

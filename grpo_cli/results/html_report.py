@@ -87,7 +87,7 @@ def _headline(summary: dict[str, Any]) -> tuple[str, str]:
 
 
 def render(summary: dict[str, Any], *, static: bool = False) -> str:
-    """The report of a run summary (:meth:`~grpo_cli.summary.RunSummary.to_dict`), as HTML
+    """The report of a run summary (:meth:`~grpo_cli.results.summary.RunSummary.to_dict`), as HTML
     (``static``: charts without plotly's toolbar, for a picture)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots

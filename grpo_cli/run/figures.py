@@ -26,8 +26,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from grpo_cli.options import Need
-from grpo_cli.rewards import RewardBatch
+from grpo_cli.options.advantage import Need
+from grpo_cli.run.rewards import RewardBatch
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,9 @@
 Each :class:`DumpFormat` says, for one trainer, which files its dump switch writes, how one
 file is laid out, which fields hold the reward, the step and the trainer's own advantage,
 and how to rebuild the group key the dump leaves out. :func:`open_dump` turns a dump (its
-folder, its files, or a glob) into an :class:`~grpo_cli.sources.InputSet` plus the option
+folder, its files, or a glob) into an :class:`~grpo_cli.inputs.sources.InputSet` plus the option
 values the format implies; explicit options override every one of them
-(:func:`grpo_cli.config.resolve_config`).
+(:func:`grpo_cli.options.config.resolve_config`).
 
 Files a format reads as they are (verl's and open-instruct's JSON lines, TRL's Parquet, ROLL's
 column object) are read in place. The others are rewritten once, file by file, into a private
@@ -39,11 +39,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from grpo_cli.choices import InputFormat, Trainer, check_choice, choices_of
-from grpo_cli.columns import is_text_type, text_kernel_input
+from grpo_cli.arrow.columns import is_text_type, text_kernel_input
 from grpo_cli.errors import GrpoError, first_line
+from grpo_cli.inputs.sources import DANGLING, InputSet, Shard, matching_files, refuse_copies
+from grpo_cli.options.choices import InputFormat, Trainer, check_choice, choices_of
 from grpo_cli.scratch import spool
-from grpo_cli.sources import DANGLING, InputSet, Shard, matching_files, refuse_copies
 from grpo_cli.stores import check_scheme, is_uri, local_path, redact, staged_tree
 
 Layout = Literal["jsonl", "parquet", "json-columns", "torch", "episodes"]
@@ -633,7 +633,7 @@ def _open_local_dump(trainer: str, specs: Sequence[str], *, group_size: int | No
 
 
 def _holds(shard: Shard, name: str) -> bool:
-    from grpo_cli.readers import read_schema
+    from grpo_cli.inputs.readers import read_schema
 
     return name in read_schema(shard).names
 
@@ -880,7 +880,7 @@ def _schema_of(dump: DumpFormat, path: Path) -> pa.Schema:
     if dump.layout in ("torch", "episodes"):
         return _loaded(dump, path).schema
     with InputSet([os.fspath(path)], input_format=_input_format(dump)) as inputs:
-        from grpo_cli.readers import read_schema
+        from grpo_cli.inputs.readers import read_schema
 
         return read_schema(inputs.shards[0])
 
@@ -1032,7 +1032,7 @@ def _loaded(dump: DumpFormat, path: Path) -> pa.Table:
 
 def _whole_table(shard: Shard, columns: list[str] | None = None) -> pa.Table:
     """A shard's rows (``columns`` of them), read through its format's hardened reader."""
-    from grpo_cli.readers import MAX_TYPE_SETTLINGS, SchemaDrift, iter_batches, read_schema
+    from grpo_cli.inputs.readers import MAX_TYPE_SETTLINGS, SchemaDrift, iter_batches, read_schema
 
     for _ in range(MAX_TYPE_SETTLINGS):
         try:
@@ -1230,7 +1230,7 @@ def _length(value: Any) -> str:
 
 def _reward_functions(dump: DumpFormat, shard: Shard) -> list[str]:
     """TRL's reward-function columns: its numeric columns other than ``step`` and ``advantage``."""
-    from grpo_cli.readers import read_schema
+    from grpo_cli.inputs.readers import read_schema
 
     schema = read_schema(shard)
     known = set(dump.fields)
@@ -1246,7 +1246,7 @@ def _reward_functions(dump: DumpFormat, shard: Shard) -> list[str]:
 def _blocks(rule: ConsecutiveBlocks, shards: list[Shard], given: int | None, notes: list[str]) -> int:
     """The group size of a dump whose groups are consecutive blocks in each file (see
     :func:`_block_size`), read from the files' runs of equal prompts."""
-    from grpo_cli.readers import describe_row, read_schema
+    from grpo_cli.inputs.readers import describe_row, read_schema
 
     for shard in shards:
         missing = rule.missing(read_schema(shard).names)

@@ -2,7 +2,7 @@
 
 The CLI's parameters (:mod:`grpo_cli.cli` builds each command's signature from these rows),
 the table API's keywords and their error wording (:mod:`grpo_cli.tables`), the translation
-into a :class:`~grpo_cli.config.ComputeConfig` (:func:`grpo_cli.config.resolve_config`), the
+into a :class:`~grpo_cli.options.config.ComputeConfig` (:func:`grpo_cli.options.config.resolve_config`), the
 validation of advantage options and the provenance record all read this table. Adding an
 option is one row here plus the code that uses its value.
 
@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args, get_origin
 
-from grpo_cli.choices import (
+from grpo_cli.options.choices import (
     Aggregation,
     Baseline,
     Color,
@@ -47,9 +47,9 @@ from grpo_cli.choices import (
 )
 
 Target = Literal["advantage", "config", "bounds", "verify", "run"]
-"""Where a value goes: an :class:`~grpo_cli.options.AdvantageOptions` field, a
-:class:`~grpo_cli.config.ComputeConfig` field, a :class:`~grpo_cli.checks.CheckBounds` field,
-a :class:`~grpo_cli.config.VerifySpec` field, or the command itself (how it runs and reports)."""
+"""Where a value goes: an :class:`~grpo_cli.options.advantage.AdvantageOptions` field, a
+:class:`~grpo_cli.options.config.ComputeConfig` field, a :class:`~grpo_cli.results.checks.CheckBounds` field,
+a :class:`~grpo_cli.options.config.VerifySpec` field, or the command itself (how it runs and reports)."""
 
 SHARED = ("compute", "check")
 EVERY = ("compute", "check", "inspect")
@@ -933,7 +933,8 @@ OPTIONS: dict[str, Option] = {row.name: row for row in _ROWS}
 """Every option by name, in the order the CLI's help lists them."""
 
 ADVANTAGE_FIELDS = {row.setting: row for row in _ROWS if row.target == "advantage"}
-"""The rows of :class:`~grpo_cli.options.AdvantageOptions`, by field (``clip``, not ``clip_advantage``)."""
+"""The rows of :class:`~grpo_cli.options.advantage.AdvantageOptions`, by field (``clip``, not
+``clip_advantage``)."""
 
 
 def offered(command: str) -> list[Option]:

@@ -41,13 +41,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from grpo_cli.config import VerifySpec
+from grpo_cli.arrow.keys import as_tensor
 from grpo_cli.errors import GrpoError
+from grpo_cli.inputs.sources import Shard
 from grpo_cli.kernel import GroupStats, group_std
-from grpo_cli.keys import as_tensor
-from grpo_cli.options import AdvantageOptions
-from grpo_cli.rewards import numbers_from_text
-from grpo_cli.sources import Shard
+from grpo_cli.options.advantage import AdvantageOptions
+from grpo_cli.options.config import VerifySpec
+from grpo_cli.run.rewards import numbers_from_text
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -57,7 +57,8 @@ FLOAT32_BITS = 24
 
 
 class KeyNames(Protocol):
-    """What names a group by its ID (:class:`~grpo_cli.keys.GroupKeyIndex`, or the Ray engine's keys)."""
+    """What names a group by its ID (:class:`~grpo_cli.arrow.keys.GroupKeyIndex`, or the Ray
+    engine's keys)."""
 
     def key_at(self, group_id: int) -> Any: ...
 

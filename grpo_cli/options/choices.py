@@ -67,9 +67,9 @@ TrainerFilterName = Literal[
     "trl",
     "trl-batch",
 ]
-"""The trainers' no-signal rules ``check --trainer-filter`` applies (:mod:`grpo_cli.trainer_filters`)."""
+"""The trainers' no-signal rules ``check --trainer-filter`` applies (:mod:`grpo_cli.trainers.filters`)."""
 Trainer = Literal["verl", "trl", "nemo-rl", "roll", "slime", "skyrl", "prime-rl", "areal", "open-instruct"]
-"""The trainers whose rollout dumps ``--from`` reads (:mod:`grpo_cli.dumps`)."""
+"""The trainers whose rollout dumps ``--from`` reads (:mod:`grpo_cli.trainers.dumps`)."""
 
 
 def choices_of(vocabulary: Any) -> tuple[str, ...]:

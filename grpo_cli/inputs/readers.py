@@ -27,10 +27,10 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
-from grpo_cli.columns import MAX_NESTING, holds_type
+from grpo_cli.arrow.columns import MAX_NESTING, holds_type
 from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.file_names import PROVENANCE_KEY
-from grpo_cli.sources import Shard, decompressed
+from grpo_cli.inputs.sources import Shard, decompressed
 from grpo_cli.stages import timed_items
 
 JSONL_BLOCK_BYTES = 8 << 20
@@ -209,7 +209,7 @@ READERS: dict[str, FormatReader] = {
     "jsonl": JsonlReader(),
     "csv": CsvReader(),
 }
-"""One reader per :attr:`Shard.format <grpo_cli.sources.Shard.format>`."""
+"""One reader per :attr:`Shard.format <grpo_cli.inputs.sources.Shard.format>`."""
 
 
 def reader_of(shard: Shard) -> FormatReader:
@@ -647,7 +647,7 @@ SCAN_CHUNK_BYTES = 8 << 20
 
 class _ScannedJsonl:
     """A JSON-lines file read from disk for pyarrow (through ``pa.PythonFile``), each line scanned
-    before pyarrow parses it: a value nested deeper than :data:`~grpo_cli.columns.MAX_NESTING`
+    before pyarrow parses it: a value nested deeper than :data:`~grpo_cli.arrow.columns.MAX_NESTING`
     ends the stream there (pyarrow's parser would overflow its stack) and its error is kept, the
     longest line is noted (pyarrow's block must hold it), and the lines holding long integer
     literals are kept for the exact-integer check (:meth:`check_integers`). Bounded memory: one
@@ -850,7 +850,7 @@ class _CsvStream(_TextStream["pa_csv.CSVStreamingReader"]):
     """Every CSV column is read as its text: type inference would merge the keys ``007``,
     ``07`` and ``7``, turn ``N/A`` into a null and ``001`` into ``1.0``. An unquoted empty
     cell is a null (a quoted ``""`` is the empty string); the columns grpo-cli computes
-    from are parsed as numbers where they are read (:func:`~grpo_cli.rewards.numbers_from_text`)."""
+    from are parsed as numbers where they are read (:func:`~grpo_cli.run.rewards.numbers_from_text`)."""
 
     def _open(self, stream: pa.NativeFile) -> pa_csv.CSVStreamingReader:
         read_options = pa_csv.ReadOptions(block_size=jsonl_block_bytes(self.shard))  # a record fits
@@ -1270,7 +1270,7 @@ def jsonl_line_of_record(shard: Shard, record: int) -> int | None:
 
 
 def _check_jsonl_nesting(shard: Shard, chunk_bytes: int = 32 << 20) -> None:
-    """Refuse a JSON line nested deeper than :data:`~grpo_cli.columns.MAX_NESTING` before
+    """Refuse a JSON line nested deeper than :data:`~grpo_cli.arrow.columns.MAX_NESTING` before
     pyarrow's parser sees it: about 20,000 levels overflow its stack (a segfault). Notes the
     longest line in ``shard.found``: pyarrow's read block must hold a whole line. (A file that
     streams from disk is scanned as pyarrow reads it: :class:`_ScannedJsonl`.)"""
@@ -1284,7 +1284,7 @@ def _check_jsonl_nesting(shard: Shard, chunk_bytes: int = 32 << 20) -> None:
 
 def _scan_nesting(shard: Shard, chunk: bytes, line_offset: int) -> int:
     """The longest line of a chunk of whole lines (``line_offset`` lines come before it); a value
-    nested deeper than :data:`~grpo_cli.columns.MAX_NESTING` is refused with its line.
+    nested deeper than :data:`~grpo_cli.arrow.columns.MAX_NESTING` is refused with its line.
 
     A line cannot nest deeper than it has ``[`` and ``{``: a vectorised count per line finds
     the few lines with more, and only those are scanned, strings skipped.

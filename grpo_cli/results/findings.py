@@ -464,7 +464,7 @@ def _size_counts(size_counts: Counter[int]) -> dict[str, int]:
 
 
 def _histogram(run: RunFigures, second: SecondRound) -> dict[str, Any]:
-    """The distribution of the groups' mean rewards (see :func:`grpo_cli.summary.group_findings`)."""
+    """The distribution of the groups' mean rewards (see :func:`grpo_cli.results.summary.group_findings`)."""
     kind, low, high, size = run.histogram
     counts = list(second.histogram)
     if kind == "none":

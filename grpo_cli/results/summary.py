@@ -1,7 +1,7 @@
 """The run summary: figures computed from the per-group statistics, and their JSON form.
 
 The JSON keys are stable and documented in the README ("Summary JSON"); the text and
-rich renderings are in :mod:`grpo_cli.report`.
+rich renderings are in :mod:`grpo_cli.cli.report`.
 """
 
 from __future__ import annotations
@@ -15,13 +15,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from grpo_cli.findings import GroupFindings, GroupPart, findings_of, in_chunks, plain_key, reward_totals
+from grpo_cli.results.findings import (
+    GroupFindings,
+    GroupPart,
+    findings_of,
+    in_chunks,
+    plain_key,
+    reward_totals,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from grpo_cli.plan import GroupOutcome, OutcomeTotals
-    from grpo_cli.sources import Shard
+    from grpo_cli.inputs.sources import Shard
+    from grpo_cli.run.plan import GroupOutcome, OutcomeTotals
 
 
 @dataclass
@@ -130,7 +137,7 @@ def group_findings(
 ) -> GroupFindings:
     """The figures of the groups, from the run's per-group ``outcome`` alone (an engine may
     compute them while it writes: nothing here reads the output), made from parts of
-    :data:`FINDINGS_CHUNK_GROUPS` groups through the exact merge of :mod:`grpo_cli.findings`
+    :data:`FINDINGS_CHUNK_GROUPS` groups through the exact merge of :mod:`grpo_cli.results.findings`
     (which parts held on other machines can use too).
 
     ``key_at`` gives a group's key from its ID, to name the groups off the common size;
@@ -160,7 +167,7 @@ def group_findings(
 def outcome_part(outcome: GroupOutcome, *, order: np.ndarray, named: bool = False) -> GroupPart:
     """The groups of ``outcome`` (all of a run's, or a Ray reducer's bucket) as one part of the
     summary's findings: ``order`` (int64, one per group) sorts them as the run's group IDs do;
-    ``named``: the labels :func:`~grpo_cli.findings.in_chunks` gives them are keys."""
+    ``named``: the labels :func:`~grpo_cli.results.findings.in_chunks` gives them are keys."""
     from grpo_cli.kernel import group_scales
 
     cpu = outcome.stats.to("cpu")
@@ -208,9 +215,9 @@ def build_summary(
     :func:`group_findings` of the same ``outcome``, ``options``, ``key_at`` and ``by``,
     where the engine computed them already; otherwise they are computed here. An engine
     that holds no per-group outcome (the Ray engine's reducers hold it) gives the outcome's
-    merged :class:`~grpo_cli.plan.OutcomeTotals` and the merged ``findings``.
+    merged :class:`~grpo_cli.run.plan.OutcomeTotals` and the merged ``findings``.
     """
-    from grpo_cli.plan import OutcomeTotals  # imports torch: only once there is an outcome
+    from grpo_cli.run.plan import OutcomeTotals  # imports torch: only once there is an outcome
 
     if isinstance(outcome, OutcomeTotals):
         if findings is None:
@@ -402,7 +409,7 @@ integers (a kernel call costs more than its arithmetic there); the same bits eit
 
 
 def _reward_totals(count: np.ndarray, mean: np.ndarray, minimum: np.ndarray, maximum: np.ndarray) -> Any:
-    """:func:`~grpo_cli.findings.reward_totals` of a few groups, in exact rationals where each
+    """:func:`~grpo_cli.results.findings.reward_totals` of a few groups, in exact rationals where each
     group's sum ``count * mean`` (rounded once, as the kernel rounds it) is finite: the exact sum
     and its quotient rounded once, as :class:`~grpo_cli.kernel.ExactSum` gives them."""
     if count.size > SMALL_VALUE_GROUPS:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_cli.summary import RunSummary, short_key
+from grpo_cli.results.summary import RunSummary, short_key
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ def evaluate_checks(
 ) -> list[dict[str, Any]]:
     """Results in a fixed order, as dicts with name, value, bound and passed.
 
-    ``pages``: with ``validate_pages``, what :func:`~grpo_cli.sources.validate_pages` found.
+    ``pages``: with ``validate_pages``, what :func:`~grpo_cli.inputs.sources.validate_pages` found.
 
     A dataset with no rows always fails: the ``rows`` check is added, failed, in front
     (a CI gate must never pass on nothing). Group-size checks then pass vacuously.

@@ -3,7 +3,7 @@
 An INPUT is a file, a directory of shards (a ``datasets`` ``save_to_disk`` folder too),
 a quoted glob or ``-`` (standard input); a run may name several. Formats are told by
 name or content; standard input and JSON arrays are spooled to private files (a JSON array
-as JSON lines, element by element). Reading a shard is :mod:`grpo_cli.readers`' job.
+as JSON lines, element by element). Reading a shard is :mod:`grpo_cli.inputs.readers`' job.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from typing import IO, Any
 
 import pyarrow as pa
 
-from grpo_cli.choices import InputFormat, check_choice
 from grpo_cli.errors import GrpoError, LayoutError, first_line
 from grpo_cli.file_names import (
     ARROW_SUFFIXES,
@@ -37,7 +36,8 @@ from grpo_cli.file_names import (
     READ_SUFFIXES,
     TEXT_SUFFIXES,
 )
-from grpo_cli.guard import ProtectedInputs
+from grpo_cli.options.choices import InputFormat, check_choice
+from grpo_cli.outputs.guard import ProtectedInputs
 from grpo_cli.scratch import spool
 from grpo_cli.stores import check_scheme, download, is_uri, list_files, local_path, redact, same_or_within
 
@@ -334,7 +334,7 @@ class InputSet:
     """
 
     about: dict[str, Any] | None = None
-    """What read a trainer's dump (:meth:`grpo_cli.dumps.OpenedDump.info`), for the summary."""
+    """What read a trainer's dump (:meth:`grpo_cli.trainers.dumps.OpenedDump.info`), for the summary."""
 
     def __init__(
         self,
@@ -373,7 +373,7 @@ class InputSet:
 
     @classmethod
     def of_shards(cls, label: str, shards: list[Shard], spools: contextlib.ExitStack) -> InputSet:
-        """Shards already resolved (a trainer's dump, :mod:`grpo_cli.dumps`), owning ``spools``."""
+        """Shards already resolved (a trainer's dump, :mod:`grpo_cli.trainers.dumps`), owning ``spools``."""
         inputs = cls.__new__(cls)
         inputs.specs, inputs.spec = [label], label
         inputs._spools = spools

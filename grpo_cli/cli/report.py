@@ -1,14 +1,14 @@
 """The run summary as text: the plain report, the rich table, and ``check``'s lines.
 
-Pure rendering of a :class:`~grpo_cli.summary.RunSummary`; the figures themselves are
-computed in :mod:`grpo_cli.summary`.
+Pure rendering of a :class:`~grpo_cli.results.summary.RunSummary`; the figures themselves are
+computed in :mod:`grpo_cli.results.summary`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from grpo_cli.summary import RunSummary, short_key
+from grpo_cli.results.summary import RunSummary, short_key
 
 
 def _fmt(value: float | None, digits: int = 4) -> str:

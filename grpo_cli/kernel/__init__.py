@@ -45,7 +45,7 @@ from typing import Any, ClassVar, TypedDict
 import torch
 from torch import Tensor
 
-from grpo_cli.choices import Baseline, EpsilonMode, NanPolicy, Scale, Singleton, Std, check_choice
+from grpo_cli.options.choices import Baseline, EpsilonMode, NanPolicy, Scale, Singleton, Std, check_choice
 
 __all__ = [
     "EXACT_LOWEST_EXPONENT",

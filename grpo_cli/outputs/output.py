@@ -2,14 +2,14 @@
 
 Each output shard is written by one of two methods. *splice* (the default for Parquet
 input whose rows come out unchanged) copies the input file's bytes and appends the new
-columns' chunks and a new footer (:mod:`grpo_cli.splice`): the input's columns are
+columns' chunks and a new footer (:mod:`grpo_cli.outputs.splice`): the input's columns are
 never decoded. *rewrite* re-encodes every column with pyarrow: JSONL input, row
 filters, ``--rewrite``, several inputs into one file, or a file splice refuses
 (encrypted, an empty row group), whose reason the summary gives. A ``.jsonl`` target
 (``.gz``, ``.zst``), or ``-`` for standard output, gets every row as one JSON object
 per line, encoded by polars.
 
-The target is claimed from the :class:`~grpo_cli.guard.WriteGuard` before the run
+The target is claimed from the :class:`~grpo_cli.outputs.guard.WriteGuard` before the run
 starts; everything is written to the claim's hidden temporary beside it and moved into
 place only when the whole run succeeded. A failure or Ctrl-C leaves no partial output
 and never touches the input. The local engine writes through :class:`OutputTarget`;
@@ -32,16 +32,16 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from grpo_cli.columns import holds_type, without_views
+from grpo_cli.arrow.columns import holds_type, without_views
 from grpo_cli.errors import GrpoError, os_reason
 from grpo_cli.file_names import PROVENANCE_KEY, READ_SUFFIXES, output_format
-from grpo_cli.guard import Claim
-from grpo_cli.sources import Shard
-from grpo_cli.splice import SplicedFile, SpliceRefused
+from grpo_cli.inputs.sources import Shard
+from grpo_cli.outputs.guard import Claim
+from grpo_cli.outputs.splice import SplicedFile, SpliceRefused
 from grpo_cli.stages import timed
 
 if TYPE_CHECKING:
-    from grpo_cli.config import ComputeConfig
+    from grpo_cli.options.config import ComputeConfig
 
 _T = TypeVar("_T")
 
@@ -130,7 +130,7 @@ class _PrefixCopier:
     """Copies spliced outputs' prefixes (the input files' bytes) on its own thread, in order.
 
     Started as the run starts, so the copy (in the kernel, without the GIL) overlaps
-    importing torch and pass 1; each :class:`~grpo_cli.splice.SplicedFile` waits for its
+    importing torch and pass 1; each :class:`~grpo_cli.outputs.splice.SplicedFile` waits for its
     own prefix before it writes. Errors are kept by the files and raised where they write.
     """
 

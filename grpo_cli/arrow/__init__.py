@@ -1,0 +1,1 @@
+"""Arrow columns: column references, and group keys to dense IDs."""

@@ -1,0 +1,1 @@
+"""What a run reads: INPUTs resolved to shards, and one reader per format."""

@@ -1,0 +1,1 @@
+"""What a run writes: outputs, the write guard, and Parquet splicing."""

@@ -1,0 +1,1 @@
+"""What a run found: the findings of the groups, the summary, the checks, verification and the HTML report."""

@@ -1,0 +1,1 @@
+"""Trainers' rollout dumps (--from) and their own no-signal rules (--trainer-filter)."""
