@@ -174,6 +174,21 @@ def test_bars_start_before_torch_is_imported(tmp_path: Path) -> None:
     assert "torch loaded when bars were made: False" in result.stdout
 
 
+SLOW_BATCHES = """
+import sys, time
+from grpo_cli.inputs import readers
+batches = readers.ParquetReader.batches
+def slow(self, *args):
+    for batch in batches(self, *args):
+        time.sleep(0.01)  # the run outlasts the signal however loaded the machine: no race with it
+        yield batch
+readers.ParquetReader.batches = slow
+from grpo_cli.__main__ import main
+sys.argv[0] = "grpo-cli"
+main()
+"""
+
+
 @pytest.mark.skipif(not hasattr(signal, "SIGINT"), reason="needs POSIX signals")
 def test_ctrl_c_under_a_terminal_stops_cleanly_and_restores_echo(tmp_path: Path) -> None:
     source = _rollouts(tmp_path / "in.parquet", 400_000)
@@ -182,8 +197,8 @@ def test_ctrl_c_under_a_terminal_stops_cleanly_and_restores_echo(tmp_path: Path)
     process = subprocess.Popen(
         [
             sys.executable,
-            "-m",
-            "grpo_cli",
+            "-c",
+            SLOW_BATCHES,
             "compute",
             str(source),
             "-o",
@@ -200,8 +215,9 @@ def test_ctrl_c_under_a_terminal_stops_cleanly_and_restores_echo(tmp_path: Path)
         start_new_session=True,
     )
     try:
-        seen = _read_until(controller, b"pass 1/2", time.monotonic() + 60)
-        assert b"starting" in seen or b"pass 1/2" in seen
+        seen = _read_until(controller, b"pass 1/2", time.monotonic() + 120)
+        assert b"pass 1/2" in seen, seen[-400:]
+        assert process.poll() is None  # still running: the signal lands in pass 1
         process.send_signal(signal.SIGINT)
         seen += _read_until(controller, b"interrupted", time.monotonic() + 60)
         assert process.wait(timeout=60) == 130

@@ -372,6 +372,7 @@ def _run(debug: bool, body: Callable[[_RunState], int], *, bars: bool = False) -
 
     for signum in handled:
         signal.signal(signum, on_signal)
+    _signals_to_python()
     try:
         try:
             state.progress = _progress_bars(not bars)
@@ -405,6 +406,16 @@ def _run(debug: bool, body: Callable[[_RunState], int], *, bars: bool = False) -
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     raise typer.Exit(code)
+
+
+def _signals_to_python() -> None:
+    """Let Ctrl-C and SIGTERM reach the run's own handlers whatever pyarrow is doing: pyarrow
+    otherwise takes them over for the length of a read, to cancel it, and a cancel that lands
+    as a read error can be caught as one. The command reads with pyarrow anyway: its import
+    costs nothing extra here."""
+    import pyarrow.lib
+
+    pyarrow.lib.enable_signal_handlers(False)
 
 
 def _internal_error(exc: BaseException, debug: bool) -> NoReturn:
