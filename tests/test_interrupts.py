@@ -313,3 +313,36 @@ def test_sigterm_while_the_command_starts_ends_it_as_an_interrupt(tmp_path):
     assert run.returncode == 130, (run.returncode, run.stderr)
     assert run.stderr.strip() == "error: interrupted; no output was written"
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("memory_limit", ["0", "1024"], ids=["streamed", "in-memory"])
+def test_a_stop_whose_exception_was_swallowed_still_stops_the_run(memory_limit, cli, tmp_path, monkeypatch):
+    """A signal handler runs between any two bytecodes, inside an at-fork callback too, where
+    Python prints "Exception ignored" and goes on: under three test suites at once a SIGTERM
+    while Ray started (and once a Ctrl-C mid-read) was lost, and the run exited 0 with its output
+    written. The handler records the stop before it raises; the run's next safe point (a batch,
+    the output's commit) raises it again: exit 130, nothing written."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from grpo_cli import interrupts
+    from grpo_cli.inputs import readers as readers_module
+
+    source = tmp_path / "in.parquet"
+    pq.write_table(
+        pa.table({"group_id": np.arange(40_000) // 4, "reward": np.arange(40_000) % 2 * 1.0}), source
+    )
+    batches = readers_module.ParquetReader.batches
+
+    def swallowed(self, *args):
+        for i, batch in enumerate(batches(self, *args)):
+            if i == 1:
+                interrupts.request(signal.SIGTERM)  # the handler ran, its KeyboardInterrupt was ignored
+            yield batch
+
+    monkeypatch.setattr(readers_module.ParquetReader, "batches", swallowed)
+    out = tmp_path / "out.parquet"
+    result = cli("compute", source, "-o", out, "--batch-rows", "1000", "--memory-limit-mb", memory_limit)
+    assert result.exit_code == 130, result.stderr
+    assert result.stderr.strip() == "error: interrupted; no output was written"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet"]

@@ -28,7 +28,7 @@ try:  # recent Typer releases carry their own copy of Click
 except ImportError:  # pragma: no cover - Typer on the Click package
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
-from grpo_cli import __version__
+from grpo_cli import __version__, interrupts
 from grpo_cli.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_CHECK_FAILED,
@@ -364,10 +364,12 @@ def _run(debug: bool, body: Callable[[_RunState], int], *, bars: bool = False) -
     reuse_freed_memory()
     let_idle_threads_sleep()  # before the command's work imports torch
     state = _RunState()
-    handled = [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    handled = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
     previous = {signum: signal.getsignal(signum) for signum in handled}
+    interrupts.clear()
 
     def on_signal(signum: int, frame: object) -> None:
+        interrupts.request(signum)  # kept where the exception below is swallowed (grpo_cli.interrupts)
         raise KeyboardInterrupt
 
     for signum in handled:

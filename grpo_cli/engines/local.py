@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from grpo_cli import interrupts
 from grpo_cli.arrow.columns import column_of, filter_rows, top_level
 from grpo_cli.arrow.keys import (
     GroupKeyIndex,
@@ -783,6 +784,7 @@ class LocalEngine:
                 state.add(batch, rewards, shard, shard_row, lengths, steps)
                 shard_row += batch.num_rows
                 self.bytes_read += batch.nbytes
+                interrupts.raise_if_requested()
                 if state.chunk_full:
                     self.progress.advance(state.flush(shard))
             self.progress.advance(state.flush(shard))
@@ -908,6 +910,7 @@ class LocalEngine:
                 shard_row += n
                 global_row += n
                 self.progress.advance(n)
+                interrupts.raise_if_requested()
             for done in (writer, spliced):
                 if done is not None:
                     done.close()

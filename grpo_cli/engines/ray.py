@@ -60,6 +60,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from grpo_cli import interrupts
 from grpo_cli.allocator import MALLOC_ENV
 from grpo_cli.arrow.columns import plain_schema
 from grpo_cli.arrow.keys import GroupKeyIndex, InvalidKeyError, as_tensor, check_key_types, key_buckets
@@ -188,6 +189,7 @@ def ray_session(address: str | None, *, quiet: bool = True, num_cpus: int | None
     try:
         ray = import_ray()
         handlers = _signal_handlers()
+        _keep_our_sigterm_handler(ray)
         try:
             if temp_dir is not None:
                 ray.init(
@@ -214,6 +216,7 @@ def ray_session(address: str | None, *, quiet: bool = True, num_cpus: int | None
         # end the run cleanly (exit 130, temporaries removed).
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
+        interrupts.raise_if_requested()  # a stop while Ray started (its exception may be lost)
         context = ray.data.DataContext.get_current()
         context.enable_progress_bars = not quiet
         context.print_on_execution_start = False
@@ -382,6 +385,16 @@ def _running(pid: int) -> bool:
             os.waitpid(pid, os.WNOHANG)
         return False
     return True
+
+
+def _keep_our_sigterm_handler(ray: Any) -> None:
+    """``ray.init`` installs a SIGTERM handler that exits with the signal's number: raised in
+    one of the at-fork callbacks Ray's start runs, its SystemExit was ignored and the signal
+    lost (the run went on and exited 0). grpo-cli's handler stays (it records the stop:
+    :mod:`grpo_cli.interrupts`)."""
+    utils = getattr(getattr(ray, "_private", None), "utils", None)
+    if utils is not None and hasattr(utils, "set_sigterm_handler"):
+        utils.set_sigterm_handler = lambda handler: None
 
 
 def _signal_handlers() -> dict[int, Any]:

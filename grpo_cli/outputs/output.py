@@ -32,6 +32,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from grpo_cli import interrupts
 from grpo_cli.arrow.columns import holds_type, without_views
 from grpo_cli.errors import GrpoError, os_reason
 from grpo_cli.file_names import PROVENANCE_KEY, READ_SUFFIXES, output_format
@@ -461,7 +462,9 @@ class OutputTarget:
         return ShardWriter(self._writer, self._thread, shared=True)
 
     def commit(self) -> dict[str, Any]:
-        """Move the finished output into place; returns what was written."""
+        """Move the finished output into place; returns what was written (not where a stop was
+        asked for and its exception lost: :mod:`grpo_cli.interrupts`)."""
+        interrupts.raise_if_requested()
         temp = self.claim.temp_path()
         if self._splices:
             names = ", ".join(shard.display for shard in self._splices)
