@@ -69,10 +69,10 @@ def scratch_file(label: str) -> Path:
     return path
 
 
-def scratch_dir(label: str) -> Path:
-    """A new private folder in the system's temporary folder, removed by a later run if this
-    process dies, as :func:`scratch_file`'s files are."""
-    folder = Path(tempfile.gettempdir())
+def scratch_dir(label: str, *, root: Path | None = None) -> Path:
+    """A new private folder in the system's temporary folder (or ``root``), removed by a later
+    run if this process dies, as :func:`scratch_file`'s files are."""
+    folder = Path(tempfile.gettempdir()) if root is None else root
     remove_stale_spools(folder)
     path = folder / f"{_SPOOL_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
     try:
@@ -80,6 +80,37 @@ def scratch_dir(label: str) -> Path:
     except OSError as exc:
         raise GrpoError(f"{label}: cannot create a temporary folder in {folder} ({os_reason(exc)})") from None
     return path
+
+
+SOCKET_PATH_BYTES = 107
+"""The longest path of a Unix socket (``sun_path``, less its terminating NUL)."""
+SCRATCH_NAME_BYTES = len(f"/{_SPOOL_PREFIX}4194304-123456789abc")
+"""A :func:`scratch_dir` folder's name, with the largest process ID, and its separator."""
+
+
+def socket_root(tail: int, *, program: str) -> Path | None:
+    """The root for a private folder below which ``program`` makes Unix sockets ``tail`` bytes
+    long: ``None`` (the system's temporary folder) where they fit in 107 bytes, else ``/tmp``.
+    A long TMPDIR broke Ray (exit 70) and the report's browser (it aborted, leaving its
+    folder behind). Refused in one line where neither fits.
+
+    >>> socket_root(0, program="Ray") is None  # nothing below the root: any TMPDIR fits
+    True
+    """
+    root = tempfile.gettempdir()
+    if len(os.fsencode(root)) + tail <= SOCKET_PATH_BYTES:
+        return None
+    short = "/tmp"
+    if (
+        len(short) + tail <= SOCKET_PATH_BYTES
+        and os.path.isdir(short)
+        and os.access(short, os.W_OK | os.X_OK)
+    ):
+        return Path(short)
+    raise GrpoError(
+        f"the temporary folder {root} is too long for {program}'s socket paths ({SOCKET_PATH_BYTES} bytes) "
+        f"and /tmp is not writable: set TMPDIR to a folder of at most {SOCKET_PATH_BYTES - tail} characters"
+    )
 
 
 def remove_stale_spools(folder: Path) -> None:

@@ -4,6 +4,7 @@ drawn by that browser, and refused in one line where there is none."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -99,18 +100,28 @@ HAS_BROWSER = pytest.mark.skipif(
 
 def picture(cli: Any, tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> Path:
     """``--report name`` on the ROLL dump, with HOME pointed at an empty folder (the browser
-    must not write there) and no report scratch folder left in the temporary folder."""
+    must not write there) and a TMPDIR of its own, too long for the browser's socket paths
+    (Chromium aborted under one of 63 characters or more): the run takes /tmp for the browser,
+    and leaves nothing in either (only this process's folders are looked for in /tmp, where a
+    suite beside this one has its own)."""
     import tempfile
 
     home = tmp_path / "home"
     home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    before = set(Path(tempfile.gettempdir()).glob("grpo-cli-report-*"))
+    scratch = tmp_path / ("tmp" + "x" * 60)
+    scratch.mkdir()
+    ours = f"grpo-cli-spool-{os.getpid()}-*"
+    before = set(Path("/tmp").glob(ours))
     path = tmp_path / name
-    result = cli("check", ROLL, "--from", "roll", "--by", "global_step", "--report", path)
+    with monkeypatch.context() as run:
+        run.setenv("HOME", str(home))
+        run.setenv("TMPDIR", str(scratch))
+        run.setattr(tempfile, "tempdir", str(scratch))
+        result = cli("check", ROLL, "--from", "roll", "--by", "global_step", "--report", path)
     assert result.exit_code == 0, result.stderr
     assert list(home.iterdir()) == []
-    assert set(Path(tempfile.gettempdir()).glob("grpo-cli-report-*")) == before
+    assert list(scratch.iterdir()) == []
+    assert set(Path("/tmp").glob(ours)) == before
     return path
 
 
@@ -186,3 +197,39 @@ def test_a_browser_that_fails_is_one_line_and_writes_no_picture(
     assert_one_line_error(result, "could not draw the picture", "exit 3: cannot open display")
     assert not (tmp_path / "r.png").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bin"]
+
+
+def test_the_browsers_folder_fits_its_socket_paths_and_goes_on_every_exit(tmp_path, monkeypatch):
+    """Chromium aborts (leaving its socket folder) where TMPDIR + 45 bytes passes the 107 a socket
+    path holds: its private folder is made in TMPDIR where that fits, else in /tmp, and removed
+    whether the drawing worked or failed."""
+    import tempfile
+
+    from grpo_cli.results import html_report
+    from grpo_cli.scratch import SCRATCH_NAME_BYTES, SOCKET_PATH_BYTES
+
+    short = tmp_path / "t"
+    short.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", "/tmp")
+    with html_report._browser_folder() as folder:
+        assert folder.parent == Path("/tmp")
+        assert len(str(folder)) + html_report.BROWSER_SOCKET_TAIL <= SOCKET_PATH_BYTES
+        assert len(str(folder)) <= len("/tmp") + SCRATCH_NAME_BYTES
+    assert not folder.exists()
+
+    long = tmp_path / ("x" * (SOCKET_PATH_BYTES - html_report.BROWSER_SOCKET_TAIL))
+    long.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(long))
+    made: list[Path] = []
+
+    def failing_draw() -> None:
+        with html_report._browser_folder() as folder:
+            made.append(folder)
+            (folder / "org.chromium.Chromium.abcdef").mkdir()
+            raise RuntimeError("the browser failed")
+
+    with pytest.raises(RuntimeError):
+        failing_draw()
+    assert made[0].parent == Path("/tmp")
+    assert not made[0].exists()
+    assert list(long.iterdir()) == []

@@ -346,3 +346,5 @@ def test_a_stop_whose_exception_was_swallowed_still_stops_the_run(memory_limit, 
     assert result.exit_code == 130, result.stderr
     assert result.stderr.strip() == "error: interrupted; no output was written"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet"]
+    # the stop ends with the run: library work after it (the next test) is not stopped by it
+    assert interrupts._requested is None

@@ -1339,13 +1339,14 @@ def test_a_long_tmpdir_takes_a_short_root_for_rays_sockets_or_is_refused(monkeyp
     import tempfile
 
     from grpo_cli.engines import ray as ray_engine
+    from grpo_cli.scratch import SOCKET_PATH_BYTES
 
     monkeypatch.setattr(tempfile, "gettempdir", lambda: "/t")
     assert ray_engine._short_temp_root() is None  # short enough: TMPDIR itself
     long = "/" + "a" * 40
     monkeypatch.setattr(tempfile, "gettempdir", lambda: long)
     assert ray_engine._short_temp_root() == "/tmp"
-    assert len("/tmp") + ray_engine.RAY_SOCKET_TAIL <= ray_engine.SOCKET_PATH_BYTES
+    assert len("/tmp") + ray_engine.RAY_SOCKET_TAIL <= SOCKET_PATH_BYTES
     monkeypatch.setattr(os, "access", lambda path, mode: False)
     with pytest.raises(
         GrpoError, match=r"too long for Ray's socket paths \(107 bytes\) and /tmp is not writable"

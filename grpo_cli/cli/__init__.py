@@ -407,6 +407,7 @@ def _run(debug: bool, body: Callable[[_RunState], int], *, bars: bool = False) -
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        interrupts.clear()  # a caller's later library work (or the next test) starts unasked
     raise typer.Exit(code)
 
 

@@ -128,6 +128,7 @@ from grpo_cli.run.plan import (
     with_watched_step,
 )
 from grpo_cli.run.rewards import RewardBatch, new_column_arrays
+from grpo_cli.scratch import socket_root
 from grpo_cli.stores import CopiedPrefix, check_scheme, gcs_filesystem, local_path, store_output
 from grpo_cli.threads import IDLE_THREADS_ENV
 from grpo_cli.trainers.filters import FilterPart
@@ -301,27 +302,16 @@ _process_token = _ProcessToken()
 
 _STOP_SIGNALS = {int(getattr(signal, name)) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)}
 
-SOCKET_PATH_BYTES = 107
-"""The longest path of a Unix socket (``sun_path``, less its terminating NUL)."""
 RAY_SOCKET_TAIL = len("/grpo-ray-12345678/session_2026-12-07_00-32-57_894933_4194304/sockets/plasma_store")
 """What follows the temporary root in the longest socket path of a private instance: the
 folder, Ray's session (its date, time and the largest process ID) and its plasma store."""
 
 
 def _short_temp_root() -> str | None:
-    """A temporary root short enough for Ray's socket paths (107 bytes): ``TMPDIR`` where it
-    fits, else ``/tmp``; a TMPDIR of 28 characters or more broke them (exit 70). Refused in
-    one line where neither fits."""
-    root = tempfile.gettempdir()
-    if len(os.fsencode(root)) + RAY_SOCKET_TAIL <= SOCKET_PATH_BYTES:
-        return None
-    if os.path.isdir("/tmp") and os.access("/tmp", os.W_OK | os.X_OK):
-        return "/tmp"
-    raise GrpoError(
-        f"the temporary folder {root} is too long for Ray's socket paths ({SOCKET_PATH_BYTES} bytes) and "
-        f"/tmp is not writable: set TMPDIR to a folder of at most {SOCKET_PATH_BYTES - RAY_SOCKET_TAIL} "
-        "characters"
-    )
+    """A temporary root short enough for Ray's socket paths: ``TMPDIR`` (``None``) where it
+    fits, else ``/tmp``; a TMPDIR of 28 characters or more broke them (exit 70)."""
+    root = socket_root(RAY_SOCKET_TAIL, program="Ray")
+    return None if root is None else str(root)
 
 
 def _shutdown_waits(ray: Any) -> bool:

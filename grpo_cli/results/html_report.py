@@ -15,13 +15,14 @@ in one file. The browser runs in a private temporary profile, offline, and leave
 
 from __future__ import annotations
 
+import contextlib
 import html
 import importlib.util
 import os
 import shutil
 import subprocess
-import tempfile
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,11 @@ _EXPORT_SVG = (
 )
 
 
+BROWSER_SOCKET_TAIL = len("/org.chromium.Chromium.XXXXXX/SingletonSocket")
+"""What follows the browser's temporary folder in its longest socket path (a TMPDIR of 63
+characters or more made Chromium abort)."""
+
+
 def _run_browser(page: str, scratch: Path, *args: str) -> str:
     """Draw ``page`` in the headless browser, with ``scratch`` (a private temporary folder)
     as its profile, home and working folder; its standard output."""
@@ -150,6 +156,7 @@ def _run_browser(page: str, scratch: Path, *args: str) -> str:
         "HOME": str(scratch),
         "XDG_CONFIG_HOME": str(scratch),
         "XDG_CACHE_HOME": str(scratch),
+        "TMPDIR": str(scratch),  # what it leaves there (an abort's socket folder) goes with it
     }
     command = [
         found,
@@ -187,10 +194,26 @@ def _window(charts: int) -> str:
     return f"--window-size={PAGE_WIDTH},{140 + charts * (CHART_HEIGHT + 20)}"
 
 
+@contextlib.contextmanager
+def _browser_folder() -> Iterator[Path]:
+    """A private folder for the browser (its profile, home, working and temporary folder), in
+    a root short enough for its socket paths, removed on every exit path and by a later run
+    if this one is killed."""
+    from grpo_cli.scratch import SCRATCH_NAME_BYTES, scratch_dir, socket_root
+
+    folder = scratch_dir(
+        "--report", root=socket_root(SCRATCH_NAME_BYTES + BROWSER_SOCKET_TAIL, program="the browser")
+    )
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _screenshot(page: str, *, charts: int) -> bytes:
-    with tempfile.TemporaryDirectory(prefix="grpo-cli-report-") as folder:
-        shot = Path(folder) / "report.png"
-        _run_browser(page, Path(folder), _window(charts), f"--screenshot={shot}")
+    with _browser_folder() as folder:
+        shot = folder / "report.png"
+        _run_browser(page, folder, _window(charts), f"--screenshot={shot}")
         try:
             data = shot.read_bytes()
         except OSError:
@@ -206,8 +229,8 @@ def _svg(page: str, title: str, head: str, *, charts: int) -> bytes:
     import json
     import re
 
-    with tempfile.TemporaryDirectory(prefix="grpo-cli-report-") as folder:
-        dom = _run_browser(render_script(page), Path(folder), _window(charts), "--dump-dom")
+    with _browser_folder() as folder:
+        dom = _run_browser(render_script(page), folder, _window(charts), "--dump-dom")
     found = re.search(r'<pre id="grpo-cli-svg">(.*?)</pre>', dom, re.S)
     if found is None:
         raise GrpoError("--report: the browser exported no chart")
