@@ -45,7 +45,7 @@ FLOAT_TESTS := tests/test_kernel.py tests/test_kernel_pieces.py tests/test_same_
 	tests/test_trainer_filters.py tests/test_magnitudes.py tests/test_verify.py tests/test_tolerance.py \
 	tests/test_properties.py tests/test_estimators.py tests/test_presets.py tests/test_findings.py \
 	tests/test_exact.py \
-	grpo_cli/kernel/__init__.py grpo_cli/results/findings.py
+	grpo_cli/kernel grpo_cli/results/findings.py
 
 test: setup browser
 	$(BIN)/python -m pytest

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from grpo_cli import kernel
 from grpo_cli.kernel import ExactSum
+from grpo_cli.kernel import exact as exact_sums
 
 
 def floats(values: list[float]) -> torch.Tensor:
@@ -59,7 +60,7 @@ def test_an_exact_sum_is_the_rational_sum_of_its_terms(terms):
     array = np.array(terms, dtype=np.float64)
     exact = sum((Fraction(t) for t in terms), Fraction(0))
     assert exact_value(ExactSum.of(torch.from_numpy(array))) == exact
-    assert kernel._binned(torch.from_numpy(array), None) == ExactSum.of(torch.from_numpy(array)).scaled
+    assert exact_sums._binned(torch.from_numpy(array), None) == ExactSum.of(torch.from_numpy(array)).scaled
     assert (
         ExactSum.of(torch.from_numpy(array)).value() == float(exact)
         if abs(exact) < Fraction(2) ** 1024

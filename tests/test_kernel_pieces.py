@@ -368,7 +368,7 @@ def test_a_chunk_of_sorted_ids_past_group_zero_gets_the_bits_of_the_whole(kind, 
     groups that start past group 0 (the block path, from its first group). Each row gets the
     bits the rows in any order get (the path of scattered IDs), and its group's statistics are
     those of scattered IDs too; float32 rewards are widened on either path alike."""
-    from grpo_cli.kernel import _scatter_stats
+    from grpo_cli.kernel.accumulate import _scatter_stats
 
     g = torch.Generator().manual_seed(7)
     k, size = 30, 8
@@ -702,7 +702,7 @@ def test_consecutive_blocks_and_scattered_ids_give_the_same_bits(size: int, kind
     they do not depend on how the chunk is laid out, nor on which other groups are in it (the
     Ray engine reduces a block's groups apart from the rest of it). Narrower rewards are
     widened as the blocks are laid out side by side: the bits of the float64 values."""
-    from grpo_cli.kernel import _block_stats, _scatter_stats
+    from grpo_cli.kernel.accumulate import _block_stats, _scatter_stats
 
     g = torch.Generator().manual_seed(size)
     k = 40
@@ -728,7 +728,7 @@ def test_consecutive_blocks_and_scattered_ids_give_the_same_bits(size: int, kind
 def test_the_rounds_a_gpu_sums_in_give_the_cpus_serial_left_fold(sizes: str) -> None:
     """A GPU's scatter_add_ adds with atomics in no set order; the rounds (one row per group each)
     make every group's sum the left fold the CPU's serial scatter_add_ computes, bit for bit."""
-    from grpo_cli.kernel import _LeftFold
+    from grpo_cli.kernel.accumulate import _LeftFold
 
     g = torch.Generator().manual_seed(5)
     n = 5000
@@ -780,28 +780,28 @@ def test_statistics_side_by_side_are_the_serial_bits(monkeypatch: pytest.MonkeyP
     """The min and max, the sum and the count, and the two deviation sums run two at a time on
     two threads (torch's one-dimensional CPU scatters are serial): the same bits as one after
     the other, and an error on the helper thread reaches the caller."""
-    from grpo_cli import kernel
+    from grpo_cli.kernel import accumulate  # where the split is decided
 
     gen = torch.Generator().manual_seed(5)
     ids = torch.arange(40_000).repeat_interleave(5)
     ids = ids[torch.randperm(ids.numel(), generator=gen)]
     rewards = torch.rand(ids.numel(), generator=gen, dtype=torch.float64) * 3 - 1
     threads = []
-    real_side_by_side = kernel._side_by_side
+    real_side_by_side = accumulate._side_by_side
 
     def counted(first, second, rows):  # type: ignore[no-untyped-def]
-        threads.append(rows.numel() >= kernel.SIDE_BY_SIDE_MIN_ROWS and torch.get_num_threads() > 1)
+        threads.append(rows.numel() >= accumulate.SIDE_BY_SIDE_MIN_ROWS and torch.get_num_threads() > 1)
         return real_side_by_side(first, second, rows)
 
-    monkeypatch.setattr(kernel, "_side_by_side", counted)
-    side_by_side = kernel.group_stats(rewards, ids)
+    monkeypatch.setattr(accumulate, "_side_by_side", counted)
+    side_by_side = accumulate.group_stats(rewards, ids)
     # one thread (the Makefile's second run of the float tests): one after the other
     assert threads and all(threads) == (torch.get_num_threads() > 1)
-    monkeypatch.setattr(kernel, "SIDE_BY_SIDE_MIN_ROWS", 1 << 60)
-    serial = kernel.group_stats(rewards, ids)
+    monkeypatch.setattr(accumulate, "SIDE_BY_SIDE_MIN_ROWS", 1 << 60)
+    serial = accumulate.group_stats(rewards, ids)
     for name in ("count", "mean", "m2", "minimum", "maximum"):
         assert torch.equal(getattr(side_by_side, name), getattr(serial, name)), name
-    monkeypatch.setattr(kernel, "SIDE_BY_SIDE_MIN_ROWS", 1)
+    monkeypatch.setattr(accumulate, "SIDE_BY_SIDE_MIN_ROWS", 1)
 
     def fails() -> torch.Tensor:
         raise ValueError("on the helper thread")

@@ -181,7 +181,7 @@ def test_normalising_groups_chunk_by_chunk_gives_the_whole_runs_bits(monkeypatch
     the centres, divisors, activity, units and tolerated groups are bit for bit those of one
     pass over every group, with huge and tiny rewards in some chunks only (their units) and
     singletons, zeros and constant groups among them."""
-    import grpo_cli.kernel as kernel
+    from grpo_cli.kernel import normalize  # where the chunk size is read
     from tests.conftest import bits
 
     if baseline == "leave-one-out" and options.get("scale") == "mean":
@@ -199,8 +199,8 @@ def test_normalising_groups_chunk_by_chunk_gives_the_whole_runs_bits(monkeypatch
         batch = torch.arange(groups) % 3
         options = {**options, "batch_std": torch.tensor([0.5, 2.0, 1e300], dtype=torch.float64)[batch]}
 
-    def normalised(chunk: int) -> kernel.Normalization:
-        monkeypatch.setattr(kernel, "NORMALIZATION_CHUNK_GROUPS", chunk)
+    def normalised(chunk: int) -> normalize.Normalization:
+        monkeypatch.setattr(normalize, "NORMALIZATION_CHUNK_GROUPS", chunk)
         return prepare_normalization(stats, baseline=baseline, **options)
 
     whole, chunked = normalised(groups), normalised(4)
