@@ -107,7 +107,7 @@ def main() -> int:
         "--mutants",
         action="append",
         required=True,
-        help="names, as a glob: 'grpo_cli.inputs.readers.x_read_ahead*'",
+        help="names, as a glob: 'grpo_cli.inputs.readers.base.x_read_ahead*'",
     )
     parser.add_argument("tests", nargs="+", help="test files (or node IDs), relative to the repository")
     parser.add_argument("--only", choices=["all", "unchecked", "survivors"], default="all")

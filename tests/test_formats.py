@@ -202,7 +202,7 @@ def test_a_json_array_on_standard_input(cli, tmp_path, expected):
 def test_csv_columns_come_out_as_the_text_that_went_in(cli, tmp_path, monkeypatch):
     """Type inference merged the keys 007, 07 and 7 (and True/TRUE/1, 1/1.0/1e0, 2**53 and
     2**53 + 1 once a 1.5 widened the column), turned N/A into a null and 001 into 1.0."""
-    monkeypatch.setattr(readers, "JSONL_BLOCK_BYTES", 64)  # many blocks: no later block can differ
+    monkeypatch.setattr(readers.text, "JSONL_BLOCK_BYTES", 64)  # many blocks: no later block can differ
     keys = ["007", "07", "7", "True", "TRUE", "1", "1.0", "1e0", "9007199254740993", "9007199254740992"]
     lines = ["group_id,reward,note"]
     for k, key in enumerate(keys):
@@ -507,7 +507,7 @@ def test_json_nested_64_deep_is_read(cli, tmp_path):
 
 def test_csv_cells_with_newlines_across_read_blocks(cli, tmp_path, monkeypatch):
     """A valid CSV whose quoted cells hold newlines was 'malformed' past one 8 MiB block."""
-    monkeypatch.setattr(readers, "JSONL_BLOCK_BYTES", 64)
+    monkeypatch.setattr(readers.text, "JSONL_BLOCK_BYTES", 64)
     lines = ["group_id,reward,text"] + [f'{i // 2},{i % 2},"first line\nsecond line {i}"' for i in range(40)]
     (tmp_path / "n.csv").write_text("\n".join(lines) + "\n")
     out = tmp_path / "o.parquet"
@@ -542,7 +542,7 @@ def test_a_byte_order_mark_is_read_past(cli, tmp_path, name, text):
 
 def test_a_json_line_longer_than_a_read_block_is_read(cli, tmp_path, monkeypatch):
     """A row over the 8 MiB block failed with pyarrow's 'straddling object' and no way out."""
-    monkeypatch.setattr(readers, "JSONL_BLOCK_BYTES", 1024)
+    monkeypatch.setattr(readers.text, "JSONL_BLOCK_BYTES", 1024)
     rows = [{"group_id": 1, "reward": 1.0, "text": "x" * 5000}, {"group_id": 1, "reward": 0.0, "text": "y"}]
     write_jsonl(tmp_path / "long.jsonl", rows * 3)
     out = tmp_path / "o.parquet"

@@ -65,7 +65,7 @@ def test_the_integer_scan_takes_no_fraction_or_exponent_digits_for_an_integer():
         b'{"a": [1, 98765432109876543], "b": 11112222333344445}',
     ]
     chunk = b"\n".join(lines) + b"\n"
-    assert readers._long_integer_lines(chunk, 100) == [
+    assert readers.jsonl._long_integer_lines(chunk, 100) == [
         (103, lines[2]),
         (104, lines[3]),
         (107, lines[6]),  # one entry for a line holding two
@@ -77,7 +77,7 @@ def test_the_integer_scan_numbers_every_line_of_a_chunk_of_long_integers():
     in order, where the lines are now counted once each (they were counted from the chunk's start
     for every line found: quadratic)."""
     chunk = b"".join(b'{"id": %d, "b": %d}\n' % (10**17 + i, 10**16 * (i % 2)) for i in range(20_000))
-    found = readers._long_integer_lines(chunk, 5)
+    found = readers.jsonl._long_integer_lines(chunk, 5)
     assert len(found) == 20_000
     assert found[0] == (6, b'{"id": 100000000000000000, "b": 0}')
     assert found[-1] == (20_005, b'{"id": 100000000000019999, "b": 10000000000000000}')
@@ -127,10 +127,10 @@ def _drifting_jsonl(path: Path) -> Path:
 
 # phase: (the owner of the function that stalls, its name, whether it yields batches)
 PHASES = {
-    "reading batches (reader thread)": (readers, "_jsonl_batches", True),
-    "scanning lines (nesting, line lengths)": (readers, "_scan_nesting", False),
-    "exact-integer scan": (readers, "_check_integer_lines", False),
-    "settling types": (readers, "unify_jsonl_schema", False),
+    "reading batches (reader thread)": (readers.jsonl, "_jsonl_batches", True),
+    "scanning lines (nesting, line lengths)": (readers.jsonl, "_scan_nesting", False),
+    "exact-integer scan": (readers.jsonl, "_check_integer_lines", False),
+    "settling types": (readers.jsonl, "unify_jsonl_schema", False),
     "pass 1 (statistics)": (local_engine._StatisticsPass, "add", False),
     "pass 2 (advantages)": (local_engine.LocalEngine, "_row_advantages", False),
 }
@@ -142,7 +142,7 @@ def test_sigterm_ends_the_run_within_seconds_in_every_phase(cli, tmp_path, monke
     if command == "check" and phase.startswith("pass 2"):
         pytest.skip("check makes no second pass over the rows")
     owner, name, generator = PHASES[phase]
-    monkeypatch.setattr(readers, "JSONL_BLOCK_BYTES", 16 << 10)  # several blocks, so types settle
+    monkeypatch.setattr(readers.text, "JSONL_BLOCK_BYTES", 16 << 10)  # several blocks, so types settle
     path = _drifting_jsonl(tmp_path / "r.jsonl")
     with open(path, "a") as handle:  # one long integer line, so the exact-integer scan has work
         handle.write('{"group_id": 5000, "reward": 0.25, "tag": 1.5, "big": 12345678901234567}\n')
@@ -166,14 +166,14 @@ def test_sigterm_ends_the_run_within_seconds_in_every_phase(cli, tmp_path, monke
 SLOW_READ = """
 import sys, time
 from grpo_cli.inputs import readers
-scan = readers._scan_nesting
+scan = readers.jsonl._scan_nesting
 def slow_scan(*args):
     time.sleep(0.5)
     return scan(*args)
-readers._scan_nesting = slow_scan
-readers.SCAN_CHUNK_BYTES = 64 << 10
-readers.JSONL_BLOCK_BYTES = 64 << 10  # a block is a chunk: pyarrow's one call waits for one
-readers.TEXT_IN_MEMORY_BYTES = 0  # streamed from disk, chunk by chunk
+readers.jsonl._scan_nesting = slow_scan
+readers.jsonl.SCAN_CHUNK_BYTES = 64 << 10
+readers.text.JSONL_BLOCK_BYTES = 64 << 10  # a block is a chunk: pyarrow's one call waits for one
+readers.text.TEXT_IN_MEMORY_BYTES = 0  # streamed from disk, chunk by chunk
 from grpo_cli.cli import main
 sys.argv[0] = "grpo-cli"
 main()
@@ -240,7 +240,7 @@ def _has_open(pid: int, path: Path) -> bool:
 def test_the_integer_scan_at_every_edge_of_a_chunk(chunk, found):
     """A literal at the chunk's first or last byte, after a sign, a bracket or a colon with no
     blank; and the neighbours that make the same digits no integer literal."""
-    assert readers._long_integer_lines(chunk, 0) == ([(1, chunk.rstrip(b"\n"))] if found else [])
+    assert readers.jsonl._long_integer_lines(chunk, 0) == ([(1, chunk.rstrip(b"\n"))] if found else [])
 
 
 def test_an_interrupt_while_the_rows_go_to_standard_output_says_what_its_reader_got(tmp_path, monkeypatch):
@@ -332,7 +332,7 @@ def test_a_stop_whose_exception_was_swallowed_still_stops_the_run(memory_limit, 
     pq.write_table(
         pa.table({"group_id": np.arange(40_000) // 4, "reward": np.arange(40_000) % 2 * 1.0}), source
     )
-    batches = readers_module.ParquetReader.batches
+    batches = readers_module.parquet.ParquetReader.batches
 
     def swallowed(self, *args):
         for i, batch in enumerate(batches(self, *args)):
@@ -340,7 +340,7 @@ def test_a_stop_whose_exception_was_swallowed_still_stops_the_run(memory_limit, 
                 interrupts.request(signal.SIGTERM)  # the handler ran, its KeyboardInterrupt was ignored
             yield batch
 
-    monkeypatch.setattr(readers_module.ParquetReader, "batches", swallowed)
+    monkeypatch.setattr(readers_module.parquet.ParquetReader, "batches", swallowed)
     out = tmp_path / "out.parquet"
     result = cli("compute", source, "-o", out, "--batch-rows", "1000", "--memory-limit-mb", memory_limit)
     assert result.exit_code == 130, result.stderr

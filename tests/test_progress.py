@@ -177,12 +177,12 @@ def test_bars_start_before_torch_is_imported(tmp_path: Path) -> None:
 SLOW_BATCHES = """
 import sys, time
 from grpo_cli.inputs import readers
-batches = readers.ParquetReader.batches
+batches = readers.parquet.ParquetReader.batches
 def slow(self, *args):
     for batch in batches(self, *args):
         time.sleep(0.01)  # the run outlasts the signal however loaded the machine: no race with it
         yield batch
-readers.ParquetReader.batches = slow
+readers.parquet.ParquetReader.batches = slow
 from grpo_cli.__main__ import main
 sys.argv[0] = "grpo-cli"
 main()

@@ -1,7 +1,7 @@
 """The readers' hardening one piece at a time: what each scan finds, the line it names, and the
 one-line refusals of files that cannot be read.
 
-Written against the mutants ``make mutation`` found alive in grpo_cli/inputs/readers.py.
+Written against the mutants ``make mutation`` found alive in grpo_cli/inputs/readers/.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def message(call) -> str:
     ],
 )
 def test_json_depth_counts_nesting_outside_strings(text, depth):
-    assert readers._json_depth(text) == depth
+    assert readers.jsonl._json_depth(text) == depth
 
 
 def _jsonl(tmp_path: Path, lines: list[str], name: str = "r.jsonl") -> Shard:
@@ -74,10 +74,10 @@ def test_a_line_with_many_brackets_in_its_strings_is_not_too_deep(tmp_path):
     """The vectorised count flags a line with more than 64 brackets; the scan of that line then
     skips its strings and finds it one level deep."""
     shard = _jsonl(tmp_path, [json.dumps({"group_id": 1, "text": "[{" * 100})])
-    readers._check_jsonl_nesting(shard)  # no refusal
+    readers.jsonl._check_jsonl_nesting(shard)  # no refusal
     deep = "[" * 65 + "]" * 65
     shard = _jsonl(tmp_path, ['{"a": 1}', "{}", '{"a": ' + deep + "}"], "deep.jsonl")
-    assert message(lambda: readers._check_jsonl_nesting(shard)) == (
+    assert message(lambda: readers.jsonl._check_jsonl_nesting(shard)) == (
         "deep.jsonl, line 3: a value nests 66 levels deep; grpo-cli reads at most 64"
     )
 
@@ -102,13 +102,13 @@ def test_a_line_with_many_brackets_in_its_strings_is_not_too_deep(tmp_path):
     ],
 )
 def test_the_first_bad_json_line_and_why(tmp_path, lines, found):
-    assert readers._first_bad_jsonl_line(_jsonl(tmp_path, lines)) == found
+    assert readers.jsonl._first_bad_jsonl_line(_jsonl(tmp_path, lines)) == found
 
 
 def test_invalid_utf8_is_placed_at_its_byte(tmp_path):
     path = tmp_path / "r.jsonl"
     path.write_bytes(b'{"a": 1}\n\n{"a": "ok\xff"}\n')
-    assert readers._first_bad_jsonl_line(shard_of(path, "jsonl")) == (
+    assert readers.jsonl._first_bad_jsonl_line(shard_of(path, "jsonl")) == (
         3,
         "invalid UTF-8 at byte 10 of the line",
     )
@@ -118,26 +118,26 @@ def test_a_malformed_json_array_element_is_named_as_an_element(tmp_path):
     path = tmp_path / "r.jsonl"
     path.write_text('{"a": 1}\n{"a": \n')
     element = shard_of(path, "jsonl", record_word="element")
-    assert readers._jsonl_error(element, pa.ArrowInvalid("x")).message == (
+    assert readers.jsonl._jsonl_error(element, pa.ArrowInvalid("x")).message == (
         "r.jsonl, element 2: malformed JSON array (Expecting value at column 7)"
     )
     line = shard_of(path, "jsonl")
-    assert readers._jsonl_error(line, pa.ArrowInvalid("x")).message == (
+    assert readers.jsonl._jsonl_error(line, pa.ArrowInvalid("x")).message == (
         "r.jsonl, line 2: malformed JSONL (Expecting value at column 7)"
     )
 
 
 def test_a_jsonl_error_without_a_bad_line_says_what_failed(tmp_path):
     shard = gzipped(tmp_path, "r.jsonl.gz", b'{"a": 1}\n', "jsonl")
-    assert readers._jsonl_error(shard, OSError("stream ended early")).message == (
+    assert readers.jsonl._jsonl_error(shard, OSError("stream ended early")).message == (
         "r.jsonl.gz: not a readable gzip file (stream ended early)"
     )
-    assert readers._jsonl_error(shard, pa.ArrowInvalid("odd")).message == (
+    assert readers.jsonl._jsonl_error(shard, pa.ArrowInvalid("odd")).message == (
         "r.jsonl.gz: cannot read the JSONL file (odd)"
     )
     plain = _jsonl(tmp_path, ['{"a": 1}'])
     assert (
-        readers._jsonl_error(plain, OSError("disk gone")).message
+        readers.jsonl._jsonl_error(plain, OSError("disk gone")).message
         == "r.jsonl: cannot read the JSONL file (disk gone)"
     )
 
@@ -175,7 +175,7 @@ BIG = 2**53 + 1  # the first integer float64 rounds
     ],
 )
 def test_an_integer_is_inexact_only_where_its_column_is_floating_and_rounds_it(value, data_type, found):
-    assert readers._inexact_integer(value, data_type) == found
+    assert readers.jsonl._inexact_integer(value, data_type) == found
 
 
 # --------------------------------------------------------------------------- JSON types across a file
@@ -209,11 +209,11 @@ PAD = "x" * 40
 )
 def test_each_kind_of_type_drift_pyarrow_reports_is_known(later):
     exc = _drift([{"x": 1, "pad": PAD}] * 3 + [later])
-    assert readers._is_schema_drift(pa.ArrowInvalid(exc)), exc
+    assert readers.text._is_schema_drift(pa.ArrowInvalid(exc)), exc
 
 
 def test_a_parse_error_is_not_a_type_drift():
-    assert not readers._is_schema_drift(
+    assert not readers.text._is_schema_drift(
         pa.ArrowInvalid("JSON parse error: Missing a name for object member.")
     )
 
@@ -223,7 +223,7 @@ def test_unified_types_span_every_chunk_blank_ones_included(tmp_path):
     integer column that holds a float in a later chunk becomes a float column."""
     lines = ['{"x": 1}'] * 3 + [""] * 30 + ['{"x": 2.5, "y": "new"}']
     shard = _jsonl(tmp_path, lines)
-    schema = readers.unify_jsonl_schema(shard, chunk_bytes=1)  # a chunk a line
+    schema = readers.jsonl.unify_jsonl_schema(shard, chunk_bytes=1)  # a chunk a line
     assert schema.field("x").type == pa.float64()
     assert schema.field("y").type == pa.string()
     assert shard.found.schema == schema
@@ -231,7 +231,7 @@ def test_unified_types_span_every_chunk_blank_ones_included(tmp_path):
 
 def test_incompatible_types_across_chunks_are_refused_in_one_line(tmp_path):
     shard = _jsonl(tmp_path, ['{"x": 1}'] * 3 + ['{"x": [1]}'])
-    text = message(lambda: readers.unify_jsonl_schema(shard, chunk_bytes=1))
+    text = message(lambda: readers.jsonl.unify_jsonl_schema(shard, chunk_bytes=1))
     assert text.startswith("r.jsonl: a column holds values of incompatible types (Unable to merge: Field x")
 
 
@@ -239,7 +239,7 @@ def test_a_type_drift_in_a_file_is_settled_and_read_in_the_unified_types(tmp_pat
     lines = ['{"group_id": 1, "reward": 1}'] * 5 + ['{"group_id": 1, "reward": 0.5, "note": "n"}']
     shard = _jsonl(tmp_path, lines)
     shard.found.longest_line = 0
-    readers.unify_jsonl_schema(shard)
+    readers.jsonl.unify_jsonl_schema(shard)
     batches = list(readers.iter_batches(shard, ["reward"], 100))
     assert pa.Table.from_batches(batches).column("reward").to_pylist() == [1.0] * 5 + [0.5]
 
@@ -264,16 +264,16 @@ def test_a_bad_csv_record_is_named_by_the_line_an_editor_shows(tmp_path):
     record with a third cell is on line 5."""
     text = b'\xef\xbb\xbfgroup_id,reward\r\n1,"0.5\r\nstill the cell"\r\n2,\xff\xfe\r\n3,1,extra\r\n4,1\r\n'
     shard = _csv(tmp_path, text)
-    assert readers._csv_line_of_bad_record(shard) == 5
-    assert readers.csv_line_of_record(shard, 0) == 2
-    assert readers.csv_line_of_record(shard, 1) == 4
-    assert readers.csv_line_of_record(shard, 3) == 6
-    assert readers.csv_line_of_record(shard, 9) is None
+    assert readers.csv._csv_line_of_bad_record(shard) == 5
+    assert readers.csv.csv_line_of_record(shard, 0) == 2
+    assert readers.csv.csv_line_of_record(shard, 1) == 4
+    assert readers.csv.csv_line_of_record(shard, 3) == 6
+    assert readers.csv.csv_line_of_record(shard, 9) is None
 
 
 def test_a_csv_cell_longer_than_pythons_field_limit_does_not_break_the_line_search(tmp_path):
     shard = _csv(tmp_path, "a,b\n1," + "z" * 200_000 + "\n2,3,4\n")
-    assert readers._csv_line_of_bad_record(shard) is None  # Python's csv stops at the long cell
+    assert readers.csv._csv_line_of_bad_record(shard) is None  # Python's csv stops at the long cell
 
 
 @pytest.mark.parametrize(
@@ -290,14 +290,14 @@ def test_csv_errors_in_one_line(tmp_path, text, expected):
 
 def test_a_csv_error_with_no_record_to_blame_names_no_line(tmp_path):
     shard = _csv(tmp_path, "a,b\n1,2\n")
-    assert str(readers._csv_error(shard, pa.ArrowInvalid("CSV conversion error"))) == (
+    assert str(readers.csv._csv_error(shard, pa.ArrowInvalid("CSV conversion error"))) == (
         "r.csv: malformed CSV (CSV conversion error)"
     )
     compressed = gzipped(tmp_path, "r.csv.gz", b"a,b\n1,2\n", "csv")
-    assert str(readers._csv_error(compressed, OSError("truncated"))) == (
+    assert str(readers.csv._csv_error(compressed, OSError("truncated"))) == (
         "r.csv.gz: not a readable gzip file (truncated)"
     )
-    assert str(readers._csv_error(compressed, pa.ArrowInvalid("CSV conversion error"))) == (
+    assert str(readers.csv._csv_error(compressed, pa.ArrowInvalid("CSV conversion error"))) == (
         "r.csv.gz: malformed CSV (CSV conversion error)"
     )
 
@@ -397,9 +397,10 @@ def test_a_file_that_is_not_parquet_is_named_by_every_parquet_read(tmp_path, ask
     path = tmp_path / "notes.parquet"
     path.write_bytes(b"these are notes, not a Parquet file")
     shard = shard_of(path, "parquet")
-    got = message(lambda: ask(readers.ParquetReader(), shard))
+    got = message(lambda: ask(readers.parquet.ParquetReader(), shard))
     assert got.startswith(NOT_PARQUET), got
-    assert readers.ParquetReader().rows(shard) is None  # a row count is only a hint for the progress bar
+    # a row count is only a hint for the progress bar
+    assert readers.parquet.ParquetReader().rows(shard) is None
 
 
 @pytest.mark.parametrize(
@@ -418,7 +419,7 @@ def test_a_file_that_is_not_parquet_is_named_by_every_parquet_read(tmp_path, ask
     ],
 )
 def test_a_read_error_says_encrypted_whichever_part_failed(text, expected):
-    assert readers.read_error("x.parquet", OSError(text), "unreadable").message.startswith(expected)
+    assert readers.base.read_error("x.parquet", OSError(text), "unreadable").message.startswith(expected)
 
 
 def test_validate_pages_counts_every_row_group_and_skips_other_formats(tmp_path):
@@ -549,7 +550,7 @@ def test_a_batch_that_does_not_decode_is_named_with_its_file(error):
         raise error
 
     shard = Shard(Path("x.parquet"), "x.parquet", "parquet", 0)
-    checked = readers._checked(shard, batches(), "Parquet")
+    checked = readers.base._checked(shard, batches(), "Parquet")
     next(checked)
     with pytest.raises(GrpoError) as caught:
         next(checked)
@@ -559,7 +560,7 @@ def test_a_batch_that_does_not_decode_is_named_with_its_file(error):
 def test_a_batch_with_bad_offsets_is_refused_before_anything_reads_it():
     shard = Shard(Path("x.arrow"), "x.arrow", "arrow", 0)
     good = pa.record_batch({"s": ["ab", "c"]})
-    checked = readers._checked(shard, iter([good, _invalid_batch()]), "Arrow")
+    checked = readers.base._checked(shard, iter([good, _invalid_batch()]), "Arrow")
     assert next(checked) is good
     with pytest.raises(GrpoError) as caught:
         next(checked)
@@ -630,7 +631,7 @@ def test_a_column_whose_values_change_type_is_placed_on_its_line(cli, tmp_path, 
 def test_a_type_change_no_line_shows_keeps_pyarrows_words(tmp_path):
     shard = _jsonl(tmp_path, ['{"a": 1}'])
     words = "JSON parse error: Column(/b) changed from number to string in row 0"
-    assert readers._jsonl_error(shard, pa.ArrowInvalid(words)).message == (
+    assert readers.jsonl._jsonl_error(shard, pa.ArrowInvalid(words)).message == (
         f"r.jsonl: cannot read the JSONL file ({words})"
     )
 
@@ -645,15 +646,15 @@ def test_the_scans_number_lines_across_chunks(tmp_path):
     rows[33] = json.dumps({"group_id": 33, "reward": BIG})
     shard = _jsonl(tmp_path, ["", *rows])  # a blank first line counts
     schema = pa.schema([("group_id", pa.int64()), ("reward", pa.float64())])
-    text = message(lambda: readers._check_exact_integers(shard, schema, chunk_bytes=100))
+    text = message(lambda: readers.jsonl._check_exact_integers(shard, schema, chunk_bytes=100))
     assert text.startswith(f"r.jsonl, line 35: the integer {BIG} in column 'reward' cannot be kept exactly")
     deep = "[" * 70 + "]" * 70
     lines = [*rows[:20], '{"a": ' + deep + "}", *rows[20:]]
     shard = _jsonl(tmp_path, lines, "deep.jsonl")
-    text = message(lambda: readers._check_jsonl_nesting(shard, chunk_bytes=100))
+    text = message(lambda: readers.jsonl._check_jsonl_nesting(shard, chunk_bytes=100))
     assert text == "deep.jsonl, line 21: a value nests 71 levels deep; grpo-cli reads at most 64"
     shard = _jsonl(tmp_path, rows, "ok.jsonl")
-    readers._check_jsonl_nesting(shard, chunk_bytes=100)
+    readers.jsonl._check_jsonl_nesting(shard, chunk_bytes=100)
     assert shard.found.longest_line == max(len(line) for line in rows) + 1
 
 
@@ -667,9 +668,9 @@ def test_the_scans_number_lines_across_chunks(tmp_path):
 def test_sixty_four_levels_are_read_and_sixty_five_refused(tmp_path, value, refused):
     shard = _jsonl(tmp_path, ['{"a": 1, "b": ' + value + "}"])
     if refused:
-        assert "nests 65 levels deep" in message(lambda: readers._check_jsonl_nesting(shard))
+        assert "nests 65 levels deep" in message(lambda: readers.jsonl._check_jsonl_nesting(shard))
     else:
-        readers._check_jsonl_nesting(shard)
+        readers.jsonl._check_jsonl_nesting(shard)
 
 
 def test_a_deep_line_is_measured_on_its_own_and_at_the_end_of_the_file(tmp_path):
@@ -677,10 +678,10 @@ def test_a_deep_line_is_measured_on_its_own_and_at_the_end_of_the_file(tmp_path)
     line with no newline after it is refused too."""
     path = tmp_path / "r.jsonl"
     path.write_bytes(b"[" * 70 + b"\n[[[1]]]\n")
-    text = message(lambda: readers._check_jsonl_nesting(shard_of(path, "jsonl")))
+    text = message(lambda: readers.jsonl._check_jsonl_nesting(shard_of(path, "jsonl")))
     assert text == "r.jsonl, line 1: a value nests 70 levels deep; grpo-cli reads at most 64"
     path.write_bytes(b'{"a": 1}\n' + b"[" * 66 + b"]" * 66)
-    text = message(lambda: readers._check_jsonl_nesting(shard_of(path, "jsonl")))
+    text = message(lambda: readers.jsonl._check_jsonl_nesting(shard_of(path, "jsonl")))
     assert text == "r.jsonl, line 2: a value nests 66 levels deep; grpo-cli reads at most 64"
 
 
@@ -689,14 +690,14 @@ def test_the_long_integer_lines_of_a_chunk(tmp_path):
     second = b'{"a": 1, "b": 2}'
     third = b'{"a": 11112222333344445}'
     chunk = b"\n" + first + b"\n" + second + b"\n" + third  # no newline after the last line
-    assert readers._long_integer_lines(chunk, 10) == [(12, first), (14, third)]
+    assert readers.jsonl._long_integer_lines(chunk, 10) == [(12, first), (14, third)]
 
 
 def test_a_column_that_becomes_floating_after_settling_is_checked_again(cli, tmp_path, monkeypatch):
     """The exact-integer scan is skipped for a schema it passed: a file whose 'id' column is read as
     int64 (2**53 + 1 kept) until a later block holds 1.5 is typed again as float64, where 2**53 + 1
     would round, and scanned again under those types."""
-    monkeypatch.setattr(readers, "JSONL_BLOCK_BYTES", 4096)
+    monkeypatch.setattr(readers.text, "JSONL_BLOCK_BYTES", 4096)
     rows = [{"group_id": i // 4, "reward": 0.5, "id": i} for i in range(400)]
     rows[10]["id"] = BIG
     rows[390]["id"] = 1.5
@@ -712,10 +713,10 @@ def test_a_column_that_becomes_floating_after_settling_is_checked_again(cli, tmp
 
 
 def test_the_scanned_stream_reads_what_it_is_asked_for(tmp_path, monkeypatch):
-    monkeypatch.setattr(readers, "SCAN_CHUNK_BYTES", 8)
+    monkeypatch.setattr(readers.jsonl, "SCAN_CHUNK_BYTES", 8)
     shard = _jsonl(tmp_path, ['{"a": 1}', '{"a": 22}', '{"a": 333}'])
     data = shard.path.read_bytes()
-    scanner = readers._ScannedJsonl(shard)
+    scanner = readers.jsonl._ScannedJsonl(shard)
     assert scanner.read(0) == b""
     assert scanner.read(1) == data[:1]
     assert scanner.read(5) == data[1:6]
@@ -726,33 +727,33 @@ def test_the_scanned_stream_reads_what_it_is_asked_for(tmp_path, monkeypatch):
 
 
 def test_a_scanned_stream_told_to_stop_ends_at_the_first_line_end_past_its_bytes(tmp_path, monkeypatch):
-    monkeypatch.setattr(readers, "SCAN_CHUNK_BYTES", 10)
+    monkeypatch.setattr(readers.jsonl, "SCAN_CHUNK_BYTES", 10)
     lines = [json.dumps({"a": i}) + "\n" for i in range(100)]  # 9 or 10 bytes each
     shard = _jsonl(tmp_path, [line.rstrip("\n") for line in lines])
-    scanner = readers._ScannedJsonl(shard, stop_after=50)
+    scanner = readers.jsonl._ScannedJsonl(shard, stop_after=50)
     data = scanner.read(-1)
     scanner.close()
     assert data.endswith(b"\n") and 50 <= len(data) < 50 + 10 + 11
     assert data == "".join(lines).encode()[: len(data)]
-    whole = readers._ScannedJsonl(shard)
+    whole = readers.jsonl._ScannedJsonl(shard)
     assert whole.read(-1) == "".join(lines).encode()
     whole.close()
 
 
 def test_a_streamed_schema_reads_only_the_first_block(tmp_path, monkeypatch):
     """However far pyarrow's own read-ahead gets before the stream is closed."""
-    monkeypatch.setattr(readers, "TEXT_IN_MEMORY_BYTES", 0)
-    monkeypatch.setattr(readers, "SCAN_CHUNK_BYTES", 1024)
-    monkeypatch.setattr(readers, "JSONL_BLOCK_BYTES", 4096)
+    monkeypatch.setattr(readers.text, "TEXT_IN_MEMORY_BYTES", 0)
+    monkeypatch.setattr(readers.jsonl, "SCAN_CHUNK_BYTES", 1024)
+    monkeypatch.setattr(readers.text, "JSONL_BLOCK_BYTES", 4096)
     shard = _jsonl(tmp_path, [json.dumps({"group_id": i, "reward": 0.5}) for i in range(20_000)])
     handed: list[int] = []
-    real = readers._ScannedJsonl.close
+    real = readers.jsonl._ScannedJsonl.close
 
     def close(self):
         handed.append(self.handed_out)
         real(self)
 
-    monkeypatch.setattr(readers._ScannedJsonl, "close", close)
+    monkeypatch.setattr(readers.jsonl._ScannedJsonl, "close", close)
     assert readers.read_schema(shard).names == ["group_id", "reward"]
     assert handed and max(handed) < 4096 + 1024 + 64, handed
 
@@ -760,8 +761,8 @@ def test_a_streamed_schema_reads_only_the_first_block(tmp_path, monkeypatch):
 def test_a_truncated_gzip_file_past_the_budget_is_refused_not_cut_short(cli, tmp_path, monkeypatch):
     """The scanned stream meets the broken end of a gzip file after the schema was read: the run
     must refuse it, not end the file there and compute on the rows before."""
-    monkeypatch.setattr(readers, "TEXT_IN_MEMORY_BYTES", 0)
-    monkeypatch.setattr(readers, "SCAN_CHUNK_BYTES", 4096)
+    monkeypatch.setattr(readers.text, "TEXT_IN_MEMORY_BYTES", 0)
+    monkeypatch.setattr(readers.jsonl, "SCAN_CHUNK_BYTES", 4096)
     rows = "".join(
         json.dumps({"group_id": i // 4, "reward": float(i % 2), "t": i * 7}) + "\n" for i in range(20_000)
     )
@@ -782,7 +783,7 @@ def test_a_gzip_file_told_by_its_bytes_streams_decompressed_past_the_budget(
 ):
     """The compression sniffed from the bytes reaches the streamed reads, whatever the file's name
     says (pyarrow's own guess goes by the suffix)."""
-    monkeypatch.setattr(readers, "TEXT_IN_MEMORY_BYTES", 0)
+    monkeypatch.setattr(readers.text, "TEXT_IN_MEMORY_BYTES", 0)
     if fmt == "csv":
         rows = "group_id,reward\n" + "".join(f"{i // 4},{float(i % 3 == 0)}\n" for i in range(400))
     else:
@@ -810,11 +811,11 @@ def test_a_gzip_file_told_by_its_bytes_streams_decompressed_past_the_budget(
 )
 def test_a_file_read_error_says_which(exc, compression, expected):
     shard = Shard(Path("x"), "x", "jsonl", 0, compression=compression)
-    assert readers._file_error(shard, exc).message == expected
+    assert readers.text._file_error(shard, exc).message == expected
 
 
 def test_a_text_stream_closes_twice_quietly(tmp_path):
-    stream = readers._JsonlStream(_jsonl(tmp_path, ['{"a": 1}']))
+    stream = readers.jsonl._JsonlStream(_jsonl(tmp_path, ['{"a": 1}']))
     with stream as reader:
         assert reader.schema.names == ["a"]
     stream.close()
@@ -824,7 +825,7 @@ def test_pyarrows_json_block_grows_in_powers_of_two_past_the_longest_line(tmp_pa
     shard = _jsonl(tmp_path, ['{"a": 1}'])
     for longest, block in ((0, 8), ((8 << 20) - 1, 8), (8 << 20, 16), (20 << 20, 32), (40 << 20, 64)):
         shard.found.longest_line = longest
-        assert readers.jsonl_block_bytes(shard) == block << 20
+        assert readers.text.jsonl_block_bytes(shard) == block << 20
 
 
 @pytest.mark.parametrize(
@@ -842,19 +843,19 @@ def test_the_line_where_a_column_changes_type(tmp_path, lines, before, after, fo
     path = ["m", "s"] if lines[0].startswith('{"m"') else ["x"]
     if "[" in lines[0]:
         path = ["x", "[]", "y"] if "y" in lines[0] else ["x", "[]"]
-    assert readers._type_change_line(_jsonl(tmp_path, lines), path, before, after) == found
+    assert readers.jsonl._type_change_line(_jsonl(tmp_path, lines), path, before, after) == found
 
 
 def test_a_column_path_reads_as_its_fields_and_list_elements():
-    assert readers._path_text(["reward"]) == "reward"
-    assert readers._path_text(["meta", "score"]) == "meta.score"
-    assert readers._path_text(["mask", "[]", "[]"]) == "mask[][]"
-    assert readers._path_text(["m", "[]", "s", "[]"]) == "m[].s[]"
+    assert readers.jsonl._path_text(["reward"]) == "reward"
+    assert readers.jsonl._path_text(["meta", "score"]) == "meta.score"
+    assert readers.jsonl._path_text(["mask", "[]", "[]"]) == "mask[][]"
+    assert readers.jsonl._path_text(["m", "[]", "s", "[]"]) == "m[].s[]"
 
 
 def test_json_kinds_are_pyarrows_words():
     values: list[object] = [None, True, 1, 1.5, "s", {}, []]
-    assert [readers._json_kind(v) for v in values] == [
+    assert [readers.jsonl._json_kind(v) for v in values] == [
         "null",
         "boolean",
         "number",
@@ -875,11 +876,12 @@ def test_small_arrow_batches_are_combined_to_about_the_batch_size():
     def sizes(out):
         return [b.num_rows for b in out]
 
-    assert sizes(readers._rebatched(batches(3, 3, 5, 1), None, 7)) == [11, 1]
-    assert sizes(readers._rebatched(batches(3, 4, 2), None, 7)) == [7, 2]
-    assert sizes(readers._rebatched(batches(9), None, 7)) == [9]
-    assert sizes(readers._rebatched(batches(3, 4, 3, 3, 1), None, 7)) == [7, 7]  # counting restarts at 0
-    out = list(readers._rebatched(batches(2, 2), ["b"], 3))
+    assert sizes(readers.arrow_ipc._rebatched(batches(3, 3, 5, 1), None, 7)) == [11, 1]
+    assert sizes(readers.arrow_ipc._rebatched(batches(3, 4, 2), None, 7)) == [7, 2]
+    assert sizes(readers.arrow_ipc._rebatched(batches(9), None, 7)) == [9]
+    # counting restarts at 0
+    assert sizes(readers.arrow_ipc._rebatched(batches(3, 4, 3, 3, 1), None, 7)) == [7, 7]
+    out = list(readers.arrow_ipc._rebatched(batches(2, 2), ["b"], 3))
     assert sizes(out) == [4] and out[0].schema.names == ["b"]
 
 
@@ -893,7 +895,7 @@ def test_an_arrow_files_batches_hold_the_columns_asked_for(tmp_path):
 
 
 def test_a_scanned_stream_stops_only_once_its_bytes_reach_stop_after(tmp_path, monkeypatch):
-    monkeypatch.setattr(readers, "SCAN_CHUNK_BYTES", 10)
+    monkeypatch.setattr(readers.jsonl, "SCAN_CHUNK_BYTES", 10)
     text = "".join(json.dumps({"a": i}) + "\n" for i in range(100)).encode()
     shard = _jsonl(tmp_path, [line for line in text.decode().splitlines()])
     ends: list[int] = []
@@ -902,7 +904,7 @@ def test_a_scanned_stream_stops_only_once_its_bytes_reach_stop_after(tmp_path, m
         chunk += source.readline()
         ends.append((ends[-1] if ends else 0) + len(chunk))
     for stop_after, expected in ((ends[3], ends[3]), (ends[3] + 1, ends[4])):
-        scanner = readers._ScannedJsonl(shard, stop_after=stop_after)
+        scanner = readers.jsonl._ScannedJsonl(shard, stop_after=stop_after)
         assert len(scanner.read(-1)) == expected, stop_after
         scanner.close()
 
@@ -914,10 +916,10 @@ def test_the_nesting_scan_measures_each_line_and_reads_a_line_of_exactly_the_lim
     path = tmp_path / "r.jsonl"
     path.write_bytes(b"{}\n")
     shard = shard_of(path, "jsonl")
-    assert readers._scan_nesting(shard, b"abc\nde", 0) == 4
-    assert readers._scan_nesting(shard, b"a\nbcdefg", 0) == 7  # as if it ended in one
-    assert readers._scan_nesting(shard, b"abcdef\n", 0) == 7
+    assert readers.jsonl._scan_nesting(shard, b"abc\nde", 0) == 4
+    assert readers.jsonl._scan_nesting(shard, b"a\nbcdefg", 0) == 7  # as if it ended in one
+    assert readers.jsonl._scan_nesting(shard, b"abcdef\n", 0) == 7
     at_the_limit = b"[" * 64 + b"]" * 64 + b", [1]"
-    assert readers._scan_nesting(shard, b"{}\n" + at_the_limit + b"\n", 0) == len(at_the_limit) + 1
+    assert readers.jsonl._scan_nesting(shard, b"{}\n" + at_the_limit + b"\n", 0) == len(at_the_limit) + 1
     with pytest.raises(GrpoError, match="line 4: a value nests 65 levels deep"):
-        readers._scan_nesting(shard, b"{}\n" + at_the_limit + b"\n" + b"[" * 65 + b"]" * 65, 1)
+        readers.jsonl._scan_nesting(shard, b"{}\n" + at_the_limit + b"\n" + b"[" * 65 + b"]" * 65, 1)

@@ -401,7 +401,8 @@ def test_a_bad_flag_or_length_in_a_later_batch_names_its_own_row(
 def test_a_text_flag_refused_in_a_later_batch_names_its_line(
     cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("grpo_cli.inputs.readers.JSONL_BLOCK_BYTES", 24)  # a CSV block of two or three lines
+    # a CSV block of two or three lines
+    monkeypatch.setattr("grpo_cli.inputs.readers.text.JSONL_BLOCK_BYTES", 24)
     path = tmp_path / "mixed.csv"
     path.write_text("uid,reward,cut\n0,1,0\n0,0,0\n0,1,true\n0,0,1\n")
     result = cli(

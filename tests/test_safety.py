@@ -657,7 +657,7 @@ def test_a_failed_run_ends_in_its_line_while_the_summarys_thread_still_computes(
 def test_jsonl_field_first_seen_after_the_first_block_is_read(cli, tmp_path, monkeypatch):
     from grpo_cli.inputs import readers
 
-    monkeypatch.setattr(readers, "JSONL_BLOCK_BYTES", 4096)
+    monkeypatch.setattr(readers.text, "JSONL_BLOCK_BYTES", 4096)
     rows = rollout_rows(n_groups=60, shuffle=False)
     rows[-1]["late"] = "here"
     source = write_jsonl(tmp_path / "in.jsonl", rows)

@@ -12,14 +12,8 @@ import pytest
 
 from grpo_cli.errors import GrpoError
 from grpo_cli.inputs import readers
-from grpo_cli.inputs.readers import (
-    describe_row,
-    estimated_memory_bytes,
-    iter_batches,
-    read_schema,
-    row_count,
-    unify_jsonl_schema,
-)
+from grpo_cli.inputs.readers import describe_row, estimated_memory_bytes, iter_batches, read_schema, row_count
+from grpo_cli.inputs.readers.jsonl import unify_jsonl_schema
 from grpo_cli.inputs.sources import InputSet, detect_format
 from grpo_cli.options.config import ComputeConfig
 from tests.conftest import write_jsonl, write_parquet
@@ -179,12 +173,12 @@ def test_rows_are_described_as_rows_or_lines(tmp_path):
 
 
 def test_a_type_change_after_the_first_block_is_settled_by_reading_the_whole_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(readers, "JSONL_BLOCK_BYTES", 1024)
+    monkeypatch.setattr(readers.text, "JSONL_BLOCK_BYTES", 1024)
     rows = [{"group_id": i, "reward": 1} for i in range(200)] + [{"group_id": 200, "reward": 0.5}]
     path = write_jsonl(tmp_path / "drift.jsonl", rows)
     with InputSet(str(path)) as inputs:
         (shard,) = inputs.shards
-        with pytest.raises(readers.JsonlSchemaDrift):
+        with pytest.raises(readers.jsonl.JsonlSchemaDrift):
             list(iter_batches(shard, None, batch_rows=10))
         assert unify_jsonl_schema(shard).field("reward").type == pa.float64()
         values = pa.Table.from_batches(list(iter_batches(shard, ["reward"], batch_rows=10)))
@@ -209,7 +203,7 @@ def test_a_run_leaves_no_state_behind_for_the_next(tmp_path, monkeypatch):
     lives on the run's shards: a later run in the same process reads the file afresh."""
     from grpo_cli.jobs import compute_dataset
 
-    monkeypatch.setattr(readers, "JSONL_BLOCK_BYTES", 1024)
+    monkeypatch.setattr(readers.text, "JSONL_BLOCK_BYTES", 1024)
     rows = [{"group_id": i // 2, "reward": 1} for i in range(200)] + [{"group_id": 100, "reward": 0.5}]
     warm = write_jsonl(tmp_path / "warm.jsonl", rows)
     path = write_jsonl(tmp_path / "drift.jsonl", rows)
@@ -434,7 +428,8 @@ def test_a_consumer_that_fails_waits_for_the_item_in_hand_then_the_reader_is_gon
     import threading
     import time
 
-    from grpo_cli.inputs.readers import PRODUCER_GRACE_SECONDS, read_ahead
+    from grpo_cli.inputs.readers import read_ahead
+    from grpo_cli.inputs.readers.base import PRODUCER_GRACE_SECONDS
 
     class Slow(_Source):
         def __next__(self) -> int:

@@ -497,7 +497,7 @@ def test_a_run_that_settles_a_type_starts_on_a_fresh_output(
     """A run that restarts (a JSON lines column whose type settles late) writes to a fresh target."""
     from grpo_cli.inputs import readers
 
-    monkeypatch.setattr(readers, "JSONL_BLOCK_BYTES", 1024)
+    monkeypatch.setattr(readers.text, "JSONL_BLOCK_BYTES", 1024)
     jsonl = tmp_path / "in.jsonl"
     records = [{"uid": f"g{i // 2}", "reward": float(i % 2), "extra": 1} for i in range(3000)]
     records[-1]["extra"] = 1.5

@@ -242,7 +242,7 @@ def test_jsonl_column_that_changes_type_after_the_first_block(tmp_path, monkeypa
     # pyarrow infers JSONL types from the first block: 0/1 rewards first, 0.5 later.
     from grpo_cli.inputs import readers
 
-    monkeypatch.setattr(readers, "JSONL_BLOCK_BYTES", 2048)
+    monkeypatch.setattr(readers.text, "JSONL_BLOCK_BYTES", 2048)
     rows = [{"group_id": f"g{i // 4}", "reward": i % 2} for i in range(400)]
     rows += [{"group_id": f"h{i // 4}", "reward": (i % 3) * 0.5} for i in range(400)]
     source = write_jsonl(tmp_path / "drift.jsonl", rows)
@@ -257,7 +257,7 @@ def test_jsonl_column_that_changes_type_after_the_first_block(tmp_path, monkeypa
 def test_jsonl_column_with_incompatible_types_is_one_error(cli, tmp_path, monkeypatch):
     from grpo_cli.inputs import readers
 
-    monkeypatch.setattr(readers, "JSONL_BLOCK_BYTES", 1024)
+    monkeypatch.setattr(readers.text, "JSONL_BLOCK_BYTES", 1024)
     rows = [{"group_id": f"g{i // 4}", "reward": 1.0} for i in range(300)]
     rows += [{"group_id": 7, "reward": 1.0} for _ in range(300)]
     source = write_jsonl(tmp_path / "bad.jsonl", rows)

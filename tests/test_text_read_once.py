@@ -23,14 +23,25 @@ from tests.conftest import one_line_error, rollout_rows
 def opens(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every open of a text file's bytes on disk, by file name."""
     seen: list[str] = []
-    original = readers._open_file
+    original = readers.text._open_file
 
     def counting(shard: Any) -> Any:
         seen.append(Path(shard.display).name)
         return original(shard)
 
-    monkeypatch.setattr(readers, "_open_file", counting)
+    for module in _holders_of_open_file():
+        monkeypatch.setattr(module, "_open_file", counting)
     return seen
+
+
+def _holders_of_open_file() -> list[Any]:
+    """Every readers module that calls ``_open_file`` by its own name (each imports it)."""
+    import pkgutil
+
+    names = [info.name for info in pkgutil.iter_modules(readers.__path__)]
+    holders = [getattr(readers, name) for name in names if hasattr(getattr(readers, name), "_open_file")]
+    assert {module.__name__.rsplit(".", 1)[1] for module in holders} >= {"text", "jsonl"}
+    return holders
 
 
 def write_inputs(tmp_path: Path) -> dict[str, Path]:
@@ -73,7 +84,7 @@ def test_read_from_memory_or_streamed_from_disk_the_output_is_the_same(
     path = write_inputs(tmp_path)[kind]
     in_memory, streamed = tmp_path / "memory.parquet", tmp_path / "disk.parquet"
     assert cli("compute", path, "-o", in_memory, "-q").exit_code == 0
-    monkeypatch.setattr(readers, "TEXT_IN_MEMORY_BYTES", 0)
+    monkeypatch.setattr(readers.text, "TEXT_IN_MEMORY_BYTES", 0)
     opens.clear()
     assert cli("compute", path, "-o", streamed, "-q", "--memory-limit-mb", "0").exit_code == 0
     assert len(opens) > 1 or kind.startswith("csv")  # each scan reads again (CSV streams through pyarrow)
@@ -88,7 +99,7 @@ def test_a_broken_gzip_stream_is_one_line_either_way(
     source = tmp_path / "in.jsonl.gz"
     source.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rollout_rows()).encode())[:-20])
     monkeypatch.setattr(
-        readers, "TEXT_IN_MEMORY_BYTES", 0 if limit is not None else readers.TEXT_IN_MEMORY_BYTES
+        readers.text, "TEXT_IN_MEMORY_BYTES", 0 if limit is not None else readers.text.TEXT_IN_MEMORY_BYTES
     )
     one_line_error(cli("compute", source, "-o", tmp_path / "o.parquet", *streams), 2, "gzip")
     assert not (tmp_path / "o.parquet").exists()
@@ -98,13 +109,13 @@ def test_a_file_past_the_limit_is_not_held(tmp_path: Path, monkeypatch: pytest.M
     from grpo_cli.inputs.sources import InputSet
 
     path = write_inputs(tmp_path)["jsonl"]
-    monkeypatch.setattr(readers, "TEXT_IN_MEMORY_BYTES", path.stat().st_size - 1)
+    monkeypatch.setattr(readers.text, "TEXT_IN_MEMORY_BYTES", path.stat().st_size - 1)
     with InputSet([str(path)]) as inputs:
-        assert readers._contents(inputs.shards[0]) is None
+        assert readers.text._contents(inputs.shards[0]) is None
         assert inputs.shards[0].found.contents is None
-    monkeypatch.setattr(readers, "TEXT_IN_MEMORY_BYTES", path.stat().st_size)
+    monkeypatch.setattr(readers.text, "TEXT_IN_MEMORY_BYTES", path.stat().st_size)
     with InputSet([str(path)]) as inputs:
-        assert readers._contents(inputs.shards[0]) == path.read_bytes()
+        assert readers.text._contents(inputs.shards[0]) == path.read_bytes()
 
 
 @pytest.mark.parametrize("kind", ["jsonl", "gz", "csv"])
@@ -115,7 +126,7 @@ def test_a_text_input_past_the_small_file_limit_is_read_once_where_the_run_fits_
     scan, the data): its bytes and its decoded rows fit the default 1 GiB budget, so it is now held
     as a small file is; with a budget too small for both it streams, in bounded memory."""
     path = write_inputs(tmp_path)[kind]
-    monkeypatch.setattr(readers, "TEXT_IN_MEMORY_BYTES", 0)  # every file is past the small-file limit
+    monkeypatch.setattr(readers.text, "TEXT_IN_MEMORY_BYTES", 0)  # every file is past the small-file limit
     held, streamed = tmp_path / "held.parquet", tmp_path / "streamed.parquet"
     opens.clear()
     assert cli("compute", path, "-o", held, "-q").exit_code == 0
@@ -148,9 +159,9 @@ def test_hold_text_within_counts_the_text_and_every_shards_rows(tmp_path: Path) 
 def streamed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Small scan chunks and read blocks, no file held in memory: a test file of a few hundred KiB
     streams as a file of gigabytes does. The options that keep the run from holding it."""
-    monkeypatch.setattr(readers, "TEXT_IN_MEMORY_BYTES", 0)
-    monkeypatch.setattr(readers, "SCAN_CHUNK_BYTES", 4096)
-    monkeypatch.setattr(readers, "JSONL_BLOCK_BYTES", 16384)
+    monkeypatch.setattr(readers.text, "TEXT_IN_MEMORY_BYTES", 0)
+    monkeypatch.setattr(readers.jsonl, "SCAN_CHUNK_BYTES", 4096)
+    monkeypatch.setattr(readers.text, "JSONL_BLOCK_BYTES", 16384)
     return ["--memory-limit-mb", "0"]
 
 
@@ -174,7 +185,7 @@ def test_a_streamed_file_is_read_once_per_pass(
     depend on the machine's load."""
     path = _lines(tmp_path, _rows(20_000))
     read: list[int] = []
-    original = readers._open_file
+    original = readers.text._open_file
 
     class Counting:
         def __init__(self, handle: Any) -> None:
@@ -202,14 +213,15 @@ def test_a_streamed_file_is_read_once_per_pass(
         with original(shard) as handle:
             yield Counting(handle)
 
-    monkeypatch.setattr(readers, "_open_file", counting)
+    for module in _holders_of_open_file():
+        monkeypatch.setattr(module, "_open_file", counting)
     size = path.stat().st_size
     for command, passes in ((["check", path], 1), (["compute", path, "-o", tmp_path / "o.parquet"], 2)):
         read.clear()
         result = cli(*command, "-q", *streamed)
         assert result.exit_code == 0, result.stderr
         # the schema's read: pyarrow's first block, to the end of the scan chunk it ends in
-        slack = readers.JSONL_BLOCK_BYTES + readers.SCAN_CHUNK_BYTES + 200
+        slack = readers.text.JSONL_BLOCK_BYTES + readers.jsonl.SCAN_CHUNK_BYTES + 200
         assert sum(read) <= passes * size + slack, (sum(read), size)
 
 
