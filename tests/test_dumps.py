@@ -567,7 +567,7 @@ def test_the_file_names_a_refusal_shows_are_the_names_the_adapter_reads(
     made = tmp_path / "named" / relative
     made.parent.mkdir(parents=True)
     made.write_text("")
-    from grpo_cli.trainers.dumps import _files_in, _step_of
+    from grpo_cli.trainers.dumps.files import _files_in, _step_of
 
     assert _files_in(dump, tmp_path / "named") == [made]
     if "{step" in shown.group(1) or "{N}" in shown.group(1):
@@ -1036,7 +1036,7 @@ def test_a_prime_rl_record_without_its_group_or_step_is_refused(
 
 
 def test_a_field_of_one_element_lists_names_the_first_line_that_is_not_one() -> None:
-    from grpo_cli.trainers.dumps import _one_element
+    from grpo_cli.trainers.dumps.columns import _one_element
 
     good = pa.table({"reward": [[1.0], [2.0], [3.0]]})
     assert _one_element(good, "reward", "r.jsonl").to_pylist() == [1.0, 2.0, 3.0]
