@@ -192,7 +192,7 @@ def test_a_run_that_fails_mid_upload_leaves_no_object(
     shard, already whole, is removed, and the second never becomes an object."""
     three_shards(gcs, tmp_path)
     real_write = stores.COPY_CHUNK
-    monkeypatch.setattr(stores, "COPY_CHUNK", 1024)  # many writes a shard
+    monkeypatch.setattr(stores.gcs, "COPY_CHUNK", 1024)  # many writes a shard
     calls = []
     real_open = type(gcs).open
 

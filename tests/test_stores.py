@@ -440,9 +440,9 @@ def test_a_server_that_never_answers_fails_the_run_in_one_line(
 
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
-    monkeypatch.setattr(stores, "READ_TIMEOUT_SECONDS", 0.5)
-    monkeypatch.setattr(stores, "MAX_ATTEMPTS", 2)
-    stores._s3_client.cache_clear()
+    monkeypatch.setattr(stores.s3, "READ_TIMEOUT_SECONDS", 0.5)
+    monkeypatch.setattr(stores.s3, "MAX_ATTEMPTS", 2)
+    stores.s3._s3_client.cache_clear()
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{listener.getsockname()[1]}")
     for name, value in (
         ("AWS_ACCESS_KEY_ID", "k"),
@@ -460,7 +460,7 @@ def test_a_server_that_never_answers_fails_the_run_in_one_line(
         for connection in held:
             connection.close()
         listener.close()
-        stores._s3_client.cache_clear()
+        stores.s3._s3_client.cache_clear()
     one_line_error(result, 2, "s3://rollouts/in.parquet", "does not answer")
     assert elapsed < 30
     assert not (tmp_path / "out.parquet").exists()
@@ -564,8 +564,8 @@ def test_a_staged_shard_over_one_copys_limit_is_copied_in_ranged_parts(
 ) -> None:
     """S3 copies at most 5 GiB in one request: above that, a multipart upload of ranged copies
     (the limit lowered here, to 8 MiB, for a 12 MiB shard: two parts of 6 MiB)."""
-    monkeypatch.setattr(stores, "MAX_COPY_PART_BYTES", 8 << 20)
-    monkeypatch.setattr(stores, "PART_BYTES", 8 << 20)
+    monkeypatch.setattr(stores.s3, "MAX_COPY_PART_BYTES", 8 << 20)
+    monkeypatch.setattr(stores.s3, "PART_BYTES", 8 << 20)
     output = stores.S3Output("s3://rollouts/out/", directory=True)
     staging = output.staging_uri("0123456789ab")
     data = np.random.default_rng(0).bytes(12 << 20)
