@@ -562,7 +562,7 @@ from grpo_cli.jobs import compute_dataset_ray
 
 from grpo_cli.options.advantage import AdvantageOptions
 
-ray_engine.OUTCOME_ON_REDUCERS = sys.argv[4] == "reducers"
+ray_engine.run.OUTCOME_ON_REDUCERS = sys.argv[4] == "reducers"
 advantage = (
     AdvantageOptions.resolve(estimator="pass_at_k", pass_k=2)
     if sys.argv[5] == "pass_at_k"

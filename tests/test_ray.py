@@ -290,17 +290,19 @@ def test_an_output_short_of_rows_is_never_moved_into_place(
     from grpo_cli.engines import ray as ray_engine
 
     if rewrite:
-        real_dataset = ray_engine._block_dataset
-        monkeypatch.setattr(ray_engine, "_block_dataset", lambda *a, **k: real_dataset(*a, **k).limit(100))
+        real_dataset = ray_engine.shipping._block_dataset
+        monkeypatch.setattr(
+            ray_engine.run, "_block_dataset", lambda *a, **k: real_dataset(*a, **k).limit(100)
+        )
     else:
-        real_map = ray_engine._map_blocks
+        real_map = ray_engine.shipping._map_blocks
 
         def lose_one(ray, parts, task, **job):
             tables = real_map(ray, parts, task, **job)
             sorted(Path(job["target"]).glob("*.parquet"))[0].unlink()
             return tables
 
-        monkeypatch.setattr(ray_engine, "_map_blocks", lose_one)
+        monkeypatch.setattr(ray_engine.run, "_map_blocks", lose_one)
     config = ComputeConfig(rewards=(RewardSpec("reward"),), group_cols=("uid",), rewrite=rewrite)
     with pytest.raises(GrpoError, match=r"the Ray workers' files hold [\d,]+ of the output's 19,\d{3} rows"):
         compute_dataset_ray(str(sharded), str(tmp_path / "out"), config, partitions=3)
@@ -331,7 +333,7 @@ def test_an_address_nothing_answers_at_is_one_line_at_once(sharded, tmp_path):
 def test_the_reachability_probe_answers_for_host_and_port_only(monkeypatch):
     import socket
 
-    from grpo_cli.engines.ray import _check_reachable
+    from grpo_cli.engines.ray.session import _check_reachable
 
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
@@ -474,7 +476,7 @@ def test_ray_cuts_and_merges_the_statistics_blocks_as_the_local_engine_does(
     Ray engine used to merge its hash partitions' statistics in its own order (up to 4.5e-13 relative)."""
     from grpo_cli.engines import ray as ray_engine
 
-    monkeypatch.setattr(ray_engine, "REDUCERS", 5)
+    monkeypatch.setattr(ray_engine.gather, "REDUCERS", 5)
     config = ComputeConfig(
         rewards=tuple(RewardSpec(r, 0.5 if i else 1.0) for i, r in enumerate(rewards)),
         group_cols=("uid",),
@@ -602,7 +604,7 @@ def test_ray_reducers_finish_the_summary_as_the_local_engine_does(
     from grpo_cli.jobs import check_dataset, check_dataset_ray
     from grpo_cli.results.checks import CheckBounds
 
-    monkeypatch.setattr(ray_engine, "REDUCERS", 5)
+    monkeypatch.setattr(ray_engine.gather, "REDUCERS", 5)
     folder = merged_and_split_groups(tmp_path / "in", seed=5)
     config = ComputeConfig(group_cols=("uid",), stats_block_rows=97, **options)
     local = compute_dataset(folder, tmp_path / "local", config).to_dict()
@@ -631,7 +633,7 @@ def test_ray_checks_rewards_that_are_all_nan_as_the_local_engine_does(ray_instan
     from grpo_cli.jobs import check_dataset, check_dataset_ray
     from grpo_cli.results.checks import CheckBounds
 
-    monkeypatch.setattr(ray_engine, "REDUCERS", 3)
+    monkeypatch.setattr(ray_engine.gather, "REDUCERS", 3)
     folder = tmp_path / "in"
     folder.mkdir()
     table = pa.table({"uid": pa.array(np.arange(60) % 7), "reward": pa.array(np.full(60, np.nan))})
@@ -673,7 +675,7 @@ def test_ray_divides_a_lone_outlier_by_its_others_spread_as_the_local_engine_doe
     the local engine's bits, and the formula's value."""
     from grpo_cli.engines import ray as ray_engine
 
-    monkeypatch.setattr(ray_engine, "REDUCERS", 3)
+    monkeypatch.setattr(ray_engine.gather, "REDUCERS", 3)
     rng = np.random.default_rng(9)
     rows = []
     for g in range(40):
@@ -923,7 +925,7 @@ def test_ray_refuses_groups_across_two_by_values_found_by_several_reducers(
     nothing, and the clash the reducers report is one of the two."""
     from grpo_cli.engines import ray as ray_engine
 
-    monkeypatch.setattr(ray_engine, "REDUCERS", 4)
+    monkeypatch.setattr(ray_engine.gather, "REDUCERS", 4)
     rows = [{"uid": f"g{i % 200}", "reward": float(i % 3), "step": 1} for i in range(800)]
     rows[350]["step"] = 2
     rows[610]["step"] = 2
@@ -940,7 +942,7 @@ def test_ray_refuses_groups_across_two_by_values_found_by_several_reducers(
     plan = RunPlan(config, device=torch.device("cpu"))
     blocks = ray_engine.statistics_blocks([ray_engine.InputFile(str(source), "in", 800, 0)], 8)
     with pytest.raises(ray_engine.RowsUnknown) as raw:
-        ray_engine._statistics(ray_instance, blocks, plan, None)
+        ray_engine.gather._statistics(ray_instance, blocks, plan, None)
     assert re.search(r"group \{'uid': 'g(150|10)'\} spans two values of --by 'step'", raw.value.message)
 
 
@@ -1037,8 +1039,8 @@ def test_ray_verifies_as_the_local_engine_does(ray_instance, tmp_path, monkeypat
     from grpo_cli.options.config import VerifySpec
     from grpo_cli.results.checks import CheckBounds
 
-    monkeypatch.setattr(ray_engine, "REDUCERS", 3)
-    monkeypatch.setattr(ray_engine, "OUTCOME_ON_REDUCERS", reducers_finish)
+    monkeypatch.setattr(ray_engine.gather, "REDUCERS", 3)
+    monkeypatch.setattr(ray_engine.run, "OUTCOME_ON_REDUCERS", reducers_finish)
 
     rng = np.random.default_rng(3)
     groups, size = 300, 8
@@ -1144,7 +1146,7 @@ def test_ray_applies_a_trainers_filter_as_the_local_engine_does(
     from grpo_cli.jobs import check_dataset, check_dataset_ray
     from grpo_cli.results.checks import CheckBounds
 
-    monkeypatch.setattr(ray_engine, "REDUCERS", 3)
+    monkeypatch.setattr(ray_engine.gather, "REDUCERS", 3)
 
     config = ComputeConfig(
         rewards=(RewardSpec(reward),),
@@ -1158,7 +1160,7 @@ def test_ray_applies_a_trainers_filter_as_the_local_engine_does(
     assert local["trainer_filter"]["groups"] == GROUPS
     assert ray["trainer_filter"] == local["trainer_filter"]
     assert ray["options"]["outcome_on"] == "reducers"
-    monkeypatch.setattr(ray_engine, "OUTCOME_ON_REDUCERS", False)  # the driver gathering, as before
+    monkeypatch.setattr(ray_engine.run, "OUTCOME_ON_REDUCERS", False)  # the driver gathering, as before
     driver = check_dataset_ray(str(sharded), CheckBounds(), config, partitions=5).to_dict()
     assert driver["trainer_filter"] == local["trainer_filter"] and driver["options"]["outcome_on"] == "driver"
     compare_summaries(local, ray)
@@ -1342,16 +1344,16 @@ def test_a_long_tmpdir_takes_a_short_root_for_rays_sockets_or_is_refused(monkeyp
     from grpo_cli.scratch import SOCKET_PATH_BYTES
 
     monkeypatch.setattr(tempfile, "gettempdir", lambda: "/t")
-    assert ray_engine._short_temp_root() is None  # short enough: TMPDIR itself
+    assert ray_engine.session._short_temp_root() is None  # short enough: TMPDIR itself
     long = "/" + "a" * 40
     monkeypatch.setattr(tempfile, "gettempdir", lambda: long)
-    assert ray_engine._short_temp_root() == "/tmp"
-    assert len("/tmp") + ray_engine.RAY_SOCKET_TAIL <= SOCKET_PATH_BYTES
+    assert ray_engine.session._short_temp_root() == "/tmp"
+    assert len("/tmp") + ray_engine.session.RAY_SOCKET_TAIL <= SOCKET_PATH_BYTES
     monkeypatch.setattr(os, "access", lambda path, mode: False)
     with pytest.raises(
         GrpoError, match=r"too long for Ray's socket paths \(107 bytes\) and /tmp is not writable"
     ):
-        ray_engine._short_temp_root()
+        ray_engine.session._short_temp_root()
 
 
 @pytest.mark.slow

@@ -810,9 +810,9 @@ def test_ray_session_folder_stays_short_under_a_long_tmpdir(monkeypatch, tmp_pat
     long = tmp_path / ("x" * 90)
     long.mkdir()
     monkeypatch.setattr("tempfile.tempdir", str(long))
-    assert engine_ray._short_temp_root() == "/tmp"
+    assert engine_ray.session._short_temp_root() == "/tmp"
     monkeypatch.setattr("tempfile.tempdir", "/tmp")
-    assert engine_ray._short_temp_root() is None
+    assert engine_ray.session._short_temp_root() is None
 
 
 def test_outputs_carry_the_provenance_entry_and_read_back_with_polars(cli, tmp_path, shards):

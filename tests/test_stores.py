@@ -636,9 +636,11 @@ def test_the_ray_driver_reads_each_objects_footer_once_and_side_by_side(
     with contextlib.ExitStack() as staging:
         inputs = ray_engine.resolve_inputs("s3://rollouts/run/", staging=staging)
     assert [file.rows for file in inputs.files] == [40, 40, 40]
-    monkeypatch.setattr(ray_engine, "_open_file", lambda file: pytest.fail(f"{file.source} read again"))
+    monkeypatch.setattr(
+        ray_engine.inputs, "_open_file", lambda file: pytest.fail(f"{file.source} read again")
+    )
     config = ComputeConfig(group_cols=("group_id",))
-    schemas = ray_engine._read_schemas(inputs.files, RunPlan(config, device=ray_engine._CPU))
+    schemas = ray_engine.inputs._read_schemas(inputs.files, RunPlan(config, device=ray_engine.fields._CPU))
     assert [schema.names for schema in schemas] == [["group_id", "step", "text", "correct", "reward"]] * 3
 
 
