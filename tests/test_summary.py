@@ -19,7 +19,8 @@ from grpo_cli.kernel import group_stats
 from grpo_cli.options.config import ComputeConfig
 from grpo_cli.results.findings import SIZE_COUNTS_SHOWN, TOP_INACTIVE_VALUES, GroupPart, findings_of
 from grpo_cli.results.summary import RunSummary, build_summary, input_info
-from grpo_cli.run.plan import GroupOutcome, RunPlan
+from grpo_cli.run.outcome import GroupOutcome
+from grpo_cli.run.plan import RunPlan
 
 # group 0 active (1, 3); group 1 constant 4; group 2 a singleton 7; group 3 constant 0
 REWARDS = [1.0, 3.0, 4.0, 4.0, 7.0, 0.0, 0.0, 0.0]

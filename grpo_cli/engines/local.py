@@ -3,7 +3,7 @@
 Pass 1 (:class:`_StatisticsPass`) reads only the reward and group-key columns, maps
 keys to dense group IDs and feeds the kernel's
 :class:`~grpo_cli.kernel.GroupStatsAccumulator`. The plan turns the statistics into a
-:class:`~grpo_cli.run.plan.GroupOutcome`. Pass 2 streams every column again, appends the
+:class:`~grpo_cli.run.outcome.GroupOutcome`. Pass 2 streams every column again, appends the
 advantage and activity columns and writes them out. Inputs whose decoded size fits
 ``memory_budget_bytes`` are read once and kept in memory for pass 2; the arithmetic is
 the same, so both paths give bitwise identical results.
@@ -68,17 +68,11 @@ from grpo_cli.results.findings import GroupFindings
 from grpo_cli.results.summary import ByValues, RunSummary, build_summary, group_findings, input_info
 from grpo_cli.results.verify import Verifier
 from grpo_cli.run.figures import FigureAccumulator, RowInputs, padded, room_for, step_spans, wanted
-from grpo_cli.run.plan import (
-    ONE_VALUE_REASONS,
-    BatchLayout,
-    GroupOutcome,
-    RunPlan,
-    batch_of_groups,
-    scored_top_two,
-    with_watched_step,
-)
+from grpo_cli.run.outcome import BatchLayout, GroupOutcome, batch_of_groups, scored_top_two
+from grpo_cli.run.plan import RunPlan
 from grpo_cli.run.progress import NoProgress, Progress
 from grpo_cli.run.rewards import RewardBatch, RewardReader, new_column_arrays
+from grpo_cli.run.steps import ONE_VALUE_REASONS, with_watched_step
 from grpo_cli.stages import timed
 
 BATCH_BYTES = 64 << 20

@@ -61,7 +61,7 @@ class ComputeConfig:
     trainer_filter: str | None = None
     filter_unshaped: bool = False
     # the step column whose values each group's rows should share (a group across steps is a
-    # grouping mistake the summary reports); None: none watched (see plan.watched_step)
+    # grouping mistake the summary reports); None: none watched (see steps.watched_step)
     step_col: str | None = None
     # the trainer whose dump the run reads (--from), and whether the key is its own grouping
     # (findings never advise against it) or a stand-in for an ID the dump leaves out

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from grpo_cli.inputs.sources import Shard
-    from grpo_cli.run.plan import GroupOutcome, OutcomeTotals
+    from grpo_cli.run.outcome import GroupOutcome, OutcomeTotals
 
 
 @dataclass
@@ -215,9 +215,9 @@ def build_summary(
     :func:`group_findings` of the same ``outcome``, ``options``, ``key_at`` and ``by``,
     where the engine computed them already; otherwise they are computed here. An engine
     that holds no per-group outcome (the Ray engine's reducers hold it) gives the outcome's
-    merged :class:`~grpo_cli.run.plan.OutcomeTotals` and the merged ``findings``.
+    merged :class:`~grpo_cli.run.outcome.OutcomeTotals` and the merged ``findings``.
     """
-    from grpo_cli.run.plan import OutcomeTotals  # imports torch: only once there is an outcome
+    from grpo_cli.run.outcome import OutcomeTotals  # imports torch: only once there is an outcome
 
     if isinstance(outcome, OutcomeTotals):
         if findings is None:

@@ -41,13 +41,10 @@ from grpo_cli.kernel import (
 )
 from grpo_cli.options.config import ComputeConfig
 from grpo_cli.run.figures import RowInputs, of_chunk, wanted
-from grpo_cli.run.plan import (
-    RunPlan,
-    batch_of_groups,
-    scored_top_two,
-    value_columns,
-)
+from grpo_cli.run.outcome import batch_of_groups, scored_top_two
+from grpo_cli.run.plan import RunPlan
 from grpo_cli.run.rewards import RewardBatch
+from grpo_cli.run.steps import value_columns
 
 
 @dataclass(frozen=True)
@@ -245,7 +242,7 @@ def _top_two_columns(
     rewards: RewardBatch, ids: torch.Tensor, positions: torch.Tensor, k: int
 ) -> dict[str, Any]:
     """grpo_passk: a block's top two rewards of each group and its first best row, as the local
-    engine reduces a chunk (:func:`~grpo_cli.run.plan.scored_top_two`)."""
+    engine reduces a chunk (:func:`~grpo_cli.run.outcome.scored_top_two`)."""
     top = scored_top_two(rewards, ids, positions, k)
     return {field: getattr(top, name).numpy() for name, field in TOP_TWO_FIELDS.items()}
 

@@ -34,10 +34,8 @@ from grpo_cli.results.findings import (
     FirstRound,
     RunFigures,
 )
-from grpo_cli.run.plan import (
-    OutcomeTotals,
-    RunPlan,
-)
+from grpo_cli.run.outcome import OutcomeTotals
+from grpo_cli.run.plan import RunPlan
 from grpo_cli.trainers.filters import FilterPart
 
 # the statistics job's reducers; None: one per CPU of the instance, at most one per block

@@ -22,10 +22,8 @@ from grpo_cli.inputs.sources import InputSet, Shard
 from grpo_cli.options.choices import InputFormat
 from grpo_cli.options.config import ComputeConfig
 from grpo_cli.outputs.guard import ProtectedInputs
-from grpo_cli.run.plan import (
-    OutcomeTotals,
-    RunPlan,
-)
+from grpo_cli.run.outcome import OutcomeTotals
+from grpo_cli.run.plan import RunPlan
 from grpo_cli.stores import check_scheme, gcs_filesystem, local_path
 
 

@@ -42,12 +42,9 @@ from grpo_cli.results.summary import (
     ByValues,
 )
 from grpo_cli.run.figures import MERGES, padded, room_for, step_spans, wanted
-from grpo_cli.run.plan import (
-    BatchLayout,
-    GroupOutcome,
-    RunPlan,
-    value_columns,
-)
+from grpo_cli.run.outcome import BatchLayout, GroupOutcome
+from grpo_cli.run.plan import RunPlan
+from grpo_cli.run.steps import value_columns
 
 
 @dataclass

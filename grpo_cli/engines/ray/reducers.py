@@ -65,12 +65,8 @@ from grpo_cli.results.summary import (
     outcome_part,
     value_sort_key,
 )
-from grpo_cli.run.plan import (
-    GroupOutcome,
-    OutcomeTotals,
-    RewardCredit,
-    RunPlan,
-)
+from grpo_cli.run.outcome import GroupOutcome, OutcomeTotals, RewardCredit
+from grpo_cli.run.plan import RunPlan
 from grpo_cli.trainers.filters import FilterPart
 
 
@@ -338,7 +334,7 @@ def _credit_table(
     values: list[np.ndarray],
     scored: list[np.ndarray],
 ) -> pa.Table:
-    """pass_at_k's table of a bucket's groups (:class:`~grpo_cli.run.plan.RewardCredit`) from every
+    """pass_at_k's table of a bucket's groups (:class:`~grpo_cli.run.outcome.RewardCredit`) from every
     row of them, each group's rows in input order: a row per group and distinct reward."""
 
     def joined(parts: list[np.ndarray], dtype: Any) -> torch.Tensor:

@@ -70,12 +70,9 @@ from grpo_cli.results.summary import (
     input_info,
 )
 from grpo_cli.results.verify import Verifier
-from grpo_cli.run.plan import (
-    GroupOutcome,
-    OutcomeTotals,
-    RunPlan,
-    with_watched_step,
-)
+from grpo_cli.run.outcome import GroupOutcome, OutcomeTotals
+from grpo_cli.run.plan import RunPlan
+from grpo_cli.run.steps import with_watched_step
 
 PARTITION_BYTES = 256 << 20
 

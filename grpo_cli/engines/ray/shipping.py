@@ -15,9 +15,7 @@ import torch
 from grpo_cli.engines.ray.blocks import FilePart
 from grpo_cli.engines.ray.fields import BLOCK_FIELD, ERROR_FIELD, GROUP_FIELD, RowsUnknown
 from grpo_cli.engines.ray.merge import MergedStatistics
-from grpo_cli.run.plan import (
-    GroupOutcome,
-)
+from grpo_cli.run.outcome import GroupOutcome
 
 
 def _payload(ray: Any, merged: MergedStatistics, outcome: GroupOutcome) -> Any:

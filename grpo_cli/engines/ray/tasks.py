@@ -44,10 +44,8 @@ from grpo_cli.outputs.output import (
 )
 from grpo_cli.outputs.splice import SplicedFile, SpliceRefused, read_footer
 from grpo_cli.results.verify import Verifier, settled, split_by_groups
-from grpo_cli.run.plan import (
-    GroupOutcome,
-    RunPlan,
-)
+from grpo_cli.run.outcome import GroupOutcome
+from grpo_cli.run.plan import RunPlan
 from grpo_cli.run.rewards import RewardBatch, new_column_arrays
 from grpo_cli.stores import CopiedPrefix, check_scheme, local_path, store_output
 
@@ -170,7 +168,7 @@ def block_advantages(
     """One part of the input (its index in ``batch``), every column in its file's own types, with
     the advantage and activity columns appended, rows in order.
 
-    ``payload`` (the keys and the :class:`~grpo_cli.run.plan.GroupOutcome`, or an
+    ``payload`` (the keys and the :class:`~grpo_cli.run.outcome.GroupOutcome`, or an
     object-store reference to them) is read once per worker process.
     """
     (index,) = batch.column("block").to_pylist()
