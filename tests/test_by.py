@@ -135,8 +135,8 @@ def test_every_figure_per_value_equals_an_independent_computation(
     if chunk_rows is not None:
         from grpo_cli.engines import local
 
-        monkeypatch.setattr(local, "MIN_KEY_CHUNK_ROWS", chunk_rows)
-        monkeypatch.setattr(local, "KEY_CHUNK_ROWS", chunk_rows)
+        monkeypatch.setattr(local.statistics, "MIN_KEY_CHUNK_ROWS", chunk_rows)
+        monkeypatch.setattr(local.statistics, "KEY_CHUNK_ROWS", chunk_rows)
     summary = summarize(
         table, group_col="uid", by=[column], memory_limit_mb=memory_limit_mb, batch_rows=chunk_rows
     )

@@ -171,7 +171,7 @@ def test_a_failed_forced_run_leaves_the_old_single_file_untouched(tmp_path, monk
             raise OSError(28, "No space left on device")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr("grpo_cli.engines.local.new_column_arrays", fail_on_third_batch)
+    monkeypatch.setattr("grpo_cli.engines.local.engine.new_column_arrays", fail_on_third_batch)
     with pytest.raises(OSError, match="No space left"):
         compute_dataset(path, out, ComputeConfig(batch_rows=8), force=True)
     assert calls["n"] == 3  # two batches were written before the failure

@@ -512,8 +512,8 @@ def test_opo_baselines_do_not_depend_on_the_record_batch_size(monkeypatch):
     from grpo_cli import add_advantages
     from grpo_cli.engines import local
 
-    monkeypatch.setattr(local, "MIN_KEY_CHUNK_ROWS", 50)
-    monkeypatch.setattr(local, "KEY_CHUNK_ROWS", 50)
+    monkeypatch.setattr(local.statistics, "MIN_KEY_CHUNK_ROWS", 50)
+    monkeypatch.setattr(local.statistics, "KEY_CHUNK_ROWS", 50)
     rng = np.random.default_rng(8)
     n = 3000
     table = pa.table(

@@ -346,7 +346,7 @@ def test_a_chat_prompt_is_a_group_key_on_its_exact_value(cli, tmp_path, expected
         from grpo_cli.arrow import keys
         from grpo_cli.engines import local
 
-        monkeypatch.setattr(local, "SMALL_INPUT_ROWS", 0)
+        monkeypatch.setattr(local.engine, "SMALL_INPUT_ROWS", 0)
         monkeypatch.setattr(keys, "EXACT_MAX_KEYS", 0)
     source = write_parquet(tmp_path / "n.parquet", nested(ROWS))
     out = tmp_path / "o.parquet"

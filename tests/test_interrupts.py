@@ -131,8 +131,8 @@ PHASES = {
     "scanning lines (nesting, line lengths)": (readers.jsonl, "_scan_nesting", False),
     "exact-integer scan": (readers.jsonl, "_check_integer_lines", False),
     "settling types": (readers.jsonl, "unify_jsonl_schema", False),
-    "pass 1 (statistics)": (local_engine._StatisticsPass, "add", False),
-    "pass 2 (advantages)": (local_engine.LocalEngine, "_row_advantages", False),
+    "pass 1 (statistics)": (local_engine.statistics._StatisticsPass, "add", False),
+    "pass 2 (advantages)": (local_engine.engine.LocalEngine, "_row_advantages", False),
 }
 
 

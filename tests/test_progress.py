@@ -80,7 +80,7 @@ def test_pass_one_advances_only_over_rows_whose_keys_are_matched(
         assert done <= matched_by_then, "the bar ran ahead of the key matching"
     assert done == 600_000
     assert len(advances) >= 3, f"pass 1 moved in {len(advances)} steps: it must move with the data"
-    assert max(rows for rows, _ in advances) <= local_engine.KEY_CHUNK_ROWS
+    assert max(rows for rows, _ in advances) <= local_engine.statistics.KEY_CHUNK_ROWS
     assert sum(rows for rows, _ in recorder.passes[1][2]) == 600_000
 
 

@@ -233,7 +233,7 @@ def test_jsonl_integer_ids_that_float64_holds_exactly_are_fine(cli, tmp_path):
 @pytest.fixture(params=["dict", "hashed"])
 def key_path(request, monkeypatch):
     """Both ways of matching keys: a Python dict (small inputs) and hashing (large ones)."""
-    monkeypatch.setattr(local_engine, "SMALL_INPUT_ROWS", 10**9 if request.param == "dict" else -1)
+    monkeypatch.setattr(local_engine.engine, "SMALL_INPUT_ROWS", 10**9 if request.param == "dict" else -1)
     return request.param
 
 
