@@ -1,7 +1,7 @@
 """The local engine: two passes over a rollout dataset with bounded memory.
 
-Pass 1 (:class:`_StatisticsPass`) reads only the reward and group-key columns, maps
-keys to dense group IDs and feeds the kernel's
+Pass 1 (:class:`~grpo_cli.engines.local.statistics._StatisticsPass`) reads only the reward
+and group-key columns, maps keys to dense group IDs and feeds the kernel's
 :class:`~grpo_cli.kernel.GroupStatsAccumulator`. The plan turns the statistics into a
 :class:`~grpo_cli.run.outcome.GroupOutcome`. Pass 2 streams every column again, appends the
 advantage and activity columns and writes them out. Inputs whose decoded size fits
