@@ -345,13 +345,13 @@ def test_check_reads_the_data_once_unless_it_verifies(cli, tmp_path, data, monke
     out = tmp_path / "with_adv.parquet"
     assert cli("compute", path, "-o", out, "-r", "reward", "-q").exit_code == 0
     reads: list[str] = []
-    real = local.iter_batches  # type: ignore[attr-defined]
+    real = local.engine.iter_batches
 
     def counting(shard, columns, batch_rows):
         reads.append(f"{shard.display}:{columns}")
         return real(shard, columns, batch_rows)
 
-    monkeypatch.setattr(local, "iter_batches", counting)
+    monkeypatch.setattr(local.engine, "iter_batches", counting)
     assert cli("check", out, "-r", "reward", "--memory-limit-mb", "0", "-q").exit_code == 0
     # one pass, the needed columns only (and the step column, watched for groups that span steps)
     assert reads == [f"{out}:['reward', 'group_id', 'step']"]

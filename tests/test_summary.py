@@ -464,7 +464,7 @@ def test_the_local_engine_computes_the_group_findings_beside_pass_2_and_raises_t
         threads.append(threading.current_thread().name)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(local, "group_findings", recorded)
+    monkeypatch.setattr(local.engine, "group_findings", recorded)
     beside = compute_dataset(path, tmp_path / "out.parquet")
     in_line = check_dataset(path, CheckBounds())
     assert threads == ["grpo-cli-beside", "MainThread"]
@@ -479,7 +479,7 @@ def test_the_local_engine_computes_the_group_findings_beside_pass_2_and_raises_t
     def broken(*args, **kwargs):
         raise RuntimeError("a bug in the group figures")
 
-    monkeypatch.setattr(local, "group_findings", broken)
+    monkeypatch.setattr(local.engine, "group_findings", broken)
     with pytest.raises(RuntimeError, match="a bug in the group figures"):
         compute_dataset(path, tmp_path / "again.parquet")
 
