@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: setup browser demo test lint snapshots dumps bench bench-quick gpu-check mutation clean
+.PHONY: setup browser demo test test-fast lint snapshots dumps bench bench-quick gpu-check mutation clean
 
 # Two stages: what `pip install .` installs (enough for `make demo`), then the development
 # tools and the Ray extra (`make test` and the rest).
@@ -31,7 +31,7 @@ APT := DEBIAN_FRONTEND=noninteractive apt-get -y -q
 browser:
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		{ $(APT) install chromium >/dev/null 2>&1 || { $(APT) update >/dev/null && $(APT) install chromium >/dev/null; }; }; } || \
-		echo "note: no chromium; tests/test_html_report.py's browser test will skip"
+		echo "note: no chromium; tests/integration/test_html_report.py's browser test will skip"
 
 demo: $(BIN)/.runtime
 	mkdir -p out
@@ -40,16 +40,21 @@ demo: $(BIN)/.runtime
 
 # The float tests again under the baseline capability and one thread (the suite itself runs at
 # this CPU's widest vector unit and its default threads): no result may depend on either.
-# tests/test_same_bits.py also runs whole processes under every capability this CPU has.
-FLOAT_TESTS := tests/test_kernel.py tests/test_kernel_pieces.py tests/test_same_bits.py \
-	tests/test_trainer_filters.py tests/test_magnitudes.py tests/test_verify.py tests/test_tolerance.py \
-	tests/test_properties.py tests/test_estimators.py tests/test_presets.py tests/test_findings.py \
-	tests/test_exact.py \
+# tests/integration/test_same_bits.py also runs whole processes under every capability this CPU has.
+FLOAT_TESTS := tests/unit/test_kernel.py tests/unit/test_kernel_pieces.py tests/unit/test_magnitudes.py \
+	tests/unit/test_verify.py tests/unit/test_properties.py tests/unit/test_findings.py tests/unit/test_exact.py \
+	tests/integration/test_same_bits.py tests/oracles/test_trainer_filters.py tests/oracles/test_tolerance.py \
+	tests/oracles/test_estimators.py tests/oracles/test_presets.py \
 	grpo_cli/kernel grpo_cli/results/findings.py
 
 test: setup browser
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=15
 	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow" $(FLOAT_TESTS)
+
+# The edit-test loop: the unit tests and the doctests, without the slow ones (under a minute
+# on 2 cores); `make test` stays the whole suite.
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow" tests/unit grpo_cli
 
 lint: setup
 	$(BIN)/ruff check grpo_cli tests benchmarks sample_data docs
@@ -59,7 +64,7 @@ lint: setup
 # After a deliberate change to the CLI: rewrite the help snapshots, the options
 # reference (docs/cli.md, README) and the README's dump examples, then review the diff.
 snapshots: setup
-	UPDATE_SNAPSHOTS=1 $(BIN)/python -m pytest -q tests/test_help_snapshots.py
+	UPDATE_SNAPSHOTS=1 $(BIN)/python -m pytest -q tests/integration/test_help_snapshots.py
 	$(BIN)/python docs/gen_cli_reference.py
 	$(BIN)/python docs/gen_dump_examples.py
 

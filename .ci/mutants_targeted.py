@@ -12,10 +12,10 @@ be caught by a test in another file: run it again with more files, or with ``mut
 It needs the ``mutants/`` folder that ``mutmut run`` generates (a run over one mutant will do),
 made from the same sources: a mutant name that the meta file does not hold is refused.
 
-    python .ci/mutants_targeted.py -m 'grpo_cli.inputs.readers.*' tests/test_readers.py tests/test_sources.py
+    python .ci/mutants_targeted.py -m 'grpo_cli.inputs.readers.*' tests/integration/test_readers.py tests/unit/test_sources.py
     python .ci/mutants_targeted.py -m 'grpo_cli.run.rewards.x_*' -m 'grpo_cli.run.rewards.xǁRewardReader*' \
-        tests/test_rewards.py --only unchecked
-    python .ci/mutants_targeted.py -m 'grpo_cli.kernel.*' --sample 300 tests/test_kernel.py
+        tests/unit/test_rewards.py --only unchecked
+    python .ci/mutants_targeted.py -m 'grpo_cli.kernel.*' --sample 300 tests/unit/test_kernel.py
 
 A sample scores a module that is too large to run whole here: its score is an estimate, and the
 mutants it did not draw stay "not checked" in the report.

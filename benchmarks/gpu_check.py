@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 GROUP_SIZE = 8
 # The modules holding CUDA tests: collecting only these keeps the check to what a GPU machine
 # has (the object-storage and Ray test modules import servers and engines it may lack).
-CUDA_TESTS = ("tests/test_cuda.py", "tests/test_kernel.py")
+CUDA_TESTS = ("tests/unit/test_cuda.py", "tests/unit/test_kernel.py")
 
 
 def _synchronize(device: torch.device) -> None:

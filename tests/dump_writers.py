@@ -7,7 +7,7 @@ It returns the truth the trainer had in memory: one group label per written row,
 order, plus the trainer's own advantage where the dump carries one.
 
 ``python -m tests.dump_writers sample_data/dumps`` rewrites the committed dumps (it needs the
-mirrors, :mod:`tests.trainer_source`); ``tests/test_dumps.py`` rewrites them into a temporary
+mirrors, :mod:`tests.trainer_source`); ``tests/oracles/test_dumps.py`` rewrites them into a temporary
 folder where the mirrors exist and checks that they are the committed ones, and checks the
 adapters against the truth everywhere (``sample_data/dumps/truth.json``).
 """

@@ -4,7 +4,7 @@
 sets its decision beside the exact one (a group is active when its rewards are not all
 identical): the groups the trainer's rule keeps although they are constant, and those it
 drops although they carry a signal. Each rule follows the trainer's code, named in its
-``source``; ``tests/test_trainer_filters.py`` runs that code, cut from the trainer's source,
+``source``; ``tests/oracles/test_trainer_filters.py`` runs that code, cut from the trainer's source,
 on the same groups and checks that the decisions are the same.
 
 >>> import numpy as np

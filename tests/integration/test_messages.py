@@ -91,7 +91,7 @@ def test_a_provenance_record_edited_to_a_wrong_type_names_the_option(
     """A record edited by hand was blamed on a column ``g`` (``group_cols`` as text, read letter
     by letter), crashed with an internal error, or was taken as true."""
     out = tmp_path / "out.parquet"
-    source = Path(__file__).resolve().parent.parent / "sample_data" / "rollouts.parquet"
+    source = Path(__file__).resolve().parents[2] / "sample_data" / "rollouts.parquet"
     assert cli("compute", source, "-r", "correct", "-o", out, "-q").exit_code == 0
     table = pq.read_table(out)
     record = json.loads(table.schema.metadata[b"grpo_cli"])

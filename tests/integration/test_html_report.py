@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import assert_one_line_error
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ROLL = ROOT / "sample_data" / "dumps" / "roll"
 
 

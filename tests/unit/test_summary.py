@@ -103,7 +103,7 @@ def test_group_figures_match_a_direct_count():
         # every group the same mean: one bar
         ([0.5, 0.5, 0.2, 0.8], [0, 0, 1, 1], "single", [2]),
         # -1/3 summed two ways, 4 ulps apart: ten bins do not fit, one bar (numpy's histogram
-        # raised "Too many bins"; found by Hypothesis in tests/test_formats.py)
+        # raised "Too many bins"; found by Hypothesis in tests/integration/test_formats.py)
         ([0.0, 0.0, -1.0, 0.0, 2.0, -3.0], [0] * 3 + [1] * 3, "single", [2]),
         # beyond [0, 1]: from the lowest to the highest mean
         ([-3.0, 5.0, 10.0, 10.0], [0, 0, 1, 1], "range", [1, 0, 0, 0, 0, 0, 0, 0, 0, 1]),

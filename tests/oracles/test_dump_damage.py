@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import assert_one_line_error
-from tests.test_dumps import DUMP_ROOT, FROM, TRUTH, folder_of
+from tests.oracles.test_dumps import DUMP_ROOT, FROM, TRUTH, folder_of
 
 # Where one more step's file goes, as each trainer names it (relative to its dump folder).
 NEW_STEP = {

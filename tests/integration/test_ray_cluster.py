@@ -2,7 +2,7 @@
 CPU each (`ray start`), object stores capped below the data's size, started and stopped here.
 
 The driver runs as its own process (`python -m grpo_cli ... --ray-address`): a test process
-that already holds a local Ray instance (tests/test_ray.py's) would reuse it instead.
+that already holds a local Ray instance (tests/integration/test_ray.py's) would reuse it instead.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import big_rollouts, rollout_rows, write_parquet
+from tests.conftest import rollout_rows, write_parquet
+from tests.integration.conftest import big_rollouts
 
 if importlib.util.find_spec("ray") is None:
     pytest.skip("the ray extra is not installed", allow_module_level=True)
@@ -40,11 +41,11 @@ STORE_ENV: dict[str, str] = {}  # a loopback S3 server's settings, where moto is
 
 
 def clean_env() -> dict[str, str]:
-    """This environment without a local Ray instance's auth settings (tests/test_ray.py sets them),
-    and token authentication off for every node and client alike: Ray's nodes turn it on when
-    they find a token in ``~/.ray/auth_token`` (one left there by any earlier Ray session), and
-    its CLI then fails to reach them. The nodes and the driver reach the loopback S3 server
-    (a worker takes its node's environment)."""
+    """This environment without a local Ray instance's auth settings (set by
+    tests/integration/test_ray.py), and token authentication off for every node and client
+    alike: Ray's nodes turn it on when they find a token in ``~/.ray/auth_token`` (one left
+    there by any earlier Ray session), and its CLI then fails to reach them. The nodes and the
+    driver reach the loopback S3 server (a worker takes its node's environment)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     env["RAY_AUTH_MODE"] = "disabled"

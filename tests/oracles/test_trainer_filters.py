@@ -463,7 +463,7 @@ def test_check_slime_fallback_names_the_uneven_step(cli: Any, tmp_path: Path) ->
     assert "step 1:" not in result.stderr
 
 
-DECISIONS = Path(__file__).parent / "snapshots" / "trainer-filter-decisions.json"
+DECISIONS = Path(__file__).resolve().parents[1] / "snapshots" / "trainer-filter-decisions.json"
 
 
 def decision_groups() -> list[list[float]]:

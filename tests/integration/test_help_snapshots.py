@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-SNAPSHOTS = Path(__file__).parent / "snapshots"
+SNAPSHOTS = Path(__file__).resolve().parents[1] / "snapshots"
 COMMANDS = ["", "compute", "check", "inspect"]
 
 RENDER = (

@@ -15,21 +15,18 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import Result
 
-from tests.conftest import (
+from tests.conftest import assert_same_rows, one_line_error, rollout_rows, write_parquet
+from tests.integration.conftest import (
     assert_dump_checks_as_local,
     assert_engines_agree,
-    assert_same_rows,
     compute_on_both_engines,
     free_port,
-    one_line_error,
     point_huggingface_hub_at,
     pq_without_provenance,
-    rollout_rows,
-    write_parquet,
 )
 
 Cli = Callable[..., Result]
-DUMPS = Path(__file__).resolve().parent.parent / "sample_data" / "dumps"
+DUMPS = Path(__file__).resolve().parents[2] / "sample_data" / "dumps"
 
 
 def parquet_bytes(rows: list[dict[str, Any]]) -> bytes:

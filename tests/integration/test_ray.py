@@ -825,7 +825,7 @@ def test_ray_reads_a_shard_of_only_null_rewards_as_the_local_engine_does(ray_ins
 def test_ray_reads_a_trainers_dump_as_the_local_engine_does(ray_instance, tmp_path, cli, trainer):
     """A dump read on this machine (roll's and trl's groups are blocks of rows by position:
     --group-size), the same rows in the same order, bit for bit."""
-    dump = Path(__file__).resolve().parent.parent / "sample_data" / "dumps" / trainer
+    dump = Path(__file__).resolve().parents[2] / "sample_data" / "dumps" / trainer
     common = ["--from", trainer, "--summary-json", "-", "-q"]
     local = cli("compute", dump, "-o", tmp_path / "local.parquet", *common)
     ray = cli("compute", dump, "-o", tmp_path / "ray_out", "--engine", "ray", *common)
@@ -1360,7 +1360,7 @@ def test_a_long_tmpdir_takes_a_short_root_for_rays_sockets_or_is_refused(monkeyp
 def test_a_ray_run_under_a_long_tmpdir_runs(tmp_path):
     folder = tmp_path / ("x" * 60)  # a TMPDIR of about 110 characters
     folder.mkdir()
-    sample = Path(__file__).resolve().parent.parent / "sample_data" / "rollouts.parquet"
+    sample = Path(__file__).resolve().parents[2] / "sample_data" / "rollouts.parquet"
     run = subprocess.run(
         [sys.executable, "-m", "grpo_cli", "check", str(sample), "-r", "correct", "--engine", "ray", "-q"],
         capture_output=True,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "rollouts.parquet"
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "rollouts.parquet"
 
 CHILD = """
 import os, resource, sys, time

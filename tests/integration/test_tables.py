@@ -17,7 +17,7 @@ from grpo_cli import GrpoError, add_advantages, summarize
 from grpo_cli.jobs import compute_dataset
 from grpo_cli.tables import UnsupportedContainer
 
-SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "rollouts.parquet"
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "rollouts.parquet"
 
 
 @pytest.fixture(scope="module")

@@ -170,7 +170,7 @@ def test_the_batch_moments_are_exact_sums_rounded_once():
 def test_the_batch_std_is_the_summarys_reward_std():
     """One figure, one definition: --scale batch divides by the std the summary reports."""
     from grpo_cli.results.findings import findings_of
-    from tests.test_findings import part_of_rewards
+    from tests.unit.test_findings import part_of_rewards
 
     rng = np.random.default_rng(3)
     ids, rewards = np.sort(rng.integers(0, 50, 400)).tolist(), (rng.random(400) * 5 - 2).tolist()

@@ -15,22 +15,19 @@ from typer.testing import Result
 
 from grpo_cli import stores
 from grpo_cli.errors import GrpoError
-from tests.conftest import (
+from tests.conftest import assert_same_rows, one_line_error, rollout_rows, write_parquet
+from tests.integration.conftest import (
     GcsServer,
     assert_dump_checks_as_local,
     assert_engines_agree,
-    assert_same_rows,
     compute_on_both_engines,
     free_port,
-    one_line_error,
     pq_without_provenance,
     previous_output,
-    rollout_rows,
-    write_parquet,
 )
 
 Cli = Callable[..., Result]
-DUMPS = Path(__file__).resolve().parent.parent / "sample_data" / "dumps"
+DUMPS = Path(__file__).resolve().parents[2] / "sample_data" / "dumps"
 
 
 def objects(gcs: Any, prefix: str = "") -> list[str]:

@@ -27,9 +27,9 @@ from grpo_cli.options.config import resolve_config
 from grpo_cli.trainers.dumps import DUMPS, TRAINERS, of_table, open_dump, opened
 from tests.conftest import assert_one_line_error, bits, digest, one_line_error
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DUMP_ROOT = ROOT / "sample_data" / "dumps"
-TRUTH: dict[str, Any] = json.loads((Path(__file__).parent / "dump_truth.json").read_text())
+TRUTH: dict[str, Any] = json.loads((Path(__file__).resolve().parents[1] / "dump_truth.json").read_text())
 FROM = {
     "verl": "verl",
     "verl-v1": "verl",

@@ -18,17 +18,14 @@ from typer.testing import Result
 from grpo_cli import stores
 from grpo_cli.errors import GrpoError
 from grpo_cli.outputs.splice import read_footer
-from tests.conftest import (
+from tests.conftest import assert_same_rows, one_line_error, rollout_rows, write_parquet
+from tests.integration.conftest import (
     S3Server,
     assert_engines_agree,
-    assert_same_rows,
     big_rollouts,
     compute_on_both_engines,
-    one_line_error,
     pq_without_provenance,
     previous_output,
-    rollout_rows,
-    write_parquet,
 )
 
 Cli = Callable[..., Result]
@@ -349,7 +346,7 @@ def test_a_scheme_grpo_cli_does_not_read_is_refused_before_any_work(tmp_path: Pa
     one_line_error(unknown, 2, "ftp://host/in.parquet", "not ftp://")
 
 
-DUMPS = Path(__file__).resolve().parent.parent / "sample_data" / "dumps"
+DUMPS = Path(__file__).resolve().parents[2] / "sample_data" / "dumps"
 DUMP_FOLDERS = {  # the sample dump folder: the trainer that reads it
     "verl": "verl", "verl-v1": "verl", "trl": "trl", "nemo-rl": "nemo-rl", "roll": "roll",
     "slime/rollout_data": "slime", "skyrl": "skyrl", "prime-rl": "prime-rl", "areal/rollout": "areal",

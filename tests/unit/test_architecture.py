@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "grpo_cli"
 MAP = ROOT / "docs" / "architecture.md"
 NAMESPACES = {"engines", "options", "inputs", "outputs", "results", "run", "trainers", "arrow"}

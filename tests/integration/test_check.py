@@ -886,7 +886,7 @@ def test_every_bad_data_file_of_parquet_testing_is_refused_or_read_whole(cli, tm
 
     from grpo_cli.inputs.readers import validate_pages
     from grpo_cli.inputs.sources import Shard
-    from tests.test_splice import PARQUET_TESTING
+    from tests.integration.test_splice import PARQUET_TESTING
     from tests.trainer_source import source
 
     source(PARQUET_TESTING, "bad_data/README.md")  # skips where no mirror is present

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import assert_one_line_error, write_jsonl
-from tests.test_dumps import FROM, TRUTH, folder_of
+from tests.oracles.test_dumps import FROM, TRUTH, folder_of
 
 STEPS, PROMPTS, G = 5, 40, 8
 
