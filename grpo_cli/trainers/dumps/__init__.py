@@ -146,18 +146,7 @@ def open_dump(trainer: str, specs: Sequence[str], *, group_size: int | None = No
         except GrpoError as exc:
             raise GrpoError(_renamed(exc.message, names), exit_code=exc.exit_code) from None
         inputs = opened.inputs
-        staged = tuple(names)
-        inputs.shards = [
-            replace(
-                shard,
-                display=_renamed(shard.display, names),
-                # a shard that reads the object's own bytes (not a rewrite of it) can be copied in the store
-                remote=_renamed(os.fspath(shard.path), names)
-                if os.fspath(shard.path).startswith(staged)
-                else None,
-            )
-            for shard in inputs.shards
-        ]
+        inputs.shards = [_on_store(shard, names) for shard in inputs.shards]
         inputs.spec = " ".join(redact(spec) for spec in specs)
         inputs.uris += [spec for spec in specs if is_uri(spec) and check_scheme(spec) != "file"]
         inputs._spools.callback(staging.pop_all().close)
