@@ -340,12 +340,13 @@ def test_strict_needs_a_column_to_verify(cli, tmp_path, data):
 
 def test_check_reads_the_data_once_unless_it_verifies(cli, tmp_path, data, monkeypatch):
     from grpo_cli.engines import local
+    from grpo_cli.inputs import readers
 
     path, _ = data
     out = tmp_path / "with_adv.parquet"
     assert cli("compute", path, "-o", out, "-r", "reward", "-q").exit_code == 0
     reads: list[str] = []
-    real = local.engine.iter_batches
+    real = readers.iter_batches  # what the engine calls
 
     def counting(shard, columns, batch_rows):
         reads.append(f"{shard.display}:{columns}")
