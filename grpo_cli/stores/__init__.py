@@ -31,12 +31,6 @@ from typing import IO
 
 from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.stores.base import (
-    COPY_CHUNK,
-    MAX_ATTEMPTS,
-    MAX_COPY_PART_BYTES,
-    MIN_PART_BYTES,
-    PART_BYTES,
-    READ_TIMEOUT_SECONDS,
     SCHEMES,
     WRITABLE_SCHEMES,
     CopiedPrefix,
@@ -66,12 +60,6 @@ from grpo_cli.stores.s3 import (
 )
 
 __all__ = [
-    "COPY_CHUNK",
-    "MAX_ATTEMPTS",
-    "MAX_COPY_PART_BYTES",
-    "MIN_PART_BYTES",
-    "PART_BYTES",
-    "READ_TIMEOUT_SECONDS",
     "SCHEMES",
     "WRITABLE_SCHEMES",
     "CopiedPrefix",

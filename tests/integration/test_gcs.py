@@ -188,7 +188,7 @@ def test_a_run_that_fails_mid_upload_leaves_no_object(
     """The second shard's upload is cut off after its first bytes were sent: the first
     shard, already whole, is removed, and the second never becomes an object."""
     three_shards(gcs, tmp_path)
-    real_write = stores.COPY_CHUNK
+    real_write = stores.base.COPY_CHUNK
     monkeypatch.setattr(stores.gcs, "COPY_CHUNK", 1024)  # many writes a shard
     calls = []
     real_open = type(gcs).open

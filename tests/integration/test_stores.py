@@ -336,7 +336,8 @@ def test_copy_ranges_cover_the_prefix_in_parts_s3_accepts() -> None:
         ranges = stores.copy_ranges(length)
         assert ranges[0][0] == 0 and ranges[-1][1] == length
         assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
-        assert all(stores.MIN_PART_BYTES <= high - low <= stores.MAX_COPY_PART_BYTES for low, high in ranges)
+        limits = stores.base
+        assert all(limits.MIN_PART_BYTES <= high - low <= limits.MAX_COPY_PART_BYTES for low, high in ranges)
     with pytest.raises(ValueError, match="at least"):
         stores.copy_ranges((5 << 20) - 1)
 
