@@ -19,7 +19,8 @@ from torch import Tensor
 
 from grpo_cli import kernel
 from grpo_cli.errors import GrpoError
-from grpo_cli.options.advantage import ESTIMATOR_SPECS, AdvantageOptions
+from grpo_cli.estimators import ESTIMATORS
+from grpo_cli.options.advantage import AdvantageOptions
 from grpo_cli.options.choices import (
     Baseline,
     EpsilonMode,
@@ -114,7 +115,7 @@ def group_advantages(
         pass_k=pass_k,
     )
     per_row = {"lengths": lengths, "baselines": baselines, "batch_ids": batch_ids}
-    spec = ESTIMATOR_SPECS[options.estimator]
+    spec = ESTIMATORS[options.estimator]
     for name, row in PER_ROW.items():
         if row.need in spec.needs and per_row[name] is None:
             raise GrpoError(

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from grpo_cli.errors import GrpoError
+from grpo_cli.estimators import ESTIMATORS
 from grpo_cli.options.choices import (
     Baseline,
     EpsilonMode,
@@ -31,6 +32,7 @@ from grpo_cli.options.table import ADVANTAGE_FIELDS
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from grpo_cli.estimators import AdvantageEstimator
     from grpo_cli.kernel import GroupStats, Normalization
 
 
@@ -89,7 +91,7 @@ class AdvantageOptions:
             options = replace(options, preset=preset, **PRESETS[preset].settings)
         if estimator is not None:
             check_choice("--estimator", estimator, Estimator)
-            options = replace(options, estimator=estimator, **ESTIMATORS[estimator])
+            options = replace(options, estimator=estimator, **ESTIMATORS[estimator].settings)
         unknown = set(explicit) - {f.name for f in fields(cls)}
         if unknown:
             raise GrpoError(f"unknown advantage option(s): {', '.join(sorted(unknown))}")
@@ -118,26 +120,39 @@ class AdvantageOptions:
         tolerance = self.inactive_tolerance
         if not (_is_number(tolerance) and math.isfinite(tolerance) and tolerance >= 0):
             raise GrpoError(f"--inactive-tolerance must be a finite number >= 0, got {tolerance!r}")
-        if tolerance > 0 and ESTIMATOR_SPECS[self.estimator].own_baseline:
+        estimator = ESTIMATORS[self.estimator]
+        if tolerance > 0 and estimator.own_baseline:
             raise GrpoError(
                 f"--inactive-tolerance zeroes a group's normalised rewards; --estimator {self.estimator} "
                 "subtracts a baseline of its own: leave the tolerance at 0"
             )
-        if self.estimator == "pass_at_k":
-            k = self.pass_k
-            if k is None:
-                raise GrpoError("--estimator pass_at_k needs --pass-k K (the k of pass@k it optimises)")
-            if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-                raise GrpoError(f"--pass-k must be a whole number >= 1, got {k!r}")
-        elif self.pass_k is not None:
-            raise GrpoError(
-                f"--pass-k {self.pass_k} is the k of --estimator pass_at_k; "
-                f"--estimator {self.estimator} has none"
-            )
-        if ESTIMATOR_SPECS[self.estimator].own_baseline and self.baseline != "mean":
+        self._validate_taken(estimator)
+        if estimator.own_baseline and self.baseline != "mean":
             raise GrpoError(
                 f"--estimator {self.estimator} subtracts its own baseline; leave --baseline as mean"
             )
+
+    def _validate_taken(self, estimator: AdvantageEstimator) -> None:
+        """The options only some estimator reads: given with it, and only with it."""
+        for name, row in ADVANTAGE_FIELDS.items():
+            owners = [other for other in ESTIMATORS.values() if name in other.takes]
+            if not owners:
+                continue
+            value = getattr(self, name)
+            if name in estimator.takes:
+                if value is None:
+                    raise GrpoError(
+                        f"--estimator {estimator.name} needs {row.label} {row.metavar or 'VALUE'} "
+                        f"({estimator.takes[name]})"
+                    )
+                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                    raise GrpoError(f"{row.label} must be a whole number >= 1, got {value!r}")
+            elif value is not None:
+                what = (row.metavar or "value").lower()
+                raise GrpoError(
+                    f"{row.label} {value} is the {what} of --estimator {owners[0].name}; "
+                    f"--estimator {self.estimator} has none"
+                )
 
     def _validate_shaping(self) -> None:
         """The reward transforms' values, as the trainers assert them."""
@@ -217,103 +232,6 @@ class AdvantageOptions:
 
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-Need = Literal[
-    "row_lengths", "row_baselines", "length_sums", "batch_nonzero", "top_two", "group_rewards", "step_span"
-]
-"""What an estimator needs from pass 1 beyond a reward and a group per row: each row's length
-(``--length-col``) or baseline reward (``--baseline-col``), the groups' length sums, each batch's
-count of non-zero rewards, each group's top two rewards and first best row, every
-reward of each group (held in memory: 16 bytes a row)."""
-
-
-@dataclass(frozen=True)
-class EstimatorSpec:
-    """One estimator: the options it sets, what it needs, where it runs, where it comes from.
-
-    Its math is in :mod:`grpo_cli.kernel` (normalisation, whitening, :func:`~grpo_cli.kernel.gpg_row_scale`,
-    :func:`~grpo_cli.kernel.length_weighted_baseline`, :func:`~grpo_cli.kernel.passk_advantages`,
-    :func:`~grpo_cli.kernel.row_baseline_advantages`). ``own_baseline``: it subtracts a baseline of
-    its own, not the group mean of ``--baseline``.
-    """
-
-    settings: dict[str, Any]
-    source: str
-    needs: tuple[Need, ...] = ()
-    own_baseline: bool = False
-    row_input: str = ""  # what its per-row column is, where it needs one
-    raw_reward: bool = False  # before the batch transform, the advantage is the reward itself
-
-    @property
-    def group_only(self) -> bool:
-        """Whether the kernel's group normalisation alone computes it (no batch-wide step, no
-        per-row input): the tensor API's direct path."""
-        return not self.needs and self.settings.get("whiten", "none") == "none"
-
-
-ESTIMATOR_SPECS: dict[str, EstimatorSpec] = {
-    "grpo": EstimatorSpec({"baseline": "mean"}, "(r - mean) / (std + eps)"),
-    "dr_grpo": EstimatorSpec({"baseline": "mean", "scale": "none"}, "Dr. GRPO: r - mean"),
-    "rloo": EstimatorSpec({"baseline": "leave-one-out", "scale": "none"}, "RLOO: r - the mean of the others"),
-    "reinforce_plus_plus_baseline": EstimatorSpec(
-        {"baseline": "mean", "scale": "none", "singleton": "raw", "whiten": "unbiased"},
-        "verl: r - group mean (a singleton's mean is 0), then masked_whiten over the batch",
-    ),
-    "reinforce_baseline": EstimatorSpec(
-        {"baseline": "mean", "scale": "none", "singleton": "zero", "whiten": "population"},
-        "OpenRLHF: r - group mean, then its advantage whitening over the batch (population)",
-    ),
-    "gpg": EstimatorSpec(
-        {"baseline": "mean", "scale": "none", "singleton": "raw"},
-        "verl: alpha * (r - group mean) / f_norm, alpha = batch rows / rows with a non-zero reward",
-        needs=("batch_nonzero",),
-    ),
-    "remax": EstimatorSpec(
-        {"baseline": "mean", "scale": "none"},
-        "verl: r - the row's own baseline (--baseline-col, the greedy rollout's reward)",
-        needs=("row_baselines",),
-        own_baseline=True,
-        row_input="each row's baseline reward",
-    ),
-    "opo": EstimatorSpec(
-        {"baseline": "mean", "scale": "none", "singleton": "raw"},
-        "verl: r - the length-weighted mean reward of the group (--length-col); a singleton's is 0",
-        needs=("row_lengths", "length_sums"),
-        own_baseline=True,
-        row_input="its baseline is the length-weighted mean reward",
-    ),
-    "grpo_passk": EstimatorSpec(
-        {"baseline": "mean", "std": "sample"},
-        "verl Pass@k: only a group's best rollout gets (r_max - r_second) / (sample std + eps)",
-        needs=("top_two",),
-        own_baseline=True,
-    ),
-    "maxrl": EstimatorSpec(
-        {"baseline": "mean", "scale": "mean", "epsilon_mode": "clamp", "singleton": "zero"},
-        "MaxRL (prime-rl MaxRLAlgorithm.score_group): (r - mean) / mean; a group with mean <= 0 "
-        "and a singleton get 0",
-    ),
-    "reinforce": EstimatorSpec(
-        {"baseline": "mean", "scale": "none", "whiten": "population"},
-        "REINFORCE: the raw reward, no baseline, whitened over the batch's tokens (--length-col): "
-        "(r - mean) * rsqrt(max(var, 1e-8)), population var (OpenRLHF reinforce, NeMo-RL "
-        "RawRewardAdvantageEstimator); --whiten: verl's masked_whiten (reinforce_plus_plus, gamma 1)",
-        own_baseline=True,
-        raw_reward=True,
-    ),
-    "pass_at_k": EstimatorSpec(
-        {"baseline": "mean", "scale": "none"},
-        "PKPO (arXiv:2505.15201, rllm PR #743): the mean over the k-subsets holding the rollout of "
-        "the subset's best reward, centred in the group (--pass-k K)",
-        needs=("group_rewards",),
-        own_baseline=True,
-    ),
-}
-"""Every estimator, by name (the ``--estimator`` choices, in their documented order)."""
-
-ESTIMATORS: dict[str, dict[str, Any]] = {name: spec.settings for name, spec in ESTIMATOR_SPECS.items()}
-"""What each estimator sets; options given explicitly override it."""
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from typing import Any
 
 from grpo_cli import __version__
 from grpo_cli.errors import GrpoError
-from grpo_cli.options.advantage import ESTIMATOR_SPECS, AdvantageOptions, RewardSpec, whitening_of_flag
+from grpo_cli.estimators import ESTIMATORS
+from grpo_cli.options.advantage import AdvantageOptions, RewardSpec, whitening_of_flag
 from grpo_cli.options.choices import Aggregation, Compression, InputFormat, check_choice
 from grpo_cli.options.table import ADVANTAGE_FIELDS, OPTIONS
 
@@ -105,7 +106,7 @@ class ComputeConfig:
             raise GrpoError(f"batch_rows must be positive, got {self.batch_rows}")
         self.advantage.validate()
         estimator = self.advantage.estimator
-        spec = ESTIMATOR_SPECS[estimator]
+        spec = ESTIMATORS[estimator]
         for need, option, given in (
             ("row_baselines", "--baseline-col", self.baseline_col),
             ("row_lengths", "--length-col", self.length_col),
@@ -113,7 +114,7 @@ class ComputeConfig:
             if need in spec.needs and given is None:
                 raise GrpoError(f"--estimator {estimator} needs {option} ({spec.row_input})")
         if self.baseline_col is not None and "row_baselines" not in spec.needs:
-            takers = [name for name, other in ESTIMATOR_SPECS.items() if "row_baselines" in other.needs]
+            takers = [name for name, other in ESTIMATORS.items() if "row_baselines" in other.needs]
             raise GrpoError(
                 f"--baseline-col is the baseline of --estimator {takers[0]}; add --estimator {takers[0]}"
             )
@@ -180,13 +181,13 @@ class ComputeConfig:
         steps = []
         if options.whiten != "none":
             steps.append(
-                f"--whiten {options.whiten}"
-                if options.estimator in ("grpo", "dr_grpo")
-                else f"--estimator {options.estimator}"
+                f"--estimator {options.estimator}"
+                if ESTIMATORS[options.estimator].whitens
+                else f"--whiten {options.whiten}"
             )
         if options.scale == "batch":
             steps.append("--scale batch")
-        if "batch_nonzero" in ESTIMATOR_SPECS[options.estimator].needs:  # GPG's alpha
+        if "batch_nonzero" in ESTIMATORS[options.estimator].needs:  # a factor of each batch
             steps.append(f"--estimator {options.estimator}")
         if self.per_column and options.renormalize != "none":
             steps.append(f"the {options.renormalize} re-normalisation of normalize-then-sum")

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from grpo_cli.options.advantage import Need
+from grpo_cli.estimators import Need
 from grpo_cli.run.rewards import RewardBatch
 
 

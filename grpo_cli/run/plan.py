@@ -24,6 +24,7 @@ import torch
 from grpo_cli.arrow.columns import MAX_NESTING, field_type, is_numeric_type, leaf_fields, nesting_depth
 from grpo_cli.arrow.keys import is_key_type
 from grpo_cli.errors import GrpoError, LayoutError
+from grpo_cli.estimators import ESTIMATORS, GroupFacts, RowFacts
 from grpo_cli.file_names import PROVENANCE_KEY
 from grpo_cli.kernel import (
     BatchTransform,
@@ -35,19 +36,13 @@ from grpo_cli.kernel import (
     TopTwo,
     WeightedMoments,
     apply_normalization,
-    gpg_row_scale,
     group_std,
-    length_weighted_baseline,
-    pass_at_k_advantages,
-    passk_advantages,
-    passk_best_advantage,
-    row_baseline_advantages,
     squared_deviations_of,
     whitening,
 )
-from grpo_cli.options.advantage import ESTIMATOR_SPECS
 from grpo_cli.options.config import ComputeConfig
-from grpo_cli.run.outcome import BatchLayout, GroupOutcome, OutcomeTotals, RewardCredit
+from grpo_cli.run.figures import step_spans
+from grpo_cli.run.outcome import BatchLayout, GroupOutcome, OutcomeTotals
 from grpo_cli.run.rewards import RewardBatch, RewardReader, advantage_dtype, combined_advantages
 
 if TYPE_CHECKING:
@@ -93,9 +88,9 @@ class RunPlan:
         self.count_extremes = config.advantage.baseline == "leave-one-out"
         self.input_columns = config.input_columns
         self.new_columns = config.new_columns
-        self.needs = ESTIMATOR_SPECS[config.advantage.estimator].needs + (
-            ("step_span",) if config.step_col is not None else ()
-        )
+        self.estimator = ESTIMATORS[config.advantage.estimator]
+        """The estimator's object: its needs and its steps between the passes and per row."""
+        self.needs = self.estimator.needs + (("step_span",) if config.step_col is not None else ())
         """What the estimator needs from pass 1 (:data:`~grpo_cli.options.advantage.Need`), and the
         watched step column's span (:func:`~grpo_cli.run.steps.watched_step`)."""
 
@@ -237,14 +232,14 @@ class RunPlan:
         rows_per_group: np.ndarray,
         rows: int,
         nan_rewards: int,
+        figures: Mapping[str, np.ndarray] | None = None,
         batches: BatchLayout | None = None,
         top_two: TopTwo | None = None,
-        length_sums: np.ndarray | None = None,
-        weighted_reward_sums: np.ndarray | None = None,
         batch_stds: Sequence[Mapping[Any, float]] | None = None,
-        step_spans: np.ndarray | None = None,
     ) -> GroupOutcome:
-        """Everything pass 2 and the summary need, from pass 1's statistics.
+        """Everything pass 2 and the summary need, from pass 1's statistics and ``figures`` (the
+        totals of :data:`~grpo_cli.run.figures.FIGURES` the run computes), the estimator's
+        between-passes step among them.
 
         ``batch_stds``: with ``--scale batch``, each channel's std of each batch by its key
         (:meth:`batch_stds`; the key ``None`` without ``--batch-col``), where the groups of
@@ -258,32 +253,8 @@ class RunPlan:
             batch_std = self._per_group_std(channel_stats, batches, batch_stds)
         norms, active = self.normalize(channel_stats, batch_std=batch_std)
         active_cpu = active.cpu()
-        options, needs = self.config.advantage, self.needs
-        row_scale = group_baseline = best_advantage = None
-        if "batch_nonzero" in needs:
-            assert batches is not None and batches.nonzero_rewards is not None
-            row_scale = gpg_row_scale(
-                torch.from_numpy(batches.rows),
-                torch.from_numpy(batches.nonzero_rewards),
-                f_norm=options.gpg_f_norm,
-            )
-        if "length_sums" in needs:
-            assert length_sums is not None and weighted_reward_sums is not None
-            group_baseline = length_weighted_baseline(
-                summary_stats.count.cpu(),
-                torch.from_numpy(length_sums),
-                torch.from_numpy(weighted_reward_sums),
-            )
-        if "top_two" in needs:
-            assert top_two is not None
-            best_advantage = passk_best_advantage(
-                summary_stats.to("cpu"),
-                top_two,
-                active_cpu,
-                epsilon=options.epsilon,
-                std=options.std,
-                scale=options.scale,
-            )
+        figures = figures if figures is not None else {}
+        facts = GroupFacts(summary_stats, active_cpu, figures, batches, top_two, self.config.advantage)
         return GroupOutcome(
             norms=norms,
             active=active_cpu,
@@ -296,11 +267,8 @@ class RunPlan:
             group_columns=self._group_columns(summary_stats, rows_per_group),
             drop_reasons=self.drop_reasons(),
             batches=batches,
-            row_scale=row_scale,
-            group_baseline=group_baseline,
-            top_two=top_two,
-            best_advantage=best_advantage,
-            step_spans=step_spans,
+            estimator_state=self.estimator.between_passes(facts),
+            step_spans=step_spans(figures),
         )
 
     def filter_rows(self, rewards: RewardBatch, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -415,42 +383,29 @@ class RunPlan:
             return (self.config.batch_col, batches.of_group, batches.keys)
         return None
 
-    def reward_credit(
-        self, outcome: GroupOutcome, values: torch.Tensor, ids: torch.Tensor, scored: torch.Tensor
-    ) -> RewardCredit:
-        """pass_at_k's table (:class:`RewardCredit`) of ``outcome``'s groups, from every row of
-        them: its group ID, combined reward (float64) and scored mask, each group's rows in
-        input order (a Ray reducer's bucket)."""
-        k = self.config.advantage.pass_k
-        assert k is not None
-        values, ids = values[scored], ids[scored]
-        advantages = pass_at_k_advantages(
-            values, ids, int(outcome.active.numel()), k=k, active=outcome.active
-        )
-        return RewardCredit.of(values, ids, advantages, int(outcome.active.numel()))
-
-    def with_group_rewards(
+    def with_group_rows(
         self,
         outcome: GroupOutcome,
-        group_rewards: Sequence[tuple[np.ndarray, torch.Tensor, torch.Tensor | None]],
+        group_rows: Sequence[tuple[np.ndarray, torch.Tensor, torch.Tensor | None]],
     ) -> GroupOutcome:
-        """pass_at_k: ``outcome`` with every row's advantage (float64, input order; 0 where the
-        reward is not scored), from every row's group ID, combined reward (float64) and
-        scored mask, in input order, in pieces (both engines)."""
-        k = self.config.advantage.pass_k
-        assert k is not None
-        if not group_rewards:
-            return replace(outcome, row_advantages=torch.zeros(0, dtype=torch.float64))
-        ids = torch.from_numpy(np.concatenate([g for g, _, _ in group_rewards]))
-        values = torch.cat([v for _, v, _ in group_rewards])
-        valid = torch.cat(
-            [torch.ones(v.numel(), dtype=torch.bool) if m is None else m for _, v, m in group_rewards]
+        """With the need ``"group_rewards"``: ``outcome`` with the estimator's state built from
+        every row of its groups (each piece: the rows' group IDs, combined rewards in float64
+        and scored mask, ``None`` where every row is scored; the pieces in input order), in
+        both engines (a Ray reducer's bucket)."""
+        ids = torch.from_numpy(
+            np.concatenate([g for g, _, _ in group_rows]) if group_rows else np.zeros(0, np.int64)
         )
-        rows = torch.zeros(values.numel(), dtype=torch.float64)
-        rows[valid] = pass_at_k_advantages(
-            values[valid], ids[valid], int(outcome.active.numel()), k=k, active=outcome.active
+        values = (
+            torch.cat([v for _, v, _ in group_rows]) if group_rows else torch.zeros(0, dtype=torch.float64)
         )
-        return replace(outcome, row_advantages=rows)
+        scored = (
+            torch.cat([torch.ones(v.numel(), dtype=torch.bool) if m is None else m for _, v, m in group_rows])
+            if group_rows
+            else torch.zeros(0, dtype=torch.bool)
+        )
+        facts = GroupFacts(outcome.stats, outcome.active, {}, outcome.batches, None, self.config.advantage)
+        state = self.estimator.of_group_rows(facts, ids, values, scored)
+        return replace(outcome, estimator_state=state)
 
     # ------------------------------------------------- --scale batch's divisor, in two rounds
 
@@ -613,7 +568,7 @@ class RunPlan:
         global_row: int = 0,
     ) -> tuple[RewardBatch, torch.Tensor, torch.Tensor | None]:
         """One batch's rewards, its advantages before any batch transform (CPU), and batch IDs
-        where a batch transform or GPG reads them (``None`` elsewhere) (``first_row``: the
+        where a batch transform or the estimator reads them (``None`` elsewhere) (``first_row``: the
         batch's first row in its shard, ``global_row``: in the whole input).
         """
         config = self.config
@@ -623,34 +578,16 @@ class RunPlan:
             rewards, ids, outcome.norms, active_device, weights=weights, device=self.device
         )
         result = result.cpu()
-        batch_ids = None  # a gather of every row: only where a batch transform or GPG reads it
-        if outcome.row_scale is not None or outcome.transform is not None or self.needs_moments_pass:
+        batch_ids = None  # a gather of every row: only where a batch transform or the estimator reads it
+        if "batch_nonzero" in self.needs or outcome.transform is not None or self.needs_moments_pass:
             batches = outcome.batches
             batch_ids = torch.zeros_like(ids) if batches is None else torch.from_numpy(batches.of_group)[ids]
-        if outcome.row_scale is not None:  # gpg: alpha / f_norm of the row's batch
-            assert batch_ids is not None
-            result = result.to(torch.float64) * outcome.row_scale[batch_ids]
-        if outcome.group_baseline is not None:  # opo: the group's length-weighted mean reward
-            valid = torch.isfinite(rewards.combined) & outcome.active[ids]
-            result = row_baseline_advantages(rewards.combined, outcome.group_baseline[ids], valid)
-        if ESTIMATOR_SPECS[config.advantage.estimator].raw_reward:  # reinforce: no baseline at all
-            valid = torch.isfinite(rewards.combined)
-            result = row_baseline_advantages(rewards.combined, torch.zeros_like(rewards.combined), valid)
-        if config.baseline_col is not None:  # remax: the row's own baseline
-            baseline = reader.column(batch, config.baseline_col, first_row)
-            valid = torch.isfinite(rewards.combined) & torch.isfinite(baseline)
-            result = row_baseline_advantages(rewards.combined, baseline, valid)
-        if outcome.row_advantages is not None:  # pass_at_k: computed from every reward of each group
-            result = outcome.row_advantages[global_row : global_row + ids.numel()]
-        if outcome.reward_credit is not None:  # pass_at_k, from its table per group and reward
-            result = outcome.reward_credit.advantages_of(
-                ids.cpu().numpy(), rewards.combined, rewards.combined_valid
-            )
-        if outcome.best_advantage is not None:  # grpo_passk: the group's first best rollout only
-            assert outcome.top_two is not None
-            positions = torch.arange(global_row, global_row + ids.numel())
-            result = passk_advantages(ids.cpu(), positions, outcome.top_two.best_row, outcome.best_advantage)
-        return rewards, result, batch_ids
+        baselines = None
+        if "row_baselines" in self.needs:
+            assert config.baseline_col is not None
+            baselines = reader.column(batch, config.baseline_col, first_row)
+        rows = RowFacts(rewards, ids, global_row, result, outcome.active, batch_ids, baselines)
+        return rewards, self.estimator.per_row(outcome.estimator_state, rows), batch_ids
 
     @property
     def range_follows_from_stats(self) -> bool:
@@ -664,7 +601,7 @@ class RunPlan:
         return (
             self.channels == 1
             and options.baseline == "mean"
-            and options.estimator in ("grpo", "dr_grpo")
+            and self.estimator.range_from_extremes
             and self.whitening is None
             and options.clip is None
         )

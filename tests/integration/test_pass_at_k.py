@@ -258,7 +258,7 @@ def test_a_table_per_group_and_reward_gives_every_rows_advantage_bit_for_bit(see
     """The Ray reducers hand pass@k on as a table per group and distinct reward (``RewardCredit``,
     made from parts of the groups, laid end to end): each row's lookup is the bits the kernel
     gives it over every row at once, ties (-0.0 beside 0.0 among them) and unscored rows too."""
-    from grpo_cli.run.outcome import RewardCredit
+    from grpo_cli.estimators.credit import RewardCredit
 
     rng = np.random.default_rng(seed)
     groups = 30

@@ -52,7 +52,6 @@ from grpo_cli.outputs.output import (
 from grpo_cli.results.findings import GroupFindings
 from grpo_cli.results.summary import RunSummary, build_summary, group_findings, input_info
 from grpo_cli.results.verify import Verifier
-from grpo_cli.run.figures import step_spans
 from grpo_cli.run.outcome import GroupOutcome
 from grpo_cli.run.plan import RunPlan
 from grpo_cli.run.progress import NoProgress, Progress
@@ -168,14 +167,12 @@ class LocalEngine:
                     rows_per_group=first.rows_per_group,
                     rows=first.rows,
                     nan_rewards=first.nan_rewards,
+                    figures=first.figures,
                     batches=first.batches,
                     top_two=first.top_two,
-                    length_sums=first.figures.get("length_sums"),
-                    weighted_reward_sums=first.figures.get("weighted_reward_sums"),
-                    step_spans=step_spans(first.figures),
                 )
-            if first.group_rewards is not None:  # pass_at_k
-                outcome = self.plan.with_group_rewards(outcome, first.group_rewards)
+            if first.group_rewards is not None:
+                outcome = self.plan.with_group_rows(outcome, first.group_rewards)
             if self.one_pass_dtype is not None:
                 advantage_range = self.plan.advantage_range_from_stats(outcome, self.one_pass_dtype)
                 verify_result = None
@@ -312,7 +309,7 @@ class LocalEngine:
         total_rows = self._total_rows()
         small = total_rows is not None and total_rows <= SMALL_INPUT_ROWS
         state = _StatisticsPass(self.plan, spool, exact_keys=small)
-        length_col = self.config.length_col if "length_sums" in self.plan.needs else None  # opo sums them
+        length_col = self.config.length_col if "length_sums" in self.plan.needs else None
         step_col = self.config.step_col
         keep_batches = self.in_memory and self.one_pass_dtype is None
         cached: list[list[pa.RecordBatch]] | None = [] if keep_batches else None

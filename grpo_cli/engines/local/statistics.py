@@ -57,7 +57,7 @@ class _Statistics:
     top_two: TopTwo | None
     by: list[ByValues]
     filter_rows: list[tuple[np.ndarray, np.ndarray]] | None
-    group_rewards: list[tuple[np.ndarray, torch.Tensor, torch.Tensor | None]] | None  # pass_at_k
+    group_rewards: list[tuple[np.ndarray, torch.Tensor, torch.Tensor | None]] | None  # the need group_rewards
 
     @property
     def rows_per_group(self) -> np.ndarray:
@@ -85,7 +85,7 @@ class _StatisticsPass:
         self.rows = 0
         self.first_bad: tuple[Shard, int, float] | None = None
         self._pending: list[tuple[pa.RecordBatch, RewardBatch]] = []
-        self._pending_lengths: list[torch.Tensor] = []  # opo: --length-col of each pending batch
+        self._pending_lengths: list[torch.Tensor] = []  # --length-col of each pending batch, where summed
         self._pending_steps: list[np.ndarray] = []  # the watched step column of each pending batch
         self._pending_rows = 0
         self._pending_start = 0
@@ -99,10 +99,10 @@ class _StatisticsPass:
             column: GroupKeyIndex([column], exact=exact_keys, few_values=True) for column in config.by_cols
         }
         self.by_of_group = {column: np.zeros(0, dtype=np.int64) for column in config.by_cols}
-        self.top_two = RunningTopTwo()  # grpo_passk
+        self.top_two = RunningTopTwo()  # the need top_two
         self.group_rewards: list[tuple[np.ndarray, torch.Tensor, torch.Tensor | None]] | None = (
             [] if "group_rewards" in plan.needs else None
-        )  # pass_at_k: every row's group, combined reward and validity, in input order
+        )  # every row's group, combined reward and validity, in input order
 
     @property
     def bad_count(self) -> int:
@@ -187,7 +187,7 @@ class _StatisticsPass:
         return np.arange(first, first + self._pending_rows) // group_size
 
     def _top_two(self, chunk: RewardBatch, group_ids: np.ndarray) -> None:
-        """grpo_passk: each group's top two rewards."""
+        """The need ``top_two``: each group's top two rewards."""
         if "top_two" not in self.plan.needs:
             return
         if not group_ids.size:

@@ -142,16 +142,16 @@ def block_statistics(
     """One statistics block (its index in ``batch``): one row per group, in order of first
     appearance, with its key columns and the block's statistics and figures of the group,
     computed as the local engine computes a block's (:meth:`RunPlan.accumulators`,
-    :func:`~grpo_cli.run.figures.of_chunk`). ``rows`` (pass_at_k, a trainer's filter, on the
-    reducers) gets a table of the block's rows in input order: each one's group in the block,
-    whether it is scored, and pass_at_k's combined reward (float64) or the reward the filter
+    :func:`~grpo_cli.run.figures.of_chunk`). ``rows`` (the need ``group_rewards``, a trainer's filter,
+    on the reducers) gets a table of the block's rows in input order: each one's group in the block,
+    whether it is scored, and the combined reward (float64) the estimator reads or the reward the filter
     sees (its own dtype; unshaped, if asked)."""
     (index,) = batch.column("block").to_pylist()
     plan = RunPlan(config, device=_CPU)
     keys = GroupKeyIndex(config.group_cols)
     one_value = value_columns(config)
     value_keys = [GroupKeyIndex([column], few_values=True) for column, _, _ in one_value]
-    length_col = config.length_col if "length_sums" in plan.needs else None  # opo sums them
+    length_col = config.length_col if "length_sums" in plan.needs else None
     id_parts: list[np.ndarray] = []
     value_id_parts: list[list[np.ndarray]] = [[] for _ in one_value]
     value_parts: list[list[pa.Array]] = [[] for _ in one_value]
@@ -241,7 +241,7 @@ def block_statistics(
 def _top_two_columns(
     rewards: RewardBatch, ids: torch.Tensor, positions: torch.Tensor, k: int
 ) -> dict[str, Any]:
-    """grpo_passk: a block's top two rewards of each group and its first best row, as the local
+    """The need ``top_two``: a block's top two rewards of each group and its first best row, as the local
     engine reduces a chunk (:func:`~grpo_cli.run.outcome.scored_top_two`)."""
     top = scored_top_two(rewards, ids, positions, k)
     return {field: getattr(top, name).numpy() for name, field in TOP_TWO_FIELDS.items()}

@@ -99,9 +99,6 @@ BatchStds = list[dict[Any, float]]
 KEY_PREFIX = "__grpo_key_"  # a group's key column, in a cut of the groups
 
 
-CREDIT_FIELDS = ("group", "reward", "advantage")
-
-
 BY_VALUE_FIELD = "__grpo_by_value"
 
 

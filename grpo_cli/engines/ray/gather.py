@@ -66,7 +66,7 @@ class HeldStatistics:
     first: FirstRound
     batch_stds: BatchStds | None  # --scale batch: each batch's std, merged from the buckets
     by: dict[str, list[dict[str, Any]]]  # --by: each column's figures per value, in the summary's order
-    credits: list[Any] | None  # pass_at_k: each bucket's table per group and reward (references)
+    group_row_states: list[Any] | None  # the estimator's state of each bucket's groups (references)
     filtered: FilterPart | None  # check --trainer-filter: the rule on every group, merged
 
     def payload(self, ray: Any, transform: BatchTransform | None = None) -> Any:
@@ -78,7 +78,7 @@ class HeldStatistics:
                 "buckets": (self.figures, self.keys, self.sizes),
                 "transform": transform,
                 "batch_stds": self.batch_stds,
-                "credits": self.credits,
+                "group_row_states": self.group_row_states,
             }
         )
 
@@ -107,7 +107,7 @@ def _held_statistics(
     With ``--by`` each reducer also cut its groups of each column by a hash of their value; a
     task per such cut takes it from every bucket and computes the figures of its values, given
     the run's reward range; the driver holds the figures per value."""
-    reports, figures, keys, credits, by_parts = _reduced(ray, blocks, plan, group_size, finish=True)
+    reports, figures, keys, states, by_parts = _reduced(ray, blocks, plan, group_size, finish=True)
     held: list[BucketReport] = [_report_of(table) for table in reports]
     batch_stds = None
     if plan.config.advantage.scale == "batch":
@@ -133,7 +133,7 @@ def _held_statistics(
         first,
         batch_stds,
         _by_values(ray, plan, first, by_parts),
-        credits if "group_rewards" in plan.needs else None,
+        states if "group_rewards" in plan.needs else None,
         _merged_filter([report.filtered for report in held] + _batch_filters(ray, plan, by_parts)),
     )
 
@@ -187,15 +187,15 @@ def _reduced(
 ) -> tuple[list[pa.Table], list[Any], list[Any], list[Any], list[list[Any]]]:
     """Job 1's map and reduce tasks (the reducers ``finish`` it or not, see
     :func:`merge_bucket`): their first answers (fetched; a refusal raised, the first block's),
-    references to their figures, keys and pass_at_k tables, and, where they finish it with
-    ``--by``, to each bucket's groups of each column cut by value (a list a bucket:
+    references to their figures, keys and the estimator's states built from rows, and, where
+    they finish it with ``--by``, to each bucket's groups of each column cut by value (a list a bucket:
     column-major)."""
     if not blocks:
         return [], [], [], [], []
     cpus = int(ray.cluster_resources().get("CPU", 1))
     buckets = max(1, min(len(blocks), REDUCERS or cpus))
     shared = ray.put(blocks)
-    # pass_at_k, a trainer's filter: every row to its group's bucket
+    # an estimator that reads its groups' rows, a trainer's filter: every row to its group's bucket
     with_rows = finish and ("group_rewards" in plan.needs or plan.config.trainer_filter is not None)
     per_task = buckets * (2 if with_rows else 1)
     partial_refs = [

@@ -41,7 +41,7 @@ from grpo_cli.kernel import (
 from grpo_cli.results.summary import (
     ByValues,
 )
-from grpo_cli.run.figures import MERGES, padded, room_for, step_spans, wanted
+from grpo_cli.run.figures import MERGES, padded, room_for, wanted
 from grpo_cli.run.outcome import BatchLayout, GroupOutcome
 from grpo_cli.run.plan import RunPlan
 from grpo_cli.run.steps import value_columns
@@ -104,7 +104,7 @@ class MergedStatistics:
     figures: dict[str, np.ndarray]  # per group, each of figures.FIGURES the run wants
     batches: BatchLayout
     by: list[ByValues]  # each --by column's value of every group
-    top_two: TopTwo | None  # grpo_passk
+    top_two: TopTwo | None  # the need top_two
 
     @property
     def rows_per_group(self) -> np.ndarray:
@@ -135,7 +135,7 @@ class OrderedMerge:
         self.totals: dict[str, np.ndarray] = {}  # each figure's, at the front of a growing buffer
         self.value_of_group = [np.zeros(0, dtype=np.int64) for _ in self.one_value]
         self.first_table: pa.Table | None = None
-        self.top_two = RunningTopTwo()  # grpo_passk
+        self.top_two = RunningTopTwo()  # the need top_two
         self.first_seen: list[np.ndarray] = []  # each group's first partial row: (block, group in block)
 
     def add(self, partial: pa.Table) -> np.ndarray:
@@ -345,12 +345,10 @@ def _outcome_of(plan: RunPlan, merged: MergedStatistics, batch_stds: BatchStds |
         rows_per_group=merged.rows_per_group,
         rows=int(merged.rows_per_group.sum()),
         nan_rewards=merged.nan_rewards,
+        figures=merged.figures,
         batches=merged.batches,
         top_two=merged.top_two,
-        length_sums=merged.figures.get("length_sums"),
-        weighted_reward_sums=merged.figures.get("weighted_reward_sums"),
         batch_stds=batch_stds,
-        step_spans=step_spans(merged.figures),
     )
 
 

@@ -1,6 +1,6 @@
 """The reducers: each block's partial rows cut by key hash into buckets, each bucket merged in
 block order and finished where its groups are (outcome, findings, --by figures, a trainer's
-filter, pass@k's credit)."""
+filter, an estimator's state built from its groups' rows)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from grpo_cli.engines.ray.fields import (
     BLOCK_FIELD,
     BY_FIGURES,
     BY_VALUE_FIELD,
-    CREDIT_FIELDS,
     ERROR_FIELD,
     FILTER_VIEW_FIELD,
     FIRST_SEEN_FIELDS,
@@ -65,7 +64,7 @@ from grpo_cli.results.summary import (
     outcome_part,
     value_sort_key,
 )
-from grpo_cli.run.outcome import GroupOutcome, OutcomeTotals, RewardCredit
+from grpo_cli.run.outcome import GroupOutcome, OutcomeTotals
 from grpo_cli.run.plan import RunPlan
 from grpo_cli.trainers.filters import FilterPart
 
@@ -80,9 +79,9 @@ def block_partials(
 ) -> Any:
     """Map task of the statistics job: block ``index``'s partial rows (:func:`block_statistics`)
     cut into ``buckets`` tables by their key's bucket (:func:`~grpo_cli.arrow.keys.key_buckets`), each
-    in the block's order; a refusal goes to every bucket. ``with_rows`` (pass_at_k, a trainer's
-    filter, on the reducers): then the block's rows, cut the same way by their group's bucket,
-    in input order."""
+    in the block's order; a refusal goes to every bucket. ``with_rows`` (an estimator that
+    reads its groups' rows, a trainer's filter, on the reducers): then the block's rows, cut
+    the same way by their group's bucket, in input order."""
     rows: list[pa.Table] | None = [] if with_rows else None
     table = block_statistics(pa.table({"block": [index]}), blocks, config, group_size, rows=rows)
     if ERROR_FIELD in table.column_names:
@@ -162,16 +161,16 @@ def merge_bucket(
     """Reduce task of the statistics job: one bucket's partial rows of every block, in block
     order, merged per group as the local engine merges its blocks (:class:`OrderedMerge`; a
     group's figures depend on its own partial rows only, so the bits are the local engine's).
-    ``tables``: the blocks' partial rows, then with ``with_rows`` their rows (pass_at_k, a
-    trainer's filter).
+    ``tables``: the blocks' partial rows, then with ``with_rows`` their rows (an estimator
+    that reads its groups' rows, a trainer's filter).
 
     Returns where each of the bucket's groups first appeared (:data:`FIRST_SEEN_FIELDS`), its
     figures (:meth:`OrderedMerge.bucket_table`), its keys and an empty table; or a refusal and
     three empty tables. Where the reducers ``finish`` the job (:data:`OUTCOME_ON_REDUCERS`) the
     first is the bucket's :class:`BucketReport` instead, the figures keep where each group first
-    appeared, and the fourth is pass_at_k's table of its groups (:func:`_credit_table`); with
-    ``--by``, each column's groups follow, cut into ``buckets`` tables (the job's bucket count)
-    by a hash of their value (:func:`_by_value_parts`).
+    appeared, and the fourth is the estimator's state of its groups, built from their rows
+    (:func:`_group_rows_state`); with ``--by``, each column's groups follow, cut into ``buckets``
+    tables (the job's bucket count) by a hash of their value (:func:`_by_value_parts`).
     """
     plan = RunPlan(config, device=_CPU)
     merge = OrderedMerge(plan)
@@ -215,11 +214,11 @@ def merge_bucket(
             groups = _filter_groups(outcome, row_ids, row_columns["seen"])
             filtered, filter_cuts = _bucket_filter(plan, outcome, whole, merged, keys, groups, buckets)
         report = BucketReport(figures.num_rows, outcome.totals, first, batch_totals, filtered)
-        credit = nothing
+        state = nothing
         if with_rows and "group_rewards" in plan.needs:
-            credit = _credit_table(plan, outcome, row_ids, row_columns["reward"], row_columns["scored"])
+            state = _group_rows_state(plan, outcome, row_ids, row_columns["reward"], row_columns["scored"])
         by_parts = _by_value_parts(merged.by, whole, buckets)
-        return _report_table(report), figures, keys, credit, *by_parts, *filter_cuts
+        return _report_table(report), figures, keys, state, *by_parts, *filter_cuts
     first_seen = figures.select(list(FIRST_SEEN_FIELDS))
     return first_seen, figures.drop_columns(list(FIRST_SEEN_FIELDS)), keys, nothing
 
@@ -327,33 +326,40 @@ def by_batch_filter(config: ComputeConfig, *parts: pa.Table) -> pa.Table:
     return _report_table(part)
 
 
-def _credit_table(
+def _group_rows_state(
     plan: RunPlan,
     outcome: GroupOutcome,
     ids: list[np.ndarray],
     values: list[np.ndarray],
     scored: list[np.ndarray],
 ) -> pa.Table:
-    """pass_at_k's table of a bucket's groups (:class:`~grpo_cli.run.outcome.RewardCredit`) from every
-    row of them, each group's rows in input order: a row per group and distinct reward."""
+    """The estimator's state of a bucket's groups built from every row of them (each group's
+    rows in input order, :meth:`~grpo_cli.run.plan.RunPlan.with_group_rows`), as a table of its
+    :meth:`~grpo_cli.estimators.AdvantageEstimator.state_columns`."""
 
-    def joined(parts: list[np.ndarray], dtype: Any) -> torch.Tensor:
-        return torch.from_numpy(np.concatenate(parts) if parts else np.zeros(0, dtype))
+    def joined(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
+        return np.concatenate(parts) if parts else np.zeros(0, dtype)
 
-    credit = plan.reward_credit(
-        outcome, joined(values, np.float64), joined(ids, np.int64), joined(scored, bool).to(torch.bool)
-    )
-    return pa.table(dict(zip(CREDIT_FIELDS, (credit.groups, credit.values, credit.advantages), strict=True)))
+    pieces = [
+        (
+            joined(ids, np.int64),
+            torch.from_numpy(joined(values, np.float64)),
+            torch.from_numpy(joined(scored, bool)),
+        )
+    ]
+    state = plan.with_group_rows(outcome, pieces).estimator_state
+    return pa.table(plan.estimator.state_columns(state))
 
 
-def _credit_of(tables: Sequence[Any], sizes: Sequence[int]) -> RewardCredit:
-    """The buckets' pass_at_k tables (references or tables, ``sizes``: each bucket's groups)
-    laid end to end in the buckets' order (a worker's run group IDs)."""
+def _state_of_buckets(plan: RunPlan, tables: Sequence[Any], sizes: Sequence[int]) -> Any:
+    """The buckets' estimator states (references or tables of :func:`_group_rows_state`,
+    ``sizes``: each bucket's groups) laid end to end in the buckets' order (a worker's run
+    group IDs)."""
     parts = []
-    for ref, size in zip(tables, sizes, strict=True):
-        group, values, advantages = (_fetched(ref).column(name).to_numpy() for name in CREDIT_FIELDS)
-        parts.append(RewardCredit.of_counts(np.bincount(group, minlength=size), values, advantages))
-    return RewardCredit.concat(parts)
+    for ref in tables:
+        table = _fetched(ref)
+        parts.append({name: table.column(name).to_numpy() for name in table.column_names})
+    return plan.estimator.state_of_columns(parts, sizes)
 
 
 def _by_value_parts(by: Sequence[ByValues], whole: GroupPart, buckets: int) -> list[pa.Table]:

@@ -124,8 +124,9 @@ def _with_group_rewards(
     outcome: GroupOutcome,
     group_size: int | None,
 ) -> GroupOutcome:
-    """pass_at_k: every row's group and reward gathered on the driver in input order (16 bytes a
-    row, as the local engine holds them), then every row's advantage (:meth:`RunPlan.with_group_rewards`)."""
+    """The need ``group_rewards``: every row's group and reward gathered on the driver in input
+    order (16 bytes a row, as the local engine holds them), then the estimator's state
+    (:meth:`RunPlan.with_group_rows`)."""
     job = {"payload": _payload(ray, merged, outcome), "token": uuid.uuid4().hex}
     tables = _map_blocks(ray, blocks, block_group_rewards, config=plan.config, group_size=group_size, **job)
     pieces = [
@@ -136,7 +137,7 @@ def _with_group_rewards(
         )
         for t in tables
     ]
-    return plan.with_group_rewards(outcome, pieces)
+    return plan.with_group_rows(outcome, pieces)
 
 
 def _trainer_filter(

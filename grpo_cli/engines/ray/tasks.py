@@ -30,7 +30,7 @@ from grpo_cli.engines.ray.fields import (
 )
 from grpo_cli.engines.ray.inputs import InputFile, RayInputs, _open_file, is_remote, side_by_side_requests
 from grpo_cli.engines.ray.merge import BucketKeys, _in_bucket_order, _key_index, _KeyTable, _outcome_of
-from grpo_cli.engines.ray.reducers import _credit_of
+from grpo_cli.engines.ray.reducers import _state_of_buckets
 from grpo_cli.engines.ray.session import import_ray
 from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.file_names import PROVENANCE_KEY
@@ -63,8 +63,9 @@ def _worker_state(payload: Any, token: str, config: ComputeConfig) -> tuple[RunP
         if "buckets" in payload:  # the reducers finished job 1: every bucket's groups end to end
             figures, key_tables, sizes = payload["buckets"]
             outcome = _outcome_of(plan, _in_bucket_order(plan, figures, sizes), payload["batch_stds"])
-            if payload["credits"] is not None:
-                outcome = replace(outcome, reward_credit=_credit_of(payload["credits"], sizes))
+            if payload["group_row_states"] is not None:
+                state = _state_of_buckets(plan, payload["group_row_states"], sizes)
+                outcome = replace(outcome, estimator_state=state)
             if payload["transform"] is not None:
                 outcome = replace(outcome, transform=payload["transform"])
             cached = (plan, _RunIds(_key_index(key_tables, config.group_cols), None), outcome)
@@ -443,7 +444,7 @@ def block_group_rewards(
     config: ComputeConfig,
     group_size: int | None = None,
 ) -> pa.Table:
-    """pass_at_k: one statistics block's rows, in input order: each row's run group ID, its
+    """The need ``group_rewards``: one statistics block's rows, in input order: each row's run group ID, its
     combined reward (float64) and whether it is scored, as the local engine's pass 1 keeps them."""
     (index,) = batch.column("block").to_pylist()
     plan, run_ids, _ = _worker_state(payload, token, config)
