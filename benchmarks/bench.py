@@ -557,18 +557,15 @@ from grpo_cli.threads import let_idle_threads_sleep
 let_idle_threads_sleep()  # the driver is the CLI's process, which does these when a command runs
 reuse_freed_memory()
 from grpo_cli.options.config import ComputeConfig
-from grpo_cli.engines import ray as ray_engine
 from grpo_cli.jobs import compute_dataset_ray
-
 from grpo_cli.options.advantage import AdvantageOptions
 
-ray_engine.run.OUTCOME_ON_REDUCERS = sys.argv[4] == "reducers"
 advantage = (
     AdvantageOptions.resolve(estimator="pass_at_k", pass_k=2)
-    if sys.argv[5] == "pass_at_k"
-    else AdvantageOptions(scale=sys.argv[5])
+    if sys.argv[4] == "pass_at_k"
+    else AdvantageOptions(scale=sys.argv[4])
 )
-by_cols = ("step",) if sys.argv[6] == "by" else ()
+by_cols = ("step",) if sys.argv[5] == "by" else ()
 
 def status(field):
     return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field))
@@ -593,35 +590,30 @@ print(json.dumps({{"seconds": seconds, "driver_peak_rss_mib": status("VmHWM:") /
 def bench_ray_driver(data_dir: Path, group_counts: tuple[int, ...], task_counts: tuple[int, ...]) -> None:
     """The Ray driver's peak memory and wall time against the number of groups (2 rows a group,
     int IDs shuffled over 4 shards), then against the statistics tasks at 10^6 groups (the
-    blocks cut smaller); each a fresh process that starts its own local instance. Each row
-    twice: the reducers computing their buckets' outcome and findings (the driver holds their
-    merged summaries), then the driver gathering every group's figures (as before 2026-12-06);
-    last, --scale batch, --by and pass_at_k, which gathered on the driver until 2026-12-06, both
-    ways."""
+    blocks cut smaller); each a fresh process that starts its own local instance. The reducers
+    compute their buckets' outcome and findings and the driver holds their merged summaries;
+    last, --scale batch, --by and pass_at_k, whose reducers take more rounds. (Until 2026-12-07
+    each row was run a second time with the driver gathering every group's figures; that path
+    was deleted after its last run, recorded in docs/architecture.md.)"""
     print("\nray engine: the driver's peak memory against groups (fresh process each; resident:")
-    print("VmHWM, with the object store's pages it maps; own: the peak of RssAnon, sampled;")
-    print("outcome on: the reducers, or the driver gathering every group's figures)")
-    header = (
-        f"  {'groups':>12s} {'rows':>12s} {'tasks':>6s} {'outcome on':>10s} {'seconds':>8s}"
-        f" {'resident MiB':>13s} {'own MiB':>8s}"
-    )
+    print("VmHWM, with the object store's pages it maps; own: the peak of RssAnon, sampled)")
+    columns = ("groups", 12), ("rows", 12), ("tasks", 6), ("seconds", 8), ("resident MiB", 13), ("own MiB", 8)
+    header = "  " + " ".join(f"{name:>{width}s}" for name, width in columns)
     print(header)
     for groups in group_counts:
-        for where in ("reducers", "driver"):
-            _ray_driver_run(data_dir, groups, 1 << 22, where)
+        _ray_driver_run(data_dir, groups, 1 << 22)
     print("\nray engine: the driver against rows (10^5 groups, more rows a group)")
     print(header)
     for rows_per_group in (20, 200):
-        _ray_driver_run(data_dir, 10**5, 1 << 22, "reducers", rows_per_group=rows_per_group)
+        _ray_driver_run(data_dir, 10**5, 1 << 22, rows_per_group=rows_per_group)
     groups = 10**6
     print(f"\nray engine: the driver against its statistics tasks ({groups:,} groups, blocks cut smaller)")
     print(header)
     for tasks in task_counts:
-        _ray_driver_run(data_dir, groups, -(-2 * groups // tasks), "reducers")
+        _ray_driver_run(data_dir, groups, -(-2 * groups // tasks))
     print(f"\nray engine: the driver with --scale batch, --by step (100 steps) and pass_at_k, at {groups:,}")
-    print("groups: the reducers (since 2026-12-06: the batch's std in two more rounds; the groups")
-    print("cut again by step; each row sent to its group's bucket) against the driver gathering")
-    print("every group's figures (and, for pass_at_k, every row's reward) as before")
+    print("groups (the batch's std in two more rounds; the groups cut again by step; each row sent")
+    print("to its group's bucket)")
     print(header)
     for scale, by in (("batch", False), ("group", True), ("pass_at_k", False)):
         print(
@@ -629,15 +621,13 @@ def bench_ray_driver(data_dir: Path, group_counts: tuple[int, ...], task_counts:
                 scale, "  --by step"
             )
         )
-        for where in ("reducers", "driver"):
-            _ray_driver_run(data_dir, groups, 1 << 22, where, scale=scale, by=by)
+        _ray_driver_run(data_dir, groups, 1 << 22, scale=scale, by=by)
 
 
 def _ray_driver_run(
     data_dir: Path,
     groups: int,
     block_rows: int,
-    where: str,
     *,
     rows_per_group: int = 2,
     scale: str = "group",
@@ -668,7 +658,6 @@ def _ray_driver_run(
             str(folder),
             str(out),
             str(block_rows),
-            where,
             scale,
             "by" if by else "-",
         ],
@@ -677,13 +666,13 @@ def _ray_driver_run(
     )
     shutil.rmtree(out, ignore_errors=True)
     if done.returncode:
-        print(f"  {groups:12,d} {where} failed: {done.stderr.strip().splitlines()[-1:]}")
+        print(f"  {groups:12,d} failed: {done.stderr.strip().splitlines()[-1:]}")
         return
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     seconds, peak, own = figures["seconds"], figures["driver_peak_rss_mib"], figures["driver_peak_anon_mib"]
     rows = rows_per_group * groups
     tasks = -(-rows // block_rows)
-    print(f"  {groups:12,d} {rows:12,d} {tasks:6d} {where:>10s} {seconds:8.2f} {peak:13.0f} {own:8.0f}")
+    print(f"  {groups:12,d} {rows:12,d} {tasks:6d} {seconds:8.2f} {peak:13.0f} {own:8.0f}")
 
 
 def bench_estimators(rows: int, group_size: int, repeats: int, data_dir: Path) -> None:

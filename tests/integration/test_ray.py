@@ -471,7 +471,7 @@ def test_ray_cuts_and_merges_the_statistics_blocks_as_the_local_engine_does(
 ):
     """Statistics blocks of 1,500 rows: 14 blocks, several across a file's end, every group over
     several of them. Each block is reduced on a worker and cut by key into 5 buckets; each bucket
-    is merged in block order on a worker, and the driver orders the groups by first appearance;
+    is merged in block order on a worker, which finishes its groups' outcome;
     so the advantages (float64 here), the masks and the summary are the local engine's bits; the
     Ray engine used to merge its hash partitions' statistics in its own order (up to 4.5e-13 relative)."""
     from grpo_cli.engines import ray as ray_engine
@@ -609,7 +609,7 @@ def test_ray_reducers_finish_the_summary_as_the_local_engine_does(
     config = ComputeConfig(group_cols=("uid",), stats_block_rows=97, **options)
     local = compute_dataset(folder, tmp_path / "local", config).to_dict()
     ray = compute_dataset_ray(str(folder), str(tmp_path / "ray_out"), config, partitions=2).to_dict()
-    assert ray["options"]["outcome_on"] == "reducers" and ray["options"]["statistics_blocks"] > 50
+    assert ray["options"]["statistics_blocks"] > 50
     compare_summaries(local, ray)
     assert local["nan_rewards"] > 0 and len(local["off_size_groups"]["examples"]) == 5
     assert "groups sharing a key were merged" in local["warnings"][0]
@@ -623,7 +623,6 @@ def test_ray_reducers_finish_the_summary_as_the_local_engine_does(
     local_check = check_dataset(folder, bounds, config).to_dict()
     ray_check = check_dataset_ray(str(folder), bounds, config, partitions=2).to_dict()
     compare_summaries(local_check, ray_check)
-    assert ray_check["options"]["outcome_on"] == "reducers"
 
 
 def test_ray_checks_rewards_that_are_all_nan_as_the_local_engine_does(ray_instance, tmp_path, monkeypatch):
@@ -642,28 +641,7 @@ def test_ray_checks_rewards_that_are_all_nan_as_the_local_engine_does(ray_instan
     local = check_dataset(folder, CheckBounds(), config).to_dict()
     ray = check_dataset_ray(str(folder), CheckBounds(), config).to_dict()
     compare_summaries(local, ray)
-    assert ray["advantage"] == {"min": 0.0, "max": 0.0} and ray["options"]["outcome_on"] == "reducers"
-
-
-def test_ray_gathers_the_groups_on_the_driver_where_an_outcome_needs_them(ray_instance, sharded, tmp_path):
-    """Every kind of compute run finishes on the reducers: each group's own figures, its batch's
-    exact std, its --by value's cut, pass@k's rows routed to its bucket (the same rows and
-    summary as the local engine, above); check's verifier and trainer filters gather on the
-    driver (their own tests)."""
-    config = ComputeConfig(rewards=(RewardSpec("reward"),), group_cols=("uid",))
-    for changes, where in [
-        ({}, "reducers"),
-        ({"by_cols": ("step",)}, "reducers"),
-        ({"batch_col": "step", "advantage": AdvantageOptions.resolve(estimator="gpg")}, "reducers"),
-        ({"batch_col": "step", "advantage": AdvantageOptions(scale="batch")}, "reducers"),
-        ({"advantage": AdvantageOptions.resolve(estimator="gpg")}, "reducers"),
-        ({"advantage": AdvantageOptions.resolve(estimator="reinforce_plus_plus_baseline")}, "reducers"),
-        ({"advantage": AdvantageOptions.resolve(estimator="pass_at_k", pass_k=2)}, "reducers"),
-        ({"advantage": AdvantageOptions(scale="batch")}, "reducers"),
-    ]:
-        out = tmp_path / f"out{len(list(tmp_path.iterdir()))}"
-        summary = compute_dataset_ray(str(sharded), str(out), replace(config, **changes)).to_dict()
-        assert summary["options"]["outcome_on"] == where, changes
+    assert ray["advantage"] == {"min": 0.0, "max": 0.0}
 
 
 def test_ray_divides_a_lone_outlier_by_its_others_spread_as_the_local_engine_does(
@@ -942,7 +920,7 @@ def test_ray_refuses_groups_across_two_by_values_found_by_several_reducers(
     plan = RunPlan(config, device=torch.device("cpu"))
     blocks = ray_engine.statistics_blocks([ray_engine.InputFile(str(source), "in", 800, 0)], 8)
     with pytest.raises(ray_engine.RowsUnknown) as raw:
-        ray_engine.gather._statistics(ray_instance, blocks, plan, None)
+        ray_engine.gather._held_statistics(ray_instance, blocks, plan, None)
     assert re.search(r"group \{'uid': 'g(150|10)'\} spans two values of --by 'step'", raw.value.message)
 
 
@@ -1026,13 +1004,12 @@ def test_two_runs_in_one_process_each_start_their_own_instance(tmp_path):
 
 
 @pytest.mark.parametrize("preset", [None, "verl"])
-@pytest.mark.parametrize("reducers_finish", [True, False], ids=["reducers", "driver"])
-def test_ray_verifies_as_the_local_engine_does(ray_instance, tmp_path, monkeypatch, preset, reducers_finish):
+def test_ray_verifies_as_the_local_engine_does(ray_instance, tmp_path, monkeypatch, preset):
     """check --verify-advantage-col on Ray: each of 6 parts is compared on a worker, and what
     they saw is merged in input order. Constant groups' rows lie in several parts (shuffled over
     3 files), so whether their differing rows are one value (residue) or not (mismatch) is
     settled only after the merge: by a task per reducer's bucket, from every part's cut of its
-    groups' state (or on the driver, which gathers the groups); examples are the first rows over
+    groups' state; examples are the first rows over
     all parts, named by key."""
     from grpo_cli.engines import ray as ray_engine
     from grpo_cli.jobs import check_dataset, check_dataset_ray
@@ -1040,7 +1017,6 @@ def test_ray_verifies_as_the_local_engine_does(ray_instance, tmp_path, monkeypat
     from grpo_cli.results.checks import CheckBounds
 
     monkeypatch.setattr(ray_engine.gather, "REDUCERS", 3)
-    monkeypatch.setattr(ray_engine.run, "OUTCOME_ON_REDUCERS", reducers_finish)
 
     rng = np.random.default_rng(3)
     groups, size = 300, 8
@@ -1076,7 +1052,6 @@ def test_ray_verifies_as_the_local_engine_does(ray_instance, tmp_path, monkeypat
     local = check_dataset(folder, bounds, config).to_dict()
     ray = check_dataset_ray(str(folder), bounds, config, partitions=5).to_dict()
     assert ray["options"]["partitions"] == 6  # two parts a file
-    assert ray["options"]["outcome_on"] == ("reducers" if reducers_finish else "driver")
     verify = local["verify"]
     assert verify["mismatched"] > len(verify["examples"]) == VerifySpec(column="given").max_examples
     if preset:
@@ -1140,8 +1115,7 @@ def test_ray_applies_a_trainers_filter_as_the_local_engine_does(
     group's bucket; a rule on each group's own rows runs on the reducers, a whole-batch rule in
     a task per cut of the batches (each batch's groups in the run's order); the parts merge
     (examples the first flagged groups in the run's order). The local engine's trainer_filter
-    object, examples named by key, figures per value; and the same with the driver gathering
-    the rows in input order, as before."""
+    object, examples named by key, figures per value."""
     from grpo_cli.engines import ray as ray_engine
     from grpo_cli.jobs import check_dataset, check_dataset_ray
     from grpo_cli.results.checks import CheckBounds
@@ -1159,10 +1133,6 @@ def test_ray_applies_a_trainers_filter_as_the_local_engine_does(
     ray = check_dataset_ray(str(sharded), CheckBounds(), config, partitions=5).to_dict()
     assert local["trainer_filter"]["groups"] == GROUPS
     assert ray["trainer_filter"] == local["trainer_filter"]
-    assert ray["options"]["outcome_on"] == "reducers"
-    monkeypatch.setattr(ray_engine.run, "OUTCOME_ON_REDUCERS", False)  # the driver gathering, as before
-    driver = check_dataset_ray(str(sharded), CheckBounds(), config, partitions=5).to_dict()
-    assert driver["trainer_filter"] == local["trainer_filter"] and driver["options"]["outcome_on"] == "driver"
     compare_summaries(local, ray)
 
 

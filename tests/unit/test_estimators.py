@@ -42,7 +42,8 @@ class _RewardTimesGroupSize(AdvantageEstimator):
         return torch.from_numpy(facts.figures["rows"]).to(torch.float64)
 
     def per_row(self, state: Any, rows: RowFacts) -> torch.Tensor:
-        return rows.rewards.combined.to(torch.float64) * state[rows.ids]
+        scale: torch.Tensor = state[rows.ids]
+        return rows.rewards.combined.to(torch.float64) * scale
 
 
 def test_a_run_computes_what_the_registered_objects_steps_say(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,21 +13,25 @@ of its terms, so the Ray engine makes the same cuts and the same merge:
    per bucket takes its rows of every block in block order and merges each group as the local
    engine merges its blocks (:func:`merge_bucket`, :class:`OrderedMerge`): a group's merged
    figures depend on its own partial rows only, so they are the local engine's bits. The
-   driver receives each group's figures and where it first appeared (block, place in the
-   block), never a key or a partial row, and orders the groups by first appearance over the
-   whole input (:func:`_gathered`): the local engine's group IDs. The keys stay with the
-   reducers in the object store (:class:`BucketKeys`);
+   reducer then finishes its bucket: the groups' outcome (the estimator's state among it),
+   round 1 of the summary's findings, ``--by``'s cuts by value and a trainer filter's
+   decisions. The driver holds one report a bucket and references to the buckets' figures
+   and keys in the object store, never a per-group figure; round 2 of the findings runs a
+   task per bucket (:mod:`grpo_cli.engines.ray.gather`);
 2. moments (a batch whitening only): one task per statistics block computes the block's
    weighted moments per training batch; the driver merges them in block order;
 3. advantages: every block of the input, read by Ray Data, is joined with the per-group
-   outcome (broadcast once through the object store; each worker process indexes the
-   buckets' keys once, with their run IDs) and written out.
+   outcome, which each worker process rebuilds once from the buckets' figures, the groups
+   numbered bucket after bucket (:func:`~grpo_cli.engines.ray.tasks._worker_state`), and
+   written out.
 
-So the advantages, masks and summary are the local engine's, bit for bit. The driver holds
-the run's per-group figures (about 80 bytes a group, with the outcome and the summary
-computed from them as the local engine computes them), not the keys. Patterns measured to be
-much slower and avoided here: ``groupby().map_groups()`` (one call and one Parquet row group
-per group) and Ray's ``Std`` aggregation (a Python path, ddof=1 by default).
+So the advantages, masks and summary are the local engine's, bit for bit, and the driver's
+memory does not grow with the groups (``benchmarks/bench.py --only ray``). Until 2026-12-07 a
+second path, where the driver gathered every group's figures and ordered them by first
+appearance, was kept beside this one; it was deleted after its last benchmark
+(``docs/architecture.md``). Patterns measured to be much slower and avoided here:
+``groupby().map_groups()`` (one call and one Parquet row group per group) and Ray's ``Std``
+aggregation (a Python path, ddof=1 by default).
 """
 
 from __future__ import annotations

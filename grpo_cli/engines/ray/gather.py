@@ -3,18 +3,15 @@ by first appearance, the outcome and the figures the summary needs."""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import torch
 
 from grpo_cli.engines.ray.blocks import FilePart
-from grpo_cli.engines.ray.fields import FIRST_SEEN_FIELDS, BatchStds, _report_of
-from grpo_cli.engines.ray.merge import BucketKeys, MergedStatistics, _placed
+from grpo_cli.engines.ray.fields import BatchStds, _report_of
 from grpo_cli.engines.ray.reducers import (
     BucketReport,
     _merged_by_key,
@@ -42,22 +39,11 @@ from grpo_cli.trainers.filters import FilterPart
 REDUCERS: int | None = None
 
 
-def _statistics(
-    ray: Any, blocks: list[list[FilePart]], plan: RunPlan, group_size: int | None
-) -> MergedStatistics:
-    """Job 1: each statistics block reduced to per-group partials on a worker, cut by key
-    bucket; each bucket merged on a worker in block order; the driver takes the buckets'
-    figures (no key, no partial row) and puts the groups in the run's order, first appearance
-    over the whole input: by the block and place in it where each group first appeared."""
-    first_seen, figures, keys, _, _ = _reduced(ray, blocks, plan, group_size, finish=False)
-    return _gathered(plan, first_seen, figures, keys)
-
-
 @dataclass(frozen=True)
 class HeldStatistics:
-    """Job 1 where the reducers finish it (:data:`OUTCOME_ON_REDUCERS`): each bucket's figures and
-    keys stay in the object store (``figures``, ``keys``: references, ``sizes``: its groups);
-    the driver holds the buckets' merged totals and round 1 of the findings."""
+    """Job 1, which the reducers finish: each bucket's figures and keys stay in the object
+    store (``figures``, ``keys``: references, ``sizes``: its groups); the driver holds the
+    buckets' merged totals and round 1 of the findings."""
 
     figures: list[Any]
     keys: list[Any]
@@ -96,7 +82,8 @@ class HeldStatistics:
 def _held_statistics(
     ray: Any, blocks: list[list[FilePart]], plan: RunPlan, group_size: int | None
 ) -> HeldStatistics:
-    """Job 1 as :func:`_statistics` runs it, but each reducer computes its bucket's outcome and
+    """Job 1: each statistics block reduced to per-group partials on a worker, cut by key
+    bucket; each bucket merged on a worker in block order, which computes its outcome and
     round 1 of its findings; the driver gets one report a bucket, no per-group figure.
 
     With ``--scale batch`` the advantages (and ``check``'s range) need each batch's std: the
@@ -107,7 +94,7 @@ def _held_statistics(
     With ``--by`` each reducer also cut its groups of each column by a hash of their value; a
     task per such cut takes it from every bucket and computes the figures of its values, given
     the run's reward range; the driver holds the figures per value."""
-    reports, figures, keys, states, by_parts = _reduced(ray, blocks, plan, group_size, finish=True)
+    reports, figures, keys, states, by_parts = _reduced(ray, blocks, plan, group_size)
     held: list[BucketReport] = [_report_of(table) for table in reports]
     batch_stds = None
     if plan.config.advantage.scale == "batch":
@@ -183,20 +170,19 @@ def _by_values(
 
 
 def _reduced(
-    ray: Any, blocks: list[list[FilePart]], plan: RunPlan, group_size: int | None, *, finish: bool
+    ray: Any, blocks: list[list[FilePart]], plan: RunPlan, group_size: int | None
 ) -> tuple[list[pa.Table], list[Any], list[Any], list[Any], list[list[Any]]]:
-    """Job 1's map and reduce tasks (the reducers ``finish`` it or not, see
-    :func:`merge_bucket`): their first answers (fetched; a refusal raised, the first block's),
-    references to their figures, keys and the estimator's states built from rows, and, where
-    they finish it with ``--by``, to each bucket's groups of each column cut by value (a list a bucket:
-    column-major)."""
+    """Job 1's map and reduce tasks (:func:`merge_bucket`): their first answers (fetched; a
+    refusal raised, the first block's), references to their figures, keys and the estimator's
+    states built from rows, and, with ``--by``, to each bucket's groups of each column cut by
+    value (a list a bucket: column-major)."""
     if not blocks:
         return [], [], [], [], []
     cpus = int(ray.cluster_resources().get("CPU", 1))
     buckets = max(1, min(len(blocks), REDUCERS or cpus))
     shared = ray.put(blocks)
     # an estimator that reads its groups' rows, a trainer's filter: every row to its group's bucket
-    with_rows = finish and ("group_rewards" in plan.needs or plan.config.trainer_filter is not None)
+    with_rows = "group_rewards" in plan.needs or plan.config.trainer_filter is not None
     per_task = buckets * (2 if with_rows else 1)
     partial_refs = [
         _task(ray, block_partials, num_returns=per_task).remote(
@@ -205,11 +191,10 @@ def _reduced(
         for i in range(len(blocks))
     ]
     per_block = [refs if per_task > 1 else [refs] for refs in partial_refs]
-    returns = 4 + (_value_cuts(plan) * buckets if finish else 0)
+    returns = 4 + _value_cuts(plan) * buckets
     reduced = [
         _task(ray, merge_bucket, num_returns=returns).remote(
             plan.config,
-            finish,
             buckets,
             with_rows,
             *[refs[r] for refs in per_block],
@@ -226,24 +211,3 @@ def _reduced(
         [refs[3] for refs in reduced],
         [refs[4:] for refs in reduced],
     )
-
-
-def _gathered(
-    plan: RunPlan, first_seen: list[pa.Table], figures: list[Any], key_tables: list[Any]
-) -> MergedStatistics:
-    """The buckets' figures in the run's group order (see :func:`_statistics`): each bucket's
-    table is fetched in turn and its columns put in place, so the driver holds the run's
-    figures and one bucket's at a time."""
-    starts = np.cumsum([0, *(t.num_rows for t in first_seen)], dtype=np.int64)
-    k = int(starts[-1])
-    seen = [
-        np.concatenate([t.column(f).to_numpy() for t in first_seen]) if k else np.zeros(0, np.int64)
-        for f in FIRST_SEEN_FIELDS
-    ]
-    positions = np.lexsort((seen[1], seen[0])).astype(np.int64)  # group g of the run is at positions[g]
-    del seen
-    ids = np.empty(k, dtype=np.int64)
-    ids[positions] = np.arange(k, dtype=np.int64)
-    places = [ids[start:stop] for start, stop in itertools.pairwise(starts)]
-    merged = _placed(plan, figures, places, k, positions)
-    return replace(merged, keys=BucketKeys(key_tables, ids, positions, starts[:-1]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -47,32 +47,6 @@ from grpo_cli.run.plan import RunPlan
 from grpo_cli.run.steps import value_columns
 
 
-@dataclass
-class BucketKeys:
-    """The run's group keys where the reducers left them, in the object store: bucket ``r``'s
-    keys (``tables[r]``, in its own order) laid end to end are at ``position``; the group at
-    position ``p`` has the run's ID ``ids[p]``, and group ``g`` is at ``positions[g]``."""
-
-    tables: list[Any]  # object references to pa.Table, or the tables
-    ids: np.ndarray
-    positions: np.ndarray
-    bucket_starts: np.ndarray
-    fetched: dict[int, pa.Table] = field(default_factory=dict)  # the buckets key_at has fetched
-
-    def key_at(self, group: int) -> Any:
-        """Group ``group``'s key: one value, or a tuple of several (one bucket fetched)."""
-        position = int(self.positions[group])
-        bucket = int(np.searchsorted(self.bucket_starts, position, side="right")) - 1
-        table = self.fetched.get(bucket)
-        if table is None:
-            table = self.fetched[bucket] = _fetched(self.tables[bucket])
-        return _key_in(table, position - int(self.bucket_starts[bucket]))
-
-    def index(self, group_cols: Sequence[str]) -> GroupKeyIndex:
-        """Every key in an index whose IDs are the positions (each key is in one bucket)."""
-        return _key_index(self.tables, group_cols)
-
-
 def _key_in(table: pa.Table, row: int) -> Any:
     """The key at ``row`` of a key table: one value, or a tuple of several."""
     values = tuple(table.column(c)[row].as_py() for c in table.column_names)
@@ -98,7 +72,6 @@ def _fetched(table: Any) -> pa.Table:
 class MergedStatistics:
     """The blocks' partial statistics merged in input order, one row per group (first appearance)."""
 
-    keys: BucketKeys | None  # None in a reducer, which holds its keys itself
     channel_stats: list[GroupStats]
     summary_stats: GroupStats
     figures: dict[str, np.ndarray]  # per group, each of figures.FIGURES the run wants
@@ -201,7 +174,7 @@ class OrderedMerge:
             for i, (column, _, _) in enumerate(self.one_value)
         ]
         top_two = self.top_two.result(k)
-        return _merged(self.plan, None, channels, summary, totals, values, top_two)
+        return _merged(self.plan, channels, summary, totals, values, top_two)
 
     def _of_groups(self, i: int, k: int) -> np.ndarray:
         known = self.value_of_group[i]
@@ -241,7 +214,6 @@ def _empty_values(i: int) -> pa.Table:
 
 def _merged(
     plan: RunPlan,
-    keys: BucketKeys | None,
     channels: list[GroupStats],
     summary: GroupStats,
     totals: dict[str, np.ndarray],
@@ -257,7 +229,7 @@ def _merged(
         _, of_group, batch_keys = values.pop(0)
         batches = BatchLayout.of_groups(of_group, totals, batch_keys)
     by = [ByValues(column, of_group, value_keys) for column, of_group, value_keys in values]
-    return MergedStatistics(keys, channels, summary, totals, batches, by, top_two)
+    return MergedStatistics(channels, summary, totals, batches, by, top_two)
 
 
 def _empty_keys(plan: RunPlan) -> pa.Table:
@@ -325,7 +297,7 @@ def _placed(
             combined = pa.concat_tables(parts, promote_options="permissive").column(name)
             of_group = index.encode([combined.take(pa.array(positions))])
         one_value.append((column, of_group, [index.key_at(v) for v in range(len(index))]))
-    return _merged(plan, None, channels, summary, totals, one_value, top_two)
+    return _merged(plan, channels, summary, totals, one_value, top_two)
 
 
 def _in_bucket_order(plan: RunPlan, figures: Sequence[Any], sizes: Sequence[int]) -> MergedStatistics:

@@ -107,8 +107,8 @@ def _cut(table: pa.Table, which: np.ndarray, buckets: int) -> list[pa.Table]:
 
 @dataclass(frozen=True)
 class BucketReport:
-    """What the driver gets of a reducer's bucket where the reducers finish the statistics job
-    (:data:`OUTCOME_ON_REDUCERS`): its groups, the totals of its outcome and round 1 of its findings."""
+    """What the driver gets of a reducer's bucket: its groups, the totals of its outcome and
+    round 1 of its findings."""
 
     groups: int
     totals: OutcomeTotals
@@ -156,7 +156,7 @@ def bucket_round_two(
 
 
 def merge_bucket(
-    config: ComputeConfig, finish: bool, buckets: int, with_rows: bool, *tables: pa.Table
+    config: ComputeConfig, buckets: int, with_rows: bool, *tables: pa.Table
 ) -> tuple[pa.Table, ...]:
     """Reduce task of the statistics job: one bucket's partial rows of every block, in block
     order, merged per group as the local engine merges its blocks (:class:`OrderedMerge`; a
@@ -164,20 +164,20 @@ def merge_bucket(
     ``tables``: the blocks' partial rows, then with ``with_rows`` their rows (an estimator
     that reads its groups' rows, a trainer's filter).
 
-    Returns where each of the bucket's groups first appeared (:data:`FIRST_SEEN_FIELDS`), its
-    figures (:meth:`OrderedMerge.bucket_table`), its keys and an empty table; or a refusal and
-    three empty tables. Where the reducers ``finish`` the job (:data:`OUTCOME_ON_REDUCERS`) the
-    first is the bucket's :class:`BucketReport` instead, the figures keep where each group first
-    appeared, and the fourth is the estimator's state of its groups, built from their rows
-    (:func:`_group_rows_state`); with ``--by``, each column's groups follow, cut into ``buckets``
-    tables (the job's bucket count) by a hash of their value (:func:`_by_value_parts`).
+    Each reducer finishes its bucket: it returns the bucket's :class:`BucketReport` (its
+    outcome's totals, round 1 of its findings, ...), its figures (:meth:`OrderedMerge.bucket_table`,
+    with where each group first appeared), its keys and the estimator's state of its groups,
+    built from their rows (:func:`_group_rows_state`; an empty table where it needs none);
+    then, with ``--by``, each column's groups, cut into ``buckets`` tables (the job's bucket
+    count) by a hash of their value (:func:`_by_value_parts`). A refusal comes first, the rest
+    empty tables.
     """
     plan = RunPlan(config, device=_CPU)
     merge = OrderedMerge(plan)
     partials = tables[: len(tables) // 2] if with_rows else tables
     row_tables = tables[len(tables) // 2 :] if with_rows else ()
     nothing = pa.table({})
-    by_parts = [nothing] * (_value_cuts(plan) * buckets if finish else 0)
+    by_parts = [nothing] * (_value_cuts(plan) * buckets)
     row_ids: list[np.ndarray] = []
     row_columns: dict[str, list[np.ndarray]] = {"reward": [], "seen": [], "scored": []}
     for b, partial in enumerate(partials):
@@ -199,28 +199,25 @@ def merge_bucket(
     empty = merge.first_table if merge.first_table is not None else _empty_keys(plan)
     figures = merge.bucket_table()
     keys = merge.keys.key_table(empty)
-    if finish:
-        # The report counts groups, rows and active groups, which each group's span decides:
-        # with --scale batch the std the bucket's own groups give (not the batches') changes none.
-        merged = _in_bucket_order(plan, [figures], [figures.num_rows])
-        outcome, whole, parts = _bucket_parts(plan, figures, merged, keys, None)
-        first = sum((FirstRound.of(part) for part in parts), FirstRound())
-        batch_totals = None
-        if config.advantage.scale == "batch":  # round 1 of each batch's std
-            batch_totals = plan.batch_totals(merged.channel_stats, merged.batches)
-        filtered: FilterPart | None = None
-        filter_cuts: list[pa.Table] = []
-        if config.trainer_filter is not None:
-            groups = _filter_groups(outcome, row_ids, row_columns["seen"])
-            filtered, filter_cuts = _bucket_filter(plan, outcome, whole, merged, keys, groups, buckets)
-        report = BucketReport(figures.num_rows, outcome.totals, first, batch_totals, filtered)
-        state = nothing
-        if with_rows and "group_rewards" in plan.needs:
-            state = _group_rows_state(plan, outcome, row_ids, row_columns["reward"], row_columns["scored"])
-        by_parts = _by_value_parts(merged.by, whole, buckets)
-        return _report_table(report), figures, keys, state, *by_parts, *filter_cuts
-    first_seen = figures.select(list(FIRST_SEEN_FIELDS))
-    return first_seen, figures.drop_columns(list(FIRST_SEEN_FIELDS)), keys, nothing
+    # The report counts groups, rows and active groups, which each group's span decides:
+    # with --scale batch the std the bucket's own groups give (not the batches') changes none.
+    merged = _in_bucket_order(plan, [figures], [figures.num_rows])
+    outcome, whole, parts = _bucket_parts(plan, figures, merged, keys, None)
+    first = sum((FirstRound.of(part) for part in parts), FirstRound())
+    batch_totals = None
+    if config.advantage.scale == "batch":  # round 1 of each batch's std
+        batch_totals = plan.batch_totals(merged.channel_stats, merged.batches)
+    filtered: FilterPart | None = None
+    filter_cuts: list[pa.Table] = []
+    if config.trainer_filter is not None:
+        groups = _filter_groups(outcome, row_ids, row_columns["seen"])
+        filtered, filter_cuts = _bucket_filter(plan, outcome, whole, merged, keys, groups, buckets)
+    report = BucketReport(figures.num_rows, outcome.totals, first, batch_totals, filtered)
+    state = nothing
+    if with_rows and "group_rewards" in plan.needs:
+        state = _group_rows_state(plan, outcome, row_ids, row_columns["reward"], row_columns["scored"])
+    by_parts = _by_value_parts(merged.by, whole, buckets)
+    return _report_table(report), figures, keys, state, *by_parts, *filter_cuts
 
 
 def _value_cuts(plan: RunPlan) -> int:

@@ -14,13 +14,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from grpo_cli.arrow.keys import check_key_types
 from grpo_cli.engines.ray.blocks import FilePart, advantage_parts, keyed_by_position, statistics_blocks
 from grpo_cli.engines.ray.fields import _CPU, RowsUnknown, _report_of
-from grpo_cli.engines.ray.gather import HeldStatistics, _held_statistics, _statistics
+from grpo_cli.engines.ray.gather import HeldStatistics, _held_statistics
 from grpo_cli.engines.ray.inputs import (
     RayInputs,
     _files_under,
@@ -29,17 +28,14 @@ from grpo_cli.engines.ray.inputs import (
     _write_empty,
     _written_footers,
 )
-from grpo_cli.engines.ray.merge import BucketKeys, MergedStatistics, _merged_range, _outcome_of
+from grpo_cli.engines.ray.merge import _merged_range
 from grpo_cli.engines.ray.session import ray_session
-from grpo_cli.engines.ray.shipping import _block_dataset, _map_blocks, _payload, _raise_first_refusal, _task
+from grpo_cli.engines.ray.shipping import _block_dataset, _map_blocks, _raise_first_refusal, _task
 from grpo_cli.engines.ray.tasks import (
     _range_of,
     block_advantages,
-    block_filter_rows,
-    block_group_rewards,
     block_moments,
     block_splice,
-    block_verify,
     settle_bucket,
     splice_plan,
     verify_part,
@@ -66,11 +62,10 @@ from grpo_cli.results.findings import (
 from grpo_cli.results.summary import (
     RunSummary,
     build_summary,
-    group_findings,
     input_info,
 )
 from grpo_cli.results.verify import Verifier
-from grpo_cli.run.outcome import GroupOutcome, OutcomeTotals
+from grpo_cli.run.outcome import OutcomeTotals
 from grpo_cli.run.plan import RunPlan
 from grpo_cli.run.steps import with_watched_step
 
@@ -114,55 +109,6 @@ def _held_verify(
     for table in ray.get(settles):
         verifier.merge(_report_of(table), named=True)
     return verifier.result(), _range_of(tables)
-
-
-def _with_group_rewards(
-    ray: Any,
-    blocks: list[list[FilePart]],
-    plan: RunPlan,
-    merged: MergedStatistics,
-    outcome: GroupOutcome,
-    group_size: int | None,
-) -> GroupOutcome:
-    """The need ``group_rewards``: every row's group and reward gathered on the driver in input
-    order (16 bytes a row, as the local engine holds them), then the estimator's state
-    (:meth:`RunPlan.with_group_rows`)."""
-    job = {"payload": _payload(ray, merged, outcome), "token": uuid.uuid4().hex}
-    tables = _map_blocks(ray, blocks, block_group_rewards, config=plan.config, group_size=group_size, **job)
-    pieces = [
-        (
-            t.column("group").to_numpy(),
-            torch.from_numpy(t.column("reward").to_numpy().copy()),
-            torch.from_numpy(t.column("scored").to_numpy(zero_copy_only=False).copy()),
-        )
-        for t in tables
-    ]
-    return plan.with_group_rows(outcome, pieces)
-
-
-def _trainer_filter(
-    ray: Any,
-    parts: list[list[FilePart]],
-    plan: RunPlan,
-    merged: MergedStatistics,
-    outcome: GroupOutcome,
-    job: dict[str, Any],
-) -> dict[str, Any]:
-    """``check --trainer-filter``: every scored row's group and reward gathered in input order
-    (16 bytes a row on the driver, as the local engine holds them), then the trainer's rule on
-    each group against the exact decision (:meth:`~grpo_cli.run.plan.RunPlan.trainer_filter_report`)."""
-    job = {name: value for name, value in job.items() if name != "provenance"}
-    tables = _map_blocks(ray, parts, block_filter_rows, **job)
-    ids = np.concatenate([t.column("group").to_numpy() for t in tables]) if tables else np.zeros(0, np.int64)
-    values = np.concatenate([t.column("reward").to_numpy() for t in tables]) if tables else np.zeros(0)
-    return plan.trainer_filter_report(
-        ids,
-        values,
-        outcome.active,
-        by=merged.by,
-        batches=merged.batches,
-        key_at=None if job["group_size"] is not None or merged.keys is None else merged.keys.key_at,
-    )
 
 
 def run_ray(
@@ -212,38 +158,21 @@ def run_ray(
             if output is None and config.verify is None and plan.range_follows_from_stats and len(dtypes) == 1
             else None
         )
-        held = merged = outcome = None
-        if OUTCOME_ON_REDUCERS:
-            held = _held_statistics(ray, blocks, plan, group_size)
-            rows, nan_rewards = held.totals.rows, held.totals.nan_rewards
-        else:
-            merged = _statistics(ray, blocks, plan, group_size)
-            rows, nan_rewards = int(merged.rows_per_group.sum()), merged.nan_rewards
-        if rows == 0:
+        held = _held_statistics(ray, blocks, plan, group_size)
+        totals = held.totals
+        if totals.rows == 0:
             raise GrpoError(f"{inputs.spec}: no rows; there is nothing to compute advantages for")
-        if nan_rewards and config.advantage.nan == "error":
+        if totals.nan_rewards and config.advantage.nan == "error":
             raise RowsUnknown(
-                f"{inputs.spec}: {nan_rewards} reward(s) are null, NaN or infinite "
+                f"{inputs.spec}: {totals.nan_rewards} reward(s) are null, NaN or infinite "
                 "(--nan ignore leaves them out; the local engine names the first row)"
             )
-        if held is not None:
-            totals = held.totals
-            second_round = held.round_two(ray, plan, range_dtype)  # beside the advantage job
-            transform = None
-            if plan.needs_moments_pass:
-                moments = _moments(ray, blocks, plan, held.payload(ray), group_size)
-                transform = plan.transform(moments)
-            payload = held.payload(ray, transform)
-        else:
-            assert merged is not None
-            outcome = _outcome_of(plan, merged)
-            if "group_rewards" in plan.needs:
-                outcome = _with_group_rewards(ray, blocks, plan, merged, outcome, group_size)
-            if plan.needs_moments_pass:
-                moments = _moments(ray, blocks, plan, _payload(ray, merged, outcome), group_size)
-                outcome = replace(outcome, transform=plan.transform(moments))
-            totals = outcome.totals
-            payload = _payload(ray, merged, outcome)
+        second_round = held.round_two(ray, plan, range_dtype)  # beside the advantage job
+        transform = None
+        if plan.needs_moments_pass:
+            moments = _moments(ray, blocks, plan, held.payload(ray), group_size)
+            transform = plan.transform(moments)
+        payload = held.payload(ray, transform)
         parts = advantage_parts(inputs.files, partition_count)
         written_info: dict[str, Any] | None = None
         job = {
@@ -260,29 +189,20 @@ def run_ray(
             written: dict[str, Any] | None = None,
             **checked: Any,
         ) -> RunSummary:
-            if held is not None:
-                seconds = [_report_of(table) for table in ray.get(second_round)]
-                if range_dtype is not None:
-                    extremes = _merged_range([extremes for _, extremes in seconds], totals.nan_rewards)
-                findings = merged_findings(
-                    held.first,
-                    sum((second for second, _ in seconds), SecondRound()),
-                    options=config.findings_options(),
-                    named=config.group_size is None,
-                )
-                findings = replace(findings, by=held.by)
-                measured: GroupOutcome | OutcomeTotals = totals
-            else:
-                assert merged is not None and outcome is not None
-                key_at = None if config.group_size is not None or merged.keys is None else merged.keys.key_at
-                findings = group_findings(
-                    outcome, options=config.findings_options(), key_at=key_at, by=merged.by
-                )
-                measured = outcome
+            seconds = [_report_of(table) for table in ray.get(second_round)]
+            if range_dtype is not None:
+                extremes = _merged_range([extremes for _, extremes in seconds], totals.nan_rewards)
+            findings = merged_findings(
+                held.first,
+                sum((second for second, _ in seconds), SecondRound()),
+                options=config.findings_options(),
+                named=config.group_size is None,
+            )
+            findings = replace(findings, by=held.by)
             return _summary(
                 inputs,
                 config,
-                measured,
+                totals,
                 findings,
                 parts,
                 blocks,
@@ -296,21 +216,12 @@ def run_ray(
         if output is None:  # check: the figures and the advantages' range, nothing written
             filtered = verified = None
             extremes = None
-            if config.trainer_filter is not None and held is not None:
+            if config.trainer_filter is not None:
                 assert held.filtered is not None
                 filtered = plan.trainer_filter_result(held.filtered)
-            elif config.trainer_filter is not None:
-                assert merged is not None and outcome is not None
-                filtered = _trainer_filter(ray, parts, plan, merged, outcome, job)
-            if config.verify is not None and held is not None:
+            if config.verify is not None:
                 verified, extremes = _held_verify(ray, parts, plan, held, job)
-            elif config.verify is not None:
-                assert merged is not None and outcome is not None
-                verified, extremes = _verify(ray, parts, plan, outcome, merged.keys, job)
-            elif range_dtype is not None:
-                if outcome is not None:  # else each bucket's range comes with its round 2
-                    extremes = plan.advantage_range_from_stats(outcome, range_dtype)
-            else:
+            elif range_dtype is None:  # else each bucket's range comes with its round 2
                 column = config.advantage_col
                 advantages = _block_dataset(ray, parts, block_advantages, **job).select_columns([column])
                 extremes = (float(advantages.min(column)), float(advantages.max(column)))
@@ -377,7 +288,7 @@ def run_ray(
 def _summary(
     inputs: RayInputs,
     config: ComputeConfig,
-    outcome: GroupOutcome | OutcomeTotals,
+    totals: OutcomeTotals,
     findings: GroupFindings,
     parts: list[Any],
     blocks: list[Any],
@@ -395,14 +306,11 @@ def _summary(
         "engine": "ray",
         "partitions": len(parts),
         "statistics_blocks": len(blocks),
-        # where each group's outcome was computed: "reducers" (the driver held the merged
-        # totals and findings only) or "driver" (it gathered every group's figures)
-        "outcome_on": "reducers" if isinstance(outcome, OutcomeTotals) else "driver",
         "ray_startup_seconds": round(ray_startup, 3),
     }
     output = written_info
     return build_summary(
-        outcome,
+        totals,
         input=input_info(
             inputs.spec,
             [file.shard() for file in inputs.files],
@@ -422,38 +330,6 @@ def _summary(
     )
 
 
-# False: the driver gathers every group's figures even where the reducers could finish the
-# statistics job, as before 2026-12-06 (benchmarks and tests compare the two)
-OUTCOME_ON_REDUCERS = True
-
-
-def _verify(
-    ray: Any,
-    parts: list[list[FilePart]],
-    plan: RunPlan,
-    outcome: GroupOutcome,
-    keys: BucketKeys | None,
-    job: dict[str, Any],
-) -> tuple[dict[str, Any], tuple[float, float] | None]:
-    """``check --verify-advantage-col``: each part compared on a worker, what each saw merged
-    in input order into one verifier (the local engine's figures, examples named by key), and
-    the advantages' range."""
-    config = plan.config
-    assert config.verify is not None
-    job = {name: value for name, value in job.items() if name != "provenance"}
-    tables = _map_blocks(ray, parts, block_verify, **job)
-    verifier = Verifier(
-        config.verify,
-        outcome.stats,
-        config.advantage,
-        None if job["group_size"] is not None else keys,
-        batch_transform=plan.needs_moments_pass,
-    )
-    for table in tables:
-        verifier.merge(pickle.loads(table.column("partial")[0].as_py()))
-    return verifier.result(), _range_of(tables)
-
-
 def _moments(
     ray: Any,
     blocks: list[list[FilePart]],
@@ -463,8 +339,8 @@ def _moments(
 ) -> WeightedMoments:
     """The extra job of a batch transform: each statistics block's moments of each of the
     run's batches, merged in block order as the local engine's moments pass merges them
-    (``payload``: the outcome's :func:`_payload`, or the buckets' :meth:`HeldStatistics.payload`;
-    the batches are numbered by the workers' outcome, each block's table a row per batch)."""
+    (``payload``: the buckets' :meth:`HeldStatistics.payload`; the batches are numbered by the
+    workers' outcome, each block's table a row per batch)."""
     tables = _map_blocks(
         ray,
         blocks,

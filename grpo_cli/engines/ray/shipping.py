@@ -1,65 +1,15 @@
-"""What the driver sends to tasks and how: tensors shipped as arrays, a run's payload put once in
-the object store, blocks mapped as tasks or a Ray Data job, the first refusal raised."""
+"""How the driver sends work to tasks: blocks mapped as tasks or a Ray Data job, a task's
+options, the first refusal raised."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import torch
 
 from grpo_cli.engines.ray.blocks import FilePart
 from grpo_cli.engines.ray.fields import BLOCK_FIELD, ERROR_FIELD, GROUP_FIELD, RowsUnknown
-from grpo_cli.engines.ray.merge import MergedStatistics
-from grpo_cli.run.outcome import GroupOutcome
-
-
-def _payload(ray: Any, merged: MergedStatistics, outcome: GroupOutcome) -> Any:
-    """What the workers of the moments and advantage jobs read once, in the object store: the
-    keys' buckets and IDs (their tables are there already) and the outcome, its tensors
-    shipped as NumPy arrays (:func:`_shipped`)."""
-    assert merged.keys is not None
-    return ray.put(
-        {"keys": replace(merged.keys, positions=np.zeros(0, np.int64)), "outcome": _shipped(outcome)}
-    )
-
-
-class _ShippedTensor:
-    """A CPU tensor on its way to Ray's object store as the NumPy array over its memory: Ray
-    stores an array's buffer without a copy, where a tensor is first pickled into a copy of its
-    bytes on the driver (about 100 bytes a group for an outcome: the driver's peak)."""
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.array = tensor.numpy()
-
-    def __reduce__(self) -> tuple[Any, tuple[np.ndarray]]:
-        return _tensor_of, (self.array,)
-
-
-def _tensor_of(array: np.ndarray) -> torch.Tensor:
-    """A shipped tensor, back in a worker: a copy, since the object store's pages are read-only."""
-    return torch.from_numpy(array.copy())
-
-
-def _shipped(value: Any) -> Any:
-    """``value`` with each tensor in it (through dataclasses, lists, tuples and dicts) shipped as
-    a :class:`_ShippedTensor`, which a worker unpickles as the tensor; nothing is copied here."""
-    if isinstance(value, torch.Tensor):
-        return _ShippedTensor(value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        changed = {f.name: _shipped(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
-        return replace(value, **changed)
-    if isinstance(value, list):
-        return [_shipped(item) for item in value]
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_shipped(item) for item in value)
-    if isinstance(value, dict):
-        return {key: _shipped(item) for key, item in value.items()}
-    return value
 
 
 def _block_dataset(ray: Any, blocks: list[list[FilePart]], function: Any, **kwargs: Any) -> Any:

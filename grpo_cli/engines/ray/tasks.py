@@ -7,7 +7,7 @@ import pickle
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +22,13 @@ from grpo_cli.engines.ray.fields import (
     _CPU,
     BLOCK_FIELD,
     ERROR_FIELD,
-    GROUP_FIELD,
     ROW_GROUP_FIELD,
     _refusal,
     _report_of,
     _report_table,
 )
 from grpo_cli.engines.ray.inputs import InputFile, RayInputs, _open_file, is_remote, side_by_side_requests
-from grpo_cli.engines.ray.merge import BucketKeys, _in_bucket_order, _key_index, _KeyTable, _outcome_of
+from grpo_cli.engines.ray.merge import _in_bucket_order, _key_index, _KeyTable, _outcome_of
 from grpo_cli.engines.ray.reducers import _state_of_buckets
 from grpo_cli.engines.ray.session import import_ray
 from grpo_cli.errors import GrpoError, first_line
@@ -52,7 +51,9 @@ from grpo_cli.stores import CopiedPrefix, check_scheme, local_path, store_output
 _WORKER_CACHE: dict[str, Any] = {}
 
 
-def _worker_state(payload: Any, token: str, config: ComputeConfig) -> tuple[RunPlan, _RunIds, GroupOutcome]:
+def _worker_state(
+    payload: Any, token: str, config: ComputeConfig
+) -> tuple[RunPlan, GroupKeyIndex, GroupOutcome]:
     """The plan, key index and outcome, built once per worker process and run."""
     cached = _WORKER_CACHE.get(token)
     if cached is None:
@@ -60,45 +61,29 @@ def _worker_state(payload: Any, token: str, config: ComputeConfig) -> tuple[RunP
         if not isinstance(payload, dict):
             payload = import_ray().get(payload)
         plan = RunPlan(config, device=_CPU)
-        if "buckets" in payload:  # the reducers finished job 1: every bucket's groups end to end
-            figures, key_tables, sizes = payload["buckets"]
-            outcome = _outcome_of(plan, _in_bucket_order(plan, figures, sizes), payload["batch_stds"])
-            if payload["group_row_states"] is not None:
-                state = _state_of_buckets(plan, payload["group_row_states"], sizes)
-                outcome = replace(outcome, estimator_state=state)
-            if payload["transform"] is not None:
-                outcome = replace(outcome, transform=payload["transform"])
-            cached = (plan, _RunIds(_key_index(key_tables, config.group_cols), None), outcome)
-        else:
-            keys: BucketKeys = payload["keys"]
-            cached = (plan, _RunIds(keys.index(config.group_cols), keys.ids), payload["outcome"])
+        figures, key_tables, sizes = payload["buckets"]  # every bucket's groups end to end
+        outcome = _outcome_of(plan, _in_bucket_order(plan, figures, sizes), payload["batch_stds"])
+        if payload["group_row_states"] is not None:
+            state = _state_of_buckets(plan, payload["group_row_states"], sizes)
+            outcome = replace(outcome, estimator_state=state)
+        if payload["transform"] is not None:
+            outcome = replace(outcome, transform=payload["transform"])
+        cached = (plan, _key_index(key_tables, config.group_cols), outcome)
         _WORKER_CACHE[token] = cached
     return cached
 
 
-@dataclass(frozen=True)
-class _RunIds:
-    """A worker's map from keys to the outcome's group IDs: the keys' positions, then their IDs
-    (``None``: the positions are the IDs, the outcome being in the buckets' order)."""
-
-    index: GroupKeyIndex
-    ids: np.ndarray | None
-
-
-def _group_ids(batch: pa.RecordBatch, config: ComputeConfig, run_ids: _RunIds) -> np.ndarray:
-    """The run's group IDs of a batch's rows (every key was seen by the statistics job)."""
-    index = run_ids.index
-    positions = (
+def _group_ids(batch: pa.RecordBatch, config: ComputeConfig, index: GroupKeyIndex) -> np.ndarray:
+    """The run's group IDs of a batch's rows: their keys' positions in the buckets laid end to
+    end (every key was seen by the statistics job)."""
+    positions: np.ndarray = (
         index.encode([batch.column(c) for c in config.group_cols])
         if batch.num_rows
         else np.empty(0, np.int64)
     )
     if positions.size and int(positions.max()) >= len(index):
         raise RuntimeError("a group key appeared in pass 2 that pass 1 did not see")
-    if run_ids.ids is None:
-        return positions
-    ids: np.ndarray = run_ids.ids[positions]
-    return ids
+    return positions
 
 
 def block_moments(
@@ -201,18 +186,17 @@ def block_verify(
     :class:`~grpo_cli.results.verify.Verifier` of its own; returns what it saw (pickled, for
     :meth:`~grpo_cli.results.verify.Verifier.merge`) and the part's advantage range."""
     (index,) = batch.column("block").to_pylist()
-    plan, run_ids, outcome = _worker_state(payload, token, config)
+    plan, keys, outcome = _worker_state(payload, token, config)
     assert config.verify is not None
     columns = list(dict.fromkeys([*plan.input_columns, config.verify.column]))
     try:
         ((part, record),) = _read_block(blocks[index], columns, group_size)
-        rewards, advantages, ids_np = _part_advantages(plan, run_ids, outcome, part, record, record.schema)
+        rewards, advantages, ids_np = _part_advantages(plan, keys, outcome, part, record, record.schema)
         verifier = Verifier(
             config.verify,
             outcome.stats,
             config.advantage,
-            # where the reducers finished job 1 the worker holds every key: it names its examples
-            run_ids.index if run_ids.ids is None else None,
+            keys,  # the worker holds every key: it names its examples
             batch_transform=plan.needs_moments_pass,
             first_row=part.file.offset + part.start,
         )
@@ -265,7 +249,7 @@ def settle_bucket(config: ComputeConfig, figures: pa.Table, keys: pa.Table, *cut
 
 def _part_advantages(
     plan: RunPlan,
-    run_ids: _RunIds,
+    keys: GroupKeyIndex,
     outcome: GroupOutcome,
     part: FilePart,
     record: pa.RecordBatch,
@@ -273,7 +257,7 @@ def _part_advantages(
 ) -> tuple[RewardBatch, torch.Tensor, np.ndarray]:
     """One part's rewards, its advantages in the output's dtype for ``schema`` (the file's),
     and its rows' run group IDs, as the advantage job computes them."""
-    ids_np = _group_ids(record, plan.config, run_ids)
+    ids_np = _group_ids(record, plan.config, keys)
     reader = plan.reward_reader(record.schema, part.file.shard())
     rewards, result, batch_ids = plan.row_advantages(
         record,
@@ -326,12 +310,12 @@ def block_splice(
     column chunks of each row group, the footer merged; written to ``target``'s folder under
     the local engine's name for the shard. Returns the file's name, rows and advantage range."""
     (index,) = batch.column("block").to_pylist()
-    plan, run_ids, outcome = _worker_state(payload, token, config)
+    plan, keys, outcome = _worker_state(payload, token, config)
     ((part, record),) = _read_block(blocks[index], plan.input_columns, group_size)
     shard = part.file.shard()
     with _local_copy(part.file) as source:
         schema = pq.read_schema(source)
-        _, advantages, ids_np = _part_advantages(plan, run_ids, outcome, part, record, schema)
+        _, advantages, ids_np = _part_advantages(plan, keys, outcome, part, record, schema)
         ids = torch.from_numpy(ids_np)
         arrays = new_column_arrays(advantages, outcome.active[ids], ids_np, outcome.group_columns)
         output_schema = plan.output_schema(schema, provenance)
@@ -408,63 +392,6 @@ def _local_copy(file: InputFile) -> Iterator[Path]:
 
     with spool(None, label=file.display, write=download) as path:
         yield Path(path)
-
-
-def block_filter_rows(
-    batch: pa.Table,
-    blocks: list[list[FilePart]],
-    payload: Any,
-    token: str,
-    config: ComputeConfig,
-    group_size: int | None = None,
-) -> pa.Table:
-    """``check --trainer-filter``: one part's rows, each row's run group ID and the reward the
-    trainer's rule sees (:meth:`~grpo_cli.run.plan.RunPlan.filter_values`), in input order, as the
-    local engine's pass 1 keeps them."""
-    (index,) = batch.column("block").to_pylist()
-    plan, run_ids, _ = _worker_state(payload, token, config)
-    ((part, record),) = _read_block(blocks[index], plan.input_columns, group_size)
-    rewards = plan.reward_reader(record.schema, part.file.shard()).read(record, part.start)
-    ids, values = plan.filter_rows(rewards, _group_ids(record, config, run_ids))
-    return pa.table(
-        {
-            "group": ids,
-            "reward": values,
-            BLOCK_FIELD: np.full(ids.size, index, np.int64),
-            GROUP_FIELD: np.arange(ids.size, dtype=np.int64),  # the rows' order, should Ray cut the table
-        }
-    )
-
-
-def block_group_rewards(
-    batch: pa.Table,
-    blocks: list[list[FilePart]],
-    payload: Any,
-    token: str,
-    config: ComputeConfig,
-    group_size: int | None = None,
-) -> pa.Table:
-    """The need ``group_rewards``: one statistics block's rows, in input order: each row's run group ID, its
-    combined reward (float64) and whether it is scored, as the local engine's pass 1 keeps them."""
-    (index,) = batch.column("block").to_pylist()
-    plan, run_ids, _ = _worker_state(payload, token, config)
-    ids, values, scored = [], [], []
-    for part, record in _read_block(blocks[index], plan.input_columns, group_size):
-        rewards = plan.reward_reader(record.schema, part.file.shard()).read(record, part.start)
-        ids.append(_group_ids(record, config, run_ids))
-        values.append(rewards.combined.to(torch.float64).numpy())
-        valid = rewards.combined_valid
-        scored.append(np.ones(record.num_rows, bool) if valid is None else valid.numpy())
-    rows = int(sum(v.size for v in values))
-    return pa.table(
-        {
-            "group": np.concatenate(ids),
-            "reward": np.concatenate(values),
-            "scored": np.concatenate(scored),
-            BLOCK_FIELD: np.full(rows, index, np.int64),
-            GROUP_FIELD: np.arange(rows, dtype=np.int64),  # the rows' order, should Ray cut the table
-        }
-    )
 
 
 def splice_plan(inputs: RayInputs, config: ComputeConfig) -> str | None:
