@@ -534,7 +534,7 @@ let_idle_threads_sleep()  # the driver is the CLI's process, which does these wh
 reuse_freed_memory()
 from grpo_cli.options.config import ComputeConfig
 from grpo_cli.engines.ray import ray_session
-from grpo_cli.jobs import compute_dataset_ray
+from grpo_cli.jobs import Ray, compute_dataset
 source, target, workers, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 start = time.perf_counter()
 with ray_session(None, num_cpus=workers):
@@ -542,7 +542,7 @@ with ray_session(None, num_cpus=workers):
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        compute_dataset_ray(source, target, ComputeConfig(), force=True)
+        compute_dataset(source, target, ComputeConfig(), engine=Ray(), force=True)
         best = min(best, time.perf_counter() - start)
 print(json.dumps({{"seconds": best, "startup": startup}}))
 """
@@ -557,7 +557,7 @@ from grpo_cli.threads import let_idle_threads_sleep
 let_idle_threads_sleep()  # the driver is the CLI's process, which does these when a command runs
 reuse_freed_memory()
 from grpo_cli.options.config import ComputeConfig
-from grpo_cli.jobs import compute_dataset_ray
+from grpo_cli.jobs import Ray, compute_dataset
 from grpo_cli.options.advantage import AdvantageOptions
 
 advantage = (
@@ -579,7 +579,7 @@ def sample():
 threading.Thread(target=sample, daemon=True).start()
 start = time.perf_counter()
 config = ComputeConfig(stats_block_rows=int(sys.argv[3]), advantage=advantage, by_cols=by_cols)
-compute_dataset_ray(sys.argv[1], sys.argv[2], config, force=True)
+compute_dataset(sys.argv[1], sys.argv[2], config, engine=Ray(), force=True)
 seconds = time.perf_counter() - start
 done.set()
 print(json.dumps({{"seconds": seconds, "driver_peak_rss_mib": status("VmHWM:") / 1024,

@@ -1,7 +1,8 @@
 """grpo-cli: exact, fast GRPO group-relative advantages over rollout datasets.
 
 Tables you hold get two columns with :func:`add_advantages` (pyarrow, polars, pandas,
-datasets); files are :func:`compute_dataset`'s. The kernel is importable without the
+datasets); files are :func:`compute_dataset`'s, on this machine or on Ray
+(``engine=Ray()``). The kernel is importable without the
 CLI's dependencies:
 
 >>> import torch
@@ -22,6 +23,8 @@ __all__ = [
     "GroupStats",
     "GroupStatsAccumulator",
     "GrpoError",
+    "Local",
+    "Ray",
     "__version__",
     "active_groups",
     "add_advantages",
@@ -39,7 +42,7 @@ if TYPE_CHECKING:
     from grpo_cli.allocator import reuse_freed_memory
     from grpo_cli.api import group_advantages
     from grpo_cli.errors import GrpoError
-    from grpo_cli.jobs import check_dataset, compute_dataset
+    from grpo_cli.jobs import Local, Ray, check_dataset, compute_dataset
     from grpo_cli.kernel import (
         GroupAdvantages,
         GroupStats,
@@ -56,6 +59,8 @@ _LAZY = {
     "group_advantages": "grpo_cli.api",
     "compute_dataset": "grpo_cli.jobs",
     "check_dataset": "grpo_cli.jobs",
+    "Local": "grpo_cli.jobs",
+    "Ray": "grpo_cli.jobs",
     "ComputeConfig": "grpo_cli.options.config",
     "GrpoError": "grpo_cli.errors",
     "add_advantages": "grpo_cli.tables",

@@ -1,9 +1,18 @@
-"""Jobs over files, the library form of the CLI's commands: ``compute`` and ``check``.
+"""Jobs over files, the library form of the CLI's commands: one function a command
+(:func:`compute_dataset`, :func:`check_dataset`), and the engine it runs on as a value
+(:class:`Local`, the default, or :class:`Ray`).
 
 Each job validates its options, resolves its inputs, claims its outputs (the data and
 the summary file) from one :class:`~grpo_cli.outputs.guard.WriteGuard` before any work starts,
-runs an engine, and writes the summary file only after the data was committed. The
+runs the engine, and writes the summary file only after the data was committed. The
 engines never choose paths; they write to the claims they are handed.
+
+>>> engine_named("ray", partitions=4)
+Ray(address=None, partitions=4, quiet=True)
+>>> engine_named("local", partitions=4)
+Traceback (most recent call last):
+...
+grpo_cli.errors.GrpoError: --ray-address and --partitions need --engine ray
 """
 
 from __future__ import annotations
@@ -12,14 +21,17 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
-from grpo_cli.errors import LayoutError
+from grpo_cli.errors import GrpoError, LayoutError
 from grpo_cli.file_names import output_is_directory
 from grpo_cli.inputs.readers import read_provenance, validate_pages
 from grpo_cli.inputs.sources import InputSet
+from grpo_cli.options.choices import Engine as EngineName
+from grpo_cli.options.choices import check_choice
 from grpo_cli.options.config import ComputeConfig
 from grpo_cli.outputs.guard import (
     Claim,
@@ -33,6 +45,9 @@ from grpo_cli.results.checks import CheckBounds, evaluate_checks
 from grpo_cli.results.summary import RunSummary
 from grpo_cli.run.progress import Progress
 from grpo_cli.trainers.dumps import trainer_hint
+
+if TYPE_CHECKING:
+    from grpo_cli.inputs.sources import Shard
 
 PathLike = str | os.PathLike[str]
 Inputs = PathLike | Sequence[PathLike] | InputSet
@@ -58,22 +73,26 @@ def compute_dataset(
     output: PathLike | None,
     config: ComputeConfig | None = None,
     *,
+    engine: Engine | None = None,
     force: bool = False,
     progress: Progress | None = None,
     summary_json: PathLike | None = None,
     report: PathLike | None = None,
 ) -> RunSummary:
-    """The same job as ``grpo-cli compute``, on this machine.
+    """The same job as ``grpo-cli compute``, on ``engine`` (:class:`Local`, the default, or
+    :class:`Ray`).
 
-    Reads ``input`` (a file, directory of shards, glob, or ``-``; or a list of them),
-    writes the augmented ``output`` atomically (nothing is written when ``output`` is ``None``),
-    writes the summary as JSON to ``summary_json`` if given, and returns the run's
+    Reads ``input`` (a file, directory of shards, glob, or ``-``; or a list of them; or inputs
+    already resolved, a trainer's dump), writes the augmented ``output`` atomically (nothing
+    is written when ``output`` is ``None``; on Ray, a directory of Parquet files or a store's
+    URI), writes the summary as JSON to ``summary_json`` if given, and returns the run's
     :class:`~grpo_cli.results.summary.RunSummary`. Every path is checked by the write guard
     before any work starts.
     """
-    return _local_job(
-        input, output, config, force=force, progress=progress, summary_json=summary_json, report=report
-    )
+    return (engine or Local()).run(
+        input, output, config or ComputeConfig(), force=force, progress=progress,
+        summary_json=summary_json, report=report, bounds=None,
+    )  # fmt: skip
 
 
 def compute_table(table: pa.Table, config: ComputeConfig) -> pa.Table:
@@ -108,27 +127,18 @@ def check_dataset(
     bounds: CheckBounds,
     config: ComputeConfig | None = None,
     *,
+    engine: Engine | None = None,
     force: bool = False,
     progress: Progress | None = None,
     summary_json: PathLike | None = None,
     report: PathLike | None = None,
 ) -> RunSummary:
-    """The same job as ``grpo-cli check``; ``summary.checks`` holds the results."""
-
-    def add_checks(summary: RunSummary, inputs: InputSet) -> None:
-        pages = validate_pages(inputs.shards) if bounds.validate_pages else None
-        summary.checks = evaluate_checks(summary, bounds, pages=pages)
-
-    return _local_job(
-        input,
-        None,
-        config,
-        force=force,
-        progress=progress,
-        summary_json=summary_json,
-        finish=add_checks,
-        report=report,
-    )
+    """The same job as ``grpo-cli check`` on ``engine``; ``summary.checks`` holds the results.
+    Nothing but the summary and the report is written."""
+    return (engine or Local()).run(
+        input, None, config or ComputeConfig(), force=force, progress=progress,
+        summary_json=summary_json, report=report, bounds=bounds,
+    )  # fmt: skip
 
 
 def recorded_provenance(input: Inputs) -> dict[str, Any] | None:
@@ -147,176 +157,172 @@ def recorded_provenance(input: Inputs) -> dict[str, Any] | None:
     return None
 
 
-def check_dataset_ray(
-    input: Inputs,
-    bounds: CheckBounds,
-    config: ComputeConfig,
-    *,
-    address: str | None = None,
-    partitions: int | None = None,
-    quiet: bool = True,
-    summary_json: PathLike | None = None,
-    force: bool = False,
-    report: PathLike | None = None,
-) -> RunSummary:
-    """``grpo-cli check --engine ray``: the local engine's check figures from Ray's jobs, nothing written.
+@dataclass(frozen=True)
+class Local:
+    """The engine on this machine: two passes over the input in batches, the output spliced
+    or rewritten beside its target and committed at the end (:mod:`grpo_cli.engines.local`)."""
 
-    ``--verify-advantage-col`` compares each part of the input on a worker and merges what
-    they saw; ``--trainer-filter`` gathers every scored row's group and reward on the driver,
-    in input order, as the local engine holds them.
-    """
-    return _ray_job(
-        input, None, config, address=address, partitions=partitions, quiet=quiet,
-        summary_json=summary_json, force=force, bounds=bounds, report=report,
-    )  # fmt: skip
+    shows_progress: ClassVar[bool] = True
 
+    def run(
+        self,
+        input: Inputs,
+        output: PathLike | None,
+        config: ComputeConfig,
+        *,
+        force: bool,
+        progress: Progress | None,
+        summary_json: PathLike | None,
+        report: PathLike | None,
+        bounds: CheckBounds | None,
+    ) -> RunSummary:
+        """One job: ``compute`` where ``bounds`` is ``None``, else ``check`` (nothing written)."""
+        config.validate()
+        _check_report(report)
+        directory = output_is_directory(os.fspath(output)) if output is not None else False  # "-": stdout
+        with _as_dumps_hint(input):
+            resolved = (
+                input
+                if isinstance(input, InputSet)
+                else InputSet(_specs(input), input_format=config.input_format)
+            )
+            with resolved as inputs:
 
-def compute_dataset_ray(
-    input: Inputs,
-    output: str,
-    config: ComputeConfig,
-    *,
-    address: str | None = None,
-    partitions: int | None = None,
-    force: bool = False,
-    quiet: bool = True,
-    summary_json: PathLike | None = None,
-    report: PathLike | None = None,
-) -> RunSummary:
-    """``grpo-cli compute --engine ray``: read the input, write a directory of Parquet files.
+                def run(claim: Claim | None) -> RunSummary:
+                    # The spliced shards' bytes are copied while torch is imported (by the engine).
+                    target = open_output(claim, config, inputs.shards) if claim is not None else None
+                    from grpo_cli.engines.local import run_local
 
-    ``input`` is a file, directory, glob or object-store URI, or a list of them, or inputs
-    already resolved (a trainer's dump). Parquet files and URIs are read by Ray's tasks; every
-    other input is first written to private Parquet files on this machine, so it needs a local
-    Ray instance (no ``address``). Local outputs are claimed from the same write guard as the
-    local engine's.
-    """
-    return _ray_job(
-        input, output, config, address=address, partitions=partitions, quiet=quiet,
-        summary_json=summary_json, force=force, report=report,
-    )  # fmt: skip
+                    summary = run_local(inputs, config, target, progress=progress)
+                    _add_checks(summary, inputs.shards, bounds)
+                    return summary
 
-
-def _ray_job(input: Inputs, output: str | None, config: ComputeConfig, **options: Any) -> RunSummary:
-    with _as_dumps_hint(input):
-        return _ray_run(input, output, config, **options)
-
-
-def _ray_run(
-    input: Inputs,
-    output: str | None,
-    config: ComputeConfig,
-    *,
-    address: str | None,
-    partitions: int | None,
-    quiet: bool,
-    summary_json: PathLike | None,
-    force: bool,
-    bounds: CheckBounds | None = None,
-    report: PathLike | None = None,
-) -> RunSummary:
-    from grpo_cli.engines import ray as ray_engine
-
-    started = time.perf_counter()
-    ray_engine.check_ray_run(output, config, partitions=partitions)
-    if report is not None:
-        from grpo_cli.results.html_report import check_report_path
-
-        check_report_path(os.fspath(report))
-    with contextlib.ExitStack() as staging:
-        specs = input if isinstance(input, InputSet) else _specs(input)
-        inputs = ray_engine.resolve_inputs(
-            specs, staging=staging, input_format=config.input_format, cluster=address is not None
-        )
-
-        def run(claim: Claim | None) -> RunSummary:
-            try:
-                summary = ray_engine.run_ray(
-                    inputs, output, claim, config, address=address, partitions=partitions, quiet=quiet
+                return _guarded(
+                    inputs.protected(),
+                    output,
+                    summary_json,
+                    directory=directory,
+                    force=force,
+                    run=run,
+                    report=report,
                 )
-            except ray_engine.RowsUnknown:
-                # Ray's blocks lost each row's file and position: the local engine's first pass
-                # finds the same refusal and names the row, in the words it uses itself.
-                if len(inputs.paths) == len(inputs.shards):
-                    from grpo_cli.engines.local import refuse_as_local
-
-                    with InputSet.of_shards(inputs.spec, inputs.shards, contextlib.ExitStack()) as local:
-                        refuse_as_local(local, config)
-                raise
-            summary.elapsed_seconds = time.perf_counter() - started
-            if bounds is not None:
-                pages = validate_pages(inputs.shards) if bounds.validate_pages else None
-                summary.checks = evaluate_checks(summary, bounds, pages=pages)
-            return summary
-
-        # Every output goes through the write guard. A local Ray instance writes on this machine
-        # (an output on a store is uploaded all or none when the run commits); a cluster's workers
-        # write a store's output to a staging folder there, moved into place when the run commits.
-        return _guarded(
-            inputs.protected(),
-            output,
-            summary_json,
-            directory=True,
-            force=force,
-            run=run,
-            report=report,
-            written_elsewhere=address is not None,
-        )
 
 
-def _local_job(
-    input: Inputs,
-    output: PathLike | None,
-    config: ComputeConfig | None,
-    *,
-    force: bool,
-    progress: Progress | None,
-    summary_json: PathLike | None,
-    finish: Callable[[RunSummary, InputSet], None] | None = None,
-    report: PathLike | None = None,
-) -> RunSummary:
-    config = config or ComputeConfig()
-    config.validate()
+@dataclass(frozen=True)
+class Ray:
+    """The Ray Data engine, on a local instance or the cluster at ``address``
+    (:mod:`grpo_cli.engines.ray`): the local engine's bits, the output a directory of Parquet
+    files or a store's URI. ``partitions``: the advantage job's parts (default: one per
+    256 MiB of input); ``quiet``: Ray's own log lines left out.
+
+    Parquet files and URIs are read by Ray's tasks; every other input is first written to
+    private Parquet files on this machine, so it needs a local instance (no ``address``).
+    ``check --verify-advantage-col`` compares each part of the input on a worker and merges
+    what they saw; a trainer's filter runs on the reducers, each group's rows sent to its
+    bucket.
+    """
+
+    address: str | None = None
+    partitions: int | None = None
+    quiet: bool = True
+
+    shows_progress: ClassVar[bool] = False
+
+    def run(
+        self,
+        input: Inputs,
+        output: PathLike | None,
+        config: ComputeConfig,
+        *,
+        force: bool,
+        progress: Progress | None,
+        summary_json: PathLike | None,
+        report: PathLike | None,
+        bounds: CheckBounds | None,
+    ) -> RunSummary:
+        """One job: ``compute`` where ``bounds`` is ``None``, else ``check`` (nothing written);
+        ``progress`` is not drawn (Ray reports its own)."""
+        from grpo_cli.engines import ray as ray_engine
+
+        started = time.perf_counter()
+        target = None if output is None else os.fspath(output)
+        ray_engine.check_ray_run(target, config, partitions=self.partitions)
+        _check_report(report)
+        with _as_dumps_hint(input), contextlib.ExitStack() as staging:
+            specs = input if isinstance(input, InputSet) else _specs(input)
+            inputs = ray_engine.resolve_inputs(
+                specs, staging=staging, input_format=config.input_format, cluster=self.address is not None
+            )
+
+            def run(claim: Claim | None) -> RunSummary:
+                try:
+                    summary = ray_engine.run_ray(
+                        inputs,
+                        target,
+                        claim,
+                        config,
+                        address=self.address,
+                        partitions=self.partitions,
+                        quiet=self.quiet,
+                    )
+                except ray_engine.RowsUnknown:
+                    # Ray's blocks lost each row's file and position: the local engine's first pass
+                    # finds the same refusal and names the row, in the words it uses itself.
+                    if len(inputs.paths) == len(inputs.shards):
+                        from grpo_cli.engines.local import refuse_as_local
+
+                        with InputSet.of_shards(inputs.spec, inputs.shards, contextlib.ExitStack()) as local:
+                            refuse_as_local(local, config)
+                    raise
+                summary.elapsed_seconds = time.perf_counter() - started
+                _add_checks(summary, inputs.shards, bounds)
+                return summary
+
+            # Every output goes through the write guard. A local Ray instance writes on this
+            # machine (an output on a store is uploaded all or none when the run commits); a
+            # cluster's workers write a store's output to a staging folder there, moved into
+            # place when the run commits.
+            return _guarded(
+                inputs.protected(),
+                target,
+                summary_json,
+                directory=True,
+                force=force,
+                run=run,
+                report=report,
+                written_elsewhere=self.address is not None,
+            )
+
+
+Engine = Local | Ray
+"""Where a job runs: a value, with the engine's own settings."""
+
+
+def engine_named(
+    name: EngineName, *, address: str | None = None, partitions: int | None = None, quiet: bool = True
+) -> Engine:
+    """The engine ``--engine`` names, with its own options; the Ray engine's given to the local
+    one are refused."""
+    check_choice("--engine", name, EngineName)
+    if name == "local":
+        if address is not None or partitions is not None:
+            raise GrpoError("--ray-address and --partitions need --engine ray")
+        return Local()
+    return Ray(address=address, partitions=partitions, quiet=quiet)
+
+
+def _check_report(report: PathLike | None) -> None:
     if report is not None:
         from grpo_cli.results.html_report import check_report_path
 
         check_report_path(os.fspath(report))
-    directory = output_is_directory(os.fspath(output)) if output is not None else False  # "-": stdout
-    with _as_dumps_hint(input):
-        resolved = (
-            input
-            if isinstance(input, InputSet)
-            else InputSet(_specs(input), input_format=config.input_format)
-        )
-        return _local_run(resolved, output, config, directory, force, progress, summary_json, finish, report)
 
 
-def _local_run(
-    resolved: InputSet,
-    output: PathLike | None,
-    config: ComputeConfig,
-    directory: bool,
-    force: bool,
-    progress: Progress | None,
-    summary_json: PathLike | None,
-    finish: Callable[[RunSummary, InputSet], None] | None,
-    report: PathLike | None,
-) -> RunSummary:
-    with resolved as inputs:
-
-        def run(claim: Claim | None) -> RunSummary:
-            # The spliced shards' bytes are copied while torch is imported (by the engine).
-            target = open_output(claim, config, inputs.shards) if claim is not None else None
-            from grpo_cli.engines.local import run_local
-
-            summary = run_local(inputs, config, target, progress=progress)
-            if finish is not None:
-                finish(summary, inputs)
-            return summary
-
-        return _guarded(
-            inputs.protected(), output, summary_json, directory=directory, force=force, run=run, report=report
-        )
+def _add_checks(summary: RunSummary, shards: Sequence[Shard], bounds: CheckBounds | None) -> None:
+    """``check``: the checks' results on the summary, each shard's pages validated where asked."""
+    if bounds is not None:
+        pages = validate_pages(shards) if bounds.validate_pages else None
+        summary.checks = evaluate_checks(summary, bounds, pages=pages)
 
 
 @contextlib.contextmanager

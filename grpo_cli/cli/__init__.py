@@ -43,6 +43,7 @@ from grpo_cli.options.choices import Color
 from grpo_cli.options.table import Option, offered
 
 if TYPE_CHECKING:
+    from grpo_cli.jobs import Engine
     from grpo_cli.options.config import ComputeConfig, VerifySpec
     from grpo_cli.results.summary import RunSummary
     from grpo_cli.run.progress import RichProgress
@@ -333,6 +334,11 @@ class _RunState:
     def __init__(self) -> None:
         self.resources = contextlib.ExitStack()
 
+    def start_progress(self, show: bool) -> None:
+        """Progress bars from here on where ``show`` (on a terminal: :func:`_progress_bars`);
+        started before the command's slow imports, so a line is on screen at once."""
+        self.progress = _progress_bars(not show)
+
     def close_progress(self) -> None:
         if self.progress is not None:
             self.progress.close()
@@ -351,11 +357,11 @@ def _progress_bars(quiet: bool) -> RichProgress | None:
     return RichProgress()
 
 
-def _run(debug: bool, body: Callable[[_RunState], int], *, bars: bool = False) -> None:
+def _run(debug: bool, body: Callable[[_RunState], int]) -> None:
     """Run a command body, mapping every failure to one line on stderr and an exit code.
 
-    With ``bars``, progress bars (``state.progress``) are drawn on a terminal from the
-    start, and put away before any message. SIGTERM and SIGHUP stop the run like Ctrl-C:
+    Progress bars the body starts (``state.start_progress``) are put away before any
+    message. SIGTERM and SIGHUP stop the run like Ctrl-C:
     every temporary is removed.
     """
     from grpo_cli.allocator import reuse_freed_memory  # ctypes: not on the --help path
@@ -377,7 +383,6 @@ def _run(debug: bool, body: Callable[[_RunState], int], *, bars: bool = False) -
     _signals_to_python()
     try:
         try:
-            state.progress = _progress_bars(not bars)
             with state.resources:
                 code = body(state)
         finally:
@@ -509,53 +514,34 @@ def compute(input: InputArg, **values: Any) -> None:
     group is active; every input column is kept, in order, with rows in input order. The
     summary goes to standard error.
     """
-    output, summary_json, engine = values["output"], values["summary_json"], values["engine"]
+    output, summary_json = values["output"], values["summary_json"]
 
     def body(state: _RunState) -> int:
-        from grpo_cli.options.config import resolve_config
+        engine = _engine(values)
+        state.start_progress(not values["quiet"] and engine.shows_progress)
+        from grpo_cli.jobs import compute_dataset
 
-        _check_engine_options(values)
-        dump = state.resources.enter_context(_opened_dump(input, values))
-        derived = state.resources.enter_context(_derived(input, values, dump))
-        if derived is not None:
-            values.update(derived.overrides)
-        config = resolve_config(values, dump=None if dump is None else dump.defaults)
+        inputs, config = _job_inputs(state, input, values, verifying=False)
         _check_stdout(summary_json)
         if output == "-" and summary_json == "-":
             raise GrpoError("-o - and --summary-json - would both write to standard output")
         _check_stdout(output, "-o")
-        if engine == "ray":
-            from grpo_cli.jobs import compute_dataset_ray
-
-            summary = compute_dataset_ray(
-                _inputs(input, dump, derived),
-                output,
-                config,
-                address=values["ray_address"],
-                partitions=values["partitions"],
-                force=values["force"],
-                quiet=values["quiet"],
-                summary_json=_summary_file(summary_json),
-                report=values["report"],
-            )
-        else:
-            from grpo_cli.jobs import compute_dataset
-
-            summary = compute_dataset(
-                _inputs(input, dump, derived),
-                output,
-                config,
-                force=values["force"],
-                progress=state.progress,
-                summary_json=_summary_file(summary_json),
-                report=values["report"],
-            )
-            state.close_progress()
+        summary = compute_dataset(
+            inputs,
+            output,
+            config,
+            engine=engine,
+            force=values["force"],
+            progress=state.progress,
+            summary_json=_summary_file(summary_json),
+            report=values["report"],
+        )
+        state.close_progress()
         state.written = output
         _report(summary, quiet=values["quiet"], summary_json=summary_json, color=values["color"])
         return EXIT_OK
 
-    _run(values["debug"], body, bars=not values["quiet"] and engine == "local")
+    _run(values["debug"], body)
 
 
 @app.command(no_args_is_help=True, epilog=CHECK_EXAMPLES + EXIT_CODES_HELP)
@@ -570,45 +556,24 @@ def check(input: InputArg, **values: Any) -> None:
     summary_json = values["summary_json"]
 
     def body(state: _RunState) -> int:
+        engine = _engine(values)
+        state.start_progress(not values["quiet"] and engine.shows_progress)
         from grpo_cli.jobs import check_dataset
-        from grpo_cli.options.config import resolve_config
         from grpo_cli.results.checks import CheckBounds
 
-        _check_engine_options(values)
-        dump = state.resources.enter_context(_opened_dump(input, values))
-        derived = state.resources.enter_context(_derived(input, values, dump))
-        if derived is not None:
-            values.update(derived.overrides)
-        recorded, verify = _verification(input, values, dump)
-        config = resolve_config(
-            values, recorded=recorded, verify=verify, dump=None if dump is None else dump.defaults
-        )
+        inputs, config = _job_inputs(state, input, values, verifying=True)
         _check_stdout(summary_json)
         bounds = CheckBounds(**_targeted(values, "check", "bounds"))
-        if values["engine"] == "ray":
-            from grpo_cli.jobs import check_dataset_ray
-
-            summary = check_dataset_ray(
-                _inputs(input, dump, derived),
-                bounds,
-                config,
-                address=values["ray_address"],
-                partitions=values["partitions"],
-                quiet=values["quiet"],
-                summary_json=_summary_file(summary_json),
-                force=values["force"],
-                report=values["report"],
-            )
-        else:
-            summary = check_dataset(
-                _inputs(input, dump, derived),
-                bounds,
-                config,
-                force=values["force"],
-                progress=state.progress,
-                summary_json=_summary_file(summary_json),
-                report=values["report"],
-            )
+        summary = check_dataset(
+            inputs,
+            bounds,
+            config,
+            engine=engine,
+            force=values["force"],
+            progress=state.progress,
+            summary_json=_summary_file(summary_json),
+            report=values["report"],
+        )
         state.close_progress()
         _report(
             summary,
@@ -619,13 +584,38 @@ def check(input: InputArg, **values: Any) -> None:
         )
         return EXIT_OK if all(c["passed"] for c in summary.checks) else EXIT_CHECK_FAILED
 
-    _run(values["debug"], body, bars=not values["quiet"] and values["engine"] == "local")
+    _run(values["debug"], body)
 
 
-def _check_engine_options(values: dict[str, Any]) -> None:
-    """The Ray engine's own options given to the local engine."""
-    if values["engine"] != "ray" and (values["ray_address"] is not None or values["partitions"] is not None):
-        raise GrpoError("--ray-address and --partitions need --engine ray")
+def _engine(values: dict[str, Any]) -> Engine:
+    """The engine ``--engine`` names, with its options (a value: :func:`grpo_cli.jobs.engine_named`)."""
+    from grpo_cli.jobs import engine_named
+
+    return engine_named(
+        values["engine"],
+        address=values["ray_address"],
+        partitions=values["partitions"],
+        quiet=values["quiet"],
+    )
+
+
+def _job_inputs(
+    state: _RunState, input: list[str], values: dict[str, Any], *, verifying: bool
+) -> tuple[Any, ComputeConfig]:
+    """What a job reads (INPUT's paths, or a dump's or the primitives' inputs, opened for the
+    command's life) and its config, resolved from the options, the dump's defaults and, for
+    ``check``, what an output recorded."""
+    from grpo_cli.options.config import resolve_config
+
+    dump = state.resources.enter_context(_opened_dump(input, values))
+    derived = state.resources.enter_context(_derived(input, values, dump))
+    if derived is not None:
+        values.update(derived.overrides)
+    recorded, verify = _verification(input, values, dump) if verifying else (None, None)
+    config = resolve_config(
+        values, recorded=recorded, verify=verify, dump=None if dump is None else dump.defaults
+    )
+    return _inputs(input, dump, derived), config
 
 
 def _targeted(values: dict[str, Any], command: str, target: str) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from grpo_cli.errors import GrpoError
-from grpo_cli.jobs import compute_dataset, compute_dataset_ray
+from grpo_cli.jobs import Ray, compute_dataset
 from grpo_cli.options.advantage import AdvantageOptions, RewardSpec
 from grpo_cli.options.config import ComputeConfig
 from grpo_cli.run.plan import RunPlan
@@ -134,7 +134,7 @@ def compare_summaries(local: dict[str, Any], ray: dict[str, Any]) -> None:
 def test_ray_matches_local(ray_instance, sharded, tmp_path, reward, options):
     config = ComputeConfig(rewards=(RewardSpec(reward),), group_cols=("uid",), advantage=options)
     local = compute_dataset(sharded, tmp_path / "local.parquet", config)
-    ray = compute_dataset_ray(str(sharded), str(tmp_path / "ray_out"), config, partitions=3)
+    ray = compute_dataset(str(sharded), str(tmp_path / "ray_out"), config, engine=Ray(partitions=3))
     a = read_sorted(tmp_path / "local.parquet")
     b = read_sorted(tmp_path / "ray_out")
     singletons = len(range(0, GROUPS, 97))
@@ -199,7 +199,7 @@ def test_ray_matches_local_for_every_estimator(
         **columns,
     )
     local = compute_dataset(sharded, tmp_path / "local.parquet", config)
-    ray = compute_dataset_ray(str(sharded), str(tmp_path / "ray_out"), config, partitions=3)
+    ray = compute_dataset(str(sharded), str(tmp_path / "ray_out"), config, engine=Ray(partitions=3))
     left = read_sorted(tmp_path / "local.parquet").column("advantage").to_numpy()
     right = read_sorted(tmp_path / "ray_out").column("advantage").to_numpy()
     assert np.array_equal(bits(left), bits(right))
@@ -305,7 +305,7 @@ def test_an_output_short_of_rows_is_never_moved_into_place(
         monkeypatch.setattr(ray_engine.run, "_map_blocks", lose_one)
     config = ComputeConfig(rewards=(RewardSpec("reward"),), group_cols=("uid",), rewrite=rewrite)
     with pytest.raises(GrpoError, match=r"the Ray workers' files hold [\d,]+ of the output's 19,\d{3} rows"):
-        compute_dataset_ray(str(sharded), str(tmp_path / "out"), config, partitions=3)
+        compute_dataset(str(sharded), str(tmp_path / "out"), config, engine=Ray(partitions=3))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -486,7 +486,7 @@ def test_ray_cuts_and_merges_the_statistics_blocks_as_the_local_engine_does(
         **columns,
     )
     local = compute_dataset(sharded, tmp_path / "local.parquet", config)
-    ray = compute_dataset_ray(str(sharded), str(tmp_path / "ray_out"), config, partitions=3)
+    ray = compute_dataset(str(sharded), str(tmp_path / "ray_out"), config, engine=Ray(partitions=3))
     left = read_sorted(tmp_path / "local.parquet")
     right = read_sorted(tmp_path / "ray_out")
     assert left.column("advantage").type == pa.float64()
@@ -601,14 +601,14 @@ def test_ray_reducers_finish_the_summary_as_the_local_engine_does(
     bit, the first off-size and merged groups in the run's order named by key, the dropped
     counts, and ``check``'s range from each bucket's extremes with the NaN rows' 0 in it."""
     from grpo_cli.engines import ray as ray_engine
-    from grpo_cli.jobs import check_dataset, check_dataset_ray
+    from grpo_cli.jobs import check_dataset
     from grpo_cli.results.checks import CheckBounds
 
     monkeypatch.setattr(ray_engine.gather, "REDUCERS", 5)
     folder = merged_and_split_groups(tmp_path / "in", seed=5)
     config = ComputeConfig(group_cols=("uid",), stats_block_rows=97, **options)
     local = compute_dataset(folder, tmp_path / "local", config).to_dict()
-    ray = compute_dataset_ray(str(folder), str(tmp_path / "ray_out"), config, partitions=2).to_dict()
+    ray = compute_dataset(str(folder), str(tmp_path / "ray_out"), config, engine=Ray(partitions=2)).to_dict()
     assert ray["options"]["statistics_blocks"] > 50
     compare_summaries(local, ray)
     assert local["nan_rewards"] > 0 and len(local["off_size_groups"]["examples"]) == 5
@@ -621,7 +621,7 @@ def test_ray_reducers_finish_the_summary_as_the_local_engine_does(
     assert left.column("group_active").equals(right.column("group_active"))
     bounds = CheckBounds(min_groups=1)
     local_check = check_dataset(folder, bounds, config).to_dict()
-    ray_check = check_dataset_ray(str(folder), bounds, config, partitions=2).to_dict()
+    ray_check = check_dataset(str(folder), bounds, config, engine=Ray(partitions=2)).to_dict()
     compare_summaries(local_check, ray_check)
 
 
@@ -629,7 +629,7 @@ def test_ray_checks_rewards_that_are_all_nan_as_the_local_engine_does(ray_instan
     """No group holds a scored reward: the advantages' range is every row's 0 on both engines,
     merged from buckets that each saw none."""
     from grpo_cli.engines import ray as ray_engine
-    from grpo_cli.jobs import check_dataset, check_dataset_ray
+    from grpo_cli.jobs import check_dataset
     from grpo_cli.results.checks import CheckBounds
 
     monkeypatch.setattr(ray_engine.gather, "REDUCERS", 3)
@@ -639,7 +639,7 @@ def test_ray_checks_rewards_that_are_all_nan_as_the_local_engine_does(ray_instan
     pq.write_table(table, folder / "part-0.parquet")
     config = ComputeConfig(group_cols=("uid",), stats_block_rows=10, advantage=AdvantageOptions(nan="ignore"))
     local = check_dataset(folder, CheckBounds(), config).to_dict()
-    ray = check_dataset_ray(str(folder), CheckBounds(), config).to_dict()
+    ray = check_dataset(str(folder), CheckBounds(), config, engine=Ray()).to_dict()
     compare_summaries(local, ray)
     assert ray["advantage"] == {"min": 0.0, "max": 0.0}
 
@@ -675,7 +675,7 @@ def test_ray_divides_a_lone_outlier_by_its_others_spread_as_the_local_engine_doe
         group_cols=("uid",), advantage=AdvantageOptions.resolve(preset="nemo-rl"), stats_block_rows=5
     )
     compute_dataset(folder, tmp_path / "local", config)
-    compute_dataset_ray(str(folder), str(tmp_path / "ray_out"), config, partitions=2)
+    compute_dataset(str(folder), str(tmp_path / "ray_out"), config, engine=Ray(partitions=2))
     left, right = read_sorted(tmp_path / "local"), read_sorted(tmp_path / "ray_out")
     assert np.array_equal(
         bits(left.column("advantage").to_numpy()), bits(right.column("advantage").to_numpy())
@@ -688,8 +688,8 @@ def test_ray_reads_a_uri_as_it_reads_a_folder(ray_instance, sharded, tmp_path):
     """An object-store input is listed and read through pyarrow's file systems (here file://):
     the same files in the same order as the local folder, so the same bits."""
     config = ComputeConfig(group_cols=("uid",), stats_block_rows=3000)
-    compute_dataset_ray(str(sharded), str(tmp_path / "folder"), config)
-    summary = compute_dataset_ray(f"file://{sharded}", str(tmp_path / "uri"), config)
+    compute_dataset(str(sharded), str(tmp_path / "folder"), config, engine=Ray())
+    summary = compute_dataset(f"file://{sharded}", str(tmp_path / "uri"), config, engine=Ray())
     a, b = read_sorted(tmp_path / "folder"), read_sorted(tmp_path / "uri")
     assert np.array_equal(bits(a.column("advantage").to_numpy()), bits(b.column("advantage").to_numpy()))
     assert summary.to_dict()["input"]["shards"] == FILES
@@ -714,7 +714,7 @@ def test_ray_merges_files_of_different_column_types(ray_instance, tmp_path):
     for block_rows in (1 << 22, 450):
         config = ComputeConfig(stats_block_rows=block_rows)
         compute_dataset(folder, tmp_path / f"local-{block_rows}", config)
-        compute_dataset_ray(str(folder), str(tmp_path / f"ray-{block_rows}"), config)
+        compute_dataset(str(folder), str(tmp_path / f"ray-{block_rows}"), config, engine=Ray())
         left, right = (
             pa.concat_tables(
                 [pq.read_table(f) for f in sorted(out.glob("*.parquet"))], promote_options="permissive"
@@ -762,7 +762,7 @@ def test_ray_reads_every_format_as_the_local_engine_does(ray_instance, sharded, 
     folder = write_formats(tmp_path, table)[fmt]
     config = ComputeConfig(rewards=(RewardSpec("reward"),), group_cols=("uid",))
     local = compute_dataset(folder, tmp_path / "local.parquet", config)
-    ray = compute_dataset_ray(str(folder), str(tmp_path / "ray_out"), config, partitions=3)
+    ray = compute_dataset(str(folder), str(tmp_path / "ray_out"), config, engine=Ray(partitions=3))
     a, b = read_sorted(tmp_path / "local.parquet"), read_sorted(tmp_path / "ray_out")
     assert a.num_rows == b.num_rows == table.num_rows
     assert a.schema.equals(b.schema, check_metadata=False), (a.schema, b.schema)
@@ -785,7 +785,7 @@ def test_ray_reads_a_shard_of_only_null_rewards_as_the_local_engine_does(ray_ins
         (folder / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     config = ComputeConfig(group_cols=("uid",), advantage=AdvantageOptions(nan="ignore"))
     local = compute_dataset(folder, tmp_path / "local", config)
-    ray = compute_dataset_ray(str(folder), str(tmp_path / "ray_out"), config)
+    ray = compute_dataset(str(folder), str(tmp_path / "ray_out"), config, engine=Ray())
     a, b = (
         pa.concat_tables(
             [pq.read_table(f) for f in sorted(out.glob("*.parquet"))], promote_options="permissive"
@@ -824,7 +824,7 @@ def test_ray_reads_a_trainers_dump_as_the_local_engine_does(ray_instance, tmp_pa
     ],
 )
 def test_ray_checks_as_the_local_engine_does(ray_instance, sharded, tmp_path, options):
-    from grpo_cli.jobs import check_dataset, check_dataset_ray
+    from grpo_cli.jobs import check_dataset
     from grpo_cli.results.checks import CheckBounds
 
     config = ComputeConfig(rewards=(RewardSpec("reward"),), group_cols=("uid",), advantage=options)
@@ -832,7 +832,7 @@ def test_ray_checks_as_the_local_engine_does(ray_instance, sharded, tmp_path, op
         max_inactive_fraction=0.3, min_groups=10, min_active_groups=10**6, validate_pages=True
     )
     local = check_dataset(sharded, bounds, config)
-    ray = check_dataset_ray(str(sharded), bounds, config, partitions=3)
+    ray = check_dataset(str(sharded), bounds, config, engine=Ray(partitions=3))
     compare_summaries(local.to_dict(), ray.to_dict())
     assert ray.checks == local.checks and [c["passed"] for c in ray.checks] == [True, False, True, True]
     assert ray.output is None and not list(tmp_path.iterdir())
@@ -876,7 +876,7 @@ def test_ray_reports_by_value_as_the_local_engine_does(ray_instance, sharded, tm
         rewards=(RewardSpec("reward"),), group_cols=("uid",), by_cols=by, batch_col=batch_col
     )
     local = compute_dataset(folder, tmp_path / "local.parquet", config).to_dict()
-    ray = compute_dataset_ray(str(folder), str(tmp_path / "ray_out"), config, partitions=3).to_dict()
+    ray = compute_dataset(str(folder), str(tmp_path / "ray_out"), config, engine=Ray(partitions=3)).to_dict()
     compare_summaries(local, ray)
     assert ray["by"] == local["by"] and set(ray["by"]) == set(by)
 
@@ -913,7 +913,7 @@ def test_ray_refuses_groups_across_two_by_values_found_by_several_reducers(
     with pytest.raises(GrpoError) as local:
         compute_dataset(source, tmp_path / "local.parquet", config)
     with pytest.raises(GrpoError) as ray:
-        compute_dataset_ray(str(source), str(tmp_path / "ray"), config)
+        compute_dataset(str(source), str(tmp_path / "ray"), config, engine=Ray())
     assert "row 610: a group spans two values of --by 'step'" in local.value.message
     assert ray.value.message == local.value.message
     assert not (tmp_path / "ray").exists()
@@ -950,7 +950,7 @@ def test_ray_groups_by_position_as_the_local_engine_does(
         **({"stats_block_rows": block_rows} if block_rows else {}),
     )
     local = compute_dataset(folder, tmp_path / "local", config)
-    ray = compute_dataset_ray(str(folder), str(tmp_path / "ray"), config, partitions=3)
+    ray = compute_dataset(str(folder), str(tmp_path / "ray"), config, engine=Ray(partitions=3))
     a = pa.concat_tables([pq.read_table(f) for f in sorted((tmp_path / "local").glob("*.parquet"))]).sort_by(
         "row"
     )
@@ -992,10 +992,11 @@ def test_two_runs_in_one_process_each_start_their_own_instance(tmp_path):
     )
     code = (
         "from grpo_cli.options.config import ComputeConfig\n"
-        "from grpo_cli.jobs import compute_dataset_ray\n"
+        "from grpo_cli.jobs import Ray, compute_dataset\n"
         "config = ComputeConfig(group_cols=('uid',))\n"
         "for i in range(2):\n"
-        f"    summary = compute_dataset_ray({str(source)!r}, {str(tmp_path)!r} + f'/out{{i}}', config)\n"
+        f"    out = {str(tmp_path)!r} + f'/out{{i}}'\n"
+        f"    summary = compute_dataset({str(source)!r}, out, config, engine=Ray())\n"
         "    print(summary.rows, summary.to_dict()['off_size_groups']['examples'][0]['group'])\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -1012,7 +1013,7 @@ def test_ray_verifies_as_the_local_engine_does(ray_instance, tmp_path, monkeypat
     groups' state; examples are the first rows over
     all parts, named by key."""
     from grpo_cli.engines import ray as ray_engine
-    from grpo_cli.jobs import check_dataset, check_dataset_ray
+    from grpo_cli.jobs import check_dataset
     from grpo_cli.options.config import VerifySpec
     from grpo_cli.results.checks import CheckBounds
 
@@ -1050,7 +1051,7 @@ def test_ray_verifies_as_the_local_engine_does(ray_instance, tmp_path, monkeypat
     )
     bounds = CheckBounds()
     local = check_dataset(folder, bounds, config).to_dict()
-    ray = check_dataset_ray(str(folder), bounds, config, partitions=5).to_dict()
+    ray = check_dataset(str(folder), bounds, config, engine=Ray(partitions=5)).to_dict()
     assert ray["options"]["partitions"] == 6  # two parts a file
     verify = local["verify"]
     assert verify["mismatched"] > len(verify["examples"]) == VerifySpec(column="given").max_examples
@@ -1074,7 +1075,7 @@ def test_ray_splices_each_file_byte_for_byte_as_the_local_engine_does(ray_instan
 
     config = ComputeConfig(rewards=(RewardSpec("reward"),), group_cols=("uid",), stats_block_rows=1500)
     local = compute_dataset(sharded, tmp_path / "local", config).to_dict()["output"]
-    ray = compute_dataset_ray(str(sharded), str(tmp_path / "ray"), config, partitions=7).to_dict()
+    ray = compute_dataset(str(sharded), str(tmp_path / "ray"), config, engine=Ray(partitions=7)).to_dict()
     assert local["method"] == ray["output"]["method"] == "splice"
     assert ray["output"]["shards_by_method"] == {"splice": FILES}
     names = sorted(p.name for p in (tmp_path / "local").iterdir())
@@ -1083,7 +1084,9 @@ def test_ray_splices_each_file_byte_for_byte_as_the_local_engine_does(ray_instan
         assert filecmp.cmp(tmp_path / "local" / name, tmp_path / "ray" / name, shallow=False), name
     assert ray["advantage"] == compute_dataset(sharded, tmp_path / "again", config).to_dict()["advantage"]
     filtered = replace(config, drop_inactive=True)
-    out = compute_dataset_ray(str(sharded), str(tmp_path / "filtered"), filtered).to_dict()["output"]
+    out = compute_dataset(str(sharded), str(tmp_path / "filtered"), filtered, engine=Ray()).to_dict()[
+        "output"
+    ]
     assert out["method"] == "rewrite" and "rows are filtered" in out["rewrite_reason"]
 
 
@@ -1117,7 +1120,7 @@ def test_ray_applies_a_trainers_filter_as_the_local_engine_does(
     (examples the first flagged groups in the run's order). The local engine's trainer_filter
     object, examples named by key, figures per value."""
     from grpo_cli.engines import ray as ray_engine
-    from grpo_cli.jobs import check_dataset, check_dataset_ray
+    from grpo_cli.jobs import check_dataset
     from grpo_cli.results.checks import CheckBounds
 
     monkeypatch.setattr(ray_engine.gather, "REDUCERS", 3)
@@ -1130,7 +1133,7 @@ def test_ray_applies_a_trainers_filter_as_the_local_engine_does(
         **columns,
     )
     local = check_dataset(sharded, CheckBounds(), config).to_dict()
-    ray = check_dataset_ray(str(sharded), CheckBounds(), config, partitions=5).to_dict()
+    ray = check_dataset(str(sharded), CheckBounds(), config, engine=Ray(partitions=5)).to_dict()
     assert local["trainer_filter"]["groups"] == GROUPS
     assert ray["trainer_filter"] == local["trainer_filter"]
     compare_summaries(local, ray)
@@ -1166,7 +1169,7 @@ def test_an_output_whose_every_row_is_filtered_out_keeps_its_schema_in_one_file(
     pq.write_table(pa.table({"uid": ["a", "a", "b", "b"], "reward": [1.0, 1.0, 0.0, 0.0]}), source)
     config = ComputeConfig(group_cols=("uid",), drop_inactive=True)
     local = compute_dataset(source, tmp_path / "local.parquet", config)
-    ray = compute_dataset_ray(str(source), str(tmp_path / "ray"), config)
+    ray = compute_dataset(str(source), str(tmp_path / "ray"), config, engine=Ray())
     (written,) = (tmp_path / "ray").glob("*.parquet")
     left, right = pq.read_table(tmp_path / "local.parquet"), pq.read_table(written)
     assert left.num_rows == right.num_rows == 0
@@ -1225,7 +1228,7 @@ def test_ray_writes_and_checks_what_the_local_engine_does_on_drawn_rollouts(
     local engine's; rows grouped by key, or by position (--group-size, the blocks cut anywhere).
     It found an output whose every row was filtered out written as no file at all, and a
     summary's zero range reported as -0.0 (a Parquet footer's minimum)."""
-    from grpo_cli.jobs import check_dataset, check_dataset_ray
+    from grpo_cli.jobs import check_dataset
     from grpo_cli.results.checks import CheckBounds
 
     tmp = tmp_path_factory.mktemp("drawn")
@@ -1250,7 +1253,7 @@ def test_ray_writes_and_checks_what_the_local_engine_does_on_drawn_rollouts(
     outcomes = []
     for run in (
         lambda: compute_dataset(source, tmp / "local.parquet", config),
-        lambda: compute_dataset_ray(str(source), str(tmp / "ray"), config, partitions=partitions),
+        lambda: compute_dataset(str(source), str(tmp / "ray"), config, engine=Ray(partitions=partitions)),
     ):
         try:
             outcomes.append(run().to_dict())
@@ -1276,7 +1279,9 @@ def test_ray_writes_and_checks_what_the_local_engine_does_on_drawn_rollouts(
     assert local["dropped"] == ray["dropped"]
     if not drop_inactive and keep_mean_range is None:
         checked_local = check_dataset(source, CheckBounds(), config).to_dict()
-        checked_ray = check_dataset_ray(str(source), CheckBounds(), config, partitions=partitions).to_dict()
+        checked_ray = check_dataset(
+            str(source), CheckBounds(), config, engine=Ray(partitions=partitions)
+        ).to_dict()
         compare_summaries(checked_local, checked_ray)
         assert checked_local["advantage"] == local["advantage"]
 
@@ -1284,7 +1289,7 @@ def test_ray_writes_and_checks_what_the_local_engine_does_on_drawn_rollouts(
 def test_ray_finds_groups_that_span_steps_as_the_local_engine_does(ray_instance, tmp_path):
     """The watched step column's lowest and highest value per group are pass-1 figures merged by
     min and max: the reducers find the groups across steps that the local engine finds."""
-    from grpo_cli.jobs import check_dataset, check_dataset_ray
+    from grpo_cli.jobs import check_dataset
     from grpo_cli.results.checks import CheckBounds
 
     rng = random.Random(5)
@@ -1300,7 +1305,9 @@ def test_ray_finds_groups_that_span_steps_as_the_local_engine_does(ray_instance,
         pq.write_table(pa.Table.from_pylist(rows[i::3]), tmp_path / f"part-{i}.parquet")
     config = ComputeConfig(rewards=("reward",), group_cols=("prompt",), stats_block_rows=97)
     local = check_dataset(tmp_path, CheckBounds(sound_grouping=True), config).to_dict()
-    ray = check_dataset_ray(str(tmp_path), CheckBounds(sound_grouping=True), config, partitions=3).to_dict()
+    ray = check_dataset(
+        str(tmp_path), CheckBounds(sound_grouping=True), config, engine=Ray(partitions=3)
+    ).to_dict()
     assert local["findings"][0]["groups"] == 30 and local["findings"][0]["kind"] == "groups_span_steps"
     assert ray["findings"] == local["findings"] and ray["checks"] == local["checks"]
 

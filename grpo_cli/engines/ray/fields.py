@@ -74,7 +74,7 @@ FIRST_SEEN_FIELDS = ("__grpo_first_block", "__grpo_first_group")  # a group's fi
 
 class RowsUnknown(GrpoError):
     """A refusal whose row the driver does not know (a null or NaN key, a group across two
-    batches, a bad reward under ``--nan error``): :func:`grpo_cli.jobs.compute_dataset_ray`
+    batches, a bad reward under ``--nan error``): the :class:`~grpo_cli.jobs.Ray` engine's job
     words it as the local engine does when every input is a local file."""
 
 
