@@ -18,10 +18,7 @@ import torch
 from torch import Tensor
 
 from grpo_cli import kernel
-from grpo_cli.errors import GrpoError
-from grpo_cli.estimators import ESTIMATORS
-from grpo_cli.options.advantage import AdvantageOptions
-from grpo_cli.options.choices import (
+from grpo_cli.choices import (
     Baseline,
     EpsilonMode,
     Estimator,
@@ -31,6 +28,9 @@ from grpo_cli.options.choices import (
     Singleton,
     Std,
 )
+from grpo_cli.errors import GrpoError
+from grpo_cli.estimators import ESTIMATORS
+from grpo_cli.options.advantage import AdvantageOptions
 from grpo_cli.options.table import keyword_of
 
 if TYPE_CHECKING:

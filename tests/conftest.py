@@ -18,8 +18,8 @@ import pytest
 from hypothesis import strategies as st
 from typer.testing import CliRunner, Result
 
+from grpo_cli.choices import Estimator, Preset, choices_of
 from grpo_cli.cli import app
-from grpo_cli.options.choices import Estimator, Preset, choices_of
 
 
 def rollout_rows(

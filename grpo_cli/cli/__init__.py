@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from inspect import Parameter, Signature, signature
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -29,6 +29,8 @@ except ImportError:  # pragma: no cover - Typer on the Click package
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
 from grpo_cli import __version__, interrupts
+from grpo_cli.choices import Color
+from grpo_cli.cli.inputs import job_inputs, targeted
 from grpo_cli.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_CHECK_FAILED,
@@ -39,15 +41,12 @@ from grpo_cli.errors import (
     EXIT_WRITTEN_THEN_FAILED,
     GrpoError,
 )
-from grpo_cli.options.choices import Color
 from grpo_cli.options.table import Option, offered
 
 if TYPE_CHECKING:
     from grpo_cli.jobs import Engine
-    from grpo_cli.options.config import ComputeConfig, VerifySpec
     from grpo_cli.results.summary import RunSummary
     from grpo_cli.run.progress import RichProgress
-    from grpo_cli.trainers.dumps import DerivedInputs, OpenedDump
 
 EXIT_CODES_HELP = (
     "**Exit codes:** 0 success, 1 a check failed, 2 usage or input error (nothing written), "
@@ -521,7 +520,7 @@ def compute(input: InputArg, **values: Any) -> None:
         state.start_progress(not values["quiet"] and engine.shows_progress)
         from grpo_cli.jobs import compute_dataset
 
-        inputs, config = _job_inputs(state, input, values, verifying=False)
+        inputs, config = job_inputs(state.resources, input, values, verifying=False)
         _check_stdout(summary_json)
         if output == "-" and summary_json == "-":
             raise GrpoError("-o - and --summary-json - would both write to standard output")
@@ -561,9 +560,9 @@ def check(input: InputArg, **values: Any) -> None:
         from grpo_cli.jobs import check_dataset
         from grpo_cli.results.checks import CheckBounds
 
-        inputs, config = _job_inputs(state, input, values, verifying=True)
+        inputs, config = job_inputs(state.resources, input, values, verifying=True)
         _check_stdout(summary_json)
-        bounds = CheckBounds(**_targeted(values, "check", "bounds"))
+        bounds = CheckBounds(**targeted(values, "check", "bounds"))
         summary = check_dataset(
             inputs,
             bounds,
@@ -597,133 +596,6 @@ def _engine(values: dict[str, Any]) -> Engine:
         partitions=values["partitions"],
         quiet=values["quiet"],
     )
-
-
-def _job_inputs(
-    state: _RunState, input: list[str], values: dict[str, Any], *, verifying: bool
-) -> tuple[Any, ComputeConfig]:
-    """What a job reads (INPUT's paths, or a dump's or the primitives' inputs, opened for the
-    command's life) and its config, resolved from the options, the dump's defaults and, for
-    ``check``, what an output recorded."""
-    from grpo_cli.options.config import resolve_config
-
-    dump = state.resources.enter_context(_opened_dump(input, values))
-    derived = state.resources.enter_context(_derived(input, values, dump))
-    if derived is not None:
-        values.update(derived.overrides)
-    recorded, verify = _verification(input, values, dump) if verifying else (None, None)
-    config = resolve_config(
-        values, recorded=recorded, verify=verify, dump=None if dump is None else dump.defaults
-    )
-    return _inputs(input, dump, derived), config
-
-
-def _targeted(values: dict[str, Any], command: str, target: str) -> dict[str, Any]:
-    """The values of ``command``'s options that set ``target``'s fields, by field."""
-    return {row.setting: values[row.name] for row in offered(command) if row.target == target}
-
-
-def _opened_dump(
-    input: list[str], values: dict[str, Any]
-) -> contextlib.AbstractContextManager[OpenedDump | None]:
-    """The trainer's dump ``--from`` names, opened (its private files removed on exit), or ``None``."""
-    if values["from_"] is None:
-        return contextlib.nullcontext()
-    from grpo_cli.trainers.dumps import opened
-
-    return opened(values["from_"], input, group_size=values["group_size"])
-
-
-def _derived(
-    input: list[str], values: dict[str, Any], dump: OpenedDump | None
-) -> contextlib.AbstractContextManager[DerivedInputs | None]:
-    """INPUT read through the primitives (``--key-before``, ``--blocks-per-file``, ``--json-col``),
-    or ``None`` when none is given."""
-    if not (values["key_before"] is not None or values["blocks_per_file"] or values["json_col"]):
-        return contextlib.nullcontext()
-    if dump is not None:
-        raise GrpoError(
-            f"--from {values['from_']} derives the group key itself; --key-before, --blocks-per-file and "
-            "--json-col are for dumps no adapter reads"
-        )
-    from grpo_cli.trainers.dumps import derived_inputs
-
-    found = derived_inputs(
-        input,
-        input_format=values["input_format"],
-        group_cols=values["group_col"] or (),
-        key_before=values["key_before"],
-        group_size=values["group_size"],
-        blocks_per_file=values["blocks_per_file"],
-        json_cols=values["json_col"] or (),
-    )
-    found.inputs.about = {
-        "trainer": None,
-        "dump": "its files, with derived columns",
-        "writer": None,
-        "files": len(found.inputs.shards),
-        "steps": None,
-        "group_key": "; ".join(found.notes) or "as given",
-        "rewards": None,
-        "notes": [],
-    }
-    return _closing(found)
-
-
-@contextlib.contextmanager
-def _closing(found: DerivedInputs) -> Iterator[DerivedInputs]:
-    try:
-        yield found
-    finally:
-        found.inputs.close()
-
-
-def _inputs(input: list[str], dump: OpenedDump | None, derived: DerivedInputs | None) -> Any:
-    """What the job reads: INPUT's paths, or the inputs a dump or the primitives resolved."""
-    if dump is not None:
-        return dump.inputs
-    if derived is not None:
-        return derived.inputs
-    return input
-
-
-def _verification(
-    input: list[str], values: dict[str, Any], dump: OpenedDump | None = None
-) -> tuple[ComputeConfig | None, VerifySpec | None]:
-    """``check``'s verification: the options an output recorded (``--verify``), or the trainer's
-    own advantage a dump holds (``--from X --verify``), and what to verify."""
-    from grpo_cli.jobs import recorded_provenance
-    from grpo_cli.options.config import ComputeConfig, VerifySpec
-
-    column = values["verify_advantage_col"]
-    verifying = values["verify"] or column is not None
-    if values["strict"] and not verifying:
-        raise GrpoError("--strict needs --verify or --verify-advantage-col")
-    recorded = None
-    if dump is not None:
-        if values["verify"] and column is None:
-            column = dump.dump.advantage_col
-            if column is None:
-                raise GrpoError(
-                    f"--verify: a {dump.dump.trainer} dump holds no advantage of the trainer's to "
-                    "compare with; "
-                    "name one with --verify-advantage-col"
-                )
-    elif verifying:
-        record = recorded_provenance(input)
-        if record is not None:
-            recorded = ComputeConfig.from_provenance(record)
-            if column is None:
-                recorded.check_recomputable(" ".join(input))
-        elif column is None:
-            raise GrpoError(
-                f"{' '.join(input)}: no grpo-cli provenance to verify against "
-                "(not written by grpo-cli compute); "
-                "name the column with --verify-advantage-col and give the options it was made with"
-            )
-    column = column or (recorded.advantage_col if recorded is not None else None)
-    verify = None if column is None else VerifySpec(column, **_targeted(values, "check", "verify"))
-    return recorded, verify
 
 
 INSPECT_EXAMPLES = """**Examples**

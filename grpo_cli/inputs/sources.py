@@ -26,6 +26,7 @@ from typing import IO, Any
 
 import pyarrow as pa
 
+from grpo_cli.choices import InputFormat, check_choice
 from grpo_cli.errors import GrpoError, LayoutError, first_line
 from grpo_cli.file_names import (
     ARROW_SUFFIXES,
@@ -36,7 +37,6 @@ from grpo_cli.file_names import (
     READ_SUFFIXES,
     TEXT_SUFFIXES,
 )
-from grpo_cli.options.choices import InputFormat, check_choice
 from grpo_cli.outputs.guard import ProtectedInputs
 from grpo_cli.scratch import spool
 from grpo_cli.stores import check_scheme, download, is_uri, list_files, local_path, redact, same_or_within

@@ -36,6 +36,7 @@ Numerical contract:
 
 from __future__ import annotations
 
+from grpo_cli.choices import Baseline, EpsilonMode, NanPolicy, Scale, Singleton, Std
 from grpo_cli.kernel.accumulate import GroupStatsAccumulator, group_stats
 from grpo_cli.kernel.baselines import gpg_row_scale, length_weighted_baseline, row_baseline_advantages
 from grpo_cli.kernel.batch import (
@@ -90,7 +91,6 @@ from grpo_cli.kernel.whitening import (
     weighted_moments,
     whitening,
 )
-from grpo_cli.options.choices import Baseline, EpsilonMode, NanPolicy, Scale, Singleton, Std
 
 __all__ = [
     "EXACT_LOWEST_EXPONENT",

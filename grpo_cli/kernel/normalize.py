@@ -8,12 +8,12 @@ from typing import TypedDict
 import torch
 from torch import Tensor
 
+from grpo_cli.choices import Baseline, EpsilonMode, NanPolicy, Scale, Singleton, Std, check_choice
 from grpo_cli.kernel.accumulate import _group_stats
 from grpo_cli.kernel.batch import batch_mean_std
 from grpo_cli.kernel.exact import sqrt_rn
 from grpo_cli.kernel.layout import _check_epsilon, _check_rewards, _Layout, _layout, _row_group_ids
 from grpo_cli.kernel.stats import GroupStats, _scales, active_groups
-from grpo_cli.options.choices import Baseline, EpsilonMode, NanPolicy, Scale, Singleton, Std, check_choice
 
 
 class GroupAdvantages(TypedDict):

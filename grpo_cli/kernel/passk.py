@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from grpo_cli.choices import Scale, Std
 from grpo_cli.kernel.exact import fold_sum
 from grpo_cli.kernel.stats import GroupStats, group_std
-from grpo_cli.options.choices import Scale, Std
 
 NO_ROW = torch.iinfo(torch.int64).max
 """:attr:`TopTwo.best_row` of a group with no scored reward."""

@@ -11,8 +11,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from grpo_cli.choices import Singleton, check_choice
 from grpo_cli.kernel.exact import sqrt_rn
-from grpo_cli.options.choices import Singleton, check_choice
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,7 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from grpo_cli.errors import GrpoError
-from grpo_cli.estimators import ESTIMATORS
-from grpo_cli.options.choices import (
+from grpo_cli.choices import (
     Baseline,
     EpsilonMode,
     Estimator,
@@ -27,6 +25,8 @@ from grpo_cli.options.choices import (
     Whiten,
     check_choice,
 )
+from grpo_cli.errors import GrpoError
+from grpo_cli.estimators import ESTIMATORS
 from grpo_cli.options.table import ADVANTAGE_FIELDS
 
 if TYPE_CHECKING:

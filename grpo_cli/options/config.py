@@ -12,10 +12,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from grpo_cli import __version__
+from grpo_cli.choices import Aggregation, Compression, InputFormat, check_choice
 from grpo_cli.errors import GrpoError
 from grpo_cli.estimators import ESTIMATORS
 from grpo_cli.options.advantage import AdvantageOptions, RewardSpec, whitening_of_flag
-from grpo_cli.options.choices import Aggregation, Compression, InputFormat, check_choice
 from grpo_cli.options.table import ADVANTAGE_FIELDS, OPTIONS
 
 DEFAULT_MEMORY_BUDGET = 1 << 30

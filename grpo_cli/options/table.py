@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args, get_origin
 
-from grpo_cli.options.choices import (
+from grpo_cli.choices import (
     Aggregation,
     Baseline,
     Color,

@@ -20,12 +20,12 @@ import torch
 
 from grpo_cli.arrow.columns import column_of, field_type, is_numeric_type, is_text_type, text_kernel_input
 from grpo_cli.arrow.keys import arrow_of, as_tensor, numpy_of, scalar_of
+from grpo_cli.choices import RewardSum
 from grpo_cli.errors import GrpoError
 from grpo_cli.inputs.readers import describe_row
 from grpo_cli.inputs.sources import Shard
 from grpo_cli.kernel import Normalization, apply_normalization, fold_sum
 from grpo_cli.options.advantage import AdvantageOptions, RewardSpec
-from grpo_cli.options.choices import RewardSum
 
 
 @dataclass

@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from grpo_cli import add_advantages, group_advantages
+from grpo_cli.choices import Estimator, Preset, choices_of
 from grpo_cli.kernel import normalize_in_groups
 from grpo_cli.options.advantage import AdvantageOptions
-from grpo_cli.options.choices import Estimator, Preset, choices_of
 from tests.conftest import assert_one_line_error
 
 METHODS = [{"preset": p} for p in choices_of(Preset)] + [{"estimator": e} for e in choices_of(Estimator)]

@@ -94,4 +94,4 @@ def test_kernel_imports_only_torch_and_the_vocabulary(path):
     third_party = top_level - standard
     assert third_party <= {"torch"}
     ours = {name for name in imported(path) if not name.startswith("kernel.")}
-    assert ours <= {"options.choices"}, ours
+    assert ours <= {"choices"}, ours

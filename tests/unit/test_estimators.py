@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from grpo_cli import estimators
+from grpo_cli.choices import Estimator, choices_of
 from grpo_cli.estimators import ESTIMATORS, AdvantageEstimator, GroupFacts, Need, RowFacts
 from grpo_cli.jobs import compute_table
 from grpo_cli.options.advantage import AdvantageOptions, RewardSpec
-from grpo_cli.options.choices import Estimator, choices_of
 from grpo_cli.options.config import ComputeConfig
 
 

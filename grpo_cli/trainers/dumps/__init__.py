@@ -33,9 +33,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from grpo_cli.choices import InputFormat, Trainer, check_choice
 from grpo_cli.errors import GrpoError
 from grpo_cli.inputs.sources import InputSet, Shard, refuse_copies
-from grpo_cli.options.choices import InputFormat, Trainer, check_choice
 from grpo_cli.stores import check_scheme, is_uri, local_path, redact, staged_tree
 from grpo_cli.trainers.dumps.columns import DERIVED_KEY, TABLE, _at, _parsed_json, _whole_table, _with_column
 from grpo_cli.trainers.dumps.files import (

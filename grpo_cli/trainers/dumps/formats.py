@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from grpo_cli.options.choices import Trainer, choices_of
+from grpo_cli.choices import Trainer, choices_of
 from grpo_cli.trainers.dumps.rules import ConsecutiveBlocks, GroupRule, KeyColumns, KeyPrefix, PromptTokens
 
 Layout = Literal["jsonl", "parquet", "json-columns", "torch", "episodes"]

@@ -14,9 +14,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from grpo_cli.choices import InputFormat
 from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.inputs.sources import InputSet, Shard
-from grpo_cli.options.choices import InputFormat
 from grpo_cli.scratch import spool
 from grpo_cli.trainers.dumps.columns import (
     _one_element,

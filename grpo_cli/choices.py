@@ -1,4 +1,5 @@
-"""The option vocabulary: every fixed set of choices, defined once (standard library only).
+"""The option vocabulary: every fixed set of choices, defined once (standard library only),
+at the bottom of the layers: the kernel and the options both read it.
 
 The kernel types its keyword arguments with these ``Literal`` types, the CLI's
 options take their choices from them (Typer validates a ``Literal`` annotation), and
