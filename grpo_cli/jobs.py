@@ -30,12 +30,12 @@ from grpo_cli.choices import Engine as EngineName
 from grpo_cli.choices import check_choice
 from grpo_cli.errors import GrpoError, LayoutError
 from grpo_cli.file_names import output_is_directory
+from grpo_cli.inputs.protected import ProtectedInputs
 from grpo_cli.inputs.readers import read_provenance, validate_pages
 from grpo_cli.inputs.sources import InputSet
 from grpo_cli.options.config import ComputeConfig
 from grpo_cli.outputs.guard import (
     Claim,
-    ProtectedInputs,
     WriteGuard,
     reported_after_commit,
     write_text,

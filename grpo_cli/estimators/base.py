@@ -13,16 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
 
     from grpo_cli.kernel import GroupStats, TopTwo
-    from grpo_cli.options.advantage import AdvantageOptions
-    from grpo_cli.run.outcome import BatchLayout
-    from grpo_cli.run.rewards import RewardBatch
 
 Need = Literal[
     "row_lengths", "row_baselines", "length_sums", "batch_nonzero", "top_two", "group_rewards", "step_span"
@@ -32,6 +29,42 @@ Need = Literal[
 count of non-zero rewards, each group's top two rewards and first best row, every reward of
 each group (held in memory: 16 bytes a row), the watched step column's span of each group
 (:func:`~grpo_cli.run.steps.watched_step`, never an estimator's)."""
+
+
+class Options(Protocol):
+    """The advantage options a step reads (:class:`~grpo_cli.options.advantage.AdvantageOptions`;
+    the estimators sit below the options, which read them)."""
+
+    @property
+    def epsilon(self) -> float: ...
+    @property
+    def std(self) -> Any: ...
+    @property
+    def scale(self) -> Any: ...
+    @property
+    def gpg_f_norm(self) -> float: ...
+    @property
+    def pass_k(self) -> int | None: ...
+
+
+class Batches(Protocol):
+    """Each group's training batch and each batch's counts (:class:`~grpo_cli.run.outcome.BatchLayout`)."""
+
+    @property
+    def of_group(self) -> np.ndarray: ...
+    @property
+    def rows(self) -> np.ndarray: ...
+    @property
+    def nonzero_rewards(self) -> np.ndarray | None: ...
+
+
+class Rewards(Protocol):
+    """A batch's combined reward and which rows are scored (:class:`~grpo_cli.run.rewards.RewardBatch`)."""
+
+    @property
+    def combined(self) -> torch.Tensor: ...
+    @property
+    def combined_valid(self) -> torch.Tensor | None: ...
 
 
 @dataclass(frozen=True)
@@ -47,9 +80,9 @@ class GroupFacts:
     stats: GroupStats
     active: torch.Tensor
     figures: Mapping[str, np.ndarray]
-    batches: BatchLayout | None
+    batches: Batches | None
     top_two: TopTwo | None
-    options: AdvantageOptions
+    options: Options
 
 
 @dataclass(frozen=True)
@@ -62,7 +95,7 @@ class RowFacts:
     run reads them; ``baselines``: ``--baseline-col``'s values where the estimator needs them.
     """
 
-    rewards: RewardBatch
+    rewards: Rewards
     ids: torch.Tensor
     first_position: int
     advantages: torch.Tensor

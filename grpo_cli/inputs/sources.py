@@ -37,7 +37,7 @@ from grpo_cli.file_names import (
     READ_SUFFIXES,
     TEXT_SUFFIXES,
 )
-from grpo_cli.outputs.guard import ProtectedInputs
+from grpo_cli.inputs.protected import ProtectedInputs
 from grpo_cli.scratch import spool
 from grpo_cli.stores import check_scheme, download, is_uri, list_files, local_path, redact, same_or_within
 

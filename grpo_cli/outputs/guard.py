@@ -26,13 +26,13 @@ import re
 import shutil
 import sys
 import uuid
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from grpo_cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, EXIT_WRITTEN_THEN_FAILED, GrpoError, os_reason
 from grpo_cli.file_names import PARQUET_SUFFIXES, PROVENANCE_KEY
+from grpo_cli.inputs.protected import ProtectedInputs, is_within, resolve
 from grpo_cli.scratch import scratch_dir, scratch_file
 from grpo_cli.stores import (
     WRITABLE_SCHEMES,
@@ -46,69 +46,6 @@ from grpo_cli.stores import (
 )
 
 _TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<token>[0-9a-f]{12})\.(?P<kind>tmp|old)$")
-
-
-def resolve(path: str | os.PathLike[str]) -> Path:
-    """The absolute path with every symbolic link and ``..`` followed (it need not exist)."""
-    return Path(os.path.realpath(os.path.abspath(os.fspath(path))))
-
-
-def _is_within(path: Path, folder: Path) -> bool:
-    return path == folder or folder in path.parents
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    """Also true for two hard links to one file."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return a == b
-
-
-@dataclass(frozen=True)
-class ProtectedInputs:
-    """What no output may touch: the resolved input files and the input directories named,
-    and the object-store URIs read."""
-
-    files: tuple[Path, ...] = ()
-    directories: tuple[Path, ...] = ()
-    labels: dict[Path, str] = field(default_factory=dict)
-    uris: tuple[str, ...] = ()
-
-    @classmethod
-    def of(
-        cls, files: Iterable[tuple[Path, str]], directories: Iterable[Path] = (), uris: Iterable[str] = ()
-    ) -> ProtectedInputs:
-        resolved = [(resolve(path), label) for path, label in files]
-        return cls(
-            files=tuple(p for p, _ in resolved),
-            directories=tuple(resolve(d) for d in directories),
-            labels=dict(resolved),
-            uris=tuple(uris),
-        )
-
-    def remote_conflict(self, uri: str) -> str | None:
-        """Why writing the object-store ``uri`` (or below it) would touch an input read from a store."""
-        from grpo_cli.stores import same_or_within
-
-        for read in self.uris:
-            if same_or_within(uri, read) or same_or_within(read, uri):
-                return f"overwrite the input {redact(read)}"
-        return None
-
-    def conflict(self, target: Path) -> str | None:
-        """Why writing ``target`` (resolved) or anything inside it would touch an input."""
-        for path in self.files:
-            if target == path or _same_file(target, path):
-                return f"overwrite the input {self.labels.get(path, path)}"
-            if _is_within(path, target):
-                return f"contain the input {self.labels.get(path, path)}"
-        for folder in self.directories:
-            if _is_within(folder, target):
-                return f"contain the input directory {folder}"
-            if _is_within(target, folder):
-                return f"lie inside the input directory {folder}"
-        return None
 
 
 class Claim:
@@ -512,7 +449,7 @@ class WriteGuard:
         for other in self.claims:
             if resolved == other.resolved:
                 return f"overwrite the {other.what} {other.display} of the same run"
-            if _is_within(resolved, other.resolved) or _is_within(other.resolved, resolved):
+            if is_within(resolved, other.resolved) or is_within(other.resolved, resolved):
                 return f"overlap the {other.what} {other.display} of the same run"
         return None
 

@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from grpo_cli.arrow.plain import plain_key
+
 if TYPE_CHECKING:
     import torch
 
@@ -493,19 +495,6 @@ def _off_size(first: FirstRound, second: SecondRound, *, named: bool) -> dict[st
         {"group": plain_key(e.label) if named else int(e.label), "rows": e.rows} for e in second.off_size
     ]
     return {"common_size": common, "groups": first.groups - of_common, "examples": examples}
-
-
-def plain_key(key: Any) -> Any:
-    """A group key as JSON data: tuples as lists, other objects as their text.
-
-    >>> plain_key((1, "a")), plain_key(2.5)
-    ([1, 'a'], 2.5)
-    """
-    if isinstance(key, tuple):
-        return [plain_key(k) for k in key]
-    if isinstance(key, str | int | float | bool) or key is None:
-        return key
-    return str(key)
 
 
 def _examples_text(examples: Sequence[Example]) -> str:

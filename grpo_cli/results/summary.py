@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from grpo_cli.arrow.plain import plain_key
 from grpo_cli.results.findings import (
     GroupFindings,
     GroupPart,
     findings_of,
     in_chunks,
-    plain_key,
     reward_totals,
 )
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from grpo_cli.results.findings import plain_key
+from grpo_cli.arrow.plain import plain_key
 
 
 @dataclass(frozen=True)

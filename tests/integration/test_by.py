@@ -299,7 +299,8 @@ def _figures_one_value_at_a_time(values, groups, run_range):
     kernel's exact sums and Python's fractions, one value at a time. The reference."""
     from fractions import Fraction
 
-    from grpo_cli.results.findings import plain_key, reward_totals
+    from grpo_cli.arrow.plain import plain_key
+    from grpo_cli.results.findings import reward_totals
     from grpo_cli.results.summary import PERCENTILES, value_sort_key
 
     def percentiles(x):

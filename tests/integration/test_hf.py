@@ -313,7 +313,8 @@ def test_an_output_a_ray_clusters_workers_would_write_is_refused_when_claimed(hu
     """``--ray-address`` has the workers write the output's shards: one commit made from this
     machine cannot take them, so the claim is refused before the Hub is asked anything."""
     from grpo_cli.errors import GrpoError
-    from grpo_cli.outputs.guard import ProtectedInputs, WriteGuard
+    from grpo_cli.inputs.protected import ProtectedInputs
+    from grpo_cli.outputs.guard import WriteGuard
 
     with WriteGuard(ProtectedInputs.of([])) as guard, pytest.raises(GrpoError) as refused:
         guard.claim("hf://datasets/me/out/out/", directory=True, force=False, written_elsewhere=True)

@@ -25,8 +25,9 @@ from hypothesis import strategies as st
 
 from grpo_cli import jobs
 from grpo_cli.engines import local as local_engine
+from grpo_cli.inputs.protected import ProtectedInputs
 from grpo_cli.options.advantage import RewardSpec
-from grpo_cli.outputs.guard import ProtectedInputs, WriteGuard
+from grpo_cli.outputs.guard import WriteGuard
 from tests.conftest import one_line_error, rollout_rows, write_jsonl, write_parquet
 
 GRPO_CLI = [sys.executable, "-m", "grpo_cli"]

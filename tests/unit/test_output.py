@@ -10,8 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from grpo_cli.errors import GrpoError
+from grpo_cli.inputs.protected import ProtectedInputs
 from grpo_cli.inputs.sources import Shard
-from grpo_cli.outputs.guard import ProtectedInputs, WriteGuard
+from grpo_cli.outputs.guard import WriteGuard
 from grpo_cli.outputs.output import OutputTarget, ShardWriter, advantage_range, commit_directory, output_info
 
 SCHEMA = pa.schema([("reward", pa.float64()), ("advantage", pa.float32()), ("group_active", pa.bool_())])

@@ -18,10 +18,10 @@ import pyarrow.parquet as pq
 from grpo_cli.choices import InputFormat
 from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.file_names import PARQUET_SUFFIXES, output_is_directory
+from grpo_cli.inputs.protected import ProtectedInputs
 from grpo_cli.inputs.readers import row_count
 from grpo_cli.inputs.sources import InputSet, Shard
 from grpo_cli.options.config import ComputeConfig
-from grpo_cli.outputs.guard import ProtectedInputs
 from grpo_cli.run.outcome import OutcomeTotals
 from grpo_cli.run.plan import RunPlan
 from grpo_cli.stores import check_scheme, gcs_filesystem, local_path

@@ -15,6 +15,7 @@ import pyarrow as pa
 import torch
 
 from grpo_cli.arrow.keys import GroupKeyIndex, key_buckets
+from grpo_cli.arrow.plain import plain_key
 from grpo_cli.engines.ray.blocks import FilePart, block_statistics
 from grpo_cli.engines.ray.fields import (
     _CPU,
@@ -54,7 +55,6 @@ from grpo_cli.results.findings import (
     RunFigures,
     SecondRound,
     in_chunks,
-    plain_key,
 )
 from grpo_cli.results.summary import (
     FINDINGS_CHUNK_GROUPS,
