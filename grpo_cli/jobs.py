@@ -89,10 +89,8 @@ def compute_dataset(
     :class:`~grpo_cli.results.summary.RunSummary`. Every path is checked by the write guard
     before any work starts.
     """
-    return (engine or Local()).run(
-        input, output, config or ComputeConfig(), force=force, progress=progress,
-        summary_json=summary_json, report=report, bounds=None,
-    )  # fmt: skip
+    job = Job(input, output, config or ComputeConfig(), force, progress, summary_json, report)
+    return (engine or Local()).run(job)
 
 
 def compute_table(table: pa.Table, config: ComputeConfig) -> pa.Table:
@@ -135,10 +133,8 @@ def check_dataset(
 ) -> RunSummary:
     """The same job as ``grpo-cli check`` on ``engine``; ``summary.checks`` holds the results.
     Nothing but the summary and the report is written."""
-    return (engine or Local()).run(
-        input, None, config or ComputeConfig(), force=force, progress=progress,
-        summary_json=summary_json, report=report, bounds=bounds,
-    )  # fmt: skip
+    job = Job(input, None, config or ComputeConfig(), force, progress, summary_json, report, bounds)
+    return (engine or Local()).run(job)
 
 
 def recorded_provenance(input: Inputs) -> dict[str, Any] | None:
@@ -158,25 +154,30 @@ def recorded_provenance(input: Inputs) -> dict[str, Any] | None:
 
 
 @dataclass(frozen=True)
+class Job:
+    """One command's work, as an engine runs it: what it reads, what it writes (``output``:
+    ``None`` writes no data), the options, and ``check``'s bounds (``None``: ``compute``)."""
+
+    input: Inputs
+    output: PathLike | None
+    config: ComputeConfig
+    force: bool = False
+    progress: Progress | None = None
+    summary_json: PathLike | None = None
+    report: PathLike | None = None
+    bounds: CheckBounds | None = None
+
+
+@dataclass(frozen=True)
 class Local:
     """The engine on this machine: two passes over the input in batches, the output spliced
     or rewritten beside its target and committed at the end (:mod:`grpo_cli.engines.local`)."""
 
     shows_progress: ClassVar[bool] = True
 
-    def run(
-        self,
-        input: Inputs,
-        output: PathLike | None,
-        config: ComputeConfig,
-        *,
-        force: bool,
-        progress: Progress | None,
-        summary_json: PathLike | None,
-        report: PathLike | None,
-        bounds: CheckBounds | None,
-    ) -> RunSummary:
-        """One job: ``compute`` where ``bounds`` is ``None``, else ``check`` (nothing written)."""
+    def run(self, job: Job) -> RunSummary:
+        """One job on this machine."""
+        input, output, config, report = job.input, job.output, job.config, job.report
         config.validate()
         _check_report(report)
         directory = output_is_directory(os.fspath(output)) if output is not None else False  # "-": stdout
@@ -193,16 +194,16 @@ class Local:
                     target = open_output(claim, config, inputs.shards) if claim is not None else None
                     from grpo_cli.engines.local import run_local
 
-                    summary = run_local(inputs, config, target, progress=progress)
-                    _add_checks(summary, inputs.shards, bounds)
+                    summary = run_local(inputs, config, target, progress=job.progress)
+                    _add_checks(summary, inputs.shards, job.bounds)
                     return summary
 
                 return _guarded(
                     inputs.protected(),
                     output,
-                    summary_json,
+                    job.summary_json,
                     directory=directory,
-                    force=force,
+                    force=job.force,
                     run=run,
                     report=report,
                 )
@@ -228,20 +229,9 @@ class Ray:
 
     shows_progress: ClassVar[bool] = False
 
-    def run(
-        self,
-        input: Inputs,
-        output: PathLike | None,
-        config: ComputeConfig,
-        *,
-        force: bool,
-        progress: Progress | None,
-        summary_json: PathLike | None,
-        report: PathLike | None,
-        bounds: CheckBounds | None,
-    ) -> RunSummary:
-        """One job: ``compute`` where ``bounds`` is ``None``, else ``check`` (nothing written);
-        ``progress`` is not drawn (Ray reports its own)."""
+    def run(self, job: Job) -> RunSummary:
+        """One job on Ray (its ``progress`` is not drawn: Ray reports its own)."""
+        input, output, config, report = job.input, job.output, job.config, job.report
         from grpo_cli.engines import ray as ray_engine
 
         started = time.perf_counter()
@@ -275,7 +265,7 @@ class Ray:
                             refuse_as_local(local, config)
                     raise
                 summary.elapsed_seconds = time.perf_counter() - started
-                _add_checks(summary, inputs.shards, bounds)
+                _add_checks(summary, inputs.shards, job.bounds)
                 return summary
 
             # Every output goes through the write guard. A local Ray instance writes on this
@@ -285,9 +275,9 @@ class Ray:
             return _guarded(
                 inputs.protected(),
                 target,
-                summary_json,
+                job.summary_json,
                 directory=True,
-                force=force,
+                force=job.force,
                 run=run,
                 report=report,
                 written_elsewhere=self.address is not None,
