@@ -106,9 +106,11 @@ class RowFacts:
 
 @dataclass(frozen=True)
 class AdvantageEstimator:
-    """One ``--estimator``: the options it sets (``settings``, over the preset's), where it comes
-    from (``source``), what it needs from pass 1 (``needs``), and its steps (a subclass
-    overrides them; this one's are the group normalisation's alone).
+    """One ``--estimator``: the options it sets (``settings``, over the preset's), what it
+    computes (``summary``, a phrase for ``--help``; ``description``, the documentation's row,
+    with the trainer code it matches), the trainer or paper it comes from (``origin``), what it
+    needs from pass 1 (``needs``), and its steps (a subclass overrides them; this one's are the
+    group normalisation's alone).
 
     ``own_baseline``: it subtracts a baseline of its own, not the group mean of ``--baseline``;
     ``row_input``: what its per-row column is, where it needs one; ``takes``: the advantage
@@ -119,7 +121,9 @@ class AdvantageEstimator:
 
     name: str
     settings: Mapping[str, Any]
-    source: str
+    summary: str
+    description: str
+    origin: str = ""
     needs: tuple[Need, ...] = ()
     own_baseline: bool = False
     row_input: str = ""
@@ -136,6 +140,11 @@ class AdvantageEstimator:
     def whitens(self) -> bool:
         """Whether it whitens its advantages over the batch by its own settings."""
         return bool(self.settings.get("whiten", "none") != "none")
+
+    @property
+    def help(self) -> str:
+        """Its phrase in ``--estimator``'s help: ``gpg (verl): alpha (r - mean)``."""
+        return f"{self.name}{f' ({self.origin})' if self.origin else ''}: {self.summary}"
 
     def between_passes(self, facts: GroupFacts) -> Any:
         """Its state of these groups, once pass 1 is done (``None``: it keeps none)."""

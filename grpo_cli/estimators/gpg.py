@@ -37,6 +37,11 @@ class Gpg(AdvantageEstimator):
 GPG = Gpg(
     "gpg",
     {"baseline": "mean", "scale": "none", "singleton": "raw"},
-    "verl: alpha * (r - group mean) / f_norm, alpha = batch rows / rows with a non-zero reward",
+    summary="alpha (r - mean)",
+    origin="verl",
+    description=(
+        "`alpha * (r - mean_g) / f_norm`, `alpha` = rows in the batch / rows with a non-zero "
+        "reward, `--gpg-f-norm` (default 1); a singleton's mean is 0 (verl, `core_algos.py`)"
+    ),
     needs=("batch_nonzero",),
 )

@@ -42,7 +42,13 @@ class GrpoPassk(AdvantageEstimator):
 GRPO_PASSK = GrpoPassk(
     "grpo_passk",
     {"baseline": "mean", "std": "sample"},
-    "verl Pass@k: only a group's best rollout gets (r_max - r_second) / (sample std + eps)",
+    summary="the best rollout only",
+    origin="verl",
+    description=(
+        "only the first row of a group that reaches its best reward gets `(r_max - r_second) / "
+        "(sample std + eps)` (`--scale none`: no division); every other row 0; a singleton 0, "
+        "where verl raises (verl, `core_algos.py`)"
+    ),
     needs=("top_two",),
     own_baseline=True,
 )

@@ -38,7 +38,12 @@ class Opo(AdvantageEstimator):
 OPO = Opo(
     "opo",
     {"baseline": "mean", "scale": "none", "singleton": "raw"},
-    "verl: r - the length-weighted mean reward of the group (--length-col); a singleton's is 0",
+    summary="r - length-weighted mean",
+    origin="verl",
+    description=(
+        "`r - sum(length * r) / sum(length)` over the group, `--length-col` (a singleton's "
+        "baseline is 0); no division (verl, `core_algos.py`)"
+    ),
     needs=("row_lengths", "length_sums"),
     own_baseline=True,
     row_input="its baseline is the length-weighted mean reward",

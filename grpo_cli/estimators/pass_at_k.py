@@ -62,8 +62,20 @@ class PassAtK(AdvantageEstimator):
 PASS_AT_K = PassAtK(
     "pass_at_k",
     {"baseline": "mean", "scale": "none"},
-    "PKPO (arXiv:2505.15201, rllm PR #743): the mean over the k-subsets holding the rollout of "
-    "the subset's best reward, centred in the group (--pass-k K)",
+    summary="the rollout's share of the best of k, centred (--pass-k)",
+    origin="PKPO",
+    description=(
+        "PKPO (Pass@K Policy Optimization, arXiv:2505.15201): each rollout's credit is `sum over "
+        "the k-subsets S of its group that hold it of max(r in S) / C(n, k)`, the advantage that "
+        "credit minus its group mean; exact for binary and continuous rewards (computed from the "
+        "sorted rewards with exact binomial ratios, float64), `k` clamped to `[1, n]` per group "
+        "(`k = 1` is `(r - mean) / n`); tied rewards get the same value, a constant group `+0.0`. "
+        "Its one trainer implementation, rllm PR #743, is an open pull request not in the fetched "
+        "rllm snapshot: tested against the definition enumerated in exact fractions, the paper's "
+        "Theorem 2 (a correct rollout `k/n`, an incorrect one `(k/n) rho(n-1, c, k-1)`) and the "
+        "pull request's example (`n=4, c=2, k=2`: `+-1/12`). It holds every row's reward and "
+        "group in memory (16 bytes a row)"
+    ),
     needs=("group_rewards",),
     own_baseline=True,
     takes={"pass_k": "the k of pass@k it optimises"},

@@ -23,8 +23,15 @@ class Reinforce(AdvantageEstimator):
 REINFORCE = Reinforce(
     "reinforce",
     {"baseline": "mean", "scale": "none", "whiten": "population"},
-    "REINFORCE: the raw reward, no baseline, whitened over the batch's tokens (--length-col): "
-    "(r - mean) * rsqrt(max(var, 1e-8)), population var (OpenRLHF reinforce, NeMo-RL "
-    "RawRewardAdvantageEstimator); --whiten: verl's masked_whiten (reinforce_plus_plus, gamma 1)",
+    summary="the raw reward, whitened over the batch",
+    description=(
+        "REINFORCE without a baseline: the raw reward, whitened over the batch's tokens "
+        "(`--length-col`; rows without it), `(r - mean) * rsqrt(max(var, 1e-8))`, population "
+        "variance (OpenRLHF `reinforce`, `experience_maker.py`; NeMo-RL "
+        "`RawRewardAdvantageEstimator` with `normalize_advantages`). With `--whiten`, verl's "
+        "`masked_whiten` instead (unbiased, `rsqrt(var + 1e-8)`): verl's `reinforce_plus_plus` "
+        "and SkyRL's `reinforce++` at gamma 1. No group is zeroed: a constant group carries its "
+        "reward's offset from the batch mean"
+    ),
     own_baseline=True,
 )

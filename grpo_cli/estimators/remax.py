@@ -26,7 +26,11 @@ class Remax(AdvantageEstimator):
 REMAX = Remax(
     "remax",
     {"baseline": "mean", "scale": "none"},
-    "verl: r - the row's own baseline (--baseline-col, the greedy rollout's reward)",
+    summary="r - --baseline-col",
+    origin="verl",
+    description=(
+        "`r - b`, `b` the row's `--baseline-col` (the greedy rollout's reward) (verl, `core_algos.py`)"
+    ),
     needs=("row_baselines",),
     own_baseline=True,
     row_input="each row's baseline reward",

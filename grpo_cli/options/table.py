@@ -45,6 +45,7 @@ from grpo_cli.choices import (
     TrainerFilterName,
     Whiten,
 )
+from grpo_cli.estimators import ESTIMATORS
 
 Target = Literal["advantage", "config", "bounds", "verify", "run"]
 """Where a value goes: an :class:`~grpo_cli.options.advantage.AdvantageOptions` field, a
@@ -459,12 +460,7 @@ _ROWS = (
     Option(
         "estimator",
         ("--estimator",),
-        "grpo: (r - mean) / std; dr_grpo: r - mean; rloo: r - mean of the others; "
-        "reinforce_plus_plus_baseline (verl), reinforce_baseline (OpenRLHF): r - mean, whitened over the "
-        "batch; gpg (verl): alpha (r - mean); remax (verl): r - --baseline-col; opo (verl): r - "
-        "length-weighted mean; grpo_passk (verl): the best rollout only; maxrl (prime-rl): (r - mean) / "
-        "mean; pass_at_k (PKPO): the rollout's share of the best of k, centred (--pass-k); reinforce: "
-        "the raw reward, whitened over the batch. See the README's table.",
+        "; ".join(estimator.help for estimator in ESTIMATORS.values()) + ". See the README's table.",
         Estimator | None,
         target="advantage",
         panel="Advantage",

@@ -49,7 +49,7 @@ class _RewardTimesGroupSize(AdvantageEstimator):
 def test_a_run_computes_what_the_registered_objects_steps_say(monkeypatch: pytest.MonkeyPatch) -> None:
     """Swapping the object registered under a name changes what every run under that name
     computes: no engine or plan holds an estimator's math of its own."""
-    made_up = _RewardTimesGroupSize("dr_grpo", {"baseline": "mean", "scale": "none"}, "made up")
+    made_up = _RewardTimesGroupSize("dr_grpo", {"baseline": "mean", "scale": "none"}, "made up", "made up")
     monkeypatch.setitem(estimators.ESTIMATORS, "dr_grpo", made_up)
     table = pa.table({"group_id": [0, 0, 0, 1, 1], "reward": [1.0, 2.0, 3.0, 0.5, 0.5]})
     config = ComputeConfig(
