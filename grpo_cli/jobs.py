@@ -21,7 +21,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
@@ -33,7 +33,7 @@ from grpo_cli.file_names import output_is_directory
 from grpo_cli.inputs.protected import ProtectedInputs
 from grpo_cli.inputs.readers import read_provenance, validate_pages
 from grpo_cli.inputs.sources import InputSet
-from grpo_cli.options.config import ComputeConfig
+from grpo_cli.options.config import ComputeConfig, VerifySpec
 from grpo_cli.outputs.guard import (
     Claim,
     WriteGuard,
@@ -130,11 +130,50 @@ def check_dataset(
     progress: Progress | None = None,
     summary_json: PathLike | None = None,
     report: PathLike | None = None,
+    verify: bool = False,
 ) -> RunSummary:
     """The same job as ``grpo-cli check`` on ``engine``; ``summary.checks`` holds the results.
-    Nothing but the summary and the report is written."""
+    Nothing but the summary and the report is written.
+
+    ``verify``: as ``check --verify``, recompute the advantages ``input`` holds with the options
+    it recorded when grpo-cli wrote it and compare them (``summary.verify``); ``config`` is then
+    those options (:func:`recorded_config`) and must not be given. To verify a column made
+    otherwise, give the options it was made with and the column:
+    ``ComputeConfig(..., verify=VerifySpec(column))``.
+    """
+    if verify:
+        if config is not None:
+            raise GrpoError(
+                "check_dataset(verify=True) takes the options the input recorded; leave config out"
+            )
+        recorded = recorded_config(input)
+        assert recorded is not None  # refused where there is none
+        config = replace(recorded, verify=VerifySpec(recorded.advantage_col))
     job = Job(input, None, config or ComputeConfig(), force, progress, summary_json, report, bounds)
     return (engine or Local()).run(job)
+
+
+def recorded_config(input: Inputs, *, column: str | None = None) -> ComputeConfig | None:
+    """The options grpo-cli made ``input`` with (its provenance), to verify it against.
+
+    Without ``column`` (verify the column grpo-cli wrote), refuses an input without a
+    provenance record, and one whose advantages its own rows cannot give again (filtered after
+    a step over the whole batch). With ``column``, ``None`` where there is no record (the
+    options are then the caller's).
+    """
+    specs = _specs(input)
+    record = recorded_provenance(input)
+    if record is None and column is not None:
+        return None
+    if record is None:
+        raise GrpoError(
+            f"{' '.join(specs)}: no grpo-cli provenance to verify against (not written by grpo-cli "
+            "compute); name the column with --verify-advantage-col and give the options it was made with"
+        )
+    recorded = ComputeConfig.from_provenance(record)
+    if column is None:
+        recorded.check_recomputable(" ".join(specs))
+    return recorded
 
 
 def recorded_provenance(input: Inputs) -> dict[str, Any] | None:

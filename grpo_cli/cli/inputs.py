@@ -111,8 +111,8 @@ def _verification(
 ) -> tuple[ComputeConfig | None, VerifySpec | None]:
     """``check``'s verification: the options an output recorded (``--verify``), or the trainer's
     own advantage a dump holds (``--from X --verify``), and what to verify."""
-    from grpo_cli.jobs import recorded_provenance
-    from grpo_cli.options.config import ComputeConfig, VerifySpec
+    from grpo_cli.jobs import recorded_config
+    from grpo_cli.options.config import VerifySpec
 
     column = values["verify_advantage_col"]
     verifying = values["verify"] or column is not None
@@ -129,17 +129,7 @@ def _verification(
                     "name one with --verify-advantage-col"
                 )
     elif verifying:
-        record = recorded_provenance(input)
-        if record is not None:
-            recorded = ComputeConfig.from_provenance(record)
-            if column is None:
-                recorded.check_recomputable(" ".join(input))
-        elif column is None:
-            raise GrpoError(
-                f"{' '.join(input)}: no grpo-cli provenance to verify against "
-                "(not written by grpo-cli compute); "
-                "name the column with --verify-advantage-col and give the options it was made with"
-            )
+        recorded = recorded_config(input, column=column)
     column = column or (recorded.advantage_col if recorded is not None else None)
     verify = None if column is None else VerifySpec(column, **targeted(values, "check", "verify"))
     return recorded, verify

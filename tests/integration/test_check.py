@@ -156,6 +156,42 @@ def test_verify_uses_the_options_the_output_records(cli, tmp_path, data):
     assert json.loads(result.stdout)["verify"]["examples"][0]["row"] == 3
 
 
+def test_check_dataset_verifies_against_the_recorded_options_as_check_verify_does(cli, tmp_path, data):
+    """The library's check_dataset(verify=True) is the CLI's check --verify: the options the
+    output recorded, its advantage column, the same verify object; a changed value fails, and
+    an input without provenance or with options given beside it is refused."""
+    from grpo_cli.errors import GrpoError
+    from grpo_cli.jobs import check_dataset
+    from grpo_cli.options.config import ComputeConfig
+    from grpo_cli.results.checks import CheckBounds
+
+    path, _ = data
+    out = tmp_path / "with_adv.parquet"
+    assert cli("compute", path, "-o", out, "--preset", "trl", "--std", "population", "-q").exit_code == 0
+    by_cli = json.loads(cli("check", out, "--verify", "--summary-json", "-", "-q").stdout)
+    summary = check_dataset(out, CheckBounds(), verify=True).to_dict()
+    assert summary["verify"] == by_cli["verify"]
+    assert (summary["verify"]["compared"], summary["verify"]["mismatched"]) == (49, 0)
+    assert summary["options"]["preset"] == "trl" and summary["checks"][0]["passed"]
+    table = pq.read_table(out)
+    advantages = table.column("advantage").to_pylist()
+    advantages[5] -= 0.25
+    changed = tmp_path / "changed.parquet"
+    pq.write_table(
+        table.set_column(
+            table.schema.get_field_index("advantage"), "advantage", pa.array(advantages)
+        ).replace_schema_metadata(table.schema.metadata),
+        changed,
+    )
+    failed = check_dataset(changed, CheckBounds(), verify=True).to_dict()
+    assert failed["verify"]["mismatched"] == 1 and failed["verify"]["examples"][0]["row"] == 5
+    assert not all(check["passed"] for check in failed["checks"])
+    with pytest.raises(GrpoError, match="no grpo-cli provenance to verify against"):
+        check_dataset(path, CheckBounds(), verify=True)
+    with pytest.raises(GrpoError, match="leave config out"):
+        check_dataset(out, CheckBounds(), ComputeConfig(), verify=True)
+
+
 def test_verify_without_provenance_asks_for_the_column(cli, data):
     path, _ = data
     result = cli("check", path, "--verify")
