@@ -458,11 +458,13 @@ def _report(
     summary: RunSummary,
     *,
     quiet: bool,
+    silent: bool,
     summary_json: str | None,
     compact: bool = False,
     color: Color = "auto",
 ) -> None:
-    """JSON on stdout where asked (a file was written by the run); the report on stderr."""
+    """JSON on stdout where asked (a file was written by the run); the report on stderr: all of
+    it, or with ``quiet`` the failed checks' lines alone, or with ``silent`` nothing."""
     if summary_json == "-":
         try:
             sys.stdout.write(summary.to_json() + "\n")
@@ -476,7 +478,14 @@ def _report(
                 + ("; the output was written" if written else ""),
                 exit_code=EXIT_WRITTEN_THEN_FAILED if written else EXIT_USAGE,
             ) from None
+    if silent:
+        return
     if quiet:
+        if compact:
+            from grpo_cli.cli.report import failure_lines
+
+            for line in failure_lines(summary):
+                sys.stderr.write(line + "\n")
         return
     from rich.console import Console
 
@@ -517,7 +526,7 @@ def compute(input: InputArg, **values: Any) -> None:
 
     def body(state: _RunState) -> int:
         engine = _engine(values)
-        state.start_progress(not values["quiet"] and engine.shows_progress)
+        state.start_progress(not (values["quiet"] or values["silent"]) and engine.shows_progress)
         from grpo_cli.jobs import compute_dataset
 
         inputs, config = job_inputs(state.resources, input, values, verifying=False)
@@ -537,7 +546,13 @@ def compute(input: InputArg, **values: Any) -> None:
         )
         state.close_progress()
         state.written = output
-        _report(summary, quiet=values["quiet"], summary_json=summary_json, color=values["color"])
+        _report(
+            summary,
+            quiet=values["quiet"],
+            silent=values["silent"],
+            summary_json=summary_json,
+            color=values["color"],
+        )
         return EXIT_OK
 
     _run(values["debug"], body)
@@ -556,7 +571,7 @@ def check(input: InputArg, **values: Any) -> None:
 
     def body(state: _RunState) -> int:
         engine = _engine(values)
-        state.start_progress(not values["quiet"] and engine.shows_progress)
+        state.start_progress(not (values["quiet"] or values["silent"]) and engine.shows_progress)
         from grpo_cli.jobs import check_dataset
         from grpo_cli.results.checks import CheckBounds
 
@@ -577,6 +592,7 @@ def check(input: InputArg, **values: Any) -> None:
         _report(
             summary,
             quiet=values["quiet"],
+            silent=values["silent"],
             summary_json=summary_json,
             compact=bool(summary.checks),
             color=values["color"],
@@ -594,7 +610,7 @@ def _engine(values: dict[str, Any]) -> Engine:
         values["engine"],
         address=values["ray_address"],
         partitions=values["partitions"],
-        quiet=values["quiet"],
+        quiet=values["quiet"] or values["silent"],
     )
 
 

@@ -316,6 +316,11 @@ def check_lines(summary: RunSummary) -> list[str]:
     return lines
 
 
+def failure_lines(summary: RunSummary) -> list[str]:
+    """One line for each check that failed (``check -q``: what a CI log must still say)."""
+    return [line for line in check_lines(summary) if line.startswith("FAIL")]
+
+
 def _example_lines(examples: list[dict[str, Any]]) -> list[str]:
     return [
         f"  {ex['file']} row {ex['row']} group {short_key(ex['group'])}: "

@@ -826,7 +826,19 @@ _ROWS = (
     Option(
         "quiet",
         ("--quiet", "-q"),
-        "No summary and no progress on standard error.",
+        "No summary and no progress on standard error; check still prints one line for each check "
+        "that failed, so a CI log says why.",
+        bool,
+        False,
+        target="run",
+        panel="Run",
+        keyword=False,
+    ),
+    Option(
+        "silent",
+        ("--silent", "-s"),
+        "Nothing on standard error but an error's one line: no summary, no progress, no check lines "
+        "(the exit code says whether the checks passed).",
         bool,
         False,
         target="run",

@@ -35,6 +35,24 @@ def test_no_checks_prints_summary_and_exits_0(cli, data):
     assert "groups" in result.stderr and result.stdout == ""
 
 
+def test_quiet_keeps_a_line_for_each_failed_check_and_silent_prints_nothing(cli, data):
+    """A CI log of check -q says why the step is red: one line for each failed check, nothing
+    for those that passed, no summary; -s prints nothing, the exit code alone says it."""
+    path, _ = data
+    failing = ("--min-groups", "1000", "--max-group-size", "1", "--min-active-groups", "1")
+    result = cli("check", path, "-r", "correct", "-q", *failing)
+    assert result.exit_code == 1 and result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["FAIL  min-groups", "FAIL  max-group-size"]
+    assert "(bound >= 1000)" in lines[0]
+    silent = cli("check", path, "-r", "correct", "-s", *failing)
+    assert (silent.exit_code, silent.stdout, silent.stderr) == (1, "", "")
+    passing = cli("check", path, "-r", "correct", "-q", "--min-active-groups", "1")
+    assert (passing.exit_code, passing.stderr) == (0, "")
+    errored = cli("check", path, "-r", "no_such_column", "-s", "--min-groups", "1")
+    assert errored.exit_code == 2 and "no column 'no_such_column'" in errored.stderr
+
+
 @pytest.mark.parametrize(
     ("option", "value_key", "make_bound"),
     [
