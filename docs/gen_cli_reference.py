@@ -74,8 +74,10 @@ def _default(param: Any) -> str:
 
 
 def _help(param: Any) -> str:
-    """The option's help, less the list of choices the values column already shows."""
-    return (param.help or "").split(" One of: ")[0]
+    """The option's help as it reads (the CLI escapes it for Typer's Markdown), less the list of
+    choices the values column already shows."""
+    text = (param.help or "").split(" One of: ")[0]
+    return text.replace("\\_", "_").replace("\\*", "*").replace("\\\\", "\\")
 
 
 def _escape(text: str) -> str:

@@ -81,26 +81,33 @@ def _label(param: Any) -> None:
     if param.param_type_name == "argument":
         param.display_type_rich = lambda ctx: None  # the argument's name says it
         return
-    if param.metavar is not None:
-        return
     if getattr(param, "is_flag", False):
         param.metavar = ""
         return
     choices, annotation = _value_type(param)
     if choices is not None:
         names = [str(choice) for choice in choices]
-        if len("|".join(names)) <= 30:
+        if param.metavar is None and len("|".join(names)) <= 30:
             param.metavar = "|".join(names)
-        else:
-            param.metavar = param.name.upper()
-            if not all(name in (param.help or "") for name in names):
-                param.help = f"{param.help} One of: {', '.join(names)}."
+            return
+        if not all(_escaped(name) in (param.help or "") for name in names):
+            param.help = f"{param.help} One of: {_escaped(', '.join(names))}."
+    if param.metavar is not None:
+        return
+    if choices is not None:
+        param.metavar = param.name.upper()
     elif annotation is int:
         param.metavar = "N"
     elif annotation is float:
         param.metavar = "F"
     else:
         param.metavar = param.name.upper()
+
+
+def _escaped(text: str) -> str:
+    """Help text as it reads, in Typer's Markdown: ``{uid}_{session}_{index}`` keeps its
+    underscores, a ``*`` is not emphasis."""
+    return text.replace("\\", "\\\\").replace("_", "\\_").replace("*", "\\*")
 
 
 def _value_type(param: Any) -> tuple[Sequence[Any] | None, type | None]:
@@ -273,7 +280,7 @@ InputArg = Annotated[
 
 def _typer_option(row: Option, command: str) -> Any:
     """The ``Annotated`` type Typer reads for ``row`` in ``command``."""
-    settings: dict[str, Any] = {"rich_help_panel": row.panel, "help": row.help_for(command)}
+    settings: dict[str, Any] = {"rich_help_panel": row.panel, "help": _escaped(row.help_for(command))}
     if row.metavar is not None:
         settings["metavar"] = row.metavar
     if row.envvar is not None:

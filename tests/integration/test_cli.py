@@ -698,3 +698,18 @@ def test_a_thread_still_running_at_the_end_is_waited_for(tmp_path):
     done = _process(thread, tmp_path, "--version")
     assert done.returncode == 0 and grpo_cli.__version__ in done.stdout
     assert (tmp_path / "late").read_text() == "done"
+
+
+def test_help_lists_every_choice_and_keeps_what_markdown_would_eat():
+    """--from and --trainer-filter list their values as --preset does; help text is escaped for
+    Typer's Markdown, so verl v1's uid keeps its underscores."""
+    from typer.testing import CliRunner
+
+    from grpo_cli.choices import Trainer, TrainerFilterName, choices_of
+    from grpo_cli.cli import app
+
+    result = CliRunner().invoke(app, ["check", "--help"], env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"})
+    text = " ".join(result.stdout.split())
+    for name in (*choices_of(Trainer), *choices_of(TrainerFilterName)):
+        assert name in text
+    assert "{uid}_{session}_{index}" in text
