@@ -31,7 +31,7 @@ from grpo_cli.choices import check_choice
 from grpo_cli.errors import GrpoError, LayoutError
 from grpo_cli.file_names import output_is_directory
 from grpo_cli.inputs.protected import ProtectedInputs
-from grpo_cli.inputs.readers import read_provenance, validate_pages
+from grpo_cli.inputs.readers import read_provenance, read_schema, validate_pages
 from grpo_cli.inputs.sources import InputSet
 from grpo_cli.options.config import ComputeConfig, VerifySpec
 from grpo_cli.outputs.guard import (
@@ -43,6 +43,7 @@ from grpo_cli.outputs.guard import (
 from grpo_cli.outputs.output import open_output
 from grpo_cli.results.checks import CheckBounds, evaluate_checks
 from grpo_cli.results.summary import RunSummary
+from grpo_cli.run.columns import check_columns
 from grpo_cli.run.progress import Progress
 from grpo_cli.trainers.dumps import trainer_hint
 
@@ -229,6 +230,7 @@ class Local:
             with resolved as inputs:
 
                 def run(claim: Claim | None) -> RunSummary:
+                    _check_columns_first(inputs.shards, config, writes_output=claim is not None)
                     # The spliced shards' bytes are copied while torch is imported (by the engine).
                     target = open_output(claim, config, inputs.shards) if claim is not None else None
                     from grpo_cli.engines.local import run_local
@@ -338,6 +340,15 @@ def engine_named(
             raise GrpoError("--ray-address and --partitions need --engine ray")
         return Local()
     return Ray(address=address, partitions=partitions, quiet=quiet)
+
+
+def _check_columns_first(shards: Sequence[Shard], config: ComputeConfig, *, writes_output: bool) -> None:
+    """The columns of every Parquet and Arrow shard against the options, from their footers,
+    before torch loads: a misspelt column's one line comes at once, not after the imports.
+    Text shards are checked by the engine, which infers their schema as it reads them once."""
+    for shard in shards:
+        if shard.format in ("parquet", "arrow"):
+            check_columns(config, shard, read_schema(shard), writes_output=writes_output)
 
 
 def _check_report(report: PathLike | None) -> None:

@@ -271,3 +271,23 @@ def inner_types(data_type: pa.DataType) -> list[pa.DataType]:
     ):
         return [data_type.value_type]
     return []
+
+
+def is_key_type(data_type: pa.DataType | None) -> bool:
+    """Whether a column of this type can be a group key: a scalar, or a list or struct of
+    them (a chat prompt as a list of messages), compared on its exact value."""
+    if data_type is None or pa.types.is_null(data_type) or pa.types.is_interval(data_type):
+        return False
+    if pa.types.is_dictionary(data_type):
+        return is_key_type(data_type.value_type)
+    if pa.types.is_struct(data_type):
+        return data_type.num_fields > 0 and all(
+            is_key_type(data_type.field(i).type) for i in range(data_type.num_fields)
+        )
+    if (
+        pa.types.is_list(data_type)
+        or pa.types.is_large_list(data_type)
+        or pa.types.is_fixed_size_list(data_type)
+    ):
+        return is_key_type(data_type.value_type)
+    return not (pa.types.is_nested(data_type) or pa.types.is_union(data_type))

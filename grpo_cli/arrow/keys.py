@@ -27,7 +27,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from grpo_cli.arrow.columns import field_type, holds_type, is_text_type, with_leaves, without_views
+from grpo_cli.arrow.columns import (
+    field_type,
+    holds_type,
+    is_text_type,
+    with_leaves,
+    without_views,
+)
 
 
 def as_tensor(array: np.ndarray) -> torch.Tensor:
@@ -178,26 +184,6 @@ def key_kind(data_type: pa.DataType) -> str:
     ):
         return "binary"
     return str(data_type)
-
-
-def is_key_type(data_type: pa.DataType | None) -> bool:
-    """Whether a column of this type can be a group key: a scalar, or a list or struct of
-    them (a chat prompt as a list of messages), compared on its exact value."""
-    if data_type is None or pa.types.is_null(data_type) or pa.types.is_interval(data_type):
-        return False
-    if pa.types.is_dictionary(data_type):
-        return is_key_type(data_type.value_type)
-    if pa.types.is_struct(data_type):
-        return data_type.num_fields > 0 and all(
-            is_key_type(data_type.field(i).type) for i in range(data_type.num_fields)
-        )
-    if (
-        pa.types.is_list(data_type)
-        or pa.types.is_large_list(data_type)
-        or pa.types.is_fixed_size_list(data_type)
-    ):
-        return is_key_type(data_type.value_type)
-    return not (pa.types.is_nested(data_type) or pa.types.is_union(data_type))
 
 
 def check_key_types(schemas: Sequence[tuple[str, pa.Schema]], columns: Sequence[str]) -> None:

@@ -11,9 +11,7 @@ columns of ``--stats-cols``. The local and the Ray engine both go through it, so
 
 from __future__ import annotations
 
-import difflib
 import json
-from collections import Counter
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -21,9 +19,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from grpo_cli.arrow.columns import MAX_NESTING, field_type, is_numeric_type, leaf_fields, nesting_depth
-from grpo_cli.arrow.keys import is_key_type
-from grpo_cli.errors import GrpoError, LayoutError
+from grpo_cli.arrow.columns import field_type
+from grpo_cli.errors import GrpoError
 from grpo_cli.estimators import ESTIMATORS, GroupFacts, RowFacts
 from grpo_cli.file_names import PROVENANCE_KEY
 from grpo_cli.kernel import (
@@ -116,93 +113,6 @@ class RunPlan:
         if self.channels > 1:
             return [*channels, make(False)], True
         return channels, False
-
-    def check_columns(self, shard: Shard, schema: pa.Schema, *, writes_output: bool) -> None:
-        """Refuse, before any work, a shard whose columns do not fit the options."""
-        config = self.config
-        if len(schema) == 0:  # an empty JSONL file: no records, no columns
-            return
-        names = schema.names
-        for column in schema:
-            depth = nesting_depth(column.type)
-            if depth > MAX_NESTING:
-                raise GrpoError(
-                    f"{shard.display}: column {column.name!r} nests {depth} levels deep; grpo-cli reads "
-                    f"at most {MAX_NESTING}"
-                )
-        repeated = [name for name, count in Counter(names).items() if count > 1]
-        if repeated:
-            raise GrpoError(
-                f"{shard.display}: the input has {names.count(repeated[0])} columns named {repeated[0]!r}; "
-                "column names must be unique (rename or drop the copies)"
-            )
-        for column in self.input_columns:
-            if field_type(schema, column) is None:
-                raise LayoutError(f"{shard.display}: no column {column!r}{self._hint(column, schema)}")
-        for column in self.new_columns if writes_output else ():
-            if field_type(schema, column) is not None:
-                option = "--active-col" if column == config.active_col else "--advantage-col"
-                what = "column" if column in names else "nested field"
-                raise GrpoError(
-                    f"{shard.display}: the input already has a {what} {column!r}; "
-                    f"choose another name with {option}"
-                )
-        if config.verify is not None and field_type(schema, config.verify.column) is None:
-            raise GrpoError(
-                f"{shard.display}: no column {config.verify.column!r} to verify; "
-                f"the columns are {', '.join(names)}"
-            )
-        for column in config.group_cols if config.group_size is None else ():
-            column_type = field_type(schema, column)
-            if column_type is not None and pa.types.is_null(column_type):
-                raise GrpoError(
-                    f"{shard.display}: group column {column!r} has type null: it holds only nulls "
-                    "(every key is null), and null keys cannot be grouped"
-                )
-            if not is_key_type(column_type):
-                raise GrpoError(
-                    f"{shard.display}: group column {column!r} has type {column_type}; group keys must be "
-                    "scalars (integers, strings, ...), lists or structs of them"
-                )
-
-    def _hint(self, column: str, schema: pa.Schema) -> str:
-        """What to tell a user whose column is missing: a close name, the option, the columns."""
-        config = self.config
-        names = schema.names
-        top, dot, _ = column.partition(".")
-        if dot and top in names:
-            # walk down the fields that are there: name the deepest struct and the first missing part
-            parts, data_type, at = column.split("."), schema.field(top).type, top
-            for part in parts[1:]:
-                if not pa.types.is_struct(data_type):
-                    return f" ({at!r} is {data_type}, not a struct with fields)"
-                inner = [data_type.field(i).name for i in range(data_type.num_fields)]
-                if part not in inner:
-                    return f" (struct {at!r} has fields {', '.join(inner)}; {part!r} is not one of them)"
-                data_type, at = data_type.field(part).type, f"{at}.{part}"
-            return f" ({at!r} is there, but not as {column!r})"
-        fields = leaf_fields(schema)
-        close = difflib.get_close_matches(column, fields, n=1, cutoff=0.6)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        is_reward = column in {spec.column for spec in config.rewards}
-        if is_reward and not (close and is_numeric_type(fields[close[0]])):
-            numeric = [name for name, data_type in fields.items() if is_numeric_type(data_type)]
-            by_name = difflib.get_close_matches(column, numeric, n=1, cutoff=0.6)
-            by_role = sorted(
-                (name for name in numeric if any(word in name.lower() for word in REWARD_WORDS)),
-                key=lambda name: -difflib.SequenceMatcher(None, column, name).ratio(),
-            )
-            if by_name or by_role:
-                suggestion = (by_name or by_role)[0]
-                hint = (
-                    f"; did you mean {suggestion!r} (a numeric column named like a reward)? pass it with -r"
-                )
-        if column in config.group_cols and column == "group_id" and not close:
-            hint = "; name the group column with -g/--group-col, or use --group-size N for consecutive groups"
-        weight = column.rpartition(":")
-        if weight[1] and weight[0] in names:
-            hint = f"; {column!r} looks like {weight[0]!r} with a weight, but {weight[2]!r} is not a number"
-        return f"{hint} (the columns are {', '.join(names)})"
 
     # ----------------------------------------------------------------- between the passes
 
@@ -696,7 +606,3 @@ class RunPlan:
                 rows_written=totals.rows - totals.dropped_rows,
             )
         return json.dumps(record, sort_keys=True).encode()
-
-
-REWARD_WORDS = ("reward", "score", "correct", "acc", "pass", "success")
-"""Words in a column name that say it holds a reward (verl's ``score``, TRL's ``accuracy_reward``)."""

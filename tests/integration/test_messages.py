@@ -124,3 +124,33 @@ def test_a_pandas_frame_is_not_refused_over_a_column_the_run_never_reads(unused:
         add_advantages(frame.assign(reward=[1, "a", 2.5, None]))
     with pytest.raises(GrpoError, match="the input already has a column 'advantage'"):
         add_advantages(frame.assign(advantage=[9, 9, 9, 9]))  # a column not read still keeps its name
+
+
+def test_a_misspelt_column_of_a_parquet_input_is_refused_before_torch_loads(tmp_path):
+    """The columns of a Parquet input are checked from its footer before the engine imports
+    torch: the typo's one line (the same words the engine would give) comes at once."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, atexit\n"
+        "atexit.register(lambda: print('torch loaded:', 'torch' in sys.modules, file=sys.__stdout__))\n"
+        "from grpo_cli.cli import main\n"
+        "sys.argv = ['grpo-cli', 'compute', sys.argv[1], '-o', sys.argv[2], '-r', 'corect']\n"
+        "main()\n"
+    )
+    out = tmp_path / "out.parquet"
+    done = subprocess.run(
+        [sys.executable, "-c", probe, "sample_data/rollouts.parquet", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "error: sample_data/rollouts.parquet: no column 'corect'; did you mean 'correct'? "
+        "(the columns are group_id, sample_index, prompt, completion, correct, reward)"
+    )
+    assert "torch loaded: False" in done.stdout
+    assert not out.exists()

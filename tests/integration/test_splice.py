@@ -461,7 +461,8 @@ def test_a_failing_prefix_flush_is_one_line_and_leaves_nothing(
 
 
 def test_bad_input_stops_the_copy_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A missing column is found after the copies started: they stop at the next piece."""
+    """A reward column of text is found after the copies started: they stop at the next piece.
+    (A missing column is refused from the footers before any copy starts.)"""
     from grpo_cli.errors import GrpoError
     from grpo_cli.outputs import splice
 
@@ -484,8 +485,8 @@ def test_bad_input_stops_the_copy_and_leaves_nothing(tmp_path: Path, monkeypatch
         real(*args, cancelled=asked, **kwargs)
 
     monkeypatch.setattr(splice, "copy_range", held_at_the_second_piece)
-    with pytest.raises(GrpoError, match="'score'"):
-        compute_dataset(shards, tmp_path / "out", ComputeConfig(group_cols=("uid",), rewards=("score",)))
+    with pytest.raises(GrpoError, match="reward column 'completion' has type string"):
+        compute_dataset(shards, tmp_path / "out", ComputeConfig(group_cols=("uid",), rewards=("completion",)))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["shards"]
     # Held at the second piece of the first file; then each of the other two stops at its first.
     assert len(pieces) == 4, f"the copy went on for {len(pieces)} pieces after the run failed"

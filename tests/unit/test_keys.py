@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from grpo_cli.arrow import keys as keys_module
-from grpo_cli.arrow.columns import without_views
-from grpo_cli.arrow.keys import GroupKeyIndex, check_key_types, fixed_width_bytes, is_key_type, run_starts
+from grpo_cli.arrow.columns import is_key_type, without_views
+from grpo_cli.arrow.keys import GroupKeyIndex, check_key_types, fixed_width_bytes, run_starts
 from grpo_cli.errors import GrpoError
 
 

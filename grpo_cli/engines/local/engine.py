@@ -14,14 +14,13 @@ import pyarrow as pa
 import torch
 
 from grpo_cli import interrupts
-from grpo_cli.arrow.columns import column_of, filter_rows, top_level
+from grpo_cli.arrow.columns import column_of, filter_rows, is_key_type, top_level
 from grpo_cli.arrow.keys import (
     GroupKeyIndex,
     InvalidKeyError,
     arrow_of,
     as_tensor,
     check_key_types,
-    is_key_type,
 )
 from grpo_cli.engines.local.spool import _IdSpool
 from grpo_cli.engines.local.statistics import _Statistics, _StatisticsPass
@@ -52,6 +51,7 @@ from grpo_cli.outputs.output import (
 from grpo_cli.results.findings import GroupFindings
 from grpo_cli.results.summary import RunSummary, build_summary, group_findings, input_info
 from grpo_cli.results.verify import Verifier
+from grpo_cli.run.columns import check_columns
 from grpo_cli.run.outcome import GroupOutcome
 from grpo_cli.run.plan import RunPlan
 from grpo_cli.run.progress import NoProgress, Progress
@@ -132,7 +132,7 @@ class LocalEngine:
             plan = self.plan = RunPlan(watching, device=plan.device)
             self.config = watching
         for shard, schema in zip(inputs.shards, self.schemas, strict=True):
-            plan.check_columns(shard, schema, writes_output=writes_output)
+            check_columns(plan.config, shard, schema, writes_output=writes_output)
         if self.config.group_size is None:
             check_key_types(
                 [(shard.display, schema) for shard, schema in zip(inputs.shards, self.schemas, strict=True)],

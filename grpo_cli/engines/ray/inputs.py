@@ -22,6 +22,7 @@ from grpo_cli.inputs.protected import ProtectedInputs
 from grpo_cli.inputs.readers import row_count
 from grpo_cli.inputs.sources import InputSet, Shard
 from grpo_cli.options.config import ComputeConfig
+from grpo_cli.run.columns import check_columns
 from grpo_cli.run.outcome import OutcomeTotals
 from grpo_cli.run.plan import RunPlan
 from grpo_cli.stores import check_scheme, gcs_filesystem, local_path
@@ -340,7 +341,7 @@ def _read_schema(file: InputFile) -> pa.Schema:
 def _read_schemas(files: list[InputFile], plan: RunPlan) -> list[pa.Schema]:
     schemas = []
     for file, schema in zip(files, side_by_side_requests(_read_schema, files), strict=True):
-        plan.check_columns(file.shard(), schema, writes_output=True)
+        check_columns(plan.config, file.shard(), schema, writes_output=True)
         for column in (*plan.input_columns, *([plan.config.verify.column] if plan.config.verify else [])):
             if column not in schema.names:
                 raise GrpoError(
