@@ -298,7 +298,9 @@ def check_lines(summary: RunSummary) -> list[str]:
     for check in summary.checks:
         status = "PASS" if check["passed"] else "FAIL"
         detail = f": {check['detail']}" if check.get("detail") else ""
-        lines.append(f"{status}  {check['name']}: {check['value']} (bound {check['bound']}){detail}")
+        lines.append(
+            f"{status}  {check['name']}: {check['value_text']} (bound {check['bound_text']}){detail}"
+        )
     if summary.verify is not None:
         v = summary.verify
         lines.append(

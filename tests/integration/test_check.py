@@ -95,7 +95,12 @@ def test_group_size_checks(cli, data):
     assert summary_of(cli, path, "--max-group-size", "4")[0].exit_code == 0
     assert summary_of(cli, path, "--max-group-size", "3")[0].exit_code == 1
     result, summary = summary_of(cli, path, "--uniform-group-size")
-    assert result.exit_code == 1 and summary["checks"][0]["value"] == "1..4"
+    assert result.exit_code == 1 and summary["checks"][0]["value_text"] == "1..4"
+    assert (summary["checks"][0]["value"], summary["checks"][0]["op"], summary["checks"][0]["bound"]) == (
+        3,
+        "==",
+        0,
+    )
 
 
 def test_uniform_group_size_passes_on_uniform_data(cli, tmp_path):
@@ -327,7 +332,7 @@ def test_verify_tells_a_trainers_rounding_residue_from_a_mismatch(cli, tmp_path)
     assert "rounding residue (fails with --strict)" in result.stderr
     strict = cli("check", path, *args, "--strict")
     assert strict.exit_code == 1
-    assert json.loads(strict.stdout)["checks"][-1]["bound"] == "0 rows differ (--strict)"
+    assert json.loads(strict.stdout)["checks"][-1]["bound_text"] == "0 rows differ (--strict)"
 
 
 def test_a_constant_groups_residue_is_bounded_by_the_trainers_epsilon(cli, tmp_path):
@@ -789,7 +794,10 @@ def test_validate_pages_finds_a_corrupt_page_splicing_copies(cli, tmp_path):
     assert result.exit_code == 1
     check = json.loads(result.stdout)["checks"][-1]
     assert check["name"] == "validate-pages" and not check["passed"]
-    assert "row group 0, column 'text': does not decode (could not verify page integrity" in check["value"]
+    assert (
+        "row group 0, column 'text': does not decode (could not verify page integrity" in check["value_text"]
+    )
+    assert (check["value"], check["op"], check["bound"]) == (1, "==", 0)
     fine = tmp_path / "fine.parquet"
     pq.write_table(
         pq.read_table(out).drop_columns(["advantage", "group_active"]), fine, write_page_checksum=True
@@ -797,9 +805,12 @@ def test_validate_pages_finds_a_corrupt_page_splicing_copies(cli, tmp_path):
     passed = json.loads(cli("check", fine, "--validate-pages", "--summary-json", "-").stdout)["checks"][-1]
     assert passed == {
         "name": "validate-pages",
-        "value": "3 column chunks in 1 row groups decoded",
-        "bound": "every page decodes",
+        "value": 0,
+        "op": "==",
+        "bound": 0,
         "passed": True,
+        "value_text": "3 column chunks in 1 row groups decoded",
+        "bound_text": "every page decodes",
     }
 
 
@@ -908,7 +919,7 @@ def test_validate_pages_fails_a_column_chunk_short_of_its_row_group(cli, tmp_pat
     assert result.exit_code == 1, result.stderr
     check = json.loads(result.stdout)["checks"][-1]
     assert check["name"] == "validate-pages" and not check["passed"]
-    assert check["value"] == (
+    assert check["value_text"] == (
         f"{path}: row group 0, column 'text': decodes to 0 values where the row group declares 3 rows"
     )
 
@@ -979,4 +990,4 @@ def test_every_bad_data_file_of_parquet_testing_is_refused_or_read_whole(cli, tm
     assert gated.exit_code == 1, gated.stderr
     check = json.loads(gated.stdout)["checks"][-1]
     assert check["name"] == "validate-pages" and not check["passed"]
-    assert "decodes to 0 values where the row group declares 3 rows" in check["value"]
+    assert "decodes to 0 values where the row group declares 3 rows" in check["value_text"]

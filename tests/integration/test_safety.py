@@ -363,7 +363,15 @@ def test_check_fails_on_an_empty_input_and_missing_columns_stay_exit_2(cli, tmp_
     result = cli("check", empty, "--min-group-size", "2", "--summary-json", "-")
     assert result.exit_code == 1
     checks = json.loads(result.stdout)["checks"]
-    assert checks[0] == {"name": "rows", "value": 0, "bound": ">= 1", "passed": False}
+    assert checks[0] == {
+        "name": "rows",
+        "value": 0,
+        "op": ">=",
+        "bound": 1,
+        "passed": False,
+        "value_text": "0",
+        "bound_text": ">= 1",
+    }
     assert cli("check", empty).exit_code == 1  # no check asked: still not a pass
     one_line_error(cli("check", empty, "-r", "missing"), 2, "no column 'missing'")
     assert cli("check", "-", "--min-groups", "0", input="").exit_code == 1

@@ -266,7 +266,10 @@ def test_json_has_no_nan_and_optional_keys_only_when_present():
     data = json.loads(summary.to_json())
     assert data["advantage"] == {"min": None, "max": None}
     assert "checks" not in data and "verify" not in data
-    summary.checks = [{"name": "min-groups", "value": 4, "bound": ">= 5", "passed": False}]
+    summary.checks = [
+        {"name": "min-groups", "value": 4, "op": ">=", "bound": 5, "passed": False}
+        | {"value_text": "4", "bound_text": ">= 5"}
+    ]
     data = json.loads(summary.to_json())
     assert data["checks_passed"] is False and data["active_fraction"] == 0.25
 
@@ -312,8 +315,10 @@ def test_reports_show_the_figures_and_each_check():
     assert "active groups" in text and "1 (25.0%)" in text
     assert "  all 0.0" in text and "group mean reward histogram:" in text
     summary.checks = [
-        {"name": "min-groups", "value": 4, "bound": ">= 2", "passed": True},
-        {"name": "max-inactive-fraction", "value": 0.75, "bound": "<= 0.5", "passed": False},
+        {"name": "min-groups", "value": 4, "op": ">=", "bound": 2, "passed": True}
+        | {"value_text": "4", "bound_text": ">= 2"},
+        {"name": "max-inactive-fraction", "value": 0.75, "op": "<=", "bound": 0.5, "passed": False}
+        | {"value_text": "0.75", "bound_text": "<= 0.5"},
     ]
     assert check_lines(summary) == [
         "PASS  min-groups: 4 (bound >= 2)",
@@ -322,6 +327,33 @@ def test_reports_show_the_figures_and_each_check():
     compact = render_compact(summary).splitlines()
     assert compact[0] == "x.parquet: 8 rows, 4 groups, 1 active (25.0%), 3 inactive, 1 singleton"
     assert compact[1:] == check_lines(summary)
+
+
+def check(
+    name: str,
+    value: float | None,
+    op: str,
+    bound: float,
+    passed: bool,
+    *,
+    value_text: str | None = None,
+    bound_text: str | None = None,
+    detail: str | None = None,
+) -> dict[str, object]:
+    """A check's record as the summary's JSON holds it: numbers as numbers, beside the words the
+    report prints (the value's own text unless given, ``op bound`` unless given)."""
+    record: dict[str, object] = {
+        "name": name,
+        "value": value,
+        "op": op,
+        "bound": bound,
+        "passed": passed,
+        "value_text": value_text if value_text is not None else "none" if value is None else f"{value}",
+        "bound_text": bound_text if bound_text is not None else f"{op} {bound}",
+    }
+    if detail is not None:
+        record["detail"] = detail
+    return record
 
 
 def test_every_check_reports_its_measured_value_and_bound():
@@ -340,21 +372,26 @@ def test_every_check_reports_its_measured_value_and_bound():
         max_singleton_groups=1,
     )
     assert evaluate_checks(summary, bounds) == [
-        {"name": "max-inactive-fraction", "value": 0.8, "bound": "<= 0.5", "passed": False},
-        {"name": "min-active-groups", "value": 1, "bound": ">= 1", "passed": True},
-        {"name": "min-groups", "value": 5, "bound": ">= 6", "passed": False},
-        {"name": "min-group-size", "value": 1, "bound": ">= 2", "passed": False},
-        {"name": "max-group-size", "value": 3, "bound": "<= 3", "passed": True},
-        {
-            "name": "uniform-group-size",
-            "value": "1..3",
-            "bound": "min == max",
-            "passed": False,
-            "detail": "3 groups are not of the common size 1: group 0 (2 rows), group 1 (2 rows), "
+        check("max-inactive-fraction", 0.8, "<=", 0.5, False),
+        check("min-active-groups", 1, ">=", 1, True),
+        check("min-groups", 5, ">=", 6, False),
+        check("min-group-size", 1, ">=", 2, False),
+        check("max-group-size", 3, "<=", 3, True),
+        check(
+            "uniform-group-size",
+            2,
+            "==",
+            0,
+            False,
+            value_text="1..3",
+            bound_text="min == max",
+            detail="3 groups are not of the common size 1: group 0 (2 rows), group 1 (2 rows), "
             "group 3 (3 rows)",
-        },
-        {"name": "max-singleton-groups", "value": 2, "bound": "<= 1", "passed": False},
-        {"name": "verify-advantage-col", "value": "2 rows differ", "bound": "0 rows differ", "passed": False},
+        ),
+        check("max-singleton-groups", 2, "<=", 1, False),
+        check(
+            "verify-advantage-col", 2, "==", 0, False, value_text="2 rows differ", bound_text="0 rows differ"
+        ),
     ]
     thirds = summarize(outcome_of([0.0, 1.0, 2.0, 2.0, 3.0, 3.0], [0, 0, 1, 1, 2, 2]))
     (inactive,) = evaluate_checks(thirds, CheckBounds(max_inactive_fraction=1.0))
@@ -370,10 +407,10 @@ def test_checks_on_no_rows_report_none_and_fail_the_rows_check():
     )
     results = evaluate_checks(empty, CheckBounds(min_group_size=1, max_group_size=1, uniform_group_size=True))
     assert results == [
-        {"name": "rows", "value": 0, "bound": ">= 1", "passed": False},
-        {"name": "min-group-size", "value": None, "bound": ">= 1", "passed": True},
-        {"name": "max-group-size", "value": None, "bound": "<= 1", "passed": True},
-        {"name": "uniform-group-size", "value": "none", "bound": "min == max", "passed": True},
+        check("rows", 0, ">=", 1, False),
+        check("min-group-size", None, ">=", 1, True),
+        check("max-group-size", None, "<=", 1, True),
+        check("uniform-group-size", None, "==", 0, True, bound_text="min == max"),
     ]
 
 
@@ -404,22 +441,24 @@ def test_the_json_summary_keeps_its_documented_keys_and_precision():
 
 
 @pytest.mark.parametrize(
-    ("strict", "found", "bound", "passed"),
+    ("strict", "differ", "found", "bound", "passed"),
     [
-        (False, "2 rows differ (3 more by rounding residue)", "0 rows differ", False),
-        (True, "5 rows differ", "0 rows differ (--strict)", False),
+        (False, 2, "2 rows differ (3 more by rounding residue)", "0 rows differ", False),
+        (True, 5, "5 rows differ", "0 rows differ (--strict)", False),
     ],
 )
-def test_verify_check_counts_residue_only_under_strict(strict, found, bound, passed):
+def test_verify_check_counts_residue_only_under_strict(strict, differ, found, bound, passed):
     from grpo_cli.results.checks import CheckBounds, evaluate_checks
 
     summary = summarize(outcome_of(REWARDS, IDS))
     summary.verify = {"mismatched": 2, "residue": 3, "strict": strict}
     (result,) = evaluate_checks(summary, CheckBounds())
-    assert result == {"name": "verify-advantage-col", "value": found, "bound": bound, "passed": passed}
+    assert result == check(
+        "verify-advantage-col", differ, "==", 0, passed, value_text=found, bound_text=bound
+    )
     summary.verify = {"mismatched": 0, "residue": 0, "strict": strict}
     (result,) = evaluate_checks(summary, CheckBounds())
-    assert result["value"] == "0 rows differ" and result["passed"] is True
+    assert (result["value"], result["value_text"], result["passed"]) == (0, "0 rows differ", True)
 
 
 def test_size_counts_keep_the_most_common_sizes_and_the_smallest_on_a_tie():
