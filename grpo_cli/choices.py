@@ -53,6 +53,8 @@ RewardSum = Literal["sum", "nansum"]
 InputFormat = Literal["parquet", "jsonl", "json", "csv", "arrow", "json-columns"]
 Engine = Literal["local", "ray"]
 Color = Literal["auto", "always", "never"]
+CheckFormat = Literal["text", "github", "junit"]
+"""How ``check`` reports its checks to a CI system (``--output-format``)."""
 Compression = Literal["snappy", "zstd", "gzip", "lz4", "brotli", "none"]
 Preset = Literal["trl", "trl-rloo", "verl", "openrlhf", "nemo-rl", "roll", "torchrl", "slime", "areal"]
 TrainerFilterName = Literal[

@@ -584,6 +584,11 @@ def check(input: InputArg, **values: Any) -> None:
 
         inputs, config = job_inputs(state.resources, input, values, verifying=True)
         _check_stdout(summary_json)
+        if values["output_format"] != "text" and summary_json == "-":
+            raise GrpoError(
+                f"--output-format {values['output_format']} and --summary-json - would both write to "
+                "standard output"
+            )
         bounds = CheckBounds(**targeted(values, "check", "bounds"))
         summary = check_dataset(
             inputs,
@@ -604,6 +609,12 @@ def check(input: InputArg, **values: Any) -> None:
             compact=bool(summary.checks),
             color=values["color"],
         )
+        if values["output_format"] != "text":
+            from grpo_cli.cli.report import github_annotations, junit_report
+
+            render = github_annotations if values["output_format"] == "github" else junit_report
+            sys.stdout.write(render(summary))
+            sys.stdout.flush()
         return EXIT_OK if all(c["passed"] for c in summary.checks) else EXIT_CHECK_FAILED
 
     _run(values["debug"], body)

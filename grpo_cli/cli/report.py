@@ -372,3 +372,53 @@ def _bytes(n: int) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{n} B"
+
+
+def github_annotations(summary: RunSummary) -> str:
+    """An ``::error`` workflow command for each failed check, which GitHub Actions shows as an
+    annotation on the run (its message escaped as the Actions toolkit escapes it)."""
+
+    def data(text: str) -> str:
+        return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+    def prop(text: str) -> str:
+        return data(text).replace(":", "%3A").replace(",", "%2C")
+
+    lines = []
+    for check in summary.checks:
+        if check["passed"]:
+            continue
+        detail = f": {check['detail']}" if check.get("detail") else ""
+        message = f"{check['name']}: {check['value_text']} (bound {check['bound_text']}){detail}"
+        title = f"grpo-cli check {check['name']} failed on {summary.input['path']}"
+        lines.append(f"::error title={prop(title)}::{data(message)}")
+    return "".join(line + "\n" for line in lines)
+
+
+def junit_report(summary: RunSummary) -> str:
+    """The checks as a JUnit XML report: one test suite, a test case a check, a ``failure`` for
+    each that failed (GitLab's ``artifacts:reports:junit``, Jenkins and most CI systems)."""
+    from xml.etree import ElementTree
+
+    failures = sum(not check["passed"] for check in summary.checks)
+    suites = ElementTree.Element("testsuites", tests=str(len(summary.checks)), failures=str(failures))
+    suite = ElementTree.SubElement(
+        suites,
+        "testsuite",
+        name=f"grpo-cli check {summary.input['path']}",
+        tests=str(len(summary.checks)),
+        failures=str(failures),
+        errors="0",
+        time=f"{summary.elapsed_seconds:.3f}",
+    )
+    for check in summary.checks:
+        case = ElementTree.SubElement(suite, "testcase", classname="grpo-cli.check", name=check["name"])
+        if not check["passed"]:
+            failure = ElementTree.SubElement(
+                case, "failure", message=f"{check['value_text']} (bound {check['bound_text']})"
+            )
+            failure.text = check.get("detail") or f"{check['name']}: {check['value_text']}"
+    ElementTree.indent(suites)
+    return (
+        '<?xml version="1.0" encoding="utf-8"?>\n' + ElementTree.tostring(suites, encoding="unicode") + "\n"
+    )

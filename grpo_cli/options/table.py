@@ -27,6 +27,7 @@ from typing import Any, Literal, get_args, get_origin
 from grpo_cli.choices import (
     Aggregation,
     Baseline,
+    CheckFormat,
     Color,
     Compression,
     Engine,
@@ -325,6 +326,19 @@ _ROWS = (
         keyword=False,
         metavar="PATH",
         show_default=False,
+    ),
+    Option(
+        "output_format",
+        ("--output-format",),
+        "How check's results also go to standard output for a CI system: text (nothing more: the "
+        "lines are on standard error), github (a GitHub Actions ::error annotation for each failed "
+        "check) or junit (a JUnit XML report, a test case a check, for GitLab, Jenkins and others).",
+        CheckFormat,
+        "text",
+        target="run",
+        panel="Output",
+        commands=("check",),
+        keyword=False,
     ),
     Option(
         "report",

@@ -53,6 +53,36 @@ def test_quiet_keeps_a_line_for_each_failed_check_and_silent_prints_nothing(cli,
     assert errored.exit_code == 2 and "no column 'no_such_column'" in errored.stderr
 
 
+def test_output_format_github_annotates_each_failed_check_and_junit_reports_every_check(cli, data):
+    """--output-format github: an ::error workflow command for each failed check, escaped as the
+    Actions toolkit escapes (a detail's commas stay in the message, the title's are %2C); junit:
+    one test case a check, a failure for each that failed, which an XML parser reads."""
+    from xml.etree import ElementTree
+
+    path, _ = data
+    checks = ("--min-groups", "1000", "--uniform-group-size", "--min-active-groups", "1")
+    github = cli("check", path, "-r", "correct", "-s", "--output-format", "github", *checks)
+    assert github.exit_code == 1 and github.stderr == ""
+    lines = github.stdout.splitlines()
+    assert len(lines) == 2 and all(line.startswith("::error title=grpo-cli check ") for line in lines)
+    assert lines[0].endswith("::min-groups: 13 (bound >= 1000)")
+    assert "uniform-group-size: 1..4 (bound min == max): " in lines[1] and "%0A" not in lines[1]
+    junit = cli("check", path, "-r", "correct", "-q", "--output-format", "junit", *checks)
+    assert junit.exit_code == 1
+    suites = ElementTree.fromstring(junit.stdout)
+    suite = suites.find("testsuite")
+    assert suite is not None and (suite.get("tests"), suite.get("failures")) == ("3", "2")
+    cases = {case.get("name"): case.find("failure") for case in suite.iter("testcase")}
+    assert list(cases) == ["min-active-groups", "min-groups", "uniform-group-size"]
+    assert cases["min-active-groups"] is None
+    failure = cases["min-groups"]
+    assert failure is not None and failure.get("message") == "13 (bound >= 1000)"
+    passing = cli("check", path, "-r", "correct", "-q", "--output-format", "github", "--min-groups", "1")
+    assert (passing.exit_code, passing.stdout) == (0, "")
+    both = cli("check", path, "--output-format", "junit", "--summary-json", "-", "--min-groups", "1")
+    assert_one_line_error(both, "would both write to standard output")
+
+
 @pytest.mark.parametrize(
     ("option", "value_key", "make_bound"),
     [
