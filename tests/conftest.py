@@ -345,3 +345,44 @@ REWARD_SHAPINGS = [
     {"reward_bias": -1.0, "reward_scale": 0.25, "reward_clip": (-1.0, 1.0)},
     {"reward_clip": (0.0, 0.5)},
 ]
+
+
+# --------------------------------------------------------------------------- the summary's schema
+
+SUMMARY_SCHEMA = Path(__file__).resolve().parents[1] / "grpo_cli" / "results" / "summary.schema.json"
+VALIDATED_SUMMARIES = [0]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _every_summary_meets_its_schema() -> Any:
+    """Every summary a test makes in this process (``RunSummary.to_dict``: the CLI's
+    ``--summary-json``, the jobs' results) is validated against the published JSON Schema, in
+    its JSON form (NaN as null); one that does not fits fails the test that made it."""
+    import jsonschema
+
+    from grpo_cli.results import summary as summary_module
+
+    validator = jsonschema.Draft202012Validator(json.loads(SUMMARY_SCHEMA.read_text()))
+    made = summary_module.RunSummary.to_dict
+
+    def to_dict(self: Any) -> dict[str, Any]:
+        out = made(self)
+        errors = sorted(
+            validator.iter_errors(summary_module._finite_or_none(out)), key=lambda e: list(e.path)
+        )
+        if errors:
+            where = "/".join(str(part) for part in errors[0].path) or "(top)"
+            raise AssertionError(f"the summary does not meet its schema at {where}: {errors[0].message}")
+        VALIDATED_SUMMARIES[0] += 1
+        return out
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(summary_module.RunSummary, "to_dict", to_dict)
+        yield
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if VALIDATED_SUMMARIES[0]:
+        terminalreporter.write_line(
+            f"{VALIDATED_SUMMARIES[0]} run summaries were validated against {SUMMARY_SCHEMA.name}"
+        )

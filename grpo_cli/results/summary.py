@@ -117,6 +117,19 @@ class RunSummary:
         return json.dumps(_finite_or_none(self.to_dict()), indent=2)
 
 
+def summary_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) every summary meets, as published beside this module
+    (``summary.schema.json``): what a CI step that reads ``--summary-json`` may rely on.
+
+    >>> summary_schema()["title"]
+    'grpo-cli run summary'
+    """
+    from importlib.resources import files
+
+    schema: dict[str, Any] = json.loads(files("grpo_cli.results").joinpath("summary.schema.json").read_text())
+    return schema
+
+
 def _finite_or_none(value: Any) -> Any:
     """JSON has no NaN or infinity: write them as null."""
     if isinstance(value, float) and not math.isfinite(value):
