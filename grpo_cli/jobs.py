@@ -239,15 +239,7 @@ class Local:
                     _add_checks(summary, inputs.shards, job.bounds)
                     return summary
 
-                return _guarded(
-                    inputs.protected(),
-                    output,
-                    job.summary_json,
-                    directory=directory,
-                    force=job.force,
-                    run=run,
-                    report=report,
-                )
+                return _guarded(job, inputs.protected(), output, directory=directory, run=run)
 
 
 @dataclass(frozen=True)
@@ -314,13 +306,11 @@ class Ray:
             # cluster's workers write a store's output to a staging folder there, moved into
             # place when the run commits.
             return _guarded(
+                job,
                 inputs.protected(),
                 target,
-                job.summary_json,
                 directory=True,
-                force=job.force,
                 run=run,
-                report=report,
                 written_elsewhere=self.address is not None,
             )
 
@@ -378,23 +368,23 @@ def _as_dumps_hint(input: Inputs) -> Iterator[None]:
 
 
 def _guarded(
+    job: Job,
     protected: ProtectedInputs,
     output: PathLike | None,
-    summary_json: PathLike | None,
     *,
     directory: bool,
-    force: bool,
     run: Callable[[Claim | None], RunSummary],
-    report: PathLike | None = None,
     written_elsewhere: bool = False,
 ) -> RunSummary:
-    """Claim the outputs, run, then write the summary file; every failure after the commit says so."""
+    """Claim the job's outputs (``output``, its summary file and report), run, then write the
+    summary file and the report; every failure after the commit says so."""
+    report = job.report
     with WriteGuard(protected) as guard:
         claim, summary_claim, report_claim = guard.claim_run(
             output,
-            summary_json,
+            job.summary_json,
             directory=directory,
-            force=force,
+            force=job.force,
             report=report,
             written_elsewhere=written_elsewhere,
         )
