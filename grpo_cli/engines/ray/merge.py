@@ -246,16 +246,15 @@ class _KeyTable:
         return _key_in(self.table, group_id)
 
 
-def _placed(
-    plan: RunPlan, figures: Sequence[Any], places: Sequence[np.ndarray], k: int, positions: np.ndarray
-) -> MergedStatistics:
-    """The merged statistics of ``k`` groups from the buckets' ``figures`` tables (object
-    references or tables, fetched one at a time): bucket ``b``'s rows go to groups
-    ``places[b]``, and group ``g``'s row is at ``positions[g]`` of the tables laid end to end
-    (where the one-value columns are read from). ``keys`` is left ``None``."""
+def _in_bucket_order(plan: RunPlan, figures: Sequence[Any], sizes: Sequence[int]) -> MergedStatistics:
+    """The merged statistics of the buckets' groups laid end to end, each bucket in its own
+    order (``figures``: the buckets' tables, object references or tables, fetched one at a
+    time; ``sizes``: each bucket's groups): a reducer's own, or every bucket's in a worker."""
+    starts = list(itertools.accumulate(sizes, initial=0))
+    k = starts[-1]
     numbers: dict[str, np.ndarray] = {}
     values: dict[str, list[pa.ChunkedArray]] = {}
-    for ref, place in zip(figures, places, strict=True):
+    for ref, start, stop in zip(figures, starts[:-1], starts[1:], strict=True):
         table = _fetched(ref)
         for name in table.column_names:
             if name in FIRST_SEEN_FIELDS:
@@ -267,7 +266,7 @@ def _placed(
             array = column.to_numpy()
             if name not in numbers:
                 numbers[name] = np.zeros(k, dtype=array.dtype)
-            numbers[name][place] = array
+            numbers[name][start:stop] = array
         del table
     channels = [_stats_of(numbers, _channel_prefix(c), plan) for c in range(plan.channels)]
     summary = channels[0] if plan.channels == 1 else _stats_of(numbers, _SUMMARY_PREFIX, plan)
@@ -295,17 +294,9 @@ def _placed(
             name = VALUE_FIELD.format(i)
             parts = [pa.table({name: column}) for column in values[name]]
             combined = pa.concat_tables(parts, promote_options="permissive").column(name)
-            of_group = index.encode([combined.take(pa.array(positions))])
+            of_group = index.encode([combined])
         one_value.append((column, of_group, [index.key_at(v) for v in range(len(index))]))
     return _merged(plan, channels, summary, totals, one_value, top_two)
-
-
-def _in_bucket_order(plan: RunPlan, figures: Sequence[Any], sizes: Sequence[int]) -> MergedStatistics:
-    """The merged statistics of the buckets' groups laid end to end, each bucket in its own
-    order (``sizes``: each bucket's groups): a reducer's own, or every bucket's in a worker."""
-    starts = list(itertools.accumulate(sizes, initial=0))
-    places = [np.arange(start, stop, dtype=np.int64) for start, stop in itertools.pairwise(starts)]
-    return _placed(plan, figures, places, starts[-1], np.arange(starts[-1], dtype=np.int64))
 
 
 def _outcome_of(plan: RunPlan, merged: MergedStatistics, batch_stds: BatchStds | None = None) -> GroupOutcome:
