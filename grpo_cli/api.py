@@ -31,7 +31,7 @@ from grpo_cli.choices import (
 from grpo_cli.errors import GrpoError
 from grpo_cli.estimators import ESTIMATORS
 from grpo_cli.options.advantage import AdvantageOptions
-from grpo_cli.options.table import keyword_of
+from grpo_cli.options.catalog import keyword_of
 
 if TYPE_CHECKING:
     import pyarrow as pa

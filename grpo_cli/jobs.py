@@ -33,6 +33,7 @@ from grpo_cli.file_names import output_is_directory
 from grpo_cli.inputs.protected import ProtectedInputs
 from grpo_cli.inputs.readers import read_provenance, read_schema, validate_pages
 from grpo_cli.inputs.sources import InputSet
+from grpo_cli.options.checks import CheckBounds
 from grpo_cli.options.config import ComputeConfig, VerifySpec
 from grpo_cli.outputs.guard import (
     Claim,
@@ -41,7 +42,7 @@ from grpo_cli.outputs.guard import (
     write_text,
 )
 from grpo_cli.outputs.output import open_output
-from grpo_cli.results.checks import CheckBounds, evaluate_checks
+from grpo_cli.results.checks import evaluate_checks
 from grpo_cli.results.summary import RunSummary
 from grpo_cli.run.columns import check_columns
 from grpo_cli.run.progress import Progress

@@ -33,8 +33,8 @@ from grpo_cli.choices import Preset
 from grpo_cli.errors import GrpoError
 from grpo_cli.jobs import check_table, compute_table, summarize_table
 from grpo_cli.options.advantage import RewardSpec
+from grpo_cli.options.catalog import keyword_of, keywords
 from grpo_cli.options.config import ComputeConfig, resolve_config
-from grpo_cli.options.table import keyword_of, keywords
 from grpo_cli.results.summary import RunSummary
 from grpo_cli.run.plan import RunPlan
 

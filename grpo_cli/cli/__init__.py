@@ -41,7 +41,9 @@ from grpo_cli.errors import (
     EXIT_WRITTEN_THEN_FAILED,
     GrpoError,
 )
-from grpo_cli.options.table import Option, offered
+from grpo_cli.options.catalog import offered
+from grpo_cli.options.command import CommandOptions
+from grpo_cli.options.declare import Option
 
 if TYPE_CHECKING:
     from grpo_cli.jobs import Engine
@@ -295,11 +297,16 @@ def _typer_option(row: Option, command: str) -> Any:
 
 
 def _options_of(command: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Give a command ``def name(ARGUMENTS, **values)`` the options the table offers it, in
-    help order: Typer reads the signature this builds, and the command gets every value by name."""
+    """Give a command ``def name(ARGUMENTS, *, options, values)`` the options the catalogue offers
+    it, in help order: Typer reads the signature this builds; the command gets its own options as
+    one typed :class:`~grpo_cli.options.command.CommandOptions` and every value by name."""
 
     def decorate(func: Callable[..., None]) -> Callable[..., None]:
-        own = [p for p in signature(func, eval_str=True).parameters.values() if p.kind != p.VAR_KEYWORD]
+        own = [
+            p
+            for p in signature(func, eval_str=True).parameters.values()
+            if p.name not in ("options", "values")
+        ]
         options = [
             Parameter(
                 row.name,
@@ -312,7 +319,8 @@ def _options_of(command: str) -> Callable[[Callable[..., None]], Callable[..., N
 
         @functools.wraps(func)
         def command_function(**values: Any) -> None:
-            func(**values)
+            arguments = {p.name: values.pop(p.name) for p in own}
+            func(**arguments, options=CommandOptions(**targeted(values, command, "run")), values=values)
 
         parameters = own + options
         command_function.__signature__ = Signature(parameters)  # type: ignore[attr-defined]
@@ -522,18 +530,18 @@ def _report(
 
 @app.command(no_args_is_help=True, epilog=COMPUTE_EXAMPLES + EXIT_CODES_HELP)
 @_options_of("compute")
-def compute(input: InputArg, **values: Any) -> None:
+def compute(input: InputArg, *, options: CommandOptions, values: dict[str, Any]) -> None:
     """Compute advantages and write INPUT's rows with two new columns to Parquet or JSON lines.
 
     Writes the advantage column and a per-row bool column that says whether the rollout's
     group is active; every input column is kept, in order, with rows in input order. The
     summary goes to standard error.
     """
-    output, summary_json = values["output"], values["summary_json"]
+    output, summary_json = options.output, options.summary_json
 
     def body(state: _RunState) -> int:
-        engine = _engine(values)
-        state.start_progress(not (values["quiet"] or values["silent"]) and engine.shows_progress)
+        engine = _engine(options)
+        state.start_progress(options.reports and engine.shows_progress)
         from grpo_cli.jobs import compute_dataset
 
         inputs, config = job_inputs(state.resources, input, values, verifying=False)
@@ -546,47 +554,47 @@ def compute(input: InputArg, **values: Any) -> None:
             output,
             config,
             engine=engine,
-            force=values["force"],
+            force=options.force,
             progress=state.progress,
             summary_json=_summary_file(summary_json),
-            report=values["report"],
+            report=options.report,
         )
         state.close_progress()
         state.written = output
         _report(
             summary,
-            quiet=values["quiet"],
-            silent=values["silent"],
+            quiet=options.quiet,
+            silent=options.silent,
             summary_json=summary_json,
-            color=values["color"],
+            color=options.color,
         )
         return EXIT_OK
 
-    _run(values["debug"], body)
+    _run(options.debug, body)
 
 
 @app.command(no_args_is_help=True, epilog=CHECK_EXAMPLES + EXIT_CODES_HELP)
 @_options_of("check")
-def check(input: InputArg, **values: Any) -> None:
+def check(input: InputArg, *, options: CommandOptions, values: dict[str, Any]) -> None:
     """Check that a rollout dataset is fit to train on; exit 1 if any check fails.
 
     Reads INPUT like compute, writes no data, prints one line per check (name, measured
     value, bound, PASS or FAIL) on standard error. With no check options it prints the
     summary and exits 0.
     """
-    summary_json = values["summary_json"]
+    summary_json = options.summary_json
 
     def body(state: _RunState) -> int:
-        engine = _engine(values)
-        state.start_progress(not (values["quiet"] or values["silent"]) and engine.shows_progress)
+        engine = _engine(options)
+        state.start_progress(options.reports and engine.shows_progress)
         from grpo_cli.jobs import check_dataset
-        from grpo_cli.results.checks import CheckBounds
+        from grpo_cli.options.checks import CheckBounds
 
         inputs, config = job_inputs(state.resources, input, values, verifying=True)
         _check_stdout(summary_json)
-        if values["output_format"] != "text" and summary_json == "-":
+        if options.output_format != "text" and summary_json == "-":
             raise GrpoError(
-                f"--output-format {values['output_format']} and --summary-json - would both write to "
+                f"--output-format {options.output_format} and --summary-json - would both write to "
                 "standard output"
             )
         bounds = CheckBounds(**targeted(values, "check", "bounds"))
@@ -595,40 +603,40 @@ def check(input: InputArg, **values: Any) -> None:
             bounds,
             config,
             engine=engine,
-            force=values["force"],
+            force=options.force,
             progress=state.progress,
             summary_json=_summary_file(summary_json),
-            report=values["report"],
+            report=options.report,
         )
         state.close_progress()
         _report(
             summary,
-            quiet=values["quiet"],
-            silent=values["silent"],
+            quiet=options.quiet,
+            silent=options.silent,
             summary_json=summary_json,
             compact=bool(summary.checks),
-            color=values["color"],
+            color=options.color,
         )
-        if values["output_format"] != "text":
+        if options.output_format != "text":
             from grpo_cli.cli.report import github_annotations, junit_report
 
-            render = github_annotations if values["output_format"] == "github" else junit_report
+            render = github_annotations if options.output_format == "github" else junit_report
             sys.stdout.write(render(summary))
             sys.stdout.flush()
         return EXIT_OK if all(c["passed"] for c in summary.checks) else EXIT_CHECK_FAILED
 
-    _run(values["debug"], body)
+    _run(options.debug, body)
 
 
-def _engine(values: dict[str, Any]) -> Engine:
+def _engine(options: CommandOptions) -> Engine:
     """The engine ``--engine`` names, with its options (a value: :func:`grpo_cli.jobs.engine_named`)."""
     from grpo_cli.jobs import engine_named
 
     return engine_named(
-        values["engine"],
-        address=values["ray_address"],
-        partitions=values["partitions"],
-        quiet=values["quiet"] or values["silent"],
+        options.engine,
+        address=options.ray_address,
+        partitions=options.partitions,
+        quiet=options.quiet or options.silent,
     )
 
 
@@ -652,7 +660,9 @@ def inspect(
             show_default=False,
         ),
     ],
-    **values: Any,
+    *,
+    options: CommandOptions,
+    values: dict[str, Any],
 ) -> None:
     """Print how a grpo-cli output was made: its provenance entry, as JSON on standard output.
 
@@ -675,7 +685,7 @@ def inspect(
         sys.stdout.flush()
         return EXIT_OK
 
-    _run(values["debug"], body)
+    _run(options.debug, body)
 
 
 def main() -> NoReturn:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from grpo_cli.errors import GrpoError
-from grpo_cli.options.table import offered
+from grpo_cli.options.catalog import offered
 
 if TYPE_CHECKING:
     from grpo_cli.options.config import ComputeConfig, VerifySpec

@@ -1,6 +1,6 @@
 """What an estimator is: the options it sets, the pass-1 figures it needs, a step between the
 passes and a step per row (standard library only at import: the steps import torch and the
-kernel when a run calls them, so ``--help`` and the option table load without them).
+kernel when a run calls them, so ``--help`` and the option catalogue load without them).
 
 Both engines call the steps through :class:`~grpo_cli.run.plan.RunPlan`: the between-passes
 step on the figures of some of the run's groups (all of them, or a Ray reducer's bucket), the

@@ -1,1 +1,2 @@
-"""The option vocabulary, the option table, the advantage options and presets, and a run's configuration."""
+"""The options, each declared on the field it sets: the advantage options and presets, a run's
+configuration, the checks, the command's own options, and their catalogue."""

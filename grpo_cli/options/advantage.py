@@ -27,7 +27,9 @@ from grpo_cli.choices import (
 )
 from grpo_cli.errors import GrpoError
 from grpo_cli.estimators import ESTIMATORS
-from grpo_cli.options.table import ADVANTAGE_FIELDS
+from grpo_cli.options.declare import Option, declared, option
+
+SHAPING = "Reward shaping"
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -46,29 +48,145 @@ class AdvantageOptions:
     0.001
     """
 
-    epsilon: float = 1e-6
-    std: Std = "population"
-    scale: Scale = "group"
-    baseline: Baseline = "mean"
-    epsilon_mode: EpsilonMode = "add"
-    singleton: Singleton = "zero"
-    nan: NanPolicy = "error"
-    estimator: Estimator = "grpo"
-    whiten: Whiten = "none"
-    renormalize: Renormalize = "none"
-    clip: tuple[float, float] | None = None
-    gpg_f_norm: float = 1.0
-    pass_k: int | None = None
-    reward_sum: RewardSum = "sum"
-    overlong: tuple[float, float] | None = None  # (max response tokens, buffer): DAPO's penalty
-    overlong_factor: float = 1.0
-    overlong_style: OverlongStyle = "capped"
-    stop_properly: float | None = None
-    reward_bias: float = 0.0
-    reward_scale: float = 1.0
-    reward_clip: tuple[float, float] | None = None
-    inactive_tolerance: float = 0.0
-    preset: Preset | None = None
+    preset: Preset | None = option(
+        None,
+        "--preset",
+        help="Reproduce a trainer's GRPO convention; explicit options override it.",
+        envvar="GRPO_CLI_PRESET",
+    )
+    estimator: Estimator = option(
+        "grpo",
+        "--estimator",
+        help="; ".join(estimator.help for estimator in ESTIMATORS.values()) + ". See the README's table.",
+    )
+    epsilon: float = option(1e-6, "--epsilon", help="Added to the std.", positive_finite=True, metavar="EPS")
+    std: Std = option("population", "--std", help="population (divide by n) or sample (n - 1).")
+    scale: Scale = option(
+        "group", "--scale", help="Divide by the group std, the batch std, the group mean (MaxRL), or nothing."
+    )
+    baseline: Baseline = option(
+        "mean",
+        help="mean: the group's mean; leave-one-out: the mean of the group's other rollouts.",
+        commands=(),
+    )
+    epsilon_mode: EpsilonMode = option(
+        "add",
+        "--epsilon-mode",
+        help="add: std + eps; clamp: max(std, eps); add-if-nonzero: divide only where std > 0.",
+    )
+    singleton: Singleton = option(
+        "zero", "--singleton", help="One-rollout groups: zero, or raw (r / (1 + eps), verl)."
+    )
+    nan: NanPolicy = option(
+        "error",
+        "--nan",
+        help="Null, NaN or infinite rewards: error, or ignore (left out of the statistics, advantage 0).",
+    )
+    whiten: Whiten = option(
+        "none",
+        "--whiten",
+        help="Whiten the advantages over each batch as verl's masked_whiten and ROLL do: "
+        "(A - mean) * rsqrt(unbiased var + 1e-8); under --preset trl-rloo, RLOOTrainer's "
+        "normalize_advantages: (A - mean) / (sample std over rows + 1e-4).",
+        kind=bool,
+        values=Whiten,
+    )
+    renormalize: Renormalize = option(
+        "none",
+        help="The batch re-normalisation of normalize-then-sum (set by the trl and nemo-rl presets).",
+        commands=(),
+        keyword=False,
+    )
+    clip: tuple[float, float] | None = option(
+        None,
+        "--clip-advantage",
+        name="clip_advantage",
+        help="Clamp the final advantages to [LO, HI] (ROLL's advantage_clip, NeMo-RL's "
+        "advantage_clip_low/high).",
+        metavar="LO HI",
+    )
+    inactive_tolerance: float = option(
+        0.0,
+        "--inactive-tolerance",
+        help="A group whose rewards span at most T (max - min <= T) is inactive and gets advantage 0, as "
+        "a constant group does (LLM-judge rewards; SkyRL 1e-6). The summary counts the groups it made "
+        "inactive beyond the exact rule.",
+        metavar="T",
+        shown="0: exact",
+    )
+    pass_k: int | None = option(
+        None,
+        "--pass-k",
+        help="With --estimator pass_at_k: the k of pass@k, clamped to each group's size (k = 1 is the "
+        "mean-centred reward over n).",
+        metavar="K",
+    )
+    gpg_f_norm: float = option(
+        1.0,
+        "--gpg-f-norm",
+        help="With --estimator gpg: the divisor f_norm.",
+        positive_finite=True,
+        metavar="F",
+    )
+    reward_sum: RewardSum = option(
+        "sum",
+        help="How several reward columns are added up (set by the trl preset: nansum).",
+        commands=(),
+        keyword=False,
+    )
+    overlong: tuple[float, float] | None = option(  # DAPO's penalty
+        None,
+        "--overlong",
+        help="DAPO's overlong penalty before the estimator: a response beyond MAX_TOKENS - BUFFER tokens "
+        "(--length-col) loses (length - (MAX_TOKENS - BUFFER)) / BUFFER * --overlong-factor.",
+        panel=SHAPING,
+        metavar="MAX_TOKENS BUFFER",
+    )
+    overlong_factor: float = option(
+        1.0,
+        "--overlong-factor",
+        help="The largest overlong penalty (OpenRLHF's overlong_penalty_factor, NeMo-RL's "
+        "overlong_buffer_penalty).",
+        panel=SHAPING,
+        metavar="F",
+    )
+    overlong_style: OverlongStyle = option(
+        "capped",
+        "--overlong-style",
+        help="capped: the excess stops at BUFFER, so the penalty at --overlong-factor (OpenRLHF, the DAPO "
+        "paper); uncapped: it keeps growing past MAX_TOKENS (NeMo-RL's apply_reward_shaping).",
+        panel=SHAPING,
+    )
+    stop_properly: float | None = option(
+        None,
+        "--stop-properly",
+        help="ProRL's penalty on a truncated rollout (--truncated-col): C in [0, 1] multiplies its reward "
+        "(NeMo-RL, OpenRLHF); a negative C is its reward (OpenRLHF).",
+        panel=SHAPING,
+        metavar="C",
+    )
+    reward_bias: float = option(
+        0.0,
+        "--reward-bias",
+        help="Add B to every reward, before --reward-scale (AReaL's reward_bias).",
+        panel=SHAPING,
+        metavar="B",
+    )
+    reward_scale: float = option(
+        1.0,
+        "--reward-scale",
+        help="Multiply every reward by S, after --reward-bias (AReaL's reward_scaling).",
+        panel=SHAPING,
+        metavar="S",
+    )
+    reward_clip: tuple[float, float] | None = option(
+        None,
+        "--reward-clip",
+        help="Clamp every reward to [LO, HI] before the estimator, after the other transforms (TRL RLOO's "
+        "reward_clip_range, AReaL's reward_clip).",
+        panel=SHAPING,
+        metavar="LO HI",
+    )
 
     @classmethod
     def resolve(
@@ -100,7 +218,7 @@ class AdvantageOptions:
         return options
 
     def validate(self) -> None:
-        """Each field against its row in :mod:`grpo_cli.options.table`, then the rules between them."""
+        """Each field against the option it declares, then the rules between them."""
         for field in fields(self):
             row, value = ADVANTAGE_FIELDS[field.name], getattr(self, field.name)
             if value is None and field.default is None:
@@ -228,6 +346,10 @@ class AdvantageOptions:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+ADVANTAGE_FIELDS: dict[str, Option] = {row.setting: row for row in declared(AdvantageOptions, "advantage")}
+"""The options :class:`AdvantageOptions`' fields declare, by field (``clip``, not ``clip_advantage``)."""
 
 
 def _is_number(value: object) -> bool:

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from grpo_cli import __version__
-from grpo_cli.choices import Aggregation, Compression, InputFormat, check_choice
+from grpo_cli.choices import Aggregation, Compression, InputFormat, TrainerFilterName, check_choice
 from grpo_cli.errors import GrpoError
 from grpo_cli.estimators import ESTIMATORS
-from grpo_cli.options.advantage import AdvantageOptions, RewardSpec, whitening_of_flag
-from grpo_cli.options.table import ADVANTAGE_FIELDS, OPTIONS
+from grpo_cli.options.advantage import ADVANTAGE_FIELDS, AdvantageOptions, RewardSpec, whitening_of_flag
+from grpo_cli.options.command import CHECKS, ENGINE, INPUT, OUTPUT
+from grpo_cli.options.declare import declared, option
 
 DEFAULT_MEMORY_BUDGET = 1 << 30
 
@@ -26,41 +27,249 @@ class VerifySpec:
     """What to verify: the column, the tolerances, and whether residue fails the check."""
 
     column: str
-    atol: float = 1e-6
-    rtol: float = 1e-5
+    atol: float = option(1e-6, "--atol", help="Absolute tolerance for --verify-advantage-col.", min=0.0)
+    rtol: float = option(1e-5, "--rtol", help="Relative tolerance for --verify-advantage-col.", min=0.0)
     max_examples: int = 5
-    strict: bool = False
+    strict: bool = option(
+        False,
+        "--strict",
+        help="With --verify-advantage-col: rows that differ only by a trainer's float rounding residue "
+        "(constant groups, identical other rollouts, float32 offsets) fail the check too.",
+    )
 
 
 @dataclass(frozen=True)
 class ComputeConfig:
-    """Everything a run needs besides the input and output paths."""
+    """Everything a run needs besides the input and output paths; a field that is an option
+    declares it (:func:`~grpo_cli.options.declare.option`)."""
 
-    rewards: tuple[RewardSpec, ...] = (RewardSpec("reward"),)
-    group_cols: tuple[str, ...] = ("group_id",)
-    group_size: int | None = None
-    aggregation: Aggregation = "sum-then-normalize"
+    # ------------------------------------------------------------------ what is read
+    rewards: tuple[RewardSpec, ...] = option(
+        (RewardSpec("reward"),),
+        "--reward-col",
+        "-r",
+        name="reward_col",
+        kind=list[str],
+        help="Reward column or nested field (reward.score), optionally NAME:WEIGHT; repeat for several "
+        "rewards (weighted sum).",
+        panel=INPUT,
+        metavar="NAME[:WEIGHT]",
+        envvar="GRPO_CLI_REWARD_COL",
+        record="reward_cols",
+        from_provenance=True,
+    )
+    group_cols: tuple[str, ...] = option(
+        ("group_id",),
+        "--group-col",
+        "-g",
+        name="group_col",
+        kind=list[str],
+        help="Group key column or nested field (meta.prompt_id); a list or struct column groups on its "
+        "exact value; repeat for a composite key (e.g. prompt_id and step).",
+        panel=INPUT,
+        metavar="COL",
+        envvar="GRPO_CLI_GROUP_COL",
+        record="group_cols",
+        from_provenance=True,
+    )
+    group_size: int | None = option(
+        None,
+        "--group-size",
+        help="Groups are consecutive blocks of N rows (instead of a key column).",
+        panel=INPUT,
+        metavar="N",
+        min=1,
+        record="group_size",
+        from_provenance=True,
+    )
+    by_cols: tuple[str, ...] = option(
+        (),
+        "--by",
+        name="by",
+        kind=list[str],
+        help="Report every summary figure per value of COL too (e.g. step, data_source): groups, active "
+        "and inactive (all-min, all-max, other), effective rows, group mean and std percentiles; repeat "
+        "for several columns. Each group must lie in one value.",
+        panel=INPUT,
+        metavar="COL",
+        shown=False,
+    )
+    aggregation: Aggregation = option(
+        "sum-then-normalize",
+        "--reward-aggregation",
+        name="reward_aggregation",
+        help="With several rewards: normalise their weighted sum, or normalise each in its group and then "
+        "sum (GDPO).",
+        panel=INPUT,
+        record="reward_aggregation",
+        from_provenance=True,
+    )
+    batch_col: str | None = option(
+        None,
+        "--batch-col",
+        help="Training-batch column (e.g. step): --scale batch, whitening, GPG's alpha and the TRL/GDPO "
+        "re-normalisation use each batch's statistics. Each group must lie in one batch.",
+        panel=INPUT,
+        metavar="COL",
+        shown="the whole input is one batch",
+        record="batch_col",
+        from_provenance=True,
+    )
+    length_col: str | None = option(
+        None,
+        "--length-col",
+        help="Response length (tokens): whitening weighs each rollout by it, as the trainers whiten over "
+        "tokens.",
+        panel=INPUT,
+        metavar="COL",
+        record="length_col",
+        from_provenance=True,
+    )
+    truncated_col: str | None = option(
+        None,
+        "--truncated-col",
+        help="Whether each rollout was truncated, for --stop-properly: a boolean column, or a finish "
+        "reason (vLLM's finish_reason, SkyRL's stop_reason) where 'length' marks a truncated rollout.",
+        panel=INPUT,
+        metavar="COL",
+        record="truncated_col",
+        from_provenance=True,
+    )
+    baseline_col: str | None = option(
+        None,
+        "--baseline-col",
+        help="With --estimator remax: each row's baseline reward (the greedy rollout's).",
+        panel=INPUT,
+        metavar="COL",
+        record="baseline_col",
+        from_provenance=True,
+    )
+    input_format: InputFormat | None = option(
+        None,
+        "--input-format",
+        help="Override the format detected from the name (json: an array or lines, told by content).",
+        panel=INPUT,
+        keyword=False,
+    )
+    # ------------------------------------------------------------------ how advantages are computed
     advantage: AdvantageOptions = field(default_factory=AdvantageOptions)
-    advantage_col: str = "advantage"
-    active_col: str = "group_active"
-    stats_cols: bool = False
-    drop_inactive: bool = False
-    keep_mean_range: tuple[float, float] | None = None
-    rewrite: bool = False  # re-encode every column even where the new ones could be spliced in
-    compression: Compression = "snappy"
-    device: str = "cpu"
-    batch_rows: int | None = None  # None: about 64 MiB of decoded data per batch
-    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET
+    # ------------------------------------------------------------------ what is written
+    advantage_col: str = option(
+        "advantage",
+        "--advantage-col",
+        help="Name of the advantage column.",
+        panel=OUTPUT,
+        commands=("compute",),
+        metavar="NAME",
+        record="advantage_col",
+    )
+    active_col: str = option(
+        "group_active",
+        "--active-col",
+        help="Name of the per-row group-is-active column.",
+        panel=OUTPUT,
+        commands=("compute",),
+        metavar="NAME",
+        record="active_col",
+    )
+    stats_cols: bool = option(
+        False,
+        "--stats-cols",
+        help="Also write each row's group mean, std and size.",
+        panel=OUTPUT,
+        commands=("compute",),
+        record="stats_cols",
+    )
+    drop_inactive: bool = option(
+        False,
+        "--drop-inactive",
+        help="Leave out rollouts of inactive groups (DAPO dynamic sampling).",
+        panel=OUTPUT,
+        commands=("compute",),
+        record="drop_inactive",
+    )
+    keep_mean_range: tuple[float, float] | None = option(
+        None,
+        "--keep-mean-range",
+        help="Keep only groups whose mean reward lies in [LO, HI] (difficulty filter).",
+        panel=OUTPUT,
+        commands=("compute",),
+        metavar="LO HI",
+        record="keep_mean_range",
+    )
+    rewrite: bool = option(  # re-encode every column even where the new ones could be spliced in
+        False,
+        "--rewrite",
+        help="Re-encode every column instead of splicing the new ones into a copy of each Parquet input's "
+        "bytes (e.g. to change --compression).",
+        panel=OUTPUT,
+        commands=("compute",),
+        keyword=False,
+    )
+    compression: Compression = option(
+        "snappy",
+        "--compression",
+        help="Codec of the columns grpo-cli encodes: the new ones (spliced), or all (--rewrite).",
+        panel=OUTPUT,
+        commands=("compute",),
+        keyword=False,
+    )
+    # ------------------------------------------------------------------ how the run goes
+    device: str = option(
+        "cpu",
+        "--device",
+        help="auto, cpu, cuda, cuda:N or mps (auto: CUDA, then MPS, then CPU).",
+        panel=ENGINE,
+        metavar="DEVICE",
+        envvar="GRPO_CLI_DEVICE",
+        record="device",
+    )
+    memory_budget_bytes: int = option(
+        DEFAULT_MEMORY_BUDGET,
+        "--memory-limit-mb",
+        name="memory_limit_mb",
+        kind=int,
+        help="Inputs that decode to less than this are read once and kept in memory; larger ones stream "
+        "in two passes with bounded memory. 0 always streams.",
+        panel=ENGINE,
+        metavar="MB",
+        envvar="GRPO_CLI_MEMORY_LIMIT_MB",
+        shown=str(DEFAULT_MEMORY_BUDGET >> 20),
+        min=0,
+    )
+    batch_rows: int | None = option(
+        None,
+        "--batch-rows",
+        help="Rows per record batch.",
+        panel=ENGINE,
+        metavar="N",
+        shown="about 64 MiB of data per batch",
+        min=1,
+    )
     stats_block_rows: int = 1 << 22
-    input_format: InputFormat | None = None
+    # ------------------------------------------------------------------ what check compares
     verify: VerifySpec | None = None
-    batch_col: str | None = None
-    length_col: str | None = None
-    truncated_col: str | None = None
-    baseline_col: str | None = None
-    by_cols: tuple[str, ...] = ()
-    trainer_filter: str | None = None
-    filter_unshaped: bool = False
+    trainer_filter: TrainerFilterName | None = option(
+        None,
+        "--trainer-filter",
+        help="Apply this trainer's own no-signal rule to every group, in its dtype and arithmetic, beside "
+        "the exact decision: report the groups it keeps although constant and drops although active "
+        "(with --by or --batch-col, per value).",
+        panel=CHECKS,
+        commands=("check",),
+        keyword=False,
+        metavar="NAME",
+    )
+    filter_unshaped: bool = option(
+        False,
+        "--filter-unshaped",
+        help="With --trainer-filter and a reward transform: the trainer's rule sees the rewards before "
+        "the transforms, as NeMo-RL's dynamic sampling filters on its unshaped reward; the exact "
+        "decision stays on the shaped reward the estimator normalises.",
+        panel=CHECKS,
+        commands=("check",),
+        keyword=False,
+    )
     # the step column whose values each group's rows should share (a group across steps is a
     # grouping mistake the summary reports); None: none watched (see steps.watched_step)
     step_col: str | None = None
@@ -107,12 +316,12 @@ class ComputeConfig:
         self.advantage.validate()
         estimator = self.advantage.estimator
         spec = ESTIMATORS[estimator]
-        for need, option, given in (
+        for need, flag, given in (
             ("row_baselines", "--baseline-col", self.baseline_col),
             ("row_lengths", "--length-col", self.length_col),
         ):
             if need in spec.needs and given is None:
-                raise GrpoError(f"--estimator {estimator} needs {option} ({spec.row_input})")
+                raise GrpoError(f"--estimator {estimator} needs {flag} ({spec.row_input})")
         if self.baseline_col is not None and "row_baselines" not in spec.needs:
             takers = [name for name, other in ESTIMATORS.items() if "row_baselines" in other.needs]
             raise GrpoError(
@@ -260,7 +469,7 @@ class ComputeConfig:
 
     def options_summary(self) -> dict[str, Any]:
         """Every option in force, after the preset: the summary's ``options`` and the provenance
-        record (the advantage options by field, then each recorded row of the option table)."""
+        record (the advantage options by field, then each recorded configuration option)."""
         summary = {
             **self.advantage.as_dict(),
             **{key: _to_record(row.name, getattr(self, row.setting)) for key, row in _RECORDED.items()},
@@ -281,8 +490,11 @@ class ComputeConfig:
         }
 
 
-_RECORDED = {row.record: row for row in OPTIONS.values() if row.record is not None}
-"""The option-table rows a provenance record holds, by their key in it."""
+CONFIG_OPTIONS = declared(ComputeConfig, "config")
+"""The options :class:`ComputeConfig`'s fields declare."""
+
+_RECORDED = {row.record: row for row in CONFIG_OPTIONS if row.record is not None}
+"""The options a provenance record holds besides the advantage options, by their key in it."""
 
 
 def _check_recorded(key: str, value: Any, kind: Any) -> None:
@@ -371,7 +583,7 @@ def resolve_config(
     """The one translation of option values into a :class:`ComputeConfig`; the CLI, the table
     API and the provenance record all come through it.
 
-    ``values``: by :mod:`grpo_cli.options.table` name; ``None`` (or absent) means not given.
+    ``values``: by option name (:mod:`grpo_cli.options.catalog`); ``None`` (or absent) means not given.
     Precedence, lowest first: the configuration's defaults, the options ``recorded`` in an
     output's provenance (``check --verify``: the rows marked ``from_provenance``), the values a
     trainer's ``dump`` implies (``--from``: its reward, group key, step and preset), then
@@ -401,7 +613,7 @@ def resolve_config(
         given = {**implied, **given}
     if recorded is not None:
         inherited = {
-            row.name: getattr(recorded, row.setting) for row in OPTIONS.values() if row.from_provenance
+            row.name: getattr(recorded, row.setting) for row in CONFIG_OPTIONS if row.from_provenance
         }
         if "group_col" in given or "group_size" in given:
             del inherited["group_col"], inherited["group_size"]
@@ -409,8 +621,8 @@ def resolve_config(
     if advantage is None:
         explicit = {
             row.setting: given.get(row.name)
-            for row in OPTIONS.values()
-            if row.target == "advantage" and row.name not in ("preset", "estimator")
+            for row in ADVANTAGE_FIELDS.values()
+            if row.name not in ("preset", "estimator")
         }
         whiten = explicit.pop("whiten")
         advantage = AdvantageOptions.resolve(
@@ -422,11 +634,7 @@ def resolve_config(
             else whiten,
             **explicit,
         )
-    settings = {
-        row.setting: given[row.name]
-        for row in OPTIONS.values()
-        if row.target == "config" and row.name in given
-    }
+    settings = {row.setting: given[row.name] for row in CONFIG_OPTIONS if row.name in given}
     if "rewards" in settings:
         rewards = settings["rewards"]
         settings["rewards"] = tuple(

@@ -2,27 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Literal
 
+from grpo_cli.options.checks import CheckBounds
 from grpo_cli.results.summary import RunSummary, short_key
-
-
-@dataclass(frozen=True)
-class CheckBounds:
-    """The checks asked for; ``None`` means not asked."""
-
-    max_inactive_fraction: float | None = None
-    min_active_groups: int | None = None
-    min_groups: int | None = None
-    min_group_size: int | None = None
-    max_group_size: int | None = None
-    uniform_group_size: bool = False
-    sound_grouping: bool = False
-    max_singleton_groups: int | None = None
-    max_misclassified_groups: int | None = None
-    validate_pages: bool = False
-
 
 Op = Literal["<=", ">=", "=="]
 

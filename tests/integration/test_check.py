@@ -220,8 +220,8 @@ def test_check_dataset_verifies_against_the_recorded_options_as_check_verify_doe
     an input without provenance or with options given beside it is refused."""
     from grpo_cli.errors import GrpoError
     from grpo_cli.jobs import check_dataset
+    from grpo_cli.options.checks import CheckBounds
     from grpo_cli.options.config import ComputeConfig
-    from grpo_cli.results.checks import CheckBounds
 
     path, _ = data
     out = tmp_path / "with_adv.parquet"

@@ -30,8 +30,8 @@ from hypothesis import strategies as st
 from grpo_cli.errors import GrpoError
 from grpo_cli.jobs import check_dataset, compute_dataset
 from grpo_cli.options.advantage import AdvantageOptions
+from grpo_cli.options.checks import CheckBounds
 from grpo_cli.options.config import ComputeConfig
-from grpo_cli.results.checks import CheckBounds
 from tests.conftest import REWARD_SHAPINGS, rollout_cases, write_case
 from tests.reference import reference_advantages
 

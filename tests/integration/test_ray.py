@@ -602,7 +602,7 @@ def test_ray_reducers_finish_the_summary_as_the_local_engine_does(
     counts, and ``check``'s range from each bucket's extremes with the NaN rows' 0 in it."""
     from grpo_cli.engines import ray as ray_engine
     from grpo_cli.jobs import check_dataset
-    from grpo_cli.results.checks import CheckBounds
+    from grpo_cli.options.checks import CheckBounds
 
     monkeypatch.setattr(ray_engine.gather, "REDUCERS", 5)
     folder = merged_and_split_groups(tmp_path / "in", seed=5)
@@ -630,7 +630,7 @@ def test_ray_checks_rewards_that_are_all_nan_as_the_local_engine_does(ray_instan
     merged from buckets that each saw none."""
     from grpo_cli.engines import ray as ray_engine
     from grpo_cli.jobs import check_dataset
-    from grpo_cli.results.checks import CheckBounds
+    from grpo_cli.options.checks import CheckBounds
 
     monkeypatch.setattr(ray_engine.gather, "REDUCERS", 3)
     folder = tmp_path / "in"
@@ -825,7 +825,7 @@ def test_ray_reads_a_trainers_dump_as_the_local_engine_does(ray_instance, tmp_pa
 )
 def test_ray_checks_as_the_local_engine_does(ray_instance, sharded, tmp_path, options):
     from grpo_cli.jobs import check_dataset
-    from grpo_cli.results.checks import CheckBounds
+    from grpo_cli.options.checks import CheckBounds
 
     config = ComputeConfig(rewards=(RewardSpec("reward"),), group_cols=("uid",), advantage=options)
     bounds = CheckBounds(
@@ -1014,8 +1014,8 @@ def test_ray_verifies_as_the_local_engine_does(ray_instance, tmp_path, monkeypat
     all parts, named by key."""
     from grpo_cli.engines import ray as ray_engine
     from grpo_cli.jobs import check_dataset
+    from grpo_cli.options.checks import CheckBounds
     from grpo_cli.options.config import VerifySpec
-    from grpo_cli.results.checks import CheckBounds
 
     monkeypatch.setattr(ray_engine.gather, "REDUCERS", 3)
 
@@ -1121,7 +1121,7 @@ def test_ray_applies_a_trainers_filter_as_the_local_engine_does(
     object, examples named by key, figures per value."""
     from grpo_cli.engines import ray as ray_engine
     from grpo_cli.jobs import check_dataset
-    from grpo_cli.results.checks import CheckBounds
+    from grpo_cli.options.checks import CheckBounds
 
     monkeypatch.setattr(ray_engine.gather, "REDUCERS", 3)
 
@@ -1229,7 +1229,7 @@ def test_ray_writes_and_checks_what_the_local_engine_does_on_drawn_rollouts(
     It found an output whose every row was filtered out written as no file at all, and a
     summary's zero range reported as -0.0 (a Parquet footer's minimum)."""
     from grpo_cli.jobs import check_dataset
-    from grpo_cli.results.checks import CheckBounds
+    from grpo_cli.options.checks import CheckBounds
 
     tmp = tmp_path_factory.mktemp("drawn")
     source, _ = write_case(tmp, case)
@@ -1290,7 +1290,7 @@ def test_ray_finds_groups_that_span_steps_as_the_local_engine_does(ray_instance,
     """The watched step column's lowest and highest value per group are pass-1 figures merged by
     min and max: the reducers find the groups across steps that the local engine finds."""
     from grpo_cli.jobs import check_dataset
-    from grpo_cli.results.checks import CheckBounds
+    from grpo_cli.options.checks import CheckBounds
 
     rng = random.Random(5)
     rows = [

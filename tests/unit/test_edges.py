@@ -18,8 +18,9 @@ from grpo_cli.errors import GrpoError
 from grpo_cli.jobs import check_dataset, compute_dataset
 from grpo_cli.kernel import GroupStatsAccumulator, apply_normalization, group_stats, normalize_in_groups
 from grpo_cli.options.advantage import AdvantageOptions
+from grpo_cli.options.checks import CheckBounds
 from grpo_cli.options.config import ComputeConfig, VerifySpec
-from grpo_cli.results.checks import CheckBounds, evaluate_checks
+from grpo_cli.results.checks import evaluate_checks
 from grpo_cli.run import rewards
 from tests.conftest import write_parquet
 from tests.reference import reference_advantages

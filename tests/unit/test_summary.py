@@ -358,7 +358,8 @@ def check(
 
 def test_every_check_reports_its_measured_value_and_bound():
     """The exact records check prints and writes to JSON, for every check at once."""
-    from grpo_cli.results.checks import CheckBounds, evaluate_checks
+    from grpo_cli.options.checks import CheckBounds
+    from grpo_cli.results.checks import evaluate_checks
 
     summary = summarize(outcome_of([*REWARDS, 2.0], [*IDS, 4]))  # 5 groups, 1 active: 4/5 inactive
     summary.verify = {"mismatched": 2}
@@ -399,7 +400,8 @@ def test_every_check_reports_its_measured_value_and_bound():
 
 
 def test_checks_on_no_rows_report_none_and_fail_the_rows_check():
-    from grpo_cli.results.checks import CheckBounds, evaluate_checks
+    from grpo_cli.options.checks import CheckBounds
+    from grpo_cli.results.checks import evaluate_checks
 
     empty = summarize(
         outcome_of([], []),
@@ -448,7 +450,8 @@ def test_the_json_summary_keeps_its_documented_keys_and_precision():
     ],
 )
 def test_verify_check_counts_residue_only_under_strict(strict, differ, found, bound, passed):
-    from grpo_cli.results.checks import CheckBounds, evaluate_checks
+    from grpo_cli.options.checks import CheckBounds
+    from grpo_cli.results.checks import evaluate_checks
 
     summary = summarize(outcome_of(REWARDS, IDS))
     summary.verify = {"mismatched": 2, "residue": 3, "strict": strict}
@@ -490,7 +493,7 @@ def test_the_local_engine_computes_the_group_findings_beside_pass_2_and_raises_t
     import grpo_cli.engines.local as local
     import grpo_cli.results.summary as summary_module
     from grpo_cli.jobs import check_dataset, compute_dataset
-    from grpo_cli.results.checks import CheckBounds
+    from grpo_cli.options.checks import CheckBounds
     from tests.conftest import write_parquet
 
     path = write_parquet(

@@ -1,0 +1,57 @@
+"""Every option, gathered from the dataclass fields that declare them, in ``--help``'s order.
+
+The CLI's parameters (:mod:`grpo_cli.cli` builds each command's signature from these rows),
+the table API's keywords and their error wording (:mod:`grpo_cli.tables`) and the generated
+CLI reference read this catalogue; an option itself is declared once, on the field it sets
+(:func:`~grpo_cli.options.declare.option`). Plain data (no torch, no pyarrow).
+
+>>> OPTIONS["gpg_f_norm"].flags
+('--gpg-f-norm',)
+>>> OPTIONS["gpg_f_norm"].target, OPTIONS["clip_advantage"].setting
+('advantage', 'clip')
+>>> [row.name for row in offered("inspect")]
+['debug']
+>>> keyword_of("--clip-advantage")
+'clip_advantage'
+"""
+
+from __future__ import annotations
+
+from grpo_cli.options.advantage import AdvantageOptions
+from grpo_cli.options.checks import CheckBounds
+from grpo_cli.options.command import CommandOptions
+from grpo_cli.options.config import ComputeConfig, VerifySpec
+from grpo_cli.options.declare import Option, declared
+
+PANELS = ("Checks", "Output", "Input", "Advantage", "Reward shaping", "Engine", "Run")
+"""The help's panels, in order; within one, the options of each dataclass in the order below."""
+
+_DECLARED = (
+    *declared(CheckBounds, "bounds"),
+    *declared(CommandOptions, "run"),
+    *declared(ComputeConfig, "config"),
+    *declared(AdvantageOptions, "advantage"),
+    *declared(VerifySpec, "verify"),
+)
+_ROWS = sorted(_DECLARED, key=lambda row: PANELS.index(row.panel) if row.panel in PANELS else len(PANELS))
+
+OPTIONS: dict[str, Option] = {row.name: row for row in _ROWS}
+"""Every option by name, in the order the CLI's help lists them."""
+
+
+def offered(command: str) -> list[Option]:
+    """The rows ``command`` takes (``compute``, ``check``, ``inspect``), in help order."""
+    return [row for row in _ROWS if command in row.commands]
+
+
+def keywords() -> list[str]:
+    """The keywords of :func:`~grpo_cli.tables.add_advantages` and ``summarize``."""
+    return [row.name for row in _ROWS if row.keyword]
+
+
+def keyword_of(flag: str) -> str | None:
+    """The table API's keyword for a CLI flag (``--clip-advantage`` -> ``clip_advantage``)."""
+    for row in _ROWS:
+        if flag in row.flags and row.keyword:
+            return row.name
+    return None
