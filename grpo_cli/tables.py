@@ -22,7 +22,8 @@ from __future__ import annotations
 import contextlib
 import math
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from inspect import Parameter, signature
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,7 @@ from grpo_cli.choices import Preset
 from grpo_cli.errors import GrpoError
 from grpo_cli.jobs import check_table, compute_table, summarize_table
 from grpo_cli.options.advantage import RewardSpec
-from grpo_cli.options.catalog import keyword_of, keywords
+from grpo_cli.options.catalog import OPTIONS, keyword_of, keywords
 from grpo_cli.options.config import ComputeConfig, resolve_config
 from grpo_cli.results.summary import RunSummary
 from grpo_cli.run.plan import RunPlan
@@ -51,23 +52,26 @@ class UnsupportedContainer(GrpoError, TypeError):
 def add_advantages(
     data: Any,
     *,
-    reward_col: str | Sequence[str] | Mapping[str, float] = "reward",
-    group_col: str | Sequence[str] = "group_id",
+    reward_col: str | Sequence[str] | Mapping[str, float] | None = None,
+    group_col: str | Sequence[str] | None = None,
     group_size: int | None = None,
     preset: Preset | None = None,
-    advantage_col: str = "advantage",
-    active_col: str = "group_active",
+    advantage_col: str | None = None,
+    active_col: str | None = None,
     whiten: bool | str = False,
     **options: Any,
 ) -> Any:
     """``data`` with the advantage and group-activity columns appended; the same kind of object.
 
-    ``reward_col``: a column, several (summed), or ``{column: weight}``; a struct field
-    is addressed with dots (``"reward.score"``). ``group_col``: one key column or
-    several; a list or struct column (chat messages) is grouped on its exact value.
-    ``group_size=N`` takes consecutive runs of N rows as groups instead. Every other
-    CLI option is a keyword of the same name (``estimator="rloo"``, ``std="sample"``,
-    ``drop_inactive=True``, ``keep_mean_range=(0.1, 0.9)``, ``stats_cols=True``, ...).
+    ``reward_col``: a column (``"reward"`` when not given), several (summed), or
+    ``{column: weight}``; a struct field is addressed with dots (``"reward.score"``).
+    ``group_col``: one key column (``"group_id"`` when not given) or several; a list or struct
+    column (chat messages) is grouped on its exact value. ``group_size=N`` takes consecutive
+    runs of N rows as groups instead. ``advantage_col`` and ``active_col`` name the new columns
+    (``"advantage"``, ``"group_active"``). Every other CLI option is a keyword of the same name,
+    typed in this function's signature (``estimator="rloo"``, ``std="sample"``,
+    ``drop_inactive=True``, ``keep_mean_range=(0.1, 0.9)``, ``stats_cols=True``, ...); ``None``,
+    a keyword's default, means not given: the preset's or the option's default applies.
     The advantage column is float64, or float32/float16 for rewards of that type.
 
     A ``polars.LazyFrame`` stays lazy: the columns are computed when it is collected
@@ -78,7 +82,7 @@ def add_advantages(
         if trainer is not None:
             kind, table = _to_arrow(data.collect() if _kind(data) == "polars-lazy" else data)
             table, implied = _dump_view(trainer, table, group_size)
-            if advantage_col != "advantage":
+            if advantage_col is not None:
                 implied.pop("advantage_col", None)
             config = _config(
                 reward_col, group_col, group_size, preset, advantage_col, active_col, whiten, options, implied
@@ -99,8 +103,8 @@ def add_advantages(
 def summarize(
     data: Any,
     *,
-    reward_col: str | Sequence[str] | Mapping[str, float] = "reward",
-    group_col: str | Sequence[str] = "group_id",
+    reward_col: str | Sequence[str] | Mapping[str, float] | None = None,
+    group_col: str | Sequence[str] | None = None,
     group_size: int | None = None,
     preset: Preset | None = None,
     whiten: bool | str = False,
@@ -116,15 +120,33 @@ def summarize(
         if _kind(data) == "polars-lazy":
             data = data.collect()
         if trainer is None:
-            config = _config(
-                reward_col, group_col, group_size, preset, "advantage", "group_active", whiten, options
-            )
+            config = _config(reward_col, group_col, group_size, preset, None, None, whiten, options)
             return summarize_table(_to_arrow(data, reads=config.input_columns)[1], config)
         table, implied = _dump_view(trainer, _to_arrow(data)[1], group_size)
-        config = _config(
-            reward_col, group_col, group_size, preset, "advantage", "group_active", whiten, options, implied
-        )
+        config = _config(reward_col, group_col, group_size, preset, None, None, whiten, options, implied)
         return summarize_table(table, config)
+
+
+_NAMED = frozenset(
+    {"reward_col", "group_col", "group_size", "preset", "advantage_col", "active_col", "whiten", "from_"}
+)
+"""The keywords the table API names in its own signatures (their types differ from the CLI's)."""
+
+
+def _typed_keywords(func: Callable[..., Any]) -> None:
+    """``func`` whose signature lists every option keyword of the catalogue in place of its
+    ``**options``, typed and defaulting to "not given", as ``help()`` and editors read it."""
+    parameters = [p for p in signature(func).parameters.values() if p.kind is not Parameter.VAR_KEYWORD]
+    parameters += [
+        Parameter(name, Parameter.KEYWORD_ONLY, default=OPTIONS[name].default, annotation=OPTIONS[name].kind)
+        for name in keywords()
+        if name not in _NAMED
+    ]
+    func.__signature__ = signature(func).replace(parameters=parameters)  # type: ignore[attr-defined]
+
+
+_typed_keywords(add_advantages)
+_typed_keywords(summarize)
 
 
 _FLAG = re.compile(r"--([a-z][a-z0-9-]*)")
@@ -161,27 +183,17 @@ def _to_polars(data: Any) -> Any:
 
 
 def _config(
-    reward_col: str | Sequence[str] | Mapping[str, float],
-    group_col: str | Sequence[str],
+    reward_col: str | Sequence[str] | Mapping[str, float] | None,
+    group_col: str | Sequence[str] | None,
     group_size: int | None,
     preset: Preset | None,
-    advantage_col: str,
-    active_col: str,
+    advantage_col: str | None,
+    active_col: str | None,
     whiten: bool | str,
     options: dict[str, Any],
     dump: dict[str, Any] | None = None,
 ) -> ComputeConfig:
-    signature = {
-        "reward_col",
-        "group_col",
-        "group_size",
-        "preset",
-        "advantage_col",
-        "active_col",
-        "whiten",
-        "from_",
-    }
-    others = [name for name in keywords() if name not in signature]
+    others = [name for name in keywords() if name not in _NAMED]
     unknown = sorted(set(options) - set(others))
     if unknown:
         raise TypeError(
@@ -190,11 +202,11 @@ def _config(
     return resolve_config(
         {
             **options,
-            "reward_col": None if dump is not None and reward_col == "reward" else _reward_specs(reward_col),
-            "group_col": None if group_col == "group_id" else group_col,
+            "reward_col": None if reward_col is None else _reward_specs(reward_col),
+            "group_col": group_col,
             "group_size": group_size,
             "preset": preset,
-            "advantage_col": None if dump is not None and advantage_col == "advantage" else advantage_col,
+            "advantage_col": advantage_col,
             "active_col": active_col,
             "whiten": whiten,
         },

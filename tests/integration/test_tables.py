@@ -202,6 +202,39 @@ def test_an_unknown_keyword_is_a_type_error():
         add_advantages(pa.table({"group_id": [0], "reward": [1.0]}), stdev="sample")
 
 
+@pytest.mark.parametrize("function", [add_advantages, summarize])
+def test_the_signature_types_every_option_keyword(function):
+    import inspect
+    from typing import Literal, get_args
+
+    from grpo_cli.options.catalog import keywords
+
+    parameters = inspect.signature(function).parameters
+    assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    offered = set(keywords()) - {"from_", "advantage_col", "active_col"}
+    assert offered <= set(parameters)
+    std = parameters["std"]
+    assert std.default is None and get_args(std.annotation)[0] == Literal["population", "sample"]
+    assert parameters["drop_inactive"].default is False
+    assert "rewrite" not in parameters  # a CLI-only option is no keyword
+
+
+def test_a_column_name_given_as_its_default_is_still_given():
+    """A dump's own names apply where the caller names none; a name the caller gives is theirs,
+    even when it is grpo-cli's default (TRL's dump holds its own ``advantage``)."""
+    [completions] = sorted((SAMPLE.parent / "dumps" / "trl").rglob("*.parquet"))[:1]
+    table = pq.read_table(completions)
+    assert "advantage" in table.column_names
+    assert add_advantages(table, from_="trl").column_names[-2:] == ["recomputed_advantage", "group_active"]
+    with pytest.raises(
+        GrpoError, match="already has a column 'advantage'; choose another name with advantage_col="
+    ):
+        add_advantages(table, from_="trl", advantage_col="advantage")
+    assert summarize(table, from_="trl", reward_col="format_reward").to_dict()["options"]["reward_cols"] == [
+        {"column": "format_reward", "weight": 1.0}
+    ]
+
+
 def test_the_file_jobs_refuse_a_table_in_one_line():
     with pytest.raises(TypeError, match="add_advantages takes tables in memory") as error:
         compute_dataset(pq.read_table(SAMPLE), None)  # type: ignore[arg-type]
