@@ -11,7 +11,6 @@ exactly as ``grpo-cli compute`` does. Jobs over files are in :mod:`grpo_cli.jobs
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -28,10 +27,10 @@ from grpo_cli.choices import (
     Singleton,
     Std,
 )
-from grpo_cli.errors import GrpoError
+from grpo_cli.errors import GrpoError, cli_flag, mention
 from grpo_cli.estimators import ESTIMATORS
 from grpo_cli.options.advantage import AdvantageOptions
-from grpo_cli.options.catalog import keyword_of
+from grpo_cli.options.catalog import OPTIONS
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -40,18 +39,18 @@ if TYPE_CHECKING:
 
 
 class PerRow(NamedTuple):
-    """A per-row input of the tensor API: the CLI option its column stands for, the column it
+    """A per-row input of the tensor API: the option its column stands for, the column it
     becomes on the engine path, and the estimator need that requires it (``None``: optional)."""
 
-    flag: str
+    option: str
     column: str
     need: str | None
 
 
 PER_ROW = {
-    "lengths": PerRow("--length-col", "length", "row_lengths"),
-    "baselines": PerRow("--baseline-col", "baseline", "row_baselines"),
-    "batch_ids": PerRow("--batch-col", "batch", None),
+    "lengths": PerRow("length_col", "length", "row_lengths"),
+    "baselines": PerRow("baseline_col", "baseline", "row_baselines"),
+    "batch_ids": PerRow("batch_col", "batch", None),
 }
 
 
@@ -102,18 +101,21 @@ def group_advantages(
     ...
     grpo_cli.errors.GrpoError: estimator='opo' needs lengths= (its baseline is the length-weighted ...
     """
-    options = AdvantageOptions.resolve(
-        preset=preset,
-        estimator=estimator,
-        epsilon=epsilon,
-        std=std,
-        scale=scale,
-        baseline=baseline,
-        epsilon_mode=epsilon_mode,
-        singleton=singleton,
-        nan=nan,
-        pass_k=pass_k,
-    )
+    try:
+        options = AdvantageOptions.resolve(
+            preset=preset,
+            estimator=estimator,
+            epsilon=epsilon,
+            std=std,
+            scale=scale,
+            baseline=baseline,
+            epsilon_mode=epsilon_mode,
+            singleton=singleton,
+            nan=nan,
+            pass_k=pass_k,
+        )
+    except GrpoError as exc:
+        raise _in_tensor_words(exc) from None
     per_row = {"lengths": lengths, "baselines": baselines, "batch_ids": batch_ids}
     spec = ESTIMATORS[options.estimator]
     for name, row in PER_ROW.items():
@@ -171,7 +173,7 @@ def _through_the_engine(
         config = _engine_config(options, per_row, str(rewards.device))
         result = compute_table(pa.table(columns), config)
     except GrpoError as exc:
-        raise GrpoError(_in_tensor_words(exc.message), exit_code=exc.exit_code) from None
+        raise _in_tensor_words(exc) from None
     advantages = torch.from_numpy(np.array(result.column("advantage").to_numpy(), dtype=np.float64))
     active_rows = torch.from_numpy(result.column("group_active").to_numpy(zero_copy_only=False).copy())
     mask = torch.zeros(num_groups, dtype=torch.bool)
@@ -231,19 +233,25 @@ def _per_row_column(name: str, values: Tensor, rewards: Tensor) -> pa.Array:
 
 
 _INTEGERS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
-_FLAG = re.compile(r"--[a-z][a-z0-9-]*")
+_TABLE_ROW = "<table>, row "
 
 
-def _in_tensor_words(message: str) -> str:
-    """The engine's messages in the tensor API's words: ``lengths=`` for ``--length-col``, the
-    keyword for a flag; a row is a flat index."""
-    by_flag = {row.flag: name for name, row in PER_ROW.items()}
+def _in_tensor_words(error: GrpoError) -> GrpoError:
+    """The engine's error in the tensor API's words: ``lengths=`` for ``--length-col`` (the
+    column it was given is the caller's tensor), the keyword for another option; a row is a flat
+    index of the rewards."""
+    template = error.template
+    for row in PER_ROW.values():
+        template = template.replace(f"{mention(row.option)} {row.column!r}", mention(row.option))
+    if template.startswith(_TABLE_ROW):
+        index, sep, rest = template[len(_TABLE_ROW) :].partition(": ")
+        if sep and index.isdigit():
+            template = f"rewards index {index}: {rest}"
+    tensor_keyword = {row.option: name for name, row in PER_ROW.items()}
 
-    def keyword(match: re.Match[str]) -> str:
-        name = by_flag.get(match[0]) or keyword_of(match[0])
-        return match[0] if name is None else f"{name}="
+    def keyword(option: str) -> str:
+        if option in tensor_keyword:
+            return f"{tensor_keyword[option]}="
+        return f"{option}=" if option in OPTIONS and OPTIONS[option].keyword else cli_flag(option)
 
-    for row in PER_ROW.values():  # the engine names the column it was given; the caller passed a tensor
-        message = message.replace(f"{row.flag} {row.column!r}", row.flag)
-    message = _FLAG.sub(keyword, message)
-    return re.sub(r"^<table>, row (\d+): ", r"rewards index \1: ", message)
+    return type(error)(template, exit_code=error.exit_code).worded(keyword)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
+from typing import Any
+
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
@@ -9,6 +13,32 @@ EXIT_WRITTEN_THEN_FAILED = 3
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a Unix tool killed by a closed pipe
+
+
+_MARK = "\x1f"  # around an option's name in a message: how it is named depends on who reads it
+
+
+def mention(option: str) -> str:
+    """An option named in a message, in the words of the surface that reports it: the command
+    line's flag by default (:func:`cli_flag`), ``clip_advantage=`` in the table API, the tensor
+    API's own keyword (:meth:`GrpoError.worded`).
+
+    >>> GrpoError(f"{mention('clip_advantage')} needs LO <= HI").message
+    '--clip-advantage needs LO <= HI'
+    >>> GrpoError(f"{mention('clip_advantage')} needs LO <= HI").worded(lambda name: f"{name}=").message
+    'clip_advantage= needs LO <= HI'
+    """
+    return f"{_MARK}{option}{_MARK}"
+
+
+def cli_flag(option: str) -> str:
+    """An option's long flag: its name with dashes (``from_`` is ``--from``)."""
+    return "--" + option.rstrip("_").replace("_", "-")
+
+
+def _worded(template: str, name: Callable[[str], str]) -> str:
+    parts = template.split(_MARK)
+    return "".join(name(part) if i % 2 else part for i, part in enumerate(parts))
 
 
 class GrpoError(ValueError):
@@ -19,12 +49,32 @@ class GrpoError(ValueError):
     later step (the summary) failed, 130 when interrupted after the output was written.
     It subclasses ``ValueError`` so that library callers can catch the kernel's and the
     I/O layer's bad-input errors alike.
+
+    The options a message names are carried in it (:func:`mention`): ``message`` names them
+    as the command line does, :meth:`worded` as another surface does.
     """
 
     def __init__(self, message: str, *, exit_code: int = EXIT_USAGE) -> None:
-        super().__init__(message)
-        self.message = message
+        self.template = message
+        self.message = _worded(message, cli_flag)
+        super().__init__(self.message)
         self.exit_code = exit_code
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled with its template (a Ray task's error names its options as the driver's)."""
+        return (type(self), (self.template,), self.__dict__)
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """The options the message names, in order."""
+        return tuple(self.template.split(_MARK)[1::2])
+
+    def worded(self, name: Callable[[str], str]) -> GrpoError:
+        """This error (its type, exit code and cause) with each option it names told by ``name``."""
+        reworded = copy.copy(self)
+        reworded.message = _worded(self.template, name)
+        reworded.args = (reworded.message,)
+        return reworded
 
 
 class LayoutError(GrpoError):

@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from grpo_cli.choices import Engine as EngineName
 from grpo_cli.choices import check_choice
-from grpo_cli.errors import GrpoError, LayoutError
+from grpo_cli.errors import GrpoError, LayoutError, mention
 from grpo_cli.file_names import output_is_directory
 from grpo_cli.inputs.protected import ProtectedInputs
 from grpo_cli.inputs.readers import read_provenance, read_schema, validate_pages
@@ -170,7 +170,8 @@ def recorded_config(input: Inputs, *, column: str | None = None) -> ComputeConfi
     if record is None:
         raise GrpoError(
             f"{' '.join(specs)}: no grpo-cli provenance to verify against (not written by grpo-cli "
-            "compute); name the column with --verify-advantage-col and give the options it was made with"
+            f"compute); name the column with {mention('verify_advantage_col')} and give the options it was "
+            "made with"
         )
     recorded = ComputeConfig.from_provenance(record)
     if column is None:
@@ -325,10 +326,12 @@ def engine_named(
 ) -> Engine:
     """The engine ``--engine`` names, with its own options; the Ray engine's given to the local
     one are refused."""
-    check_choice("--engine", name, EngineName)
+    check_choice(mention("engine"), name, EngineName)
     if name == "local":
         if address is not None or partitions is not None:
-            raise GrpoError("--ray-address and --partitions need --engine ray")
+            raise GrpoError(
+                f"{mention('ray_address')} and {mention('partitions')} need {mention('engine')} ray"
+            )
         return Local()
     return Ray(address=address, partitions=partitions, quiet=quiet)
 
@@ -365,7 +368,7 @@ def _as_dumps_hint(input: Inputs) -> Iterator[None]:
     except LayoutError as error:
         if isinstance(input, InputSet) or (hint := trainer_hint(_specs(input))) == "":
             raise
-        raise LayoutError(error.message + hint, exit_code=error.exit_code) from None
+        raise LayoutError(error.template + hint, exit_code=error.exit_code) from None
 
 
 def _guarded(

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from inspect import Parameter, signature
 from typing import Any
@@ -31,10 +30,10 @@ import pyarrow as pa
 
 from grpo_cli.arrow.columns import take_rows
 from grpo_cli.choices import Preset
-from grpo_cli.errors import GrpoError
+from grpo_cli.errors import GrpoError, cli_flag
 from grpo_cli.jobs import check_table, compute_table, summarize_table
 from grpo_cli.options.advantage import RewardSpec
-from grpo_cli.options.catalog import OPTIONS, keyword_of, keywords
+from grpo_cli.options.catalog import OPTIONS, keywords
 from grpo_cli.options.config import ComputeConfig, resolve_config
 from grpo_cli.results.summary import RunSummary
 from grpo_cli.run.plan import RunPlan
@@ -149,24 +148,20 @@ _typed_keywords(add_advantages)
 _typed_keywords(summarize)
 
 
-_FLAG = re.compile(r"--([a-z][a-z0-9-]*)")
-
-
 @contextlib.contextmanager
 def _in_keyword_words() -> Iterator[None]:
     """Errors name the keyword the caller wrote (``advantage_col=``), not the CLI's flag."""
     try:
         yield
     except GrpoError as exc:
-
-        def keyword(match: re.Match[str]) -> str:
-            name = keyword_of(match[0])
-            return match[0] if name is None else f"{name}="
-
-        message = _FLAG.sub(keyword, exc.message)
-        if message == exc.message:
+        if not exc.options:
             raise
-        raise GrpoError(message, exit_code=exc.exit_code) from None
+        raise exc.worded(_keyword) from None
+
+
+def _keyword(option: str) -> str:
+    """How the table API names an option: its keyword, or the CLI's flag where it has none."""
+    return f"{option}=" if option in OPTIONS and OPTIONS[option].keyword else cli_flag(option)
 
 
 # --------------------------------------------------------------------------- options

@@ -357,7 +357,8 @@ VALIDATED_SUMMARIES = [0]
 def _every_summary_meets_its_schema() -> Any:
     """Every summary a test makes in this process (``RunSummary.to_dict``: the CLI's
     ``--summary-json``, the jobs' results) is validated against the published JSON Schema, in
-    its JSON form (NaN as null); one that does not fits fails the test that made it."""
+    its JSON form (NaN as null); one that does not fits fails the test that made it, as does one
+    that holds an option marker of :func:`grpo_cli.errors.mention`, which only errors word."""
     import jsonschema
 
     from grpo_cli.results import summary as summary_module
@@ -373,6 +374,8 @@ def _every_summary_meets_its_schema() -> Any:
         if errors:
             where = "/".join(str(part) for part in errors[0].path) or "(top)"
             raise AssertionError(f"the summary does not meet its schema at {where}: {errors[0].message}")
+        if "\x1f" in json.dumps(out):
+            raise AssertionError("the summary holds an option marker (errors.mention) meant for an error")
         VALIDATED_SUMMARIES[0] += 1
         return out
 

@@ -40,6 +40,7 @@ from grpo_cli.errors import (
     EXIT_USAGE,
     EXIT_WRITTEN_THEN_FAILED,
     GrpoError,
+    mention,
 )
 from grpo_cli.options.catalog import offered
 from grpo_cli.options.command import CommandOptions
@@ -489,7 +490,7 @@ def _report(
         except OSError as exc:
             written = summary.output is not None
             raise GrpoError(
-                f"--summary-json -: cannot write to standard output ({exc.strerror or exc})"
+                f"{mention('summary_json')} -: cannot write to standard output ({exc.strerror or exc})"
                 + ("; the output was written" if written else ""),
                 exit_code=EXIT_WRITTEN_THEN_FAILED if written else EXIT_USAGE,
             ) from None
@@ -547,7 +548,7 @@ def compute(input: InputArg, *, options: CommandOptions, values: dict[str, Any])
         inputs, config = job_inputs(state.resources, input, values, verifying=False)
         _check_stdout(summary_json)
         if output == "-" and summary_json == "-":
-            raise GrpoError("-o - and --summary-json - would both write to standard output")
+            raise GrpoError(f"-o - and {mention('summary_json')} - would both write to standard output")
         _check_stdout(output, "-o")
         summary = compute_dataset(
             inputs,
@@ -594,7 +595,8 @@ def check(input: InputArg, *, options: CommandOptions, values: dict[str, Any]) -
         _check_stdout(summary_json)
         if options.output_format != "text" and summary_json == "-":
             raise GrpoError(
-                f"--output-format {options.output_format} and --summary-json - would both write to "
+                f"{mention('output_format')} {options.output_format} and {mention('summary_json')} - would "
+                "both write to "
                 "standard output"
             )
         bounds = CheckBounds(**targeted(values, "check", "bounds"))

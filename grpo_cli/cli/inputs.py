@@ -10,7 +10,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from grpo_cli.errors import GrpoError
+from grpo_cli.errors import GrpoError, mention
 from grpo_cli.options.catalog import offered
 
 if TYPE_CHECKING:
@@ -62,8 +62,9 @@ def _derived(
         return contextlib.nullcontext()
     if dump is not None:
         raise GrpoError(
-            f"--from {values['from_']} derives the group key itself; --key-before, --blocks-per-file and "
-            "--json-col are for dumps no adapter reads"
+            f"{mention('from_')} {values['from_']} derives the group key itself; {mention('key_before')}, "
+            f"{mention('blocks_per_file')} and "
+            f"{mention('json_col')} are for dumps no adapter reads"
         )
     from grpo_cli.trainers.dumps import derived_inputs
 
@@ -117,16 +118,16 @@ def _verification(
     column = values["verify_advantage_col"]
     verifying = values["verify"] or column is not None
     if values["strict"] and not verifying:
-        raise GrpoError("--strict needs --verify or --verify-advantage-col")
+        raise GrpoError(f"{mention('strict')} needs {mention('verify')} or {mention('verify_advantage_col')}")
     recorded = None
     if dump is not None:
         if values["verify"] and column is None:
             column = dump.dump.advantage_col
             if column is None:
                 raise GrpoError(
-                    f"--verify: a {dump.dump.trainer} dump holds no advantage of the trainer's to "
+                    f"{mention('verify')}: a {dump.dump.trainer} dump holds no advantage of the trainer's to "
                     "compare with; "
-                    "name one with --verify-advantage-col"
+                    f"name one with {mention('verify_advantage_col')}"
                 )
     elif verifying:
         recorded = recorded_config(input, column=column)

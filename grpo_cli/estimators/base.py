@@ -155,17 +155,17 @@ class AdvantageEstimator:
     ) -> Any:
         """With the need ``"group_rewards"``: its state of these groups from every row of them
         (group ID, combined reward in float64, bool scored, each group's rows in input order)."""
-        raise NotImplementedError(f"--estimator {self.name} reads no rows between the passes")
+        raise NotImplementedError(f"estimator {self.name!r} reads no rows between the passes")
 
     def state_columns(self, state: Any) -> dict[str, np.ndarray]:
         """The state :meth:`of_group_rows` built, as columns of equal length, the first the
         entry's group (ID within the groups it was built of), to travel between machines."""
-        raise NotImplementedError(f"--estimator {self.name} keeps no state of rows")
+        raise NotImplementedError(f"estimator {self.name!r} keeps no state of rows")
 
     def state_of_columns(self, parts: Sequence[Mapping[str, np.ndarray]], sizes: Sequence[int]) -> Any:
         """The states of parts of the groups (:meth:`state_columns`, ``sizes``: each part's
         groups) laid end to end, the groups numbered in the parts' order."""
-        raise NotImplementedError(f"--estimator {self.name} keeps no state of rows")
+        raise NotImplementedError(f"estimator {self.name!r} keeps no state of rows")
 
     def per_row(self, state: Any, rows: RowFacts) -> torch.Tensor:
         """Each row's advantage before the batch transform (CPU), from its state."""

@@ -27,7 +27,7 @@ from typing import IO, Any
 import pyarrow as pa
 
 from grpo_cli.choices import InputFormat, check_choice
-from grpo_cli.errors import GrpoError, LayoutError, first_line
+from grpo_cli.errors import GrpoError, LayoutError, first_line, mention
 from grpo_cli.file_names import (
     ARROW_SUFFIXES,
     COMPRESSION_SUFFIXES,
@@ -344,7 +344,7 @@ class InputSet:
         stdin: IO[bytes] | None = None,
     ) -> None:
         if input_format is not None:
-            check_choice("--input-format", input_format, InputFormat)
+            check_choice(mention("input_format"), input_format, InputFormat)
         self.specs = [specs] if isinstance(specs, str) else list(specs)
         if not self.specs:
             raise GrpoError("no INPUT given")
@@ -574,7 +574,7 @@ def _as_named(
 def _unknown_format(display: str) -> GrpoError:
     return GrpoError(
         f"{display}: cannot tell the format from the name; expected one of "
-        f"{', '.join(READ_SUFFIXES)} or --input-format"
+        f"{', '.join(READ_SUFFIXES)} or {mention('input_format')}"
     )
 
 

@@ -25,7 +25,7 @@ from grpo_cli.choices import (
     Whiten,
     check_choice,
 )
-from grpo_cli.errors import GrpoError
+from grpo_cli.errors import GrpoError, mention
 from grpo_cli.estimators import ESTIMATORS
 from grpo_cli.options.declare import Option, declared, option
 
@@ -208,7 +208,7 @@ class AdvantageOptions:
                 raise GrpoError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
             options = replace(options, preset=preset, **PRESETS[preset].settings)
         if estimator is not None:
-            check_choice("--estimator", estimator, Estimator)
+            check_choice(mention("estimator"), estimator, Estimator)
             options = replace(options, estimator=estimator, **ESTIMATORS[estimator].settings)
         unknown = set(explicit) - {f.name for f in fields(cls)}
         if unknown:
@@ -227,7 +227,10 @@ class AdvantageOptions:
                 check_choice(row.label, value, row.vocabulary)
             if row.positive_finite and not (_is_number(value) and math.isfinite(value) and value > 0):
                 raise GrpoError(f"{row.label} must be a positive finite number, got {value!r}")
-        for label, pair in (("--clip-advantage", self.clip), ("--reward-clip", self.reward_clip)):
+        for label, pair in (
+            (mention("clip_advantage"), self.clip),
+            (mention("reward_clip"), self.reward_clip),
+        ):
             if pair is not None:
                 if len(pair) != 2 or not all(_is_number(v) for v in pair):
                     raise GrpoError(f"{label} needs two numbers LO HI, got {pair!r}")
@@ -237,17 +240,21 @@ class AdvantageOptions:
         self._validate_shaping()
         tolerance = self.inactive_tolerance
         if not (_is_number(tolerance) and math.isfinite(tolerance) and tolerance >= 0):
-            raise GrpoError(f"--inactive-tolerance must be a finite number >= 0, got {tolerance!r}")
+            raise GrpoError(
+                f"{mention('inactive_tolerance')} must be a finite number >= 0, got {tolerance!r}"
+            )
         estimator = ESTIMATORS[self.estimator]
         if tolerance > 0 and estimator.own_baseline:
             raise GrpoError(
-                f"--inactive-tolerance zeroes a group's normalised rewards; --estimator {self.estimator} "
+                f"{mention('inactive_tolerance')} zeroes a group's normalised rewards; "
+                f"{mention('estimator')} {self.estimator} "
                 "subtracts a baseline of its own: leave the tolerance at 0"
             )
         self._validate_taken(estimator)
         if estimator.own_baseline and self.baseline != "mean":
             raise GrpoError(
-                f"--estimator {self.estimator} subtracts its own baseline; leave --baseline as mean"
+                f"{mention('estimator')} {self.estimator} subtracts its own baseline; leave --baseline as "
+                "mean"
             )
 
     def _validate_taken(self, estimator: AdvantageEstimator) -> None:
@@ -260,7 +267,7 @@ class AdvantageOptions:
             if name in estimator.takes:
                 if value is None:
                     raise GrpoError(
-                        f"--estimator {estimator.name} needs {row.label} {row.metavar or 'VALUE'} "
+                        f"{mention('estimator')} {estimator.name} needs {row.label} {row.metavar or 'VALUE'} "
                         f"({estimator.takes[name]})"
                     )
                 if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -268,31 +275,37 @@ class AdvantageOptions:
             elif value is not None:
                 what = (row.metavar or "value").lower()
                 raise GrpoError(
-                    f"{row.label} {value} is the {what} of --estimator {owners[0].name}; "
-                    f"--estimator {self.estimator} has none"
+                    f"{row.label} {value} is the {what} of {mention('estimator')} {owners[0].name}; "
+                    f"{mention('estimator')} {self.estimator} has none"
                 )
 
     def _validate_shaping(self) -> None:
         """The reward transforms' values, as the trainers assert them."""
-        for label, value in (("--reward-bias", self.reward_bias), ("--reward-scale", self.reward_scale)):
+        for label, value in (
+            (mention("reward_bias"), self.reward_bias),
+            (mention("reward_scale"), self.reward_scale),
+        ):
             if not (_is_number(value) and math.isfinite(value)):
                 raise GrpoError(f"{label} must be a finite number, got {value!r}")
         if self.overlong is not None:
             if len(self.overlong) != 2 or not all(_is_number(v) for v in self.overlong):
-                raise GrpoError(f"--overlong needs two numbers MAX_TOKENS BUFFER, got {self.overlong!r}")
+                raise GrpoError(
+                    f"{mention('overlong')} needs two numbers MAX_TOKENS BUFFER, got {self.overlong!r}"
+                )
             max_tokens, buffer = self.overlong
             if not (math.isfinite(max_tokens) and math.isfinite(buffer) and 0 < buffer <= max_tokens):
                 raise GrpoError(
-                    f"--overlong needs 0 < BUFFER <= MAX_TOKENS (the penalty ramps over the last BUFFER "
+                    f"{mention('overlong')} needs 0 < BUFFER <= MAX_TOKENS (the penalty ramps over the last "
+                    "BUFFER "
                     f"tokens), got {max_tokens:g} {buffer:g}"
                 )
         factor = self.overlong_factor
         if not (_is_number(factor) and math.isfinite(factor) and factor >= 0):
-            raise GrpoError(f"--overlong-factor must be a finite number >= 0, got {factor!r}")
+            raise GrpoError(f"{mention('overlong_factor')} must be a finite number >= 0, got {factor!r}")
         coef = self.stop_properly
         if coef is not None and not (_is_number(coef) and math.isfinite(coef) and coef <= 1):
             raise GrpoError(
-                f"--stop-properly must be in [0, 1] (a factor on a truncated rollout's reward) or "
+                f"{mention('stop_properly')} must be in [0, 1] (a factor on a truncated rollout's reward) or "
                 f"negative (its reward, OpenRLHF's), got {coef!r}"
             )
 
@@ -476,7 +489,7 @@ class RewardSpec:
             # A colon that is part of the column name, not a weight.
             return cls(text)
         if not math.isfinite(value):
-            raise GrpoError(f"--reward-col {text!r}: the weight must be a finite number")
+            raise GrpoError(f"{mention('reward_col')} {text!r}: the weight must be a finite number")
         if not name:
-            raise GrpoError(f"--reward-col {text!r}: a column name is needed before ':'")
+            raise GrpoError(f"{mention('reward_col')} {text!r}: a column name is needed before ':'")
         return cls(name, value)

@@ -13,7 +13,7 @@ from typing import Any
 
 from grpo_cli import __version__
 from grpo_cli.choices import Aggregation, Compression, InputFormat, TrainerFilterName, check_choice
-from grpo_cli.errors import GrpoError
+from grpo_cli.errors import GrpoError, mention
 from grpo_cli.estimators import ESTIMATORS
 from grpo_cli.options.advantage import ADVANTAGE_FIELDS, AdvantageOptions, RewardSpec, whitening_of_flag
 from grpo_cli.options.command import CHECKS, ENGINE, INPUT, OUTPUT
@@ -291,45 +291,49 @@ class ComputeConfig:
 
     def validate(self) -> None:
         if not self.rewards:
-            raise GrpoError("at least one --reward-col is needed")
+            raise GrpoError(f"at least one {mention('reward_col')} is needed")
         if len(set(self.by_cols)) != len(self.by_cols):
-            raise GrpoError(f"--by names a column twice: {', '.join(self.by_cols)}")
+            raise GrpoError(f"{mention('by')} names a column twice: {', '.join(self.by_cols)}")
         names = [r.column for r in self.rewards]
         if len(set(names)) != len(names):
-            raise GrpoError(f"--reward-col names a column twice: {', '.join(names)}")
+            raise GrpoError(f"{mention('reward_col')} names a column twice: {', '.join(names)}")
         if self.group_size is not None and self.group_size < 1:
-            raise GrpoError(f"--group-size must be a positive integer, got {self.group_size}")
+            raise GrpoError(f"{mention('group_size')} must be a positive integer, got {self.group_size}")
         if self.group_size is None and not self.group_cols:
-            raise GrpoError("give --group-col or --group-size")
-        check_choice("--reward-aggregation", self.aggregation, Aggregation)
-        check_choice("--compression", self.compression, Compression)
+            raise GrpoError(f"give {mention('group_col')} or {mention('group_size')}")
+        check_choice(mention("reward_aggregation"), self.aggregation, Aggregation)
+        check_choice(mention("compression"), self.compression, Compression)
         if self.input_format is not None:
-            check_choice("--input-format", self.input_format, InputFormat)
+            check_choice(mention("input_format"), self.input_format, InputFormat)
         if self.advantage_col == self.active_col:
-            raise GrpoError(f"--advantage-col and --active-col are both {self.advantage_col!r}")
+            raise GrpoError(
+                f"{mention('advantage_col')} and {mention('active_col')} are both {self.advantage_col!r}"
+            )
         if self.keep_mean_range is not None:
             low, high = self.keep_mean_range
             if not low <= high:
-                raise GrpoError(f"--keep-mean-range needs LO <= HI, got {low} {high}")
+                raise GrpoError(f"{mention('keep_mean_range')} needs LO <= HI, got {low} {high}")
         if self.batch_rows is not None and self.batch_rows < 1:
             raise GrpoError(f"batch_rows must be positive, got {self.batch_rows}")
         self.advantage.validate()
         estimator = self.advantage.estimator
         spec = ESTIMATORS[estimator]
         for need, flag, given in (
-            ("row_baselines", "--baseline-col", self.baseline_col),
-            ("row_lengths", "--length-col", self.length_col),
+            ("row_baselines", mention("baseline_col"), self.baseline_col),
+            ("row_lengths", mention("length_col"), self.length_col),
         ):
             if need in spec.needs and given is None:
-                raise GrpoError(f"--estimator {estimator} needs {flag} ({spec.row_input})")
+                raise GrpoError(f"{mention('estimator')} {estimator} needs {flag} ({spec.row_input})")
         if self.baseline_col is not None and "row_baselines" not in spec.needs:
             takers = [name for name, other in ESTIMATORS.items() if "row_baselines" in other.needs]
             raise GrpoError(
-                f"--baseline-col is the baseline of --estimator {takers[0]}; add --estimator {takers[0]}"
+                f"{mention('baseline_col')} is the baseline of {mention('estimator')} {takers[0]}; add "
+                f"{mention('estimator')} {takers[0]}"
             )
         if self.per_column and self.advantage.renormalize != "none" and self.advantage.whiten != "none":
             raise GrpoError(
-                f"--whiten {self.advantage.whiten} and the {self.advantage.renormalize} re-normalisation of "
+                f"{mention('whiten')} {self.advantage.whiten} and the {self.advantage.renormalize} "
+                "re-normalisation of "
                 "normalize-then-sum both transform the batch; choose one"
             )
         if self.verify is not None and self.verify.column in self.input_columns:
@@ -345,26 +349,39 @@ class ComputeConfig:
             and options.overlong is None
         ):
             raise GrpoError(
-                "--length-col weights the batch whitening by response length: it needs --whiten or an "
-                "estimator that whitens (reinforce_plus_plus_baseline, reinforce_baseline), or --overlong"
+                f"{mention('length_col')} weights the batch whitening by response length: it needs "
+                f"{mention('whiten')} or an "
+                "estimator that whitens (reinforce_plus_plus_baseline, reinforce_baseline), or "
+                f"{mention('overlong')}"
             )
         if options.overlong is not None and self.length_col is None:
             raise GrpoError(
-                "--overlong penalises long responses: it needs --length-col (each response's tokens)"
+                f"{mention('overlong')} penalises long responses: it needs {mention('length_col')} (each "
+                "response's tokens)"
             )
         if options.stop_properly is not None and self.truncated_col is None:
-            raise GrpoError("--stop-properly penalises truncated rollouts: it needs --truncated-col")
+            raise GrpoError(
+                f"{mention('stop_properly')} penalises truncated rollouts: it needs "
+                f"{mention('truncated_col')}"
+            )
         if self.truncated_col is not None and options.stop_properly is None:
-            raise GrpoError("--truncated-col is read by --stop-properly; give --stop-properly C")
+            raise GrpoError(
+                f"{mention('truncated_col')} is read by {mention('stop_properly')}; give "
+                f"{mention('stop_properly')} C"
+            )
         if self.filter_unshaped and (self.trainer_filter is None or not options.shapes_rewards):
             raise GrpoError(
-                "--filter-unshaped gives --trainer-filter the rewards before the reward transforms: it "
-                "needs --trainer-filter and a transform (--overlong, --stop-properly, --reward-bias, ...)"
+                f"{mention('filter_unshaped')} gives {mention('trainer_filter')} the rewards before the "
+                "reward transforms: it "
+                f"needs {mention('trainer_filter')} and a transform ({mention('overlong')}, "
+                f"{mention('stop_properly')}, {mention('reward_bias')}, ...)"
             )
         if options.shapes_rewards and self.per_column:
             raise GrpoError(
-                "the reward transforms (--overlong, --stop-properly, --reward-bias/-scale/-clip) shape the "
-                "summed reward; --reward-aggregation normalize-then-sum normalises each column first"
+                f"the reward transforms ({mention('overlong')}, {mention('stop_properly')}, "
+                f"{mention('reward_bias')}/-scale/-clip) shape the "
+                f"summed reward; {mention('reward_aggregation')} normalize-then-sum normalises each column "
+                "first"
             )
 
     def check_recomputable(self, output: str) -> None:
@@ -372,11 +389,11 @@ class ComputeConfig:
         recomputed from its own rows: a row filter after a step over the whole batch."""
         steps = self.batch_wide_steps()
         if steps and (self.drop_inactive or self.keep_mean_range is not None):
-            row_filter = "--drop-inactive" if self.drop_inactive else "--keep-mean-range"
+            row_filter = mention("drop_inactive" if self.drop_inactive else "keep_mean_range")
             raise GrpoError(
                 f"{output} was filtered ({row_filter}) after a step over the whole batch ({steps[0]}): "
                 "its advantages depend on rows it no longer holds and cannot be recomputed from it; "
-                "verify the unfiltered output, or check the input with --verify-advantage-col"
+                f"verify the unfiltered output, or check the input with {mention('verify_advantage_col')}"
             )
 
     @property
@@ -390,14 +407,14 @@ class ComputeConfig:
         steps = []
         if options.whiten != "none":
             steps.append(
-                f"--estimator {options.estimator}"
+                f"{mention('estimator')} {options.estimator}"
                 if ESTIMATORS[options.estimator].whitens
-                else f"--whiten {options.whiten}"
+                else f"{mention('whiten')} {options.whiten}"
             )
         if options.scale == "batch":
-            steps.append("--scale batch")
+            steps.append(f"{mention('scale')} batch")
         if "batch_nonzero" in ESTIMATORS[options.estimator].needs:  # a factor of each batch
-            steps.append(f"--estimator {options.estimator}")
+            steps.append(f"{mention('estimator')} {options.estimator}")
         if self.per_column and options.renormalize != "none":
             steps.append(f"the {options.renormalize} re-normalisation of normalize-then-sum")
         return steps
@@ -463,7 +480,7 @@ class ComputeConfig:
         except GrpoError as exc:
             if exc.message.startswith("the recorded grpo-cli options"):
                 raise
-            raise GrpoError(f"the recorded grpo-cli options cannot be used ({exc.message})") from None
+            raise GrpoError(f"the recorded grpo-cli options cannot be used ({exc.template})") from None
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise GrpoError(f"the recorded grpo-cli options cannot be read ({exc!r})") from None
 
@@ -600,7 +617,7 @@ def resolve_config(
     """
     given = {name: value for name, value in values.items() if _given(value)}
     if given.get("group_size") is not None and given.get("group_col"):
-        raise GrpoError("--group-size and --group-col cannot be used together")
+        raise GrpoError(f"{mention('group_size')} and {mention('group_col')} cannot be used together")
     grouping: dict[str, Any] = {}
     if dump is not None:
         implied = {name: value for name, value in dump.items() if _given(value)}

@@ -32,6 +32,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args, get_origin
 
+from grpo_cli.errors import mention
+
 Target = Literal["advantage", "config", "bounds", "verify", "run"]
 """Where a value goes: an :class:`~grpo_cli.options.advantage.AdvantageOptions` field, a
 :class:`~grpo_cli.options.config.ComputeConfig` field, a :class:`~grpo_cli.options.checks.CheckBounds`
@@ -80,8 +82,9 @@ class Option:
 
     @property
     def label(self) -> str:
-        """How messages name the option: its long flag, or its name where it has none."""
-        return self.flags[0] if self.flags else self.name
+        """How messages name the option (:func:`~grpo_cli.errors.mention`: its long flag on the
+        command line, its keyword in the table API), or its name where it has no flag."""
+        return mention(self.name) if self.flags else self.name
 
     @property
     def setting(self) -> str:

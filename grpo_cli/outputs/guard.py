@@ -30,7 +30,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from grpo_cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, EXIT_WRITTEN_THEN_FAILED, GrpoError, os_reason
+from grpo_cli.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    EXIT_WRITTEN_THEN_FAILED,
+    GrpoError,
+    mention,
+    os_reason,
+)
 from grpo_cli.file_names import PARQUET_SUFFIXES, PROVENANCE_KEY
 from grpo_cli.inputs.protected import ProtectedInputs, is_within, resolve
 from grpo_cli.scratch import scratch_dir, scratch_file
@@ -98,7 +105,8 @@ class Claim:
                 if target.exists() and any(target.iterdir()):
                     if not force:
                         raise GrpoError(
-                            f"{self.display}: appeared while grpo-cli ran; pass --force to replace it"
+                            f"{self.display}: appeared while grpo-cli ran; pass {mention('force')} to "
+                            "replace it"
                         )
                     aside = target.parent / f".{target.name}.{self.token}.old"
                     os.replace(target, aside)
@@ -115,7 +123,8 @@ class Claim:
                         os.link(temp, target)
                     except FileExistsError:
                         raise GrpoError(
-                            f"{self.display}: appeared while grpo-cli ran; pass --force to replace it"
+                            f"{self.display}: appeared while grpo-cli ran; pass {mention('force')} to "
+                            "replace it"
                         ) from None
                     except OSError:  # file systems without hard links
                         if target.exists():
@@ -295,7 +304,7 @@ class StagedRemoteClaim(RemoteClaim):
             raise GrpoError(
                 f"{redact(uri)}: an hf:// output is one commit made from this machine, which a Ray "
                 "cluster's workers cannot add to; write to s3://, gs:// or a path every node shares, "
-                "or leave out --ray-address"
+                f"or leave out {mention('ray_address')}"
             )
         super().__init__(guard, uri, directory=True, what=what, force=force)
         assert isinstance(self.store, S3Output | GcsOutput)
@@ -458,7 +467,7 @@ class WriteGuard:
         target, shown = claim.resolved, claim.display
         if not os.path.lexists(target):
             return
-        flag = "--force"
+        flag = mention("force")
         if claim.directory:
             if not target.is_dir():
                 raise GrpoError(
@@ -540,7 +549,7 @@ def reported_after_commit(claim: Claim | None) -> Iterator[None]:
     except GrpoError as exc:
         if claim is not None and claim.committed and exc.exit_code == EXIT_USAGE:
             raise GrpoError(
-                f"{exc.message}; the output {claim.display} was written", exit_code=EXIT_WRITTEN_THEN_FAILED
+                f"{exc.template}; the output {claim.display} was written", exit_code=EXIT_WRITTEN_THEN_FAILED
             ) from None
         raise
     except KeyboardInterrupt:

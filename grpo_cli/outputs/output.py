@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 
 from grpo_cli import interrupts
 from grpo_cli.arrow.columns import holds_type, without_views
-from grpo_cli.errors import GrpoError, os_reason
+from grpo_cli.errors import GrpoError, mention, os_reason
 from grpo_cli.file_names import PROVENANCE_KEY, READ_SUFFIXES, output_format
 from grpo_cli.inputs.sources import Shard
 from grpo_cli.outputs.guard import Claim
@@ -677,14 +677,16 @@ def reencoding_refusal(shard: Shard) -> tuple[str | None, bool]:
         if annotation in _KEPT_ONLY_BY_SPLICING:
             return (
                 f"column {name!r} has the Parquet type {_KEPT_ONLY_BY_SPLICING[annotation]}, which "
-                "re-encoding would drop (pyarrow reads it as plain data); leave out --rewrite and row "
+                f"re-encoding would drop (pyarrow reads it as plain data); leave out {mention('rewrite')} "
+                "and row "
                 "filters, and write one output shard per input, so that its bytes are spliced as they are"
             ), False
         int96 |= physical == "int96"
         other_timestamps |= annotation == "Timestamp"
     if int96 and other_timestamps:
         return (
-            "it holds INT96 and INT64 timestamps, and re-encoding keeps only one kind; leave out --rewrite "
+            "it holds INT96 and INT64 timestamps, and re-encoding keeps only one kind; leave out "
+            f"{mention('rewrite')} "
             "and row filters, so that its bytes are spliced as they are"
         ), False
     return None, int96

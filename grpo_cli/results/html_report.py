@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from grpo_cli.errors import GrpoError
+from grpo_cli.errors import GrpoError, mention
 
 PAGE_SUFFIXES = (".html", ".htm")
 PICTURE_SUFFIXES = (".png", ".svg")
@@ -42,14 +42,15 @@ def check_report_path(path: str) -> None:
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in PAGE_SUFFIXES + PICTURE_SUFFIXES:
         raise GrpoError(
-            f"--report {path}: write the report to an .html file (a page that opens offline), "
+            f"{mention('report')} {path}: write the report to an .html file (a page that opens offline), "
             "or a .png or .svg picture of it"
         )
     if importlib.util.find_spec("plotly") is None:
-        raise GrpoError("--report needs plotly: pip install 'grpo-cli[report]'")
+        raise GrpoError(f"{mention('report')} needs plotly: pip install 'grpo-cli[report]'")
     if suffix in PICTURE_SUFFIXES and browser() is None:
         raise GrpoError(
-            f"--report {path}: a {suffix} picture is drawn by a headless Chromium, and none is on PATH "
+            f"{mention('report')} {path}: a {suffix} picture is drawn by a headless Chromium, and none is on "
+            "PATH "
             f"({', '.join(BROWSERS[:3])}); install one (Debian: apt-get install chromium), or write "
             "the report to an .html file, which needs no browser"
         )
@@ -148,7 +149,7 @@ def _run_browser(page: str, scratch: Path, *args: str) -> str:
     as its profile, home and working folder; its standard output."""
     found = browser()
     if found is None:
-        raise GrpoError("--report: no headless Chromium on PATH to draw the picture")
+        raise GrpoError(f"{mention('report')}: no headless Chromium on PATH to draw the picture")
     source = scratch / "report.html"
     source.write_text(page, encoding="utf-8")
     env = {
@@ -182,10 +183,12 @@ def _run_browser(page: str, scratch: Path, *args: str) -> str:
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise GrpoError(f"--report: {found} could not draw the picture ({exc})") from None
+        raise GrpoError(f"{mention('report')}: {found} could not draw the picture ({exc})") from None
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-        raise GrpoError(f"--report: {found} could not draw the picture (exit {done.returncode}: {last})")
+        raise GrpoError(
+            f"{mention('report')}: {found} could not draw the picture (exit {done.returncode}: {last})"
+        )
     return done.stdout
 
 
@@ -217,9 +220,9 @@ def _screenshot(page: str, *, charts: int) -> bytes:
         try:
             data = shot.read_bytes()
         except OSError:
-            raise GrpoError("--report: the browser drew no picture") from None
+            raise GrpoError(f"{mention('report')}: the browser drew no picture") from None
     if not data.startswith(b"\x89PNG"):
-        raise GrpoError("--report: the browser's picture is not a PNG")
+        raise GrpoError(f"{mention('report')}: the browser's picture is not a PNG")
     return data
 
 
@@ -233,14 +236,14 @@ def _svg(page: str, title: str, head: str, *, charts: int) -> bytes:
         dom = _run_browser(render_script(page), folder, _window(charts), "--dump-dom")
     found = re.search(r'<pre id="grpo-cli-svg">(.*?)</pre>', dom, re.S)
     if found is None:
-        raise GrpoError("--report: the browser exported no chart")
+        raise GrpoError(f"{mention('report')}: the browser exported no chart")
     urls = json.loads(html.unescape(found.group(1)))
     parts, top, width = [], 80.0, 0
     for url in urls:
         chart = urllib.parse.unquote(url.split(",", 1)[1])
         size = re.search(r'<svg[^>]*\bwidth="(\d+(?:\.\d+)?)"[^>]*\bheight="(\d+(?:\.\d+)?)"', chart)
         if size is None:
-            raise GrpoError("--report: a chart the browser exported has no size")
+            raise GrpoError(f"{mention('report')}: a chart the browser exported has no size")
         parts.append(
             re.sub(r"<svg\b", f'<svg x="0" y="{top:g}"', re.sub(r"^<\?xml[^>]*>", "", chart), count=1)
         )

@@ -19,7 +19,7 @@ from grpo_cli.arrow.columns import (
     leaf_fields,
     nesting_depth,
 )
-from grpo_cli.errors import GrpoError, LayoutError
+from grpo_cli.errors import GrpoError, LayoutError, mention
 
 if TYPE_CHECKING:
     from grpo_cli.inputs.sources import Shard
@@ -53,7 +53,7 @@ def check_columns(config: ComputeConfig, shard: Shard, schema: pa.Schema, *, wri
             raise LayoutError(f"{shard.display}: no column {column!r}{_hint(config, column, schema)}")
     for column in config.new_columns if writes_output else ():
         if field_type(schema, column) is not None:
-            option = "--active-col" if column == config.active_col else "--advantage-col"
+            option = mention("active_col" if column == config.active_col else "advantage_col")
             what = "column" if column in names else "nested field"
             raise GrpoError(
                 f"{shard.display}: the input already has a {what} {column!r}; "
@@ -108,7 +108,10 @@ def _hint(config: ComputeConfig, column: str, schema: pa.Schema) -> str:
             suggestion = (by_name or by_role)[0]
             hint = f"; did you mean {suggestion!r} (a numeric column named like a reward)? pass it with -r"
     if column in config.group_cols and column == "group_id" and not close:
-        hint = "; name the group column with -g/--group-col, or use --group-size N for consecutive groups"
+        hint = (
+            f"; name the group column with -g/{mention('group_col')}, or use {mention('group_size')} N "
+            "for consecutive groups"
+        )
     weight = column.rpartition(":")
     if weight[1] and weight[0] in names:
         hint = f"; {column!r} looks like {weight[0]!r} with a weight, but {weight[2]!r} is not a number"

@@ -20,7 +20,7 @@ import pyarrow as pa
 import torch
 
 from grpo_cli.arrow.columns import field_type
-from grpo_cli.errors import GrpoError
+from grpo_cli.errors import GrpoError, mention
 from grpo_cli.estimators import ESTIMATORS, GroupFacts, RowFacts
 from grpo_cli.file_names import PROVENANCE_KEY
 from grpo_cli.kernel import (
@@ -65,10 +65,12 @@ def resolve_device(spec: str) -> torch.device:
         device = torch.device(spec)
     except RuntimeError:
         raise GrpoError(
-            f"--device {spec!r} is not a device name; use auto, cpu, cuda, cuda:N or mps"
+            f"{mention('device')} {spec!r} is not a device name; use auto, cpu, cuda, cuda:N or mps"
         ) from None
     if spec not in available:
-        raise GrpoError(f"--device {spec} is not available here; available: {', '.join(available)}")
+        raise GrpoError(
+            f"{mention('device')} {spec} is not available here; available: {', '.join(available)}"
+        )
     return device
 
 

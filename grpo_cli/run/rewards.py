@@ -21,7 +21,7 @@ import torch
 from grpo_cli.arrow.columns import column_of, field_type, is_numeric_type, is_text_type, text_kernel_input
 from grpo_cli.arrow.keys import arrow_of, as_tensor, numpy_of, scalar_of
 from grpo_cli.choices import RewardSum
-from grpo_cli.errors import GrpoError
+from grpo_cli.errors import GrpoError, mention
 from grpo_cli.inputs.readers import describe_row
 from grpo_cli.inputs.sources import Shard
 from grpo_cli.kernel import Normalization, apply_normalization, fold_sum
@@ -149,7 +149,8 @@ class RewardReader:
         if array.null_count:
             row = int(pc.index(pc.is_null(array), True).as_py())
             raise GrpoError(
-                f"{describe_row(self.shard, first_row + row)}: --truncated-col {name!r} is null; every "
+                f"{describe_row(self.shard, first_row + row)}: {mention('truncated_col')} {name!r} is null; "
+                "every "
                 "rollout needs its truncation flag"
             )
         if pa.types.is_boolean(array.type):
@@ -164,13 +165,15 @@ class RewardReader:
             if pa.types.is_floating(array.type) and pc.any(pc.is_nan(array)).as_py():
                 row = int(pc.index(pc.is_nan(array), True).as_py())
                 raise GrpoError(
-                    f"{describe_row(self.shard, first_row + row)}: --truncated-col {name!r} is NaN; every "
+                    f"{describe_row(self.shard, first_row + row)}: {mention('truncated_col')} {name!r} is "
+                    "NaN; every "
                     "rollout needs its truncation flag"
                 )
             flags = pc.not_equal(array, scalar_of(0, array.type))
         else:
             raise GrpoError(
-                f"{self.shard.display}: --truncated-col {name!r} has type {array.type}; it must be a "
+                f"{self.shard.display}: {mention('truncated_col')} {name!r} has type {array.type}; it must "
+                "be a "
                 "boolean, a number or a finish reason"
             )
         return torch.from_numpy(numpy_of(flags).astype(bool))
@@ -194,7 +197,8 @@ class RewardReader:
             row = int(bad.nonzero()[0])
             where = describe_row(self.shard, first_row + row)
             raise GrpoError(
-                f"{where}: --length-col {name!r} is {float(lengths[row])}; lengths must be finite and >= 0"
+                f"{where}: {mention('length_col')} {name!r} is {float(lengths[row])}; lengths must be finite "
+                "and >= 0"
             )
         return lengths
 

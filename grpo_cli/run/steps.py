@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from grpo_cli.errors import mention
 from grpo_cli.options.config import ComputeConfig
 
 if TYPE_CHECKING:
@@ -15,8 +16,8 @@ if TYPE_CHECKING:
 
 
 ONE_VALUE_REASONS = {
-    "--batch-col": "each group must lie in one training batch",
-    "--by": "each group must lie in one value of it",
+    "batch_col": "each group must lie in one training batch",
+    "by": "each group must lie in one value of it",
 }
 """Why a group may hold only one value of each such column, by option (both engines refuse in these words)."""
 
@@ -63,6 +64,6 @@ def value_columns(config: ComputeConfig) -> list[tuple[str, str, str]]:
     training batch), then each --by column (its figures per value), in that order."""
     columns = []
     if config.batch_col is not None:
-        columns.append((config.batch_col, "--batch-col", ONE_VALUE_REASONS["--batch-col"]))
-    columns += [(column, "--by", ONE_VALUE_REASONS["--by"]) for column in config.by_cols]
+        columns.append((config.batch_col, mention("batch_col"), ONE_VALUE_REASONS["batch_col"]))
+    columns += [(column, mention("by"), ONE_VALUE_REASONS["by"]) for column in config.by_cols]
     return columns

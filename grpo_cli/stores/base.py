@@ -11,7 +11,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from grpo_cli.errors import GrpoError
+from grpo_cli.errors import GrpoError, mention
 from grpo_cli.file_names import OTHER_DATA_SUFFIXES, PARQUET_SUFFIXES, READ_SUFFIXES
 
 SCHEMES = ("s3", "gs", "gcs", "hf", "file")
@@ -175,13 +175,13 @@ def refuse_to_replace(uri: str, existing: list[str], *, directory: bool, force: 
     a folder output replaces only a folder of Parquet shards, even with ``force``."""
     if existing and not force:
         shown = "holds objects" if directory else "exists"
-        raise GrpoError(f"{uri}: {shown}; pass --force to replace it")
+        raise GrpoError(f"{uri}: {shown}; pass {mention('force')} to replace it")
     if directory:
         others = [name for name in existing if not name.lower().endswith(PARQUET_SUFFIXES)]
         if others:
             raise GrpoError(
                 f"{uri}: holds {others[0].rsplit('/', 1)[-1]}, which is not a Parquet shard; "
-                "grpo-cli replaces only a folder of Parquet shards (even with --force)"
+                f"grpo-cli replaces only a folder of Parquet shards (even with {mention('force')})"
             )
 
 

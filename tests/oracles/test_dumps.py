@@ -767,7 +767,7 @@ def test_trl_group_size_told_from_runs_or_refused_naming_the_row(
         return
     with pytest.raises(GrpoError) as refused:
         of_table("trl", table, group_size=given)
-    assert refused.value.message == told
+    assert refused.value.worded(lambda option: f"{option}=").message == told  # as the table API words it
 
 
 def test_trl_group_size_cannot_be_told_when_no_two_rows_share_a_prompt(cli: Any, tmp_path: Path) -> None:

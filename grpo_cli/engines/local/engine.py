@@ -24,7 +24,7 @@ from grpo_cli.arrow.keys import (
 )
 from grpo_cli.engines.local.spool import _IdSpool
 from grpo_cli.engines.local.statistics import _Statistics, _StatisticsPass
-from grpo_cli.errors import GrpoError
+from grpo_cli.errors import GrpoError, mention
 from grpo_cli.inputs.readers import (
     describe_row,
     estimated_memory_bytes,
@@ -298,7 +298,8 @@ class LocalEngine:
         if not mixed:
             return []
         return [
-            f"{mixed:,} of the first {blocks:,} --group-size {size} blocks hold more than one {column!r}: "
+            f"{mixed:,} of the first {blocks:,} --group-size {size} blocks hold more than one "
+            f"{column!r}: "
             f"the rows of a group are not consecutive (verl dumps after balancing its batch); group by "
             f"the prompt instead (-g {column}, with -g step if the file holds several steps)"
         ]
@@ -346,7 +347,7 @@ class LocalEngine:
             what = "null" if value != value and self._is_null_at(shard, row) else str(value)
             raise GrpoError(
                 f"{describe_row(shard, row)}: reward is {what}; {state.bad_count} reward(s) in all are null, "
-                f"NaN or infinite (--nan ignore leaves them out)"
+                f"NaN or infinite ({mention('nan')} ignore leaves them out)"
             )
         return state.result(self.inputs.spec, cached)
 

@@ -15,7 +15,7 @@ from grpo_cli.arrow.keys import (
     InvalidKeyError,
 )
 from grpo_cli.engines.local.spool import _IdSpool
-from grpo_cli.errors import GrpoError
+from grpo_cli.errors import GrpoError, mention
 from grpo_cli.inputs.readers import (
     describe_row,
 )
@@ -210,8 +210,8 @@ class _StatisticsPass:
                 config.batch_col,
                 group_ids,
                 shard,
-                option="--batch-col",
-                why=ONE_VALUE_REASONS["--batch-col"],
+                option=mention("batch_col"),
+                why=ONE_VALUE_REASONS["batch_col"],
             )
         for column, keys in self.by_keys.items():
             self.by_of_group[column] = self._values_of_groups(
@@ -220,8 +220,8 @@ class _StatisticsPass:
                 column,
                 group_ids,
                 shard,
-                option="--by",
-                why=ONE_VALUE_REASONS["--by"],
+                option=mention("by"),
+                why=ONE_VALUE_REASONS["by"],
             )
 
     def _values_of_groups(
@@ -326,7 +326,9 @@ class _StatisticsPass:
         group_size = self.plan.config.group_size
         if group_size is not None:
             if self.rows % group_size:
-                raise GrpoError(f"--group-size {group_size} does not divide the {self.rows} rows of {spec}")
+                raise GrpoError(
+                    f"{mention('group_size')} {group_size} does not divide the {self.rows} rows of {spec}"
+                )
             num_groups = self.rows // group_size
         else:
             assert self.keys is not None

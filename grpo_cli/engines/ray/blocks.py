@@ -185,7 +185,7 @@ def block_statistics(
             f"{bad.what} keys cannot be grouped"
         )
     except GrpoError as error:
-        return _refusal(error.message)
+        return _refusal(error.template)
     ids_np = np.concatenate(id_parts)
     k = len(keys)
     ids = as_tensor(ids_np)

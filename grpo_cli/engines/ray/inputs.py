@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from grpo_cli.choices import InputFormat
-from grpo_cli.errors import GrpoError, first_line
+from grpo_cli.errors import GrpoError, first_line, mention
 from grpo_cli.file_names import PARQUET_SUFFIXES, output_is_directory
 from grpo_cli.inputs.protected import ProtectedInputs
 from grpo_cli.inputs.readers import row_count
@@ -84,11 +84,16 @@ def check_ray_run(output: str | None, config: ComputeConfig, *, partitions: int 
     """Refuse, before any work, what ``--engine ray`` cannot do."""
     config.validate()
     if partitions is not None and partitions < 1:
-        raise GrpoError(f"--partitions must be positive, got {partitions}")
+        raise GrpoError(f"{mention('partitions')} must be positive, got {partitions}")
     if config.device not in ("cpu", "auto"):
-        raise GrpoError("--engine ray computes on the CPUs of the Ray workers; leave --device as cpu")
+        raise GrpoError(
+            f"{mention('engine')} ray computes on the CPUs of the Ray workers; leave {mention('device')} as "
+            "cpu"
+        )
     if output is not None and not is_remote(output) and not output_is_directory(output):
-        raise GrpoError(f"{output}: --engine ray writes a directory of Parquet files; name a directory")
+        raise GrpoError(
+            f"{output}: {mention('engine')} ray writes a directory of Parquet files; name a directory"
+        )
 
 
 def is_remote(path: str) -> bool:
@@ -121,8 +126,9 @@ def resolve_inputs(
     if cluster and staged is not None:
         raise GrpoError(
             f"{staged.display}: a Ray cluster's workers read Parquet files and object-store URIs; "
-            "JSON lines, CSV, Arrow, standard input and --from dumps run on a local Ray instance "
-            "(no --ray-address) or the local engine"
+            f"JSON lines, CSV, Arrow, standard input and {mention('from_')} dumps run on a local Ray "
+            "instance "
+            f"(no {mention('ray_address')}) or the local engine"
         )
     return inputs
 
@@ -345,7 +351,8 @@ def _read_schemas(files: list[InputFile], plan: RunPlan) -> list[pa.Schema]:
         for column in (*plan.input_columns, *([plan.config.verify.column] if plan.config.verify else [])):
             if column not in schema.names:
                 raise GrpoError(
-                    f"{file.display}: {column!r} is a nested field; --engine ray reads top-level columns "
+                    f"{file.display}: {column!r} is a nested field; {mention('engine')} ray reads top-level "
+                    "columns "
                     "(use the local engine)"
                 )
         schemas.append(schema)

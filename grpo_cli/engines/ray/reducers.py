@@ -187,7 +187,7 @@ def merge_bucket(
             ids_np = merge.add(partial)
         except RowsUnknown as error:
             block = partial.column(BLOCK_FIELD)[0].as_py()
-            refusal = _refusal(error.message).append_column(BLOCK_FIELD, pa.array([block]))
+            refusal = _refusal(error.template).append_column(BLOCK_FIELD, pa.array([block]))
             return refusal, nothing, _empty_keys(plan), nothing, *by_parts
         if with_rows and row_tables[b].num_rows:  # each row's group: its block's group's ID here
             rows = row_tables[b]

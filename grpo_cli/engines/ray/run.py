@@ -40,7 +40,7 @@ from grpo_cli.engines.ray.tasks import (
     splice_plan,
     verify_part,
 )
-from grpo_cli.errors import GrpoError
+from grpo_cli.errors import GrpoError, mention
 from grpo_cli.kernel import (
     WeightedMoments,
     empty_group_stats,
@@ -142,7 +142,9 @@ def run_ray(
             config.group_cols,
         )
     elif total_rows % group_size:
-        raise GrpoError(f"--group-size {group_size} does not divide the {total_rows} rows of {inputs.spec}")
+        raise GrpoError(
+            f"{mention('group_size')} {group_size} does not divide the {total_rows} rows of {inputs.spec}"
+        )
     total_bytes = sum(file.size_bytes for file in inputs.files)
     partition_count = partitions or max(1, math.ceil(total_bytes / PARTITION_BYTES))
     blocks = statistics_blocks(inputs.files, config.stats_block_rows)
@@ -165,7 +167,7 @@ def run_ray(
         if totals.nan_rewards and config.advantage.nan == "error":
             raise RowsUnknown(
                 f"{inputs.spec}: {totals.nan_rewards} reward(s) are null, NaN or infinite "
-                "(--nan ignore leaves them out; the local engine names the first row)"
+                f"({mention('nan')} ignore leaves them out; the local engine names the first row)"
             )
         second_round = held.round_two(ray, plan, range_dtype)  # beside the advantage job
         transform = None

@@ -21,7 +21,7 @@ from typing import Any
 
 from grpo_cli import interrupts
 from grpo_cli.allocator import MALLOC_ENV
-from grpo_cli.errors import GrpoError, os_reason
+from grpo_cli.errors import GrpoError, mention, os_reason
 from grpo_cli.scratch import socket_root
 from grpo_cli.threads import IDLE_THREADS_ENV
 
@@ -36,7 +36,8 @@ def import_ray() -> Any:
         import ray.data
     except ImportError:
         raise GrpoError(
-            "--engine ray needs Ray Data: pip install 'grpo-cli[ray]' (or pip install 'ray[data]')"
+            f"{mention('engine')} ray needs Ray Data: pip install 'grpo-cli[ray]' (or pip install "
+            "'ray[data]')"
         ) from None
     return ray
 

@@ -31,7 +31,7 @@ from grpo_cli.engines.ray.inputs import InputFile, RayInputs, _open_file, is_rem
 from grpo_cli.engines.ray.merge import _in_bucket_order, _key_index, _KeyTable, _outcome_of
 from grpo_cli.engines.ray.reducers import _state_of_buckets
 from grpo_cli.engines.ray.session import import_ray
-from grpo_cli.errors import GrpoError, first_line
+from grpo_cli.errors import GrpoError, first_line, mention
 from grpo_cli.file_names import PROVENANCE_KEY
 from grpo_cli.kernel import (
     weighted_moments,
@@ -124,7 +124,7 @@ def block_moments(
                 else rewards.combined_valid
             )
     except GrpoError as error:
-        return _refusal(error.message)
+        return _refusal(error.template)
     # the tensors the local engine's WeightedMomentsAccumulator hands weighted_moments for a block
     x = torch.cat(values).to(torch.float64)
     w = torch.cat(weights).to(torch.float64) if weights else torch.ones_like(x)
@@ -205,7 +205,7 @@ def block_verify(
             column, advantages, rewards.combined, as_tensor(ids_np), part.file.shard(), part.start
         )
     except GrpoError as error:
-        return _refusal(error.message).append_column(BLOCK_FIELD, pa.array([index]))
+        return _refusal(error.template).append_column(BLOCK_FIELD, pa.array([index]))
     return _ranged(index, advantages, partial=pickle.dumps(verifier.partial()))
 
 
@@ -405,7 +405,10 @@ def splice_plan(inputs: RayInputs, config: ComputeConfig) -> str | None:
         return refusal
     staged = next((file for file in inputs.files if file.staged), None)
     if staged is not None:
-        return f"{staged.display} is staged from another format; --engine ray splices Parquet files only"
+        return (
+            f"{staged.display} is staged from another format; {mention('engine')} ray splices Parquet "
+            "files only"
+        )
     names: dict[str, str] = {}
     refusals = side_by_side_requests(_splice_refusal_of, inputs.files)
     for file, shard, refused in zip(inputs.files, shards, refusals, strict=True):

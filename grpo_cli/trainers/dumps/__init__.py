@@ -34,7 +34,7 @@ from typing import Any
 import pyarrow as pa
 
 from grpo_cli.choices import InputFormat, Trainer, check_choice
-from grpo_cli.errors import GrpoError
+from grpo_cli.errors import GrpoError, mention
 from grpo_cli.inputs.sources import InputSet, Shard, refuse_copies
 from grpo_cli.stores import check_scheme, is_uri, local_path, redact, staged_tree
 from grpo_cli.trainers.dumps.columns import DERIVED_KEY, TABLE, _at, _parsed_json, _whole_table, _with_column
@@ -144,7 +144,7 @@ def open_dump(trainer: str, specs: Sequence[str], *, group_size: int | None = No
         try:
             opened = _open_local_dump(trainer, local_specs, group_size=group_size)
         except GrpoError as exc:
-            raise GrpoError(_renamed(exc.message, names), exit_code=exc.exit_code) from None
+            raise GrpoError(_renamed(exc.template, names), exit_code=exc.exit_code) from None
         inputs = opened.inputs
         inputs.shards = [_on_store(shard, names) for shard in inputs.shards]
         inputs.spec = " ".join(redact(spec) for spec in specs)
@@ -177,7 +177,7 @@ def _open_local_dump(trainer: str, specs: Sequence[str], *, group_size: int | No
     that writes every step, a file without the fields the trainer writes (naming the
     trainer whose fields it has), a file that is not a whole number of TRL groups.
     """
-    check_choice("--from", trainer, Trainer)
+    check_choice(mention("from_"), trainer, Trainer)
     candidates = formats_of(trainer)
     named, from_folder = _dump_files(candidates[0], specs)
     refuse_copies([(path, _display(path)) for path, _ in named])  # before any step is read
@@ -287,7 +287,7 @@ def of_table(
         runs = _run_lengths(*(table.column(name) for name in dump.group.run_fields))
         files = [(TABLE, runs, functools.partial(_at, TABLE))]
         defaults["group_size"] = _block_size(
-            dump.group.runs_of, files, group_size, "group_size=", [], size_name=dump.group.size_name
+            dump.group.runs_of, files, group_size, mention("group_size"), [], size_name=dump.group.size_name
         )
         del defaults["group_col"]
         if not dump.rewards:  # TRL: a column per reward function
@@ -338,13 +338,17 @@ def derived_inputs(
     ``group_size`` rows that restart at each file (a file's last block may be short)."""
     if key_before is not None:
         if len(group_cols) != 1:
-            raise GrpoError(f"--key-before needs one --group-col to cut, got {len(group_cols)}")
+            raise GrpoError(
+                f"{mention('key_before')} needs one {mention('group_col')} to cut, got {len(group_cols)}"
+            )
         if not key_before:
-            raise GrpoError("--key-before needs a non-empty separator")
+            raise GrpoError(f"{mention('key_before')} needs a non-empty separator")
     if blocks_per_file and group_size is None:
-        raise GrpoError("--blocks-per-file needs --group-size N")
+        raise GrpoError(f"{mention('blocks_per_file')} needs {mention('group_size')} N")
     if blocks_per_file and key_before is not None:
-        raise GrpoError("--blocks-per-file and --key-before each make the group key; choose one")
+        raise GrpoError(
+            f"{mention('blocks_per_file')} and {mention('key_before')} each make the group key; choose one"
+        )
     overrides: dict[str, Any] = {}
     notes: list[str] = []
     if key_before is not None:

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from grpo_cli.arrow.columns import is_text_type
-from grpo_cli.errors import GrpoError, first_line
+from grpo_cli.errors import GrpoError, first_line, mention
 from grpo_cli.inputs.sources import Shard
 from grpo_cli.scratch import spool
 
@@ -123,22 +123,25 @@ def _parsed_json(table: pa.Table, column: str, label: str) -> pa.Table:
     """A column of JSON text (prime-rl's metrics) as the values it holds (a struct of fields)."""
     if column not in table.schema.names:
         raise GrpoError(
-            f"{label}: --json-col {column!r} is not a column (columns: {', '.join(table.schema.names[:8])})"
+            f"{label}: {mention('json_col')} {column!r} is not a column (columns: "
+            f"{', '.join(table.schema.names[:8])})"
         )
     values = table.column(column)
     if not is_text_type(values.type):
-        raise GrpoError(f"{label}: --json-col {column!r} is {values.type}, not JSON text")
+        raise GrpoError(f"{label}: {mention('json_col')} {column!r} is {values.type}, not JSON text")
     parsed = []
     for row, text in enumerate(values.to_pylist()):
         try:
             parsed.append(None if text is None else json.loads(text))
         except json.JSONDecodeError as exc:
-            raise GrpoError(f"{label}, row {row}: --json-col {column!r} is not JSON ({exc.msg})") from None
+            raise GrpoError(
+                f"{label}, row {row}: {mention('json_col')} {column!r} is not JSON ({exc.msg})"
+            ) from None
     try:
         array = pa.array(parsed)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise GrpoError(
-            f"{label}: --json-col {column!r} holds values of different kinds ({first_line(exc)})"
+            f"{label}: {mention('json_col')} {column!r} holds values of different kinds ({first_line(exc)})"
         ) from None
     index = table.schema.get_field_index(column)
     return table.set_column(index, column, array)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from grpo_cli.errors import GrpoError, first_line
+from grpo_cli.errors import GrpoError, first_line, mention
 from grpo_cli.inputs.sources import DANGLING, InputSet, Shard, matching_files
 from grpo_cli.trainers.dumps.formats import DUMPS, EVAL_ONLY_STEP, DumpFormat, _pattern_text
 from grpo_cli.trainers.dumps.loading import _input_format, _loaded
@@ -36,7 +36,7 @@ def _dump_files(dump: DumpFormat, specs: Sequence[str]) -> tuple[list[tuple[Path
     from_folder = False
     for spec in specs:
         if spec == "-":
-            raise GrpoError(f"--from {dump.trainer} reads a dump's files, not standard input")
+            raise GrpoError(f"{mention('from_')} {dump.trainer} reads a dump's files, not standard input")
         path = Path(spec)
         if path.is_dir():
             from_folder = True
@@ -52,7 +52,7 @@ def _dump_files(dump: DumpFormat, specs: Sequence[str]) -> tuple[list[tuple[Path
                 hint = (
                     f"; it holds {others[0].article} {others[0].trainer} dump "
                     f"({_files_in(others[0], path)[0].name}, ...): "
-                    f"use --from {_choice(others[0])}"
+                    f"use {mention('from_')} {_choice(others[0])}"
                     if others
                     else _below(dump, path) or trainer_hint([spec], but=dump.trainer)
                 )
@@ -174,7 +174,10 @@ def trainer_hint(specs: Sequence[str], *, but: str | None = None) -> str:
         if path.is_file():
             looks = _looks_like(path)
             if looks is not None and looks.trainer != but:
-                return f"; it looks like {looks.article} {looks.trainer} dump: use --from {_choice(looks)}"
+                return (
+                    f"; it looks like {looks.article} {looks.trainer} dump: use {mention('from_')} "
+                    f"{_choice(looks)}"
+                )
             continue
         if not path.is_dir():
             continue
@@ -188,7 +191,7 @@ def trainer_hint(specs: Sequence[str], *, but: str | None = None) -> str:
                 where = "" if folder == path else f" {_display(folder)}"
                 return (
                     f"; it holds {dump.article} {dump.trainer} dump ({matched[0].name}, ...): "
-                    f"use --from {_choice(dump)}{where}"
+                    f"use {mention('from_')} {_choice(dump)}{where}"
                 )
     return ""
 
@@ -273,13 +276,14 @@ def _check_fields(dump: DumpFormat, first: tuple[Path, int | None]) -> None:
         if looks is None:
             raise
         raise GrpoError(
-            f"{exc.message}; it looks like {looks.article} {looks.trainer} dump: use --from {_choice(looks)}"
+            f"{exc.template}; it looks like {looks.article} {looks.trainer} dump: use {mention('from_')} "
+            f"{_choice(looks)}"
         ) from None
     missing = [name for name in dump.fields if name not in schema.names]
     if missing:
         looks = _looks_like(path, schema)
         hint = (
-            f"; it looks like {looks.article} {looks.trainer} dump: use --from {_choice(looks)}"
+            f"; it looks like {looks.article} {looks.trainer} dump: use {mention('from_')} {_choice(looks)}"
             if looks
             else ""
         )

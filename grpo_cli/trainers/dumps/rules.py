@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from grpo_cli.arrow.columns import is_text_type, text_kernel_input
-from grpo_cli.errors import GrpoError
+from grpo_cli.errors import GrpoError, mention
 from grpo_cli.inputs.sources import Shard
 from grpo_cli.trainers.dumps.columns import (
     DERIVED_KEY,
@@ -165,7 +165,7 @@ def _blocks(rule: ConsecutiveBlocks, shards: list[Shard], given: int | None, not
         )
         for shard in shards
     ]
-    return _block_size(rule.runs_of, files, given, "--group-size", notes, size_name=rule.size_name)
+    return _block_size(rule.runs_of, files, given, mention("group_size"), notes, size_name=rule.size_name)
 
 
 def _block_size(
