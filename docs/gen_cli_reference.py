@@ -33,7 +33,7 @@ def estimator_table() -> str:
     reads) and what it computes (its ``description``)."""
     lines = ["| option | advantage |", "| --- | --- |"]
     for name, estimator in ESTIMATORS.items():
-        taken = "".join(f" {OPTIONS[option].flags[0]} {OPTIONS[option].metavar}" for option in estimator.takes)
+        taken = "".join(f" {OPTIONS[name].flags[0]} {OPTIONS[name].metavar}" for name in estimator.takes)
         default = " (default)" if name == AdvantageOptions().estimator else ""
         lines.append(f"| `--estimator {name}{taken}`{default} | {estimator.description} |")
     return "\n".join(lines) + "\n"
