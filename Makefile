@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: setup browser demo test test-fast lint snapshots dumps bench bench-quick gpu-check mutation clean
+.PHONY: setup browser demo docs test test-fast lint snapshots dumps bench bench-quick gpu-check mutation clean
 
 # Two stages: what `pip install .` installs (enough for `make demo`), then the development
 # tools and the Ray extra (`make test` and the rest).
@@ -47,7 +47,12 @@ FLOAT_TESTS := tests/unit/test_kernel.py tests/unit/test_kernel_pieces.py tests/
 	tests/oracles/test_estimators.py tests/oracles/test_presets.py \
 	grpo_cli/kernel grpo_cli/results/findings.py
 
-test: setup browser
+# The docs site (mkdocs, material theme) into site/, a warning an error (strict: true in
+# mkdocs.yml): a broken link or anchor fails the build, and `make test` builds it first.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --quiet
+
+test: setup browser docs
 	$(BIN)/python -m pytest --durations=15
 	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow" $(FLOAT_TESTS)
 
@@ -62,7 +67,7 @@ lint: setup
 	$(BIN)/mypy
 
 # After a deliberate change to the CLI: rewrite the help snapshots, the options
-# reference (docs/cli.md, README) and the README's dump examples, then review the diff.
+# reference (docs/cli.md), the estimator table and the docs' dump examples, then review the diff.
 snapshots: setup
 	UPDATE_SNAPSHOTS=1 $(BIN)/python -m pytest -q tests/integration/test_help_snapshots.py
 	$(BIN)/python docs/gen_cli_reference.py

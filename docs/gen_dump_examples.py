@@ -1,10 +1,11 @@
-"""Generate the README's "From your trainer's dump" and "Diagnostics" examples from real runs.
+"""Generate the docs' "From your trainer's dump" and "Diagnostics" examples from real runs.
 
 ``python docs/gen_dump_examples.py`` runs each command on the bundled sample data and the
 dumps under ``sample_data/dumps`` and rewrites the blocks between the ``dump-examples`` and
-``diagnostics-examples`` markers in README.md with the commands and their real output, and
-(where Debian's chromium is installed) docs/report.png, a screenshot of the ``--report`` page;
-``--check`` exits 1 if a block is out of date (the test suite runs it).
+``diagnostics-examples`` markers in docs/dumps.md and docs/diagnostics.md with the commands
+and their real output, and (where Debian's chromium is installed) docs/report.png, a
+screenshot of the ``--report`` page; ``--check`` exits 1 if a block is out of date (the test
+suite runs it).
 """
 
 from __future__ import annotations
@@ -132,16 +133,25 @@ def _replaced(text: str, start_marker: str, end_marker: str, content: str) -> st
 
 
 def main(check: bool) -> int:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    updated = _replaced(text, START, END, block())
-    updated = _replaced(updated, DIAGNOSTICS_START, DIAGNOSTICS_END, diagnostics_block())
-    if check:
+    pages = {
+        ROOT / "docs" / "dumps.md": (START, END, block()),
+        ROOT / "docs" / "diagnostics.md": (DIAGNOSTICS_START, DIAGNOSTICS_END, diagnostics_block()),
+    }
+    stale = []
+    for page, (start, end, content) in pages.items():
+        text = page.read_text()
+        updated = _replaced(text, start, end, content)
         if updated != text:
-            print("README.md: dump examples out of date; run docs/gen_dump_examples.py", file=sys.stderr)
-            return 1
-        return 0
-    readme.write_text(updated)
+            stale.append(page)
+            if not check:
+                page.write_text(updated)
+    if check:
+        for page in stale:
+            print(
+                f"{page.relative_to(ROOT)}: examples out of date; run docs/gen_dump_examples.py",
+                file=sys.stderr,
+            )
+        return 1 if stale else 0
     screenshot()
     return 0
 

@@ -149,52 +149,64 @@ def histogram_lines(summary: RunSummary, width: int = 30) -> list[str]:
 
 
 BY_ROWS_SHOWN = 12
-"""Values of a ``--by`` column shown in the table (the last ones: a long step column's
-latest steps); the JSON summary holds every value."""
+"""Values of a ``--by`` column shown in the table: a numeric column's last ones (a long step
+column's latest steps), a categorical column's most inactive ones; the JSON summary holds
+every value."""
 
 _SPARKS = "▁▂▃▄▅▆▇█"
 
+_BY_COLUMNS = (
+    (
+        "groups",
+        "inactive",
+        "all-min",
+        "all-max",
+        "other",
+        "eff. rows",
+        "mean p10/p50/p90",
+        "std p50",
+        "homog.",
+    ),
+    ("groups", "inactive", "all-min", "all-max", "other", "eff. rows", "mean p10/p50/p90", "std p50"),
+    ("groups", "inactive", "all-min", "all-max", "other", "eff. rows", "mean p50", "std p50"),
+    ("groups", "inactive", "all-min", "all-max", "other", "mean p50"),
+    ("groups", "inactive", "mean p50"),
+)
+"""The ``--by`` table's columns, the widest first: the first that fits the terminal is drawn."""
 
-def by_lines(summary: RunSummary) -> list[str]:
-    """One table per ``--by`` column: the figures of each value (the last
-    :data:`BY_ROWS_SHOWN`), and the trend of the inactive fraction over every value."""
+
+def by_lines(summary: RunSummary, width: int | None = None) -> list[str]:
+    """One table per ``--by`` column, within ``width`` columns (the terminal's; 80 where there is
+    none), its widest set of columns that fits. A numeric column (a step) keeps its order, shows
+    its last :data:`BY_ROWS_SHOWN` values and the trend of the inactive fraction over every value;
+    a categorical one (a data source) has no order: its most inactive values come first."""
+    import shutil
+
+    width = width or shutil.get_terminal_size((80, 24)).columns
     out: list[str] = []
     for column, values in summary.by.items():
-        shown = values[-BY_ROWS_SHOWN:]
-        binary = any(v["homogeneous"] is not None for v in shown)
-        header = [
-            column,
-            "groups",
-            "inactive",
-            "all-min",
-            "all-max",
-            "other",
-            "eff. rows",
-            "mean p10/p50/p90",
-            "std p50",
-        ]
-        if binary:
-            header.append("homog. obs/exp")
-        table = [header]
-        for v in shown:
-            mean, std, homog = v["group_mean"], v["group_std"], v["homogeneous"]
-            row = [
-                short_key(v["value"]) if not isinstance(v["value"], str) else v["value"][:24],
-                f"{v['groups']:,}",
-                _pct(v["inactive_groups"], v["groups"]),
-                f"{v['inactive']['all_min']:,}",
-                f"{v['inactive']['all_max']:,}",
-                f"{v['inactive']['other']:,}",
-                f"{100 * v['effective_row_fraction']:.1f}%",
-                " / ".join(_fmt(mean[k]) for k in ("p10", "p50", "p90")),
-                _fmt(std["p50"]),
-            ]
-            if binary:
-                row.append("-" if homog is None else f"{homog['observed']:.2f} / {homog['expected']:.2f}")
-            table.append(row)
-        widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-        more = f", the last {len(shown)} shown" if len(values) > len(shown) else ""
-        out.append(f"by {column} ({len(values):,} values{more}):")
+        ordered = all(
+            isinstance(v["value"], int | float) and not isinstance(v["value"], bool) for v in values
+        )
+        if ordered:
+            shown = values[-BY_ROWS_SHOWN:]
+            note = f", the last {len(shown)} shown" if len(values) > len(shown) else ""
+        else:
+            ranked = sorted(values, key=lambda v: (-v["inactive_groups"] / v["groups"], str(v["value"])))
+            shown = ranked[:BY_ROWS_SHOWN]
+            note = f", the {len(shown)} most inactive shown" if len(values) > len(shown) else ""
+        cells = [{"": _by_key(v["value"]), **_by_cells(v)} for v in shown]
+        homogeneity = any(c["homog."] != "-" for c in cells)
+        names: tuple[str, ...] = ()
+        for candidate in _BY_COLUMNS:
+            names = tuple(n for n in candidate if n != "homog." or homogeneity)
+            table = [[column, *(n if n != "homog." else "homog. obs/exp" for n in names)]]
+            table += [[c[""], *(c[n] for n in names)] for c in cells]
+            widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+            if 2 + sum(widths) + 2 * (len(widths) - 1) <= width:
+                break
+        left_out = len(_BY_COLUMNS[0]) - len(names) - (0 if homogeneity else 1)
+        out.append(f"by {column} ({len(values):,} values{note}):")
         for r in table:
             out.append(
                 "  "
@@ -203,13 +215,39 @@ def by_lines(summary: RunSummary) -> list[str]:
                     for i, (cell, w) in enumerate(zip(r, widths, strict=True))
                 )
             )
-        if len(values) > 1:
-            fractions = [v["inactive_groups"] / v["groups"] for v in values]
-            out.append(
-                f"  inactive fraction over {column}: {_sparkline(fractions)} "
-                f"({100 * fractions[0]:.1f}% first, {100 * fractions[-1]:.1f}% last)"
-            )
+        fractions = [v["inactive_groups"] / v["groups"] for v in values]
+        if ordered and len(values) > 1:
+            bars = _sparkline(fractions, width=max(10, min(40, width - 60)))
+            trend = f"  inactive fraction over {column}: {bars} "
+            out.append(trend + f"({100 * fractions[0]:.1f}% first, {100 * fractions[-1]:.1f}% last)")
+        elif len(values) > 1:
+            low, high = 100 * min(fractions), 100 * max(fractions)
+            out.append(f"  inactive fraction across {column}: {low:.1f}% to {high:.1f}%, most inactive first")
+        if left_out:
+            columns = "column" if left_out == 1 else "columns"
+            out.append(f"  ({left_out} {columns} left out to fit {width} columns; --summary-json holds them)")
     return out
+
+
+def _by_key(value: Any) -> str:
+    return short_key(value) if not isinstance(value, str) else value[:24]
+
+
+def _by_cells(v: dict[str, Any]) -> dict[str, str]:
+    """Every cell the ``--by`` table can show for one value."""
+    mean, std, homog = v["group_mean"], v["group_std"], v["homogeneous"]
+    return {
+        "groups": f"{v['groups']:,}",
+        "inactive": _pct(v["inactive_groups"], v["groups"]),
+        "all-min": f"{v['inactive']['all_min']:,}",
+        "all-max": f"{v['inactive']['all_max']:,}",
+        "other": f"{v['inactive']['other']:,}",
+        "eff. rows": f"{100 * v['effective_row_fraction']:.1f}%",
+        "mean p10/p50/p90": " / ".join(_fmt(mean[k]) for k in ("p10", "p50", "p90")),
+        "mean p50": _fmt(mean["p50"]),
+        "std p50": _fmt(std["p50"]),
+        "homog.": "-" if homog is None else f"{homog['observed']:.2f} / {homog['expected']:.2f}",
+    }
 
 
 def _sparkline(fractions: list[float], width: int = 40) -> str:

@@ -409,3 +409,32 @@ def test_the_figures_per_value_are_those_of_one_value_at_a_time(seed):
     got = figures_by_value(by, groups, run_range=run_range)
     expected = _figures_one_value_at_a_time(by, groups, run_range)
     assert json.dumps(got) == json.dumps(expected)
+
+
+def test_categories_are_ranked_worst_first_within_80_columns(tmp_path: Path, monkeypatch: Any) -> None:
+    """A data source has no order: its most inactive values come first (the rest counted), no
+    trend is drawn over them, and the table fits 80 columns, its narrower columns chosen."""
+    from typer.testing import CliRunner
+
+    from grpo_cli.cli import app
+
+    rows = []
+    for s in range(15):  # source s has s of its 15 groups constant
+        for g in range(15):
+            rows += [
+                {"source": f"source-{s:02d}", "uid": f"{s}-{g}", "reward": 1.0 if g < s else float(i % 2)}
+                for i in range(2)
+            ]
+    path = tmp_path / "sources.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    monkeypatch.setenv("COLUMNS", "80")
+    result = CliRunner().invoke(app, ["check", str(path), "-g", "uid", "--by", "source"])
+    assert result.exit_code == 0, result.stderr
+    lines = result.stderr.splitlines()
+    start = lines.index("by source (15 values, the 12 most inactive shown):")
+    table = lines[start + 1 : start + 14]
+    assert [line.split()[0] for line in table[1:4]] == ["source-14", "source-13", "source-12"]
+    assert "source-02" not in result.stderr  # among the three least inactive, not shown
+    assert max(len(line) for line in table) <= 80
+    assert lines[start + 14] == "  inactive fraction across source: 0.0% to 93.3%, most inactive first"
+    assert "inactive fraction over source" not in result.stderr
