@@ -297,6 +297,60 @@ def _typer_option(row: Option, command: str) -> Any:
     return Annotated[row.kind, typer.Option(*row.flags, **settings)]
 
 
+LONG_HELP = {"help_option_names": ["--help"]}  # a command's -h is its summary (_short_help)
+
+
+def _short_help(ctx: typer.Context, value: bool) -> None:
+    """``-h``: the command's options one line each, as ``ruff check -h`` gives them; ``--help``
+    stays the whole text (every option's help, default and environment variable)."""
+    if value and not ctx.resilient_parsing:
+        typer.echo(summary_of(ctx.info_name or "", ctx.command.help or ""))
+        raise typer.Exit()
+
+
+def summary_of(command: str, docstring: str, width: int | None = None) -> str:
+    """``command``'s options by panel, each its flags, its value and its help's first sentence,
+    wrapped at word boundaries to ``width`` columns (the terminal's, 80 where there is none).
+
+    >>> print(summary_of("inspect", "Print how an output was made.", width=60))
+    Usage: grpo-cli inspect [OPTIONS] ...
+    <BLANKLINE>
+      Print how an output was made.
+    <BLANKLINE>
+    Run:
+      --debug               Show the traceback of unexpected
+                            errors.
+    <BLANKLINE>
+    -h: this summary; --help: every option's whole text.
+    """
+    import shutil
+    import textwrap
+
+    width = min(width or shutil.get_terminal_size((80, 24)).columns, 100)
+    column = 24
+    about = textwrap.wrap(docstring.strip().split("\n\n")[0], width - 2)
+    lines = [f"Usage: grpo-cli {command} [OPTIONS] ...", "", *(f"  {line}" for line in about)]
+    panels: dict[str, list[str]] = {}
+    for row in offered(command):
+        flags = ", ".join(sorted(row.flags, key=len))
+        name = f"  {flags}" + ("" if row.kind is bool else f" {row.metavar or row.name.upper()}")
+        first = _FIRST_SENTENCE.split(row.help_for(command), maxsplit=1)[0].rstrip(".") + "."
+        wrapped = textwrap.wrap(first, width - column)
+        shown = panels.setdefault(row.panel or "Options", [])
+        if len(name) < column - 1:
+            shown.append(f"{name:<{column}}{wrapped[0]}")
+        else:
+            shown += [name, f"{'':<{column}}{wrapped[0]}"]
+        shown += [f"{'':<{column}}{line}" for line in wrapped[1:]]
+    for panel, rows in panels.items():
+        lines += ["", f"{panel}:", *rows]
+    lines += ["", "-h: this summary; --help: every option's whole text."]
+    return "\n".join(lines)
+
+
+_FIRST_SENTENCE = re.compile(r"(?<!e\.g)(?<!i\.e)\.\s+(?=[A-Z(])")
+
+
 def _options_of(command: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Give a command ``def name(ARGUMENTS, *, options, values)`` the options the catalogue offers
     it, in help order: Typer reads the signature this builds; the command gets its own options as
@@ -321,9 +375,24 @@ def _options_of(command: str) -> Callable[[Callable[..., None]], Callable[..., N
         @functools.wraps(func)
         def command_function(**values: Any) -> None:
             arguments = {p.name: values.pop(p.name) for p in own}
+            values.pop("short_help", None)
             func(**arguments, options=CommandOptions(**targeted(values, command, "run")), values=values)
 
-        parameters = own + options
+        summary = Parameter(
+            "short_help",
+            Parameter.KEYWORD_ONLY,
+            default=False,
+            annotation=Annotated[
+                bool,
+                typer.Option(
+                    "-h",
+                    help="Show a summary of the options, one line each, and exit (--help: the whole text).",
+                    is_eager=True,
+                    callback=_short_help,
+                ),
+            ],
+        )
+        parameters = [*own, *options, summary]
         command_function.__signature__ = Signature(parameters)  # type: ignore[attr-defined]
         command_function.__annotations__ = {p.name: p.annotation for p in parameters}
         return command_function
@@ -529,7 +598,7 @@ def _report(
 # --------------------------------------------------------------------------- commands
 
 
-@app.command(no_args_is_help=True, epilog=COMPUTE_EXAMPLES + EXIT_CODES_HELP)
+@app.command(no_args_is_help=True, epilog=COMPUTE_EXAMPLES + EXIT_CODES_HELP, context_settings=LONG_HELP)
 @_options_of("compute")
 def compute(input: InputArg, *, options: CommandOptions, values: dict[str, Any]) -> None:
     """Compute advantages and write INPUT's rows with two new columns to Parquet or JSON lines.
@@ -574,7 +643,7 @@ def compute(input: InputArg, *, options: CommandOptions, values: dict[str, Any])
     _run(options.debug, body)
 
 
-@app.command(no_args_is_help=True, epilog=CHECK_EXAMPLES + EXIT_CODES_HELP)
+@app.command(no_args_is_help=True, epilog=CHECK_EXAMPLES + EXIT_CODES_HELP, context_settings=LONG_HELP)
 @_options_of("check")
 def check(input: InputArg, *, options: CommandOptions, values: dict[str, Any]) -> None:
     """Check that a rollout dataset is fit to train on; exit 1 if any check fails.
@@ -651,7 +720,7 @@ INSPECT_EXAMPLES = """**Examples**
 """
 
 
-@app.command(no_args_is_help=True, epilog=INSPECT_EXAMPLES + EXIT_CODES_HELP)
+@app.command(no_args_is_help=True, epilog=INSPECT_EXAMPLES + EXIT_CODES_HELP, context_settings=LONG_HELP)
 @_options_of("inspect")
 def inspect(
     input: Annotated[

@@ -713,3 +713,23 @@ def test_help_lists_every_choice_and_keeps_what_markdown_would_eat():
     for name in (*choices_of(Trainer), *choices_of(TrainerFilterName)):
         assert name in text
     assert "{uid}_{session}_{index}" in text
+
+
+@pytest.mark.parametrize("command", ["compute", "check", "inspect"])
+def test_dash_h_is_a_summary_and_dash_dash_help_the_whole(command):
+    """``-h`` lists every option a command takes, one sentence each, within 80 columns; ``--help``
+    is the whole text, at least twice as long."""
+    from typer.testing import CliRunner
+
+    from grpo_cli.options.catalog import offered
+
+    runner = CliRunner()
+    short = runner.invoke(app, [command, "-h"], env={"COLUMNS": "80"})
+    whole = runner.invoke(app, [command, "--help"], env={"COLUMNS": "80"})
+    assert short.exit_code == whole.exit_code == 0
+    lines = short.stdout.splitlines()
+    assert lines[0].startswith(f"Usage: grpo-cli {command}") and max(len(line) for line in lines) <= 80
+    for row in offered(command):
+        assert row.flags[0] in short.stdout, row.flags[0]
+    assert "every option's whole text" in short.stdout and "every option's whole text" not in whole.stdout
+    assert 2 * len(lines) <= len(whole.stdout.splitlines())
