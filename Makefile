@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: setup browser demo docs test test-fast lint snapshots dumps bench bench-quick gpu-check mutation clean
+.PHONY: setup browser demo docs test test-fast lint snapshots dumps bench bench-quick bench-process gpu-check mutation clean
 
 # Two stages: what `pip install .` installs (enough for `make demo`), then the development
 # tools and the Ray extra (`make test` and the rest).
@@ -82,6 +82,11 @@ bench: setup
 
 bench-quick: setup
 	$(BIN)/python benchmarks/bench.py --rows 1000000
+
+# As a user runs it: each command a fresh process (wall, CPU, peak RSS, page faults), then how
+# wall and memory grow to 100M rows (about 15 minutes, 5 GB of files under benchmarks/data/)
+bench-process: setup
+	$(BIN)/python benchmarks/process.py --scaling
 
 # The CUDA path in one call, where a GPU is lent: the CUDA tests, the kernel on 10^8 and 10^9
 # rollouts against the device's copy bandwidth, compute --device cuda against --device cpu.

@@ -1,0 +1,246 @@
+"""Whole-process figures: each contender a fresh process, as a user runs it.
+
+``grpo-cli compute`` is timed as the command a user types (its start-up, its imports, its page
+faults, its exit), beside the same work done by the I/O floor (polars: read the file, append a
+column, write it) and the polars one-liner (``over()``), each in a fresh interpreter. For each:
+wall time, CPU time (user and system), peak RSS and minor page faults, read from the child's own
+``rusage`` (``os.wait4``), the median of ``--repeats`` runs taken in turns (a new order each
+round, after one warm-up round). ``make bench`` prints this table first; the in-process tables
+after it are profiles.
+
+    python benchmarks/process.py                 # 10M rows, sorted int IDs and shuffled uids
+    python benchmarks/process.py --scaling       # and how wall and memory grow with rows
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from bench import machine, write_layouts  # noqa: E402
+
+GRPO = [sys.executable, "-m", "grpo_cli"]
+FLOOR = """
+import sys, polars as pl
+pl.read_parquet(sys.argv[1]).with_columns(pl.lit(0.0).alias("advantage")).write_parquet(sys.argv[2])
+"""
+ONE_LINER = """
+import sys, polars as pl
+r = pl.col("reward").cast(pl.Float64)
+a = ((r - r.mean().over("group_id")) / (r.std(ddof=0).over("group_id") + 1e-6)).alias("advantage")
+pl.read_parquet(sys.argv[1]).with_columns(a).write_parquet(sys.argv[2])
+"""
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One fresh process: seconds of wall, user and system CPU, peak RSS (MiB), minor faults."""
+
+    wall: float
+    user: float
+    system: float
+    peak_mib: float
+    faults: int
+
+
+LAUNCHER = """
+import json, os, sys, time
+with open(sys.argv[1], "wb") as errors:
+    started = time.perf_counter()
+    pid = os.posix_spawn(sys.argv[2], sys.argv[2:], dict(os.environ), file_actions=[
+        (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0), (os.POSIX_SPAWN_DUP2, errors.fileno(), 2)])
+    _, status, usage = os.wait4(pid, 0)
+    wall = time.perf_counter() - started
+print(json.dumps([os.waitstatus_to_exitcode(status), wall, usage.ru_utime, usage.ru_stime,
+                  usage.ru_maxrss / 1024, usage.ru_minflt]))
+"""
+
+
+def run_fresh(command: list[str]) -> Figures:
+    """``command`` as a fresh process, its own resource usage (not this process's).
+
+    Started by a small launcher process, which reads the command's ``rusage``: Linux counts the
+    memory map a process is spawned from (fork, or vfork and exec) toward the new program's peak
+    RSS, and this benchmark's own map holds gigabytes of data."""
+    with tempfile.NamedTemporaryFile() as errors:
+        done = subprocess.run(
+            [sys.executable, "-c", LAUNCHER, errors.name, *command],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        code, wall, user, system, peak, faults = json.loads(done.stdout)
+        if code:
+            last = Path(errors.name).read_text(errors="replace").strip().splitlines()[-1:]
+            raise SystemExit(f"{' '.join(command)}: exit {code}: {last}")
+    return Figures(wall, user, system, peak, faults)
+
+
+def medians(runs: list[Figures]) -> Figures:
+    return Figures(
+        statistics.median(r.wall for r in runs),
+        statistics.median(r.user for r in runs),
+        statistics.median(r.system for r in runs),
+        statistics.median(r.peak_mib for r in runs),
+        int(statistics.median(r.faults for r in runs)),
+    )
+
+
+def in_turns(contenders: dict[str, list[str]], repeats: int) -> dict[str, Figures]:
+    """Each contender ``repeats`` times, in rounds of a new order each, after a warm-up round."""
+    runs: dict[str, list[Figures]] = {name: [] for name in contenders}
+    names = list(contenders)
+    for round_ in range(repeats + 1):
+        random.Random(round_).shuffle(names)
+        for name in names:
+            figures = run_fresh(contenders[name])
+            if round_:
+                runs[name].append(figures)
+    return {name: medians(runs[name]) for name in contenders}
+
+
+def contenders_of(src: Path, out: Path, sample_out: Path) -> dict[str, list[str]]:
+    python = [sys.executable, "-c"]
+    return {
+        "grpo-cli compute": [*GRPO, "compute", str(src), "-o", str(out), "-g", "group_id", "--force", "-q"],
+        "I/O floor (polars)": [*python, FLOOR, str(src), str(out) + ".floor.parquet"],
+        "polars one-liner (over)": [*python, ONE_LINER, str(src), str(out) + ".polars.parquet"],
+        "start-up: grpo-cli on the sample": [
+            *GRPO,
+            "compute",
+            str(ROOT / "sample_data" / "rollouts.parquet"),
+            "-o",
+            str(sample_out),
+            "--force",
+            "-q",
+        ],
+        "start-up: import polars": [*python, "import polars"],
+    }
+
+
+def print_table(title: str, results: dict[str, Figures]) -> None:
+    print(f"\n{title}")
+    print(f"  {'command':36s} {'wall':>7s} {'user':>7s} {'system':>7s} {'peak RSS':>10s} {'faults':>9s}")
+    for name, f in results.items():
+        print(
+            f"  {name:36s} {f.wall:6.2f}s {f.user:6.2f}s {f.system:6.2f}s {f.peak_mib:7.0f} MiB "
+            f"{f.faults:9,d}"
+        )
+
+
+def bench_process(rows: int, group_size: int, repeats: int, data_dir: Path) -> None:
+    """The fresh-process table for both 10M layouts, with the issue's ratios."""
+    files = write_layouts(data_dir, rows, group_size)
+    with tempfile.TemporaryDirectory(dir=data_dir) as scratch:
+        for layout, src in files.items():
+            out = Path(scratch) / "out.parquet"
+            results = in_turns(contenders_of(src, out, Path(scratch) / "sample.parquet"), repeats)
+            decoded = pq.read_metadata(src).schema.to_arrow_schema()
+            print_table(
+                f"fresh processes, {rows:,} rows, {layout} ({src.stat().st_size / 2**20:.0f} MiB Parquet, "
+                f"columns {', '.join(decoded.names)}); medians of {repeats}",
+                results,
+            )
+            grpo, floor = results["grpo-cli compute"], results["I/O floor (polars)"]
+            startup, polars_import = (
+                results["start-up: grpo-cli on the sample"],
+                results["start-up: import polars"],
+            )
+            work = grpo.wall - startup.wall
+            floor_work = floor.wall - polars_import.wall
+            print(
+                f"  grpo-cli's work past its start-up {work:.2f}s against the floor's past polars' import "
+                f"{floor_work:.2f}s: {work / floor_work:.2f}x (goal <= 2x); "
+                f"whole: {grpo.wall / floor.wall:.2f}x the floor, "
+                f"{grpo.wall / results['polars one-liner (over)'].wall:.2f}x the polars one-liner"
+            )
+            print(
+                f"  peak RSS above start-up: grpo-cli {grpo.peak_mib - startup.peak_mib:.0f} MiB, "
+                f"floor {floor.peak_mib - polars_import.peak_mib:.0f} MiB"
+            )
+
+
+def write_sorted(path: Path, rows: int, group_size: int) -> Path:
+    """``rows`` rows of sorted int64 group IDs and float32 0/1 rewards, in 1M-row row groups,
+    written a row group at a time (a 100M-row file without 100M rows in memory)."""
+    if path.exists():
+        return path
+    rng = np.random.default_rng(0)
+    step = 1_000_000
+    schema = pa.schema([("group_id", pa.int64()), ("reward", pa.float32())])
+    with pq.ParquetWriter(path, schema) as writer:
+        for start in range(0, rows, step):
+            ids = np.arange(start, min(rows, start + step), dtype=np.int64) // group_size
+            rate = rng.random(int(ids[-1] - ids[0]) + 1)[ids - ids[0]]  # each group's solve rate
+            rewards = (rng.random(len(ids)) < rate).astype(np.float32)
+            writer.write_table(pa.table({"group_id": ids, "reward": rewards}, schema=schema))
+    return path
+
+
+def bench_scaling(
+    group_size: int, data_dir: Path, sorted_rows: tuple[int, ...], shuffled_rows: tuple[int, ...]
+) -> None:
+    """Wall and peak RSS of one ``grpo-cli compute`` run as rows grow (default memory limit)."""
+    print("\nhow cost grows: one fresh grpo-cli compute each, --memory-limit-mb default (1024)")
+    print(f"  {'input':36s} {'rows':>12s} {'wall':>7s} {'per 1M rows':>12s} {'peak RSS':>10s}")
+    with tempfile.TemporaryDirectory(dir=data_dir) as scratch:
+        out = Path(scratch) / "out.parquet"
+        cases = [
+            (
+                "sorted int IDs",
+                rows,
+                write_sorted(data_dir / f"sorted_stream_{rows}.parquet", rows, group_size),
+            )
+            for rows in sorted_rows
+        ]
+        cases += [
+            ("shuffled uids", rows, write_layouts(data_dir, rows, group_size)["shuffled uid strings"])
+            for rows in shuffled_rows
+        ]
+        for label, rows, src in cases:
+            f = run_fresh([*GRPO, "compute", str(src), "-o", str(out), "-g", "group_id", "--force", "-q"])
+            print(
+                f"  {label:36s} {rows:12,d} {f.wall:6.2f}s {f.wall / rows * 1e6:10.3f}s {f.peak_mib:7.0f} MiB"
+            )
+            out.unlink(missing_ok=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--data-dir", type=Path, default=HERE / "data")
+    parser.add_argument(
+        "--scaling", action="store_true", help="also 10M, 30M and 100M sorted, 10M and 30M shuffled"
+    )
+    args = parser.parse_args()
+    args.data_dir.mkdir(parents=True, exist_ok=True)
+    print(f"fresh-process figures: python {sys.version.split()[0]}, {os.cpu_count()} CPUs\n{machine()}")
+    bench_process(args.rows, args.group_size, args.repeats, args.data_dir)
+    if args.scaling:
+        bench_scaling(
+            args.group_size, args.data_dir, (10_000_000, 30_000_000, 100_000_000), (10_000_000, 30_000_000)
+        )
+
+
+if __name__ == "__main__":
+    main()
