@@ -429,6 +429,21 @@ class _RunState:
             self.progress = None
 
 
+def _data_on_terminal(output: str | None) -> bool:
+    """Whether ``-o -`` streams the rows to a terminal, where bars on standard error would draw
+    over them (the same screen): then the run draws none.
+
+    >>> _data_on_terminal("out.parquet")
+    False
+    """
+    if output != "-":
+        return False
+    try:
+        return os.isatty(sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return False
+
+
 def _progress_bars(quiet: bool) -> RichProgress | None:
     """Rich progress bars on a terminal; none with --quiet, in CI, or when stderr is redirected.
 
@@ -611,7 +626,7 @@ def compute(input: InputArg, *, options: CommandOptions, values: dict[str, Any])
 
     def body(state: _RunState) -> int:
         engine = _engine(options)
-        state.start_progress(options.reports and engine.shows_progress)
+        state.start_progress(options.reports and engine.shows_progress and not _data_on_terminal(output))
         from grpo_cli.jobs import compute_dataset
 
         inputs, config = job_inputs(state.resources, input, values, verifying=False)

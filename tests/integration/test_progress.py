@@ -236,3 +236,40 @@ def test_no_progress_is_silent() -> None:
     quiet.start("pass", 3)
     quiet.advance(3)
     quiet.finish()
+
+
+@pytest.mark.parametrize(("output", "bars"), [("-", False), ("out.jsonl", True)])
+def test_no_bars_over_rows_written_to_the_same_terminal(tmp_path: Path, output: str, bars: bool) -> None:
+    """``-o -`` to a terminal: the rows go to the screen the bars would draw on, so none are
+    drawn; to a file under the same terminal, the bars are drawn."""
+    source = _rollouts(tmp_path / "in.parquet", 800)
+    seen = tmp_path / "bars.txt"
+    probe = (
+        "import sys\n"
+        "import grpo_cli.cli as cli\n"
+        "made = cli._progress_bars\n"
+        "def probe(quiet):\n"
+        f"    open({str(seen)!r}, 'w').write(str(not quiet))\n"
+        "    return made(quiet)\n"
+        "cli._progress_bars = probe\n"
+        "sys.argv = ['grpo-cli', 'compute', sys.argv[1], '-o', sys.argv[2], '-g', 'uid']\n"
+        "cli.main()\n"
+    )
+    controller, terminal = pty.openpty()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-c", probe, str(source), output],
+            stdin=terminal,
+            stdout=terminal,
+            stderr=terminal,
+            cwd=tmp_path,
+            env={**os.environ, "CI": "", "COLUMNS": "100"},
+        )
+        deadline = time.monotonic() + 120
+        while process.poll() is None and time.monotonic() < deadline:
+            _read_until(controller, b"\x00", time.monotonic() + 0.5)  # drain the screen while it runs
+        assert process.wait(timeout=10) == 0
+    finally:
+        os.close(controller)
+        os.close(terminal)
+    assert seen.read_text() == str(bars)
