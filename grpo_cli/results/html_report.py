@@ -120,13 +120,114 @@ def render(summary: dict[str, Any], *, static: bool = False) -> str:
     )
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{html.escape(title)}</title>"
-        "<style>body{font-family:system-ui,sans-serif;margin:24px;max-width:1100px}"
-        "h1{font-size:20px}p{color:#333}</style></head><body>"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>"
         f"<h1>{html.escape(title)}</h1><p>{html.escape(head)}</p>{read_as}"
+        + verdict_html(summary)
+        + counts_html(summary)
         + "".join(f'<div class="chart">{part}</div>' for part in parts)
         + "</body></html>\n"
     )
+
+
+_STYLE = (
+    "body{font-family:system-ui,sans-serif;margin:16px;max-width:1100px}"
+    "h1{font-size:20px;overflow-wrap:anywhere}h2{font-size:16px;margin-top:20px}p{color:#333}"
+    "table{border-collapse:collapse;margin:8px 0}td,th{padding:3px 10px;text-align:left;"
+    "border-bottom:1px solid #e5e5e5;vertical-align:top}"
+    "td.n{text-align:right;font-variant-numeric:tabular-nums}"
+    ".verdict{font-size:18px;font-weight:600;padding:8px 12px;border-radius:4px;display:inline-block}"
+    ".pass{background:#e6f4ea;color:#137333}.fail{background:#fce8e6;color:#a50e0e}"
+    ".none{background:#f1f3f4;color:#3c4043}ul{padding-left:20px}.chart{max-width:100%;overflow-x:auto}"
+)
+
+
+def verdict_html(summary: dict[str, Any]) -> str:
+    """The page's first answer: each check with its value, bound and PASS or FAIL (or that none
+    was asked), the trainer filter's decisions, and every warning and finding of the run.
+
+    >>> page = verdict_html({"checks": [{"name": "min-groups", "value_text": "2", "bound_text": ">= 3",
+    ...     "passed": False}], "trainer_filter": None, "warnings": [], "findings": []})
+    >>> "FAIL: 1 of 1 checks failed" in page and "<td>min-groups</td>" in page
+    True
+    """
+    checks = summary.get("checks") or []
+    failed = [check for check in checks if not check["passed"]]
+    if not checks:
+        parts = [
+            '<p class="verdict none">No checks asked (grpo-cli check --max-inactive-fraction F, ...)</p>'
+        ]
+    elif failed:
+        parts = [f'<p class="verdict fail">FAIL: {len(failed)} of {len(checks)} checks failed</p>']
+    else:
+        parts = [f'<p class="verdict pass">PASS: all {len(checks)} checks passed</p>']
+    if checks:
+        rows = "".join(
+            f"<tr><td>{'PASS' if c['passed'] else '<b>FAIL</b>'}</td><td>{html.escape(c['name'])}</td>"
+            f'<td class="n">{html.escape(c["value_text"])}</td><td>{html.escape(c["bound_text"])}</td>'
+            f"<td>{html.escape(c.get('detail') or '')}</td></tr>"
+            for c in checks
+        )
+        parts.append(
+            '<table class="checks"><tr><th>result</th><th>check</th><th>value</th><th>bound</th>'
+            f"<th></th></tr>{rows}</table>"
+        )
+    report = summary.get("trainer_filter")
+    if report:
+        split = f", {report['split']:,} split (some rows kept, some dropped)" if report.get("split") else ""
+        parts.append(
+            f"<h2>{html.escape(report['trainer'])}'s filter ({html.escape(report['name'])})</h2>"
+            f"<p>{html.escape(report['rule'])}: keeps {report['kept']:,} of {report['groups']:,} groups; "
+            f"{report['kept_although_inactive']:,} kept although constant, "
+            f"{report['dropped_although_active']:,} dropped although active{split}.</p>"
+        )
+    notes = [("warning", w if isinstance(w, str) else str(w)) for w in summary.get("warnings") or []]
+    notes += [(f["severity"], f["message"]) for f in summary.get("findings") or []]
+    if notes:
+        items = "".join(f"<li><b>{html.escape(kind)}</b>: {html.escape(text)}</li>" for kind, text in notes)
+        parts.append(f"<h2>Warnings and findings</h2><ul>{items}</ul>")
+    return '<section id="verdict">' + "".join(parts) + "</section>"
+
+
+def _value(value: Any) -> str:
+    """A reward value as the terminal prints it: a float32 0.1 is 0.1, not 0.10000000149011612."""
+    if not isinstance(value, float):
+        return str(value)
+    shown = f"{value:.7g}"
+    return shown if "." in shown or "e" in shown or "n" in shown else f"{shown}.0"
+
+
+def counts_html(summary: dict[str, Any]) -> str:
+    """The figures the terminal prints, as a table: groups active and inactive (by the value
+    they all hold), singletons, group sizes, the reward's and the advantage's range."""
+    groups = summary["groups"]
+
+    def share(n: int) -> str:
+        return f"{n:,} ({100 * n / groups:.1f}%)" if groups else f"{n:,}"
+
+    rows = [
+        ("rows", f"{summary['rows']:,}"),
+        ("groups", f"{groups:,}"),
+        ("active groups", share(summary["active_groups"])),
+        ("inactive groups", share(summary["inactive_groups"])),
+    ]
+    rows += [
+        (f"inactive, all {_value(v['value'])}", f"{v['groups']:,}")
+        for v in summary.get("inactive_by_value") or []
+    ]
+    if summary.get("inactive_other_values"):
+        rows.append(("inactive, all another value", f"{summary['inactive_other_values']:,}"))
+    rows.append(("singleton groups", f"{summary['singleton_groups']:,}"))
+    size, reward, advantage = summary.get("group_size"), summary.get("reward"), summary.get("advantage")
+    if size:
+        rows.append(("group size min / median / max", f"{size['min']} / {size['median']:g} / {size['max']}"))
+    if reward and reward.get("mean") is not None:
+        rows.append(("reward mean / std", f"{reward['mean']:.4g} / {reward['std']:.4g}"))
+        rows.append(("reward min / max", f"{reward['min']:.4g} / {reward['max']:.4g}"))
+    if advantage and advantage.get("min") is not None:
+        rows.append(("advantage min / max", f"{advantage['min']:.4g} / {advantage['max']:.4g}"))
+    body = "".join(f'<tr><td>{html.escape(k)}</td><td class="n">{html.escape(v)}</td></tr>' for k, v in rows)
+    return f'<h2>Counts</h2><table id="counts">{body}</table>'
 
 
 # --------------------------------------------------------------------------- pictures, by a browser

@@ -233,3 +233,66 @@ def test_the_browsers_folder_fits_its_socket_paths_and_goes_on_every_exit(tmp_pa
     assert made[0].parent == Path("/tmp")
     assert not made[0].exists()
     assert list(long.iterdir()) == []
+
+
+NEMO = ROOT / "sample_data" / "dumps" / "nemo-rl"
+
+
+def test_the_page_opens_with_the_verdict_the_filter_and_the_counts(cli: Any, tmp_path: Path) -> None:
+    """A reviewer reads the answer first: which checks failed (value and bound), what the
+    trainer's filter decided, the findings, then the terminal's counts; a phone gets a viewport."""
+    page = tmp_path / "report.html"
+    args = [
+        "--trainer-filter",
+        "nemo-rl",
+        "--max-inactive-fraction",
+        "0.4",
+        "--max-misclassified-groups",
+        "0",
+    ]
+    result = cli("check", NEMO, "--from", "nemo-rl", *args, "--report", page)
+    assert result.exit_code == 1, result.stderr
+    text = page.read_text()
+    assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in text
+    verdict = text.index('<section id="verdict">')
+    assert verdict < text.index('<table id="counts">') < text.index('class="chart"')
+    assert '<p class="verdict fail">FAIL: 1 of 2 checks failed</p>' in text
+    assert "<td><b>FAIL</b></td><td>max-inactive-fraction</td>" in text
+    assert "<td>PASS</td><td>max-misclassified-groups (nemo-rl)</td>" in text
+    assert "keeps 249 of 441 groups; 0 kept although constant, 0 dropped although active, 88 split" in text
+    assert "39 of 441 groups have 2 or more times the 4 rows" in text  # the merged-groups finding
+    for label, value in (("groups", "441"), ("active groups", "249 (56.5%)"), ("inactive, all 0.0", "108")):
+        assert f'<td>{label}</td><td class="n">{value}</td>' in text
+
+
+def test_a_page_without_checks_says_so(cli: Any, tmp_path: Path) -> None:
+    text = written_report(cli, tmp_path).read_text()
+    assert '<p class="verdict none">No checks asked' in text and 'class="checks"' not in text
+
+
+@pytest.mark.skipif(
+    shutil.which("chromium") is None, reason="Debian's chromium is not installed (make browser)"
+)
+@pytest.mark.parametrize("width", [390, 1400])
+def test_chromium_shows_the_verdict_at_a_phones_width_and_a_laptops(
+    cli: Any, tmp_path: Path, width: int
+) -> None:
+    page = tmp_path / "report.html"
+    cli("check", NEMO, "--from", "nemo-rl", "--max-inactive-fraction", "0.4", "--report", page)
+    args = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=8000"]
+    dom = subprocess.run(
+        [
+            *args,
+            f"--window-size={width},1200",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert "FAIL: 1 of 1 checks failed" in dom.stdout and 'id="counts"' in dom.stdout
+    assert "Uncaught" not in dom.stderr and "CONSOLE" not in dom.stderr, dom.stderr[-2000:]
