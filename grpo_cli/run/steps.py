@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from grpo_cli.errors import mention
 from grpo_cli.options.config import ComputeConfig
 
 if TYPE_CHECKING:
@@ -20,6 +19,9 @@ ONE_VALUE_REASONS = {
     "by": "each group must lie in one value of it",
 }
 """Why a group may hold only one value of each such column, by option (both engines refuse in these words)."""
+
+KEY_ROLES = {"batch_col": "batch", "by": "by"}
+"""How a refusal names such a column's key (``batch key 'step' is NaN``), by option."""
 
 
 STEP_COLUMNS = ("step", "global_step", "train_step", "iteration", "epoch", "training_step")
@@ -64,6 +66,6 @@ def value_columns(config: ComputeConfig) -> list[tuple[str, str, str]]:
     training batch), then each --by column (its figures per value), in that order."""
     columns = []
     if config.batch_col is not None:
-        columns.append((config.batch_col, mention("batch_col"), ONE_VALUE_REASONS["batch_col"]))
-    columns += [(column, mention("by"), ONE_VALUE_REASONS["by"]) for column in config.by_cols]
+        columns.append((config.batch_col, "batch_col", ONE_VALUE_REASONS["batch_col"]))
+    columns += [(column, "by", ONE_VALUE_REASONS["by"]) for column in config.by_cols]
     return columns

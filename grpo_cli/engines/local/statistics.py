@@ -30,7 +30,7 @@ from grpo_cli.run.figures import FigureAccumulator, RowInputs, padded, room_for,
 from grpo_cli.run.outcome import BatchLayout, batch_of_groups, scored_top_two
 from grpo_cli.run.plan import RunPlan
 from grpo_cli.run.rewards import RewardBatch
-from grpo_cli.run.steps import ONE_VALUE_REASONS
+from grpo_cli.run.steps import KEY_ROLES, ONE_VALUE_REASONS
 from grpo_cli.stages import timed
 
 # Keys are matched a chunk at a time; a match costs a pass over the keys seen so far, so a
@@ -210,7 +210,7 @@ class _StatisticsPass:
                 config.batch_col,
                 group_ids,
                 shard,
-                option=mention("batch_col"),
+                option="batch_col",
                 why=ONE_VALUE_REASONS["batch_col"],
             )
         for column, keys in self.by_keys.items():
@@ -220,7 +220,7 @@ class _StatisticsPass:
                 column,
                 group_ids,
                 shard,
-                option=mention("by"),
+                option="by",
                 why=ONE_VALUE_REASONS["by"],
             )
 
@@ -243,7 +243,7 @@ class _StatisticsPass:
         together) and only over the chunk's own groups, from its lowest ID to its highest:
         the work is the chunk's, not every group's so far."""
         values = pa.chunked_array([column_of(b, column) for b, _ in self._pending])
-        value_ids = self._encode(keys, [values], shard, what=option.removeprefix("--").replace("-col", ""))
+        value_ids = self._encode(keys, [values], shard, what=KEY_ROLES[option])
         if not group_ids.size:
             return known_so_far
         low, high = int(group_ids.min()), int(group_ids.max())
@@ -271,7 +271,8 @@ class _StatisticsPass:
             )
             raise GrpoError(
                 f"{describe_row(shard, self._pending_start + row)}: a group spans two values of "
-                f"{option} {column!r} ({keys.key_at(first)!r}, then {keys.key_at(int(value_ids[row]))!r}); "
+                f"{mention(option)} {column!r} ({keys.key_at(first)!r}, then "
+                f"{keys.key_at(int(value_ids[row]))!r}); "
                 f"{why}{fix}"
             )
         window[present] = value_of[present]

@@ -44,7 +44,7 @@ from grpo_cli.run.figures import RowInputs, of_chunk, wanted
 from grpo_cli.run.outcome import batch_of_groups, scored_top_two
 from grpo_cli.run.plan import RunPlan
 from grpo_cli.run.rewards import RewardBatch
-from grpo_cli.run.steps import value_columns
+from grpo_cli.run.steps import KEY_ROLES, value_columns
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ def block_statistics(
             role = "group"
             id_parts.append(keys.encode([record.column(c) for c in config.group_cols]))
             for i, ((column, option, _), index_of) in enumerate(zip(one_value, value_keys, strict=True)):
-                role = option.removeprefix("--").replace("-col", "")
+                role = KEY_ROLES[option]
                 values = record.column(column)
                 value_id_parts[i].append(index_of.encode([values]))
                 value_parts[i].append(values)

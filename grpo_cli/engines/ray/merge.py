@@ -30,6 +30,7 @@ from grpo_cli.engines.ray.fields import (
     _numpy,
 )
 from grpo_cli.engines.ray.session import import_ray
+from grpo_cli.errors import mention
 from grpo_cli.kernel import (
     GroupStats,
     RunningGroupStats,
@@ -152,7 +153,9 @@ class OrderedMerge:
         clash |= (known[ids_np] >= 0) & (known[ids_np] != value_ids)
         if clash.any():
             key = partial.select(list(self.plan.config.group_cols)).slice(int(np.flatnonzero(clash)[0]), 1)
-            raise RowsUnknown(f"group {key.to_pylist()[0]} spans two values of {option} {column!r}; {why}")
+            raise RowsUnknown(
+                f"group {key.to_pylist()[0]} spans two values of {mention(option)} {column!r}; {why}"
+            )
         known[ids_np] = value_ids
         self.value_of_group[i] = known
 
