@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from inspect import Parameter, Signature, signature
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -30,6 +30,7 @@ except ImportError:  # pragma: no cover - Typer on the Click package
 
 from grpo_cli import __version__, interrupts
 from grpo_cli.choices import Color
+from grpo_cli.cli.help import escaped, label, label_types, summary_of
 from grpo_cli.cli.inputs import job_inputs, targeted
 from grpo_cli.errors import (
     EXIT_BROKEN_PIPE,
@@ -75,87 +76,21 @@ CHECK_EXAMPLES = """**Examples**
 """
 
 
-def _label(param: Any) -> None:
-    """A help label a user can read: ``N``, ``F``, ``a|b`` or ``NAME`` plus its choices, none on a flag.
-
-    Typer labels every value with its Python type (``<int range>``, ``<bool>`` for a flag,
-    ``<list[str]>``); options that set ``metavar`` keep theirs.
-    """
-    if param.param_type_name == "argument":
-        param.display_type_rich = lambda ctx: None  # the argument's name says it
-        return
-    if getattr(param, "is_flag", False):
-        param.metavar = ""
-        return
-    choices, annotation = _value_type(param)
-    if choices is not None:
-        names = [str(choice) for choice in choices]
-        if param.metavar is None and len("|".join(names)) <= 30:
-            param.metavar = "|".join(names)
-            return
-        if not all(_escaped(name) in (param.help or "") for name in names):
-            param.help = f"{param.help} One of: {_escaped(', '.join(names))}."
-    if param.metavar is not None:
-        return
-    if choices is not None:
-        param.metavar = param.name.upper()
-    elif annotation is int:
-        param.metavar = "N"
-    elif annotation is float:
-        param.metavar = "F"
-    else:
-        param.metavar = param.name.upper()
-
-
-def _escaped(text: str) -> str:
-    """Help text as it reads, in Typer's Markdown: ``{uid}_{session}_{index}`` keeps its
-    underscores, a ``*`` is not emphasis."""
-    return text.replace("\\", "\\\\").replace("_", "\\_").replace("*", "\\*")
-
-
-def _value_type(param: Any) -> tuple[Sequence[Any] | None, type | None]:
-    """A parameter's choices (``None``: any value) and its value's type (``int``, ``float``, or
-    ``None`` for any other), read from Typer 0.29's descriptor or, before 0.29, from the Click
-    type it converts with (``Choice``, ``IntRange``, ...): pyproject admits both."""
-    descriptor = getattr(param, "type_descriptor", None)
-    if descriptor is not None:
-        return (descriptor.choices if descriptor.is_choice else None), descriptor.annotation
-    click_type = param.type
-    numeric = {"integer": int, "int": int, "float": float}
-    name = getattr(click_type, "name", "").removesuffix(" range")
-    return getattr(click_type, "choices", None), numeric.get(name)
-
-
-def _label_types(command: Any) -> None:
-    """:func:`_label` for every parameter of ``command``, its ``--help`` included."""
-    help_option = command.get_help_option
-
-    def labeled_help_option(ctx: Any) -> Any:
-        option = help_option(ctx)
-        if option is not None:
-            _label(option)
-        return option
-
-    command.get_help_option = labeled_help_option
-    for param in command.params:
-        _label(param)
-
-
 class _OneLineErrors(typer.core.TyperGroup):
     """Usage errors as one ``error:`` line on stderr and exit 2, like every other error.
 
-    Also gives every command's options readable type labels (:func:`_label_types`).
+    Also gives every command's options readable type labels (:func:`~grpo_cli.cli.help.label_types`).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         for command in self.commands.values():
-            _label_types(command)
+            label_types(command)
 
     def get_params(self, ctx: Any) -> Any:
         params = super().get_params(ctx)  # Typer adds the completion options late
         for param in params:
-            _label(param)
+            label(param)
         return params
 
     def main(  # type: ignore[override]
@@ -283,7 +218,7 @@ InputArg = Annotated[
 
 def _typer_option(row: Option, command: str) -> Any:
     """The ``Annotated`` type Typer reads for ``row`` in ``command``."""
-    settings: dict[str, Any] = {"rich_help_panel": row.panel, "help": _escaped(row.help_for(command))}
+    settings: dict[str, Any] = {"rich_help_panel": row.panel, "help": escaped(row.help_for(command))}
     if row.metavar is not None:
         settings["metavar"] = row.metavar
     if row.envvar is not None:
@@ -306,49 +241,6 @@ def _short_help(ctx: typer.Context, value: bool) -> None:
     if value and not ctx.resilient_parsing:
         typer.echo(summary_of(ctx.info_name or "", ctx.command.help or ""))
         raise typer.Exit()
-
-
-def summary_of(command: str, docstring: str, width: int | None = None) -> str:
-    """``command``'s options by panel, each its flags, its value and its help's first sentence,
-    wrapped at word boundaries to ``width`` columns (the terminal's, 80 where there is none).
-
-    >>> print(summary_of("inspect", "Print how an output was made.", width=60))
-    Usage: grpo-cli inspect [OPTIONS] ...
-    <BLANKLINE>
-      Print how an output was made.
-    <BLANKLINE>
-    Run:
-      --debug               Show the traceback of unexpected
-                            errors.
-    <BLANKLINE>
-    -h: this summary; --help: every option's whole text.
-    """
-    import shutil
-    import textwrap
-
-    width = min(width or shutil.get_terminal_size((80, 24)).columns, 100)
-    column = 24
-    about = textwrap.wrap(docstring.strip().split("\n\n")[0], width - 2)
-    lines = [f"Usage: grpo-cli {command} [OPTIONS] ...", "", *(f"  {line}" for line in about)]
-    panels: dict[str, list[str]] = {}
-    for row in offered(command):
-        flags = ", ".join(sorted(row.flags, key=len))
-        name = f"  {flags}" + ("" if row.kind is bool else f" {row.metavar or row.name.upper()}")
-        first = _FIRST_SENTENCE.split(row.help_for(command), maxsplit=1)[0].rstrip(".") + "."
-        wrapped = textwrap.wrap(first, width - column)
-        shown = panels.setdefault(row.panel or "Options", [])
-        if len(name) < column - 1:
-            shown.append(f"{name:<{column}}{wrapped[0]}")
-        else:
-            shown += [name, f"{'':<{column}}{wrapped[0]}"]
-        shown += [f"{'':<{column}}{line}" for line in wrapped[1:]]
-    for panel, rows in panels.items():
-        lines += ["", f"{panel}:", *rows]
-    lines += ["", "-h: this summary; --help: every option's whole text."]
-    return "\n".join(lines)
-
-
-_FIRST_SENTENCE = re.compile(r"(?<!e\.g)(?<!i\.e)\.\s+(?=[A-Z(])")
 
 
 def _options_of(command: str) -> Callable[[Callable[..., None]], Callable[..., None]]:

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import grpo_cli
-from grpo_cli.cli import _label, app
+from grpo_cli.cli import app
+from grpo_cli.cli.help import label as label_help
 from tests.conftest import assert_one_line_error, digest, rollout_rows, write_jsonl, write_parquet
 from tests.reference import reference_advantages
 
@@ -572,7 +573,7 @@ def test_help_labels_read_the_click_types_of_typer_before_0_29(make_type, label)
     under an older Typer a user already had (seen with 0.19.2 and 0.28.0)."""
     click = pytest.importorskip("click")  # Ray's dependency; Typer 0.29 vendors its own
     option = click.Option(["--name"], type=make_type(click), help="Something.")
-    _label(option)
+    label_help(option)
     assert option.metavar == label
 
 
