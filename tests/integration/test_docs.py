@@ -131,3 +131,19 @@ def test_readme_console_examples_print_what_they_show(tmp_path):
 )
 def test_the_example_matcher_fails_what_differs(shown, printed, matches):
     assert _matches(shown, printed) is matches
+
+
+def test_every_docs_example_uses_options_the_cli_has():
+    """A ``$ grpo-cli ...`` line anywhere in the README or the docs names only options the CLI
+    takes (docs/storage.md showed ``--min-active-fraction``, which never existed), and each
+    runs where its files are shipped (the README's: above)."""
+    from grpo_cli.options.catalog import OPTIONS
+
+    flags = {flag for row in OPTIONS.values() for flag in row.flags} | {"--help", "--version", "-h"}
+    wrong = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for command, _ in _console_examples(page.read_text()):
+            if command.startswith("grpo-cli "):
+                used = re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", command)
+                wrong += [f"{page.name}: {flag} in $ {command}" for flag in used if flag not in flags]
+    assert not wrong, wrong
