@@ -27,10 +27,10 @@ from grpo_cli.choices import (
     Singleton,
     Std,
 )
-from grpo_cli.errors import GrpoError, cli_flag, mention
+from grpo_cli.errors import GrpoError, mention
 from grpo_cli.estimators import ESTIMATORS
 from grpo_cli.options.advantage import AdvantageOptions
-from grpo_cli.options.catalog import OPTIONS
+from grpo_cli.options.catalog import keyword_named
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -247,11 +247,9 @@ def _in_tensor_words(error: GrpoError) -> GrpoError:
         index, sep, rest = template[len(_TABLE_ROW) :].partition(": ")
         if sep and index.isdigit():
             template = f"rewards index {index}: {rest}"
-    tensor_keyword = {row.option: name for name, row in PER_ROW.items()}
+    tensor_keyword = {row.option: f"{name}=" for name, row in PER_ROW.items()}
 
     def keyword(option: str) -> str:
-        if option in tensor_keyword:
-            return f"{tensor_keyword[option]}="
-        return f"{option}=" if option in OPTIONS and OPTIONS[option].keyword else cli_flag(option)
+        return tensor_keyword.get(option) or keyword_named(option)
 
     return type(error)(template, exit_code=error.exit_code).worded(keyword)

@@ -30,10 +30,10 @@ import pyarrow as pa
 
 from grpo_cli.arrow.columns import take_rows
 from grpo_cli.choices import Preset
-from grpo_cli.errors import GrpoError, cli_flag
+from grpo_cli.errors import GrpoError
 from grpo_cli.jobs import check_table, compute_table, summarize_table
 from grpo_cli.options.advantage import RewardSpec
-from grpo_cli.options.catalog import OPTIONS, keywords
+from grpo_cli.options.catalog import OPTIONS, keyword_named, keywords
 from grpo_cli.options.config import ComputeConfig, resolve_config
 from grpo_cli.results.summary import RunSummary
 from grpo_cli.run.plan import RunPlan
@@ -156,12 +156,7 @@ def _in_keyword_words() -> Iterator[None]:
     except GrpoError as exc:
         if not exc.options:
             raise
-        raise exc.worded(_keyword) from None
-
-
-def _keyword(option: str) -> str:
-    """How the table API names an option: its keyword, or the CLI's flag where it has none."""
-    return f"{option}=" if option in OPTIONS and OPTIONS[option].keyword else cli_flag(option)
+        raise exc.worded(keyword_named) from None
 
 
 # --------------------------------------------------------------------------- options

@@ -11,12 +11,13 @@ CLI reference read this catalogue; an option itself is declared once, on the fie
 ('advantage', 'clip')
 >>> [row.name for row in offered("inspect")]
 ['debug']
->>> keyword_of("--clip-advantage")
-'clip_advantage'
+>>> keyword_named("clip_advantage"), keyword_named("rewrite")
+('clip_advantage=', '--rewrite')
 """
 
 from __future__ import annotations
 
+from grpo_cli.errors import cli_flag
 from grpo_cli.options.advantage import AdvantageOptions
 from grpo_cli.options.checks import CheckBounds
 from grpo_cli.options.command import CommandOptions
@@ -49,9 +50,7 @@ def keywords() -> list[str]:
     return [row.name for row in _ROWS if row.keyword]
 
 
-def keyword_of(flag: str) -> str | None:
-    """The table API's keyword for a CLI flag (``--clip-advantage`` -> ``clip_advantage``)."""
-    for row in _ROWS:
-        if flag in row.flags and row.keyword:
-            return row.name
-    return None
+def keyword_named(option: str) -> str:
+    """How the Python APIs name an option in a message (:meth:`~grpo_cli.errors.GrpoError.worded`):
+    its keyword, or the CLI's flag where it is no keyword (``--rewrite``)."""
+    return f"{option}=" if option in OPTIONS and OPTIONS[option].keyword else cli_flag(option)
