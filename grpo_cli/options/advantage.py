@@ -27,9 +27,7 @@ from grpo_cli.choices import (
 )
 from grpo_cli.errors import GrpoError, mention
 from grpo_cli.estimators import ESTIMATORS
-from grpo_cli.options.declare import Option, declared, option
-
-SHAPING = "Reward shaping"
+from grpo_cli.options.declare import SHAPING, Option, declared, option
 
 if TYPE_CHECKING:
     from torch import Tensor

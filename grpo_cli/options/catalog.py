@@ -22,10 +22,7 @@ from grpo_cli.options.advantage import AdvantageOptions
 from grpo_cli.options.checks import CheckBounds
 from grpo_cli.options.command import CommandOptions
 from grpo_cli.options.config import ComputeConfig, VerifySpec
-from grpo_cli.options.declare import Option, declared
-
-PANELS = ("Checks", "Output", "Input", "Advantage", "Reward shaping", "Engine", "Run")
-"""The help's panels, in order; within one, the options of each dataclass in the order below."""
+from grpo_cli.options.declare import PANELS, Option, declared
 
 _DECLARED = (
     *declared(CheckBounds, "bounds"),

@@ -12,9 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from grpo_cli.choices import CheckFormat, Color, Engine, Trainer
-from grpo_cli.options.declare import EVERY, SHARED, option
-
-INPUT, OUTPUT, ENGINE, RUN, CHECKS = "Input", "Output", "Engine", "Run", "Checks"
+from grpo_cli.options.declare import CHECKS, ENGINE, EVERY, INPUT, OUTPUT, RUN, SHARED, option
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,7 @@ from grpo_cli.choices import Aggregation, Compression, InputFormat, TrainerFilte
 from grpo_cli.errors import GrpoError, mention
 from grpo_cli.estimators import ESTIMATORS
 from grpo_cli.options.advantage import ADVANTAGE_FIELDS, AdvantageOptions, RewardSpec, whitening_of_flag
-from grpo_cli.options.command import CHECKS, ENGINE, INPUT, OUTPUT
-from grpo_cli.options.declare import declared, option
+from grpo_cli.options.declare import CHECKS, ENGINE, INPUT, OUTPUT, declared, option
 
 DEFAULT_MEMORY_BUDGET = 1 << 30
 

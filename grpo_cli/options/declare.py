@@ -48,7 +48,18 @@ _LAYERED: tuple[Target, ...] = ("advantage", "config")
 """The targets whose values a layer below the command line can set (a preset, an estimator, a
 trainer's dump, an output's record): the CLI passes ``None`` for "not given" and shows the
 field's default."""
-_PANELS: dict[Target, str] = {"advantage": "Advantage", "bounds": "Checks", "verify": "Checks"}
+CHECKS, OUTPUT, INPUT, ADVANTAGE, SHAPING, ENGINE, RUN = (
+    "Checks",
+    "Output",
+    "Input",
+    "Advantage",
+    "Reward shaping",
+    "Engine",
+    "Run",
+)
+PANELS = (CHECKS, OUTPUT, INPUT, ADVANTAGE, SHAPING, ENGINE, RUN)
+"""The help's panels, in order; within one, the options of each dataclass in the catalogue's order."""
+_PANELS: dict[Target, str] = {"advantage": ADVANTAGE, "bounds": CHECKS, "verify": CHECKS}
 
 
 @dataclass(frozen=True)
