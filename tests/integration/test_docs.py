@@ -4,6 +4,7 @@ here and print what they show, and the Python examples run."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -110,7 +111,7 @@ def test_readme_console_examples_print_what_they_show(tmp_path):
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env={**__import__("os").environ, "COLUMNS": "200"},
+            env={**os.environ, "COLUMNS": "200"},
         )
         last_code = done.returncode
         printed = done.stdout.splitlines()
