@@ -4,9 +4,10 @@ It resolves ``preset=`` and ``estimator=`` into the kernel's options (defaults, 
 preset, then the estimator, then explicit keywords). An estimator that the group
 normalisation alone computes (grpo, dr_grpo, rloo) goes straight to
 :func:`grpo_cli.kernel.normalize_in_groups`, on the tensors' device. The others need a step
-over the whole batch, a per-row input or the rows' order: they run through the CLI's own
-in-memory engine (the table API's path), so that every entry point computes each estimator
-exactly as ``grpo-cli compute`` does. Jobs over files are in :mod:`grpo_cli.jobs`.
+over the whole batch, a per-row input or the rows' order: they run on the tensors through the
+pieces a file run goes through (:func:`grpo_cli.run.tensors.run_on_tensors`: the plan, its
+statistics blocks and figures, the estimator's steps), so that every entry point computes
+each estimator exactly as ``grpo-cli compute`` does. Jobs over files are in :mod:`grpo_cli.jobs`.
 """
 
 from __future__ import annotations
@@ -33,8 +34,6 @@ from grpo_cli.options.advantage import AdvantageOptions
 from grpo_cli.options.catalog import keyword_named
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
     from grpo_cli.options.config import ComputeConfig
 
 
@@ -146,38 +145,31 @@ def _through_the_engine(
     options: AdvantageOptions,
     per_row: dict[str, Tensor | None],
 ) -> kernel.GroupAdvantages:
-    """The CLI's in-memory engine over a table of these tensors, its result as tensors."""
-    import numpy as np
-    import pyarrow as pa
-
-    from grpo_cli.jobs import compute_table
+    """The run a file of these rows gets (:func:`grpo_cli.run.tensors.run_on_tensors`), on
+    the tensors, its result in the rewards' shape, dtype and device."""
+    from grpo_cli.run.plan import RunPlan
+    from grpo_cli.run.tensors import TensorRows, run_on_tensors
 
     flat, ids, num_groups = kernel.flat_groups(rewards, group_ids, group_size=group_size)
+    inputs = {
+        name: _per_row_tensor(name, values, rewards) for name, values in per_row.items() if values is not None
+    }
     if not flat.numel():  # no rollouts: nothing to normalise, as on the kernel's path
-        for name, values in per_row.items():
-            if values is not None:
-                _per_row_column(name, values, rewards)  # still of the rewards' shape and type
         return kernel.GroupAdvantages(
             advantages=torch.zeros_like(rewards),
             active_group_mask=torch.zeros(num_groups, dtype=torch.bool, device=rewards.device),
             active_group_count=0,
         )
-    columns: dict[str, pa.Array] = {
-        "reward": _arrow_floats(flat),
-        "group_id": pa.array(ids.cpu().numpy()),
-    }
-    for name, values in per_row.items():
-        if values is not None:
-            columns[PER_ROW[name].column] = _per_row_column(name, values, rewards)
+    values = flat.detach().cpu()
+    if values.dtype == torch.bfloat16:  # as a file holds it: float64, exactly
+        values = values.to(torch.float64)
+    rows = TensorRows(values, ids.cpu(), num_groups, **inputs)
     try:
-        config = _engine_config(options, per_row, str(rewards.device))
-        result = compute_table(pa.table(columns), config)
+        advantages, mask = run_on_tensors(
+            RunPlan(_engine_config(options, per_row, str(rewards.device))), rows
+        )
     except GrpoError as exc:
         raise _in_tensor_words(exc) from None
-    advantages = torch.from_numpy(np.array(result.column("advantage").to_numpy(), dtype=np.float64))
-    active_rows = torch.from_numpy(result.column("group_active").to_numpy(zero_copy_only=False).copy())
-    mask = torch.zeros(num_groups, dtype=torch.bool)
-    mask[ids.cpu()[active_rows]] = True
     mask = mask.to(rewards.device)
     return kernel.GroupAdvantages(
         advantages=advantages.to(rewards.device, rewards.dtype).view(rewards.shape),
@@ -204,49 +196,42 @@ def _engine_config(
     )
 
 
-def _arrow_floats(values: Tensor) -> pa.Array:
-    """A float column of the same values: bfloat16, which Arrow lacks, as float64 (exact)."""
-    import pyarrow as pa
-
-    if values.dtype == torch.bfloat16:
-        values = values.to(torch.float64)
-    return pa.array(values.detach().cpu().numpy())
-
-
-def _per_row_column(name: str, values: Tensor, rewards: Tensor) -> pa.Array:
-    import pyarrow as pa
-
+def _per_row_tensor(name: str, values: Tensor, rewards: Tensor) -> Tensor:
+    """A per-row input, checked and flat on the CPU: float64 (a length, a baseline; an integer
+    beyond 2**53, which float64 cannot hold, refused) or int64 (a batch ID)."""
     if not isinstance(values, Tensor):
         raise GrpoError(f"{name}= must be a torch.Tensor, got {type(values).__name__}")
     if values.shape != rewards.shape:
         raise GrpoError(
             f"{name}= must have the rewards' shape {tuple(rewards.shape)}, got {tuple(values.shape)}"
         )
-    flat = values.reshape(-1)
+    flat = values.detach().reshape(-1).cpu()
     if name == "batch_ids":
         if values.dtype.is_floating_point or values.dtype.is_complex:
             raise GrpoError(f"batch_ids= must be an integer tensor, got dtype {values.dtype}")
-        return pa.array(flat.detach().cpu().to(torch.int64).numpy())
+        return flat.to(torch.int64)
     if not (values.dtype.is_floating_point or values.dtype in _INTEGERS):
         raise GrpoError(f"{name}= must be a numeric tensor, got dtype {values.dtype}")
-    return _arrow_floats(flat) if values.dtype.is_floating_point else pa.array(flat.detach().cpu().numpy())
+    if values.dtype == torch.int64:
+        beyond = flat.abs() > (1 << 53)
+        if bool(beyond.any()):
+            index = int(beyond.nonzero()[0])
+            raise GrpoError(
+                f"{name}= index {index}: {int(flat[index])} is an integer beyond 2**53, which float64 "
+                "cannot hold exactly"
+            )
+    return flat.to(torch.float64)
 
 
 _INTEGERS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
-_TABLE_ROW = "<table>, row "
 
 
 def _in_tensor_words(error: GrpoError) -> GrpoError:
-    """The engine's error in the tensor API's words: ``lengths=`` for ``--length-col`` (the
-    column it was given is the caller's tensor), the keyword for another option; a row is a flat
-    index of the rewards."""
+    """The run's error in the tensor API's words: ``lengths=`` for ``--length-col`` (the
+    column it was given is the caller's tensor), the keyword for another option."""
     template = error.template
     for row in PER_ROW.values():
         template = template.replace(f"{mention(row.option)} {row.column!r}", mention(row.option))
-    if template.startswith(_TABLE_ROW):
-        index, sep, rest = template[len(_TABLE_ROW) :].partition(": ")
-        if sep and index.isdigit():
-            template = f"rewards index {index}: {rest}"
     tensor_keyword = {row.option: f"{name}=" for name, row in PER_ROW.items()}
 
     def keyword(option: str) -> str:

@@ -483,9 +483,31 @@ class RunPlan:
         where a batch transform or the estimator reads them (``None`` elsewhere) (``first_row``: the
         batch's first row in its shard, ``global_row``: in the whole input).
         """
-        config = self.config
         rewards = reader.read(batch, first_row)
-        weights = [spec.weight for spec in config.rewards]
+        baselines = None
+        if "row_baselines" in self.needs:
+            assert self.config.baseline_col is not None
+            baselines = reader.column(batch, self.config.baseline_col, first_row)
+        result, batch_ids = self.advantages_of(
+            rewards, ids, outcome, active_device=active_device, global_row=global_row, baselines=baselines
+        )
+        return rewards, result, batch_ids
+
+    def advantages_of(
+        self,
+        rewards: RewardBatch,
+        ids: torch.Tensor,
+        outcome: GroupOutcome,
+        *,
+        active_device: torch.Tensor,
+        global_row: int = 0,
+        baselines: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Rows' advantages before any batch transform (CPU), from their rewards and group IDs
+        (int64 ``(N,)``), and their batch IDs where a batch transform or the estimator reads
+        them (``None`` elsewhere); ``baselines``: ``--baseline-col``'s values (float64) where the
+        estimator needs them; ``global_row``: the first row's place in the whole input."""
+        weights = [spec.weight for spec in self.config.rewards]
         result = combined_advantages(
             rewards, ids, outcome.norms, active_device, weights=weights, device=self.device
         )
@@ -494,12 +516,8 @@ class RunPlan:
         if "batch_nonzero" in self.needs or outcome.transform is not None or self.needs_moments_pass:
             batches = outcome.batches
             batch_ids = torch.zeros_like(ids) if batches is None else torch.from_numpy(batches.of_group)[ids]
-        baselines = None
-        if "row_baselines" in self.needs:
-            assert config.baseline_col is not None
-            baselines = reader.column(batch, config.baseline_col, first_row)
         rows = RowFacts(rewards, ids, global_row, result, outcome.active, batch_ids, baselines)
-        return rewards, self.estimator.per_row(outcome.estimator_state, rows), batch_ids
+        return self.estimator.per_row(outcome.estimator_state, rows), batch_ids
 
     @property
     def range_follows_from_stats(self) -> bool:

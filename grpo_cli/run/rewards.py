@@ -10,7 +10,7 @@ channel (their weighted sum, ``sum-then-normalize``) or one channel per column
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,6 +70,78 @@ def _concat_valid(masks: list[torch.Tensor | None], values: list[torch.Tensor]) 
     )
 
 
+@dataclass(frozen=True)
+class RewardCombination:
+    """How a row's reward columns become its rewards, on tensors: each column's weight, one
+    channel or one per column (``per_column``), TRL's ``nansum``, the reward transforms
+    (``shaping``), and whether the single column is floating (``floating``: it then keeps its
+    dtype where nothing is combined or shaped).
+
+    >>> one = RewardCombination((1.0,), per_column=False)
+    >>> one.combine([torch.tensor([0.5, float("nan")])]).combined_valid
+    tensor([ True, False])
+    """
+
+    weights: tuple[float, ...]
+    per_column: bool
+    nansum: bool = False
+    shaping: AdvantageOptions | None = None
+    floating: bool = True
+
+    @property
+    def native(self) -> bool:
+        """One floating column of weight 1, neither summed by ``nansum`` nor shaped: its values
+        are the rewards, in their own dtype (TRL's nansum adds even one column to +0.0, which
+        turns a -0.0 reward into +0.0)."""
+        return self.weights == (1.0,) and self.floating and self.shaping is None and not self.nansum
+
+    def combine(
+        self,
+        values: Sequence[torch.Tensor],
+        *,
+        lengths: torch.Tensor | None = None,
+        truncated: torch.Tensor | None = None,
+    ) -> RewardBatch:
+        """The rewards of rows whose reward columns hold ``values`` (one tensor a column, NaN
+        for a null), with each row's length and truncation flag where a transform reads them."""
+        if self.native:
+            tensor = values[0]
+            valid = _finite(tensor)
+            return RewardBatch([tensor], [valid], tensor, valid)
+        weighted = [v.to(torch.float64) * weight for v, weight in zip(values, self.weights, strict=True)]
+        combined = _weighted_sum(weighted, nansum=self.nansum)
+        unshaped = None
+        if self.shaping is not None:
+            unshaped = combined
+            combined = self.shaping.shape(combined, lengths=lengths, truncated=truncated)
+        combined_valid = _finite(combined)
+        if unshaped is not None:  # a bad reward as read stays bad: --reward-clip turns inf into a bound
+            combined_valid = _both(combined_valid, _finite(unshaped))
+        if self.per_column:
+            scaled = [v.to(torch.float64) for v in values]
+            return RewardBatch(scaled, [_finite(v) for v in scaled], combined, combined_valid)
+        return RewardBatch([combined], [combined_valid], combined, combined_valid, unshaped)
+
+
+def refuse_bad_lengths(lengths: torch.Tensor, where: Callable[[int], str], *, column: str | None) -> None:
+    """Refuse a NaN, negative or infinite length (float64 ``(N,)``), at its row as ``where``
+    names it; ``column``: the ``--length-col`` it was read from (``None``: the caller's tensor)."""
+    bad = ~(torch.isfinite(lengths) & (lengths >= 0))
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0])
+        named = mention("length_col") if column is None else f"{mention('length_col')} {column!r}"
+        raise GrpoError(f"{where(row)}: {named} is {float(lengths[row])}; lengths must be finite and >= 0")
+
+
+def bad_rewards_error(where: str, value: str, count: int) -> GrpoError:
+    """The refusal of a null, NaN or infinite reward under ``--nan error``: the first one
+    (``where``, its ``value`` as read) and how many there are."""
+    return GrpoError(
+        f"{where}: reward is {value}; {count} reward(s) in all are null, NaN or infinite "
+        f"({mention('nan')} ignore leaves them out)"
+    )
+
+
 class RewardReader:
     """Turns a shard's reward columns into tensors: one channel, or one per column."""
 
@@ -102,42 +174,25 @@ class RewardReader:
                     "it must be numeric"
                 )
             types.append(column_type)
-        single = len(self.specs) == 1 and self.specs[0].weight == 1.0
-        # TRL's nansum adds even one column to +0.0, which turns a -0.0 reward into +0.0
-        self.native = single and pa.types.is_floating(types[0]) and self.shaping is None and not self.nansum
+        self.combination = RewardCombination(
+            tuple(spec.weight for spec in self.specs),
+            per_column=per_column,
+            nansum=self.nansum,
+            shaping=self.shaping,
+            floating=pa.types.is_floating(types[0]),
+        )
 
     def read(self, batch: pa.RecordBatch, first_row: int = 0) -> RewardBatch:
         """The batch's rewards; ``first_row`` (its row in the shard) locates errors."""
         values = [self._column(column_of(batch, spec.column), spec.column, first_row) for spec in self.specs]
-        if self.native:
-            tensor = values[0]
-            valid = _finite(tensor)
-            return RewardBatch([tensor], [valid], tensor, valid)
-        weighted = [v.to(torch.float64) * spec.weight for v, spec in zip(values, self.specs, strict=True)]
-        combined = _weighted_sum(weighted, nansum=self.nansum)
-        unshaped = None
-        if self.shaping is not None:
-            unshaped = combined
-            combined = self._shaped(combined, batch, first_row)
-        combined_valid = _finite(combined)
-        if unshaped is not None:  # a bad reward as read stays bad: --reward-clip turns inf into a bound
-            combined_valid = _both(combined_valid, _finite(unshaped))
-        if self.per_column:
-            scaled = [v.to(torch.float64) for v in values]
-            return RewardBatch(scaled, [_finite(v) for v in scaled], combined, combined_valid)
-        return RewardBatch([combined], [combined_valid], combined, combined_valid, unshaped)
-
-    def _shaped(self, combined: torch.Tensor, batch: pa.RecordBatch, first_row: int) -> torch.Tensor:
-        """The summed reward after the run's reward transforms."""
-        assert self.shaping is not None
         lengths = truncated = None
-        if self.shaping.overlong is not None:
+        if self.shaping is not None and self.shaping.overlong is not None:
             assert self.length_col is not None
             lengths = self.lengths(batch, self.length_col, first_row)
-        if self.shaping.stop_properly is not None:
+        if self.shaping is not None and self.shaping.stop_properly is not None:
             assert self.truncated_col is not None
             truncated = self.truncated(batch, self.truncated_col, first_row)
-        return self.shaping.shape(combined, lengths=lengths, truncated=truncated)
+        return self.combination.combine(values, lengths=lengths, truncated=truncated)
 
     def truncated(self, batch: pa.RecordBatch, name: str, first_row: int = 0) -> torch.Tensor:
         """The ``--truncated-col`` column as bool: a boolean, a number (non-zero: truncated), or a
@@ -192,14 +247,7 @@ class RewardReader:
     def lengths(self, batch: pa.RecordBatch, name: str, first_row: int = 0) -> torch.Tensor:
         """The ``--length-col`` column as float64; a null, negative or infinite length is refused."""
         lengths = self.column(batch, name, first_row)
-        bad = ~(torch.isfinite(lengths) & (lengths >= 0))
-        if bool(bad.any()):
-            row = int(bad.nonzero()[0])
-            where = describe_row(self.shard, first_row + row)
-            raise GrpoError(
-                f"{where}: {mention('length_col')} {name!r} is {float(lengths[row])}; lengths must be finite "
-                "and >= 0"
-            )
+        refuse_bad_lengths(lengths, lambda row: describe_row(self.shard, first_row + row), column=name)
         return lengths
 
     def _numeric(self, data_type: pa.DataType) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -102,3 +103,27 @@ def test_the_tensor_api_keeps_the_device_dtype_and_shape_on_the_engine_path():
     out = group_advantages(rewards, estimator="reinforce_baseline")
     assert out["advantages"].dtype == torch.bfloat16 and out["advantages"].shape == (2, 3)
     assert out["active_group_mask"].tolist() == [True, False] and out["active_group_count"] == 1
+
+
+@pytest.mark.parametrize("estimator", ["gpg", "reinforce_baseline", "grpo_passk", "opo"])
+def test_the_tensor_api_takes_group_ids_with_gaps_in_any_order(estimator):
+    rewards = torch.tensor([0.5, 1.0, 0.0, 2.0, 0.25, 0.0, 1.0, 3.0], dtype=torch.float64)
+    group_ids = torch.tensor([9, 9, 4, 4, 7, 7, 4, 9])  # 0-3, 5, 6 and 8 hold no rows
+    batch_ids = torch.tensor([5, 5, 2, 2, 2, 2, 2, 5])
+    lengths = torch.tensor([3.0, 1.0, 2.0, 5.0, 1.0, 1.0, 4.0, 2.0])
+    extra = {"lengths": lengths} if estimator == "opo" else {"batch_ids": batch_ids}
+    got = group_advantages(rewards, group_ids, estimator=estimator, **extra)
+    table = pa.table(
+        {
+            "reward": rewards.numpy(),
+            "group_id": group_ids.numpy(),
+            "batch": batch_ids.numpy(),
+            "length": lengths.numpy(),
+        }
+    )
+    columns = {"length_col": "length"} if estimator == "opo" else {"batch_col": "batch"}
+    expected = add_advantages(table, group_col="group_id", estimator=estimator, **columns)
+    assert np.array_equal(bits(got["advantages"].numpy()), bits(expected.column("advantage").to_numpy()))
+    active = got["active_group_mask"]
+    assert active.shape == (10,) and not active[[0, 1, 2, 3, 5, 6, 8]].any()
+    assert active[group_ids].tolist() == expected.column("group_active").to_pylist()

@@ -24,7 +24,7 @@ from grpo_cli.arrow.keys import (
 )
 from grpo_cli.engines.local.spool import _IdSpool
 from grpo_cli.engines.local.statistics import _Statistics, _StatisticsPass
-from grpo_cli.errors import GrpoError, mention
+from grpo_cli.errors import GrpoError
 from grpo_cli.inputs.readers import (
     describe_row,
     estimated_memory_bytes,
@@ -55,7 +55,7 @@ from grpo_cli.run.columns import check_columns
 from grpo_cli.run.outcome import GroupOutcome
 from grpo_cli.run.plan import RunPlan
 from grpo_cli.run.progress import NoProgress, Progress
-from grpo_cli.run.rewards import RewardBatch, RewardReader, new_column_arrays
+from grpo_cli.run.rewards import RewardBatch, RewardReader, bad_rewards_error, new_column_arrays
 from grpo_cli.run.steps import with_watched_step
 from grpo_cli.stages import timed
 
@@ -345,10 +345,7 @@ class LocalEngine:
             assert state.first_bad is not None
             shard, row, value = state.first_bad
             what = "null" if value != value and self._is_null_at(shard, row) else str(value)
-            raise GrpoError(
-                f"{describe_row(shard, row)}: reward is {what}; {state.bad_count} reward(s) in all are null, "
-                f"NaN or infinite ({mention('nan')} ignore leaves them out)"
-            )
+            raise bad_rewards_error(describe_row(shard, row), what, state.bad_count)
         return state.result(self.inputs.spec, cached)
 
     def _one_pass_dtype(self, writes_output: bool) -> torch.dtype | None:
