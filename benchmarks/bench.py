@@ -1068,7 +1068,7 @@ def _running_totals_seconds(n: int, group_size: int, repeats: int) -> list[float
     """The best seconds of the statistics, the figures and grpo_passk's top two over ``n`` rows."""
     import torch
 
-    from grpo_cli.kernel import GroupStatsAccumulator, RunningTopTwo, group_top_two
+    from grpo_cli.kernel import GroupStatsAccumulator
     from grpo_cli.run.figures import FigureAccumulator, RowInputs, wanted
 
     ids = torch.arange(n) // group_size
@@ -1088,13 +1088,16 @@ def _running_totals_seconds(n: int, group_size: int, repeats: int) -> list[float
             accumulator.update(ids_np[part], RowInputs(rewards_np[part], valid_np[part], None))
         accumulator.compute()
 
-    def top_two() -> None:
-        running = RunningTopTwo()
+    def top_two() -> None:  # the figure alone, folded as the local engine folds it
+        accumulator = FigureAccumulator(
+            [f for f in wanted(("top_two",)) if f.name == "top_two"], block_rows=1 << 22
+        )
         for part in chunks:
-            low, high = int(ids[part][0]), int(ids[part][-1])
-            top = group_top_two(rewards[part], ids[part] - low, high - low + 1)
-            running.merge_rows(top, torch.arange(low, high + 1), high + 1)
-        running.result()
+            rows = RowInputs(
+                rewards_np[part], valid_np[part], None, runs=((part.start, rewards_np[part].size),)
+            )
+            accumulator.update(ids_np[part], rows)
+        accumulator.compute()
 
     return [best_of(repeats, job) for job in (statistics, figures, top_two)]
 

@@ -57,31 +57,6 @@ def group_top_two(
     return TopTwo(first, torch.where(ties >= 2, first, second), best_row)
 
 
-def empty_top_two(num_groups: int, *, device: torch.device | str = "cpu") -> TopTwo:
-    """The top two of ``num_groups`` groups without a row: ``-inf``, ``-inf`` and :data:`NO_ROW`.
-
-    >>> empty_top_two(1).best_row.tolist()
-    [9223372036854775807]
-    """
-    pad = torch.full((num_groups,), -math.inf, dtype=torch.float64, device=device)
-    return TopTwo(pad, pad.clone(), torch.full((num_groups,), NO_ROW, dtype=torch.int64, device=device))
-
-
-def padded_top_two(top: TopTwo, num_groups: int) -> TopTwo:
-    """``top`` with empty groups appended up to ``num_groups``.
-
-    >>> padded_top_two(group_top_two(torch.tensor([1.0]), torch.tensor([0]), 1), 2).best_row.tolist()
-    [0, 9223372036854775807]
-    """
-    extra = num_groups - top.first.numel()
-    if extra <= 0:
-        return top
-    pad = empty_top_two(extra, device=top.first.device)
-    return TopTwo(
-        *(torch.cat([getattr(top, name), getattr(pad, name)]) for name in ("first", "second", "best_row"))
-    )
-
-
 def merge_top_two(a: TopTwo, b: TopTwo) -> TopTwo:
     """The top two of the union of two sets of rows, per group, and its first best row."""
     first = torch.maximum(a.first, b.first)
@@ -97,66 +72,6 @@ def merge_top_two(a: TopTwo, b: TopTwo) -> TopTwo:
         torch.where(b.first > a.first, b.best_row, torch.minimum(a.best_row, b.best_row)),
     )
     return TopTwo(first, second, best_row)
-
-
-class RunningTopTwo:
-    """The top two of the groups seen so far, grown in place by doubling: each part's top two
-    merged (:func:`merge_top_two`, exact in any order) over its own groups only, where
-    merging over every group seen so far costs all of them per part.
-
-    >>> running, one = RunningTopTwo(), torch.tensor([0])
-    >>> running.merge_rows(group_top_two(torch.tensor([0.5, 1.0]), torch.arange(2), 2), torch.arange(2), 2)
-    >>> running.merge_rows(group_top_two(torch.tensor([2.0]), one, 1), torch.tensor([2]), 3)
-    >>> running.merge_rows(group_top_two(torch.tensor([0.75]), one, 1), one, 3)
-    >>> top = running.result(); top.first.tolist(), top.second.tolist()
-    ([0.75, 1.0, 2.0], [0.5, -inf, -inf])
-    """
-
-    NAMES = ("first", "second", "best_row")
-
-    def __init__(self) -> None:
-        self._storage: TopTwo | None = None
-        self.size = 0
-        self._handed_out = False
-
-    def merge_rows(self, top: TopTwo, group_ids: Tensor, num_groups: int) -> None:
-        """Merge ``top``, whose entry ``i`` is group ``group_ids[i]`` (int64, no repeats, each
-        below ``num_groups``, the groups seen once it is merged)."""
-        storage = self._storage
-        groups = max(num_groups, self.size)
-        if storage is None or storage.first.numel() < groups or self._handed_out:
-            self._handed_out = False
-            grown = empty_top_two(
-                max(groups, 2 * (0 if storage is None else storage.first.numel())), device=top.first.device
-            )
-            if storage is not None:
-                for name in self.NAMES:
-                    getattr(grown, name)[: self.size] = getattr(storage, name)[: self.size]
-            storage = self._storage = grown
-        group_ids = group_ids.to(storage.first.device)
-        seen = group_ids < self.size
-        if bool(seen.any()):
-            at = group_ids[seen]
-            merged = merge_top_two(
-                TopTwo(*(getattr(storage, name)[at] for name in self.NAMES)),
-                TopTwo(*(getattr(top, name)[seen] for name in self.NAMES)),
-            )
-            for name in self.NAMES:
-                getattr(storage, name).index_copy_(0, at, getattr(merged, name))
-        fresh = ~seen
-        if bool(fresh.any()):
-            for name in self.NAMES:
-                getattr(storage, name).index_copy_(0, group_ids[fresh], getattr(top, name)[fresh])
-        self.size = groups
-
-    def result(self, num_groups: int | None = None) -> TopTwo | None:
-        """The groups seen so far (padded with empty ones to ``num_groups``), or ``None``
-        before any part."""
-        if self._storage is None:
-            return None
-        self._handed_out = True
-        top = TopTwo(*(getattr(self._storage, name)[: self.size] for name in self.NAMES))
-        return top if num_groups is None else padded_top_two(top, num_groups)
 
 
 def passk_best_advantage(

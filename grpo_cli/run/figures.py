@@ -20,13 +20,16 @@ statistics themselves (count, mean, M2, extremes) merge by Chan's rule in :mod:`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+import torch
 
 from grpo_cli.estimators import Need
+from grpo_cli.kernel import NO_ROW, TopTwo, group_top_two, merge_top_two
 from grpo_cli.run.rewards import RewardBatch
 
 
@@ -34,30 +37,54 @@ from grpo_cli.run.rewards import RewardBatch
 class RowInputs:
     """What a chunk's rows contribute from: the combined reward (in its own dtype: a float32
     reward times a float64 length is widened exactly), whether it is in the statistics (bool),
-    each row's length where the run reads one, and its step (the watched step column's value, float64,
-    NaN where null) where the run watches one."""
+    each row's length where the run reads one, its step (the watched step column's value, float64,
+    NaN where null) where the run watches one, and where the rows sit in the whole input
+    (``runs``: each run of consecutive rows as its first row's place and its length)."""
 
     combined: np.ndarray
     valid: np.ndarray
     lengths: np.ndarray | None
     steps: np.ndarray | None = None
+    runs: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def of(
-        cls, rewards: RewardBatch, lengths: np.ndarray | None, steps: np.ndarray | None = None
+        cls,
+        rewards: RewardBatch,
+        lengths: np.ndarray | None,
+        steps: np.ndarray | None = None,
+        *,
+        runs: Sequence[tuple[int, int]] | None = None,
     ) -> RowInputs:
+        """The rows of ``rewards``; ``runs`` by default: one run from the input's first row."""
         combined = rewards.combined.numpy()
         valid = rewards.combined_valid
         return cls(
-            combined, np.ones(combined.size, dtype=bool) if valid is None else valid.numpy(), lengths, steps
+            combined,
+            np.ones(combined.size, dtype=bool) if valid is None else valid.numpy(),
+            lengths,
+            steps,
+            tuple(runs) if runs is not None else ((0, combined.size),),
         )
 
+    def positions(self) -> np.ndarray:
+        """Each row's place in the whole input, int64 ``(N,)``.
+
+        >>> RowInputs(np.zeros(3), np.ones(3, bool), None, runs=((5, 1), (9, 2))).positions().tolist()
+        [5, 9, 10]
+        """
+        if not self.runs:
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate([np.arange(first, first + rows, dtype=np.int64) for first, rows in self.runs])
+
     def __getitem__(self, rows: slice) -> RowInputs:
+        start, stop, _ = rows.indices(self.combined.size)
         return RowInputs(
             self.combined[rows],
             self.valid[rows],
             None if self.lengths is None else self.lengths[rows],
             None if self.steps is None else self.steps[rows],
+            _runs_between(self.runs, start, stop),
         )
 
     @staticmethod
@@ -69,7 +96,23 @@ class RowInputs:
             joined([getattr(p, name) for p in parts]) for name in ("combined", "valid", "lengths", "steps")
         ]
         assert columns[0] is not None and columns[1] is not None
-        return RowInputs(columns[0], columns[1], columns[2], columns[3])
+        runs = tuple(run for part in parts for run in part.runs)
+        return RowInputs(columns[0], columns[1], columns[2], columns[3], runs)
+
+
+def _runs_between(runs: tuple[tuple[int, int], ...], start: int, stop: int) -> tuple[tuple[int, int], ...]:
+    """The runs of rows ``start`` to ``stop`` (places among the rows the runs hold).
+
+    >>> _runs_between(((10, 3), (20, 2)), 1, 4)
+    ((11, 2), (20, 1))
+    """
+    out, seen = [], 0
+    for first, rows in runs:
+        low, high = max(start, seen), min(stop, seen + rows)
+        if low < high:
+            out.append((first + low - seen, high - low))
+        seen += rows
+    return tuple(out)
 
 
 def _extreme_by_group(
@@ -118,6 +161,87 @@ class GroupFigure:
     def identity(self) -> float:
         return MERGES[self.merge].identity
 
+    @property
+    def columns(self) -> dict[str, tuple[type[np.generic], float]]:
+        """Its columns: dtype and a group's value before any row of it, by name."""
+        return {self.name: (np.int64 if self.kind == "count" else np.float64, self.identity)}
+
+    @property
+    def exact(self) -> bool:
+        """Whether its merge gives the same bits in any order (a count, an extreme): folded a
+        chunk at a time; a float sum is folded in blocks cut at fixed rows."""
+        return self.kind != "sum"
+
+    def of_chunk(self, ids: np.ndarray, k: int, rows: RowInputs) -> dict[str, np.ndarray]:
+        """Its per-group total over a chunk's rows, shape ``(k,)``."""
+        values = self.of_rows(rows)
+        if self.kind == "count":
+            if values.all():  # most counts hold every row or none: no copy of the IDs
+                return {self.name: np.bincount(ids, minlength=k).astype(np.int64)}
+            if not values.any():
+                return {self.name: np.zeros(k, dtype=np.int64)}
+            return {self.name: np.bincount(ids[values], minlength=k).astype(np.int64)}
+        if self.kind == "extreme":
+            return {self.name: MERGES[self.merge].by_group(ids, values, k)}
+        return {self.name: np.bincount(ids, weights=values, minlength=k)}
+
+    def merged(self, held: Mapping[str, np.ndarray], part: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Two aligned partial figures of the same groups, merged by its rule."""
+        return {self.name: MERGES[self.merge].pair(held[self.name], part[self.name])}
+
+
+@dataclass(frozen=True)
+class TopTwoFigure:
+    """The need ``top_two``: each group's largest and second largest scored reward (float64)
+    and the place of its first row holding the largest (int64), merged exactly in any order
+    (:func:`~grpo_cli.kernel.merge_top_two`)."""
+
+    name: str = "top_two"
+    need: Need | None = "top_two"
+    exact: bool = True
+
+    @property
+    def columns(self) -> dict[str, tuple[type[np.generic], float]]:
+        return {
+            "top_first": (np.float64, -math.inf),
+            "top_second": (np.float64, -math.inf),
+            "top_best_row": (np.int64, NO_ROW),
+        }
+
+    def of_chunk(self, ids: np.ndarray, k: int, rows: RowInputs) -> dict[str, np.ndarray]:
+        values, groups, positions = rows.combined, ids, rows.positions()
+        if not rows.valid.all():
+            values, groups, positions = values[rows.valid], groups[rows.valid], positions[rows.valid]
+        top = group_top_two(
+            torch.from_numpy(values), torch.from_numpy(groups), k, positions=torch.from_numpy(positions)
+        )
+        return self._columns(top)
+
+    def merged(self, held: Mapping[str, np.ndarray], part: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._columns(merge_top_two(self._top_two(held), self._top_two(part)))
+
+    @staticmethod
+    def _columns(top: TopTwo) -> dict[str, np.ndarray]:
+        return {column: getattr(top, field).numpy() for column, field in _TOP_TWO_FIELDS.items()}
+
+    @staticmethod
+    def _top_two(columns: Mapping[str, np.ndarray]) -> TopTwo:
+        return TopTwo(**{name: torch.from_numpy(columns[column]) for column, name in _TOP_TWO_FIELDS.items()})
+
+
+_TOP_TWO_FIELDS = {"top_first": "first", "top_second": "second", "top_best_row": "best_row"}
+
+
+Figure = GroupFigure | TopTwoFigure
+"""A per-group figure of pass 1: its columns, how a chunk's rows give it, how partials merge."""
+
+
+def top_two_of(totals: Mapping[str, np.ndarray]) -> TopTwo | None:
+    """The need ``top_two`` from the run's figure totals (``None`` where it is not wanted)."""
+    if "top_first" not in totals:
+        return None
+    return TopTwoFigure._top_two(totals)
+
 
 def _lengths(rows: RowInputs) -> np.ndarray:
     assert rows.lengths is not None  # wanted only with --length-col (ComputeConfig.validate)
@@ -153,11 +277,12 @@ FIGURES = (
     ),
     GroupFigure("step_low", "extreme", "min", lambda rows: _steps(rows), need="step_span"),
     GroupFigure("step_high", "extreme", "max", lambda rows: _steps(rows), need="step_span"),
+    TopTwoFigure(),
 )
 """Every figure, in a fixed order: rows and unscorable rows per group, then those an estimator
 needs: rows with a non-zero reward (GPG's alpha) and OPO's length sums, then the lowest and
 highest step of each group where the run watches a step column (a group whose two differ
-spans steps)."""
+spans steps), then each group's top two rewards (grpo_passk)."""
 
 
 def step_spans(totals: Mapping[str, np.ndarray]) -> np.ndarray | None:
@@ -176,29 +301,16 @@ def _steps(rows: RowInputs) -> np.ndarray:
     return rows.steps
 
 
-def wanted(needs: Sequence[Need]) -> list[GroupFigure]:
+def wanted(needs: Sequence[Need]) -> list[Figure]:
     """The figures a run with these estimator needs computes."""
     return [figure for figure in FIGURES if figure.need is None or figure.need in needs]
 
 
-def of_chunk(
-    figures: Sequence[GroupFigure], ids: np.ndarray, k: int, rows: RowInputs
-) -> dict[str, np.ndarray]:
-    """Each figure's per-group total over one chunk's rows, shape ``(k,)`` (int64 or float64)."""
-    out = {}
+def of_chunk(figures: Sequence[Figure], ids: np.ndarray, k: int, rows: RowInputs) -> dict[str, np.ndarray]:
+    """Each figure's per-group totals over one chunk's rows, by column, shape ``(k,)``."""
+    out: dict[str, np.ndarray] = {}
     for figure in figures:
-        values = figure.of_rows(rows)
-        if figure.kind == "count":
-            if values.all():  # most counts hold every row or none: no copy of the IDs
-                out[figure.name] = np.bincount(ids, minlength=k).astype(np.int64)
-            elif not values.any():
-                out[figure.name] = np.zeros(k, dtype=np.int64)
-            else:
-                out[figure.name] = np.bincount(ids[values], minlength=k).astype(np.int64)
-        elif figure.kind == "extreme":
-            out[figure.name] = MERGES[figure.merge].by_group(ids, values, k)
-        else:
-            out[figure.name] = np.bincount(ids, weights=values, minlength=k)
+        out.update(figure.of_chunk(ids, k, rows))
     return out
 
 
@@ -231,10 +343,9 @@ class FigureAccumulator:
     [1, 1]
     """
 
-    def __init__(self, figures: Sequence[GroupFigure], *, block_rows: int) -> None:
-        # an extreme is exact in any order: folded a chunk at a time, as the counts
-        self.counts = [figure for figure in figures if figure.kind != "sum"]
-        self.sums = [figure for figure in figures if figure.kind == "sum"]
+    def __init__(self, figures: Sequence[Figure], *, block_rows: int) -> None:
+        self.counts = [figure for figure in figures if figure.exact]  # counts, extremes, the top two
+        self.sums = [figure for figure in figures if not figure.exact]
         self.block_rows = block_rows
         self._pending: list[tuple[np.ndarray, RowInputs]] = []
         self._pending_rows = 0
@@ -271,44 +382,37 @@ class FigureAccumulator:
         if rows:
             self._fold(self.sums, ids[:rows], head)
 
-    def _fold(self, figures: Sequence[GroupFigure], ids: np.ndarray, rows: RowInputs) -> None:
+    def _fold(self, figures: Sequence[Figure], ids: np.ndarray, rows: RowInputs) -> None:
         low, high = int(ids.min()), int(ids.max())  # the rows' groups: few, for sorted input
         chunk = of_chunk(figures, ids - low if low else ids, high - low + 1, rows)
         for figure in figures:
-            buffer = self._buffers.get(figure.name)
-            self._sizes[figure.name] = max(self._sizes.get(figure.name, 0), high + 1)
-            if buffer is not None and figure.name in self._handed_out:  # compute() gave a view of it
-                self._handed_out.discard(figure.name)
-                buffer = buffer.copy()
-            buffer = self._buffers[figure.name] = room_for(
-                buffer, high + 1, fill=figure.identity, dtype=chunk[figure.name].dtype
-            )
+            window = {}
+            for column, (_, identity) in figure.columns.items():
+                buffer = self._buffers.get(column)
+                self._sizes[column] = max(self._sizes.get(column, 0), high + 1)
+                if buffer is not None and column in self._handed_out:  # compute() gave a view of it
+                    self._handed_out.discard(column)
+                    buffer = buffer.copy()
+                buffer = self._buffers[column] = room_for(
+                    buffer, high + 1, fill=identity, dtype=chunk[column].dtype
+                )
+                window[column] = buffer[low : high + 1]
             # a group not seen before holds the rule's identity there (0 + a bincount's total is
             # the total: a bincount never sums to -0.0)
-            at = buffer[low : high + 1]
-            at[...] = MERGES[figure.merge].pair(at, chunk[figure.name])
+            merged = figure.merged(window, chunk)
+            for column, at in window.items():
+                at[...] = merged[column]
 
 
-def merge_by_group(
-    figures: Sequence[GroupFigure], parts: Mapping[str, np.ndarray], ids: np.ndarray, k: int
-) -> dict[str, np.ndarray]:
-    """Partial figures, one row per (block, group), merged into one per group ``ids`` names."""
+def padded(figures: Sequence[Figure], totals: Mapping[str, np.ndarray], k: int) -> dict[str, np.ndarray]:
+    """The totals of ``k`` groups, by column (a group seen in no chunk holds the identity)."""
     out = {}
     for figure in figures:
-        merged = MERGES[figure.merge].by_group(ids, parts[figure.name], k)
-        out[figure.name] = merged.astype(np.int64) if figure.kind == "count" else merged
-    return out
-
-
-def padded(figures: Sequence[GroupFigure], totals: Mapping[str, np.ndarray], k: int) -> dict[str, np.ndarray]:
-    """The totals of ``k`` groups (a group seen in no chunk has 0)."""
-    out = {}
-    for figure in figures:
-        values = totals.get(figure.name)
-        dtype = np.int64 if figure.kind == "count" else np.float64
-        out[figure.name] = (
-            np.full(k, figure.identity, dtype=dtype)
-            if values is None
-            else np.pad(values, (0, k - values.size), constant_values=figure.identity)
-        )
+        for column, (dtype, identity) in figure.columns.items():
+            values = totals.get(column)
+            out[column] = (
+                np.full(k, identity, dtype=dtype)
+                if values is None
+                else np.pad(values, (0, k - values.size), constant_values=identity)
+            )
     return out

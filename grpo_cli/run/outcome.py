@@ -14,10 +14,7 @@ from grpo_cli.kernel import (
     BatchTransform,
     GroupStats,
     Normalization,
-    TopTwo,
-    group_top_two,
 )
-from grpo_cli.run.rewards import RewardBatch
 
 
 @dataclass(frozen=True)
@@ -160,14 +157,3 @@ class OutcomeTotals:
                 for mine, theirs in zip(self.drops_by_reason, other.drops_by_reason, strict=True)
             ),
         )
-
-
-def scored_top_two(rewards: RewardBatch, ids: torch.Tensor, positions: torch.Tensor, k: int) -> TopTwo:
-    """The need ``top_two``: the top two combined rewards of each of ``k`` groups over a chunk's scored
-    rows, and each group's first best row (``positions``: the rows' places in the whole input;
-    both engines)."""
-    values = rewards.combined.to(torch.float64)
-    if rewards.combined_valid is not None:
-        valid = rewards.combined_valid
-        values, ids, positions = values[valid], ids[valid], positions[valid]
-    return group_top_two(values, ids, k, positions=positions)

@@ -30,7 +30,6 @@ from grpo_cli.kernel import (
     GroupStatsAccumulator,
     Normalization,
     RewardTotals,
-    TopTwo,
     WeightedMoments,
     apply_normalization,
     group_std,
@@ -38,7 +37,7 @@ from grpo_cli.kernel import (
     whitening,
 )
 from grpo_cli.options.config import ComputeConfig
-from grpo_cli.run.figures import step_spans
+from grpo_cli.run.figures import step_spans, top_two_of
 from grpo_cli.run.outcome import BatchLayout, GroupOutcome, OutcomeTotals
 from grpo_cli.run.rewards import RewardBatch, RewardReader, advantage_dtype, combined_advantages
 
@@ -146,7 +145,6 @@ class RunPlan:
         nan_rewards: int,
         figures: Mapping[str, np.ndarray] | None = None,
         batches: BatchLayout | None = None,
-        top_two: TopTwo | None = None,
         batch_stds: Sequence[Mapping[Any, float]] | None = None,
     ) -> GroupOutcome:
         """Everything pass 2 and the summary need, from pass 1's statistics and ``figures`` (the
@@ -166,6 +164,7 @@ class RunPlan:
         norms, active = self.normalize(channel_stats, batch_std=batch_std)
         active_cpu = active.cpu()
         figures = figures if figures is not None else {}
+        top_two = top_two_of(figures)
         facts = GroupFacts(summary_stats, active_cpu, figures, batches, top_two, self.config.advantage)
         return GroupOutcome(
             norms=norms,

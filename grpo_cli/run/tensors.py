@@ -33,7 +33,7 @@ from torch import Tensor
 from grpo_cli.errors import GrpoError, mention
 from grpo_cli.kernel import WeightedMomentsAccumulator
 from grpo_cli.run.figures import FigureAccumulator, RowInputs, padded, wanted
-from grpo_cli.run.outcome import BatchLayout, GroupOutcome, batch_of_groups, scored_top_two
+from grpo_cli.run.outcome import BatchLayout, GroupOutcome, batch_of_groups
 from grpo_cli.run.plan import RunPlan
 from grpo_cli.run.rewards import RewardBatch, RewardCombination, bad_rewards_error, refuse_bad_lengths
 from grpo_cli.run.steps import ONE_VALUE_REASONS
@@ -118,7 +118,6 @@ def _outcome(plan: RunPlan, batch: RewardBatch, ids: Tensor, k: int, rows: Tenso
     )
     running.update(ids_np, RowInputs.of(batch, summed_lengths))
     totals = padded(figures, running.compute(), k)
-    top_two = scored_top_two(batch, ids, torch.arange(n), k) if "top_two" in plan.needs else None
     outcome = plan.outcome(
         stats[: plan.channels],
         stats[-1] if separate else stats[0],
@@ -127,7 +126,6 @@ def _outcome(plan: RunPlan, batch: RewardBatch, ids: Tensor, k: int, rows: Tenso
         nan_rewards=int(totals["nan_rewards"].sum()),
         figures=totals,
         batches=_batch_layout(rows.batch_ids, ids_np, k, totals),
-        top_two=top_two,
     )
     if "group_rewards" in plan.needs:
         outcome = plan.with_group_rows(

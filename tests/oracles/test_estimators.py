@@ -532,3 +532,26 @@ def test_opo_baselines_do_not_depend_on_the_record_batch_size(monkeypatch):
     ]
     for other in results[1:]:
         assert np.array_equal(other, results[0])
+
+
+def test_grpo_passk_credits_each_groups_first_best_row_across_key_chunks(monkeypatch):
+    """grpo_passk's top two are a pass-1 figure folded a key chunk at a time: a group whose best
+    row comes in a later chunk must still credit that row (its place in the whole input, not in
+    its chunk), and only it."""
+    from grpo_cli import add_advantages
+    from grpo_cli.engines import local
+
+    monkeypatch.setattr(local.statistics, "MIN_KEY_CHUNK_ROWS", 50)
+    monkeypatch.setattr(local.statistics, "KEY_CHUNK_ROWS", 50)
+    rng = np.random.default_rng(11)
+    n = 1000
+    groups = rng.integers(0, 7, n)  # every group spans every chunk
+    rewards = rng.random(n)
+    rewards[[0, 1]] = 0.0  # a NaN row would be left out of the top two; a tie is not wanted here
+    table = pa.table({"group_id": groups, "reward": rewards})
+    for rows in (None, 13):
+        advantages = (
+            add_advantages(table, estimator="grpo_passk", batch_rows=rows).column("advantage").to_numpy()
+        )
+        best = {int(np.flatnonzero(groups == g)[np.argmax(rewards[groups == g])]) for g in range(7)}
+        assert set(np.flatnonzero(advantages).tolist()) == best

@@ -888,32 +888,37 @@ def test_running_totals_grow_in_place_and_keep_what_compute_gave(
     peek_after=st.integers(0, 6),
     seed=st.integers(0, 2**16),
 )
-def test_running_top_two_over_chunks_is_the_top_two_of_all_rows(sizes, chunk, peek_after, seed):
-    """Each chunk's top two over its own groups (as the local engine takes them, from its
-    lowest ID to its highest) merged in place: the top two of all rows at once, best rows
-    included; what result() gave part-way stays as it was."""
-    from grpo_cli.kernel import RunningTopTwo, group_top_two
+def test_the_top_two_figure_over_chunks_is_the_top_two_of_all_rows(sizes, chunk, peek_after, seed):
+    """Each chunk's top two over its own groups (as both engines take them, from its lowest ID
+    to its highest) merged in place by the figure's rule: the top two of all scored rows at
+    once, best rows included; what compute() gave part-way stays as it was."""
+    from grpo_cli.kernel import group_top_two
+    from grpo_cli.run.figures import FigureAccumulator, RowInputs, padded, top_two_of, wanted
 
     gen = torch.Generator().manual_seed(seed)
     ids = torch.arange(len(sizes)).repeat_interleave(torch.tensor(sizes))
     ids[torch.rand(ids.numel(), generator=gen) < 0.15] = 0  # group 0 comes back in later chunks
     values = torch.randint(0, 4, (ids.numel(),), generator=gen).to(torch.float64) / 2
+    scored = torch.rand(ids.numel(), generator=gen) > 0.1
     k = int(ids.max()) + 1
-    running, early = RunningTopTwo(), None
+    figures = wanted(("top_two",))
+    running, early = FigureAccumulator(figures, block_rows=7), None
+    names = ("first", "second", "best_row")
     for i, start in enumerate(range(0, ids.numel(), chunk)):
         part = slice(start, start + chunk)
-        low, high = int(ids[part].min()), int(ids[part].max())
-        top = group_top_two(
-            values[part], ids[part] - low, high - low + 1, positions=torch.arange(ids.numel())[part]
-        )
-        running.merge_rows(top, torch.arange(low, high + 1), high + 1)
+        rows = values[part].numel()
+        inputs = RowInputs(values[part].numpy(), scored[part].numpy(), None, runs=((start, rows),))
+        running.update(ids[part].numpy(), inputs)
         if i == peek_after:
-            early = running.result()
-            copies = [getattr(early, name).clone() for name in RunningTopTwo.NAMES]
-    expected = group_top_two(values, ids, k)
-    got = running.result(k)
-    for name in ("first", "second", "best_row"):
+            early = top_two_of(running.compute())
+            assert early is not None
+            copies = [getattr(early, name).clone() for name in names]
+    positions = torch.arange(ids.numel())
+    expected = group_top_two(values[scored], ids[scored], k, positions=positions[scored])
+    got = top_two_of(padded(figures, running.compute(), k))
+    assert got is not None
+    for name in names:
         assert torch.equal(getattr(got, name), getattr(expected, name)), name
     if early is not None:
-        for name, copy in zip(RunningTopTwo.NAMES, copies, strict=True):
+        for name, copy in zip(names, copies, strict=True):
             assert torch.equal(getattr(early, name), copy), name

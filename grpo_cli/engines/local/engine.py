@@ -169,7 +169,6 @@ class LocalEngine:
                     nan_rewards=first.nan_rewards,
                     figures=first.figures,
                     batches=first.batches,
-                    top_two=first.top_two,
                 )
             if first.group_rewards is not None:
                 outcome = self.plan.with_group_rows(outcome, first.group_rewards)

@@ -20,14 +20,10 @@ from grpo_cli.inputs.readers import (
     describe_row,
 )
 from grpo_cli.inputs.sources import Shard
-from grpo_cli.kernel import (
-    GroupStats,
-    RunningTopTwo,
-    TopTwo,
-)
+from grpo_cli.kernel import GroupStats
 from grpo_cli.results.summary import ByValues
 from grpo_cli.run.figures import FigureAccumulator, RowInputs, padded, room_for, wanted
-from grpo_cli.run.outcome import BatchLayout, batch_of_groups, scored_top_two
+from grpo_cli.run.outcome import BatchLayout, batch_of_groups
 from grpo_cli.run.plan import RunPlan
 from grpo_cli.run.rewards import RewardBatch
 from grpo_cli.run.steps import KEY_ROLES, ONE_VALUE_REASONS
@@ -48,13 +44,12 @@ class _Statistics:
 
     channel_stats: list[GroupStats]
     summary_stats: GroupStats  # the combined reward
-    figures: dict[str, np.ndarray]  # per group, each of figures.FIGURES the run wants
+    figures: dict[str, np.ndarray]  # per group, each column of the figures.FIGURES the run wants
     rows: int
     nan_rewards: int
     keys: GroupKeyIndex | None
     cached: list[list[pa.RecordBatch]] | None  # every shard's batches, when in memory
     batches: BatchLayout
-    top_two: TopTwo | None
     by: list[ByValues]
     filter_rows: list[tuple[np.ndarray, np.ndarray]] | None
     group_rewards: list[tuple[np.ndarray, torch.Tensor, torch.Tensor | None]] | None  # the need group_rewards
@@ -99,7 +94,6 @@ class _StatisticsPass:
             column: GroupKeyIndex([column], exact=exact_keys, few_values=True) for column in config.by_cols
         }
         self.by_of_group = {column: np.zeros(0, dtype=np.int64) for column in config.by_cols}
-        self.top_two = RunningTopTwo()  # the need top_two
         self.group_rewards: list[tuple[np.ndarray, torch.Tensor, torch.Tensor | None]] | None = (
             [] if "group_rewards" in plan.needs else None
         )  # every row's group, combined reward and validity, in input order
@@ -159,9 +153,9 @@ class _StatisticsPass:
             self._check_batches(group_ids, shard)
             lengths = torch.cat(self._pending_lengths).numpy() if self._pending_lengths else None
             steps = np.concatenate(self._pending_steps) if self._pending_steps else None
-            rows = RowInputs.of(chunk, lengths, steps)
+            runs = [(self._pending_first_global, self._pending_rows)]
+            rows = RowInputs.of(chunk, lengths, steps, runs=runs)
             self.figure_totals.update(group_ids, rows)
-            self._top_two(chunk, group_ids)
             if self.group_rewards is not None:
                 self.group_rewards.append((group_ids, chunk.combined.to(torch.float64), chunk.combined_valid))
             if self.filter_rows is not None:  # --trainer-filter: each group's rewards, in input order
@@ -185,18 +179,6 @@ class _StatisticsPass:
         assert group_size is not None
         first = self._pending_first_global
         return np.arange(first, first + self._pending_rows) // group_size
-
-    def _top_two(self, chunk: RewardBatch, group_ids: np.ndarray) -> None:
-        """The need ``top_two``: each group's top two rewards."""
-        if "top_two" not in self.plan.needs:
-            return
-        if not group_ids.size:
-            return
-        low, high = int(group_ids.min()), int(group_ids.max())  # the chunk's own groups
-        first = self._pending_first_global
-        positions = torch.arange(first, first + chunk.combined.numel())
-        top = scored_top_two(chunk, torch.from_numpy(group_ids - low), positions, high - low + 1)
-        self.top_two.merge_rows(top, torch.arange(low, high + 1), high + 1)
 
     def _check_batches(self, group_ids: np.ndarray, shard: Shard) -> None:
         """Each group's batch and ``--by`` values: one per group, checked (without --batch-col
@@ -347,7 +329,6 @@ class _StatisticsPass:
             self.keys,
             cached,
             self.batch_layout(totals, num_groups),
-            self.top_two.result(num_groups),
             self.by_values(num_groups),
             self.filter_rows,
             self.group_rewards,

@@ -23,7 +23,6 @@ from grpo_cli.engines.ray.fields import (
     GROUP_FIELD,
     ROW_GROUP_FIELD,
     ROW_GROUP_IN_BLOCK,
-    TOP_TWO_FIELDS,
     VALUE_CLASH_FIELD,
     VALUE_FIELD,
     _channel_prefix,
@@ -36,12 +35,10 @@ from grpo_cli.errors import GrpoError
 from grpo_cli.inputs.readers import parquet_row_range
 from grpo_cli.kernel import (
     GroupStats,
-    RunningTopTwo,
-    TopTwo,
 )
 from grpo_cli.options.config import ComputeConfig
 from grpo_cli.run.figures import RowInputs, of_chunk, wanted
-from grpo_cli.run.outcome import batch_of_groups, scored_top_two
+from grpo_cli.run.outcome import batch_of_groups
 from grpo_cli.run.plan import RunPlan
 from grpo_cli.run.rewards import RewardBatch
 from grpo_cli.run.steps import KEY_ROLES, value_columns
@@ -213,16 +210,9 @@ def block_statistics(
         columns.update(_numpy(accumulators[-1].compute(k).to_columns(_SUMMARY_PREFIX)))
     lengths = torch.cat(length_parts).numpy() if length_parts else None
     steps = np.concatenate(step_parts) if step_parts else None
-    figures = of_chunk(wanted(plan.needs), ids_np, k, RowInputs.of(rewards, lengths, steps))
+    runs = [(first, r.combined.numel()) for first, r in zip(part_starts, reward_parts, strict=True)]
+    figures = of_chunk(wanted(plan.needs), ids_np, k, RowInputs.of(rewards, lengths, steps, runs=runs))
     columns.update({FIGURE_PREFIX + name: values for name, values in figures.items()})
-    if "top_two" in plan.needs:
-        positions = np.concatenate(
-            [
-                np.arange(first, first + r.combined.numel())
-                for first, r in zip(part_starts, reward_parts, strict=True)
-            ]
-        )
-        columns.update(_top_two_columns(rewards, ids, torch.from_numpy(positions), k))
     assert first_record is not None  # a block holds at least one row
     table = keys.key_table(pa.Table.from_batches([first_record]))
     for name, value in columns.items():
@@ -236,22 +226,6 @@ def block_statistics(
         table = table.append_column(VALUE_CLASH_FIELD.format(i), pa.array(split))
     table = table.append_column(GROUP_FIELD, pa.array(np.arange(k, dtype=np.int64)))
     return table.append_column(BLOCK_FIELD, pa.array(np.full(k, index, dtype=np.int64)))
-
-
-def _top_two_columns(
-    rewards: RewardBatch, ids: torch.Tensor, positions: torch.Tensor, k: int
-) -> dict[str, Any]:
-    """The need ``top_two``: a block's top two rewards of each group and its first best row, as the local
-    engine reduces a chunk (:func:`~grpo_cli.run.outcome.scored_top_two`)."""
-    top = scored_top_two(rewards, ids, positions, k)
-    return {field: getattr(top, name).numpy() for name, field in TOP_TWO_FIELDS.items()}
-
-
-def _partial_top_two(partial: pa.Table) -> TopTwo:
-    """A block's top two, one entry per partial row."""
-    return TopTwo(
-        *(torch.from_numpy(partial.column(TOP_TWO_FIELDS[name]).to_numpy()) for name in RunningTopTwo.NAMES)
-    )
 
 
 def _stats_from_table(table: pa.Table, prefix: str) -> GroupStats:

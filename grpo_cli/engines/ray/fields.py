@@ -54,13 +54,6 @@ def _refusal(message: str) -> pa.Table:
     return pa.table({ERROR_FIELD: [message]})
 
 
-TOP_TWO_FIELDS = {
-    "first": "__grpo_top_first",
-    "second": "__grpo_top_second",
-    "best_row": "__grpo_top_best_row",
-}
-
-
 def _numpy(columns: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     return {name: value.numpy() for name, value in columns.items()}
 

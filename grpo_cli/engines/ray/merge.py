@@ -13,14 +13,13 @@ import pyarrow as pa
 import torch
 
 from grpo_cli.arrow.keys import GroupKeyIndex
-from grpo_cli.engines.ray.blocks import _partial_top_two, _stats_from_table
+from grpo_cli.engines.ray.blocks import _stats_from_table
 from grpo_cli.engines.ray.fields import (
     _SUMMARY_PREFIX,
     BLOCK_FIELD,
     FIGURE_PREFIX,
     FIRST_SEEN_FIELDS,
     GROUP_FIELD,
-    TOP_TWO_FIELDS,
     VALUE_CLASH_FIELD,
     VALUE_FIELD,
     VALUE_PREFIX,
@@ -34,15 +33,12 @@ from grpo_cli.errors import mention
 from grpo_cli.kernel import (
     GroupStats,
     RunningGroupStats,
-    RunningTopTwo,
-    TopTwo,
     empty_group_stats,
-    empty_top_two,
 )
 from grpo_cli.results.summary import (
     ByValues,
 )
-from grpo_cli.run.figures import MERGES, padded, room_for, wanted
+from grpo_cli.run.figures import padded, room_for, wanted
 from grpo_cli.run.outcome import BatchLayout, GroupOutcome
 from grpo_cli.run.plan import RunPlan
 from grpo_cli.run.steps import value_columns
@@ -75,10 +71,9 @@ class MergedStatistics:
 
     channel_stats: list[GroupStats]
     summary_stats: GroupStats
-    figures: dict[str, np.ndarray]  # per group, each of figures.FIGURES the run wants
+    figures: dict[str, np.ndarray]  # per group, each column of the figures.FIGURES the run wants
     batches: BatchLayout
     by: list[ByValues]  # each --by column's value of every group
-    top_two: TopTwo | None  # the need top_two
 
     @property
     def rows_per_group(self) -> np.ndarray:
@@ -109,7 +104,6 @@ class OrderedMerge:
         self.totals: dict[str, np.ndarray] = {}  # each figure's, at the front of a growing buffer
         self.value_of_group = [np.zeros(0, dtype=np.int64) for _ in self.one_value]
         self.first_table: pa.Table | None = None
-        self.top_two = RunningTopTwo()  # the need top_two
         self.first_seen: list[np.ndarray] = []  # each group's first partial row: (block, group in block)
 
     def add(self, partial: pa.Table) -> np.ndarray:
@@ -131,14 +125,17 @@ class OrderedMerge:
         if self.plan.channels > 1:
             self.summary.merge_rows(_stats_from_table(partial, _SUMMARY_PREFIX), ids, k)
         for figure in self.figures:
-            values = partial.column(FIGURE_PREFIX + figure.name).to_numpy()
-            total = self.totals[figure.name] = room_for(
-                self.totals.get(figure.name), k, fill=figure.identity, dtype=values.dtype
-            )
-            # a group new here holds 0: 0 + its block's figure, as placing it among all the groups gave
-            total[ids_np] = MERGES[figure.merge].pair(total[ids_np], values)
-        if "top_two" in self.plan.needs:
-            self.top_two.merge_rows(_partial_top_two(partial), ids, k)
+            held, part = {}, {}
+            for column, (_, identity) in figure.columns.items():
+                part[column] = partial.column(FIGURE_PREFIX + column).to_numpy()
+                self.totals[column] = room_for(
+                    self.totals.get(column), k, fill=identity, dtype=part[column].dtype
+                )
+                held[column] = self.totals[column][ids_np]
+            # a group new here holds the identity: merged with its block's figure, as placing it
+            # among all the groups gave
+            for column, values in figure.merged(held, part).items():
+                self.totals[column][ids_np] = values
         for i in range(len(self.one_value)):
             self._add_values(i, partial, ids_np, k)
         return ids_np
@@ -176,8 +173,7 @@ class OrderedMerge:
             )
             for i, (column, _, _) in enumerate(self.one_value)
         ]
-        top_two = self.top_two.result(k)
-        return _merged(self.plan, channels, summary, totals, values, top_two)
+        return _merged(self.plan, channels, summary, totals, values)
 
     def _of_groups(self, i: int, k: int) -> np.ndarray:
         known = self.value_of_group[i]
@@ -195,8 +191,6 @@ class OrderedMerge:
         if self.plan.channels > 1:
             columns.update(_numpy(merged.summary_stats.to_columns(_SUMMARY_PREFIX)))
         columns.update({FIGURE_PREFIX + name: values for name, values in merged.figures.items()})
-        if merged.top_two is not None:
-            columns.update({f: getattr(merged.top_two, n).numpy() for n, f in TOP_TWO_FIELDS.items()})
         for i in range(len(self.one_value)):
             values = self.value_keys[i].key_table(_empty_values(i)).column(0)
             columns[VALUE_FIELD.format(i)] = values.take(pa.array(self._of_groups(i, k)))
@@ -221,7 +215,6 @@ def _merged(
     summary: GroupStats,
     totals: dict[str, np.ndarray],
     values: list[tuple[str, np.ndarray, list[Any]]],
-    top_two: TopTwo | None,
 ) -> MergedStatistics:
     """The merged figures, with the batch layout and ``--by`` values of each group from the
     one-value columns' ``values`` (column, each group's value ID, the values)."""
@@ -232,7 +225,7 @@ def _merged(
         _, of_group, batch_keys = values.pop(0)
         batches = BatchLayout.of_groups(of_group, totals, batch_keys)
     by = [ByValues(column, of_group, value_keys) for column, of_group, value_keys in values]
-    return MergedStatistics(channels, summary, totals, batches, by, top_two)
+    return MergedStatistics(channels, summary, totals, batches, by)
 
 
 def _empty_keys(plan: RunPlan) -> pa.Table:
@@ -273,22 +266,13 @@ def _in_bucket_order(plan: RunPlan, figures: Sequence[Any], sizes: Sequence[int]
         del table
     channels = [_stats_of(numbers, _channel_prefix(c), plan) for c in range(plan.channels)]
     summary = channels[0] if plan.channels == 1 else _stats_of(numbers, _SUMMARY_PREFIX, plan)
+    figures = wanted(plan.needs)
+    columns = [column for figure in figures for column in figure.columns]
     totals = padded(
-        wanted(plan.needs),
-        {
-            f.name: numbers[FIGURE_PREFIX + f.name]
-            for f in wanted(plan.needs)
-            if FIGURE_PREFIX + f.name in numbers
-        },
+        figures,
+        {column: numbers[FIGURE_PREFIX + column] for column in columns if FIGURE_PREFIX + column in numbers},
         k,
     )
-    top_two = None
-    if "top_two" in plan.needs:
-        top_two = empty_top_two(k)
-        if k:
-            top_two = TopTwo(
-                *(torch.from_numpy(numbers[TOP_TWO_FIELDS[n]]) for n in ("first", "second", "best_row"))
-            )
     one_value = []
     for i, (column, _, _) in enumerate(value_columns(plan.config)):
         index = GroupKeyIndex([VALUE_FIELD.format(i)], few_values=True)
@@ -299,7 +283,7 @@ def _in_bucket_order(plan: RunPlan, figures: Sequence[Any], sizes: Sequence[int]
             combined = pa.concat_tables(parts, promote_options="permissive").column(name)
             of_group = index.encode([combined])
         one_value.append((column, of_group, [index.key_at(v) for v in range(len(index))]))
-    return _merged(plan, channels, summary, totals, one_value, top_two)
+    return _merged(plan, channels, summary, totals, one_value)
 
 
 def _outcome_of(plan: RunPlan, merged: MergedStatistics, batch_stds: BatchStds | None = None) -> GroupOutcome:
@@ -313,7 +297,6 @@ def _outcome_of(plan: RunPlan, merged: MergedStatistics, batch_stds: BatchStds |
         nan_rewards=merged.nan_rewards,
         figures=merged.figures,
         batches=merged.batches,
-        top_two=merged.top_two,
         batch_stds=batch_stds,
     )
 
