@@ -5,7 +5,9 @@ that kept a single completion (a filter upstream dropped the rest). Each row car
 32-character hex uid shared by its group (``group_id``), the prompt and completion text,
 a binary correctness reward (``correct``) and a continuous reward (``reward``:
 correctness plus a format bonus minus a length penalty). Prompt difficulty varies, so
-some groups are all correct, some all wrong and most mixed. The output is deterministic.
+some groups are all correct, some all wrong and most mixed. ``export.json`` holds the same
+rollouts as a JSON array of nested records (``meta.prompt_id``, ``reward.score``), as an
+export from a labelling tool would. The output is deterministic.
 """
 
 from __future__ import annotations
@@ -99,6 +101,16 @@ def main() -> None:
         for row in rows:
             handle.write(json.dumps(row) + "\n")
     print(f"wrote {len(rows)} rows to {HERE / 'rollouts.parquet'} and {HERE / 'rollouts.jsonl'}")
+    exported = [
+        {
+            "meta": {"prompt_id": row["group_id"], "sample": row["sample_index"]},
+            "reward": {"score": row["reward"], "correct": row["correct"]},
+        }
+        for row in rows
+    ]
+    with open(HERE / "export.json", "w", encoding="utf-8") as handle:  # a JSON array of nested records
+        handle.write("[\n" + ",\n".join(json.dumps(record) for record in exported) + "\n]\n")
+    print(f"wrote {len(exported)} nested records to {HERE / 'export.json'}")
 
 
 if __name__ == "__main__":

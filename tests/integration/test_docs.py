@@ -92,33 +92,117 @@ def _matches(shown: list[str], printed: list[str]) -> bool:
 
 
 def test_readme_console_examples_print_what_they_show(tmp_path):
-    """Every ``grpo-cli`` example of the README (on the sample data it ships) runs, in order, in a
-    folder of its own (no collision with a clone's files), and prints the lines it shows
-    (standard output and error as a terminal interleaves them; times and sizes masked); ``$ echo
-    $?`` shows the exit code of the command before it."""
-    shutil.copytree(ROOT / "sample_data", tmp_path / "sample_data")
-    (tmp_path / "out").mkdir()
-    ran, last_code = [], 0
-    for command, shown in _console_examples((ROOT / "README.md").read_text()):
+    """Every example of the README (on the sample data it ships) runs, in order, in a folder of
+    its own (no collision with a clone's files), and prints the lines it shows (standard output
+    and error as a terminal interleaves them, at 200 columns; times and sizes masked)."""
+    (tmp_path / "out").mkdir()  # the quick start's `make demo` writes there
+    ran, not_run = _run_examples(ROOT / "README.md", tmp_path, columns=200)
+    assert len(ran) >= 7 and all(reason.endswith("(sets up .venv)") for reason in not_run), (ran, not_run)
+    print("ran:", *ran, sep="\n  ")
+
+
+NOT_RUN = {
+    "s3://": "needs a bucket and credentials (the S3 store runs against a local server in test_stores.py)",
+    "gs://": "needs a bucket (the GCS store runs against a local server in test_gcs.py)",
+    "hf://": "needs the Hugging Face Hub (the hf store runs against a local server in test_hf.py)",
+    "pip install": "installs packages",
+    "ray start": "starts a Ray cluster's machines",
+    "ray stop": "stops a Ray cluster's machines",
+    "make demo": "sets up .venv",
+    "make test": "sets up .venv",
+}
+"""Docs examples that name these are shown, not run here, for the reason given."""
+
+SHELL_TOOLS = {"grpo-cli", "echo", "cat", "mkdir", "cp", "touch", "gzip", "head", "tail", "jq"}
+"""What a docs example may run: grpo-cli and the tools that make its input or read its output."""
+
+DOCS_PAGES = sorted(
+    page.name
+    for page in (ROOT / "docs").glob("*.md")
+    if any(command.startswith("grpo-cli ") for command, _ in _console_examples(page.read_text()))
+)
+
+
+def _tools(command: str) -> set[str]:
+    """The programs a shell line runs (the first word of each command of its pipelines).
+
+    >>> sorted(_tools("cat a | grpo-cli compute - -o x -q && jq -c '.a | .b' x"))
+    ['cat', 'grpo-cli', 'jq']
+    """
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    tools, starts = set(), True
+    for token in lexer:
+        if token in {"|", "||", "&&", ";"}:
+            starts = True
+        elif starts:
+            tools.add(token)
+            starts = False
+    return tools
+
+
+def _not_run(command: str) -> str | None:
+    for needle, reason in NOT_RUN.items():
+        if needle in command:
+            return reason
+    return None
+
+
+def _run_examples(page: Path, folder: Path, *, columns: int) -> tuple[list[str], list[str]]:
+    """Run ``page``'s ``$`` examples in order in ``folder`` (given a copy of the shipped sample
+    data): an example that shows output must print it (times and sizes masked; ``...`` any
+    lines), one that shows none must succeed; ``$ echo $?`` shows the exit code before it.
+    Returns the examples run and those :data:`NOT_RUN` names, with the reason."""
+    shutil.copytree(ROOT / "sample_data", folder / "sample_data")
+    bin_dir = str(Path(sys.executable).parent)  # grpo-cli's entry point, installed beside python
+    path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    env = {**os.environ, "COLUMNS": str(columns), "NO_COLOR": "1", "PATH": path}
+    examples = _console_examples(page.read_text())
+    needed = {tool for command, _ in examples if _not_run(command) is None for tool in _tools(command)}
+    missing = sorted(tool for tool in needed & SHELL_TOOLS if shutil.which(tool, path=path) is None)
+    if missing:
+        pytest.skip(f"{page.name}'s examples run {', '.join(missing)}, which this machine lacks")
+    ran, not_run, last_code = [], [], 0
+    for command, shown in examples:
+        reason = _not_run(command)
+        if reason is not None:
+            not_run.append(f"{command}  ({reason})")
+            continue
         if command == "echo $?":
-            assert shown == [str(last_code)], f"exit code {last_code}, the README shows {shown}"
+            assert shown == [str(last_code)], f"{page.name}: exit code {last_code}, the page shows {shown}"
             continue
-        if not command.startswith("grpo-cli "):
-            continue
+        tools = _tools(command)
+        assert tools <= SHELL_TOOLS, f"{page.name}: $ {command} runs {sorted(tools - SHELL_TOOLS)}"
         done = subprocess.run(
-            [sys.executable, "-m", "grpo_cli", *shlex.split(command)[1:]],
-            cwd=tmp_path,
+            ["bash", "-o", "pipefail", "-c", command],
+            cwd=folder,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env={**os.environ, "COLUMNS": "200"},
+            env=env,
         )
         last_code = done.returncode
-        printed = done.stdout.splitlines()
-        assert _matches(shown, printed), f"$ {command}\nprinted:\n{done.stdout}"
+        if shown:
+            assert _matches(shown, done.stdout.splitlines()), (
+                f"{page.name}: $ {command}\nprinted:\n{done.stdout}"
+            )
+        else:
+            assert done.returncode == 0, f"{page.name}: $ {command}\nprinted:\n{done.stdout}"
         ran.append(command)
-    assert len(ran) >= 7, ran
-    print("ran:", *ran, sep="\n  ")
+    return ran, not_run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", DOCS_PAGES)
+def test_docs_console_examples_print_what_they_show(page, tmp_path):
+    """Each docs page's examples run as the README's do (:func:`_run_examples`), at the 100
+    columns the generated examples are drawn at: the files an example uses are shipped, or an
+    earlier example of the page makes them. Only those :data:`NOT_RUN` names are left out, each
+    with its reason; the test lists both."""
+    ran, not_run = _run_examples(ROOT / "docs" / page, tmp_path, columns=100)
+    assert ran, f"{page}: no example ran"
+    print(f"{page}: ran", *ran, sep="\n  ")
+    print(f"{page}: not run", *not_run, sep="\n  ")
 
 
 @pytest.mark.parametrize(
