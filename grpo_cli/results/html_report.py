@@ -1,11 +1,15 @@
 """``--report FILE``: the run's figures as charts, in one self-contained HTML page or a picture.
 
 Drawn with plotly (the ``report`` extra): its HTML embeds plotly.js, so the page opens
-offline, fetches nothing, and keeps plotly's zoom and hover. The charts are what users plot by
-hand from their rollouts: per value of each ``--by`` column the inactive fraction (all at
-the minimum reward, all at the maximum, other constant) and the mean reward, a line over a
-numeric column (steps) or bars over a text one (data sources); the group-mean distribution;
-the group-size distribution. Everything comes from the summary: nothing is read again.
+offline, fetches nothing, and keeps plotly's zoom and hover. The page opens with the verdict
+and the counts the terminal prints, then the charts, each the kind its axis calls for: per
+value of each ``--by`` column the share of groups inactive (all at the minimum reward, all at
+the maximum, another value) and the mean reward, each on an axis from zero, as areas and a
+line over a numeric column (steps: whole-number ticks, markers only over a few) or as bars
+ranked worst first and dots over a text one (data sources: the values past the first 15 summed
+into one bar); the group-mean distribution (k of G for binary rewards); the group sizes; then
+each ``--by`` column's values in a table sortable by any heading. Everything comes from the
+summary: nothing is read again.
 
 A ``.png`` or ``.svg`` report is that page drawn by a headless Chromium found on ``PATH``
 (plotly draws in a browser; kaleido, its exporter, drives Chromium too): the PNG is a
@@ -101,16 +105,23 @@ def render(summary: dict[str, Any], *, static: bool = False) -> str:
     figures.append(_size_figure(go, summary.get("group_size_counts") or {}))
     parts = []
     for number, figure in enumerate(figures):
+        bars = max((len(trace.y) for trace in figure.data if trace.orientation == "h"), default=0)
+        # the page's own heading (it wraps on a phone); a picture keeps it in the chart's export
+        heading = "" if static else figure.layout.title.text or ""
         figure.update_layout(
-            template="plotly_white", height=CHART_HEIGHT, margin={"l": 60, "r": 30, "t": 60, "b": 50}
+            title=figure.layout.title.text if static else None,
+            template="plotly_white",
+            height=max(CHART_HEIGHT, 120 + 26 * bars),
+            margin={"l": 60, "r": 20, "t": 80 if static else 40, "b": 40},
+            legend={"orientation": "h", "yanchor": "top", "y": -0.12, "x": 0},
         )
-        parts.append(
-            figure.to_html(
-                full_html=False,
-                include_plotlyjs=number == 0,
-                config={"displaylogo": False, "displayModeBar": not static},
-            )
+        chart = figure.to_html(
+            full_html=False,
+            include_plotlyjs=number == 0,
+            default_width="100%",
+            config={"displaylogo": False, "displayModeBar": not static, "responsive": True},
         )
+        parts.append(f"<h3>{html.escape(heading)}</h3>{chart}" if heading else chart)
     title, head = _headline(summary)
     dump = summary["input"].get("from")
     read_as = (
@@ -125,21 +136,84 @@ def render(summary: dict[str, Any], *, static: bool = False) -> str:
         f"<h1>{html.escape(title)}</h1><p>{html.escape(head)}</p>{read_as}"
         + verdict_html(summary)
         + counts_html(summary)
+        + _TERMS
         + "".join(f'<div class="chart">{part}</div>' for part in parts)
-        + "</body></html>\n"
+        + "".join(by_table_html(column, values) for column, values in (summary.get("by") or {}).items())
+        + f"<script>{_SORTABLE}</script></body></html>\n"
     )
 
 
 _STYLE = (
     "body{font-family:system-ui,sans-serif;margin:16px;max-width:1100px}"
     "h1{font-size:20px;overflow-wrap:anywhere}h2{font-size:16px;margin-top:20px}p{color:#333}"
+    "h3{font-size:15px;margin:18px 0 0;font-weight:600}table{display:block;overflow-x:auto;max-width:100%}"
+    "@media (max-width:600px){.modebar-container{display:none}}"
     "table{border-collapse:collapse;margin:8px 0}td,th{padding:3px 10px;text-align:left;"
     "border-bottom:1px solid #e5e5e5;vertical-align:top}"
     "td.n{text-align:right;font-variant-numeric:tabular-nums}"
     ".verdict{font-size:18px;font-weight:600;padding:8px 12px;border-radius:4px;display:inline-block}"
     ".pass{background:#e6f4ea;color:#137333}.fail{background:#fce8e6;color:#a50e0e}"
     ".none{background:#f1f3f4;color:#3c4043}ul{padding-left:20px}.chart{max-width:100%;overflow-x:auto}"
+    "table.sortable th{cursor:pointer;user-select:none}table.sortable{font-size:14px}"
 )
+
+
+_TERMS = (
+    "<p>A group is <b>inactive</b> when every rollout in it got the same reward: its advantages "
+    "are all zero and it teaches nothing. <b>All at the minimum</b>: every rollout got the lowest "
+    "reward the run saw (all failed); <b>all at the maximum</b>: the highest (all solved); "
+    "<b>all another value</b>: the same reward in between.</p>"
+)
+
+_SORTABLE = (
+    "document.querySelectorAll('table.sortable th').forEach((th, col) => th.addEventListener('click', () => {"
+    " const body = th.closest('table').tBodies[0]; const rows = Array.from(body.rows);"
+    " const up = th.dataset.dir !== 'up'; th.dataset.dir = up ? 'up' : 'down';"
+    " const key = r => { const t = r.cells[col].dataset.v ?? r.cells[col].textContent;"
+    " const n = parseFloat(t); return isNaN(n) ? t : n; };"
+    " rows.sort((a, b) => { const x = key(a), y = key(b);"
+    " return (x > y ? 1 : x < y ? -1 : 0) * (up ? 1 : -1); });"
+    " rows.forEach(r => body.appendChild(r)); }));"
+)
+
+
+def by_table_html(column: str, values: list[dict[str, Any]]) -> str:
+    """Every value of a ``--by`` column with its counts, sortable by any column (a click on its
+    heading), the worst inactive fraction first.
+
+    >>> page = by_table_html("step", [{"value": 1, "groups": 4, "rows": 32, "inactive_groups": 1,
+    ...     "inactive": {"all_min": 1, "all_max": 0, "other": 0}, "reward_mean": 0.5}])
+    >>> '<td class="n" data-v="0.25">25.0%</td>' in page and 'class="sortable"' in page
+    True
+    """
+    ranked = sorted(values, key=lambda v: -(v["inactive_groups"] / v["groups"]) if v["groups"] else 0.0)
+    rows = []
+    for v in ranked:
+        parts = _inactive_parts(v)
+        share = v["inactive_groups"] / v["groups"] if v["groups"] else 0.0
+        mean = v.get("reward_mean")
+        cells = [
+            f"<td>{html.escape(str(v['value']))}</td>",
+            _number_cell(v["groups"], f"{v['groups']:,}"),
+            _number_cell(v["rows"], f"{v['rows']:,}"),
+            _number_cell(share, f"{100 * share:.1f}%"),
+            *(_number_cell(parts[key], f"{parts[key]:,}") for key, _, _ in _INACTIVE_PARTS),
+            _number_cell(mean, "" if mean is None else f"{mean:.4g}"),
+        ]
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    head = "".join(
+        f"<th>{html.escape(name)}</th>"
+        for name in (column, "groups", "rows", "inactive", "all min", "all max", "another", "mean reward")
+    )
+    return (
+        f"<h2>By {html.escape(column)} (click a heading to sort)</h2>"
+        f'<table class="sortable"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+    )
+
+
+def _number_cell(value: float | None, shown: str) -> str:
+    """A table cell showing ``shown``, sorted by ``value`` (a blank sorts first)."""
+    return f'<td class="n" data-v="{"" if value is None else f"{value:.10g}"}">{html.escape(shown)}</td>'
 
 
 def verdict_html(summary: dict[str, Any]) -> str:
@@ -373,47 +447,154 @@ def _numeric(values: list[dict[str, Any]]) -> bool:
     return all(isinstance(v["value"], int | float) and not isinstance(v["value"], bool) for v in values)
 
 
-def _by_figure(go: Any, make_subplots: Any, column: str, values: list[dict[str, Any]]) -> Any:
-    x = [v["value"] for v in values] if _numeric(values) else [str(v["value"]) for v in values]
-    groups = [v["groups"] or 1 for v in values]
-    series = {
-        "inactive: all at the minimum": [
-            v["inactive"]["all_min"] / g for v, g in zip(values, groups, strict=True)
-        ],
-        "inactive: all at the maximum": [
-            v["inactive"]["all_max"] / g for v, g in zip(values, groups, strict=True)
-        ],
-        "inactive: other": [
-            (v["inactive_groups"] - v["inactive"]["all_min"] - v["inactive"]["all_max"]) / g
-            for v, g in zip(values, groups, strict=True)
-        ],
+SHOWN_CATEGORIES = 15
+"""A text ``--by`` column's values drawn one bar each, the worst first; the rest are one bar."""
+
+MARKERS_UP_TO = 30
+"""Points of a line drawn with markers; past this, the line alone."""
+
+_INACTIVE_PARTS = (
+    ("all_min", "inactive: all at the minimum", "#d62728"),
+    ("all_max", "inactive: all at the maximum", "#2ca02c"),
+    ("other", "inactive: all another value", "#9467bd"),
+)
+
+
+def _inactive_parts(value: dict[str, Any]) -> dict[str, int]:
+    parts = dict(value["inactive"])
+    parts.setdefault("other", value["inactive_groups"] - parts.get("all_min", 0) - parts.get("all_max", 0))
+    return parts
+
+
+def _ranked(values: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A text column's values, the largest inactive fraction first (then the most groups), the
+    values past :data:`SHOWN_CATEGORIES` summed into one."""
+    ranked = sorted(
+        values, key=lambda v: (-(v["inactive_groups"] / v["groups"]) if v["groups"] else 0.0, -v["groups"])
+    )
+    shown, rest = ranked[:SHOWN_CATEGORIES], ranked[SHOWN_CATEGORIES:]
+    if not rest:
+        return shown
+    groups = sum(v["groups"] for v in rest)
+    rows = sum(v["rows"] for v in rest)
+    parts = {key: sum(_inactive_parts(v)[key] for v in rest) for key, _, _ in _INACTIVE_PARTS}
+    total_reward = sum(v["reward_mean"] * v["rows"] for v in rest if v.get("reward_mean") is not None)
+    other = {
+        "value": f"{len(rest)} other values",
+        "groups": groups,
+        "rows": rows,
+        "inactive_groups": sum(parts.values()),
+        "inactive": parts,
+        "reward_mean": total_reward / rows if rows else None,
     }
-    figure = make_subplots(specs=[[{"secondary_y": True}]])
-    line = _numeric(values)
-    for name, ys in series.items():
-        if line:
-            figure.add_trace(
-                go.Scatter(x=x, y=ys, name=name, mode="lines+markers", stackgroup="inactive"),
-                secondary_y=False,
-            )
-        else:
-            figure.add_trace(go.Bar(x=x, y=ys, name=name), secondary_y=False)
+    return [*shown, other]
+
+
+def _by_figure(go: Any, make_subplots: Any, column: str, values: list[dict[str, Any]]) -> Any:
+    """Per value of a ``--by`` column, the share of its groups inactive (by the value they all
+    hold) and its mean reward, each on an axis from zero: areas and a line over a numeric column
+    (steps, integer ticks for integers), ranked bars and dots over a text one."""
+    if _numeric(values):
+        return _ordered_figure(go, make_subplots, column, sorted(values, key=lambda v: v["value"]))
+    return _categorical_figure(go, make_subplots, column, _ranked(values))
+
+
+def _ordered_figure(go: Any, make_subplots: Any, column: str, values: list[dict[str, Any]]) -> Any:
+    x = [v["value"] for v in values]
+    mode = "lines+markers" if len(x) <= MARKERS_UP_TO else "lines"
+    figure = make_subplots(
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        row_heights=[0.65, 0.35],
+        vertical_spacing=0.16,
+        subplot_titles=("inactive groups (share of the groups)", "mean reward"),
+    )
+    for key, name, color in _INACTIVE_PARTS:
+        counts = [_inactive_parts(v)[key] for v in values]
+        if not any(counts):
+            continue  # an empty series would be drawn along the top of the stack
+        figure.add_trace(
+            go.Scatter(
+                x=x,
+                y=[c / v["groups"] if v["groups"] else 0.0 for c, v in zip(counts, values, strict=True)],
+                customdata=[[c, v["groups"]] for c, v in zip(counts, values, strict=True)],
+                name=name,
+                mode=mode,
+                stackgroup="inactive",
+                line={"color": color},
+                hovertemplate=f"{html.escape(column)} %{{x}}: %{{y:.1%}} (%{{customdata[0]}} of "
+                f"%{{customdata[1]}} groups)<extra>{name}</extra>",
+            ),
+            row=1,
+            col=1,
+        )
     figure.add_trace(
         go.Scatter(
             x=x,
-            y=[v["reward_mean"] for v in values],
+            y=[v.get("reward_mean") for v in values],
             name="mean reward",
-            mode="lines+markers",
-            line={"color": "black", "dash": "dot"},
+            mode=mode,
+            line={"color": "black"},
+            hovertemplate=f"{html.escape(column)} %{{x}}: mean reward %{{y:.4g}}<extra></extra>",
         ),
-        secondary_y=True,
+        row=2,
+        col=1,
     )
-    if not line:
-        figure.update_layout(barmode="stack")
-    figure.update_layout(title=f"Inactive groups and mean reward by {column}")
-    figure.update_xaxes(title_text=column)
-    figure.update_yaxes(title_text="fraction of groups", tickformat=".0%", secondary_y=False)
-    figure.update_yaxes(title_text="mean reward", secondary_y=True)
+    figure.update_yaxes(tickformat=".0%", rangemode="tozero", row=1, col=1)
+    figure.update_yaxes(rangemode="tozero", row=2, col=1)
+    figure.update_xaxes(title_text=column, row=2, col=1)
+    if all(isinstance(value, int) for value in x):  # steps: whole-number ticks only
+        span = max(x) - min(x) if x else 0
+        figure.update_xaxes(tick0=min(x) if x else 0, dtick=max(1, -(-span // 10)), tickformat="d")
+    figure.update_layout(title=f"By {column}: inactive groups and mean reward", hovermode="x unified")
+    return figure
+
+
+def _categorical_figure(go: Any, make_subplots: Any, column: str, values: list[dict[str, Any]]) -> Any:
+    labels = [str(v["value"]) for v in values]
+    figure = make_subplots(
+        rows=1,
+        cols=2,
+        shared_yaxes=True,
+        column_widths=[0.68, 0.32],
+        horizontal_spacing=0.04,
+        subplot_titles=("inactive groups (share, worst first)", "mean reward"),
+    )
+    for key, name, color in _INACTIVE_PARTS:
+        counts = [_inactive_parts(v)[key] for v in values]
+        if not any(counts):
+            continue
+        figure.add_trace(
+            go.Bar(
+                y=labels,
+                x=[c / v["groups"] if v["groups"] else 0.0 for c, v in zip(counts, values, strict=True)],
+                customdata=[[c, v["groups"]] for c, v in zip(counts, values, strict=True)],
+                orientation="h",
+                name=name,
+                marker_color=color,
+                hovertemplate="%{y}: %{x:.1%} (%{customdata[0]} of %{customdata[1]} groups)"
+                f"<extra>{name}</extra>",
+            ),
+            row=1,
+            col=1,
+        )
+    figure.add_trace(
+        go.Scatter(
+            y=labels,
+            x=[v.get("reward_mean") for v in values],
+            mode="markers",
+            name="mean reward",
+            marker={"color": "black", "size": 8},
+            hovertemplate="%{y}: mean reward %{x:.4g}<extra></extra>",
+        ),
+        row=1,
+        col=2,
+    )
+    figure.update_layout(barmode="stack", title=f"By {column}: inactive groups and mean reward")
+    figure.update_xaxes(tickformat=".0%", rangemode="tozero", row=1, col=1)
+    figure.update_xaxes(rangemode="tozero", row=1, col=2)
+    figure.update_yaxes(autorange="reversed", type="category", title_text=column, row=1, col=1)
     return figure
 
 
@@ -441,4 +622,5 @@ def _size_figure(go: Any, counts: dict[str, int]) -> Any:
         title="Group sizes: groups of each size", xaxis_title="rollouts in the group", yaxis_title="groups"
     )
     figure.update_xaxes(type="category")
+    figure.update_traces(width=min(0.8, 0.2 * len(sizes)))  # one size is one narrow bar, not the width
     return figure

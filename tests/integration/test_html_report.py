@@ -31,7 +31,7 @@ def test_the_report_is_one_page_that_fetches_nothing(cli: Any, tmp_path: Path) -
     assert text.startswith("<!DOCTYPE html>")
     assert not re.search(r"<script[^>]+src=", text) and not re.search(r"<link[^>]+href=", text)
     assert text.count('class="plotly-graph-div"') == 3  # by global_step, group means, group sizes
-    assert "Inactive groups and mean reward by global_step" in text
+    assert "By global_step: inactive groups and mean reward" in text
     assert "Read as a ROLL dump" in text
 
 
@@ -161,7 +161,7 @@ def test_an_svg_report_is_plotlys_export_of_every_chart_in_one_document(
     tops = [float(chart.attrib["y"]) for chart in charts]
     assert tops == sorted(tops) and float(root.attrib["height"]) > tops[-1]
     text = path.read_text()
-    assert "Inactive groups and mean reward by global_step" in text
+    assert "By global_step: inactive groups and mean reward" in text
     assert "grpo-cli report:" in text and "groups" in text
     shot = tmp_path / "svg.png"
     subprocess.run(
@@ -296,3 +296,50 @@ def test_chromium_shows_the_verdict_at_a_phones_width_and_a_laptops(
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert "FAIL: 1 of 1 checks failed" in dom.stdout and 'id="counts"' in dom.stdout
     assert "Uncaught" not in dom.stderr and "CONSOLE" not in dom.stderr, dom.stderr[-2000:]
+
+
+def _by_values(keys: list[Any], inactive: Any) -> list[dict[str, Any]]:
+    return [
+        {
+            "value": key,
+            "groups": 10,
+            "rows": 80,
+            "inactive_groups": inactive(i),
+            "inactive": {"all_min": inactive(i), "all_max": 0, "other": 0},
+            "reward_mean": 0.25,
+        }
+        for i, key in enumerate(keys)
+    ]
+
+
+def test_a_text_columns_values_are_bars_ranked_worst_first_with_the_rest_summed() -> None:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from grpo_cli.results.html_report import SHOWN_CATEGORIES, _by_figure
+
+    values = _by_values([f"source_{i:02d}" for i in range(40)], lambda i: i % 7)
+    figure = _by_figure(go, make_subplots, "data_source", values)
+    bars = [trace for trace in figure.data if trace.type == "bar"]
+    assert [trace.name for trace in bars] == ["inactive: all at the minimum"]  # no empty series
+    labels, shares = list(bars[0].y), list(bars[0].x)
+    assert len(labels) == SHOWN_CATEGORIES + 1 and labels[-1] == "25 other values"
+    assert shares[:-1] == sorted(shares[:-1], reverse=True) and shares[0] == 0.6
+    rest = sorted(values, key=lambda v: -v["inactive_groups"])[SHOWN_CATEGORIES:]
+    assert shares[-1] == sum(v["inactive_groups"] for v in rest) / (10 * len(rest))
+    assert figure.layout.xaxis.rangemode == "tozero" and figure.layout.xaxis2.rangemode == "tozero"
+
+
+def test_steps_are_lines_with_whole_number_ticks_on_axes_from_zero() -> None:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from grpo_cli.results.html_report import _by_figure
+
+    figure = _by_figure(go, make_subplots, "step", _by_values(list(range(300, 0, -1)), lambda i: i % 3))
+    assert figure.layout.xaxis2.dtick == 30 and figure.layout.xaxis2.tickformat == "d"
+    assert all(trace.mode == "lines" for trace in figure.data)  # no marker on each of 300 points
+    assert list(figure.data[0].x) == sorted(figure.data[0].x)  # drawn in step order
+    assert figure.layout.yaxis.rangemode == "tozero" and figure.layout.yaxis2.rangemode == "tozero"
+    few = _by_figure(go, make_subplots, "step", _by_values([1, 2, 3], lambda i: 1))
+    assert all(trace.mode == "lines+markers" for trace in few.data) and few.layout.xaxis2.dtick == 1
