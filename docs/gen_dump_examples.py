@@ -133,6 +133,47 @@ def screenshot() -> None:
         (ROOT / "docs" / "report.png").write_bytes(picture.read_bytes())
 
 
+PHONE = ["check", "sample_data/dumps/nemo-rl", "--from", "nemo-rl", "--trainer-filter", "nemo-rl", "-q"]
+PHONE_WIDTH = 390
+
+
+def phone_screenshot() -> None:
+    """docs/report-phone.png: the HTML report of :data:`PHONE` as a 390 px phone shows it
+    (headless Chromium's window is never under 500 px: the page is drawn in a frame that wide)."""
+    from grpo_cli.results.html_report import browser
+
+    found = browser()
+    if found is None:
+        print("no chromium: docs/report-phone.png left as it is", file=sys.stderr)
+        return
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        _run([*PHONE, "--report", str(folder / "report.html")], ROOT)
+        host = folder / "phone.html"
+        host.write_text(
+            '<!DOCTYPE html><html><body style="margin:0;background:#d0d0d0"><iframe src="report.html" '
+            f'style="width:{PHONE_WIDTH}px;height:2400px;border:0;background:white"></iframe></body></html>'
+        )
+        shot = ROOT / "docs" / "report-phone.png"  # the frame, and the window's rest in grey
+        subprocess.run(
+            [
+                found,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                "--virtual-time-budget=8000",
+                "--window-size=500,2400",
+                f"--screenshot={shot}",
+                host.as_uri(),
+            ],
+            capture_output=True,
+            timeout=120,
+            check=True,
+            cwd=folder,
+        )
+
+
 def _replaced(text: str, start_marker: str, end_marker: str, content: str) -> str:
     start, end = text.index(start_marker), text.index(end_marker) + len(end_marker)
     return text[:start] + content + text[end:]
@@ -159,6 +200,7 @@ def main(check: bool) -> int:
             )
         return 1 if stale else 0
     screenshot()
+    phone_screenshot()
     return 0
 
 
