@@ -499,6 +499,16 @@ def _by_figure(go: Any, make_subplots: Any, column: str, values: list[dict[str, 
     return _categorical_figure(go, make_subplots, column, _ranked(values))
 
 
+def _shares(values: list[dict[str, Any]], key: str) -> tuple[list[float], list[list[int]]] | None:
+    """Each value's share of its groups inactive in the way ``key`` names, with the counts a
+    hover shows (that many, of how many groups); ``None`` where no value has one."""
+    counts = [_inactive_parts(v)[key] for v in values]
+    if not any(counts):
+        return None
+    shares = [c / v["groups"] if v["groups"] else 0.0 for c, v in zip(counts, values, strict=True)]
+    return shares, [[c, v["groups"]] for c, v in zip(counts, values, strict=True)]
+
+
 def _ordered_figure(go: Any, make_subplots: Any, column: str, values: list[dict[str, Any]]) -> Any:
     x = [v["value"] for v in values]
     mode = "lines+markers" if len(x) <= MARKERS_UP_TO else "lines"
@@ -511,14 +521,14 @@ def _ordered_figure(go: Any, make_subplots: Any, column: str, values: list[dict[
         subplot_titles=("inactive groups (share of the groups)", "mean reward"),
     )
     for key, name, color in _INACTIVE_PARTS:
-        counts = [_inactive_parts(v)[key] for v in values]
-        if not any(counts):
+        shares = _shares(values, key)
+        if shares is None:
             continue  # an empty series would be drawn along the top of the stack
         figure.add_trace(
             go.Scatter(
                 x=x,
-                y=[c / v["groups"] if v["groups"] else 0.0 for c, v in zip(counts, values, strict=True)],
-                customdata=[[c, v["groups"]] for c, v in zip(counts, values, strict=True)],
+                y=shares[0],
+                customdata=shares[1],
                 name=name,
                 mode=mode,
                 stackgroup="inactive",
@@ -562,14 +572,14 @@ def _categorical_figure(go: Any, make_subplots: Any, column: str, values: list[d
         subplot_titles=("inactive groups (share, worst first)", "mean reward"),
     )
     for key, name, color in _INACTIVE_PARTS:
-        counts = [_inactive_parts(v)[key] for v in values]
-        if not any(counts):
+        shares = _shares(values, key)
+        if shares is None:
             continue
         figure.add_trace(
             go.Bar(
                 y=labels,
-                x=[c / v["groups"] if v["groups"] else 0.0 for c, v in zip(counts, values, strict=True)],
-                customdata=[[c, v["groups"]] for c, v in zip(counts, values, strict=True)],
+                x=shares[0],
+                customdata=shares[1],
                 orientation="h",
                 name=name,
                 marker_color=color,

@@ -286,37 +286,19 @@ def _steps_file(path: Path, steps: int) -> Path:
     return path
 
 
+SAMPLE, STEPS = ROOT / "sample_data" / "rollouts.parquet", ROOT / "sample_data" / "steps.parquet"
 REPORTS = {
-    "sample": lambda tmp: [
-        "compute",
-        ROOT / "sample_data/rollouts.parquet",
-        "-r",
-        "correct",
-        "-o",
-        tmp / "o.parquet",
-    ],
+    "sample": lambda tmp: ["compute", SAMPLE, "-r", "correct", "-o", tmp / "o.parquet"],
     "steps and sources": lambda tmp: [
         "check",
-        ROOT / "sample_data/steps.parquet",
-        "-g",
-        "uid",
-        "--by",
-        "step",
-        "--by",
-        "data_source",
-        "--max-inactive-fraction",
-        "0.5",
+        STEPS,
+        *["-g", "uid", "--by", "step", "--by", "data_source", "--max-inactive-fraction", "0.5"],
     ],
     "300 steps": lambda tmp: ["check", _steps_file(tmp / "s.parquet", 300), "-g", "uid", "--by", "step"],
     "a trainer's dump": lambda tmp: [
         "check",
         NEMO,
-        "--from",
-        "nemo-rl",
-        "--trainer-filter",
-        "nemo-rl",
-        "--max-inactive-fraction",
-        "0.4",
+        *["--from", "nemo-rl", "--trainer-filter", "nemo-rl", "--max-inactive-fraction", "0.4"],
     ],
 }
 """The reports a reviewer opens: the sample, a multi-step multi-source run with a failed check,
