@@ -172,6 +172,7 @@ class FirstRound:
     active_groups: int = 0
     singleton_groups: int = 0
     size_counts: Counter[int] = field(default_factory=Counter)
+    scored_sizes: frozenset[int] = frozenset()  # the distinct counts of valid rewards of a group
     # the valid rewards' count, extremes and exact sum
     reward: RewardTotals = field(default_factory=lambda: _kernel().RewardTotals())
     seen_groups: int = 0  # groups holding a valid reward
@@ -196,6 +197,7 @@ class FirstRound:
             active_groups=int(np.count_nonzero(part.active)),
             singleton_groups=int(np.count_nonzero(part.rows == 1)),
             size_counts=Counter(dict(zip(sizes.tolist(), size_counts.tolist(), strict=True))),
+            scored_sizes=frozenset(_value_counts(seen.count)[0].tolist()),
             reward=reward,
             seen_groups=int(seen.count.size),
             mean_low=_min(seen.mean, math.inf),
@@ -212,6 +214,7 @@ class FirstRound:
             active_groups=self.active_groups + other.active_groups,
             singleton_groups=self.singleton_groups + other.singleton_groups,
             size_counts=self.size_counts + other.size_counts,
+            scored_sizes=self.scored_sizes | other.scored_sizes,
             reward=self.reward + other.reward,
             seen_groups=self.seen_groups + other.seen_groups,
             mean_low=min(self.mean_low, other.mean_low),
@@ -258,10 +261,13 @@ class RunFigures:
     @classmethod
     def of(cls, first: FirstRound) -> RunFigures:
         common = common_size(first.size_counts)[0] if first.groups else 0
-        uniform = len(first.size_counts) == 1
+        # binary rewards whose every group's scored count divides the common size (a singleton
+        # beside groups of 8, or groups of 4): each group's solve rate is a whole number of
+        # 1/common, so each value the data holds is a bin of its own
+        whole = 1 <= common <= 64 and all(common % scored == 0 for scored in first.scored_sizes)
         if not first.seen_groups:
             histogram = ("none", 0.0, 0.0, 0)
-        elif first.binary and uniform and 1 <= common <= 64:
+        elif first.binary and whole:
             histogram = ("solve_rate", 0.0, 1.0, common)
         elif first.mean_low == first.mean_high:
             histogram = ("single", first.mean_low, first.mean_high, 0)
@@ -322,8 +328,9 @@ class SecondRound:
         )
         kind, low, high, size = run.histogram
         if kind == "solve_rate":
-            solved = mean * size
-            binned = np.bincount(np.rint(solved, out=solved).astype(np.int64), minlength=size + 1)
+            solved = mean * seen.count  # the rewards of 1: a whole number, to within rounding
+            bins = np.rint(solved, out=solved).astype(np.int64) * (size // seen.count)  # in 1/size
+            binned = np.bincount(bins, minlength=size + 1)
         elif kind == "single":
             binned = np.array([mean.size])
         elif kind in ("unit", "range"):

@@ -111,6 +111,8 @@ def test_group_figures_match_a_direct_count():
         ([1, 0, 1], [0, 1, 2], "solve_rate", [1, 2]),
         # binary, but groups of two sizes: no single k/G scale
         ([1, 0, 1, 0, 0], [0, 0, 1, 1, 1], "unit", [0, 0, 0, 1, 0, 1, 0, 0, 0, 0]),
+        # binary, groups of 4 beside a singleton and a pair, whose rates are whole quarters too
+        ([1, 1, 0, 0, 1, 0, 0, 0, 0, 1, 0], [0] * 4 + [1] + [2] * 4 + [3] * 2, "solve_rate", [1, 0, 2, 0, 1]),
         # means of exactly 0 and 1 (not binary rewards): still the unit bins
         ([0.0, 0.0, 0.5, 1.5], [0, 0, 1, 1], "unit", [1, 0, 0, 0, 0, 0, 0, 0, 0, 1]),
         # a mean above 1, though none below 0: the range
@@ -165,6 +167,17 @@ def test_a_group_with_no_valid_reward_is_left_out_of_the_histogram():
     )
     histogram = findings_of([part], options={}).group_mean_histogram
     assert (histogram["kind"], histogram["counts"]) == ("solve_rate", [0, 1, 0])
+
+
+def test_a_group_with_a_reward_left_out_is_binned_by_the_rewards_it_holds():
+    """Groups of 4 rows, one of them with a reward left out (--nan ignore): 1 of its 3 rewards
+    is not a whole number of quarters; it was binned as 1/4 (rint(1/3 * 4)), silently."""
+    thirds = part_of([4, 3], [0.5, 1 / 3], [1.0, 2 / 3], [0.0, 0.0], [1.0, 1.0], [4, 4], active=[True, True])
+    histogram = findings_of([thirds], options={}).group_mean_histogram
+    assert histogram["kind"] == "unit" and histogram["counts"][3] == 1 and histogram["counts"][5] == 1
+    halves = part_of([4, 2], [0.5, 0.5], [1.0, 0.5], [0.0, 0.0], [1.0, 1.0], [4, 4], active=[True, True])
+    histogram = findings_of([halves], options={}).group_mean_histogram
+    assert (histogram["kind"], histogram["counts"]) == ("solve_rate", [0, 0, 2, 0, 0])
 
 
 def test_reward_figures_skip_a_group_whose_rewards_are_all_left_out():
