@@ -16,7 +16,7 @@ $(BIN)/.runtime: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install '$(TORCH_SPEC)'
-	$(PIP) install -e '.[report]'
+	$(PIP) install -e .
 	touch $@
 
 $(BIN)/.installed: $(BIN)/.runtime

@@ -44,9 +44,9 @@ class CommandOptions:
         None,
         "--report",
         help="Also write the figures as charts to PATH (.html, one self-contained page that opens offline; "
-        ".png or .svg, that page drawn by a headless Chromium on PATH): the inactive fraction and mean "
-        "reward per value of each --by column, the group-mean and group-size distributions. Needs the "
-        "report extra (plotly).",
+        ".svg, its charts in one picture; .png, that picture drawn by a headless Chromium on PATH): the "
+        "inactive fraction and mean reward per value of each --by column, the group-mean and group-size "
+        "distributions.",
         panel=OUTPUT,
         commands=SHARED,
         metavar="PATH",

@@ -1,43 +1,47 @@
 """``--report FILE``: the run's figures as charts, in one self-contained HTML page or a picture.
 
-Drawn with plotly (the ``report`` extra): its HTML embeds plotly.js, so the page opens
-offline, fetches nothing, and keeps plotly's zoom and hover. The page opens with the verdict
-and the counts the terminal prints, then the charts, each the kind its axis calls for: per
-value of each ``--by`` column the share of groups inactive (all at the minimum reward, all at
-the maximum, another value) and the mean reward, each on an axis from zero, as areas and a
-line over a numeric column (steps: whole-number ticks, markers only over a few) or as bars
-ranked worst first and dots over a text one (data sources: the values past the first 15 summed
-into one bar); the group-mean distribution (k of G for binary rewards); the group sizes; then
-each ``--by`` column's values in a table sortable by any heading. Everything comes from the
-summary: nothing is read again.
+The charts are SVG drawn at write time (:mod:`grpo_cli.results.charts`): no plotting library
+and no script, so the page is tens of kilobytes, opens offline at once and fetches nothing; a
+chart's hover is the browser's own tooltip. Each chart is drawn twice, for a laptop and for a
+phone, and the page shows the one its width calls for. The page opens with the verdict and the
+counts the terminal prints, then the charts, each the kind its axis calls for: per value of each
+``--by`` column the share of groups inactive (all at the minimum reward, all at the maximum,
+another value) and the mean reward, each on an axis from zero, as areas and a line over a numeric
+column (steps: whole-number ticks, markers only over a few) or as bars ranked worst first and
+dots over a text one (data sources: the values past the first 15 summed into one bar); the
+group-mean distribution (k of G for binary rewards); the group sizes; then each ``--by``
+column's values in a table sortable by any heading. Everything comes from the summary: nothing
+is read again.
 
-A ``.png`` or ``.svg`` report is that page drawn by a headless Chromium found on ``PATH``
-(plotly draws in a browser; kaleido, its exporter, drives Chromium too): the PNG is a
-screenshot of the page, the SVG plotly's own ``Plotly.toImage`` export of each chart, stacked
-in one file. The browser runs in a private temporary profile, offline, and leaves nothing.
+A ``.svg`` report is the charts stacked in one SVG document under the title and the verdict,
+written by Python alone; a ``.png`` is that document drawn by a headless Chromium found on
+``PATH``, which runs in a private temporary profile, offline, and leaves nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
 import html
-import importlib.util
 import os
+import re
 import shutil
 import subprocess
-import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from grpo_cli.errors import GrpoError, mention
+from grpo_cli.results import charts
 
 PAGE_SUFFIXES = (".html", ".htm")
 PICTURE_SUFFIXES = (".png", ".svg")
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
-"""The headless browsers a picture is drawn with, the first found on ``PATH``."""
-CHART_HEIGHT = 420
+"""The headless browser a PNG is drawn with, the first found on ``PATH``."""
 PAGE_WIDTH = 1100
+"""The widest the page's text and charts grow (a laptop's charts are drawn at this width)."""
+PHONE_WIDTH = 360
+"""A phone's charts are drawn at this width (the page shows them up to 600 px)."""
 _BROWSER_SECONDS = 120
 
 
@@ -49,35 +53,31 @@ def check_report_path(path: str) -> None:
             f"{mention('report')} {path}: write the report to an .html file (a page that opens offline), "
             "or a .png or .svg picture of it"
         )
-    if importlib.util.find_spec("plotly") is None:
-        raise GrpoError(f"{mention('report')} needs plotly: pip install 'grpo-cli[report]'")
-    if suffix in PICTURE_SUFFIXES and browser() is None:
+    if suffix == ".png" and browser() is None:
         raise GrpoError(
-            f"{mention('report')} {path}: a {suffix} picture is drawn by a headless Chromium, and none is on "
+            f"{mention('report')} {path}: a .png picture is drawn by a headless Chromium, and none is on "
             "PATH "
             f"({', '.join(BROWSERS[:3])}); install one (Debian: apt-get install chromium), or write "
-            "the report to an .html file, which needs no browser"
+            "the report to an .html file or an .svg picture, which need no browser"
         )
 
 
 def browser() -> str | None:
-    """The headless browser a picture is drawn with, or None."""
+    """The headless browser a PNG is drawn with, or None."""
     return next((found for name in BROWSERS if (found := shutil.which(name)) is not None), None)
 
 
 def report_bytes(summary: dict[str, Any], path: str) -> bytes:
     """The report of ``summary`` as the file ``path`` names it: the page, or a picture of it."""
     suffix = os.path.splitext(path)[1].lower()
-    if suffix == ".png":
-        return _screenshot(render(summary, static=True), charts=_charts(summary))
     if suffix == ".svg":
-        title, head = _headline(summary)
-        return _svg(render(summary, static=True), title, head, charts=_charts(summary))
+        return picture_svg(summary).encode("utf-8")
+    if suffix == ".png":
+        document = picture_svg(summary)
+        size = re.search(r'width="(\d+)" height="(\d+)"', document)
+        assert size is not None
+        return _screenshot(document, width=int(size.group(1)), height=int(size.group(2)))
     return render(summary).encode("utf-8")
-
-
-def _charts(summary: dict[str, Any]) -> int:
-    return len(summary.get("by") or {}) + 2
 
 
 def _headline(summary: dict[str, Any]) -> tuple[str, str]:
@@ -92,36 +92,43 @@ def _headline(summary: dict[str, Any]) -> tuple[str, str]:
     )
 
 
-def render(summary: dict[str, Any], *, static: bool = False) -> str:
-    """The report of a run summary (:meth:`~grpo_cli.results.summary.RunSummary.to_dict`), as HTML
-    (``static``: charts without plotly's toolbar, for a picture)."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
+DRAWN_BY: dict[str, Callable[..., str]] = {
+    "ordered": charts.ordered_chart,
+    "ranked": charts.ranked_chart,
+    "bars": charts.bar_chart,
+}
+"""Each kind of chart and the function that draws it."""
 
-    figures: list[Any] = []
-    for column, values in (summary.get("by") or {}).items():
-        figures.append(_by_figure(go, make_subplots, column, values))
-    figures.append(_histogram_figure(go, summary["group_mean_histogram"]))
-    figures.append(_size_figure(go, summary.get("group_size_counts") or {}))
-    parts = []
-    for number, figure in enumerate(figures):
-        bars = max((len(trace.y) for trace in figure.data if trace.orientation == "h"), default=0)
-        # the page's own heading (it wraps on a phone); a picture keeps it in the chart's export
-        heading = "" if static else figure.layout.title.text or ""
-        figure.update_layout(
-            title=figure.layout.title.text if static else None,
-            template="plotly_white",
-            height=max(CHART_HEIGHT, 120 + 26 * bars),
-            margin={"l": 60, "r": 20, "t": 80 if static else 40, "b": 40},
-            legend={"orientation": "h", "yanchor": "top", "y": -0.12, "x": 0},
-        )
-        chart = figure.to_html(
-            full_html=False,
-            include_plotlyjs=number == 0,
-            default_width="100%",
-            config={"displaylogo": False, "displayModeBar": not static, "responsive": True},
-        )
-        parts.append(f"<h3>{html.escape(heading)}</h3>{chart}" if heading else chart)
+
+@dataclass(frozen=True)
+class Chart:
+    """One chart of the report: its heading, and how to draw it at a width (with its title
+    inside the drawing, for a picture, or without, under the page's own heading)."""
+
+    title: str
+    kind: str
+    data: dict[str, Any]
+
+    def svg(self, width: float, *, titled: bool = False) -> str:
+        draw: Callable[..., str] = DRAWN_BY[self.kind]
+        return draw(**self.data, width=width, title=self.title if titled else None)
+
+
+def report_charts(summary: dict[str, Any]) -> list[Chart]:
+    """The report's charts, in page order: one per ``--by`` column, the group means, the group sizes."""
+    found = [_by_chart(column, values) for column, values in (summary.get("by") or {}).items()]
+    found.append(_histogram_chart(summary["group_mean_histogram"]))
+    found.append(_size_chart(summary.get("group_size_counts") or {}))
+    return found
+
+
+def render(summary: dict[str, Any]) -> str:
+    """The report of a run summary (:meth:`~grpo_cli.results.summary.RunSummary.to_dict`), as HTML."""
+    parts = [
+        f"<h3>{html.escape(chart.title)}</h3>"
+        f'<div class="wide">{chart.svg(PAGE_WIDTH)}</div><div class="narrow">{chart.svg(PHONE_WIDTH)}</div>'
+        for chart in report_charts(summary)
+    ]
     title, head = _headline(summary)
     dump = summary["input"].get("from")
     read_as = (
@@ -143,11 +150,55 @@ def render(summary: dict[str, Any], *, static: bool = False) -> str:
     )
 
 
+def verdict_line(summary: dict[str, Any]) -> str:
+    """The verdict in one line, as a picture's header says it.
+
+    >>> verdict_line({"checks": [{"name": "min-groups", "passed": False}, {"name": "x", "passed": True}]})
+    'FAIL: 1 of 2 checks failed (min-groups)'
+    """
+    checks = summary.get("checks") or []
+    failed = [check["name"] for check in checks if not check["passed"]]
+    if not checks:
+        return "No checks asked"
+    if failed:
+        return f"FAIL: {len(failed)} of {len(checks)} checks failed ({', '.join(failed)})"
+    return f"PASS: all {len(checks)} checks passed"
+
+
+def picture_svg(summary: dict[str, Any]) -> str:
+    """The report as one SVG document: the title, its line of figures and the verdict, then
+    every chart (drawn at the page's width, each with its title), stacked."""
+    title, head = _headline(summary)
+    verdict = verdict_line(summary)
+    colour = (
+        "#a50e0e" if verdict.startswith("FAIL") else "#137333" if verdict.startswith("PASS") else "#3c4043"
+    )
+    parts, top = [], 104.0
+    for chart in report_charts(summary):
+        drawn = chart.svg(PAGE_WIDTH, titled=True)
+        height = float(re.search(r'height="(\d+)"', drawn).group(1))  # type: ignore[union-attr]
+        parts.append(drawn.replace('<svg class="chart-svg"', f'<svg x="0" y="{top:g}" class="chart-svg"', 1))
+        top += height + 16
+    extent = f"{top - 16:g}"
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{PAGE_WIDTH}" height="{extent}" '
+        f'viewBox="0 0 {PAGE_WIDTH} {extent}" font-family="{charts.FONT}">'
+        '<rect width="100%" height="100%" fill="white"/>'
+        f'<text x="8" y="30" font-size="20" font-weight="bold">{html.escape(title)}</text>'
+        f'<text x="8" y="56" font-size="14" fill="#333">{html.escape(head)}</text>'
+        f'<text x="8" y="82" font-size="15" font-weight="600" fill="{colour}">{html.escape(verdict)}</text>'
+        + "".join(parts)
+        + "</svg>\n"
+    )
+
+
 _STYLE = (
     "body{font-family:system-ui,sans-serif;margin:16px;max-width:1100px}"
     "h1{font-size:20px;overflow-wrap:anywhere}h2{font-size:16px;margin-top:20px}p{color:#333}"
     "h3{font-size:15px;margin:18px 0 0;font-weight:600}table{display:block;overflow-x:auto;max-width:100%}"
-    "@media (max-width:600px){.modebar-container{display:none}}"
+    ".chart svg{display:block;width:100%;height:auto}.chart .narrow{display:none}"
+    "@media (max-width:600px){.chart .wide{display:none}.chart .narrow{display:block}}"
     "table{border-collapse:collapse;margin:8px 0}td,th{padding:3px 10px;text-align:left;"
     "border-bottom:1px solid #e5e5e5;vertical-align:top}"
     "td.n{text-align:right;font-variant-numeric:tabular-nums}"
@@ -306,26 +357,18 @@ def counts_html(summary: dict[str, Any]) -> str:
 
 # --------------------------------------------------------------------------- pictures, by a browser
 
-_EXPORT_SVG = (
-    "Promise.all(Array.from(document.querySelectorAll('.plotly-graph-div'))"
-    ".map(d => Plotly.toImage(d, {format: 'svg', width: d.offsetWidth, height: d.offsetHeight})))"
-    ".then(urls => { const out = document.createElement('pre'); out.id = 'grpo-cli-svg';"
-    " out.textContent = JSON.stringify(urls); document.body.appendChild(out); });"
-)
-
-
 BROWSER_SOCKET_TAIL = len("/org.chromium.Chromium.XXXXXX/SingletonSocket")
 """What follows the browser's temporary folder in its longest socket path (a TMPDIR of 63
 characters or more made Chromium abort)."""
 
 
-def _run_browser(page: str, scratch: Path, *args: str) -> str:
-    """Draw ``page`` in the headless browser, with ``scratch`` (a private temporary folder)
-    as its profile, home and working folder; its standard output."""
+def _run_browser(page: str, scratch: Path, *args: str, name: str = "report.html") -> str:
+    """Draw ``page`` (a file called ``name``) in the headless browser, with ``scratch`` (a
+    private temporary folder) as its profile, home and working folder; its standard output."""
     found = browser()
     if found is None:
         raise GrpoError(f"{mention('report')}: no headless Chromium on PATH to draw the picture")
-    source = scratch / "report.html"
+    source = scratch / name
     source.write_text(page, encoding="utf-8")
     env = {
         **os.environ,
@@ -367,11 +410,6 @@ def _run_browser(page: str, scratch: Path, *args: str) -> str:
     return done.stdout
 
 
-def _window(charts: int) -> str:
-    """The browser window that holds the page's title and ``charts`` charts."""
-    return f"--window-size={PAGE_WIDTH},{140 + charts * (CHART_HEIGHT + 20)}"
-
-
 @contextlib.contextmanager
 def _browser_folder() -> Iterator[Path]:
     """A private folder for the browser (its profile, home, working and temporary folder), in
@@ -388,10 +426,13 @@ def _browser_folder() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _screenshot(page: str, *, charts: int) -> bytes:
+def _screenshot(document: str, *, width: int, height: int) -> bytes:
+    """``document`` (the picture's SVG) drawn by the headless browser at its own size, as a PNG."""
     with _browser_folder() as folder:
         shot = folder / "report.png"
-        _run_browser(page, folder, _window(charts), f"--screenshot={shot}")
+        _run_browser(
+            document, folder, f"--window-size={width},{height}", f"--screenshot={shot}", name="report.svg"
+        )
         try:
             data = shot.read_bytes()
         except OSError:
@@ -399,48 +440,6 @@ def _screenshot(page: str, *, charts: int) -> bytes:
     if not data.startswith(b"\x89PNG"):
         raise GrpoError(f"{mention('report')}: the browser's picture is not a PNG")
     return data
-
-
-def _svg(page: str, title: str, head: str, *, charts: int) -> bytes:
-    """Each chart as plotly exports it (``Plotly.toImage``), stacked under the title in one
-    SVG document."""
-    import json
-    import re
-
-    with _browser_folder() as folder:
-        dom = _run_browser(render_script(page), folder, _window(charts), "--dump-dom")
-    found = re.search(r'<pre id="grpo-cli-svg">(.*?)</pre>', dom, re.S)
-    if found is None:
-        raise GrpoError(f"{mention('report')}: the browser exported no chart")
-    urls = json.loads(html.unescape(found.group(1)))
-    parts, top, width = [], 80.0, 0
-    for url in urls:
-        chart = urllib.parse.unquote(url.split(",", 1)[1])
-        size = re.search(r'<svg[^>]*\bwidth="(\d+(?:\.\d+)?)"[^>]*\bheight="(\d+(?:\.\d+)?)"', chart)
-        if size is None:
-            raise GrpoError(f"{mention('report')}: a chart the browser exported has no size")
-        parts.append(
-            re.sub(r"<svg\b", f'<svg x="0" y="{top:g}"', re.sub(r"^<\?xml[^>]*>", "", chart), count=1)
-        )
-        top += float(size.group(2)) + 20
-        width = max(width, int(float(size.group(1))))
-    extent = f"{max(top - 20, 0):g}"
-    return (
-        '<?xml version="1.0" encoding="UTF-8"?>\n'
-        '<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink" '
-        f'width="{width}" height="{extent}" viewBox="0 0 {width} {extent}">'
-        '<rect width="100%" height="100%" fill="white"/>'
-        f'<text x="20" y="32" font-family="sans-serif" font-size="20" font-weight="bold">'
-        f"{html.escape(title)}</text>"
-        f'<text x="20" y="60" font-family="sans-serif" font-size="14" fill="#333">{html.escape(head)}</text>'
-        + "".join(parts)
-        + "</svg>\n"
-    ).encode("utf-8")
-
-
-def render_script(page: str) -> str:
-    """``page`` with the SVG export run once it has loaded."""
-    return page.replace("</body></html>", f"<script>{_EXPORT_SVG}</script></body></html>", 1)
 
 
 def _numeric(values: list[dict[str, Any]]) -> bool:
@@ -490,147 +489,73 @@ def _ranked(values: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [*shown, other]
 
 
-def _by_figure(go: Any, make_subplots: Any, column: str, values: list[dict[str, Any]]) -> Any:
+def _by_chart(column: str, values: list[dict[str, Any]]) -> Chart:
     """Per value of a ``--by`` column, the share of its groups inactive (by the value they all
     hold) and its mean reward, each on an axis from zero: areas and a line over a numeric column
     (steps, integer ticks for integers), ranked bars and dots over a text one."""
-    if _numeric(values):
-        return _ordered_figure(go, make_subplots, column, sorted(values, key=lambda v: v["value"]))
-    return _categorical_figure(go, make_subplots, column, _ranked(values))
+    title = f"By {column}: inactive groups and mean reward"
+    numeric = _numeric(values)
+    shown = sorted(values, key=lambda v: v["value"]) if numeric else _ranked(values)
+    parts = [
+        charts.Series(name, color, *shares)
+        for key, name, color in _INACTIVE_PARTS
+        if (shares := _shares(shown, key, name, column if numeric else None)) is not None
+    ]
+    means = [v.get("reward_mean") for v in shown]
+    if numeric:
+        data = {"column": column, "x": [v["value"] for v in shown], "parts": parts, "means": means}
+        return Chart(title, "ordered", {**data, "markers_up_to": MARKERS_UP_TO})
+    labels = [str(v["value"]) for v in shown]
+    return Chart(title, "ranked", {"column": column, "labels": labels, "parts": parts, "means": means})
 
 
-def _shares(values: list[dict[str, Any]], key: str) -> tuple[list[float], list[list[int]]] | None:
-    """Each value's share of its groups inactive in the way ``key`` names, with the counts a
-    hover shows (that many, of how many groups); ``None`` where no value has one."""
+def _shares(
+    values: list[dict[str, Any]], key: str, name: str, column: str | None
+) -> tuple[list[float], list[str]] | None:
+    """Each value's share of its groups inactive in the way ``key`` names, with what a hover
+    says (that many, of how many groups); ``None`` where no value has one (an empty series would
+    be drawn along the top of the stack). ``column``: the hover of an ordered chart, which
+    names the value in its first line."""
     counts = [_inactive_parts(v)[key] for v in values]
     if not any(counts):
         return None
     shares = [c / v["groups"] if v["groups"] else 0.0 for c, v in zip(counts, values, strict=True)]
-    return shares, [[c, v["groups"]] for c, v in zip(counts, values, strict=True)]
+    hovers = [
+        f"{name}: {share:.1%} ({count:,} of {v['groups']:,} groups)"
+        if column is not None
+        else f"{v['value']}: {name} {share:.1%} ({count:,} of {v['groups']:,} groups)"
+        for share, count, v in zip(shares, counts, values, strict=True)
+    ]
+    return shares, hovers
 
 
-def _ordered_figure(go: Any, make_subplots: Any, column: str, values: list[dict[str, Any]]) -> Any:
-    x = [v["value"] for v in values]
-    mode = "lines+markers" if len(x) <= MARKERS_UP_TO else "lines"
-    figure = make_subplots(
-        rows=2,
-        cols=1,
-        shared_xaxes=True,
-        row_heights=[0.65, 0.35],
-        vertical_spacing=0.16,
-        subplot_titles=("inactive groups (share of the groups)", "mean reward"),
-    )
-    for key, name, color in _INACTIVE_PARTS:
-        shares = _shares(values, key)
-        if shares is None:
-            continue  # an empty series would be drawn along the top of the stack
-        figure.add_trace(
-            go.Scatter(
-                x=x,
-                y=shares[0],
-                customdata=shares[1],
-                name=name,
-                mode=mode,
-                stackgroup="inactive",
-                line={"color": color},
-                hovertemplate=f"{html.escape(column)} %{{x}}: %{{y:.1%}} (%{{customdata[0]}} of "
-                f"%{{customdata[1]}} groups)<extra>{name}</extra>",
-            ),
-            row=1,
-            col=1,
-        )
-    figure.add_trace(
-        go.Scatter(
-            x=x,
-            y=[v.get("reward_mean") for v in values],
-            name="mean reward",
-            mode=mode,
-            line={"color": "black"},
-            hovertemplate=f"{html.escape(column)} %{{x}}: mean reward %{{y:.4g}}<extra></extra>",
-        ),
-        row=2,
-        col=1,
-    )
-    figure.update_yaxes(tickformat=".0%", rangemode="tozero", row=1, col=1)
-    figure.update_yaxes(rangemode="tozero", row=2, col=1)
-    figure.update_xaxes(title_text=column, row=2, col=1)
-    if all(isinstance(value, int) for value in x):  # steps: whole-number ticks only
-        span = max(x) - min(x) if x else 0
-        figure.update_xaxes(tick0=min(x) if x else 0, dtick=max(1, -(-span // 10)), tickformat="d")
-    figure.update_layout(title=f"By {column}: inactive groups and mean reward", hovermode="x unified")
-    return figure
-
-
-def _categorical_figure(go: Any, make_subplots: Any, column: str, values: list[dict[str, Any]]) -> Any:
-    labels = [str(v["value"]) for v in values]
-    figure = make_subplots(
-        rows=1,
-        cols=2,
-        shared_yaxes=True,
-        column_widths=[0.68, 0.32],
-        horizontal_spacing=0.04,
-        subplot_titles=("inactive groups (share, worst first)", "mean reward"),
-    )
-    for key, name, color in _INACTIVE_PARTS:
-        shares = _shares(values, key)
-        if shares is None:
-            continue
-        figure.add_trace(
-            go.Bar(
-                y=labels,
-                x=shares[0],
-                customdata=shares[1],
-                orientation="h",
-                name=name,
-                marker_color=color,
-                hovertemplate="%{y}: %{x:.1%} (%{customdata[0]} of %{customdata[1]} groups)"
-                f"<extra>{name}</extra>",
-            ),
-            row=1,
-            col=1,
-        )
-    figure.add_trace(
-        go.Scatter(
-            y=labels,
-            x=[v.get("reward_mean") for v in values],
-            mode="markers",
-            name="mean reward",
-            marker={"color": "black", "size": 8},
-            hovertemplate="%{y}: mean reward %{x:.4g}<extra></extra>",
-        ),
-        row=1,
-        col=2,
-    )
-    figure.update_layout(barmode="stack", title=f"By {column}: inactive groups and mean reward")
-    figure.update_xaxes(tickformat=".0%", rangemode="tozero", row=1, col=1)
-    figure.update_xaxes(rangemode="tozero", row=1, col=2)
-    figure.update_yaxes(autorange="reversed", type="category", title_text=column, row=1, col=1)
-    return figure
-
-
-def _histogram_figure(go: Any, histogram: dict[str, Any]) -> Any:
+def _histogram_chart(histogram: dict[str, Any]) -> Chart:
     counts = histogram["counts"]
     edges = histogram["edges"]
     labels = histogram.get("labels") or [
         f"[{edges[i]:.3g}, {edges[i + 1]:.3g}{']' if i == len(counts) - 1 else ')'}"
         for i in range(len(counts))
     ]
-    figure = go.Figure(go.Bar(x=labels, y=counts, marker_color="#4C78A8"))
     title = (
         "Group solve rate (k of G correct)" if histogram.get("kind") == "solve_rate" else "Group mean reward"
     )
-    figure.update_layout(title=f"{title}: groups per bin", xaxis_title="group mean", yaxis_title="groups")
-    return figure
+    data = {
+        "labels": labels,
+        "counts": counts,
+        "color": "#4C78A8",
+        "x_title": "group mean",
+        "y_title": "groups",
+    }
+    return Chart(f"{title}: groups per bin", "bars", data)
 
 
-def _size_figure(go: Any, counts: dict[str, int]) -> Any:
+def _size_chart(counts: dict[str, int]) -> Chart:
     sizes = sorted(counts, key=int)
-    figure = go.Figure(
-        go.Bar(x=[str(s) for s in sizes], y=[counts[s] for s in sizes], marker_color="#72B7B2")
-    )
-    figure.update_layout(
-        title="Group sizes: groups of each size", xaxis_title="rollouts in the group", yaxis_title="groups"
-    )
-    figure.update_xaxes(type="category")
-    figure.update_traces(width=min(0.8, 0.2 * len(sizes)))  # one size is one narrow bar, not the width
-    return figure
+    data = {
+        "labels": [str(s) for s in sizes],
+        "counts": [counts[s] for s in sizes],
+        "color": "#72B7B2",
+        "x_title": "rollouts in the group",
+        "y_title": "groups",
+    }
+    return Chart("Group sizes: groups of each size", "bars", data)
