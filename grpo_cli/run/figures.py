@@ -28,6 +28,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from grpo_cli.errors import mention
 from grpo_cli.estimators import Need
 from grpo_cli.kernel import NO_ROW, TopTwo, group_top_two, merge_top_two
 from grpo_cli.run.rewards import RewardBatch
@@ -234,6 +235,105 @@ _TOP_TWO_FIELDS = {"top_first": "first", "top_second": "second", "top_best_row":
 
 Figure = GroupFigure | TopTwoFigure
 """A per-group figure of pass 1: its columns, how a chunk's rows give it, how partials merge."""
+
+
+ONE_VALUE_REASONS = {
+    "batch_col": "each group must lie in one training batch",
+    "by": "each group must lie in one value of it",
+}
+"""Why a group may hold only one value of each such column, by option (every engine refuses
+in these words)."""
+
+KEY_ROLES = {"batch_col": "batch", "by": "by"}
+"""How a refusal names such a column's key (``batch key 'step' is NaN``), by option."""
+
+
+@dataclass(frozen=True)
+class OneValueFigure:
+    """A column each group holds one value of: ``--batch-col`` (its training batch) or a ``--by``
+    column (its figures per value). Per group, the ID of its value (the column's values numbered
+    by a key index in order of first appearance; -1 for a group with no row yet), merged by the
+    rule "one": two partial figures of a group agree, or the group is refused.
+
+    >>> by = OneValueFigure("source", "by")
+    >>> of_group, split = by.of_chunk(np.array([0, 0, 1, 2, 2]), np.array([4, 4, 1, 0, 3]), 3)
+    >>> of_group.tolist(), split.tolist()  # group 2 holds two values: refused, whatever its ID here
+    ([4, 1, 0], [False, False, True])
+    >>> merged, clash = by.merged(np.array([4, -1, 2]), np.array([4, 1, -1]), np.zeros(3, bool))
+    >>> merged.tolist(), clash.tolist()
+    ([4, 1, 2], [False, False, False])
+    >>> by.merged(np.array([4]), np.array([5]), np.zeros(1, bool))[1].tolist()
+    [True]
+    >>> by.spans(("math", "chat")).split("'source' ")[1]
+    "('math', then 'chat'); each group must lie in one value of it"
+    """
+
+    column: str  # "" for the tensor API's batch IDs, which have no column
+    option: Literal["batch_col", "by"]
+
+    @property
+    def role(self) -> str:
+        """How a refusal names its key (``by key 'source' is null``)."""
+        return KEY_ROLES[self.option]
+
+    def of_chunk(
+        self, ids: np.ndarray, value_ids: np.ndarray, k: int, *, low: int = 0
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Per group of a chunk (``ids`` in ``low..low+k-1``, int64 ``(N,)``, beside each row's
+        value ID), the ID of its rows' value (-1 for a group with no row) and whether they hold
+        two (bool), shape ``(k,)``.
+
+        The rows are taken a run of one group at a time (a group's rows mostly come together):
+        where each group is one run, in ID order, the runs' first rows are the answer."""
+        if not ids.size:
+            return np.full(k, -1, dtype=np.int64), np.zeros(k, dtype=bool)
+        same_group = ids[1:] == ids[:-1]
+        heads = np.flatnonzero(np.concatenate(([True], ~same_group)))
+        head_groups, head_values = ids[heads] - low, value_ids[heads]
+        if head_groups.size == k and bool((np.diff(head_groups) > 0).all()):
+            of_group, split = head_values.astype(np.int64, copy=True), np.zeros(k, dtype=bool)
+        else:
+            of_group, split = _one_value_per_group(head_groups, head_values, k)
+        split[ids[1:][same_group & (value_ids[1:] != value_ids[:-1])] - low] = True  # within a run
+        return of_group, split
+
+    @staticmethod
+    def merged(held: np.ndarray, part: np.ndarray, split: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Two aligned partial figures of the same groups (``part``'s own ``split``): the value
+        each group holds, and where a group holds two (bool; those groups are refused)."""
+        present = part >= 0
+        clash = split | (present & (held >= 0) & (held != part))
+        return np.where(present, part, held), clash
+
+    def spans(self, values: tuple[Any, Any] | None = None, *, fix: str = "") -> str:
+        """What a refusal says a group spans: the option, its column, the two values where known."""
+        named = f" {self.column!r}" if self.column else ""
+        seen = "" if values is None else f" ({values[0]!r}, then {values[1]!r})"
+        return f"two values of {mention(self.option)}{named}{seen}; {ONE_VALUE_REASONS[self.option]}{fix}"
+
+
+def _one_value_per_group(ids: np.ndarray, value_ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per group, its rows' highest value ID (-1 for a group with no rows) and whether they hold two.
+
+    >>> _one_value_per_group(np.array([0, 0, 1, 1]), np.array([3, 3, 2, 5]), 3)
+    (array([ 3,  5, -1]), array([False,  True, False]))
+    """
+    high = np.full(k, -1, dtype=np.int64)
+    np.maximum.at(high, ids, value_ids)
+    low = np.full(k, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(low, ids, value_ids)
+    return high, (high >= 0) & (low != high)
+
+
+def second_value_row(ids: np.ndarray, value_ids: np.ndarray, group: int, first: int) -> int:
+    """The first row of ``group`` whose value ID is not ``first``: where a refused group's
+    second value appears.
+
+    >>> second_value_row(np.array([0, 1, 0, 0]), np.array([2, 5, 2, 7]), 0, 2)
+    3
+    """
+    rows = np.flatnonzero(ids == group)
+    return int(rows[np.argmax(value_ids[rows] != first)])
 
 
 def top_two_of(totals: Mapping[str, np.ndarray]) -> TopTwo | None:

@@ -58,21 +58,6 @@ class BatchLayout:
         return cls(of_group, per_batch(figures["rows"]), nonzero_per_batch, keys)
 
 
-def batch_of_groups(
-    group_ids: np.ndarray, batch_ids: np.ndarray, num_groups: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per group, its rows' batch ID (-1 for a group with no rows) and whether they span two.
-
-    >>> batch_of_groups(np.array([0, 0, 1, 1]), np.array([3, 3, 2, 5]), 3)
-    (array([ 3,  5, -1]), array([False,  True, False]))
-    """
-    high = np.full(num_groups, -1, dtype=np.int64)
-    np.maximum.at(high, group_ids, batch_ids)
-    low = np.full(num_groups, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(low, group_ids, batch_ids)
-    return high, (high >= 0) & (low != high)
-
-
 @dataclass(frozen=True)
 class GroupOutcome:
     """Per-group results of a run once pass 1 is done: what pass 2 applies and the summary reports.

@@ -9,19 +9,10 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from grpo_cli.options.config import ComputeConfig
+from grpo_cli.run.figures import OneValueFigure
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
-
-
-ONE_VALUE_REASONS = {
-    "batch_col": "each group must lie in one training batch",
-    "by": "each group must lie in one value of it",
-}
-"""Why a group may hold only one value of each such column, by option (both engines refuse in these words)."""
-
-KEY_ROLES = {"batch_col": "batch", "by": "by"}
-"""How a refusal names such a column's key (``batch key 'step' is NaN``), by option."""
 
 
 STEP_COLUMNS = ("step", "global_step", "train_step", "iteration", "epoch", "training_step")
@@ -61,11 +52,8 @@ def with_watched_step(config: ComputeConfig, schemas: Sequence[pa.Schema]) -> Co
     return config if step is None else replace(config, step_col=step)
 
 
-def value_columns(config: ComputeConfig) -> list[tuple[str, str, str]]:
-    """The columns that hold one value per group, with their option and why: --batch-col (its
-    training batch), then each --by column (its figures per value), in that order."""
-    columns = []
-    if config.batch_col is not None:
-        columns.append((config.batch_col, "batch_col", ONE_VALUE_REASONS["batch_col"]))
-    columns += [(column, "by", ONE_VALUE_REASONS["by"]) for column in config.by_cols]
-    return columns
+def one_value_figures(config: ComputeConfig) -> list[OneValueFigure]:
+    """The columns that hold one value per group, each a figure with its merge rule: --batch-col
+    (its training batch), then each --by column (its figures per value), in that order."""
+    figures = [] if config.batch_col is None else [OneValueFigure(config.batch_col, "batch_col")]
+    return figures + [OneValueFigure(column, "by") for column in config.by_cols]

@@ -30,13 +30,19 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from grpo_cli.errors import GrpoError, mention
+from grpo_cli.errors import GrpoError
 from grpo_cli.kernel import WeightedMomentsAccumulator
-from grpo_cli.run.figures import FigureAccumulator, RowInputs, padded, wanted
-from grpo_cli.run.outcome import BatchLayout, GroupOutcome, batch_of_groups
+from grpo_cli.run.figures import (
+    FigureAccumulator,
+    OneValueFigure,
+    RowInputs,
+    padded,
+    second_value_row,
+    wanted,
+)
+from grpo_cli.run.outcome import BatchLayout, GroupOutcome
 from grpo_cli.run.plan import RunPlan
 from grpo_cli.run.rewards import RewardBatch, RewardCombination, bad_rewards_error, refuse_bad_lengths
-from grpo_cli.run.steps import ONE_VALUE_REASONS
 
 
 @dataclass(frozen=True)
@@ -143,17 +149,19 @@ def _batch_layout(
         return BatchLayout.of_groups(np.zeros(k, dtype=np.int64), totals, [None])
     dense, keys = _by_first_appearance(batch_ids)
     values = dense.numpy()
-    of_group, split = batch_of_groups(ids, values, k)
+    of_group, split = BATCHES.of_chunk(ids, values, k)
     if split.any():
         group = int(np.flatnonzero(split)[0])
-        members = np.flatnonzero(ids == group)
-        first = values[members[0]]
-        row = int(members[np.argmax(values[members] != first)])
+        first = int(values[np.argmax(ids == group)])
+        row = second_value_row(ids, values, group, first)
         raise GrpoError(
-            f"{_index(row)}: a group spans two values of {mention('batch_col')} "
-            f"({int(keys[first])}, then {int(keys[values[row]])}); {ONE_VALUE_REASONS['batch_col']}"
+            f"{_index(row)}: a group spans {BATCHES.spans((int(keys[first]), int(keys[values[row]])))}"
         )
     return BatchLayout.of_groups(of_group, totals, keys.tolist())
+
+
+BATCHES = OneValueFigure("", "batch_col")
+"""The training batch of each group, from the tensor API's batch IDs (no column)."""
 
 
 def _by_first_appearance(values: Tensor) -> tuple[Tensor, Tensor]:

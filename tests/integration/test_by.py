@@ -252,6 +252,23 @@ def test_a_group_across_two_values_is_refused_in_one_line(cli: Any, tmp_path: Pa
     )
 
 
+@pytest.mark.parametrize("option", ["--by", "--batch-col"])
+def test_a_group_across_two_values_in_two_chunks_is_refused(option: str, cli: Any, tmp_path: Path) -> None:
+    """Each shard's keys are matched as one chunk: the group's value in the first shard is held
+    over to the second, where its rows hold another (the merge rule "one", not a chunk's own check)."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for part, step in ((0, 1), (1, 2)):
+        rows = [{"uid": uid, "step": step, "reward": float(i % 2)} for i, uid in enumerate("abab")]
+        rows = rows if part == 0 else rows[:2]  # group "a" and "b" again, at step 2
+        pq.write_table(pa.Table.from_pylist(rows), folder / f"part-{part}.parquet")
+    result = cli("check", folder, "-g", "uid", option, "step")
+    named = "--by 'step'" if option == "--by" else "--batch-col 'step'"
+    assert_one_line_error(
+        result, "part-1.parquet, row 0: a group spans two values of " + named, "(1, then 2)"
+    )
+
+
 def test_by_on_compute_reports_and_writes_the_data_unchanged(cli: Any, tmp_path: Path) -> None:
     path = tmp_path / "steps.parquet"
     pq.write_table(steps_table(5, binary=False), path)

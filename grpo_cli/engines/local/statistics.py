@@ -22,11 +22,19 @@ from grpo_cli.inputs.readers import (
 from grpo_cli.inputs.sources import Shard
 from grpo_cli.kernel import GroupStats
 from grpo_cli.results.summary import ByValues
-from grpo_cli.run.figures import FigureAccumulator, RowInputs, padded, room_for, wanted
-from grpo_cli.run.outcome import BatchLayout, batch_of_groups
+from grpo_cli.run.figures import (
+    FigureAccumulator,
+    OneValueFigure,
+    RowInputs,
+    padded,
+    room_for,
+    second_value_row,
+    wanted,
+)
+from grpo_cli.run.outcome import BatchLayout
 from grpo_cli.run.plan import RunPlan
 from grpo_cli.run.rewards import RewardBatch
-from grpo_cli.run.steps import KEY_ROLES, ONE_VALUE_REASONS
+from grpo_cli.run.steps import one_value_figures
 from grpo_cli.stages import timed
 
 # Keys are matched a chunk at a time; a match costs a pass over the keys seen so far, so a
@@ -85,15 +93,13 @@ class _StatisticsPass:
         self._pending_rows = 0
         self._pending_start = 0
         self._pending_first_global = 0
-        self.batch_keys = (
-            GroupKeyIndex([config.batch_col], exact=exact_keys, few_values=True) if config.batch_col else None
-        )
-        self.batch_of_group = np.zeros(0, dtype=np.int64)
         self.filter_rows: list[tuple[np.ndarray, np.ndarray]] | None = [] if config.trainer_filter else None
-        self.by_keys = {
-            column: GroupKeyIndex([column], exact=exact_keys, few_values=True) for column in config.by_cols
-        }
-        self.by_of_group = {column: np.zeros(0, dtype=np.int64) for column in config.by_cols}
+        # --batch-col and each --by column: its values' key index, each group's value ID so far
+        self.one_value = one_value_figures(config)
+        self.value_keys = [
+            GroupKeyIndex([f.column], exact=exact_keys, few_values=True) for f in self.one_value
+        ]
+        self.value_of_group = [np.zeros(0, dtype=np.int64) for _ in self.one_value]
         self.group_rewards: list[tuple[np.ndarray, torch.Tensor, torch.Tensor | None]] | None = (
             [] if "group_rewards" in plan.needs else None
         )  # every row's group, combined reward and validity, in input order
@@ -150,7 +156,7 @@ class _StatisticsPass:
         with timed("pass 1: statistics"):
             chunk = RewardBatch.concat([r for _, r in self._pending])
             group_ids = self._row_groups(ids)
-            self._check_batches(group_ids, shard)
+            self._check_values(group_ids, shard)
             lengths = torch.cat(self._pending_lengths).numpy() if self._pending_lengths else None
             steps = np.concatenate(self._pending_steps) if self._pending_steps else None
             runs = [(self._pending_first_global, self._pending_rows)]
@@ -180,105 +186,70 @@ class _StatisticsPass:
         first = self._pending_first_global
         return np.arange(first, first + self._pending_rows) // group_size
 
-    def _check_batches(self, group_ids: np.ndarray, shard: Shard) -> None:
-        """Each group's batch and ``--by`` values: one per group, checked (without --batch-col
-        every group's batch is 0)."""
-        config = self.plan.config
-        if self.batch_keys is not None:
-            assert config.batch_col is not None
-            self.batch_of_group = self._values_of_groups(
-                self.batch_keys,
-                self.batch_of_group,
-                config.batch_col,
-                group_ids,
-                shard,
-                option="batch_col",
-                why=ONE_VALUE_REASONS["batch_col"],
-            )
-        for column, keys in self.by_keys.items():
-            self.by_of_group[column] = self._values_of_groups(
-                keys,
-                self.by_of_group[column],
-                column,
-                group_ids,
-                shard,
-                option="by",
-                why=ONE_VALUE_REASONS["by"],
-            )
+    def _check_values(self, group_ids: np.ndarray, shard: Shard) -> None:
+        """Each group's batch and ``--by`` values: one per group, checked."""
+        for i, figure in enumerate(self.one_value):
+            self.value_of_group[i] = self._values_of_groups(i, figure, group_ids, shard)
 
     def _values_of_groups(
-        self,
-        keys: GroupKeyIndex,
-        known_so_far: np.ndarray,
-        column: str,
-        group_ids: np.ndarray,
-        shard: Shard,
-        *,
-        option: str,
-        why: str,
+        self, i: int, figure: OneValueFigure, group_ids: np.ndarray, shard: Shard
     ) -> np.ndarray:
-        """Each group's value of ``column`` (an ID of ``keys``; -1 for a group not seen yet,
-        past the groups seen the array may hold more -1s), the pending rows' folded into what
-        was known; a group holding two values is refused.
-
-        The chunk's rows are taken a run of one group at a time (a group's rows mostly come
-        together) and only over the chunk's own groups, from its lowest ID to its highest:
-        the work is the chunk's, not every group's so far."""
-        values = pa.chunked_array([column_of(b, column) for b, _ in self._pending])
-        value_ids = self._encode(keys, [values], shard, what=KEY_ROLES[option])
+        """Each group's value of ``figure``'s column (an ID of its key index; -1 for a group not
+        seen yet, past the groups seen the array may hold more -1s), the pending rows' merged
+        into what was known by the figure's rule; a group holding two values is refused. The
+        work is over the chunk's own groups, from its lowest ID to its highest, not every
+        group's so far."""
+        keys = self.value_keys[i]
+        values = pa.chunked_array([column_of(b, figure.column) for b, _ in self._pending])
+        value_ids = self._encode(keys, [values], shard, what=figure.role)
         if not group_ids.size:
-            return known_so_far
+            return self.value_of_group[i]
         low, high = int(group_ids.min()), int(group_ids.max())
-        same_group = group_ids[1:] == group_ids[:-1]
-        heads = np.flatnonzero(np.concatenate(([True], ~same_group)))
-        head_groups, head_values = group_ids[heads] - low, value_ids[heads]
-        k = high - low + 1
-        if head_groups.size == k and bool((np.diff(head_groups) > 0).all()):  # each group one run, in order
-            value_of, split = head_values, np.zeros(k, dtype=bool)
-        else:
-            value_of, split = batch_of_groups(head_groups, head_values, k)
-        split[group_ids[1:][same_group & (value_ids[1:] != value_ids[:-1])] - low] = True  # within a run
-        known = room_for(known_so_far, high + 1, fill=-1)
+        value_of, split = figure.of_chunk(group_ids, value_ids, high - low + 1, low=low)
+        known = room_for(self.value_of_group[i], high + 1, fill=-1)
         window = known[low : high + 1]
-        present = value_of >= 0
-        clash = split | (present & (window >= 0) & (window != value_of))
+        merged, clash = figure.merged(window, value_of, split)
         if clash.any():
             group = low + int(np.flatnonzero(clash)[0])
-            rows = np.flatnonzero(group_ids == group)
-            first = int(known[group]) if known[group] >= 0 else int(value_ids[rows[0]])
-            row = int(rows[np.argmax(value_ids[rows] != first)])  # where the second value appears
+            first = int(known[group]) if known[group] >= 0 else int(value_ids[np.argmax(group_ids == group)])
+            row = second_value_row(group_ids, value_ids, group, first)
             group_cols = self.plan.config.group_cols if self.keys is not None else ()
             fix = (
-                f": -g {' -g '.join([*group_cols, column])} keys each group within one" if group_cols else ""
+                f": -g {' -g '.join([*group_cols, figure.column])} keys each group within one"
+                if group_cols
+                else ""
             )
-            raise GrpoError(
-                f"{describe_row(shard, self._pending_start + row)}: a group spans two values of "
-                f"{mention(option)} {column!r} ({keys.key_at(first)!r}, then "
-                f"{keys.key_at(int(value_ids[row]))!r}); "
-                f"{why}{fix}"
-            )
-        window[present] = value_of[present]
+            seen = (keys.key_at(first), keys.key_at(int(value_ids[row])))
+            where = describe_row(shard, self._pending_start + row)
+            raise GrpoError(f"{where}: a group spans {figure.spans(seen, fix=fix)}")
+        window[...] = merged
         return known
+
+    def _of_groups(self, i: int, num_groups: int) -> np.ndarray:
+        """Each of ``num_groups`` groups' value ID of one-value figure ``i`` (0 for a group with none)."""
+        known = self.value_of_group[i]
+        return np.pad(known, (0, max(0, num_groups - known.size)))[:num_groups].clip(min=0)
 
     def by_values(self, num_groups: int) -> list[ByValues]:
         """Each ``--by`` column's value of every group, and the values."""
-        out = []
-        for column, keys in self.by_keys.items():
-            of_group = np.pad(
-                self.by_of_group[column], (0, max(0, num_groups - self.by_of_group[column].size))
+        return [
+            ByValues(
+                figure.column,
+                self._of_groups(i, num_groups),
+                [self.value_keys[i].key_at(v) for v in range(len(self.value_keys[i]))],
             )
-            out.append(
-                ByValues(
-                    column, of_group[:num_groups].clip(min=0), [keys.key_at(v) for v in range(len(keys))]
-                )
-            )
-        return out
+            for i, figure in enumerate(self.one_value)
+            if figure.option == "by"
+        ]
 
     def batch_layout(self, totals: dict[str, np.ndarray], num_groups: int) -> BatchLayout:
-        of_group = np.pad(self.batch_of_group, (0, max(0, num_groups - self.batch_of_group.size)))
-        of_group = of_group[:num_groups].clip(min=0)
-        keys = [self.batch_keys.key_at(b) for b in range(len(self.batch_keys))] if self.batch_keys else [None]
-        return BatchLayout.of_groups(of_group, totals, keys)
+        """Each group's training batch (one batch without ``--batch-col``)."""
+        for i, figure in enumerate(self.one_value):
+            if figure.option == "batch_col":
+                keys = self.value_keys[i]
+                of_group = self._of_groups(i, num_groups)
+                return BatchLayout.of_groups(of_group, totals, [keys.key_at(b) for b in range(len(keys))])
+        return BatchLayout.of_groups(np.zeros(num_groups, dtype=np.int64), totals, [None])
 
     def _note_bad_rewards(self, rewards: RewardBatch, shard: Shard, shard_row: int) -> None:
         """The first row whose reward is null, NaN or infinite (the figures count them all)."""

@@ -38,10 +38,9 @@ from grpo_cli.kernel import (
 )
 from grpo_cli.options.config import ComputeConfig
 from grpo_cli.run.figures import RowInputs, of_chunk, wanted
-from grpo_cli.run.outcome import batch_of_groups
 from grpo_cli.run.plan import RunPlan
 from grpo_cli.run.rewards import RewardBatch
-from grpo_cli.run.steps import KEY_ROLES, value_columns
+from grpo_cli.run.steps import one_value_figures
 
 
 @dataclass(frozen=True)
@@ -146,8 +145,8 @@ def block_statistics(
     (index,) = batch.column("block").to_pylist()
     plan = RunPlan(config, device=_CPU)
     keys = GroupKeyIndex(config.group_cols)
-    one_value = value_columns(config)
-    value_keys = [GroupKeyIndex([column], few_values=True) for column, _, _ in one_value]
+    one_value = one_value_figures(config)
+    value_keys = [GroupKeyIndex([figure.column], few_values=True) for figure in one_value]
     length_col = config.length_col if "length_sums" in plan.needs else None
     id_parts: list[np.ndarray] = []
     value_id_parts: list[list[np.ndarray]] = [[] for _ in one_value]
@@ -164,9 +163,9 @@ def block_statistics(
                 first_record = record
             role = "group"
             id_parts.append(keys.encode([record.column(c) for c in config.group_cols]))
-            for i, ((column, option, _), index_of) in enumerate(zip(one_value, value_keys, strict=True)):
-                role = KEY_ROLES[option]
-                values = record.column(column)
+            for i, (figure, index_of) in enumerate(zip(one_value, value_keys, strict=True)):
+                role = figure.role
+                values = record.column(figure.column)
                 value_id_parts[i].append(index_of.encode([values]))
                 value_parts[i].append(values)
             reader = plan.reward_reader(record.schema, part.file.shard())
@@ -219,8 +218,8 @@ def block_statistics(
         table = table.append_column(name, pa.array(value))
     if one_value:
         _, first_rows = np.unique(ids_np, return_index=True)
-    for i in range(len(one_value)):
-        _, split = batch_of_groups(ids_np, np.concatenate(value_id_parts[i]), k)
+    for i, figure in enumerate(one_value):
+        _, split = figure.of_chunk(ids_np, np.concatenate(value_id_parts[i]), k)
         values = pa.chunked_array([v.cast(value_parts[i][0].type) for v in value_parts[i]])
         table = table.append_column(VALUE_FIELD.format(i), values.take(pa.array(first_rows)))
         table = table.append_column(VALUE_CLASH_FIELD.format(i), pa.array(split))

@@ -29,7 +29,6 @@ from grpo_cli.engines.ray.fields import (
     _numpy,
 )
 from grpo_cli.engines.ray.session import import_ray
-from grpo_cli.errors import mention
 from grpo_cli.kernel import (
     GroupStats,
     RunningGroupStats,
@@ -41,7 +40,7 @@ from grpo_cli.results.summary import (
 from grpo_cli.run.figures import padded, room_for, wanted
 from grpo_cli.run.outcome import BatchLayout, GroupOutcome
 from grpo_cli.run.plan import RunPlan
-from grpo_cli.run.steps import value_columns
+from grpo_cli.run.steps import one_value_figures
 
 
 def _key_in(table: pa.Table, row: int) -> Any:
@@ -93,7 +92,7 @@ class OrderedMerge:
     def __init__(self, plan: RunPlan) -> None:
         self.plan = plan
         self.keys = GroupKeyIndex(plan.config.group_cols)
-        self.one_value = value_columns(plan.config)
+        self.one_value = one_value_figures(plan.config)
         self.value_keys = [
             GroupKeyIndex([VALUE_FIELD.format(i)], few_values=True) for i in range(len(self.one_value))
         ]
@@ -143,17 +142,15 @@ class OrderedMerge:
     def _add_values(self, i: int, partial: pa.Table, ids_np: np.ndarray, k: int) -> None:
         """Each group's value of one-value column ``i`` (IDs in order of first appearance, which
         is its values' order of first appearance in the rows); a group across two is refused."""
-        column, option, why = self.one_value[i]
+        figure = self.one_value[i]
         value_ids = self.value_keys[i].encode([partial.column(VALUE_FIELD.format(i))])
-        clash = partial.column(VALUE_CLASH_FIELD.format(i)).to_numpy(zero_copy_only=False).astype(bool)
+        split = partial.column(VALUE_CLASH_FIELD.format(i)).to_numpy(zero_copy_only=False).astype(bool)
         known = room_for(self.value_of_group[i], k, fill=-1)
-        clash |= (known[ids_np] >= 0) & (known[ids_np] != value_ids)
+        merged, clash = figure.merged(known[ids_np], value_ids, split)
         if clash.any():
             key = partial.select(list(self.plan.config.group_cols)).slice(int(np.flatnonzero(clash)[0]), 1)
-            raise RowsUnknown(
-                f"group {key.to_pylist()[0]} spans two values of {mention(option)} {column!r}; {why}"
-            )
-        known[ids_np] = value_ids
+            raise RowsUnknown(f"group {key.to_pylist()[0]} spans {figure.spans()}")
+        known[ids_np] = merged
         self.value_of_group[i] = known
 
     def result(self) -> MergedStatistics:
@@ -171,7 +168,7 @@ class OrderedMerge:
                 self._of_groups(i, k),
                 [self.value_keys[i].key_at(v) for v in range(len(self.value_keys[i]))],
             )
-            for i, (column, _, _) in enumerate(self.one_value)
+            for i, column in enumerate(figure.column for figure in self.one_value)
         ]
         return _merged(self.plan, channels, summary, totals, values)
 
@@ -274,7 +271,7 @@ def _in_bucket_order(plan: RunPlan, figures: Sequence[Any], sizes: Sequence[int]
         k,
     )
     one_value = []
-    for i, (column, _, _) in enumerate(value_columns(plan.config)):
+    for i, figure in enumerate(one_value_figures(plan.config)):
         index = GroupKeyIndex([VALUE_FIELD.format(i)], few_values=True)
         of_group = np.zeros(0, np.int64)
         if k:
@@ -282,7 +279,7 @@ def _in_bucket_order(plan: RunPlan, figures: Sequence[Any], sizes: Sequence[int]
             parts = [pa.table({name: column}) for column in values[name]]
             combined = pa.concat_tables(parts, promote_options="permissive").column(name)
             of_group = index.encode([combined])
-        one_value.append((column, of_group, [index.key_at(v) for v in range(len(index))]))
+        one_value.append((figure.column, of_group, [index.key_at(v) for v in range(len(index))]))
     return _merged(plan, channels, summary, totals, one_value)
 
 
