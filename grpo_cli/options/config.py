@@ -229,7 +229,8 @@ class ComputeConfig:
         name="memory_limit_mb",
         kind=int,
         help="Inputs that decode to less than this are read once and kept in memory; larger ones stream "
-        "in two passes with bounded memory. 0 always streams.",
+        "in two passes, their rows not held (what is held grows with the groups, not the rows). "
+        "0 always streams.",
         panel=ENGINE,
         metavar="MB",
         envvar="GRPO_CLI_MEMORY_LIMIT_MB",
