@@ -64,10 +64,14 @@ def test_readme_python_example_runs(monkeypatch):
 
 
 def _masked(line: str) -> str:
-    """A printed line without what changes from run to run or machine to machine."""
+    """A printed line without what changes from run to run or machine to machine: times and sizes.
+
+    >>> _masked("uploaded 9.7 MiB in 1 object(s); 10.4 MiB of the input's column chunks copied")
+    "uploaded SIZE in 1 object(s); SIZE of the input's column chunks copied"
+    """
     if line.startswith("time "):
         return "time ..."
-    return re.sub(r"\(\d+ shard\(s\), [\d.]+ [KMG]?i?B", "(N shard(s), SIZE", line.rstrip())
+    return re.sub(r"\b\d+(\.\d+)? [KMG]?i?B\b", "SIZE", line.rstrip())
 
 
 def _console_examples(text: str) -> list[tuple[str, list[str]]]:
@@ -102,9 +106,7 @@ def test_readme_console_examples_print_what_they_show(tmp_path):
 
 
 NOT_RUN = {
-    "s3://": "needs a bucket and credentials (the S3 store runs against a local server in test_stores.py)",
-    "gs://": "needs a bucket (the GCS store runs against a local server in test_gcs.py)",
-    "hf://": "needs the Hugging Face Hub (the hf store runs against a local server in test_hf.py)",
+    "--ray-address": "joins a running Ray cluster",
     "pip install": "installs packages",
     "ray start": "starts a Ray cluster's machines",
     "ray stop": "stops a Ray cluster's machines",
@@ -148,15 +150,19 @@ def _not_run(command: str) -> str | None:
     return None
 
 
-def _run_examples(page: Path, folder: Path, *, columns: int) -> tuple[list[str], list[str]]:
+def _run_examples(
+    page: Path, folder: Path, *, columns: int, stores: dict[str, str] | None = None
+) -> tuple[list[str], list[str]]:
     """Run ``page``'s ``$`` examples in order in ``folder`` (given a copy of the shipped sample
     data): an example that shows output must print it (times and sizes masked; ``...`` any
     lines), one that shows none must succeed; ``$ echo $?`` shows the exit code before it.
-    Returns the examples run and those :data:`NOT_RUN` names, with the reason."""
+    ``stores``: the environment that points the object stores at loopback servers (which
+    hold what the examples read). Returns the examples run and those :data:`NOT_RUN` names,
+    with the reason."""
     shutil.copytree(ROOT / "sample_data", folder / "sample_data")
     bin_dir = str(Path(sys.executable).parent)  # grpo-cli's entry point, installed beside python
     path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
-    env = {**os.environ, "COLUMNS": str(columns), "NO_COLOR": "1", "PATH": path}
+    env = {**os.environ, **(stores or {}), "COLUMNS": str(columns), "NO_COLOR": "1", "PATH": path}
     examples = _console_examples(page.read_text())
     needed = {tool for command, _ in examples if _not_run(command) is None for tool in _tools(command)}
     missing = sorted(tool for tool in needed & SHELL_TOOLS if shutil.which(tool, path=path) is None)
@@ -192,14 +198,25 @@ def _run_examples(page: Path, folder: Path, *, columns: int) -> tuple[list[str],
     return ran, not_run
 
 
+STORE_SCHEMES = ("s3://", "gs://", "hf://")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("page", DOCS_PAGES)
-def test_docs_console_examples_print_what_they_show(page, tmp_path):
+def test_docs_console_examples_print_what_they_show(page, tmp_path, request):
     """Each docs page's examples run as the README's do (:func:`_run_examples`), at the 100
     columns the generated examples are drawn at: the files an example uses are shipped, or an
-    earlier example of the page makes them. Only those :data:`NOT_RUN` names are left out, each
-    with its reason; the test lists both."""
-    ran, not_run = _run_examples(ROOT / "docs" / page, tmp_path, columns=100)
+    earlier example of the page makes them; a page that names buckets runs against loopback
+    servers that hold them (:func:`loopback_stores`). Only those :data:`NOT_RUN` names are left
+    out, each with its reason; the test lists both."""
+    text = (ROOT / "docs" / page).read_text()
+    runs_on_stores = any(
+        scheme in command and _not_run(command) is None
+        for command, _ in _console_examples(text)
+        for scheme in STORE_SCHEMES
+    )
+    stores = request.getfixturevalue("loopback_stores") if runs_on_stores else None
+    ran, not_run = _run_examples(ROOT / "docs" / page, tmp_path, columns=100, stores=stores)
     assert ran, f"{page}: no example ran"
     print(f"{page}: ran", *ran, sep="\n  ")
     print(f"{page}: not run", *not_run, sep="\n  ")
@@ -216,6 +233,87 @@ def test_docs_console_examples_print_what_they_show(page, tmp_path):
 )
 def test_the_example_matcher_fails_what_differs(shown, printed, matches):
     assert _matches(shown, printed) is matches
+
+
+@pytest.fixture
+def loopback_stores(s3_server, gcs_server, hub_server, tmp_path):
+    """The buckets and the repo docs/storage.md's examples name, on loopback servers, holding
+    the shipped sample data: ``s3://bucket/run/`` and ``gs://bucket/run/`` four shards of
+    ``sample_data/steps.parquet`` (two steps each), ``s3://bucket/dumps/verl/`` the verl dump,
+    ``s3://rollouts/run/`` four shards of text past 5 MiB each and
+    ``s3://rollouts/big/sorted.parquet`` a million rows of sorted integer IDs,
+    ``hf://datasets/me/rollouts/data/train.parquet`` the steps file. The
+    environment that points grpo-cli at them, with no credential of this machine's."""
+    import boto3
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from gcsfs.core import GCSFileSystem
+
+    steps = pq.read_table(ROOT / "sample_data" / "steps.parquet")
+    shards = {}
+    for index in range(4):
+        keep = pa.compute.is_in(steps.column("step"), pa.array([2 * index + 1, 2 * index + 2]))
+        path = tmp_path / f"step-{index + 1}.parquet"
+        pq.write_table(steps.filter(keep), path)
+        shards[f"run/step-{index + 1}.parquet"] = path.read_bytes()
+    ids = np.arange(1_000_000) // 8  # with float64 rewards, past S3's 5 MiB least part: copied in the store
+    big = tmp_path / "sorted.parquet"
+    pq.write_table(pa.table({"group_id": ids, "reward": np.random.default_rng(0).random(ids.size)}), big)
+    dump = {
+        f"dumps/verl/{p.name}": p.read_bytes() for p in sorted((ROOT / "sample_data/dumps/verl").iterdir())
+    }
+    rng = np.random.default_rng(1)
+    with_text = {}  # four shards past 5 MiB, mostly their text: a spliced output copies it in the store
+    for index in range(4):
+        rows = 48_000
+        raw = rng.bytes(rows * 64)
+        completion = pa.array([raw[at : at + 64].hex() for at in range(0, len(raw), 64)])
+        uid = pa.array([f"prompt-{index}-{n // 8}" for n in range(rows)])
+        reward = (rng.random(rows) < 0.5).astype(np.float32)
+        path = tmp_path / f"text-{index}.parquet"
+        pq.write_table(pa.table({"uid": uid, "completion": completion, "reward": reward}), path)
+        with_text[f"run/part-{index}.parquet"] = path.read_bytes()
+
+    s3_server.reset()
+    client = boto3.client("s3", endpoint_url=s3_server.endpoint, **_aws_keys(s3_server.env))
+    for bucket, objects in (
+        ("bucket", {**shards, **dump}),
+        ("rollouts", {**with_text, "big/sorted.parquet": big.read_bytes()}),
+    ):
+        client.create_bucket(Bucket=bucket)
+        for key, data in objects.items():
+            client.put_object(Bucket=bucket, Key=key, Body=data)
+    gcs_server.reset("bucket")
+    previous = os.environ.get("STORAGE_EMULATOR_HOST")
+    os.environ["STORAGE_EMULATOR_HOST"] = gcs_server.endpoint
+    try:
+        gcs = GCSFileSystem(skip_instance_cache=True, token="anon")
+        for key, data in shards.items():
+            gcs.pipe(f"bucket/{key}", data)
+    finally:
+        if previous is None:
+            del os.environ["STORAGE_EMULATOR_HOST"]
+        else:
+            os.environ["STORAGE_EMULATOR_HOST"] = previous
+    hub_server.reset()
+    train = (ROOT / "sample_data" / "steps.parquet").read_bytes()
+    hub_server.repos["me/rollouts"] = {"main": {"README.md": b"# rollouts\n", "data/train.parquet": train}}
+    return {
+        **s3_server.env,
+        **gcs_server.env,
+        "HF_ENDPOINT": hub_server.endpoint,
+        "HF_TOKEN_PATH": str(tmp_path / "no-hf-token"),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+    }
+
+
+def _aws_keys(env: dict[str, str]) -> dict[str, str]:
+    return {
+        "aws_access_key_id": env["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
+        "region_name": env["AWS_DEFAULT_REGION"],
+    }
 
 
 def test_every_docs_example_uses_options_the_cli_has():
