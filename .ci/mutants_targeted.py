@@ -13,7 +13,7 @@ It needs the ``mutants/`` folder that ``mutmut run`` generates (a run over one m
 made from the same sources: a mutant name that the meta file does not hold is refused.
 
     python .ci/mutants_targeted.py -m 'grpo_cli.inputs.readers.*' tests/integration/test_readers.py tests/unit/test_sources.py
-    python .ci/mutants_targeted.py -m 'grpo_cli.run.rewards.x_*' -m 'grpo_cli.run.rewards.xǁRewardReader*' \
+    python .ci/mutants_targeted.py -m 'grpo_cli.run.rewards.x_*' -m 'grpo_cli.run.reward_columns.xǁRewardReader*' \
         tests/unit/test_rewards.py --only unchecked
     python .ci/mutants_targeted.py -m 'grpo_cli.kernel.*' --sample 300 tests/unit/test_kernel.py
 

@@ -47,7 +47,7 @@ from grpo_cli.inputs.sources import Shard
 from grpo_cli.kernel import GroupStats, group_std
 from grpo_cli.options.advantage import AdvantageOptions
 from grpo_cli.options.config import VerifySpec
-from grpo_cli.run.rewards import numbers_from_text
+from grpo_cli.run.reward_columns import numbers_from_text
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -16,10 +16,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
 import torch
 
-from grpo_cli.arrow.columns import field_type
 from grpo_cli.errors import GrpoError, mention
 from grpo_cli.estimators import ESTIMATORS, GroupFacts, RowFacts
 from grpo_cli.file_names import PROVENANCE_KEY
@@ -39,15 +37,19 @@ from grpo_cli.kernel import (
 from grpo_cli.options.config import ComputeConfig
 from grpo_cli.run.figures import step_spans, top_two_of
 from grpo_cli.run.outcome import BatchLayout, GroupOutcome, OutcomeTotals
-from grpo_cli.run.rewards import RewardBatch, RewardReader, advantage_dtype, combined_advantages
+from grpo_cli.run.rewards import RewardBatch, combined_advantages
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping, Sequence
 
+    import pyarrow as pa
+
     from grpo_cli.inputs.sources import Shard
+    from grpo_cli.run.reward_columns import RewardReader
     from grpo_cli.trainers.filters import FilterPart
 
-_ARROW_FLOAT = {torch.float16: pa.float16(), torch.float32: pa.float32(), torch.float64: pa.float64()}
+# The plan's Arrow side (a shard's reward reader, the output's schema) imports pyarrow where it
+# is used: the tensor API plans and runs without it.
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -385,6 +387,8 @@ class RunPlan:
 
     def reward_reader(self, schema: pa.Schema, shard: Shard) -> RewardReader:
         """The reader of ``shard``'s reward columns under this run's options (both engines)."""
+        from grpo_cli.run.reward_columns import RewardReader
+
         return RewardReader(
             self.config.rewards,
             schema,
@@ -579,15 +583,21 @@ class RunPlan:
 
     def output_dtype(self, schema: pa.Schema) -> torch.dtype:
         """The advantage column's dtype for a shard of ``schema``."""
+        from grpo_cli.arrow.columns import field_type
+        from grpo_cli.run.reward_columns import advantage_dtype
+
         if len(schema) == 0:  # an empty JSONL file: JSON numbers read as float64
             return torch.float64
         return advantage_dtype([field_type(schema, r.column) for r in self.config.rewards])
 
     def output_schema(self, schema: pa.Schema, provenance: bytes) -> pa.Schema:
         """The input's schema with the new columns appended and the provenance entry set."""
+        import pyarrow as pa
+
         config = self.config
+        floats = {torch.float16: pa.float16(), torch.float32: pa.float32(), torch.float64: pa.float64()}
         fields = [
-            pa.field(config.advantage_col, _ARROW_FLOAT[self.output_dtype(schema)]),
+            pa.field(config.advantage_col, floats[self.output_dtype(schema)]),
             pa.field(config.active_col, pa.bool_()),
         ]
         if config.stats_cols:

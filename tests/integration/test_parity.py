@@ -127,3 +127,35 @@ def test_the_tensor_api_takes_group_ids_with_gaps_in_any_order(estimator):
     active = got["active_group_mask"]
     assert active.shape == (10,) and not active[[0, 1, 2, 3, 5, 6, 8]].any()
     assert active[group_ids].tolist() == expected.column("group_active").to_pylist()
+
+
+def test_the_tensor_api_runs_every_estimator_without_importing_pyarrow():
+    """The tensor path plans and computes on tensors: a fresh process that calls it for every
+    estimator (an error included, which the engine's refusals word) never imports pyarrow, whose
+    import cost the first call 0.2 s before."""
+    import subprocess
+    import sys
+
+    from grpo_cli.estimators import ESTIMATORS
+
+    script = (
+        "import sys, torch\n"
+        "from grpo_cli import GrpoError, group_advantages\n"
+        "rewards, ids = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.5]), torch.tensor([0, 0, 0, 1, 1, 1])\n"
+        "lengths = torch.tensor([3.0, 4.0, 5.0, 2.0, 2.0, 6.0])\n"
+        "refused = 0\n"
+        f"for name in {sorted(ESTIMATORS)!r}:\n"
+        "    needs = ({}, {'lengths': lengths}, {'pass_k': 2}, {'baselines': rewards / 2})\n"
+        "    for extra in needs:  # what some estimators need beside the rewards\n"
+        "        try:\n"
+        "            group_advantages(rewards, ids, estimator=name, **extra)\n"
+        "            break\n"
+        "        except GrpoError:  # refused in the engine's words\n"
+        "            refused += 1\n"
+        "    else:\n"
+        "        raise AssertionError(name)\n"
+        "assert refused, 'no call was refused: the error path went untested'\n"
+        "assert 'pyarrow' not in sys.modules, 'the tensor API imported pyarrow'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -840,7 +840,7 @@ def test_outputs_carry_the_provenance_entry_and_read_back_with_polars(cli, tmp_p
 def test_decimal_rewards_convert_with_correct_rounding():
     """Each decimal reward becomes the float64 nearest to it, as Python's float() gives."""
     from grpo_cli.inputs.sources import Shard
-    from grpo_cli.run.rewards import RewardReader
+    from grpo_cli.run.reward_columns import RewardReader
 
     texts = [f"{(i * 7919 % 400000 - 200000) / 100000:.5f}" for i in range(2000)]
     array = pa.array([decimal.Decimal(t) for t in texts], pa.decimal128(12, 5))

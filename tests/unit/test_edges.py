@@ -21,7 +21,7 @@ from grpo_cli.options.advantage import AdvantageOptions
 from grpo_cli.options.checks import CheckBounds
 from grpo_cli.options.config import ComputeConfig, VerifySpec
 from grpo_cli.results.checks import evaluate_checks
-from grpo_cli.run import rewards
+from grpo_cli.run import reward_columns
 from tests.conftest import write_parquet
 from tests.reference import reference_advantages
 
@@ -164,7 +164,7 @@ def test_a_failed_forced_run_leaves_the_old_single_file_untouched(tmp_path, monk
     out = tmp_path / "out.parquet"
     out.write_bytes(b"the user's previous output")
     calls = {"n": 0}
-    real = rewards.new_column_arrays
+    real = reward_columns.new_column_arrays
 
     def fail_on_third_batch(*args, **kwargs):
         calls["n"] += 1

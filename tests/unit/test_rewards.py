@@ -11,7 +11,8 @@ import torch
 
 from grpo_cli.errors import GrpoError
 from grpo_cli.inputs.sources import Shard
-from grpo_cli.run.rewards import RewardBatch, _concat_valid, _weighted_sum, numbers_from_text
+from grpo_cli.run.reward_columns import numbers_from_text
+from grpo_cli.run.rewards import RewardBatch, _concat_valid, _weighted_sum
 
 CSV = Shard(Path("r.csv"), "r.csv", "csv", 0)
 
@@ -105,7 +106,7 @@ PARQUET = Shard(Path("r.parquet"), "r.parquet", "parquet", 0)
 
 def _reader(batch, specs, shard=PARQUET, **options):
     from grpo_cli.options.advantage import RewardSpec
-    from grpo_cli.run.rewards import RewardReader
+    from grpo_cli.run.reward_columns import RewardReader
 
     specs = [s if isinstance(s, RewardSpec) else RewardSpec(*s) for s in specs]
     return RewardReader(specs, batch.schema, shard, per_column=options.pop("per_column", False), **options)
@@ -201,7 +202,7 @@ def test_int64_rewards_within_2_53_either_side_are_kept(value, refused):
 
 
 def test_advantage_dtype_of_one_float_column_is_its_width_and_of_several_the_widest():
-    from grpo_cli.run.rewards import advantage_dtype
+    from grpo_cli.run.reward_columns import advantage_dtype
 
     assert advantage_dtype([pa.float16()]) == torch.float16
     assert advantage_dtype([pa.float32()]) == torch.float32

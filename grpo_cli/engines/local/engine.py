@@ -55,7 +55,8 @@ from grpo_cli.run.columns import check_columns
 from grpo_cli.run.outcome import GroupOutcome
 from grpo_cli.run.plan import RunPlan
 from grpo_cli.run.progress import NoProgress, Progress
-from grpo_cli.run.rewards import RewardBatch, RewardReader, bad_rewards_error, new_column_arrays
+from grpo_cli.run.reward_columns import RewardReader, new_column_arrays
+from grpo_cli.run.rewards import RewardBatch, bad_rewards_error
 from grpo_cli.run.steps import with_watched_step
 from grpo_cli.stages import timed
 

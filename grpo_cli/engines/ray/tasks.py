@@ -45,7 +45,8 @@ from grpo_cli.outputs.splice import SplicedFile, SpliceRefused, read_footer
 from grpo_cli.results.verify import Verifier, settled, split_by_groups
 from grpo_cli.run.outcome import GroupOutcome
 from grpo_cli.run.plan import RunPlan
-from grpo_cli.run.rewards import RewardBatch, new_column_arrays
+from grpo_cli.run.reward_columns import new_column_arrays
+from grpo_cli.run.rewards import RewardBatch
 from grpo_cli.stores import CopiedPrefix, check_scheme, local_path, store_output
 
 _WORKER_CACHE: dict[str, Any] = {}

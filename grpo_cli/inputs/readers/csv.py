@@ -43,7 +43,8 @@ class _CsvStream(_TextStream["pa_csv.CSVStreamingReader"]):
     """Every CSV column is read as its text: type inference would merge the keys ``007``,
     ``07`` and ``7``, turn ``N/A`` into a null and ``001`` into ``1.0``. An unquoted empty
     cell is a null (a quoted ``""`` is the empty string); the columns grpo-cli computes
-    from are parsed as numbers where they are read (:func:`~grpo_cli.run.rewards.numbers_from_text`)."""
+    from are parsed as numbers where they are read
+    (:func:`~grpo_cli.run.reward_columns.numbers_from_text`)."""
 
     def _open(self, stream: pa.NativeFile) -> pa_csv.CSVStreamingReader:
         read_options = pa_csv.ReadOptions(block_size=jsonl_block_bytes(self.shard))  # a record fits
