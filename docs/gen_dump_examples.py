@@ -133,45 +133,80 @@ def screenshot() -> None:
         (ROOT / "docs" / "report.png").write_bytes(picture.read_bytes())
 
 
-PHONE = ["check", "sample_data/dumps/nemo-rl", "--from", "nemo-rl", "--trainer-filter", "nemo-rl", "-q"]
-PHONE_WIDTH = 390
+GALLERY = {
+    "sample": ["compute", "sample_data/rollouts.parquet", "-r", "correct", "-o", "{scratch}/o.parquet"],
+    "steps-and-sources": [
+        "check",
+        *["sample_data/steps.parquet", "-g", "uid", "--by", "step", "--by", "data_source"],
+        *["--max-inactive-fraction", "0.5"],
+    ],
+    "300-steps": ["check", "{scratch}/steps300.parquet", "-g", "uid", "--by", "step"],
+    "nemo-rl-dump": [
+        "check",
+        *["sample_data/dumps/nemo-rl", "--from", "nemo-rl", "--trainer-filter", "nemo-rl"],
+        *["--max-inactive-fraction", "0.4"],
+    ],
+}
+"""The reports a reviewer opens, drawn into docs/reports/ (the report tests render the same
+ones): the sample, a multi-step multi-source run with a failed check, a 300-step run (written
+by ``sample_data/generate.py``'s ``write_long_run``) and a trainer's dump with its filter."""
+
+WIDTHS = {"laptop": (1400, 1400), "phone": (390, 500)}
+"""Each width a report is drawn at, and the browser window it is drawn in (headless Chromium's
+window is never under 500 px: a phone's page is drawn in a frame 390 px wide)."""
 
 
-def phone_screenshot() -> None:
-    """docs/report-phone.png: the HTML report of :data:`PHONE` as a 390 px phone shows it
-    (headless Chromium's window is never under 500 px: the page is drawn in a frame that wide)."""
+def gallery_arguments(name: str, scratch: Path) -> list[str]:
+    """The command line of :data:`GALLERY`'s report ``name``, its files in ``scratch``."""
+    if name == "300-steps":
+        sys.path.insert(0, str(ROOT))
+        from sample_data.generate import write_long_run
+
+        write_long_run(scratch / "steps300.parquet", 300)
+    return [argument.format(scratch=scratch) for argument in GALLERY[name]]
+
+
+def report_gallery() -> None:
+    """docs/reports/NAME-WIDTH.png: each report of :data:`GALLERY`, its HTML page as a laptop
+    (1400 px) and a phone (390 px) shows its top 2,400 px."""
     from grpo_cli.results.html_report import browser
 
     found = browser()
     if found is None:
-        print("no chromium: docs/report-phone.png left as it is", file=sys.stderr)
+        print("no chromium: docs/reports/ left as it is", file=sys.stderr)
         return
-    with tempfile.TemporaryDirectory() as scratch:
-        folder = Path(scratch)
-        _run([*PHONE, "--report", str(folder / "report.html")], ROOT)
-        host = folder / "phone.html"
-        host.write_text(
-            '<!DOCTYPE html><html><body style="margin:0;background:#d0d0d0"><iframe src="report.html" '
-            f'style="width:{PHONE_WIDTH}px;height:2400px;border:0;background:white"></iframe></body></html>'
-        )
-        shot = ROOT / "docs" / "report-phone.png"  # the frame, and the window's rest in grey
-        subprocess.run(
-            [
-                found,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--hide-scrollbars",
-                "--virtual-time-budget=8000",
-                "--window-size=500,2400",
-                f"--screenshot={shot}",
-                host.as_uri(),
-            ],
-            capture_output=True,
-            timeout=120,
-            check=True,
-            cwd=folder,
-        )
+    (ROOT / "docs" / "reports").mkdir(exist_ok=True)
+    for name in GALLERY:
+        with tempfile.TemporaryDirectory() as scratch:
+            folder = Path(scratch)
+            (folder / "sample_data").symlink_to(ROOT / "sample_data")
+            # run in the scratch folder: the page names the file as a user's would, with no temporary path
+            arguments = [a.replace(f"{folder}/", "") for a in gallery_arguments(name, folder)]
+            _run([*arguments, "-q", "--report", "report.html"], folder)
+            for label, (width, window) in WIDTHS.items():
+                host = folder / "frame.html"
+                host.write_text(
+                    '<!DOCTYPE html><html><body style="margin:0;background:#d0d0d0"><iframe '
+                    f'src="report.html" style="width:{width}px;height:2400px;border:0;background:white">'
+                    "</iframe></body></html>"
+                )
+                subprocess.run(
+                    [
+                        found,
+                        "--headless",
+                        "--no-sandbox",
+                        "--disable-gpu",
+                        "--hide-scrollbars",
+                        "--virtual-time-budget=8000",
+                        f"--window-size={window},2400",
+                        f"--screenshot={ROOT / 'docs' / 'reports' / f'{name}-{label}.png'}",
+                        host.as_uri(),
+                    ],
+                    capture_output=True,
+                    timeout=120,
+                    check=True,
+                    cwd=folder,
+                )
 
 
 def _replaced(text: str, start_marker: str, end_marker: str, content: str) -> str:
@@ -200,7 +235,7 @@ def main(check: bool) -> int:
             )
         return 1 if stale else 0
     screenshot()
-    phone_screenshot()
+    report_gallery()
     return 0
 
 

@@ -89,6 +89,22 @@ def build_steps(seed: int = 20261201) -> list[dict[str, object]]:
     return rows
 
 
+def write_long_run(path: Path, steps: int = 300) -> Path:
+    """A run of ``steps`` steps, 16 prompts of 8 binary rollouts each, learning as it goes:
+    what a report of a long run draws (not shipped: the report tests and docs/gen_dump_examples.py
+    write it where they need it)."""
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    step = np.repeat(np.arange(1, steps + 1), 16 * 8)
+    skill = 0.2 + 0.6 * step / steps
+    reward = (rng.random(step.size) < skill * rng.random(step.size) * 1.6).astype(np.float64)
+    pq.write_table(
+        pa.table({"step": step, "uid": np.repeat(np.arange(steps * 16), 8), "reward": reward}), path
+    )
+    return path
+
+
 def main() -> None:
     steps = build_steps()
     pq.write_table(pa.Table.from_pylist(steps), HERE / "steps.parquet")

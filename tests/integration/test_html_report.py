@@ -273,39 +273,20 @@ def test_a_page_without_checks_says_so(cli: Any, tmp_path: Path) -> None:
     assert '<p class="verdict none">No checks asked' in text and 'class="checks"' not in text
 
 
-def _steps_file(path: Path, steps: int) -> Path:
-    """A run of ``steps`` steps, 16 prompts of 8 binary rollouts each, learning as it goes."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+def _gallery() -> Any:
+    """docs/gen_dump_examples.py, whose ``GALLERY`` names the reports a reviewer opens (it draws
+    them into docs/reports/): the tests render the same ones."""
+    import importlib.util
 
-    rng = np.random.default_rng(5)
-    step = np.repeat(np.arange(1, steps + 1), 16 * 8)
-    skill = 0.2 + 0.6 * step / steps
-    reward = (rng.random(step.size) < skill * rng.random(step.size) * 1.6).astype(np.float64)
-    pq.write_table(
-        pa.table({"step": step, "uid": np.repeat(np.arange(steps * 16), 8), "reward": reward}), path
-    )
-    return path
+    spec = importlib.util.spec_from_file_location("gen_dump_examples", ROOT / "docs" / "gen_dump_examples.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-SAMPLE, STEPS = ROOT / "sample_data" / "rollouts.parquet", ROOT / "sample_data" / "steps.parquet"
-REPORTS = {
-    "sample": lambda tmp: ["compute", SAMPLE, "-r", "correct", "-o", tmp / "o.parquet"],
-    "steps and sources": lambda tmp: [
-        "check",
-        STEPS,
-        *["-g", "uid", "--by", "step", "--by", "data_source", "--max-inactive-fraction", "0.5"],
-    ],
-    "300 steps": lambda tmp: ["check", _steps_file(tmp / "s.parquet", 300), "-g", "uid", "--by", "step"],
-    "a trainer's dump": lambda tmp: [
-        "check",
-        NEMO,
-        *["--from", "nemo-rl", "--trainer-filter", "nemo-rl", "--max-inactive-fraction", "0.4"],
-    ],
-}
-"""The reports a reviewer opens: the sample, a multi-step multi-source run with a failed check,
-a 300-step run and a trainer's dump with its filter."""
+GALLERY = _gallery()
+
 
 _MEASURE = (
     "<script>window.addEventListener('load', () => setTimeout(() => {"
@@ -320,9 +301,9 @@ _MEASURE = (
 @HAS_BROWSER
 @pytest.mark.slow
 @pytest.mark.parametrize("width", [390, 1400])
-@pytest.mark.parametrize("report", list(REPORTS))
+@pytest.mark.parametrize("report", list(GALLERY.GALLERY))
 def test_every_report_fits_a_phone_and_a_laptop_with_its_verdict_and_counts(
-    cli: Any, tmp_path: Path, report: str, width: int
+    cli: Any, tmp_path: Path, report: str, width: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Headless Chromium's window is never under 500 px, so a phone's 390 is the page's own
     width; each chart is drawn within it, nothing is wider than the page, the verdict and the
@@ -330,7 +311,8 @@ def test_every_report_fits_a_phone_and_a_laptop_with_its_verdict_and_counts(
     import json
 
     page = tmp_path / "report.html"
-    result = cli(*REPORTS[report](tmp_path), "--report", page, "-q")
+    monkeypatch.chdir(ROOT)  # the gallery's paths are the repo's
+    result = cli(*GALLERY.gallery_arguments(report, tmp_path), "--report", page, "-q")
     assert result.exit_code in (0, 1), result.stderr
     measured = tmp_path / "measured.html"
     text = page.read_text()
