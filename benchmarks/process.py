@@ -25,15 +25,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from bench import machine, write_layouts  # noqa: E402
+from bench_data import machine, write_layouts, write_sorted  # noqa: E402
 
 GRPO = [sys.executable, "-m", "grpo_cli"]
 FLOOR = """
@@ -174,23 +172,6 @@ def bench_process(rows: int, group_size: int, repeats: int, data_dir: Path) -> N
                 f"  peak RSS above start-up: grpo-cli {grpo.peak_mib - startup.peak_mib:.0f} MiB, "
                 f"floor {floor.peak_mib - polars_import.peak_mib:.0f} MiB"
             )
-
-
-def write_sorted(path: Path, rows: int, group_size: int) -> Path:
-    """``rows`` rows of sorted int64 group IDs and float32 0/1 rewards, in 1M-row row groups,
-    written a row group at a time (a 100M-row file without 100M rows in memory)."""
-    if path.exists():
-        return path
-    rng = np.random.default_rng(0)
-    step = 1_000_000
-    schema = pa.schema([("group_id", pa.int64()), ("reward", pa.float32())])
-    with pq.ParquetWriter(path, schema) as writer:
-        for start in range(0, rows, step):
-            ids = np.arange(start, min(rows, start + step), dtype=np.int64) // group_size
-            rate = rng.random(int(ids[-1] - ids[0]) + 1)[ids - ids[0]]  # each group's solve rate
-            rewards = (rng.random(len(ids)) < rate).astype(np.float32)
-            writer.write_table(pa.table({"group_id": ids, "reward": rewards}, schema=schema))
-    return path
 
 
 def bench_scaling(
