@@ -44,6 +44,16 @@ class Series:
     hovers: Sequence[str]
 
 
+def _nice_step(rough: float, multiples: tuple[float, ...]) -> float:
+    """The least of ``multiples`` times a power of ten that is at least ``rough`` (> 0).
+
+    >>> _nice_step(2.4, (1, 2, 5)), _nice_step(2.4, (1, 2, 2.5, 5)), _nice_step(0.7, (1, 2, 5))
+    (5.0, 2.5, 1.0)
+    """
+    power = 10.0 ** math.floor(math.log10(rough))
+    return next(m * power for m in (*multiples, 10) if m * power >= rough)
+
+
 def nice_ticks(high: float, *, percent: bool = False, integer: bool = False, count: int = 5) -> list[float]:
     """Ticks from 0 to at least ``high`` on a 1, 2, 2.5 or 5 times a power of ten step
     (``integer``: whole-number steps only; ``percent``: no finer than 1%).
@@ -55,9 +65,7 @@ def nice_ticks(high: float, *, percent: bool = False, integer: bool = False, cou
     """
     if not high > 0 or not math.isfinite(high):
         return [0.0, 1.0]
-    rough = high / count
-    power = 10 ** math.floor(math.log10(rough))
-    step = next(m * power for m in ((1, 2, 5, 10) if integer else (1, 2, 2.5, 5, 10)) if m * power >= rough)
+    step = _nice_step(high / count, (1, 2, 5) if integer else (1, 2, 2.5, 5))
     if integer:
         step = max(1.0, step)
     if percent:
@@ -81,9 +89,7 @@ def ordered_ticks(low: float, high: float, *, integer: bool, count: int) -> list
     """
     if high <= low:
         return [low]
-    rough = (high - low) / count
-    power = 10 ** math.floor(math.log10(rough))
-    step = next(m * power for m in (1, 2, 5, 10) if m * power >= rough)
+    step = _nice_step((high - low) / count, (1, 2, 5))
     if integer:
         step = max(1, round(step))
         return list(range(-(-int(low) // step) * step, int(high) + 1, step))
@@ -221,19 +227,17 @@ class _Canvas:
         )
 
 
-def _title(canvas: _Canvas, title: str | None) -> float:
-    """The chart's title (a picture keeps it; a page has its own heading); the height it takes."""
+def _titled_canvas(width: float, title: str | None) -> tuple[_Canvas, float, float]:
+    """A chart's canvas at ``width`` (a smaller font on a phone), its font size, and where its
+    drawing starts below the title (a picture keeps the title; a page has its own heading)."""
+    size = 12.0 if width >= 500 else 11.0
+    canvas = _Canvas(width, size)
     if not title:
-        return 8.0
+        return canvas, size, 8.0
     canvas.text(
-        8,
-        canvas.size * 1.6,
-        _fit(title, canvas.width - 16, canvas.size * 1.25),
-        size=canvas.size * 1.25,
-        weight="600",
-        fill="#222",
+        8, size * 1.6, _fit(title, width - 16, size * 1.25), size=size * 1.25, weight="600", fill="#222"
     )
-    return canvas.size * 2.6
+    return canvas, size, size * 2.6
 
 
 def ordered_chart(
@@ -254,9 +258,7 @@ def ordered_chart(
     >>> svg.count("<polygon"), svg.count("<polyline"), ">step<" in svg
     (1, 2, True)
     """
-    size = 12.0 if width >= 500 else 11.0
-    canvas = _Canvas(width, size)
-    top = _title(canvas, title)
+    canvas, size, top = _titled_canvas(width, title)
     integer = all(float(v).is_integer() for v in x)
     left, right = 52.0, width - 16
     low, high = (min(x), max(x)) if x else (0.0, 1.0)
@@ -355,9 +357,7 @@ def ranked_chart(
     >>> svg.count("<circle"), svg.count("<title>a: 50%</title>")
     (1, 1)
     """
-    size = 12.0 if width >= 500 else 11.0
-    canvas = _Canvas(width, size)
-    top = _title(canvas, title)
+    canvas, size, top = _titled_canvas(width, title)
     widest = max((_text_width(label, size) for label in labels), default=0.0)
     label_room = min(widest, width * (0.32 if width >= 500 else 0.3))
     left = 18 + label_room
@@ -436,9 +436,7 @@ def bar_chart(
     >>> svg.count("<title>")
     3
     """
-    size = 12.0 if width >= 500 else 11.0
-    canvas = _Canvas(width, size)
-    top = _title(canvas, title)
+    canvas, size, top = _titled_canvas(width, title)
     ticks = nice_ticks(max(counts, default=0), integer=True, count=4)
     left = 14 + max(_text_width(_label(t), size) for t in ticks) + size + 6
     right = width - 12

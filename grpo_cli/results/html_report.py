@@ -73,10 +73,8 @@ def report_bytes(summary: dict[str, Any], path: str) -> bytes:
     if suffix == ".svg":
         return picture_svg(summary).encode("utf-8")
     if suffix == ".png":
-        document = picture_svg(summary)
-        size = re.search(r'width="(\d+)" height="(\d+)"', document)
-        assert size is not None
-        return _screenshot(document, width=int(size.group(1)), height=int(size.group(2)))
+        document, height = _picture(summary)
+        return _screenshot(document, width=PAGE_WIDTH, height=height)
     return render(summary).encode("utf-8")
 
 
@@ -168,6 +166,11 @@ def verdict_line(summary: dict[str, Any]) -> str:
 def picture_svg(summary: dict[str, Any]) -> str:
     """The report as one SVG document: the title, its line of figures and the verdict, then
     every chart (drawn at the page's width, each with its title), stacked."""
+    return _picture(summary)[0]
+
+
+def _picture(summary: dict[str, Any]) -> tuple[str, int]:
+    """:func:`picture_svg`'s document and its height in pixels (its width is :data:`PAGE_WIDTH`)."""
     title, head = _headline(summary)
     verdict = verdict_line(summary)
     colour = (
@@ -179,8 +182,8 @@ def picture_svg(summary: dict[str, Any]) -> str:
         height = float(re.search(r'height="(\d+)"', drawn).group(1))  # type: ignore[union-attr]
         parts.append(drawn.replace('<svg class="chart-svg"', f'<svg x="0" y="{top:g}" class="chart-svg"', 1))
         top += height + 16
-    extent = f"{top - 16:g}"
-    return (
+    extent = int(top) - 16
+    document = (
         '<?xml version="1.0" encoding="UTF-8"?>\n'
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{PAGE_WIDTH}" height="{extent}" '
         f'viewBox="0 0 {PAGE_WIDTH} {extent}" font-family="{charts.FONT}">'
@@ -191,6 +194,7 @@ def picture_svg(summary: dict[str, Any]) -> str:
         + "".join(parts)
         + "</svg>\n"
     )
+    return document, extent
 
 
 _STYLE = (

@@ -325,15 +325,22 @@ def _one_value_per_group(ids: np.ndarray, value_ids: np.ndarray, k: int) -> tupl
     return high, (high >= 0) & (low != high)
 
 
-def second_value_row(ids: np.ndarray, value_ids: np.ndarray, group: int, first: int) -> int:
-    """The first row of ``group`` whose value ID is not ``first``: where a refused group's
-    second value appears.
+def second_value(
+    ids: np.ndarray, value_ids: np.ndarray, group: int, first: int | None = None
+) -> tuple[int, int]:
+    """Where a refused group's second value appears: its first value ID (``first``, known
+    from earlier chunks, or by default its first row's here) and the first row of ``group``
+    whose value ID differs from it.
 
-    >>> second_value_row(np.array([0, 1, 0, 0]), np.array([2, 5, 2, 7]), 0, 2)
-    3
+    >>> second_value(np.array([0, 1, 0, 0]), np.array([2, 5, 2, 7]), 0)
+    (2, 3)
+    >>> second_value(np.array([0, 1, 0, 0]), np.array([2, 5, 2, 7]), 0, first=7)
+    (7, 0)
     """
     rows = np.flatnonzero(ids == group)
-    return int(rows[np.argmax(value_ids[rows] != first)])
+    if first is None:
+        first = int(value_ids[rows[0]])
+    return first, int(rows[np.argmax(value_ids[rows] != first)])
 
 
 def top_two_of(totals: Mapping[str, np.ndarray]) -> TopTwo | None:

@@ -37,7 +37,7 @@ from grpo_cli.run.figures import (
     OneValueFigure,
     RowInputs,
     padded,
-    second_value_row,
+    second_value,
     wanted,
 )
 from grpo_cli.run.outcome import BatchLayout, GroupOutcome
@@ -152,8 +152,7 @@ def _batch_layout(
     of_group, split = BATCHES.of_chunk(ids, values, k)
     if split.any():
         group = int(np.flatnonzero(split)[0])
-        first = int(values[np.argmax(ids == group)])
-        row = second_value_row(ids, values, group, first)
+        first, row = second_value(ids, values, group)
         raise GrpoError(
             f"{_index(row)}: a group spans {BATCHES.spans((int(keys[first]), int(keys[values[row]])))}"
         )

@@ -28,7 +28,7 @@ from grpo_cli.run.figures import (
     RowInputs,
     padded,
     room_for,
-    second_value_row,
+    second_value,
     wanted,
 )
 from grpo_cli.run.outcome import BatchLayout
@@ -211,8 +211,8 @@ class _StatisticsPass:
         merged, clash = figure.merged(window, value_of, split)
         if clash.any():
             group = low + int(np.flatnonzero(clash)[0])
-            first = int(known[group]) if known[group] >= 0 else int(value_ids[np.argmax(group_ids == group)])
-            row = second_value_row(group_ids, value_ids, group, first)
+            held = int(known[group])
+            first, row = second_value(group_ids, value_ids, group, held if held >= 0 else None)
             group_cols = self.plan.config.group_cols if self.keys is not None else ()
             fix = (
                 f": -g {' -g '.join([*group_cols, figure.column])} keys each group within one"

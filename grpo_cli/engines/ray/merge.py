@@ -164,11 +164,11 @@ class OrderedMerge:
         totals = padded(self.figures, {name: total[:k] for name, total in self.totals.items()}, k)
         values = [
             (
-                column,
+                figure.column,
                 self._of_groups(i, k),
                 [self.value_keys[i].key_at(v) for v in range(len(self.value_keys[i]))],
             )
-            for i, column in enumerate(figure.column for figure in self.one_value)
+            for i, figure in enumerate(self.one_value)
         ]
         return _merged(self.plan, channels, summary, totals, values)
 
