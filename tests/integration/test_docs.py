@@ -236,19 +236,18 @@ def test_the_example_matcher_fails_what_differs(shown, printed, matches):
 
 
 @pytest.fixture
-def loopback_stores(s3_server, gcs_server, hub_server, tmp_path):
+def loopback_stores(s3, s3_server, gcs, gcs_server, hub, tmp_path):
     """The buckets and the repo docs/storage.md's examples name, on loopback servers, holding
     the shipped sample data: ``s3://bucket/run/`` and ``gs://bucket/run/`` four shards of
     ``sample_data/steps.parquet`` (two steps each), ``s3://bucket/dumps/verl/`` the verl dump,
     ``s3://rollouts/run/`` four shards of text past 5 MiB each and
     ``s3://rollouts/big/sorted.parquet`` a million rows of sorted integer IDs,
     ``hf://datasets/me/rollouts/data/train.parquet`` the steps file. The
-    environment that points grpo-cli at them, with no credential of this machine's."""
-    import boto3
+    environment that points grpo-cli at them, with no credential of this machine's (the
+    ``s3``, ``gcs`` and ``hub`` fixtures' fresh servers, with this process pointed at them)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from gcsfs.core import GCSFileSystem
 
     steps = pq.read_table(ROOT / "sample_data" / "steps.parquet")
     shards = {}
@@ -275,44 +274,25 @@ def loopback_stores(s3_server, gcs_server, hub_server, tmp_path):
         pq.write_table(pa.table({"uid": uid, "completion": completion, "reward": reward}), path)
         with_text[f"run/part-{index}.parquet"] = path.read_bytes()
 
-    s3_server.reset()
-    client = boto3.client("s3", endpoint_url=s3_server.endpoint, **_aws_keys(s3_server.env))
     for bucket, objects in (
         ("bucket", {**shards, **dump}),
         ("rollouts", {**with_text, "big/sorted.parquet": big.read_bytes()}),
     ):
-        client.create_bucket(Bucket=bucket)
+        if bucket != "rollouts":  # the fixture's own bucket
+            s3.create_bucket(Bucket=bucket)
         for key, data in objects.items():
-            client.put_object(Bucket=bucket, Key=key, Body=data)
-    gcs_server.reset("bucket")
-    previous = os.environ.get("STORAGE_EMULATOR_HOST")
-    os.environ["STORAGE_EMULATOR_HOST"] = gcs_server.endpoint
-    try:
-        gcs = GCSFileSystem(skip_instance_cache=True, token="anon")
-        for key, data in shards.items():
-            gcs.pipe(f"bucket/{key}", data)
-    finally:
-        if previous is None:
-            del os.environ["STORAGE_EMULATOR_HOST"]
-        else:
-            os.environ["STORAGE_EMULATOR_HOST"] = previous
-    hub_server.reset()
+            s3.put_object(Bucket=bucket, Key=key, Body=data)
+    gcs.mkdir("bucket")
+    for key, data in shards.items():
+        gcs.pipe(f"bucket/{key}", data)
     train = (ROOT / "sample_data" / "steps.parquet").read_bytes()
-    hub_server.repos["me/rollouts"] = {"main": {"README.md": b"# rollouts\n", "data/train.parquet": train}}
+    hub.repos["me/rollouts"] = {"main": {"README.md": b"# rollouts\n", "data/train.parquet": train}}
     return {
         **s3_server.env,
         **gcs_server.env,
-        "HF_ENDPOINT": hub_server.endpoint,
+        "HF_ENDPOINT": hub.endpoint,
         "HF_TOKEN_PATH": str(tmp_path / "no-hf-token"),
         "HF_HUB_DISABLE_TELEMETRY": "1",
-    }
-
-
-def _aws_keys(env: dict[str, str]) -> dict[str, str]:
-    return {
-        "aws_access_key_id": env["AWS_ACCESS_KEY_ID"],
-        "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
-        "region_name": env["AWS_DEFAULT_REGION"],
     }
 
 
