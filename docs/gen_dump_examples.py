@@ -159,7 +159,8 @@ window is never under 500 px: a phone's page is drawn in a frame 390 px wide).""
 def gallery_arguments(name: str, scratch: Path) -> list[str]:
     """The command line of :data:`GALLERY`'s report ``name``, its files in ``scratch``."""
     if name == "300-steps":
-        sys.path.insert(0, str(ROOT))
+        if str(ROOT) not in sys.path:  # sample_data/ is not installed: it is read from the clone
+            sys.path.insert(0, str(ROOT))
         from sample_data.generate import write_long_run
 
         write_long_run(scratch / "steps300.parquet", 300)
