@@ -427,9 +427,11 @@ def bar_chart(
     y_title: str,
     width: float,
     title: str | None = None,
+    hovers: Sequence[str] | None = None,
 ) -> str:
     """A count per label as vertical bars on an axis from zero (whole-number ticks); a few
-    labels are narrow bars, not the whole width.
+    labels are narrow bars, not the whole width; labels too many for the width are shown one
+    in every few, tilted. ``hovers``: what each bar's hover names it (its label by default).
 
     >>> svg = bar_chart(labels=["0/2", "1/2", "2/2"], counts=[1, 0, 4], color="#4C78A8",
     ...                 x_title="group mean", y_title="groups", width=500)
@@ -451,7 +453,9 @@ def bar_chart(
     slot = (right - left) / max(len(labels), 1)
     bar = min(slot * 0.8, 56.0)
     tilted = max((_text_width(label, size) for label in labels), default=0.0) > slot - 4
-    for i, (label, count) in enumerate(zip(labels, counts, strict=True)):
+    every = max(1, math.ceil(size * 1.6 / slot)) if tilted else 1  # tilted labels a line apart
+    names = labels if hovers is None else hovers
+    for i, (label, name, count) in enumerate(zip(labels, names, counts, strict=True)):
         middle = left + slot * (i + 0.5)
         canvas.rect(
             middle - bar / 2,
@@ -459,8 +463,10 @@ def bar_chart(
             bar,
             base - y_of(count),
             fill=color,
-            hover=f"{label}: {count:,} groups",
+            hover=f"{name}: {count:,} {y_title}",
         )
+        if i % every:
+            continue
         if tilted:
             canvas.text(middle + 3, base + size + 2, label, anchor="end", rotate=-40)
         else:

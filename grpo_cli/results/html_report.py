@@ -113,9 +113,13 @@ class Chart:
 
 
 def report_charts(summary: dict[str, Any]) -> list[Chart]:
-    """The report's charts, in page order: one per ``--by`` column, the group means, the group sizes."""
+    """The report's charts, in page order: one per ``--by`` column, the group means, every
+    row's reward, the group sizes."""
     found = [_by_chart(column, values) for column, values in (summary.get("by") or {}).items()]
     found.append(_histogram_chart(summary["group_mean_histogram"]))
+    rewards = summary.get("reward_histogram") or {}
+    if rewards.get("counts"):
+        found.append(_reward_chart(rewards))
     found.append(_size_chart(summary.get("group_size_counts") or {}))
     return found
 
@@ -551,6 +555,24 @@ def _histogram_chart(histogram: dict[str, Any]) -> Chart:
         "y_title": "groups",
     }
     return Chart(f"{title}: groups per bin", "bars", data)
+
+
+def _reward_chart(histogram: dict[str, Any]) -> Chart:
+    """Every scored row's reward: a bar a value, or bars of equal width named by where they start."""
+    if histogram["kind"] == "values":
+        title, labels, x_title = "Rewards: rows of each value", histogram["labels"], "reward"
+    else:
+        title, x_title = "Rewards: rows per range", "reward, each bar from its value up to the next"
+        labels = [f"{low:.6g}" for low in histogram["low"]]
+    data = {
+        "labels": labels,
+        "counts": histogram["counts"],
+        "color": "#F58518",
+        "x_title": x_title,
+        "y_title": "rows",
+        "hovers": [f"reward {label}" for label in histogram["labels"]],
+    }
+    return Chart(title, "bars", data)
 
 
 def _size_chart(counts: dict[str, int]) -> Chart:

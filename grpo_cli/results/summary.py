@@ -23,6 +23,7 @@ from grpo_cli.results.findings import (
     in_chunks,
     reward_totals,
 )
+from grpo_cli.run.reward_counts import RewardCounts
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -46,6 +47,7 @@ class RunSummary:
     inactive_by_value: list[dict[str, Any]]
     inactive_other_values: int
     group_mean_histogram: dict[str, Any]
+    reward_histogram: dict[str, Any]
     nan_rewards: int
     dropped: dict[str, Any]
     input: dict[str, Any]
@@ -87,6 +89,7 @@ class RunSummary:
             "inactive_by_value": self.inactive_by_value,
             "inactive_other_values": self.inactive_other_values,
             "group_mean_histogram": self.group_mean_histogram,
+            "reward_histogram": self.reward_histogram,
             "nan_rewards": self.nan_rewards,
             "dropped": self.dropped,
             "input": self.input,
@@ -220,6 +223,7 @@ def build_summary(
     by: Sequence[ByValues] = (),
     trainer_filter: dict[str, Any] | None = None,
     findings: GroupFindings | None = None,
+    reward_counts: RewardCounts,
 ) -> RunSummary:
     """The figures of a run from its per-group ``outcome`` and how it ran.
 
@@ -229,6 +233,8 @@ def build_summary(
     where the engine computed them already; otherwise they are computed here. An engine
     that holds no per-group outcome (the Ray engine's reducers hold it) gives the outcome's
     merged :class:`~grpo_cli.run.outcome.OutcomeTotals` and the merged ``findings``.
+    ``reward_counts``: every scored row's reward counted in pass 1, drawn as the summary's
+    ``reward_histogram``.
     """
     from grpo_cli.run.outcome import OutcomeTotals  # imports torch: only once there is an outcome
 
@@ -257,6 +263,7 @@ def build_summary(
         inactive_by_value=findings.inactive_by_value,
         inactive_other_values=findings.inactive_other_values,
         group_mean_histogram=findings.group_mean_histogram,
+        reward_histogram=reward_counts.histogram(),
         nan_rewards=totals.nan_rewards,
         dropped={
             "groups": totals.dropped_groups,

@@ -30,8 +30,8 @@ def test_the_report_is_one_page_that_fetches_nothing(cli: Any, tmp_path: Path) -
     text = written_report(cli, tmp_path).read_text()
     assert text.startswith("<!DOCTYPE html>")
     assert not re.search(r"<script[^>]+src=", text) and not re.search(r"<link[^>]+href=", text)
-    assert text.count('<div class="chart">') == 3  # by global_step, group means, group sizes
-    assert text.count('<svg class="chart-svg"') == 6  # each drawn for a laptop and for a phone
+    assert text.count('<div class="chart">') == 4  # by global_step, group means, rewards, group sizes
+    assert text.count('<svg class="chart-svg"') == 8  # each drawn for a laptop and for a phone
     assert len(text.encode()) < 100_000  # no plotting library embedded
     assert "By global_step: inactive groups and mean reward" in text
     assert "Read as a ROLL dump" in text
@@ -83,7 +83,7 @@ def test_chromium_draws_every_chart_without_an_error(cli: Any, tmp_path: Path) -
         timeout=120,
     )
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert dom.stdout.count('class="chart-svg"') == 6  # each chart, for a laptop and a phone
+    assert dom.stdout.count('class="chart-svg"') == 8  # each chart, for a laptop and a phone
     assert "Uncaught" not in dom.stderr and "CONSOLE" not in dom.stderr, dom.stderr[-2000:]
     shot = tmp_path / "report.png"
     subprocess.run(
@@ -159,7 +159,7 @@ def test_an_svg_report_is_every_chart_in_one_document_written_without_a_browser(
     svg = "{http://www.w3.org/2000/svg}"
     assert root.tag == f"{svg}svg"
     charts = root.findall(f"{svg}svg")
-    assert len(charts) == 3  # by global_step, group means, group sizes
+    assert len(charts) == 4  # by global_step, group means, rewards, group sizes
     tops = [float(chart.attrib["y"]) for chart in charts]
     assert tops == sorted(tops) and float(root.attrib["height"]) > tops[-1]
     text = path.read_text()
@@ -393,3 +393,29 @@ def test_steps_are_lines_with_whole_number_ticks_on_axes_from_zero() -> None:
     few = _by_chart("step", _by_values([1, 2, 3], lambda i: 1)).svg(1100)
     assert few.count("<circle") == 3 + 3  # markers on the stack's top and on the mean's line
     assert re.findall(r'text-anchor="middle"[^>]*>([0-9,.]+)</text>', few) == ["1", "2", "3"]
+
+
+def test_every_rows_reward_is_drawn_at_the_values_it_holds_or_in_ranges(cli: Any, tmp_path: Path) -> None:
+    """Binary rewards are two bars, 0 and 1, counting rows; the sample's continuous reward is
+    bars of equal width counting every scored row, each hover naming its range."""
+    sample = ROOT / "sample_data" / "rollouts.parquet"
+    binary, continuous = tmp_path / "binary.html", tmp_path / "continuous.html"
+    for page, column in ((binary, "correct"), (continuous, "reward")):
+        result = cli("check", sample, "--reward-col", column, "--report", page, "-q")
+        assert result.exit_code == 0, result.stderr
+    text = binary.read_text()
+    assert "<h3>Rewards: rows of each value</h3>" in text
+    import pyarrow.parquet as pq
+
+    correct = pq.read_table(sample).column("correct").to_pylist()
+    for value in (0, 1):
+        assert f"<title>reward {value}: {correct.count(value):,} rows</title>" in text
+    text = continuous.read_text()
+    assert "<h3>Rewards: rows per range</h3>" in text
+    hovers = re.findall(r"<title>reward \[([-0-9.e]+), ([-0-9.e]+)\): ([0-9,]+) rows</title>", text)
+    rewards = pq.read_table(sample).column("reward").to_pylist()
+    assert len(hovers) % 2 == 0 and hovers[: len(hovers) // 2] == hovers[len(hovers) // 2 :]  # laptop, phone
+    shown = hovers[: len(hovers) // 2]
+    assert sum(int(n.replace(",", "")) for _, _, n in shown) == len(rewards)
+    for low, high, n in shown:
+        assert sum(float(low) <= r < float(high) for r in rewards) == int(n.replace(",", "")), (low, high)

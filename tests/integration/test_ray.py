@@ -121,6 +121,7 @@ def compare_summaries(local: dict[str, Any], ray: dict[str, Any]) -> None:
     for key in ("reward", "advantage", "by"):  # as JSON: -0.0 and 0.0 differ
         assert json.dumps(ray.get(key)) == json.dumps(local.get(key)), key
     assert local["group_mean_histogram"]["counts"] == ray["group_mean_histogram"]["counts"]
+    assert local["reward_histogram"] == ray["reward_histogram"]
 
 
 @pytest.mark.parametrize(

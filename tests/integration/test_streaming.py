@@ -128,6 +128,7 @@ def test_streaming_and_in_memory_are_bitwise_identical(tmp_path, sharded_dir, op
         "advantage",
         "inactive_by_value",
         "group_mean_histogram",
+        "reward_histogram",
     ):
         assert sa[key] == sb[key], key
 

@@ -21,6 +21,7 @@ from grpo_cli.results.findings import SIZE_COUNTS_SHOWN, TOP_INACTIVE_VALUES, Gr
 from grpo_cli.results.summary import RunSummary, build_summary, input_info
 from grpo_cli.run.outcome import GroupOutcome
 from grpo_cli.run.plan import RunPlan
+from grpo_cli.run.reward_counts import RewardCounts
 
 # group 0 active (1, 3); group 1 constant 4; group 2 a singleton 7; group 3 constant 0
 REWARDS = [1.0, 3.0, 4.0, 4.0, 7.0, 0.0, 0.0, 0.0]
@@ -72,6 +73,7 @@ def summarize(outcome: GroupOutcome, **overrides) -> RunSummary:
         "mode": "in-memory",
         "device": "cpu",
         "elapsed": 0.5,
+        "reward_counts": RewardCounts.empty(),
     }
     return build_summary(outcome, **{**arguments, **overrides})
 
@@ -440,8 +442,9 @@ def test_the_json_summary_keeps_its_documented_keys_and_precision():
     assert list(data) == [
         "rows", "groups", "active_groups", "inactive_groups", "active_fraction", "singleton_groups",
         "group_size", "group_size_counts", "reward", "advantage", "inactive_by_value",
-        "inactive_other_values", "group_mean_histogram", "nan_rewards", "dropped", "input", "output",
-        "options", "mode", "device", "elapsed_seconds", "off_size_groups", "warnings", "findings",
+        "inactive_other_values", "group_mean_histogram", "reward_histogram", "nan_rewards", "dropped",
+        "input", "output", "options", "mode", "device", "elapsed_seconds", "off_size_groups", "warnings",
+        "findings",
     ]  # fmt: skip
     assert data["active_fraction"] == 0.285714 and data["elapsed_seconds"] == 1.235
     assert data["mode"] == "streaming" and data["device"] == "cuda:0"

@@ -246,6 +246,7 @@ class LocalEngine:
             by=first.by,
             trainer_filter=self._trainer_filter(first, outcome),
             findings=findings,
+            reward_counts=first.reward_counts,
         )
 
     def _trainer_filter(self, first: _Statistics, outcome: GroupOutcome) -> dict[str, Any] | None:

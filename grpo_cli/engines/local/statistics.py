@@ -33,6 +33,7 @@ from grpo_cli.run.figures import (
 )
 from grpo_cli.run.outcome import BatchLayout
 from grpo_cli.run.plan import RunPlan
+from grpo_cli.run.reward_counts import RewardCounts
 from grpo_cli.run.rewards import RewardBatch
 from grpo_cli.run.steps import one_value_figures
 from grpo_cli.stages import timed
@@ -61,6 +62,7 @@ class _Statistics:
     by: list[ByValues]
     filter_rows: list[tuple[np.ndarray, np.ndarray]] | None
     group_rewards: list[tuple[np.ndarray, torch.Tensor, torch.Tensor | None]] | None  # the need group_rewards
+    reward_counts: RewardCounts
 
     @property
     def rows_per_group(self) -> np.ndarray:
@@ -100,6 +102,7 @@ class _StatisticsPass:
             GroupKeyIndex([f.column], exact=exact_keys, few_values=True) for f in self.one_value
         ]
         self.value_of_group = [np.zeros(0, dtype=np.int64) for _ in self.one_value]
+        self.reward_counts = RewardCounts.empty()
         self.group_rewards: list[tuple[np.ndarray, torch.Tensor, torch.Tensor | None]] | None = (
             [] if "group_rewards" in plan.needs else None
         )  # every row's group, combined reward and validity, in input order
@@ -162,6 +165,10 @@ class _StatisticsPass:
             runs = [(self._pending_first_global, self._pending_rows)]
             rows = RowInputs.of(chunk, lengths, steps, runs=runs)
             self.figure_totals.update(group_ids, rows)
+            valid = chunk.combined_valid
+            self.reward_counts = self.reward_counts.merged(
+                RewardCounts.of_rows(chunk.combined.numpy(), None if valid is None else valid.numpy())
+            )
             if self.group_rewards is not None:
                 self.group_rewards.append((group_ids, chunk.combined.to(torch.float64), chunk.combined_valid))
             if self.filter_rows is not None:  # --trainer-filter: each group's rewards, in input order
@@ -303,4 +310,5 @@ class _StatisticsPass:
             self.by_values(num_groups),
             self.filter_rows,
             self.group_rewards,
+            self.reward_counts,
         )

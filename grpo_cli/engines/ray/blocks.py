@@ -39,6 +39,7 @@ from grpo_cli.kernel import (
 from grpo_cli.options.config import ComputeConfig
 from grpo_cli.run.figures import RowInputs, of_chunk, wanted
 from grpo_cli.run.plan import RunPlan
+from grpo_cli.run.reward_counts import RewardCounts
 from grpo_cli.run.rewards import RewardBatch
 from grpo_cli.run.steps import one_value_figures
 
@@ -134,6 +135,7 @@ def block_statistics(
     group_size: int | None = None,
     *,
     rows: list[pa.Table] | None = None,
+    reward_counts: list[RewardCounts] | None = None,
 ) -> pa.Table:
     """One statistics block (its index in ``batch``): one row per group, in order of first
     appearance, with its key columns and the block's statistics and figures of the group,
@@ -141,7 +143,8 @@ def block_statistics(
     :func:`~grpo_cli.run.figures.of_chunk`). ``rows`` (the need ``group_rewards``, a trainer's filter,
     on the reducers) gets a table of the block's rows in input order: each one's group in the block,
     whether it is scored, and the combined reward (float64) the estimator reads or the reward the filter
-    sees (its own dtype; unshaped, if asked)."""
+    sees (its own dtype; unshaped, if asked). ``reward_counts`` gets the block's scored rewards
+    counted (:class:`~grpo_cli.run.reward_counts.RewardCounts`)."""
     (index,) = batch.column("block").to_pylist()
     plan = RunPlan(config, device=_CPU)
     keys = GroupKeyIndex(config.group_cols)
@@ -186,6 +189,11 @@ def block_statistics(
     k = len(keys)
     ids = as_tensor(ids_np)
     rewards = RewardBatch.concat(reward_parts)
+    if reward_counts is not None:
+        valid = rewards.combined_valid
+        reward_counts.append(
+            RewardCounts.of_rows(rewards.combined.numpy(), None if valid is None else valid.numpy())
+        )
     if rows is not None:
         scored = rewards.combined_valid
         row_columns = {

@@ -33,6 +33,7 @@ from grpo_cli.results.findings import (
 )
 from grpo_cli.run.outcome import OutcomeTotals
 from grpo_cli.run.plan import RunPlan
+from grpo_cli.run.reward_counts import RewardCounts
 from grpo_cli.trainers.filters import FilterPart
 
 # the statistics job's reducers; None: one per CPU of the instance, at most one per block
@@ -54,6 +55,7 @@ class HeldStatistics:
     by: dict[str, list[dict[str, Any]]]  # --by: each column's figures per value, in the summary's order
     group_row_states: list[Any] | None  # the estimator's state of each bucket's groups (references)
     filtered: FilterPart | None  # check --trainer-filter: the rule on every group, merged
+    reward_counts: RewardCounts  # every scored row's reward counted, the blocks' merged
 
     def payload(self, ray: Any, transform: BatchTransform | None = None) -> Any:
         """What each worker of the moments and advantage jobs reads once: the buckets'
@@ -94,7 +96,7 @@ def _held_statistics(
     With ``--by`` each reducer also cut its groups of each column by a hash of their value; a
     task per such cut takes it from every bucket and computes the figures of its values, given
     the run's reward range; the driver holds the figures per value."""
-    reports, figures, keys, states, by_parts = _reduced(ray, blocks, plan, group_size)
+    reports, figures, keys, states, by_parts, counts = _reduced(ray, blocks, plan, group_size)
     held: list[BucketReport] = [_report_of(table) for table in reports]
     batch_stds = None
     if plan.config.advantage.scale == "batch":
@@ -122,6 +124,7 @@ def _held_statistics(
         _by_values(ray, plan, first, by_parts),
         states if "group_rewards" in plan.needs else None,
         _merged_filter([report.filtered for report in held] + _batch_filters(ray, plan, by_parts)),
+        RewardCounts.of_parts(ray.get(counts)),
     )
 
 
@@ -171,26 +174,25 @@ def _by_values(
 
 def _reduced(
     ray: Any, blocks: list[list[FilePart]], plan: RunPlan, group_size: int | None
-) -> tuple[list[pa.Table], list[Any], list[Any], list[Any], list[list[Any]]]:
+) -> tuple[list[pa.Table], list[Any], list[Any], list[Any], list[list[Any]], list[Any]]:
     """Job 1's map and reduce tasks (:func:`merge_bucket`): their first answers (fetched; a
     refusal raised, the first block's), references to their figures, keys and the estimator's
-    states built from rows, and, with ``--by``, to each bucket's groups of each column cut by
-    value (a list a bucket: column-major)."""
+    states built from rows, with ``--by`` to each bucket's groups of each column cut by
+    value (a list a bucket: column-major), and references to each block's reward counts."""
     if not blocks:
-        return [], [], [], [], []
+        return [], [], [], [], [], []
     cpus = int(ray.cluster_resources().get("CPU", 1))
     buckets = max(1, min(len(blocks), REDUCERS or cpus))
     shared = ray.put(blocks)
     # an estimator that reads its groups' rows, a trainer's filter: every row to its group's bucket
     with_rows = "group_rewards" in plan.needs or plan.config.trainer_filter is not None
     per_task = buckets * (2 if with_rows else 1)
-    partial_refs = [
-        _task(ray, block_partials, num_returns=per_task).remote(
+    per_block = [
+        _task(ray, block_partials, num_returns=per_task + 1).remote(
             i, shared, plan.config, group_size, buckets, with_rows
         )
         for i in range(len(blocks))
     ]
-    per_block = [refs if per_task > 1 else [refs] for refs in partial_refs]
     returns = 4 + _value_cuts(plan) * buckets
     reduced = [
         _task(ray, merge_bucket, num_returns=returns).remote(
@@ -210,4 +212,5 @@ def _reduced(
         [refs[2] for refs in reduced],
         [refs[3] for refs in reduced],
         [refs[4:] for refs in reduced],
+        [refs[-1] for refs in per_block],
     )

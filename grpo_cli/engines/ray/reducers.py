@@ -66,6 +66,7 @@ from grpo_cli.results.summary import (
 )
 from grpo_cli.run.outcome import GroupOutcome, OutcomeTotals
 from grpo_cli.run.plan import RunPlan
+from grpo_cli.run.reward_counts import RewardCounts
 from grpo_cli.trainers.filters import FilterPart
 
 
@@ -81,9 +82,13 @@ def block_partials(
     cut into ``buckets`` tables by their key's bucket (:func:`~grpo_cli.arrow.keys.key_buckets`), each
     in the block's order; a refusal goes to every bucket. ``with_rows`` (an estimator that
     reads its groups' rows, a trainer's filter, on the reducers): then the block's rows, cut
-    the same way by their group's bucket, in input order."""
+    the same way by their group's bucket, in input order. Last, the block's scored rewards
+    counted (:class:`~grpo_cli.run.reward_counts.RewardCounts`), which the driver merges."""
     rows: list[pa.Table] | None = [] if with_rows else None
-    table = block_statistics(pa.table({"block": [index]}), blocks, config, group_size, rows=rows)
+    counts: list[RewardCounts] = []
+    table = block_statistics(
+        pa.table({"block": [index]}), blocks, config, group_size, rows=rows, reward_counts=counts
+    )
     if ERROR_FIELD in table.column_names:
         parts = [table.append_column(BLOCK_FIELD, pa.array([index]))] * buckets
         row_parts = [pa.table({})] * (buckets if with_rows else 0)
@@ -93,8 +98,7 @@ def block_partials(
         row_parts = []
         if rows:
             row_parts = _cut(rows[0], which[rows[0].column(ROW_GROUP_IN_BLOCK).to_numpy()], buckets)
-    out = [*parts, *row_parts]
-    return out if len(out) > 1 else out[0]
+    return [*parts, *row_parts, counts[0] if counts else RewardCounts.empty()]
 
 
 def _cut(table: pa.Table, which: np.ndarray, buckets: int) -> list[pa.Table]:

@@ -67,6 +67,7 @@ from grpo_cli.results.summary import (
 from grpo_cli.results.verify import Verifier
 from grpo_cli.run.outcome import OutcomeTotals
 from grpo_cli.run.plan import RunPlan
+from grpo_cli.run.reward_counts import RewardCounts
 from grpo_cli.run.steps import with_watched_step
 
 PARTITION_BYTES = 256 << 20
@@ -206,6 +207,7 @@ def run_ray(
                 config,
                 totals,
                 findings,
+                held.reward_counts,
                 parts,
                 blocks,
                 ray_startup,
@@ -292,6 +294,7 @@ def _summary(
     config: ComputeConfig,
     totals: OutcomeTotals,
     findings: GroupFindings,
+    reward_counts: RewardCounts,
     parts: list[Any],
     blocks: list[Any],
     ray_startup: float,
@@ -328,6 +331,7 @@ def _summary(
         elapsed=time.perf_counter() - started,
         verify=verified,
         trainer_filter=trainer_filter,
+        reward_counts=reward_counts,
         findings=findings,
     )
 
