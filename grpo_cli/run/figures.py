@@ -343,6 +343,55 @@ def second_value(
     return first, int(rows[np.argmax(value_ids[rows] != first)])
 
 
+@dataclass(frozen=True)
+class GroupRows:
+    """The need ``group_rewards``: rows kept whole for an estimator that reads every row of its
+    groups (pass@k), each row's group ID (int64), whether it is scored (bool) and its combined
+    reward (float64), shape ``(n,)``. Its merge rule is "rows in input order": parts are laid end
+    to end in the order of their rows, so each group's rows keep their order whichever engine,
+    chunk or Ray bucket held them.
+
+    >>> rewards = RewardBatch([torch.tensor([1.0, 0.0])], [None], torch.tensor([1.0, 0.0]), None)
+    >>> rows = GroupRows.concat([GroupRows.of_chunk(np.array([0, 1]), rewards)] * 2)
+    >>> rows.ids.tolist(), rows.scored.tolist(), rows.rewards.tolist()
+    ([0, 1, 0, 1], [True, True, True, True], [1.0, 0.0, 1.0, 0.0])
+    """
+
+    ids: np.ndarray
+    scored: np.ndarray
+    rewards: np.ndarray
+
+    COLUMNS = ("scored", "reward")
+    """Its columns beside the rows' group IDs, as Ray's blocks ship them to the reducers."""
+
+    @classmethod
+    def of_chunk(cls, ids: np.ndarray, rewards: RewardBatch) -> GroupRows:
+        """A chunk's rows: their group IDs and rewards."""
+        valid = rewards.combined_valid
+        scored = np.ones(ids.size, bool) if valid is None else valid.numpy()
+        return cls(ids, scored, rewards.combined.to(torch.float64).numpy())
+
+    @classmethod
+    def concat(cls, parts: Sequence[GroupRows]) -> GroupRows:
+        """Parts merged by the rule: their rows end to end, in the order given (input order)."""
+        if len(parts) == 1:
+            return parts[0]
+        return cls(
+            np.concatenate([p.ids for p in parts]) if parts else np.zeros(0, np.int64),
+            np.concatenate([p.scored for p in parts]) if parts else np.zeros(0, bool),
+            np.concatenate([p.rewards for p in parts]) if parts else np.zeros(0, np.float64),
+        )
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """:data:`COLUMNS`, by name."""
+        return {"scored": self.scored, "reward": self.rewards}
+
+    @classmethod
+    def of_columns(cls, ids: np.ndarray, columns: Mapping[str, np.ndarray]) -> GroupRows:
+        """Rows shipped as :meth:`columns`, their groups given as ``ids``."""
+        return cls(ids, columns["scored"], columns["reward"])
+
+
 def top_two_of(totals: Mapping[str, np.ndarray]) -> TopTwo | None:
     """The need ``top_two`` from the run's figure totals (``None`` where it is not wanted)."""
     if "top_first" not in totals:

@@ -35,7 +35,7 @@ from grpo_cli.kernel import (
     whitening,
 )
 from grpo_cli.options.config import ComputeConfig
-from grpo_cli.run.figures import step_spans, top_two_of
+from grpo_cli.run.figures import GroupRows, step_spans, top_two_of
 from grpo_cli.run.outcome import BatchLayout, GroupOutcome, OutcomeTotals
 from grpo_cli.run.rewards import RewardBatch, combined_advantages
 
@@ -296,28 +296,20 @@ class RunPlan:
             return (self.config.batch_col, batches.of_group, batches.keys)
         return None
 
-    def with_group_rows(
-        self,
-        outcome: GroupOutcome,
-        group_rows: Sequence[tuple[np.ndarray, torch.Tensor, torch.Tensor | None]],
-    ) -> GroupOutcome:
-        """With the need ``"group_rewards"``: ``outcome`` with the estimator's state built from
-        every row of its groups (each piece: the rows' group IDs, combined rewards in float64
-        and scored mask, ``None`` where every row is scored; the pieces in input order), in
-        both engines (a Ray reducer's bucket)."""
-        ids = torch.from_numpy(
-            np.concatenate([g for g, _, _ in group_rows]) if group_rows else np.zeros(0, np.int64)
-        )
-        values = (
-            torch.cat([v for _, v, _ in group_rows]) if group_rows else torch.zeros(0, dtype=torch.float64)
-        )
-        scored = (
-            torch.cat([torch.ones(v.numel(), dtype=torch.bool) if m is None else m for _, v, m in group_rows])
-            if group_rows
-            else torch.zeros(0, dtype=torch.bool)
-        )
+    @property
+    def keeps_group_rows(self) -> bool:
+        """Whether pass 1 keeps every row of the groups (:class:`~grpo_cli.run.figures.GroupRows`:
+        the need ``group_rewards``)."""
+        return "group_rewards" in self.needs
+
+    def with_group_rows(self, outcome: GroupOutcome, rows: GroupRows) -> GroupOutcome:
+        """Where pass 1 keeps the groups' rows (:attr:`keeps_group_rows`): ``outcome`` with the
+        estimator's state built from every row of its groups, in input order, in both engines
+        (a Ray reducer's bucket) and the tensor API."""
         facts = GroupFacts(outcome.stats, outcome.active, {}, outcome.batches, None, self.config.advantage)
-        state = self.estimator.of_group_rows(facts, ids, values, scored)
+        state = self.estimator.of_group_rows(
+            facts, torch.from_numpy(rows.ids), torch.from_numpy(rows.rewards), torch.from_numpy(rows.scored)
+        )
         return replace(outcome, estimator_state=state)
 
     # ------------------------------------------------- --scale batch's divisor, in two rounds

@@ -34,6 +34,7 @@ from grpo_cli.errors import GrpoError
 from grpo_cli.kernel import WeightedMomentsAccumulator
 from grpo_cli.run.figures import (
     FigureAccumulator,
+    GroupRows,
     OneValueFigure,
     RowInputs,
     padded,
@@ -133,10 +134,8 @@ def _outcome(plan: RunPlan, batch: RewardBatch, ids: Tensor, k: int, rows: Tenso
         figures=totals,
         batches=_batch_layout(rows.batch_ids, ids_np, k, totals),
     )
-    if "group_rewards" in plan.needs:
-        outcome = plan.with_group_rows(
-            outcome, [(ids_np, batch.combined.to(torch.float64), batch.combined_valid)]
-        )
+    if plan.keeps_group_rows:
+        outcome = plan.with_group_rows(outcome, GroupRows.of_chunk(ids_np, batch))
     return outcome
 
 

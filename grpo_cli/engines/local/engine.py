@@ -171,8 +171,8 @@ class LocalEngine:
                     figures=first.figures,
                     batches=first.batches,
                 )
-            if first.group_rewards is not None:
-                outcome = self.plan.with_group_rows(outcome, first.group_rewards)
+            if first.group_rows is not None:
+                outcome = self.plan.with_group_rows(outcome, first.group_rows)
             if self.one_pass_dtype is not None:
                 advantage_range = self.plan.advantage_range_from_stats(outcome, self.one_pass_dtype)
                 verify_result = None

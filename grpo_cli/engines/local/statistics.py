@@ -24,6 +24,7 @@ from grpo_cli.kernel import GroupStats
 from grpo_cli.results.summary import ByValues
 from grpo_cli.run.figures import (
     FigureAccumulator,
+    GroupRows,
     OneValueFigure,
     RowInputs,
     padded,
@@ -61,7 +62,7 @@ class _Statistics:
     batches: BatchLayout
     by: list[ByValues]
     filter_rows: list[tuple[np.ndarray, np.ndarray]] | None
-    group_rewards: list[tuple[np.ndarray, torch.Tensor, torch.Tensor | None]] | None  # the need group_rewards
+    group_rows: GroupRows | None  # every row of the groups, where the plan keeps them
     reward_counts: RewardCounts
 
     @property
@@ -103,9 +104,7 @@ class _StatisticsPass:
         ]
         self.value_of_group = [np.zeros(0, dtype=np.int64) for _ in self.one_value]
         self.reward_counts = RewardCounts.empty()
-        self.group_rewards: list[tuple[np.ndarray, torch.Tensor, torch.Tensor | None]] | None = (
-            [] if "group_rewards" in plan.needs else None
-        )  # every row's group, combined reward and validity, in input order
+        self.group_rows: list[GroupRows] | None = [] if plan.keeps_group_rows else None  # in input order
 
     @property
     def bad_count(self) -> int:
@@ -169,8 +168,8 @@ class _StatisticsPass:
             self.reward_counts = self.reward_counts.merged(
                 RewardCounts.of_rows(chunk.combined.numpy(), None if valid is None else valid.numpy())
             )
-            if self.group_rewards is not None:
-                self.group_rewards.append((group_ids, chunk.combined.to(torch.float64), chunk.combined_valid))
+            if self.group_rows is not None:
+                self.group_rows.append(GroupRows.of_chunk(group_ids, chunk))
             if self.filter_rows is not None:  # --trainer-filter: each group's rewards, in input order
                 self.filter_rows.append(self.plan.filter_rows(chunk, group_ids))
             channels = self.accumulators[: self.plan.channels]
@@ -309,6 +308,6 @@ class _StatisticsPass:
             self.batch_layout(totals, num_groups),
             self.by_values(num_groups),
             self.filter_rows,
-            self.group_rewards,
+            None if self.group_rows is None else GroupRows.concat(self.group_rows),
             self.reward_counts,
         )

@@ -37,7 +37,7 @@ from grpo_cli.kernel import (
     GroupStats,
 )
 from grpo_cli.options.config import ComputeConfig
-from grpo_cli.run.figures import RowInputs, of_chunk, wanted
+from grpo_cli.run.figures import GroupRows, RowInputs, of_chunk, wanted
 from grpo_cli.run.plan import RunPlan
 from grpo_cli.run.reward_counts import RewardCounts
 from grpo_cli.run.rewards import RewardBatch
@@ -200,8 +200,8 @@ def block_statistics(
             ROW_GROUP_IN_BLOCK: ids_np,
             "scored": np.ones(ids_np.size, bool) if scored is None else scored.numpy(),
         }
-        if "group_rewards" in plan.needs:
-            row_columns["reward"] = rewards.combined.to(torch.float64).numpy()
+        if plan.keeps_group_rows:
+            row_columns.update(GroupRows.of_chunk(ids_np, rewards).columns())
         if config.trainer_filter is not None:
             row_columns["seen"] = plan.filter_values(rewards)
         rows.append(pa.table(row_columns))

@@ -122,7 +122,7 @@ def _held_statistics(
         first,
         batch_stds,
         _by_values(ray, plan, first, by_parts),
-        states if "group_rewards" in plan.needs else None,
+        states if plan.keeps_group_rows else None,
         _merged_filter([report.filtered for report in held] + _batch_filters(ray, plan, by_parts)),
         RewardCounts.of_parts(ray.get(counts)),
     )
@@ -185,7 +185,7 @@ def _reduced(
     buckets = max(1, min(len(blocks), REDUCERS or cpus))
     shared = ray.put(blocks)
     # an estimator that reads its groups' rows, a trainer's filter: every row to its group's bucket
-    with_rows = "group_rewards" in plan.needs or plan.config.trainer_filter is not None
+    with_rows = plan.keeps_group_rows or plan.config.trainer_filter is not None
     per_task = buckets * (2 if with_rows else 1)
     per_block = [
         _task(ray, block_partials, num_returns=per_task + 1).remote(

@@ -64,6 +64,7 @@ from grpo_cli.results.summary import (
     outcome_part,
     value_sort_key,
 )
+from grpo_cli.run.figures import GroupRows
 from grpo_cli.run.outcome import GroupOutcome, OutcomeTotals
 from grpo_cli.run.plan import RunPlan
 from grpo_cli.run.reward_counts import RewardCounts
@@ -183,7 +184,7 @@ def merge_bucket(
     nothing = pa.table({})
     by_parts = [nothing] * (_value_cuts(plan) * buckets)
     row_ids: list[np.ndarray] = []
-    row_columns: dict[str, list[np.ndarray]] = {"reward": [], "seen": [], "scored": []}
+    row_columns: dict[str, list[np.ndarray]] = {name: [] for name in ("seen", *GroupRows.COLUMNS)}
     for b, partial in enumerate(partials):
         if ERROR_FIELD in partial.column_names:
             return partial, nothing, _empty_keys(plan), nothing, *by_parts
@@ -218,8 +219,8 @@ def merge_bucket(
         filtered, filter_cuts = _bucket_filter(plan, outcome, whole, merged, keys, groups, buckets)
     report = BucketReport(figures.num_rows, outcome.totals, first, batch_totals, filtered)
     state = nothing
-    if with_rows and "group_rewards" in plan.needs:
-        state = _group_rows_state(plan, outcome, row_ids, row_columns["reward"], row_columns["scored"])
+    if with_rows and plan.keeps_group_rows:
+        state = _group_rows_state(plan, outcome, row_ids, row_columns)
     by_parts = _by_value_parts(merged.by, whole, buckets)
     return _report_table(report), figures, keys, state, *by_parts, *filter_cuts
 
@@ -328,27 +329,18 @@ def by_batch_filter(config: ComputeConfig, *parts: pa.Table) -> pa.Table:
 
 
 def _group_rows_state(
-    plan: RunPlan,
-    outcome: GroupOutcome,
-    ids: list[np.ndarray],
-    values: list[np.ndarray],
-    scored: list[np.ndarray],
+    plan: RunPlan, outcome: GroupOutcome, ids: list[np.ndarray], columns: dict[str, list[np.ndarray]]
 ) -> pa.Table:
-    """The estimator's state of a bucket's groups built from every row of them (each group's
-    rows in input order, :meth:`~grpo_cli.run.plan.RunPlan.with_group_rows`), as a table of its
-    :meth:`~grpo_cli.estimators.AdvantageEstimator.state_columns`."""
-
-    def joined(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
-        return np.concatenate(parts) if parts else np.zeros(0, dtype)
-
-    pieces = [
-        (
-            joined(ids, np.int64),
-            torch.from_numpy(joined(values, np.float64)),
-            torch.from_numpy(joined(scored, bool)),
-        )
-    ]
-    state = plan.with_group_rows(outcome, pieces).estimator_state
+    """The estimator's state of a bucket's groups built from every row of them (each block's
+    rows in block order: each group's in input order, :meth:`~grpo_cli.run.plan.RunPlan.with_group_rows`),
+    as a table of its :meth:`~grpo_cli.estimators.AdvantageEstimator.state_columns`."""
+    rows = GroupRows.concat(
+        [
+            GroupRows.of_columns(block_ids, {name: columns[name][b] for name in GroupRows.COLUMNS})
+            for b, block_ids in enumerate(ids)
+        ]
+    )
+    state = plan.with_group_rows(outcome, rows).estimator_state
     return pa.table(plan.estimator.state_columns(state))
 
 
