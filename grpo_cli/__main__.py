@@ -16,7 +16,12 @@ def _stopped_while_starting(signum: int, frame: object) -> None:
 
 
 def main() -> NoReturn:
-    """Install the start-up handlers, then run the CLI (which installs its own for the run)."""
+    """Pause the garbage collector while the modules load (:mod:`grpo_cli.collector`; the
+    engine resumes it), install the start-up handlers, then run the CLI (which installs its own
+    for the run)."""
+    from grpo_cli.collector import pause_for_start_up
+
+    pause_for_start_up()
     for name in ("SIGTERM", "SIGHUP"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), _stopped_while_starting)

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from grpo_cli import interrupts
+from grpo_cli import collector, interrupts
 from grpo_cli.arrow.columns import column_of, filter_rows, is_key_type, top_level
 from grpo_cli.arrow.keys import (
     GroupKeyIndex,
@@ -151,6 +151,7 @@ class LocalEngine:
 
     def run(self, output: OutputTarget | MemoryTarget | None) -> RunSummary:
         """Both passes; the output is committed only when everything succeeded."""
+        collector.resume()  # the modules are loaded: the CLI's start-up paused it
         started = time.perf_counter()
         if isinstance(output, OutputTarget):
             for shard, schema in zip(self.inputs.shards, self.schemas, strict=True):

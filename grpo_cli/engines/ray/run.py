@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from grpo_cli import collector
 from grpo_cli.arrow.keys import check_key_types
 from grpo_cli.engines.ray.blocks import FilePart, advantage_parts, keyed_by_position, statistics_blocks
 from grpo_cli.engines.ray.fields import _CPU, RowsUnknown, _report_of
@@ -128,6 +129,7 @@ def run_ray(
     A null or NaN key, a group across two batches and (with ``--nan error``) a bad reward
     raise :class:`RowsUnknown`.
     """
+    collector.resume()  # the modules are loaded: the CLI's start-up paused it
     started = time.perf_counter()
     group_size = config.group_size
     asked = RunPlan(config, device=_CPU)
