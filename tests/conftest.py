@@ -6,6 +6,8 @@ import hashlib
 import json
 import math
 import random
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -78,6 +80,20 @@ def one_line_error(result: Result, code: int = 2, *fragments: str) -> str:
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
     return lines[0]
+
+
+def run_python(
+    script: str, *args: object, timeout: float = 300, **kwargs: Any
+) -> subprocess.CompletedProcess[str]:
+    """``script`` run by this interpreter in a process of its own (``python -c script args``),
+    its output captured as text; ``kwargs`` go to :func:`subprocess.run` (``env``, ``cwd``, ``check``)."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kwargs,
+    )
 
 
 def write_parquet(path: Path, rows: Sequence[dict[str, Any]], **kwargs: Any) -> Path:

@@ -4,8 +4,7 @@ mapping that faults in every page at every use."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+from tests.conftest import run_python
 
 CHILD = """
 import ctypes, torch
@@ -43,7 +42,7 @@ def test_large_temporaries_come_from_the_heap_once_freed_blocks_are_kept():
 
     # glibc's defaults: a Ray session open in this process (a module's fixture) sets its workers' ones
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
-    done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120, env=env)
+    done = run_python(CHILD, timeout=120, env=env)
     if "mallinfo2" in done.stderr:
         pytest.skip("not glibc 2.33 or later: no mallinfo2 to read malloc's state")
     assert done.returncode == 0, done.stderr

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import gc
 import json
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.conftest import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "sample_data" / "rollouts.parquet"
@@ -37,12 +37,7 @@ main()
 
 
 def test_the_console_script_collects_again_once_the_engine_runs(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(SAMPLE), str(tmp_path / "out.parquet")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_python(CHILD, SAMPLE, tmp_path / "out.parquet", timeout=120)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stderr.strip().splitlines()[-1])
     assert seen["paused_until_the_run"] and seen["collecting_in_the_run"]

@@ -14,7 +14,7 @@ import pytest
 
 from grpo_cli import add_advantages, summarize
 from grpo_cli.errors import GrpoError
-from tests.conftest import assert_one_line_error, write_jsonl
+from tests.conftest import assert_one_line_error, run_python, write_jsonl
 
 
 @pytest.mark.slow
@@ -129,8 +129,6 @@ def test_a_pandas_frame_is_not_refused_over_a_column_the_run_never_reads(unused:
 def test_a_misspelt_column_of_a_parquet_input_is_refused_before_torch_loads(tmp_path):
     """The columns of a Parquet input are checked from its footer before the engine imports
     torch: the typo's one line (the same words the engine would give) comes at once."""
-    import subprocess
-    import sys
 
     probe = (
         "import sys, atexit\n"
@@ -140,12 +138,8 @@ def test_a_misspelt_column_of_a_parquet_input_is_refused_before_torch_loads(tmp_
         "main()\n"
     )
     out = tmp_path / "out.parquet"
-    done = subprocess.run(
-        [sys.executable, "-c", probe, "sample_data/rollouts.parquet", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=Path(__file__).resolve().parents[2],
+    done = run_python(
+        probe, "sample_data/rollouts.parquet", out, timeout=120, cwd=Path(__file__).resolve().parents[2]
     )
     assert done.returncode == 2
     assert done.stderr.strip() == (

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from grpo_cli import GrpoError, add_advantages, group_advantages
-from tests.conftest import PARITY_ESTIMATORS, PARITY_PRESETS, bits, parity_case
+from tests.conftest import PARITY_ESTIMATORS, PARITY_PRESETS, bits, parity_case, run_python
 
 CASES = [
     (estimator, preset, seed)
@@ -133,8 +133,6 @@ def test_the_tensor_api_runs_every_estimator_without_importing_pyarrow():
     """The tensor path plans and computes on tensors: a fresh process that calls it for every
     estimator (an error included, which the engine's refusals word) never imports pyarrow, whose
     import cost the first call 0.2 s before."""
-    import subprocess
-    import sys
 
     from grpo_cli.estimators import ESTIMATORS
 
@@ -157,5 +155,5 @@ def test_the_tensor_api_runs_every_estimator_without_importing_pyarrow():
         "assert refused, 'no call was refused: the error path went untested'\n"
         "assert 'pyarrow' not in sys.modules, 'the tensor API imported pyarrow'\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    done = run_python(script)
     assert done.returncode == 0, done.stderr

@@ -37,6 +37,7 @@ from tests.conftest import (
     one_line_error,
     parity_case,
     rollout_cases,
+    run_python,
     write_case,
 )
 
@@ -981,8 +982,6 @@ def test_two_runs_in_one_process_each_start_their_own_instance(tmp_path):
     for its GCS: Ray keeps the auth token's path from its first import. Each run's summary names
     its off-size group by its key, which the object store held: the summary used to be built
     after the instance stopped, and fetching the key then failed (owner unknown)."""
-    import subprocess
-    import sys
 
     source = tmp_path / "in.parquet"
     pq.write_table(
@@ -998,7 +997,7 @@ def test_two_runs_in_one_process_each_start_their_own_instance(tmp_path):
         f"    summary = compute_dataset({str(source)!r}, out, config, engine=Ray())\n"
         "    print(summary.rows, summary.to_dict()['off_size_groups']['examples'][0]['group'])\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    done = run_python(code)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["42", "g10", "42", "g10"]
 
@@ -1144,8 +1143,6 @@ def test_a_private_instance_writes_nothing_in_home_even_when_ray_was_imported_fi
     instance and writes one to ~/.ray/auth_token, outside anything grpo-cli was asked to write,
     and Ray clusters started later on the machine pick it up. Two private instances in a row."""
     import os
-    import subprocess
-    import sys
 
     code = (
         "import ray, ray.data\n"
@@ -1156,7 +1153,7 @@ def test_a_private_instance_writes_nothing_in_home_even_when_ray_was_imported_fi
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env["HOME"] = str(tmp_path)
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    done = run_python(code, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert not (tmp_path / ".ray").exists(), sorted(p.name for p in (tmp_path / ".ray").iterdir())
 

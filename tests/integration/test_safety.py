@@ -28,7 +28,7 @@ from grpo_cli.engines import local as local_engine
 from grpo_cli.inputs.protected import ProtectedInputs
 from grpo_cli.options.advantage import RewardSpec
 from grpo_cli.outputs.guard import WriteGuard
-from tests.conftest import one_line_error, rollout_rows, write_jsonl, write_parquet
+from tests.conftest import one_line_error, rollout_rows, run_python, write_jsonl, write_parquet
 
 GRPO_CLI = [sys.executable, "-m", "grpo_cli"]
 
@@ -651,12 +651,7 @@ def test_a_failed_run_ends_in_its_line_while_the_summarys_thread_still_computes(
     full disk) waits for it before it ends, since a thread left inside torch at exit aborts the
     process after the error's line ("terminate called without an active exception", exit -6)."""
     source = write_parquet(tmp_path / "in.parquet", rollout_rows(n_groups=300, seed=1))
-    result = subprocess.run(
-        [sys.executable, "-c", SLOW_FINDINGS, str(source), str(tmp_path / "out.parquet")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_python(SLOW_FINDINGS, source, tmp_path / "out.parquet", timeout=120)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot write the output" in lines[0], lines

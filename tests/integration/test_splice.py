@@ -26,7 +26,7 @@ from grpo_cli.file_names import PROVENANCE_KEY
 from grpo_cli.jobs import compute_dataset
 from grpo_cli.options.config import ComputeConfig
 from grpo_cli.outputs.splice import Field, read_footer, read_struct, write_struct
-from tests.conftest import digest
+from tests.conftest import digest, run_python
 
 CONFIG = ComputeConfig(group_cols=("uid",))
 
@@ -352,14 +352,12 @@ def test_copy_falls_back_to_user_space(tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_job_modules_do_not_import_torch() -> None:
     """The spliced bytes are copied while torch is imported: nothing before the engine may need it."""
-    import subprocess
-    import sys
 
     code = (
         "import sys, grpo_cli.jobs, grpo_cli.outputs.output, grpo_cli.options.config, grpo_cli.cli; "
         "print('torch' in sys.modules)"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    result = run_python(code, check=True)
     assert result.stdout.strip() == "False"
 
 
@@ -381,8 +379,6 @@ def test_a_run_imports_neither_pandas_nor_polars(tmp_path: Path, command: str, k
     installed) for ``pa.array``, ``pa.scalar``, ``to_numpy`` and a Python number handed to a
     compute function, and hashing keys imports polars (not needed for few keys). The sample's
     reward column is an int64, so every reward type a file may hold is run, both commands."""
-    import subprocess
-    import sys
 
     rng = np.random.default_rng(0)
     table = rollouts(4000).set_column(1, "reward", REWARD_KINDS[kind](rng, 4000))
@@ -397,7 +393,7 @@ def test_a_run_imports_neither_pandas_nor_polars(tmp_path: Path, command: str, k
         "except SystemExit as done: assert done.code in (0, None), done.code\n"
         "print(sorted(m for m in ('pandas', 'polars') if m in sys.modules))"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    result = run_python(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
 

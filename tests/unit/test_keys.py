@@ -15,6 +15,7 @@ from grpo_cli.arrow import keys as keys_module
 from grpo_cli.arrow.columns import is_key_type, without_views
 from grpo_cli.arrow.keys import GroupKeyIndex, check_key_types, fixed_width_bytes, run_starts
 from grpo_cli.errors import GrpoError
+from tests.conftest import run_python
 
 
 @pytest.fixture(autouse=True)
@@ -553,8 +554,6 @@ def test_numpy_of_takes_other_arrays_through_arrow(array, expected):
 
 def test_numpy_of_leaves_pandas_unimported_for_numeric_arrays():
     """pyarrow's to_numpy imports pandas when it is installed: a quarter of a second of start-up."""
-    import subprocess
-    import sys
 
     # called here too, so that mutmut maps this test to numpy_of (it records calls in-process)
     assert keys_module.numpy_of(keys_module.arrow_of(np.array([1.5]))).tolist() == [1.5]
@@ -565,7 +564,7 @@ def test_numpy_of_leaves_pandas_unimported_for_numeric_arrays():
         "[numpy_of(a) for a in arrays]; "
         "print('pandas' in sys.modules)"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    result = run_python(code, check=True)
     assert result.stdout.strip() == "False"
 
 
