@@ -31,6 +31,7 @@ import torch
 from grpo_cli.errors import mention
 from grpo_cli.estimators import Need
 from grpo_cli.kernel import NO_ROW, TopTwo, group_top_two, merge_top_two
+from grpo_cli.run.reward_counts import RewardCounts
 from grpo_cli.run.rewards import RewardBatch
 
 
@@ -390,6 +391,13 @@ class GroupRows:
     def of_columns(cls, ids: np.ndarray, columns: Mapping[str, np.ndarray]) -> GroupRows:
         """Rows shipped as :meth:`columns`, their groups given as ``ids``."""
         return cls(ids, columns["scored"], columns["reward"])
+
+
+def counted_rewards(rewards: RewardBatch) -> RewardCounts:
+    """The run's one figure of every row (:class:`~grpo_cli.run.reward_counts.RewardCounts`):
+    a chunk's scored combined rewards counted, for the local engine's chunks and Ray's blocks."""
+    valid = rewards.combined_valid
+    return RewardCounts.of_rows(rewards.combined.numpy(), None if valid is None else valid.numpy())
 
 
 def top_two_of(totals: Mapping[str, np.ndarray]) -> TopTwo | None:

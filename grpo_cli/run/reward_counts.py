@@ -87,9 +87,8 @@ class RewardCounts:
             parts.append(_counted_between(keys, nearest, high, below=zeros + negatives))
         found, counts = _joined(parts)
         if values.dtype == np.float32:
-            if np.any(
-                np.abs(found) <= _FLOAT32_NORMAL
-            ):  # a subnormal float32: float32's grid is not float64's there
+            # a subnormal float32: float32's grid is not float64's there
+            if np.any(np.abs(found) <= _FLOAT32_NORMAL):
                 return cls.of_rows(values.astype(np.float64), None)
             found = np.sign(found) * (np.abs(found) + _FLOAT32_TO_FLOAT64)
         return cls(zeros, found, counts)
@@ -107,10 +106,6 @@ class RewardCounts:
         for part in parts:
             held = held.merged(part)
         return held
-
-    @property
-    def rows(self) -> int:
-        return self.zeros + int(self.counts.sum())
 
     def bins(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Each non-empty bin's ``[low, high)`` (float64) and count (int64), in order of value;
@@ -263,10 +258,11 @@ def _counted_between(
         inside = keys[(keys >= first) & (keys <= last)]
         unique, counts = np.unique(inside, return_counts=True)
         return unique.astype(np.int64), counts.astype(np.int64)
-    # the others clipped onto the end they lie beyond, and taken off it again
-    offsets = np.clip(keys, first, last) if others else keys - first
-    if others:
+    if others:  # clipped onto the end they lie beyond, and taken off it again below
+        offsets = np.clip(keys, first, last)
         offsets -= first
+    else:
+        offsets = keys - first
     dense = np.bincount(offsets, minlength=last - first + 1)
     dense[0] -= below
     dense[-1] -= above

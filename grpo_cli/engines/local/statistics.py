@@ -27,6 +27,7 @@ from grpo_cli.run.figures import (
     GroupRows,
     OneValueFigure,
     RowInputs,
+    counted_rewards,
     padded,
     room_for,
     second_value,
@@ -164,10 +165,7 @@ class _StatisticsPass:
             runs = [(self._pending_first_global, self._pending_rows)]
             rows = RowInputs.of(chunk, lengths, steps, runs=runs)
             self.figure_totals.update(group_ids, rows)
-            valid = chunk.combined_valid
-            self.reward_counts = self.reward_counts.merged(
-                RewardCounts.of_rows(chunk.combined.numpy(), None if valid is None else valid.numpy())
-            )
+            self.reward_counts = self.reward_counts.merged(counted_rewards(chunk))
             if self.group_rows is not None:
                 self.group_rows.append(GroupRows.of_chunk(group_ids, chunk))
             if self.filter_rows is not None:  # --trainer-filter: each group's rewards, in input order

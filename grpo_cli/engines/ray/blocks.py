@@ -37,7 +37,7 @@ from grpo_cli.kernel import (
     GroupStats,
 )
 from grpo_cli.options.config import ComputeConfig
-from grpo_cli.run.figures import GroupRows, RowInputs, of_chunk, wanted
+from grpo_cli.run.figures import GroupRows, RowInputs, counted_rewards, of_chunk, wanted
 from grpo_cli.run.plan import RunPlan
 from grpo_cli.run.reward_counts import RewardCounts
 from grpo_cli.run.rewards import RewardBatch
@@ -190,18 +190,14 @@ def block_statistics(
     ids = as_tensor(ids_np)
     rewards = RewardBatch.concat(reward_parts)
     if reward_counts is not None:
-        valid = rewards.combined_valid
-        reward_counts.append(
-            RewardCounts.of_rows(rewards.combined.numpy(), None if valid is None else valid.numpy())
-        )
+        reward_counts.append(counted_rewards(rewards))
     if rows is not None:
-        scored = rewards.combined_valid
-        row_columns = {
-            ROW_GROUP_IN_BLOCK: ids_np,
-            "scored": np.ones(ids_np.size, bool) if scored is None else scored.numpy(),
-        }
-        if plan.keeps_group_rows:
+        row_columns = {ROW_GROUP_IN_BLOCK: ids_np}
+        if plan.keeps_group_rows:  # whether each row is scored, and its reward
             row_columns.update(GroupRows.of_chunk(ids_np, rewards).columns())
+        else:
+            scored = rewards.combined_valid
+            row_columns["scored"] = np.ones(ids_np.size, bool) if scored is None else scored.numpy()
         if config.trainer_filter is not None:
             row_columns["seen"] = plan.filter_values(rewards)
         rows.append(pa.table(row_columns))
