@@ -14,6 +14,7 @@ from grpo_cli.kernel.layout import _block_layout, _check_rewards, _Layout, _layo
 from grpo_cli.kernel.stats import (
     GroupStats,
     RunningGroupStats,
+    _assign,
     _concat_all,
     _pad,
     _scales,
@@ -132,12 +133,20 @@ LEFT_FOLD_COLUMNS = 64
 vectorised adds); larger ones take the scatter path, whose sums are the same left fold."""
 
 
+CPU_SLICE_ROWS = 1 << 16
+"""Rows of a ``(K, G)`` block reduced at once on the CPU. A group's statistics depend on its own
+rows alone, so slices of groups give the same bits as the whole block, and their temporaries
+(several float64 copies of the rows) stay a few MiB, in cache, reused from slice to slice: a
+block of 4M rows taken whole made some 200 MB of them, fresh pages the process then held."""
+
+
 def _block_stats(x: Tensor, dtype: torch.dtype | None = None) -> GroupStats:
     """Statistics of a ``(K, G)`` matrix whose rows are the groups, bit for bit those of
     :func:`_scatter_stats` over the same rows: every sum is a left fold from ``+0.0`` over
     the group's rollouts in row order, and the formulas are the same. So a group's statistics
     never depend on which path a chunk takes (consecutive blocks here, IDs there), nor on the
-    other groups in the chunk: the Ray engine, which sees a chunk's groups apart, relies on it.
+    other groups in the chunk: the Ray engine, which sees a chunk's groups apart, relies on it,
+    and on the CPU a large block is reduced a slice of groups at a time (:data:`CPU_SLICE_ROWS`).
 
     ``dtype``: the statistics' (default ``x``'s); ``x`` is widened to it exactly.
     """
@@ -146,6 +155,25 @@ def _block_stats(x: Tensor, dtype: torch.dtype | None = None) -> GroupStats:
     if g > LEFT_FOLD_COLUMNS:
         ids = torch.arange(k, device=x.device).repeat_interleave(g)
         return _scatter_stats(x.reshape(-1).to(dtype), ids, k)
+    per_slice = max(1, CPU_SLICE_ROWS // max(g, 1))
+    if x.device.type != "cpu" or k <= per_slice:
+        return _columns_stats(x, dtype)
+    stats = GroupStats(
+        torch.empty(k, dtype=torch.int64),
+        torch.empty(k, dtype=dtype),
+        torch.empty(k, dtype=dtype),
+        torch.empty(k, dtype=dtype),
+        torch.empty(k, dtype=dtype),
+    )
+    for start in range(0, k, per_slice):
+        stop = min(k, start + per_slice)
+        _assign(stats.groups(start, stop), _columns_stats(x[start:stop], dtype))
+    return stats
+
+
+def _columns_stats(x: Tensor, dtype: torch.dtype) -> GroupStats:
+    """:func:`_block_stats` of ``x`` (``(K, G)``, ``G`` at most :data:`LEFT_FOLD_COLUMNS`) at once."""
+    k, g = x.shape
     count = torch.full((k,), g, dtype=torch.int64, device=x.device)
     minimum, maximum = (extreme.to(dtype) for extreme in x.aminmax(dim=1))
     scale = _scales(minimum, maximum)

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+CPU_SLICE_VALUES = 1 << 16
+"""Values :func:`sqrt_rn` corrects at once on the CPU: its dozen float64 temporaries stay in cache."""
+
 _SPLITTER = 134217729.0  # 2**27 + 1: Veltkamp's split of a float64 into two halves of 26 bits
 
 
@@ -37,6 +40,12 @@ def sqrt_rn(x: Tensor) -> Tensor:
         raise TypeError(f"sqrt_rn takes a floating tensor, got {x.dtype}")
     if x.dtype != torch.float64:
         return sqrt_rn(x.to(torch.float64)).to(x.dtype)
+    if x.device.type == "cpu" and x.numel() > CPU_SLICE_VALUES:
+        # each root is its own value's: slices give the same bits, with temporaries in cache
+        flat, out = x.reshape(-1), torch.empty(x.shape, dtype=x.dtype).view(-1)
+        for start in range(0, flat.numel(), CPU_SLICE_VALUES):
+            out[start : start + CPU_SLICE_VALUES] = sqrt_rn(flat[start : start + CPU_SLICE_VALUES])
+        return out.view(x.shape)
     if bool((((x >= _DEKKER_LOW) & (x <= _DEKKER_HIGH)) | (x == 0)).all()):  # NaN fails every test
         return _nearest_root(x, x.sqrt())  # the library's root is within an ulp: one step corrects it
     return _scaled_sqrt_rn(x, torch.isfinite(x) & (x > 0))

@@ -697,13 +697,21 @@ def test_normalize_in_groups_names_the_option_it_refuses(option: str, allowed: s
 @pytest.mark.parametrize("size", [1, 2, 3, 8, 17, 64, 65])
 @pytest.mark.parametrize("kind", ["normal", "wide", "binary", "extreme"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
-def test_consecutive_blocks_and_scattered_ids_give_the_same_bits(size: int, kind: str, dtype) -> None:
+@pytest.mark.parametrize("slice_rows", [None, 24])
+def test_consecutive_blocks_and_scattered_ids_give_the_same_bits(
+    size: int, kind: str, dtype, slice_rows, monkeypatch
+) -> None:
     """A group's statistics are a left fold over its rollouts in row order on either path, so
     they do not depend on how the chunk is laid out, nor on which other groups are in it (the
     Ray engine reduces a block's groups apart from the rest of it). Narrower rewards are
-    widened as the blocks are laid out side by side: the bits of the float64 values."""
+    widened as the blocks are laid out side by side: the bits of the float64 values. On the CPU
+    the blocks are reduced in slices of groups (``slice_rows``: a few groups each, some slices
+    holding an "extreme" group that must be scaled and some none)."""
+    from grpo_cli.kernel import accumulate
     from grpo_cli.kernel.accumulate import _block_stats, _scatter_stats
 
+    if slice_rows is not None:
+        monkeypatch.setattr(accumulate, "CPU_SLICE_ROWS", slice_rows)
     g = torch.Generator().manual_seed(size)
     k = 40
     x = torch.randn(k * size, generator=g, dtype=torch.float64)
