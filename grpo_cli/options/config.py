@@ -434,6 +434,14 @@ class ComputeConfig:
         return columns + [c for c in dict.fromkeys(wanted) if c not in columns]
 
     @property
+    def row_columns(self) -> list[str]:
+        """The columns read again after pass 1, for each row's own value: the rewards and the
+        length, truncation and baseline columns. The rest of :attr:`input_columns` (the group
+        keys, the batch, step and ``--by`` columns) pass 1 turns into each group's figures."""
+        per_row = {r.column for r in self.rewards} | {self.length_col, self.truncated_col, self.baseline_col}
+        return [c for c in self.input_columns if c in per_row]
+
+    @property
     def new_columns(self) -> list[str]:
         """The columns a run appends, in order."""
         cols = [self.advantage_col, self.active_col]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -266,3 +267,45 @@ def test_jsonl_column_with_incompatible_types_is_one_error(cli, tmp_path, monkey
     assert result.exit_code == 2
     assert result.stderr.startswith("error: ") and len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o.parquet").exists()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--truncated-col", "finish", "--stop-properly", "0"],
+        ["--length-col", "length", "--overlong", "40", "10"],
+        ["--estimator", "remax", "--baseline-col", "greedy"],
+        ["--batch-col", "step", "--by", "source", "--scale", "batch"],
+    ],
+    ids=["truncated", "overlong", "baseline", "batch and by"],
+)
+def test_pass_2_reads_again_each_column_it_needs_in_memory_as_streaming(cli, tmp_path, options):
+    """In memory, pass 1 keeps for pass 2 only the columns it reads again (the group keys and the
+    per-group columns are left behind): each per-row column a reward or estimator reads in pass 2
+    is kept, and the spliced output is the streaming run's, bit for bit."""
+    rows = [
+        {
+            "uid": f"p{(i * 7) % 23}",  # groups spread over the file
+            "reward": float((i * 5) % 3) / 2,
+            "length": 20 + (i * 13) % 31,
+            "finish": "length" if i % 6 == 0 else "stop",
+            "greedy": float(i % 2) / 4,
+            "step": (i * 7) % 23 // 8,  # one step per group
+            "source": "math" if (i * 7) % 23 % 2 else "code",
+        }
+        for i in range(23 * 6)
+    ]
+    source = tmp_path / "in.parquet"
+    write_parquet(source, rows, row_group_size=20)
+    runs = {}
+    for mode, limit in (("in-memory", "1024"), ("streaming", "0")):
+        out = tmp_path / f"{mode}.parquet"
+        result = cli(
+            "compute", source, "-o", out, "-g", "uid", *options, "--memory-limit-mb", limit,
+            "--batch-rows", "16", "--summary-json", "-", "-q",
+        )  # fmt: skip
+        assert result.exit_code == 0, result.stderr
+        summary = json.loads(result.stdout)
+        assert (summary["mode"], summary["output"]["method"]) == (mode, "splice")
+        runs[mode] = pq.read_table(out)
+    assert runs["in-memory"].equals(runs["streaming"])

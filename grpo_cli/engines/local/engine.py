@@ -332,10 +332,13 @@ class LocalEngine:
                     cached.append(shard_batches)
                 continue
             reader = self._reward_reader(schema, shard)
+            # what pass 2 reads again: the keys' IDs are spooled, so the key columns (a shuffled
+            # file's uid strings: most of what it decodes) are not held between the passes
+            kept = None if columns is None else top_level(schema, self.config.row_columns)
             shard_row = 0
             for batch in self._batches(shard, schema, columns):
                 if cached is not None:
-                    shard_batches.append(batch)
+                    shard_batches.append(batch if kept is None else batch.select(kept))
                 lengths = reader.lengths(batch, length_col, shard_row) if length_col is not None else None
                 steps = None if step_col is None else reader.column(batch, step_col, shard_row).numpy()
                 with timed("rewards"):
