@@ -133,11 +133,12 @@ LEFT_FOLD_COLUMNS = 64
 vectorised adds); larger ones take the scatter path, whose sums are the same left fold."""
 
 
-CPU_SLICE_ROWS = 1 << 16
+CPU_SLICE_ROWS = 1 << 18
 """Rows of a ``(K, G)`` block reduced at once on the CPU. A group's statistics depend on its own
 rows alone, so slices of groups give the same bits as the whole block, and their temporaries
-(several float64 copies of the rows) stay a few MiB, in cache, reused from slice to slice: a
-block of 4M rows taken whole made some 200 MB of them, fresh pages the process then held."""
+(several float64 copies of the rows, 2 MiB each) are reused from slice to slice: a block of 4M
+rows taken whole made some 200 MB of them, fresh pages the process then held. Smaller slices
+(64K rows here, 128K in pass 2) took no less memory and 5% longer on the 10M-row sorted file."""
 
 
 def _block_stats(x: Tensor, dtype: torch.dtype | None = None) -> GroupStats:

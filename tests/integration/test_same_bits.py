@@ -52,6 +52,20 @@ def test_sqrt_rn_is_the_correctly_rounded_root_of_every_float64():
     assert not wrong, f"{len(wrong)} roots differ from math.sqrt, e.g. {wrong[:3]}"
 
 
+def test_sqrt_rn_takes_slices_of_any_shape_as_the_whole(monkeypatch):
+    """On the CPU the roots are taken a slice at a time: slices that need scaling beside slices
+    that do not, and a non-contiguous 2-D view, give every value its own root in its place."""
+    from grpo_cli.kernel import exact
+
+    monkeypatch.setattr(exact, "CPU_SLICE_VALUES", 999)
+    values = [*random_doubles(6_000, seed=5), 0.0, -0.0, math.inf, 4.0]  # the first slices scale
+    values += (np.random.default_rng(6).random(6_000) * 4).tolist()  # the last ones need not
+    roots = sqrt_rn(torch.tensor(values, dtype=torch.float64))
+    assert [r for r, v in zip(roots.tolist(), values, strict=True) if r != math.sqrt(v)] == []
+    grid = torch.tensor(values[:6_000], dtype=torch.float64).view(60, 100).t()  # not contiguous
+    assert torch.equal(sqrt_rn(grid), roots[:6_000].view(60, 100).t())
+
+
 def test_sqrt_rn_keeps_ieee_special_values_and_other_dtypes():
     special = torch.tensor([0.0, -0.0, math.inf, -1.0, math.nan, -math.inf], dtype=torch.float64)
     roots = sqrt_rn(special)

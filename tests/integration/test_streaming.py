@@ -309,3 +309,28 @@ def test_pass_2_reads_again_each_column_it_needs_in_memory_as_streaming(cli, tmp
         assert (summary["mode"], summary["output"]["method"]) == (mode, "splice")
         runs[mode] = pq.read_table(out)
     assert runs["in-memory"].equals(runs["streaming"])
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        SMALL,
+        replace(SMALL, drop_inactive=True, stats_cols=True),
+        replace(SMALL, advantage=AdvantageOptions(std="sample", scale="batch")),
+    ],
+    ids=["spliced", "dropped and re-encoded", "batch scale"],
+)
+def test_pass_2_in_slices_of_a_few_rows_writes_what_whole_batches_write(
+    tmp_path, sharded_dir, monkeypatch, config
+):
+    """Pass 2 computes a batch's advantages a slice at a time on the CPU: slices of 5 rows in
+    batches of 64 give the output, the advantage range and the active groups of whole batches."""
+    from grpo_cli.engines.local import engine
+
+    config = replace(config, batch_rows=64)
+    whole = compute_dataset(sharded_dir, tmp_path / "whole.parquet", config)
+    monkeypatch.setattr(engine, "CPU_SLICE_ROWS", 5)
+    sliced = compute_dataset(sharded_dir, tmp_path / "sliced.parquet", config)
+    assert pq.read_table(tmp_path / "sliced.parquet").equals(pq.read_table(tmp_path / "whole.parquet"))
+    assert sliced.to_dict()["advantage"] == whole.to_dict()["advantage"]
+    assert sliced.to_dict()["active_groups"] == whole.to_dict()["active_groups"]
