@@ -405,3 +405,17 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(
             f"{VALIDATED_SUMMARIES[0]} run summaries were validated against {SUMMARY_SCHEMA.name}"
         )
+
+
+def with_advantage_changed(source: Path, changed: Path, *, row: int, by: float) -> Path:
+    """A copy of a grpo-cli output, its provenance kept, with one row's advantage moved ``by``."""
+    table = pq.read_table(source)
+    advantages = table.column("advantage").to_pylist()
+    advantages[row] += by
+    pq.write_table(
+        table.set_column(
+            table.schema.get_field_index("advantage"), "advantage", pa.array(advantages)
+        ).replace_schema_metadata(table.schema.metadata),
+        changed,
+    )
+    return changed

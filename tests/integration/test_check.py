@@ -10,7 +10,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from tests.conftest import assert_one_line_error, rollout_rows, write_jsonl, write_parquet
+from tests.conftest import (
+    assert_one_line_error,
+    rollout_rows,
+    with_advantage_changed,
+    write_jsonl,
+    write_parquet,
+)
 
 # rollout_rows(): 12 groups of 4 (kinds 0..3 cycle: all wrong, all right, mixed, mixed)
 # plus one singleton. With -r correct: 13 groups, 3 + 3 constant groups + the singleton
@@ -177,20 +183,6 @@ def test_verify_detects_another_convention(cli, tmp_path, data):
     assert summary["verify"]["mismatched"] > 0
 
 
-def _with_advantage_changed(source: Path, changed: Path, *, row: int, by: float) -> Path:
-    """A copy of a grpo-cli output, its provenance kept, with one row's advantage moved ``by``."""
-    table = pq.read_table(source)
-    advantages = table.column("advantage").to_pylist()
-    advantages[row] += by
-    pq.write_table(
-        table.set_column(
-            table.schema.get_field_index("advantage"), "advantage", pa.array(advantages)
-        ).replace_schema_metadata(table.schema.metadata),
-        changed,
-    )
-    return changed
-
-
 def test_verify_uses_the_options_the_output_records(cli, tmp_path, data):
     """compute, then check --verify with no other flag: the recorded options are used."""
     path, _ = data
@@ -208,7 +200,7 @@ def test_verify_uses_the_options_the_output_records(cli, tmp_path, data):
     # a flag given beside it overrides the record
     assert cli("check", out, "--verify", "--std", "sample", "-q").exit_code == 1
     # a changed value fails
-    changed = _with_advantage_changed(out, tmp_path / "changed.parquet", row=3, by=0.5)
+    changed = with_advantage_changed(out, tmp_path / "changed.parquet", row=3, by=0.5)
     result = cli("check", changed, "--verify", "--summary-json", "-", "-q")
     assert result.exit_code == 1
     assert json.loads(result.stdout)["verify"]["examples"][0]["row"] == 3
@@ -231,7 +223,7 @@ def test_check_dataset_verifies_against_the_recorded_options_as_check_verify_doe
     assert summary["verify"] == by_cli["verify"]
     assert (summary["verify"]["compared"], summary["verify"]["mismatched"]) == (49, 0)
     assert summary["options"]["preset"] == "trl" and summary["checks"][0]["passed"]
-    changed = _with_advantage_changed(out, tmp_path / "changed.parquet", row=5, by=-0.25)
+    changed = with_advantage_changed(out, tmp_path / "changed.parquet", row=5, by=-0.25)
     failed = check_dataset(changed, CheckBounds(), verify=True).to_dict()
     assert failed["verify"]["mismatched"] == 1 and failed["verify"]["examples"][0]["row"] == 5
     assert not all(check["passed"] for check in failed["checks"])

@@ -13,7 +13,7 @@ import pytest
 from grpo_cli.jobs import compute_dataset
 from grpo_cli.options.advantage import AdvantageOptions, RewardSpec
 from grpo_cli.options.config import ComputeConfig
-from tests.conftest import rollout_rows, write_jsonl, write_parquet
+from tests.conftest import rollout_rows, with_advantage_changed, write_jsonl, write_parquet
 
 SMALL = ComputeConfig(batch_rows=7, stats_block_rows=11)  # many batches and statistics blocks
 
@@ -334,3 +334,19 @@ def test_pass_2_in_slices_of_a_few_rows_writes_what_whole_batches_write(
     assert pq.read_table(tmp_path / "sliced.parquet").equals(pq.read_table(tmp_path / "whole.parquet"))
     assert sliced.to_dict()["advantage"] == whole.to_dict()["advantage"]
     assert sliced.to_dict()["active_groups"] == whole.to_dict()["active_groups"]
+
+
+def test_verify_in_slices_of_a_few_rows_names_the_row_that_differs(tmp_path, sharded_dir, monkeypatch):
+    """``check --verify`` compares pass 2's advantages a slice at a time too: the one row moved
+    is found and named by its row in the file, whichever slice holds it."""
+    from grpo_cli.engines.local import engine
+    from grpo_cli.jobs import check_dataset
+    from grpo_cli.options.checks import CheckBounds
+
+    out = tmp_path / "out.parquet"
+    compute_dataset(sharded_dir, out, SMALL)
+    changed = with_advantage_changed(out, tmp_path / "changed.parquet", row=37, by=0.5)
+    monkeypatch.setattr(engine, "CPU_SLICE_ROWS", 5)
+    verified = check_dataset(changed, CheckBounds(), verify=True).to_dict()["verify"]
+    assert (verified["compared"], verified["mismatched"]) == (pq.read_metadata(out).num_rows, 1)
+    assert verified["examples"][0]["row"] == 37
