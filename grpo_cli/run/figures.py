@@ -60,10 +60,9 @@ class RowInputs:
     ) -> RowInputs:
         """The rows of ``rewards``; ``runs`` by default: one run from the input's first row."""
         combined = rewards.combined.numpy()
-        valid = rewards.combined_valid
         return cls(
             combined,
-            np.ones(combined.size, dtype=bool) if valid is None else valid.numpy(),
+            rewards.scored().numpy(),
             lengths,
             steps,
             tuple(runs) if runs is not None else ((0, combined.size),),
@@ -368,9 +367,7 @@ class GroupRows:
     @classmethod
     def of_chunk(cls, ids: np.ndarray, rewards: RewardBatch) -> GroupRows:
         """A chunk's rows: their group IDs and rewards."""
-        valid = rewards.combined_valid
-        scored = np.ones(ids.size, bool) if valid is None else valid.numpy()
-        return cls(ids, scored, rewards.combined.to(torch.float64).numpy())
+        return cls(ids, rewards.scored().numpy(), rewards.combined.to(torch.float64).numpy())
 
     @classmethod
     def concat(cls, parts: Sequence[GroupRows]) -> GroupRows:

@@ -34,6 +34,13 @@ class RewardBatch:
     combined_valid: torch.Tensor | None
     unshaped: torch.Tensor | None = None  # the combined reward before the reward transforms
 
+    def scored(self) -> torch.Tensor:
+        """Which rows' combined reward counts (bool, the batch's length): ``combined_valid``, or
+        every row where that is ``None``."""
+        if self.combined_valid is None:
+            return torch.ones(self.combined.numel(), dtype=torch.bool)
+        return self.combined_valid
+
     @staticmethod
     def concat(parts: Sequence[RewardBatch]) -> RewardBatch:
         """The batches one after the other."""

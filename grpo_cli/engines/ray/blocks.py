@@ -196,8 +196,7 @@ def block_statistics(
         if plan.keeps_group_rows:  # whether each row is scored, and its reward
             row_columns.update(GroupRows.of_chunk(ids_np, rewards).columns())
         else:
-            scored = rewards.combined_valid
-            row_columns["scored"] = np.ones(ids_np.size, bool) if scored is None else scored.numpy()
+            row_columns["scored"] = rewards.scored().numpy()
         if config.trainer_filter is not None:
             row_columns["seen"] = plan.filter_values(rewards)
         rows.append(pa.table(row_columns))

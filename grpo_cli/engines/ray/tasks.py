@@ -119,11 +119,7 @@ def block_moments(
                 weights.append(reader.lengths(record, config.length_col, part.start))
             assert in_batch is not None  # a moments pass reads each row's batch
             batch_ids.append(in_batch)
-            valid.append(
-                torch.ones(result.numel(), dtype=torch.bool)
-                if rewards.combined_valid is None
-                else rewards.combined_valid
-            )
+            valid.append(rewards.scored())
     except GrpoError as error:
         return _refusal(error.template)
     # the tensors the local engine's WeightedMomentsAccumulator hands weighted_moments for a block
