@@ -445,10 +445,12 @@ class LocalEngine:
                 n = batch.num_rows
                 ids = self._group_ids(global_row, n, take_ids)
                 assert reader is not None
+                written = None if outcome.kept is None else outcome.kept[ids]
                 slices = [
                     self._slice_advantages(
                         batch.slice(start, slice_rows),
                         ids[start : start + slice_rows],
+                        None if written is None else written[start : start + slice_rows],
                         reader,
                         outcome,
                         active_device,
@@ -460,7 +462,6 @@ class LocalEngine:
                     for start in range(0, max(n, 1), slice_rows)
                 ]
                 result = slices[0] if len(slices) == 1 else torch.cat(slices)
-                written = None if outcome.kept is None else outcome.kept[ids]
                 if writer is not None or spliced is not None:
                     with timed("cast"):
                         arrays = new_column_arrays(
@@ -489,6 +490,7 @@ class LocalEngine:
         self,
         rows: pa.RecordBatch,
         ids: torch.Tensor,
+        written: torch.Tensor | None,
         reader: RewardReader,
         outcome: GroupOutcome,
         active_device: torch.Tensor,
@@ -497,8 +499,8 @@ class LocalEngine:
         shard_row: int,
         global_row: int,
     ) -> torch.Tensor:
-        """The advantages of ``rows`` (a slice of a batch; ``ids`` theirs) in the output's
-        dtype, observed by ``figures``."""
+        """The advantages of ``rows`` (a slice of a batch; ``ids`` theirs, ``written`` which of
+        them the output keeps, all where ``None``) in the output's dtype, observed by ``figures``."""
         plan = self.plan
         with timed("pass 2: advantages"):
             rewards, result, batch_ids = self._row_advantages(
@@ -507,7 +509,6 @@ class LocalEngine:
             result = plan.finish(result, batch_ids, outcome, scored=rewards.combined_valid)
         with timed("cast"):
             result = result.to(plan.output_dtype(rows.schema))
-        written = None if outcome.kept is None else outcome.kept[ids]
         figures.observe(rows, result, rewards.combined, ids, shard, shard_row, written)
         return result
 
