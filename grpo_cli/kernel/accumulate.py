@@ -357,7 +357,7 @@ class GroupStatsAccumulator:
         self.group_size = group_size
         self.count_extremes = count_extremes
         self.rows_seen = 0
-        self._pending: list[tuple[Tensor, Tensor | None, Tensor | None]] = []
+        self._pending: list[_Piece] = []
         self._pending_rows = 0
         self._running = RunningGroupStats()
 
@@ -392,52 +392,58 @@ class GroupStatsAccumulator:
         return stats
 
     def _flush(self, rows: int) -> None:
-        rewards = _joined([p[0] for p in self._pending])
-        ids = (
-            None
-            if self.group_size is not None
-            else _joined([p[1] for p in self._pending if p[1] is not None])
-        )
-        any_valid = any(p[2] is not None for p in self._pending)
-        valid = (
-            _joined(
-                [p[2] if p[2] is not None else torch.ones_like(p[0], dtype=torch.bool) for p in self._pending]
+        head, self._pending = _cut(self._pending, rows)
+        self._pending_rows -= rows
+        if self.group_size is None and len(head) > 1:
+            pieces = [(r, self._ids_layout(ids), v) for r, ids, v in head]
+            if _one_after_another([layout for _, layout, _ in pieces]):
+                # each group's rows lie in one piece, and a group's statistics are its own:
+                # the block's statistics are its pieces', without joining them into one
+                for r, (low, layout), v in pieces:
+                    self._running.merge_at(
+                        _group_stats(
+                            r.to(self.device), layout, self._on_device(v), count_extremes=self.count_extremes
+                        ),
+                        low,
+                    )
+                self.rows_seen += rows
+                return
+        rewards = _joined([r for r, _, _ in head])
+        ids = None if self.group_size is not None else _joined([i for _, i, _ in head if i is not None])
+        valid = None
+        if any(v is not None for _, _, v in head):
+            valid = _joined(
+                [v if v is not None else torch.ones_like(r, dtype=torch.bool) for r, _, v in head]
             )
-            if any_valid
-            else None
-        )
-        head_r, rest_r = rewards[:rows], rewards[rows:]
-        head_i = None if ids is None else ids[:rows]
-        head_v = None if valid is None else valid[:rows]
-        self._pending = (
-            [(rest_r, None if ids is None else ids[rows:], None if valid is None else valid[rows:])]
-            if rest_r.numel()
-            else []
-        )
-        self._pending_rows = rest_r.numel()
-        block, first_group = self._block_stats(head_r.to(self.device), head_i, head_v)
-        self.rows_seen += rows
+        block, first_group = self._block_stats(rewards.to(self.device), ids, valid)
         self._running.merge_at(block, first_group)
+        self.rows_seen += rows
 
-    def _block_stats(
-        self, rewards: Tensor, ids: Tensor | None, valid: Tensor | None
-    ) -> tuple[GroupStats, int]:
-        """A block's statistics over the groups from its lowest ID to its highest, and that
-        lowest ID: a block of a few groups among millions (sorted or grouped input) is reduced
-        and merged over its own groups only."""
-        if valid is not None:
-            valid = valid.to(self.device)
-        if self.group_size is not None:
-            return self._consecutive_block_stats(rewards, valid), self.rows_seen // self.group_size
+    def _on_device(self, valid: Tensor | None) -> Tensor | None:
+        return None if valid is None else valid.to(self.device)
+
+    def _ids_layout(self, ids: Tensor | None) -> tuple[int, _Layout]:
+        """A block's groups from its lowest ID to its highest, as a layout, and that lowest ID:
+        a block of a few groups among millions (sorted or grouped input) is reduced and merged
+        over its own groups only."""
         assert ids is not None
         ids = ids.to(self.device, torch.int64)
         blocks = _block_layout(ids)
         if blocks is not None:  # the block's own groups, from its first
             low, high = blocks.first_group, blocks.num_groups - 1
-            layout = _Layout(high - low + 1, group_size=blocks.group_size)
-        else:
-            low, high = (int(v) for v in ids.aminmax())
-            layout = _Layout(high - low + 1, group_ids=ids - low if low else ids)
+            return low, _Layout(high - low + 1, group_size=blocks.group_size)
+        low, high = (int(v) for v in ids.aminmax())
+        return low, _Layout(high - low + 1, group_ids=ids - low if low else ids)
+
+    def _block_stats(
+        self, rewards: Tensor, ids: Tensor | None, valid: Tensor | None
+    ) -> tuple[GroupStats, int]:
+        """A block's statistics over the groups from its lowest ID to its highest, and that
+        lowest ID."""
+        valid = self._on_device(valid)
+        if self.group_size is not None:
+            return self._consecutive_block_stats(rewards, valid), self.rows_seen // self.group_size
+        low, layout = self._ids_layout(ids)
         return _group_stats(rewards, layout, valid, count_extremes=self.count_extremes), low
 
     def _consecutive_block_stats(self, rewards: Tensor, valid: Tensor | None) -> GroupStats:
@@ -462,6 +468,32 @@ class GroupStatsAccumulator:
                 if stop > start
             ]
         )
+
+
+_Piece = tuple[Tensor, Tensor | None, Tensor | None]  # rewards, group IDs, validity
+
+
+def _cut(pieces: list[_Piece], rows: int) -> tuple[list[_Piece], list[_Piece]]:
+    """The first ``rows`` rows of ``pieces`` and the rest, each a list of pieces (views, not copies)."""
+    for at, piece in enumerate(pieces):
+        n = piece[0].numel()
+        if n > rows:
+            head = [*pieces[:at], _part(piece, slice(None, rows))] if rows else pieces[:at]
+            return head, [_part(piece, slice(rows, None)), *pieces[at + 1 :]]
+        rows -= n
+    return list(pieces), []
+
+
+def _part(piece: _Piece, rows: slice) -> _Piece:
+    rewards, ids, valid = piece
+    return rewards[rows], None if ids is None else ids[rows], None if valid is None else valid[rows]
+
+
+def _one_after_another(layouts: Sequence[tuple[int, _Layout]]) -> bool:
+    """Whether each of ``layouts`` (a piece's lowest group and its layout) holds groups above
+    every group of the one before: no group has rows in two of them."""
+    ends = [low + layout.num_groups for low, layout in layouts]
+    return all(end <= low for end, (low, _) in zip(ends[:-1], layouts[1:], strict=True))
 
 
 def _joined(pieces: Sequence[Tensor]) -> Tensor:

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from grpo_cli.errors import GrpoError
 from grpo_cli.kernel import (
     NO_ROW,
+    GroupStats,
     GroupStatsAccumulator,
     advantages_from_stats,
     apply_normalization,
@@ -351,6 +352,49 @@ def test_a_group_size_accumulates_the_bits_of_ids_row_over_group_size_whatever_t
         by_ids.update(rewards[start : start + size], ids[start : start + size])
         start += size
     assert by_size.compute() == by_ids.compute()
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 6), min_size=1, max_size=30),
+    equal_sizes=st.booleans(),
+    swaps=st.integers(0, 3),
+    block_rows=st.integers(1, 60),
+    chunks=st.lists(st.integers(1, 25), min_size=1, max_size=6),
+    count_extremes=st.booleans(),
+    masked=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_chunks_fed_in_any_sizes_give_the_bits_of_one_chunk(
+    sizes, equal_sizes, swaps, block_rows, chunks, count_extremes, masked, seed
+):
+    """Groups in ID order (sorted input: equal sizes, or not), a few rows swapped or none, cut
+    into chunks of any sizes: the statistics of the whole rows fed at once, bit for bit. A
+    block whose chunks hold groups one after another is reduced chunk by chunk; a group with
+    rows in two chunks of a block must not be, or it is merged where it was summed whole."""
+    g = torch.Generator().manual_seed(seed)
+    if equal_sizes:
+        sizes = [sizes[0]] * len(sizes)
+    ids = torch.arange(len(sizes)).repeat_interleave(torch.tensor(sizes))
+    rows = ids.numel()
+    for _ in range(swaps):
+        i, j = (int(v) for v in torch.randint(rows, (2,), generator=g))
+        ids[[i, j]] = ids[[j, i]]
+    rewards = torch.randn(rows, generator=g, dtype=torch.float64) * 1e3
+    valid = torch.rand(rows, generator=g) > 0.2 if masked else None
+
+    def accumulated(cuts: list[int]) -> GroupStats:
+        acc = GroupStatsAccumulator(block_rows=block_rows, count_extremes=count_extremes)
+        start = 0
+        for size in itertools.cycle(cuts):
+            if start >= rows:
+                break
+            part = slice(start, start + size)
+            acc.update(rewards[part], ids[part], None if valid is None else valid[part])
+            start += size
+        return acc.compute()
+
+    assert accumulated(chunks) == accumulated([rows])
 
 
 def test_ids_in_equal_contiguous_blocks_give_the_group_size_result_bit_for_bit():
