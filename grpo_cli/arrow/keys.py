@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -283,6 +284,16 @@ def key_buckets(table: pa.Table, buckets: int) -> np.ndarray:
     return (mixed % np.uint64(buckets)).astype(np.int64)
 
 
+@dataclass(frozen=True)
+class EncodedKeys:
+    """One chunk's group IDs: ``ids`` (int64, one per row) and, where the chunk's rows came in
+    runs of one key (sorted or grouped input), ``runs``: each run's ID and its first row (int64),
+    else ``None``."""
+
+    ids: np.ndarray
+    runs: tuple[np.ndarray, np.ndarray] | None = None
+
+
 class GroupKeyIndex:
     """Maps group-key rows to dense int64 IDs ``0..K-1`` in order of first appearance.
 
@@ -337,18 +348,27 @@ class GroupKeyIndex:
 
     def encode(self, arrays: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
         """Dense int64 IDs for one chunk of key columns (no nulls, no NaN)."""
+        return self.encode_runs(arrays).ids
+
+    def encode_runs(self, arrays: Sequence[pa.Array | pa.ChunkedArray]) -> EncodedKeys:
+        """:meth:`encode`'s IDs, with the runs of one key the chunk came in, where it did.
+
+        >>> GroupKeyIndex(["uid"]).encode_runs([pa.array(["b", "b", "a", "a"])]).runs
+        (array([0, 1]), array([0, 2]))
+        """
         invalid = first_invalid_key(self.columns, arrays)
         if invalid is not None:
             raise InvalidKeyError(*invalid)
         table = self._normalise(arrays)
         if table.num_rows == 0:
-            return np.empty(0, dtype=np.int64)
+            return EncodedKeys(np.empty(0, dtype=np.int64))
         starts = run_starts(table)
         if starts is not None:
             # Each run's rows equal its first row exactly: match the first rows only.
+            of_runs = self._encode_distinct(table.take(arrow_of(starts)))
             lengths = np.diff(starts, append=table.num_rows)
-            return np.repeat(self._encode_distinct(table.take(arrow_of(starts))), lengths)
-        return self._encode_distinct(table)
+            return EncodedKeys(np.repeat(of_runs, lengths), (of_runs, starts))
+        return EncodedKeys(self._encode_distinct(table))
 
     def _encode_distinct(self, table: pa.Table) -> np.ndarray:
         """IDs of ``table``'s rows; with ``few_values``, its distinct values matched once."""

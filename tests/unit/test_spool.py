@@ -28,15 +28,22 @@ def chunked_ids(draw: st.DrawFn) -> tuple[list[np.ndarray], list[int]]:
     return chunks, takes
 
 
+def runs_of(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each run's ID and first row, as the key index gives them."""
+    starts = np.flatnonzero(np.concatenate(([True], ids[1:] != ids[:-1])))
+    return ids[starts], starts
+
+
 @settings(max_examples=300, deadline=None)
-@given(chunked_ids(), st.booleans())
-def test_every_id_comes_back_in_order_as_int64(case, on_disk):
+@given(chunked_ids(), st.booleans(), st.booleans())
+def test_every_id_comes_back_in_order_as_int64(case, on_disk, runs_given):
+    """Whether the spool finds the runs or is given them (as the key index finds them)."""
     chunks, takes = case
     expected = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
     spool = _IdSpool(on_disk=on_disk)
     try:
         for chunk in chunks:
-            spool.append(chunk)
+            spool.append(chunk, runs_of(chunk) if runs_given and chunk.size else None)
         for _ in range(2):  # the moments pass reads the spool, and then pass 2 again
             take = spool.reader()
             got = [take(n) for n in takes]
@@ -63,3 +70,12 @@ def test_sorted_ids_are_kept_as_runs_and_others_narrow():
 def test_runs_are_kept_from_the_mean_run_length_on(mean_run):
     ids = np.repeat(np.arange(100, dtype=np.int64), mean_run)
     assert (_PackedIds.of(ids).ends is not None) == (mean_run >= MIN_MEAN_RUN)
+
+
+@pytest.mark.parametrize("mean_run", [1, MIN_MEAN_RUN - 1, MIN_MEAN_RUN, 9])
+def test_runs_given_are_kept_as_the_runs_found(mean_run):
+    ids = np.repeat(np.arange(5, 105, dtype=np.int64), mean_run)
+    found, given = _PackedIds.of(ids), _PackedIds.of(ids, runs_of(ids))
+    assert (given.ends is None) == (found.ends is None) == (mean_run < MIN_MEAN_RUN)
+    assert given.values.tolist() == found.values.tolist() and given.values.dtype == found.values.dtype
+    assert given.ends is None or given.ends.tolist() == found.ends.tolist()  # type: ignore[union-attr]

@@ -45,9 +45,15 @@ class _PackedIds:
         return int(self.ends[-1]) if self.ends.size else 0
 
     @classmethod
-    def of(cls, ids: np.ndarray) -> _PackedIds:
-        """``ids`` (non-negative integers) packed in the smaller form."""
-        narrow = ids.astype(np.int32) if ids.size and int(ids.max()) <= np.iinfo(np.int32).max else ids
+    def of(cls, ids: np.ndarray, runs: tuple[np.ndarray, np.ndarray] | None = None) -> _PackedIds:
+        """``ids`` (non-negative integers) packed in the smaller form; ``runs``, where the key
+        index found them (each run's ID and first row), spare finding them again."""
+        if runs is not None:
+            values, starts = runs
+            if starts.size <= ids.size // MIN_MEAN_RUN:
+                return cls(_narrow(values), np.append(starts[1:], ids.size))
+            return cls(_narrow(ids), None)
+        narrow = _narrow(ids)
         if ids.size < 2:
             return cls(narrow, None)
         ends = np.flatnonzero(ids[1:] != ids[:-1])
@@ -86,6 +92,11 @@ class _PackedIds:
         return cls(values, ends if has_runs else None)
 
 
+def _narrow(ids: np.ndarray) -> np.ndarray:
+    """``ids`` (non-negative) as int32 where they fit."""
+    return ids.astype(np.int32) if ids.size and int(ids.max()) <= np.iinfo(np.int32).max else ids
+
+
 class _IdSpool:
     """Per-row group IDs from pass 1, kept packed for pass 2: in memory, or in a temporary file."""
 
@@ -96,9 +107,10 @@ class _IdSpool:
             # Owned by the spool and closed (so deleted) in close().
             self._file = tempfile.TemporaryFile(prefix="grpo-cli-ids-")  # noqa: SIM115
 
-    def append(self, ids: np.ndarray) -> None:
-        """Keep one chunk of IDs (a non-negative integer array), after those kept before."""
-        packed = _PackedIds.of(ids)
+    def append(self, ids: np.ndarray, runs: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """Keep one chunk of IDs (a non-negative integer array), after those kept before;
+        ``runs``: the runs of one ID they come in, where known (each run's ID and first row)."""
+        packed = _PackedIds.of(ids, runs)
         if self._file is not None:
             packed.write(self._file)
         else:

@@ -11,6 +11,7 @@ import torch
 
 from grpo_cli.arrow.columns import column_of
 from grpo_cli.arrow.keys import (
+    EncodedKeys,
     GroupKeyIndex,
     InvalidKeyError,
 )
@@ -153,8 +154,9 @@ class _StatisticsPass:
         if self.keys is not None:
             group_cols = self.plan.config.group_cols
             key_columns = [pa.chunked_array([column_of(b, c) for b, _ in self._pending]) for c in group_cols]
-            ids_np = self._encode(self.keys, key_columns, shard, what="group")
-            self.spool.append(ids_np)
+            encoded = self._encode(self.keys, key_columns, shard, what="group")
+            ids_np = encoded.ids
+            self.spool.append(ids_np, encoded.runs)
             ids = torch.from_numpy(ids_np)
         with timed("pass 1: statistics"):
             chunk = RewardBatch.concat([r for _, r in self._pending])
@@ -205,7 +207,7 @@ class _StatisticsPass:
         group's so far."""
         keys = self.value_keys[i]
         values = pa.chunked_array([column_of(b, figure.column) for b, _ in self._pending])
-        value_ids = self._encode(keys, [values], shard, what=figure.role)
+        value_ids = self._encode(keys, [values], shard, what=figure.role).ids
         if not group_ids.size:
             return self.value_of_group[i]
         low, high = int(group_ids.min()), int(group_ids.max())
@@ -265,10 +267,10 @@ class _StatisticsPass:
 
     def _encode(
         self, keys: GroupKeyIndex, arrays: list[pa.ChunkedArray], shard: Shard, *, what: str
-    ) -> np.ndarray:
+    ) -> EncodedKeys:
         try:
             with timed("key index"):
-                return keys.encode(arrays)
+                return keys.encode_runs(arrays)
         except InvalidKeyError as bad:
             raise GrpoError(
                 f"{describe_row(shard, self._pending_start + bad.row)}: {what} key {bad.column!r} "
