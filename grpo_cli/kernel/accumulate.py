@@ -331,6 +331,10 @@ class GroupStatsAccumulator:
         block_rows: rows per statistics block (bounds the memory of one update).
         group_size: rows are consecutive groups of this size (no IDs are passed).
         count_extremes: also count rollouts at each group's min and max.
+        expected_rows: the rows it will be fed in all, where known: while the groups come in
+            order of ID (sorted input), the statistics' storage is sized for as many groups
+            per row as came so far, at once, where it grew by half as groups came (the same
+            statistics; less memory held while they are copied to a larger storage).
 
     >>> acc = GroupStatsAccumulator(block_rows=3)
     >>> acc.update(torch.tensor([1.0, 3.0]), torch.tensor([0, 0]))
@@ -347,6 +351,7 @@ class GroupStatsAccumulator:
         block_rows: int = 1 << 22,
         group_size: int | None = None,
         count_extremes: bool = False,
+        expected_rows: int | None = None,
     ) -> None:
         if block_rows < 1:
             raise ValueError(f"block_rows must be positive, got {block_rows}")
@@ -356,6 +361,7 @@ class GroupStatsAccumulator:
         self.block_rows = block_rows
         self.group_size = group_size
         self.count_extremes = count_extremes
+        self.expected_rows = expected_rows
         self.rows_seen = 0
         self._pending: list[_Piece] = []
         self._pending_rows = 0
@@ -400,13 +406,11 @@ class GroupStatsAccumulator:
                 # each group's rows lie in one piece, and a group's statistics are its own:
                 # the block's statistics are its pieces', without joining them into one
                 for r, (low, layout), v in pieces:
-                    self._running.merge_at(
-                        _group_stats(
-                            r.to(self.device), layout, self._on_device(v), count_extremes=self.count_extremes
-                        ),
-                        low,
+                    stats = _group_stats(
+                        r.to(self.device), layout, self._on_device(v), count_extremes=self.count_extremes
                     )
-                self.rows_seen += rows
+                    self.rows_seen += r.numel()
+                    self._merge(stats, low)
                 return
         rewards = _joined([r for r, _, _ in head])
         ids = None if self.group_size is not None else _joined([i for _, i, _ in head if i is not None])
@@ -416,8 +420,17 @@ class GroupStatsAccumulator:
                 [v if v is not None else torch.ones_like(r, dtype=torch.bool) for r, _, v in head]
             )
         block, first_group = self._block_stats(rewards.to(self.device), ids, valid)
-        self._running.merge_at(block, first_group)
         self.rows_seen += rows
+        self._merge(block, first_group)
+
+    def _merge(self, block: GroupStats, first_group: int) -> None:
+        """Merge a block of the rows seen so far (counted in ``rows_seen``) into the running statistics."""
+        room = None
+        if self.expected_rows is not None and first_group >= self._running.size and self.rows_seen:
+            # the block's groups all follow the groups seen: make room for as many per row to come
+            end = first_group + block.num_groups
+            room = -(-end * max(self.expected_rows, self.rows_seen) // self.rows_seen)
+        self._running.merge_at(block, first_group, room=room)
 
     def _on_device(self, valid: Tensor | None) -> Tensor | None:
         return None if valid is None else valid.to(self.device)

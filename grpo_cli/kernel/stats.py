@@ -383,10 +383,12 @@ class RunningGroupStats:
         self.size = 0
         self._handed_out = False  # stats() gave views: the next merge writes to a new storage
 
-    def merge_at(self, block: GroupStats, first_group: int) -> None:
-        """Merge ``block``, the statistics of groups ``first_group`` onwards."""
+    def merge_at(self, block: GroupStats, first_group: int, *, room: int | None = None) -> None:
+        """Merge ``block``, the statistics of groups ``first_group`` onwards; ``room``: the
+        groups to make room for, if the storage must grow (where the caller can tell how many
+        will come; by default, half as many again as it holds)."""
         end = first_group + block.num_groups
-        storage = self._grown(block, end)
+        storage = self._grown(block, end, room)
         overlap = max(0, min(self.size, end) - first_group)
         if overlap:
             seen = storage.groups(first_group, first_group + overlap)
@@ -410,13 +412,14 @@ class RunningGroupStats:
             _assign_rows(storage, group_ids[fresh], block._map(lambda t: t[fresh]))
         self.size = max(self.size, num_groups)
 
-    def _grown(self, block: GroupStats, groups: int) -> GroupStats:
+    def _grown(self, block: GroupStats, groups: int, room: int | None = None) -> GroupStats:
         """The storage, holding at least ``groups`` groups, not shared with a past stats()."""
         storage = self._storage
         if storage is None or storage.num_groups < groups or self._handed_out:
             self._handed_out = False
+            held = 0 if storage is None else storage.num_groups
             grown = empty_group_stats(
-                max(groups, 3 * (0 if storage is None else storage.num_groups) // 2),
+                max(groups, 3 * held // 2 if room is None else room),
                 device=block.count.device,
                 dtype=block.mean.dtype,
                 count_extremes=block.counts_extremes,

@@ -96,8 +96,11 @@ class RunPlan:
 
     # ----------------------------------------------------------------- pass 1
 
-    def accumulators(self, *, block_rows: int | None = None) -> tuple[list[GroupStatsAccumulator], bool]:
-        """One accumulator per channel, plus one for the combined reward when channels differ.
+    def accumulators(
+        self, *, block_rows: int | None = None, expected_rows: int | None = None
+    ) -> tuple[list[GroupStatsAccumulator], bool]:
+        """One accumulator per channel, plus one for the combined reward when channels differ
+        (``expected_rows``: the rows they will be fed, where known).
 
         Returns the accumulators (the combined one last when present) and whether it is
         present; with one channel the combined reward *is* the channel.
@@ -110,6 +113,7 @@ class RunPlan:
                 block_rows=rows,
                 group_size=self.config.group_size,
                 count_extremes=extremes,
+                expected_rows=expected_rows,
             )
 
         channels = [make(self.count_extremes) for _ in range(self.channels)]

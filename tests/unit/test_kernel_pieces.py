@@ -363,15 +363,17 @@ def test_a_group_size_accumulates_the_bits_of_ids_row_over_group_size_whatever_t
     chunks=st.lists(st.integers(1, 25), min_size=1, max_size=6),
     count_extremes=st.booleans(),
     masked=st.booleans(),
+    expected=st.sampled_from([None, 0, 1, 2]),
     seed=st.integers(0, 2**16),
 )
 def test_chunks_fed_in_any_sizes_give_the_bits_of_one_chunk(
-    sizes, equal_sizes, swaps, block_rows, chunks, count_extremes, masked, seed
+    sizes, equal_sizes, swaps, block_rows, chunks, count_extremes, masked, expected, seed
 ):
     """Groups in ID order (sorted input: equal sizes, or not), a few rows swapped or none, cut
     into chunks of any sizes: the statistics of the whole rows fed at once, bit for bit. A
     block whose chunks hold groups one after another is reduced chunk by chunk; a group with
-    rows in two chunks of a block must not be, or it is merged where it was summed whole."""
+    rows in two chunks of a block must not be, or it is merged where it was summed whole. The
+    rows expected (none told, too few, all, too many) size the storage, not the statistics."""
     g = torch.Generator().manual_seed(seed)
     if equal_sizes:
         sizes = [sizes[0]] * len(sizes)
@@ -383,8 +385,10 @@ def test_chunks_fed_in_any_sizes_give_the_bits_of_one_chunk(
     rewards = torch.randn(rows, generator=g, dtype=torch.float64) * 1e3
     valid = torch.rand(rows, generator=g) > 0.2 if masked else None
 
+    told = None if expected is None else [rows // 2, rows, 2 * rows][expected]
+
     def accumulated(cuts: list[int]) -> GroupStats:
-        acc = GroupStatsAccumulator(block_rows=block_rows, count_extremes=count_extremes)
+        acc = GroupStatsAccumulator(block_rows=block_rows, count_extremes=count_extremes, expected_rows=told)
         start = 0
         for size in itertools.cycle(cuts):
             if start >= rows:
@@ -395,6 +399,23 @@ def test_chunks_fed_in_any_sizes_give_the_bits_of_one_chunk(
         return acc.compute()
 
     assert accumulated(chunks) == accumulated([rows])
+
+
+@pytest.mark.parametrize("expected_rows", [None, 4000])
+def test_sorted_groups_with_their_rows_told_are_stored_at_once(expected_rows):
+    """Groups in ID order, the rows to come told: the statistics' storage holds the groups,
+    sized once from the first block (each later block would otherwise grow it by half)."""
+    ids = torch.arange(500).repeat_interleave(8)
+    rewards = torch.rand(ids.numel(), generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    acc = GroupStatsAccumulator(block_rows=400, expected_rows=expected_rows)
+    for start in range(0, ids.numel(), 300):
+        acc.update(rewards[start : start + 300], ids[start : start + 300])
+    stats = acc.compute()
+    assert stats == group_stats(rewards, ids)
+    held = acc._running.stats()
+    assert held is not None
+    capacity = held.mean.untyped_storage().nbytes() // held.mean.element_size()
+    assert capacity == 500 if expected_rows else capacity > 500
 
 
 def test_ids_in_equal_contiguous_blocks_give_the_group_size_result_bit_for_bit():

@@ -319,7 +319,7 @@ class LocalEngine:
     def _statistics(self, spool: _IdSpool) -> _Statistics:
         total_rows = self._total_rows()
         small = total_rows is not None and total_rows <= SMALL_INPUT_ROWS
-        state = _StatisticsPass(self.plan, spool, exact_keys=small)
+        state = _StatisticsPass(self.plan, spool, exact_keys=small, expected_rows=total_rows)
         length_col = self.config.length_col if "length_sums" in self.plan.needs else None
         step_col = self.config.step_col
         keep_batches = self.in_memory and self.one_pass_dtype is None

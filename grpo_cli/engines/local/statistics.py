@@ -79,14 +79,16 @@ class _StatisticsPass:
     since each match costs a pass over the keys seen so far (:attr:`chunk_full` says when).
     """
 
-    def __init__(self, plan: RunPlan, spool: _IdSpool, *, exact_keys: bool) -> None:
+    def __init__(
+        self, plan: RunPlan, spool: _IdSpool, *, exact_keys: bool, expected_rows: int | None = None
+    ) -> None:
         config = plan.config
         self.plan = plan
         self.spool = spool
         self.keys = (
             None if config.group_size is not None else GroupKeyIndex(config.group_cols, exact=exact_keys)
         )
-        self.accumulators, self.separate_summary = plan.accumulators()
+        self.accumulators, self.separate_summary = plan.accumulators(expected_rows=expected_rows)
         self.figures = wanted(plan.needs)
         # folded at the statistics blocks' rows: a float sum must not depend on the key chunks
         self.figure_totals = FigureAccumulator(self.figures, block_rows=self.accumulators[0].block_rows)
