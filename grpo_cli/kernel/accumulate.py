@@ -331,10 +331,11 @@ class GroupStatsAccumulator:
         block_rows: rows per statistics block (bounds the memory of one update).
         group_size: rows are consecutive groups of this size (no IDs are passed).
         count_extremes: also count rollouts at each group's min and max.
-        expected_rows: the rows it will be fed in all, where known: while the groups come in
-            order of ID (sorted input), the statistics' storage is sized for as many groups
-            per row as came so far, at once, where it grew by half as groups came (the same
-            statistics; less memory held while they are copied to a larger storage).
+        expected_rows: the rows it will be fed in all, where known: once a block's groups
+            all follow the groups before it (sorted input), the statistics' storage is sized
+            at once for as many groups per row as came so far, where it grew by half as groups
+            came (the same statistics; less memory held while they are copied to a larger
+            storage).
 
     >>> acc = GroupStatsAccumulator(block_rows=3)
     >>> acc.update(torch.tensor([1.0, 3.0]), torch.tensor([0, 0]))
@@ -426,8 +427,10 @@ class GroupStatsAccumulator:
     def _merge(self, block: GroupStats, first_group: int) -> None:
         """Merge a block of the rows seen so far (counted in ``rows_seen``) into the running statistics."""
         room = None
-        if self.expected_rows is not None and first_group >= self._running.size and self.rows_seen:
-            # the block's groups all follow the groups seen: make room for as many per row to come
+        seen = self._running.size
+        if self.expected_rows is not None and seen and first_group >= seen:
+            # the block's groups all follow those seen before it (none of a shuffled file's blocks
+            # past its first does): make room for as many groups per row in the rows to come
             end = first_group + block.num_groups
             room = -(-end * max(self.expected_rows, self.rows_seen) // self.rows_seen)
         self._running.merge_at(block, first_group, room=room)
