@@ -10,6 +10,12 @@ after it are profiles.
 
     python benchmarks/process.py                 # 10M rows, sorted int IDs and shuffled uids
     python benchmarks/process.py --scaling       # and how wall and memory grow with rows
+    python benchmarks/process.py --against DIR   # and another version, taking turns with this one
+
+``--against`` names a directory holding another version's ``grpo_cli`` package (``git worktree
+add /tmp/before <commit>``, or ``git archive <commit> grpo_cli | tar -x -C /tmp/before``): its
+``compute`` and its start-up take turns with the others, so that two versions are compared in
+one run, as the machine drifts alike for both.
 """
 
 from __future__ import annotations
@@ -113,73 +119,108 @@ def in_turns(contenders: dict[str, list[str]], repeats: int) -> dict[str, Figure
     return {name: medians(runs[name]) for name in contenders}
 
 
-def contenders_of(src: Path, out: Path, sample_out: Path) -> dict[str, list[str]]:
+AGAINST = " (--against)"
+
+
+def grpo_at(checkout: Path | None) -> list[str]:
+    """``python -m grpo_cli``, or the same from another version's ``grpo_cli`` package in
+    ``checkout`` (``-m`` would put the working directory, this checkout, ahead of it)."""
+    if checkout is None:
+        return GRPO
+    start = f"import sys; sys.path.insert(0, {str(checkout)!r}); from grpo_cli.__main__ import main; main()"
+    return [sys.executable, "-c", start]
+
+
+def contenders_of(
+    src: Path, out: Path, sample_out: Path, against: Path | None = None
+) -> dict[str, list[str]]:
     python = [sys.executable, "-c"]
-    return {
-        "grpo-cli compute": [*GRPO, "compute", str(src), "-o", str(out), "-g", "group_id", "--force", "-q"],
-        "I/O floor (polars)": [*python, FLOOR, str(src), str(out) + ".floor.parquet"],
-        "polars one-liner (over)": [*python, ONE_LINER, str(src), str(out) + ".polars.parquet"],
-        "start-up: grpo-cli on the sample": [
-            *GRPO,
+    versions = {"": None} if against is None else {"": None, AGAINST: against}
+    contenders: dict[str, list[str]] = {}
+    for label, checkout in versions.items():
+        grpo = grpo_at(checkout)
+        contenders[f"grpo-cli compute{label}"] = [
+            *grpo,
+            "compute",
+            str(src),
+            "-o",
+            f"{out}{label.strip()}",
+            "-g",
+            "group_id",
+            "--force",
+            "-q",
+        ]
+        contenders[f"start-up: grpo-cli on the sample{label}"] = [
+            *grpo,
             "compute",
             str(ROOT / "sample_data" / "rollouts.parquet"),
             "-o",
-            str(sample_out),
+            f"{sample_out}{label.strip()}",
             "--force",
             "-q",
-        ],
-        "start-up: import polars": [*python, "import polars"],
-    }
+        ]
+    contenders["I/O floor (polars)"] = [*python, FLOOR, str(src), str(out) + ".floor.parquet"]
+    contenders["polars one-liner (over)"] = [*python, ONE_LINER, str(src), str(out) + ".polars.parquet"]
+    contenders["start-up: import polars"] = [*python, "import polars"]
+    return contenders
 
 
 def print_table(title: str, results: dict[str, Figures]) -> None:
+    width = max(36, *(len(name) for name in results))
     print(f"\n{title}")
-    print(f"  {'command':36s} {'wall':>7s} {'user':>7s} {'system':>7s} {'peak RSS':>10s} {'faults':>9s}")
+    print(f"  {'command':{width}s} {'wall':>7s} {'user':>7s} {'system':>7s} {'peak RSS':>10s} {'faults':>9s}")
     for name, f in results.items():
         print(
-            f"  {name:36s} {f.wall:6.2f}s {f.user:6.2f}s {f.system:6.2f}s {f.peak_mib:7.0f} MiB "
+            f"  {name:{width}s} {f.wall:6.2f}s {f.user:6.2f}s {f.system:6.2f}s {f.peak_mib:7.0f} MiB "
             f"{f.faults:9,d}"
         )
 
 
-def bench_process(rows: int, group_size: int, repeats: int, data_dir: Path) -> None:
+def bench_process(rows: int, group_size: int, repeats: int, data_dir: Path, against: Path | None) -> None:
     """The fresh-process table for both 10M layouts, with the issue's ratios."""
     files = write_layouts(data_dir, rows, group_size)
     with tempfile.TemporaryDirectory(dir=data_dir) as scratch:
         for layout, src in files.items():
             out = Path(scratch) / "out.parquet"
-            results = in_turns(contenders_of(src, out, Path(scratch) / "sample.parquet"), repeats)
+            results = in_turns(contenders_of(src, out, Path(scratch) / "sample.parquet", against), repeats)
             decoded = pq.read_metadata(src).schema.to_arrow_schema()
             print_table(
                 f"fresh processes, {rows:,} rows, {layout} ({src.stat().st_size / 2**20:.0f} MiB Parquet, "
                 f"columns {', '.join(decoded.names)}); medians of {repeats}",
                 results,
             )
-            grpo, floor = results["grpo-cli compute"], results["I/O floor (polars)"]
-            startup, polars_import = (
-                results["start-up: grpo-cli on the sample"],
-                results["start-up: import polars"],
-            )
-            work = grpo.wall - startup.wall
+            floor, polars_import = results["I/O floor (polars)"], results["start-up: import polars"]
             floor_work = floor.wall - polars_import.wall
-            print(
-                f"  grpo-cli's work past its start-up {work:.2f}s against the floor's past polars' import "
-                f"{floor_work:.2f}s: {work / floor_work:.2f}x (goal <= 2x); "
-                f"whole: {grpo.wall / floor.wall:.2f}x the floor, "
-                f"{grpo.wall / results['polars one-liner (over)'].wall:.2f}x the polars one-liner"
-            )
-            print(
-                f"  peak RSS above start-up: grpo-cli {grpo.peak_mib - startup.peak_mib:.0f} MiB, "
-                f"floor {floor.peak_mib - polars_import.peak_mib:.0f} MiB"
-            )
+            for label in ("", AGAINST) if against is not None else ("",):
+                grpo, startup = (
+                    results[f"grpo-cli compute{label}"],
+                    results[f"start-up: grpo-cli on the sample{label}"],
+                )
+                work = grpo.wall - startup.wall
+                print(
+                    f"  grpo-cli{label}'s work past its start-up {work:.2f}s against the floor's "
+                    f"past polars' import {floor_work:.2f}s: {work / floor_work:.2f}x (goal <= 2x); "
+                    f"whole: {grpo.wall / floor.wall:.2f}x the floor, "
+                    f"{grpo.wall / results['polars one-liner (over)'].wall:.2f}x the polars one-liner"
+                )
+                print(
+                    f"  peak RSS above start-up: grpo-cli{label} {grpo.peak_mib - startup.peak_mib:.0f} MiB, "
+                    f"floor {floor.peak_mib - polars_import.peak_mib:.0f} MiB"
+                )
 
 
 def bench_scaling(
-    group_size: int, data_dir: Path, sorted_rows: tuple[int, ...], shuffled_rows: tuple[int, ...]
+    group_size: int,
+    data_dir: Path,
+    sorted_rows: tuple[int, ...],
+    shuffled_rows: tuple[int, ...],
+    against: Path | None = None,
 ) -> None:
-    """Wall and peak RSS of one ``grpo-cli compute`` run as rows grow (default memory limit)."""
+    """Wall and peak RSS of one ``grpo-cli compute`` run as rows grow (default memory limit),
+    and of ``against``'s right after it."""
     print("\nhow cost grows: one fresh grpo-cli compute each, --memory-limit-mb default (1024)")
-    print(f"  {'input':36s} {'rows':>12s} {'wall':>7s} {'per 1M rows':>12s} {'peak RSS':>10s}")
+    width = 36 if against is None else 36 + len(AGAINST)
+    print(f"  {'input':{width}s} {'rows':>12s} {'wall':>7s} {'per 1M rows':>12s} {'peak RSS':>10s}")
     with tempfile.TemporaryDirectory(dir=data_dir) as scratch:
         out = Path(scratch) / "out.parquet"
         cases = [
@@ -194,12 +235,25 @@ def bench_scaling(
             ("shuffled uids", rows, write_layouts(data_dir, rows, group_size)["shuffled uid strings"])
             for rows in shuffled_rows
         ]
+        versions = {"": None} if against is None else {"": None, AGAINST: against}
         for label, rows, src in cases:
-            f = run_fresh([*GRPO, "compute", str(src), "-o", str(out), "-g", "group_id", "--force", "-q"])
-            print(
-                f"  {label:36s} {rows:12,d} {f.wall:6.2f}s {f.wall / rows * 1e6:10.3f}s {f.peak_mib:7.0f} MiB"
-            )
-            out.unlink(missing_ok=True)
+            for version, checkout in versions.items():
+                command = [
+                    *grpo_at(checkout),
+                    "compute",
+                    str(src),
+                    "-o",
+                    str(out),
+                    "-g",
+                    "group_id",
+                    "--force",
+                ]
+                f = run_fresh([*command, "-q"])
+                print(
+                    f"  {label + version:{width}s} {rows:12,d} {f.wall:6.2f}s {f.wall / rows * 1e6:10.3f}s "
+                    f"{f.peak_mib:7.0f} MiB"
+                )
+                out.unlink(missing_ok=True)
 
 
 def main() -> None:
@@ -213,13 +267,26 @@ def main() -> None:
     parser.add_argument(
         "--scaling", action="store_true", help="also 10M, 30M and 100M sorted, 10M and 30M shuffled"
     )
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="a directory holding another version's grpo_cli package: it takes turns with this one",
+    )
     args = parser.parse_args()
+    if args.against is not None and not (args.against / "grpo_cli" / "__init__.py").is_file():
+        parser.error(f"--against {args.against}: no grpo_cli package in it")
     args.data_dir.mkdir(parents=True, exist_ok=True)
     print(f"fresh-process figures: python {sys.version.split()[0]}, {os.cpu_count()} CPUs\n{machine()}")
-    bench_process(args.rows, args.group_size, args.repeats, args.data_dir)
+    if args.against is not None:
+        print(f"--against: the grpo_cli package in {args.against.resolve()}")
+    bench_process(args.rows, args.group_size, args.repeats, args.data_dir, args.against)
     if args.scaling:
         bench_scaling(
-            args.group_size, args.data_dir, (10_000_000, 30_000_000, 100_000_000), (10_000_000, 30_000_000)
+            args.group_size,
+            args.data_dir,
+            (10_000_000, 30_000_000, 100_000_000),
+            (10_000_000, 30_000_000),
+            args.against,
         )
 
 
