@@ -402,11 +402,16 @@ class GroupStatsAccumulator:
         head, self._pending = _cut(self._pending, rows)
         self._pending_rows -= rows
         if self.group_size is None and len(head) > 1:
-            pieces = [(r, self._ids_layout(ids), v) for r, ids, v in head]
-            if _one_after_another([layout for _, layout, _ in pieces]):
+            pieces = []
+            for r, i, v in head:
+                assert i is not None  # fed with IDs: no group size
+                pieces.append((r, i.to(self.device, torch.int64), v))
+            bounds = [_id_bounds(i) for _, i, _ in pieces]
+            if _one_after_another(bounds):
                 # each group's rows lie in one piece, and a group's statistics are its own:
                 # the block's statistics are its pieces', without joining them into one
-                for r, (low, layout), v in pieces:
+                for (r, piece_ids, v), piece_bounds in zip(pieces, bounds, strict=True):
+                    low, layout = _id_layout(piece_ids, piece_bounds)
                     stats = _group_stats(
                         r.to(self.device), layout, self._on_device(v), count_extremes=self.count_extremes
                     )
@@ -435,21 +440,8 @@ class GroupStatsAccumulator:
             room = -(-end * max(self.expected_rows, self.rows_seen) // self.rows_seen)
         self._running.merge_at(block, first_group, room=room)
 
-    def _on_device(self, valid: Tensor | None) -> Tensor | None:
-        return None if valid is None else valid.to(self.device)
-
-    def _ids_layout(self, ids: Tensor | None) -> tuple[int, _Layout]:
-        """A block's groups from its lowest ID to its highest, as a layout, and that lowest ID:
-        a block of a few groups among millions (sorted or grouped input) is reduced and merged
-        over its own groups only."""
-        assert ids is not None
-        ids = ids.to(self.device, torch.int64)
-        blocks = _block_layout(ids)
-        if blocks is not None:  # the block's own groups, from its first
-            low, high = blocks.first_group, blocks.num_groups - 1
-            return low, _Layout(high - low + 1, group_size=blocks.group_size)
-        low, high = (int(v) for v in ids.aminmax())
-        return low, _Layout(high - low + 1, group_ids=ids - low if low else ids)
+    def _on_device(self, values: Tensor | None, dtype: torch.dtype | None = None) -> Tensor | None:
+        return None if values is None else values.to(self.device, dtype)
 
     def _block_stats(
         self, rewards: Tensor, ids: Tensor | None, valid: Tensor | None
@@ -459,7 +451,9 @@ class GroupStatsAccumulator:
         valid = self._on_device(valid)
         if self.group_size is not None:
             return self._consecutive_block_stats(rewards, valid), self.rows_seen // self.group_size
-        low, layout = self._ids_layout(ids)
+        ids = self._on_device(ids, torch.int64)
+        assert ids is not None
+        low, layout = _id_layout(ids, _id_bounds(ids))
         return _group_stats(rewards, layout, valid, count_extremes=self.count_extremes), low
 
     def _consecutive_block_stats(self, rewards: Tensor, valid: Tensor | None) -> GroupStats:
@@ -505,11 +499,32 @@ def _part(piece: _Piece, rows: slice) -> _Piece:
     return rewards[rows], None if ids is None else ids[rows], None if valid is None else valid[rows]
 
 
-def _one_after_another(layouts: Sequence[tuple[int, _Layout]]) -> bool:
-    """Whether each of ``layouts`` (a piece's lowest group and its layout) holds groups above
-    every group of the one before: no group has rows in two of them."""
-    ends = [low + layout.num_groups for low, layout in layouts]
-    return all(end <= low for end, (low, _) in zip(ends[:-1], layouts[1:], strict=True))
+def _id_bounds(ids: Tensor) -> tuple[int, int, int | None]:
+    """The lowest and highest of a block's group IDs (int64), and the size of its groups where
+    they come in equal blocks one after another (sorted input), else ``None``; the IDs are not
+    copied."""
+    blocks = _block_layout(ids)
+    if blocks is not None:
+        return blocks.first_group, blocks.num_groups - 1, blocks.group_size
+    low, high = (int(v) for v in ids.aminmax())
+    return low, high, None
+
+
+def _one_after_another(bounds: Sequence[tuple[int, int, int | None]]) -> bool:
+    """Whether each piece's groups (``bounds``, of :func:`_id_bounds`) lie above every group of
+    the piece before: no group has rows in two pieces."""
+    highs, lows = [high for _, high, _ in bounds[:-1]], [low for low, _, _ in bounds[1:]]
+    return all(high < low for high, low in zip(highs, lows, strict=True))
+
+
+def _id_layout(ids: Tensor, bounds: tuple[int, int, int | None]) -> tuple[int, _Layout]:
+    """A block's groups from its lowest ID to its highest (``bounds``, of :func:`_id_bounds`),
+    as a layout, and that lowest ID: a block of a few groups among millions (sorted or grouped
+    input) is reduced and merged over its own groups only."""
+    low, high, size = bounds
+    if size is not None:
+        return low, _Layout(high - low + 1, group_size=size)
+    return low, _Layout(high - low + 1, group_ids=ids - low if low else ids)
 
 
 def _joined(pieces: Sequence[Tensor]) -> Tensor:
