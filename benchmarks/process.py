@@ -176,7 +176,9 @@ def print_table(title: str, results: dict[str, Figures]) -> None:
         )
 
 
-def bench_process(rows: int, group_size: int, repeats: int, data_dir: Path, against: Path | None) -> None:
+def bench_process(
+    rows: int, group_size: int, repeats: int, data_dir: Path, against: Path | None = None
+) -> None:
     """The fresh-process table for both 10M layouts, with the issue's ratios."""
     files = write_layouts(data_dir, rows, group_size)
     with tempfile.TemporaryDirectory(dir=data_dir) as scratch:
