@@ -20,7 +20,7 @@ import pytest
 from rich.console import Console
 
 import grpo_cli.engines.local as local_engine
-from grpo_cli.arrow.keys import GroupKeyIndex
+from grpo_cli.arrow.keys import EncodedKeys, GroupKeyIndex
 from grpo_cli.jobs import compute_dataset
 from grpo_cli.options.config import ComputeConfig
 from grpo_cli.run import progress as progress_module
@@ -59,14 +59,14 @@ def test_pass_one_advances_only_over_rows_whose_keys_are_matched(
 ) -> None:
     source = _rollouts(tmp_path / "in.parquet", 600_000)
     matched: list[int] = []
-    encode = GroupKeyIndex.encode
+    encode = GroupKeyIndex.encode_runs
 
-    def counting_encode(self: GroupKeyIndex, arrays: list[pa.ChunkedArray]) -> np.ndarray:
-        ids = encode(self, arrays)
-        matched.append(len(ids))
-        return ids
+    def counting_encode(self: GroupKeyIndex, arrays: list[pa.ChunkedArray]) -> EncodedKeys:
+        encoded = encode(self, arrays)
+        matched.append(len(encoded.ids))
+        return encoded
 
-    monkeypatch.setattr(GroupKeyIndex, "encode", counting_encode)
+    monkeypatch.setattr(GroupKeyIndex, "encode_runs", counting_encode)
     recorder = _Recorder(matched)
     budget = 1 << 34 if in_memory else 1 << 20
     config = ComputeConfig(group_cols=("uid",), memory_budget_bytes=budget, batch_rows=50_000)
