@@ -48,20 +48,12 @@ class _PackedIds:
     def of(cls, ids: np.ndarray, runs: tuple[np.ndarray, np.ndarray] | None = None) -> _PackedIds:
         """``ids`` (non-negative integers) packed in the smaller form; ``runs``, where the key
         index found them (each run's ID and first row), spare finding them again."""
-        if runs is not None:
-            values, starts = runs
-            if starts.size <= ids.size // MIN_MEAN_RUN:
-                return cls(_narrow(values), np.append(starts[1:], ids.size))
-            return cls(_narrow(ids), None)
-        narrow = _narrow(ids)
         if ids.size < 2:
-            return cls(narrow, None)
-        ends = np.flatnonzero(ids[1:] != ids[:-1])
-        if ends.size + 1 > ids.size // MIN_MEAN_RUN:
-            return cls(narrow, None)
-        ends += 1
-        values = narrow[np.concatenate(([0], ends))]
-        return cls(values, np.append(ends, ids.size))
+            return cls(_narrow(ids), None)
+        values, starts = runs if runs is not None else _runs_of(ids)
+        if starts.size > ids.size // MIN_MEAN_RUN:
+            return cls(_narrow(ids), None)
+        return cls(_narrow(values), np.append(starts[1:], ids.size))
 
     def take(self, start: int, stop: int) -> np.ndarray:
         """Rows ``start`` to ``stop - 1`` as int64."""
@@ -90,6 +82,12 @@ class _PackedIds:
         values = np.frombuffer(file.read(count * itemsize), dtype=dtype)
         ends = np.frombuffer(file.read(ends_count * 8), dtype=np.int64)
         return cls(values, ends if has_runs else None)
+
+
+def _runs_of(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each run of one ID in ``ids`` (two or more): its ID and its first row."""
+    starts = np.flatnonzero(np.concatenate(([True], ids[1:] != ids[:-1])))
+    return ids[starts], starts
 
 
 def _narrow(ids: np.ndarray) -> np.ndarray:
